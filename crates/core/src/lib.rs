@@ -1,0 +1,27 @@
+//! Tollgate's pure domain: tasks, owners, budgets, the four task kinds with their JSON
+//! Schemas and output validation, canonical JSON and hashes, admission arithmetic and
+//! stable error codes. No I/O, no async: every rule here is a plain function.
+
+#![warn(missing_docs)]
+
+pub mod admission;
+pub mod budget;
+pub mod canonical;
+pub mod error;
+pub mod ids;
+pub mod kinds;
+pub mod model;
+pub mod task;
+pub mod time;
+
+pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
+pub use budget::Budget;
+pub use error::{ErrorCode, InvalidInput, OutputViolation};
+pub use ids::{
+    AppId, BudgetName, EffectKey, ModelId, RunId, ScopeId, SourceId, SourceRevision, StepKey,
+    TaskId, WorkerId,
+};
+pub use kinds::{TaskKind, TaskRequest, validate_output};
+pub use model::{ConfigHash, ModelRef};
+pub use task::*;
+pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -1,0 +1,586 @@
+//! Tasks, owners, subjects, scopes and runs: the nouns of SPEC §1, §5 and §7.
+
+use crate::budget::Budget;
+use crate::canonical::{canonical_json, check_hashable, hash_value, sha256_hex};
+use crate::error::{ErrorCode, InvalidInput};
+use crate::ids::{
+    AppId, EffectKey, ModelId, RunId, ScopeId, SourceId, SourceRevision, StepKey, TaskId, WorkerId,
+};
+use crate::kinds::{TaskKind, TaskRequest};
+use crate::model::{ConfigHash, ModelRef};
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// Default request size limit: 256 KiB of stored (canonical) bytes.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 256 * 1024;
+
+/// Longest error message kept on a task, in characters.
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 2_000;
+
+/// Whether a subject is a person or a service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubjectKind {
+    /// A person.
+    User,
+    /// A machine identity.
+    Service,
+}
+
+impl SubjectKind {
+    /// The stable string form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubjectKind::User => "user",
+            SubjectKind::Service => "service",
+        }
+    }
+
+    /// Parses the stable string form.
+    pub fn parse(s: &str) -> Option<SubjectKind> {
+        match s {
+            "user" => Some(SubjectKind::User),
+            "service" => Some(SubjectKind::Service),
+            _ => None,
+        }
+    }
+}
+
+/// The authenticated identity a task is done for. It comes from authentication, never
+/// from a request body or a model's output.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Subject {
+    /// Person or service.
+    #[serde(rename = "type")]
+    pub kind: SubjectKind,
+    /// The identity's id.
+    pub id: String,
+}
+
+/// Who a task belongs to: exactly one of a workflow run or an application owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// A workflow run; the run's app, scope and subject apply.
+    Run {
+        /// The caller's app (the run must belong to it).
+        app: AppId,
+        /// The run.
+        run_id: RunId,
+    },
+    /// A task the application drives itself.
+    Application {
+        /// The app.
+        app: AppId,
+        /// The scope inside the app.
+        scope: ScopeId,
+        /// The subject the task is done for, if any.
+        subject: Option<Subject>,
+    },
+}
+
+impl Owner {
+    /// The owning app.
+    pub fn app(&self) -> &AppId {
+        match self {
+            Owner::Run { app, .. } | Owner::Application { app, .. } => app,
+        }
+    }
+}
+
+/// What makes a task scoped: the source it is about and the budget it is admitted under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskScope {
+    /// The source's id.
+    pub source_id: SourceId,
+    /// The source's revision: a new revision is new work.
+    pub source_revision: SourceRevision,
+    /// Skip the cache and count as a new step.
+    pub recompute: bool,
+    /// The limits to admit under.
+    pub budget: Budget,
+}
+
+/// A request that passed validation: parsed for its kind, canonical, within the size limit.
+#[derive(Debug, Clone)]
+pub struct ValidatedRequest {
+    request: TaskRequest,
+    value: Value,
+    canonical: String,
+    input_hash: String,
+}
+
+impl ValidatedRequest {
+    /// Validates a caller's request object for `kind` (SPEC §2–3). The size limit applies
+    /// to the canonical text that the store keeps (the request's fields plus `kind`).
+    pub fn new(kind: TaskKind, raw: &Value, max_bytes: usize) -> Result<Self, InvalidInput> {
+        check_hashable(raw).map_err(|e| e.within("request"))?;
+        let request = TaskRequest::parse(kind, raw)?;
+        let built = Self::from_parsed(request)?;
+        if built.canonical.len() > max_bytes {
+            return Err(InvalidInput::TooLarge {
+                actual: built.canonical.len(),
+                limit: max_bytes,
+            });
+        }
+        Ok(built)
+    }
+
+    /// Rebuilds from the stored canonical text (no size limit: it was checked on the way in).
+    pub fn from_stored(stored: &Value) -> Result<Self, InvalidInput> {
+        let kind = stored
+            .get("kind")
+            .and_then(Value::as_str)
+            .and_then(TaskKind::parse)
+            .ok_or_else(|| InvalidInput::field("request.kind", "missing or unknown kind"))?;
+        let mut fields = stored.clone();
+        if let Some(map) = fields.as_object_mut() {
+            map.remove("kind");
+        }
+        Self::from_parsed(TaskRequest::parse(kind, &fields)?)
+    }
+
+    fn from_parsed(request: TaskRequest) -> Result<Self, InvalidInput> {
+        let mut value = request.to_value();
+        if let Some(map) = value.as_object_mut() {
+            map.insert("kind".into(), json!(request.kind().as_str()));
+        }
+        let canonical = canonical_json(&value).map_err(|e| e.within("request"))?;
+        let input_hash = sha256_hex(canonical.as_bytes());
+        Ok(ValidatedRequest {
+            request,
+            value,
+            canonical,
+            input_hash,
+        })
+    }
+
+    /// The request's kind.
+    pub fn kind(&self) -> TaskKind {
+        self.request.kind()
+    }
+
+    /// The typed request.
+    pub fn request(&self) -> &TaskRequest {
+        &self.request
+    }
+
+    /// The normalized request with its `kind`, as stored.
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// The exact text the store keeps.
+    pub fn canonical(&self) -> &str {
+        &self.canonical
+    }
+
+    /// SHA-256 of [`canonical`](Self::canonical): equal requests hash equally whatever
+    /// the client's key order.
+    pub fn input_hash(&self) -> &str {
+        &self.input_hash
+    }
+}
+
+/// Everything needed to create a task (SPEC §3 input).
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// Run or application owner.
+    pub owner: Owner,
+    /// The caller's name for the step.
+    pub step: StepKey,
+    /// The caller's idempotency key.
+    pub effect_key: EffectKey,
+    /// The validated request.
+    pub request: ValidatedRequest,
+    /// The model id the caller asked for.
+    pub model: ModelId,
+    /// What that id resolved to.
+    pub model_ref: ModelRef,
+    /// Present for scoped tasks: cache and admission apply.
+    pub scope: Option<TaskScope>,
+}
+
+/// SPEC §3 step 4: the cache key, a hash of source, revision, request, model config hash
+/// and subject. Results never cross apps or scopes because lookups also filter on both.
+pub fn cache_key(
+    source_id: &SourceId,
+    source_revision: &SourceRevision,
+    request: &ValidatedRequest,
+    config_hash: &ConfigHash,
+    subject: Option<&Subject>,
+) -> String {
+    let value = json!({
+        "source_id": source_id,
+        "source_revision": source_revision,
+        "request": request.value(),
+        "model_config_hash": config_hash,
+        "subject": subject,
+    });
+    // The request was canonicalized already, so hashing cannot fail here.
+    hash_value(&value).unwrap_or_else(|_| sha256_hex(request.canonical().as_bytes()))
+}
+
+/// A task's state (SPEC §5). Terminal states are final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// Waiting for a worker.
+    Queued,
+    /// Claimed by a worker.
+    Running,
+    /// Finished with an output.
+    Succeeded,
+    /// Finished with an error.
+    Failed,
+    /// Canceled by request.
+    Canceled,
+}
+
+impl TaskStatus {
+    /// The stable string form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Queued => "queued",
+            TaskStatus::Running => "running",
+            TaskStatus::Succeeded => "succeeded",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Canceled => "canceled",
+        }
+    }
+
+    /// Parses the stable string form.
+    pub fn parse(s: &str) -> Option<TaskStatus> {
+        match s {
+            "queued" => Some(TaskStatus::Queued),
+            "running" => Some(TaskStatus::Running),
+            "succeeded" => Some(TaskStatus::Succeeded),
+            "failed" => Some(TaskStatus::Failed),
+            "canceled" => Some(TaskStatus::Canceled),
+            _ => None,
+        }
+    }
+
+    /// Succeeded, failed or canceled.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Succeeded | TaskStatus::Failed | TaskStatus::Canceled
+        )
+    }
+}
+
+/// Token usage (and cost where known) recorded with every result.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Cost in US dollars, where the provider or configuration knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+}
+
+/// A failed or canceled task's error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskError {
+    /// Stable code (SPEC §9).
+    pub code: ErrorCode,
+    /// Human-readable message, at most 2,000 characters.
+    pub message: String,
+}
+
+impl TaskError {
+    /// An error whose message is cut to [`MAX_ERROR_MESSAGE_CHARS`] characters.
+    pub fn new(code: ErrorCode, message: impl AsRef<str>) -> TaskError {
+        TaskError {
+            code,
+            message: truncate_message(message.as_ref()),
+        }
+    }
+}
+
+/// Cuts a message to [`MAX_ERROR_MESSAGE_CHARS`] characters (not bytes: never splits a
+/// character).
+pub fn truncate_message(message: &str) -> String {
+    match message.char_indices().nth(MAX_ERROR_MESSAGE_CHARS) {
+        Some((cut, _)) => message[..cut].to_string(),
+        None => message.to_string(),
+    }
+}
+
+/// Who owns a stored task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum TaskOwner {
+    /// A workflow run.
+    Run {
+        /// The run's id.
+        run_id: RunId,
+    },
+    /// The application itself.
+    Application,
+}
+
+/// The source a scoped task is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceRef {
+    /// The source's id.
+    pub id: SourceId,
+    /// The source's revision.
+    pub revision: SourceRevision,
+    /// Whether the task skipped the cache.
+    pub recompute: bool,
+}
+
+/// A stored task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// Identifier.
+    pub id: TaskId,
+    /// Owning tenant.
+    pub app: AppId,
+    /// The caller's idempotency key (unique per app).
+    pub effect_key: EffectKey,
+    /// The task's kind.
+    pub kind: TaskKind,
+    /// The caller's step name.
+    pub step: StepKey,
+    /// Run or application.
+    pub owner: TaskOwner,
+    /// The scope (the run's scope for run-owned tasks).
+    pub scope: ScopeId,
+    /// The subject the task is done for.
+    pub subject: Option<Subject>,
+    /// Present for scoped tasks.
+    pub source: Option<SourceRef>,
+    /// The model id asked for.
+    pub model: ModelId,
+    /// What it resolved to at submission.
+    pub model_ref: ModelRef,
+    /// Hash of `model_ref`.
+    pub model_config_hash: ConfigHash,
+    /// The stored request (its fields plus `kind`).
+    pub request: Value,
+    /// SHA-256 of the canonical request.
+    pub input_hash: String,
+    /// Cache key, for scoped tasks.
+    pub cache_key: Option<String>,
+    /// Lifecycle state.
+    pub status: TaskStatus,
+    /// Whether cancellation was requested for the task itself.
+    pub cancel_requested: bool,
+    /// The task whose output this one copied, for cache hits.
+    pub cached_from: Option<TaskId>,
+    /// The output, once succeeded.
+    pub output: Option<Value>,
+    /// Usage, once succeeded.
+    pub usage: Option<Usage>,
+    /// The error, once failed or canceled.
+    pub error: Option<TaskError>,
+    /// How many times it was claimed (0 or 1: tasks are never re-run).
+    pub attempt: u32,
+    /// The worker that claimed it.
+    pub worker: Option<WorkerId>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When a worker claimed it.
+    pub claimed_at: Option<Timestamp>,
+    /// Last heartbeat while running.
+    pub heartbeat_at: Option<Timestamp>,
+    /// When it reached a terminal state.
+    pub completed_at: Option<Timestamp>,
+    /// When the application released it.
+    pub released_at: Option<Timestamp>,
+}
+
+impl Task {
+    /// Served from the cache.
+    pub fn cached(&self) -> bool {
+        self.cached_from.is_some()
+    }
+
+    /// The owning run, if any.
+    pub fn run_id(&self) -> Option<RunId> {
+        match self.owner {
+            TaskOwner::Run { run_id } => Some(run_id),
+            TaskOwner::Application => None,
+        }
+    }
+
+    /// The typed request, parsed again from its stored form.
+    pub fn parsed_request(&self) -> Result<ValidatedRequest, InvalidInput> {
+        ValidatedRequest::from_stored(&self.request)
+    }
+}
+
+/// A workflow run's state (SPEC §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Runnable: its workflow worker may drive it.
+    Running,
+    /// A step waits on a task.
+    Waiting,
+    /// Finished with an output.
+    Succeeded,
+    /// Finished with an error.
+    Failed,
+    /// Canceled by request.
+    Canceled,
+}
+
+impl RunState {
+    /// The stable string form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Waiting => "waiting",
+            RunState::Succeeded => "succeeded",
+            RunState::Failed => "failed",
+            RunState::Canceled => "canceled",
+        }
+    }
+
+    /// Parses the stable string form.
+    pub fn parse(s: &str) -> Option<RunState> {
+        match s {
+            "running" => Some(RunState::Running),
+            "waiting" => Some(RunState::Waiting),
+            "succeeded" => Some(RunState::Succeeded),
+            "failed" => Some(RunState::Failed),
+            "canceled" => Some(RunState::Canceled),
+            _ => None,
+        }
+    }
+
+    /// Succeeded, failed or canceled.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunState::Succeeded | RunState::Failed | RunState::Canceled
+        )
+    }
+}
+
+/// A dependency a run's step waits on (SPEC §7).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependency {
+    /// Always `"ai.workflow-task"`.
+    pub kind: String,
+    /// The task id.
+    pub key: TaskId,
+}
+
+impl Dependency {
+    /// The dependency kind for AI tasks.
+    pub const AI_TASK: &'static str = "ai.workflow-task";
+
+    /// A dependency on a task.
+    pub fn on_task(task: TaskId) -> Dependency {
+        Dependency {
+            kind: Self::AI_TASK.to_string(),
+            key: task,
+        }
+    }
+}
+
+/// Everything needed to create a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    /// The app.
+    pub app: AppId,
+    /// The scope its tasks are admitted and cached in.
+    pub scope: ScopeId,
+    /// The subject its tasks are done for.
+    pub subject: Option<Subject>,
+    /// The run's input.
+    pub input: Value,
+}
+
+/// A stored workflow run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    /// Identifier.
+    pub id: RunId,
+    /// Owning tenant.
+    pub app: AppId,
+    /// Scope of its tasks.
+    pub scope: ScopeId,
+    /// Subject of its tasks.
+    pub subject: Option<Subject>,
+    /// Lifecycle state.
+    pub state: RunState,
+    /// Whether cancellation was requested.
+    pub cancel_requested: bool,
+    /// The run's input.
+    pub input: Value,
+    /// The output, once succeeded.
+    pub output: Option<Value>,
+    /// The error, once failed or canceled.
+    pub error: Option<TaskError>,
+    /// What a waiting step waits on.
+    pub waiting_on: Option<Dependency>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// Last change.
+    pub updated_at: Timestamp,
+    /// Last time it was woken by a terminal task (for its workflow worker).
+    pub woken_at: Option<Timestamp>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_cut_to_2000_characters() {
+        let long = "é".repeat(2_500);
+        let cut = truncate_message(&long);
+        assert_eq!(cut.chars().count(), 2_000);
+        assert_eq!(truncate_message("short"), "short");
+    }
+
+    #[test]
+    fn status_strings_round_trip() {
+        for s in [
+            TaskStatus::Queued,
+            TaskStatus::Running,
+            TaskStatus::Succeeded,
+            TaskStatus::Failed,
+            TaskStatus::Canceled,
+        ] {
+            assert_eq!(TaskStatus::parse(s.as_str()), Some(s));
+        }
+        for s in [
+            RunState::Running,
+            RunState::Waiting,
+            RunState::Succeeded,
+            RunState::Failed,
+            RunState::Canceled,
+        ] {
+            assert_eq!(RunState::parse(s.as_str()), Some(s));
+        }
+    }
+
+    #[test]
+    fn validated_request_is_canonical_and_size_limited() {
+        let a: Value = serde_json::from_str(r#"{"labels":["spam","ham"],"input":"Win!"}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"input":"Win!","labels":["spam","ham"]}"#).unwrap();
+        let ra = ValidatedRequest::new(TaskKind::Classify, &a, DEFAULT_MAX_REQUEST_BYTES).unwrap();
+        let rb = ValidatedRequest::new(TaskKind::Classify, &b, DEFAULT_MAX_REQUEST_BYTES).unwrap();
+        assert_eq!(ra.input_hash(), rb.input_hash());
+        assert_eq!(
+            ra.canonical(),
+            r#"{"input":"Win!","kind":"classify","labels":["spam","ham"]}"#
+        );
+        let exact = ra.canonical().len();
+        assert!(ValidatedRequest::new(TaskKind::Classify, &a, exact).is_ok());
+        let err = ValidatedRequest::new(TaskKind::Classify, &a, exact - 1).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::RequestTooLarge);
+        let back = ValidatedRequest::from_stored(ra.value()).unwrap();
+        assert_eq!(back.input_hash(), ra.input_hash());
+    }
+}

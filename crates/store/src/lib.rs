@@ -1,0 +1,153 @@
+//! Tollgate's durable store.
+//!
+//! [`Store`] is the one interface every backend implements: SPEC §3–8 whole, each
+//! operation one short transaction that is never held during inference. Backends:
+//! [`sqlite::SqliteStore`] (embedded, the default) and [`postgres::PostgresStore`]
+//! (scale-out) when it lands. [`conformance`] is the suite every backend runs to prove
+//! it behaves exactly as the SPEC says.
+
+#![warn(missing_docs)]
+
+pub mod conformance;
+mod error;
+mod rows;
+pub mod sqlite;
+mod types;
+
+pub use error::StoreError;
+pub use types::*;
+
+use async_trait::async_trait;
+use tollgate_core::{
+    AppId, EffectKey, ErrorCode, NewRun, NewTask, Run, RunId, ScopeId, SourceId, Task, TaskId,
+    Usage, WorkerId,
+};
+
+/// Result of store calls.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The durable store behind Tollgate. Every method is one transaction; none is held while
+/// a model is called. Methods that take an [`AppId`] see only that app's rows: another
+/// app's row behaves exactly as a missing one. Worker-side methods (claim, heartbeat,
+/// complete, fail) address tasks by id, since workers serve every app.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Which backend this is (`"sqlite"`, `"postgres"`).
+    fn backend(&self) -> &'static str;
+
+    /// Checks that the database answers (for readiness probes).
+    async fn ping(&self) -> StoreResult<()>;
+
+    /// SPEC §3: validate, idempotency, owner check, cache, admission, insert — one short
+    /// transaction. Returns the existing task with `created = false` when the effect key
+    /// is taken in the app, whatever its state.
+    async fn create_task(&self, new: NewTask) -> StoreResult<Created>;
+
+    /// A task of the app by id.
+    async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>>;
+
+    /// A task of the app by effect key.
+    async fn get_task_by_effect_key(
+        &self,
+        app: &AppId,
+        key: &EffectKey,
+    ) -> StoreResult<Option<Task>>;
+
+    /// SPEC §5 claim: `queued → running` only if neither the task nor its run is canceled.
+    /// Returns the claimed task, or `None` when it is not claimable (taken, canceled,
+    /// finished, gone).
+    async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>>;
+
+    /// Claims up to `limit` claimable queued tasks, oldest first, skipping rows other
+    /// transactions hold. An empty answer does not prove the queue is empty.
+    async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>>;
+
+    /// SPEC §5 heartbeat for many running tasks in one write. Reports which tasks the
+    /// worker should stop (canceled, cancellation requested, expired, deleted, or not
+    /// held by this worker).
+    async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport>;
+
+    /// SPEC §5 complete: `running → succeeded` with output and usage, only if not canceled
+    /// and the output satisfies the kind's contract. A late completion is refused and
+    /// changes nothing.
+    async fn complete_task(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        output: serde_json::Value,
+        usage: Usage,
+    ) -> StoreResult<Transition>;
+
+    /// SPEC §5 fail: `queued/running → failed` with a code and a message cut to 2,000
+    /// characters; clears the admission logical key.
+    async fn fail_task(
+        &self,
+        id: TaskId,
+        code: ErrorCode,
+        message: &str,
+    ) -> StoreResult<Transition>;
+
+    /// SPEC §5 request cancel: marks the task; a queued or running task becomes
+    /// `canceled` at once. `None` when the app has no such task.
+    async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>>;
+
+    /// SPEC §5: true if the task or its run is canceled or cancellation was requested,
+    /// and true if the task no longer exists.
+    async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool>;
+
+    /// A worker acknowledges cancellation: `queued/running → canceled`
+    /// (`WORKFLOW_AI_CANCELED`) when cancellation was requested for the task or its run.
+    async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition>;
+
+    /// SPEC §8 release by (app, scope, effect key) of an application-owned task. Returns
+    /// whether a task matched.
+    async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool>;
+
+    /// SPEC §8: distinct (scope, source) pairs that still have unreleased application
+    /// tasks, ordered, in keyset pages.
+    async fn list_unreleased_sources(
+        &self,
+        app: &AppId,
+        query: &UnreleasedQuery,
+    ) -> StoreResult<UnreleasedPage>;
+
+    /// SPEC §8: deletes an app's application-owned tasks of a scope (optionally one
+    /// source), serialized with task creation; keeps admission records. Returns how many.
+    async fn delete_owner_data(
+        &self,
+        app: &AppId,
+        scope: &ScopeId,
+        source: Option<&SourceId>,
+    ) -> StoreResult<u64>;
+
+    /// SPEC §6.7: queued tasks to dispatch after a restart, in id order after `after`.
+    async fn list_recoverable(&self, after: Option<TaskId>, limit: u32)
+    -> StoreResult<Vec<TaskId>>;
+
+    /// SPEC §6 items 1–6, each one bounded batch. Call again while
+    /// [`SweepReport::more`] is true.
+    async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport>;
+
+    /// SPEC §7: creates a run in state `running`.
+    async fn create_run(&self, new: NewRun) -> StoreResult<Run>;
+
+    /// A run of the app by id.
+    async fn get_run(&self, app: &AppId, id: RunId) -> StoreResult<Option<Run>>;
+
+    /// SPEC §7: cancels the run and its queued and running tasks. `None` when the app
+    /// has no such run.
+    async fn request_run_cancel(&self, app: &AppId, id: RunId) -> StoreResult<Option<RunCancel>>;
+
+    /// SPEC §7: a run's step waits on a task of the same run. If the task is already
+    /// terminal the run stays runnable and the answer says so.
+    async fn wait_on_task(&self, app: &AppId, run: RunId, task: TaskId)
+    -> StoreResult<WaitOutcome>;
+
+    /// Finishes a run with its output or error (its workflow worker's last step).
+    async fn finish_run(
+        &self,
+        app: &AppId,
+        run: RunId,
+        result: RunResult,
+    ) -> StoreResult<Option<Run>>;
+}

@@ -1,0 +1,369 @@
+//! SPEC §3–4 on SQLite: task creation with idempotency, owner check, cache and
+//! admission in one `BEGIN IMMEDIATE` transaction.
+//!
+//! Admission reads only what it needs, each bounded independently of the 24 h window's
+//! size: the scope's row in `scope_state` (token bucket and distinct-source count),
+//! one primary-key probe of `scope_sources`, the admission records of this one source,
+//! and the partial index of active admitted tasks (at most the concurrency caps).
+//! Expired sources of the scope are pruned on the way, each row once (amortized O(1)).
+
+use super::{SqliteStore, Tx, fetch_task};
+use crate::rows::{TaskRow, task_columns};
+use crate::{Created, StoreError, StoreResult};
+use tollgate_core::admission::ADMISSION_WINDOW;
+use tollgate_core::{
+    AdmissionRejection, AdmissionSnapshot, AppId, BucketState, Budget, NewTask, Owner, RunState,
+    ScopeId, SourceId, Subject, TaskId, Timestamp, Usage, cache_key, decide,
+};
+
+/// Everything inserted for a new task, resolved from [`NewTask`] and the owner.
+struct Insert<'a> {
+    id: TaskId,
+    new: &'a NewTask,
+    run_id: Option<String>,
+    scope: ScopeId,
+    subject: Option<Subject>,
+    config_hash: String,
+    model_ref: String,
+    cache_key: Option<String>,
+    admitted: bool,
+    cached: Option<CachedResult>,
+    now: Timestamp,
+}
+
+struct CachedResult {
+    from: String,
+    output: String,
+}
+
+pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResult<Created> {
+    let config_hash = new.model_ref.config_hash()?;
+    let model_ref = serde_json::to_string(&new.model_ref)
+        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    let app = new.owner.app().clone();
+    let mut tx = store.begin().await?;
+    let now = store.now();
+
+    // Step 2: idempotency. The same key always names the same task, whatever its state.
+    if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
+        tx.rollback().await?;
+        return Ok(Created {
+            task,
+            created: false,
+        });
+    }
+
+    // Step 3: owner check; a run's scope and subject apply to its tasks.
+    let (run_id, scope, subject) = match &new.owner {
+        Owner::Run { run_id, .. } => {
+            let Some(run) = super::runs::get_run(&mut *tx, &app, *run_id).await? else {
+                return Err(StoreError::RunNotFound(run_id.to_string()));
+            };
+            if run.cancel_requested || run.state == RunState::Canceled {
+                return Err(StoreError::RunCanceled(run_id.to_string()));
+            }
+            (Some(run_id.to_string()), run.scope, run.subject)
+        }
+        Owner::Application { scope, subject, .. } => (None, scope.clone(), subject.clone()),
+    };
+
+    let id = TaskId::generate();
+    let mut insert = Insert {
+        id,
+        new: &new,
+        run_id,
+        scope,
+        subject,
+        config_hash: config_hash.0.clone(),
+        model_ref,
+        cache_key: None,
+        admitted: false,
+        cached: None,
+        now,
+    };
+
+    if let Some(scoped) = &new.scope {
+        let key = cache_key(
+            &scoped.source_id,
+            &scoped.source_revision,
+            &new.request,
+            &config_hash,
+            insert.subject.as_ref(),
+        );
+        // Step 4: cache. Same app and scope; the key covers source, revision, request,
+        // model config and subject.
+        if !scoped.recompute {
+            let hit: Option<(String, String)> = sqlx::query_as(
+                "SELECT id, output FROM tasks \
+                 WHERE app = ? AND scope = ? AND cache_key = ? AND status = 'succeeded' \
+                 AND cache_key IS NOT NULL \
+                 ORDER BY completed_at DESC, id DESC LIMIT 1",
+            )
+            .bind(app.as_str())
+            .bind(insert.scope.as_str())
+            .bind(&key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some((from, output)) = hit {
+                insert.cached = Some(CachedResult { from, output });
+            }
+        }
+        insert.cache_key = Some(key.clone());
+        if insert.cached.is_none() {
+            // Step 5: admission. The logical key is the cache key, or the task's own id
+            // for a recompute.
+            let logical_key = if scoped.recompute {
+                id.to_string()
+            } else {
+                key
+            };
+            if let Err(rejection) = admit(
+                &mut tx,
+                &app,
+                &insert.scope,
+                &scoped.source_id,
+                &logical_key,
+                &scoped.budget,
+                now,
+            )
+            .await?
+            {
+                tx.rollback().await?;
+                return Err(StoreError::Admission(rejection));
+            }
+            insert.admitted = true;
+            // Step 6: insert, then the admission record naming the task.
+            if !insert_task(&mut tx, &insert).await? {
+                return lost_race(tx, store, &app, &new).await;
+            }
+            sqlx::query(
+                "INSERT INTO admissions (app, scope, source_id, task_id, logical_key, admitted_at) \
+                 VALUES (?, ?, ?, ?, ?, ?)",
+            )
+            .bind(app.as_str())
+            .bind(insert.scope.as_str())
+            .bind(scoped.source_id.as_str())
+            .bind(id.to_string())
+            .bind(&logical_key)
+            .bind(now.0)
+            .execute(&mut *tx)
+            .await?;
+            let task = fetch_task(&mut *tx, &id.to_string()).await?;
+            tx.commit().await?;
+            return created(task);
+        }
+    }
+
+    if !insert_task(&mut tx, &insert).await? {
+        return lost_race(tx, store, &app, &new).await;
+    }
+    let task = fetch_task(&mut *tx, &id.to_string()).await?;
+    tx.commit().await?;
+    created(task)
+}
+
+fn created(task: Option<tollgate_core::Task>) -> StoreResult<Created> {
+    let task = task.ok_or_else(|| StoreError::Database("inserted task vanished".into()))?;
+    Ok(Created {
+        task,
+        created: true,
+    })
+}
+
+/// Step 6's race: another writer inserted the same effect key first. Nothing of ours is
+/// kept; the winner is returned.
+async fn lost_race(
+    tx: Tx,
+    store: &SqliteStore,
+    app: &AppId,
+    new: &NewTask,
+) -> StoreResult<Created> {
+    tx.rollback().await?;
+    let mut tx = store.begin().await?;
+    let task = by_effect_key(&mut tx, app, new.effect_key.as_str()).await?;
+    tx.rollback().await?;
+    let task = task.ok_or_else(|| {
+        StoreError::Database("effect key conflict, but no task holds the key".into())
+    })?;
+    Ok(Created {
+        task,
+        created: false,
+    })
+}
+
+async fn by_effect_key(
+    tx: &mut Tx,
+    app: &AppId,
+    key: &str,
+) -> StoreResult<Option<tollgate_core::Task>> {
+    let row: Option<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE app = ? AND effect_key = ?"
+    ))
+    .bind(app.as_str())
+    .bind(key)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.map(TaskRow::into_task).transpose()
+}
+
+/// Inserts the task; false when the effect key was taken meanwhile.
+async fn insert_task(tx: &mut Tx, i: &Insert<'_>) -> StoreResult<bool> {
+    let new = i.new;
+    let (status, output, usage, completed_at, cached_from) = match &i.cached {
+        Some(hit) => (
+            "succeeded",
+            Some(hit.output.clone()),
+            Some(serde_json::to_string(&Usage::default()).unwrap_or_else(|_| "{}".into())),
+            Some(i.now.0),
+            Some(hit.from.clone()),
+        ),
+        None => ("queued", None, None, None, None),
+    };
+    let scoped = new.scope.as_ref();
+    let result = sqlx::query(
+        "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
+         subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
+         model_config_hash, request, input_hash, cache_key, status, cached_from, output, usage, \
+         created_at, completed_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         ON CONFLICT (app, effect_key) DO NOTHING",
+    )
+    .bind(i.id.to_string())
+    .bind(new.owner.app().as_str())
+    .bind(new.effect_key.as_str())
+    .bind(new.request.kind().as_str())
+    .bind(new.step.as_str())
+    .bind(i.run_id.as_deref())
+    .bind(i.scope.as_str())
+    .bind(i.subject.as_ref().map(|s| s.kind.as_str()))
+    .bind(i.subject.as_ref().map(|s| s.id.as_str()))
+    .bind(scoped.map(|s| s.source_id.as_str()))
+    .bind(scoped.map(|s| s.source_revision.as_str()))
+    .bind(scoped.is_some_and(|s| s.recompute))
+    .bind(i.admitted)
+    .bind(new.model.as_str())
+    .bind(&i.model_ref)
+    .bind(&i.config_hash)
+    .bind(new.request.canonical())
+    .bind(new.request.input_hash())
+    .bind(i.cache_key.as_deref())
+    .bind(status)
+    .bind(cached_from)
+    .bind(output)
+    .bind(usage)
+    .bind(i.now.0)
+    .bind(completed_at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// SPEC §4 under the write lock: gathers the snapshot, asks core's [`decide`], and on
+/// admission stores the bucket and the source's sighting. The admission record itself is
+/// inserted by the caller once the task row exists.
+async fn admit(
+    tx: &mut Tx,
+    app: &AppId,
+    scope: &ScopeId,
+    source: &SourceId,
+    logical_key: &str,
+    budget: &Budget,
+    now: Timestamp,
+) -> StoreResult<Result<(), AdmissionRejection>> {
+    let cutoff = now.minus(ADMISSION_WINDOW).0;
+    let pruned = sqlx::query(
+        "DELETE FROM scope_sources WHERE app = ? AND scope = ? AND last_admitted_at <= ?",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(cutoff)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected() as i64;
+    let state: Option<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT bucket_units, bucket_at, sources_in_window FROM scope_state \
+         WHERE app = ? AND scope = ?",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .fetch_optional(&mut **tx)
+    .await?;
+    let sources_in_window = state.map_or(0, |s| s.2).saturating_sub(pruned).max(0);
+    let seen: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM scope_sources WHERE app = ? AND scope = ? AND source_id = ?",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(source.as_str())
+    .fetch_optional(&mut **tx)
+    .await?;
+    let (source_steps, step_counted): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(DISTINCT logical_key), COALESCE(MAX(logical_key = ?), 0) FROM admissions \
+         WHERE app = ? AND scope = ? AND source_id = ? AND admitted_at > ? \
+         AND logical_key IS NOT NULL",
+    )
+    .bind(logical_key)
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(source.as_str())
+    .bind(cutoff)
+    .fetch_one(&mut **tx)
+    .await?;
+    let scope_active: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM tasks WHERE app = ? AND scope = ? \
+         AND admitted = 1 AND status IN ('queued', 'running')",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .fetch_one(&mut **tx)
+    .await?;
+    let global_active: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM tasks WHERE admitted = 1 AND status IN ('queued', 'running')",
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    let snapshot = AdmissionSnapshot {
+        source_steps: source_steps as u64,
+        step_already_counted: step_counted != 0,
+        sources_in_window: sources_in_window as u64,
+        source_already_seen: seen.is_some(),
+        scope_active: scope_active as u64,
+        global_active: global_active as u64,
+    };
+    let bucket = state.map(|(units, at, _)| BucketState {
+        units,
+        at: Timestamp(at),
+    });
+    let bucket = match decide(budget, &snapshot, bucket, now) {
+        Ok(b) => b,
+        Err(rejection) => return Ok(Err(rejection)),
+    };
+    let sources_after = sources_in_window + i64::from(seen.is_none());
+    sqlx::query(
+        "INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window) \
+         VALUES (?, ?, ?, ?, ?) \
+         ON CONFLICT (app, scope) DO UPDATE SET bucket_units = excluded.bucket_units, \
+         bucket_at = excluded.bucket_at, sources_in_window = excluded.sources_in_window",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(bucket.units)
+    .bind(bucket.at.0)
+    .bind(sources_after)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) VALUES (?, ?, ?, ?) \
+         ON CONFLICT (app, scope, source_id) DO UPDATE SET \
+         last_admitted_at = MAX(last_admitted_at, excluded.last_admitted_at)",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(source.as_str())
+    .bind(now.0)
+    .execute(&mut **tx)
+    .await?;
+    Ok(Ok(()))
+}

@@ -1,0 +1,184 @@
+//! SPEC §6 on SQLite: the background sweep, each item one bounded batch in its own
+//! short transaction.
+
+use super::lifecycle::{after_terminal, cancel_wanted, wake_runs_waiting_on};
+use super::{SqliteStore, id_list};
+use crate::rows::task_id;
+use crate::{StoreResult, SweepConfig, SweepReport};
+use std::collections::HashMap;
+use tollgate_core::admission::ADMISSION_WINDOW;
+use tollgate_core::{ErrorCode, Timestamp};
+
+pub(super) async fn sweep(store: &SqliteStore, config: &SweepConfig) -> StoreResult<SweepReport> {
+    let batch = i64::from(config.batch_size.max(1));
+    let mut report = SweepReport::default();
+
+    // Items 1–3: queued too long, or running without a heartbeat; canceled instead when
+    // cancellation was requested.
+    for (status, timeout, code) in [
+        ("queued", config.queue_timeout, ErrorCode::QueueTimeout),
+        ("running", config.liveness_timeout, ErrorCode::Interrupted),
+    ] {
+        let mut tx = store.begin().await?;
+        let now = store.now();
+        let cutoff = now.minus(timeout).0;
+        let select = if status == "queued" {
+            "SELECT id FROM tasks WHERE status = 'queued' AND created_at <= ? \
+             ORDER BY created_at LIMIT ?"
+        } else {
+            "SELECT id FROM tasks WHERE status = 'running' AND heartbeat_at <= ? \
+             ORDER BY heartbeat_at LIMIT ?"
+        };
+        let ids: Vec<String> = sqlx::query_scalar(select)
+            .bind(cutoff)
+            .bind(batch)
+            .fetch_all(&mut *tx)
+            .await?;
+        if ids.is_empty() {
+            tx.rollback().await?;
+            continue;
+        }
+        report.more |= ids.len() as i64 == batch;
+        let list = id_list(&ids);
+        let canceled: Vec<String> = sqlx::query_scalar(concat!(
+            "UPDATE tasks SET status = 'canceled', error_code = ?, \
+             error_message = 'canceled by request', completed_at = ? \
+             WHERE id IN (SELECT value FROM json_each(?)) AND ",
+            cancel_wanted!(),
+            " RETURNING id"
+        ))
+        .bind(ErrorCode::Canceled.as_str())
+        .bind(now.0)
+        .bind(&list)
+        .fetch_all(&mut *tx)
+        .await?;
+        let message = if code == ErrorCode::QueueTimeout {
+            format!(
+                "queued longer than the queue timeout ({} s)",
+                timeout.as_secs()
+            )
+        } else {
+            format!(
+                "no heartbeat for the liveness timeout ({} s)",
+                timeout.as_secs()
+            )
+        };
+        let expired: Vec<String> = sqlx::query_scalar(
+            "UPDATE tasks SET status = 'failed', error_code = ?, error_message = ?, \
+             completed_at = ? \
+             WHERE id IN (SELECT value FROM json_each(?)) AND status = ? RETURNING id",
+        )
+        .bind(code.as_str())
+        .bind(message)
+        .bind(now.0)
+        .bind(&list)
+        .bind(status)
+        .fetch_all(&mut *tx)
+        .await?;
+        let finished: Vec<String> = canceled.iter().chain(expired.iter()).cloned().collect();
+        let woken = after_terminal(&mut tx, &finished, true, now).await?;
+        tx.commit().await?;
+        report.canceled += canceled.len() as u64;
+        if code == ErrorCode::QueueTimeout {
+            report.queue_timed_out += expired.len() as u64;
+        } else {
+            report.interrupted += expired.len() as u64;
+        }
+        for id in &finished {
+            report.finished.push(task_id(id)?);
+        }
+        report.woken_runs.extend(woken);
+    }
+
+    // Item 4: repair lost wakes — a run still waiting on a task that is already terminal
+    // (or gone) is woken again.
+    {
+        let mut tx = store.begin().await?;
+        let now = store.now();
+        let stuck: Vec<String> = sqlx::query_scalar(
+            "SELECT r.waiting_on FROM runs r LEFT JOIN tasks t ON t.id = r.waiting_on \
+             WHERE r.state = 'waiting' AND r.waiting_on IS NOT NULL \
+             AND (t.id IS NULL OR t.status IN ('succeeded', 'failed', 'canceled')) LIMIT ?",
+        )
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        if stuck.is_empty() {
+            tx.rollback().await?;
+        } else {
+            report.more |= stuck.len() as i64 == batch;
+            let woken = wake_runs_waiting_on(&mut tx, &id_list(&stuck), now).await?;
+            tx.commit().await?;
+            report.runs_repaired += woken.len() as u64;
+            report.woken_runs.extend(woken);
+        }
+    }
+
+    // Item 5: prune admission records older than 24 h, and the scopes' expired source
+    // sightings with their counts.
+    {
+        let mut tx = store.begin().await?;
+        let now = store.now();
+        let cutoff = now.minus(ADMISSION_WINDOW).0;
+        let pruned = sqlx::query(
+            "DELETE FROM admissions WHERE id IN \
+             (SELECT id FROM admissions WHERE admitted_at <= ? ORDER BY admitted_at LIMIT ?)",
+        )
+        .bind(cutoff)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        report.admissions_pruned += pruned;
+        report.more |= pruned as i64 == batch;
+        let expired: Vec<(String, String)> = sqlx::query_as(
+            "DELETE FROM scope_sources WHERE rowid IN \
+             (SELECT rowid FROM scope_sources WHERE last_admitted_at <= ? \
+             ORDER BY last_admitted_at LIMIT ?) RETURNING app, scope",
+        )
+        .bind(cutoff)
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        report.more |= expired.len() as i64 == batch;
+        let mut per_scope: HashMap<(String, String), i64> = HashMap::new();
+        for key in expired {
+            *per_scope.entry(key).or_default() += 1;
+        }
+        for ((app, scope), n) in per_scope {
+            sqlx::query(
+                "UPDATE scope_state SET sources_in_window = MAX(sources_in_window - ?, 0) \
+                 WHERE app = ? AND scope = ?",
+            )
+            .bind(n)
+            .bind(app)
+            .bind(scope)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+    }
+
+    // Item 6: retention of released, terminal application tasks.
+    {
+        let mut tx = store.begin().await?;
+        let now: Timestamp = store.now();
+        let cutoff = now.minus(config.retention).0;
+        let deleted = sqlx::query(
+            "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
+             WHERE run_id IS NULL AND released_at IS NOT NULL AND released_at <= ?1 \
+             AND completed_at IS NOT NULL AND completed_at <= ?1 \
+             AND status IN ('succeeded', 'failed', 'canceled') \
+             ORDER BY released_at LIMIT ?2)",
+        )
+        .bind(cutoff)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        report.tasks_deleted += deleted;
+        report.more |= deleted as i64 == batch;
+    }
+    Ok(report)
+}

@@ -1,0 +1,143 @@
+//! Inputs and answers of [`Store`](crate::Store) calls.
+
+use std::time::Duration;
+use tollgate_core::{Run, RunId, ScopeId, SourceId, StepKey, Task, TaskError, TaskId};
+
+/// Largest page any listing returns.
+pub const MAX_PAGE: u32 = 100;
+
+/// Answer of `create_task`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Created {
+    /// The new or existing task.
+    pub task: Task,
+    /// False when the effect key already named a task.
+    pub created: bool,
+}
+
+/// Answer of a state change.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Transition {
+    /// Whether the change took effect. A refused change wrote nothing.
+    pub applied: bool,
+    /// The task as it is now (`None` when it no longer exists).
+    pub task: Option<Task>,
+    /// Runs woken because the task became terminal (notify their workflow workers).
+    pub woken_runs: Vec<RunId>,
+}
+
+/// Answer of `heartbeat`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HeartbeatReport {
+    /// Tasks still running under this worker; their liveness was extended.
+    pub alive: Vec<TaskId>,
+    /// Tasks the worker must stop: canceled, cancellation requested, expired, deleted
+    /// or not held by this worker.
+    pub stop: Vec<TaskId>,
+}
+
+/// A (scope, source) pair with unreleased application tasks.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ScopedSource {
+    /// The scope.
+    pub scope: ScopeId,
+    /// The source.
+    pub source: SourceId,
+}
+
+/// Query of `list_unreleased_sources`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UnreleasedQuery {
+    /// Only this scope.
+    pub scope: Option<ScopeId>,
+    /// Only tasks of this step key.
+    pub step: Option<StepKey>,
+    /// Keyset cursor: the last pair of the previous page.
+    pub after: Option<ScopedSource>,
+    /// Page size (capped at [`MAX_PAGE`]; 0 means [`MAX_PAGE`]).
+    pub limit: u32,
+}
+
+/// A page of `list_unreleased_sources`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UnreleasedPage {
+    /// Pairs in (scope, source) order.
+    pub sources: Vec<ScopedSource>,
+    /// Cursor for the next page, when there may be one.
+    pub next: Option<ScopedSource>,
+}
+
+/// Timeouts and batch size of a sweep (SPEC §6; configuration, not constants).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepConfig {
+    /// Queued longer than this fails with `WORKFLOW_AI_QUEUE_TIMEOUT`.
+    pub queue_timeout: Duration,
+    /// Running without a heartbeat this long fails with `WORKFLOW_AI_INTERRUPTED`.
+    pub liveness_timeout: Duration,
+    /// Released terminal application tasks are deleted this long after release and
+    /// completion.
+    pub retention: Duration,
+    /// Rows per item per sweep.
+    pub batch_size: u32,
+}
+
+impl Default for SweepConfig {
+    fn default() -> Self {
+        SweepConfig {
+            queue_timeout: Duration::from_secs(3600),
+            liveness_timeout: Duration::from_secs(30),
+            retention: Duration::from_secs(24 * 3600),
+            batch_size: 100,
+        }
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SweepReport {
+    /// Item 1: queued tasks failed with `WORKFLOW_AI_QUEUE_TIMEOUT`.
+    pub queue_timed_out: u64,
+    /// Item 2: running tasks failed with `WORKFLOW_AI_INTERRUPTED`.
+    pub interrupted: u64,
+    /// Item 3: tasks canceled instead because cancellation was requested.
+    pub canceled: u64,
+    /// Item 4: waiting runs woken again because their task was already terminal.
+    pub runs_repaired: u64,
+    /// Item 5: admission records older than 24 h deleted.
+    pub admissions_pruned: u64,
+    /// Item 6: released terminal application tasks deleted.
+    pub tasks_deleted: u64,
+    /// Tasks this sweep moved to a terminal state (notify their apps' workers).
+    pub finished: Vec<TaskId>,
+    /// Runs woken (notify their workflow workers).
+    pub woken_runs: Vec<RunId>,
+    /// Some item filled its batch: sweep again.
+    pub more: bool,
+}
+
+/// Answer of `request_run_cancel`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunCancel {
+    /// The run as it is now.
+    pub run: Run,
+    /// Its tasks that were queued or running and are now canceled.
+    pub canceled_tasks: Vec<TaskId>,
+}
+
+/// Answer of `wait_on_task`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WaitOutcome {
+    /// The run now waits; it is woken when the task becomes terminal.
+    Waiting(Box<Run>),
+    /// The task is already terminal: the run stays runnable and may read it now.
+    Ready(Box<Task>),
+}
+
+/// How a run ends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunResult {
+    /// With an output.
+    Succeeded(serde_json::Value),
+    /// With an error.
+    Failed(TaskError),
+}
