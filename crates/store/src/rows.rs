@@ -219,3 +219,42 @@ impl RunRow {
 pub(crate) fn tasks(rows: Vec<TaskRow>) -> Result<Vec<Task>, StoreError> {
     rows.into_iter().map(TaskRow::into_task).collect()
 }
+
+/// A task that just left `queued`/`running` (or was deleted while there), as the
+/// statement that moved it returns it: what capacity accounting and wakes need.
+#[derive(sqlx::FromRow, Debug, Clone)]
+pub(crate) struct FinishedRow {
+    pub(crate) id: String,
+    pub(crate) app: String,
+    pub(crate) scope: String,
+    pub(crate) admitted: bool,
+}
+
+/// (app, scope) as stored.
+pub(crate) type ScopeKey = (String, String);
+
+/// Admitted tasks among `finished`, per (app, scope) in sorted order (the lock order for
+/// scope rows), and their total.
+pub(crate) fn admitted_per_scope(finished: &[FinishedRow]) -> (Vec<(ScopeKey, i64)>, i64) {
+    let mut per: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    for f in finished.iter().filter(|f| f.admitted) {
+        *per.entry((f.app.clone(), f.scope.clone())).or_default() += 1;
+    }
+    let total = per.values().sum();
+    (per.into_iter().collect(), total)
+}
+
+/// Number of `global_finished` stripes.
+pub(crate) const FINISHED_STRIPES: u64 = 64;
+
+/// The stripe a batch of finished tasks counts into, spread by the first task's id.
+pub(crate) fn finished_stripe(finished: &[FinishedRow]) -> i64 {
+    let h = finished
+        .first()
+        .map(|f| {
+            f.id.bytes()
+                .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+        })
+        .unwrap_or(0);
+    (h % FINISHED_STRIPES) as i64
+}

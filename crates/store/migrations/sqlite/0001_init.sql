@@ -67,9 +67,6 @@ CREATE INDEX tasks_running_heartbeat ON tasks (heartbeat_at) WHERE status = 'run
 -- Cache lookup, newest success first.
 CREATE INDEX tasks_cache ON tasks (app, scope, cache_key, completed_at)
     WHERE status = 'succeeded' AND cache_key IS NOT NULL;
--- Scope and global concurrency: admitted tasks still queued or running.
-CREATE INDEX tasks_active ON tasks (app, scope)
-    WHERE admitted = 1 AND status IN ('queued', 'running');
 -- A run's tasks (cancel cascade).
 CREATE INDEX tasks_run ON tasks (run_id) WHERE run_id IS NOT NULL;
 -- Unreleased application sources (keyset pages) and owner deletion.
@@ -96,15 +93,32 @@ CREATE INDEX admissions_task ON admissions (task_id);
 CREATE INDEX admissions_age ON admissions (admitted_at);
 
 -- What admission keeps per scope so one admission is O(1) in the window's size:
--- the token bucket and the number of distinct sources seen in the window.
+-- the token bucket, the number of distinct sources seen in the window, and the number of
+-- admitted tasks still queued or running.
 CREATE TABLE scope_state (
     app               TEXT NOT NULL,
     scope             TEXT NOT NULL,
     bucket_units      INTEGER NOT NULL,
     bucket_at         INTEGER NOT NULL,
     sources_in_window INTEGER NOT NULL DEFAULT 0,
+    active            INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (app, scope)
 );
+
+-- Global concurrency = admitted - SUM(finished): admissions count up one row, and tasks
+-- leaving queued/running count up one of 64 stripes, so finishing never contends with
+-- admitting (the PostgreSQL backend relies on this; SQLite keeps the same shape).
+CREATE TABLE global_admission (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
+    admitted INTEGER NOT NULL
+);
+INSERT INTO global_admission (id, admitted) VALUES (1, 0);
+CREATE TABLE global_finished (
+    stripe   INTEGER PRIMARY KEY,
+    finished INTEGER NOT NULL
+);
+WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 63)
+INSERT INTO global_finished (stripe, finished) SELECT i, 0 FROM n;
 
 -- Distinct sources of a scope with their latest admission; rows leave once it is 24 h old.
 CREATE TABLE scope_sources (

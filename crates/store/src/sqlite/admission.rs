@@ -282,8 +282,8 @@ async fn admit(
     .execute(&mut **tx)
     .await?
     .rows_affected() as i64;
-    let state: Option<(i64, i64, i64)> = sqlx::query_as(
-        "SELECT bucket_units, bucket_at, sources_in_window FROM scope_state \
+    let state: Option<(i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT bucket_units, bucket_at, sources_in_window, active FROM scope_state \
          WHERE app = ? AND scope = ?",
     )
     .bind(app.as_str())
@@ -311,16 +311,9 @@ async fn admit(
     .bind(cutoff)
     .fetch_one(&mut **tx)
     .await?;
-    let scope_active: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM tasks WHERE app = ? AND scope = ? \
-         AND admitted = 1 AND status IN ('queued', 'running')",
-    )
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .fetch_one(&mut **tx)
-    .await?;
     let global_active: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM tasks WHERE admitted = 1 AND status IN ('queued', 'running')",
+        "SELECT (SELECT admitted FROM global_admission WHERE id = 1) \
+         - (SELECT COALESCE(SUM(finished), 0) FROM global_finished)",
     )
     .fetch_one(&mut **tx)
     .await?;
@@ -329,10 +322,10 @@ async fn admit(
         step_already_counted: step_counted != 0,
         sources_in_window: sources_in_window as u64,
         source_already_seen: seen.is_some(),
-        scope_active: scope_active as u64,
+        scope_active: state.map_or(0, |s| s.3).max(0) as u64,
         global_active: global_active as u64,
     };
-    let bucket = state.map(|(units, at, _)| BucketState {
+    let bucket = state.map(|(units, at, _, _)| BucketState {
         units,
         at: Timestamp(at),
     });
@@ -342,10 +335,11 @@ async fn admit(
     };
     let sources_after = sources_in_window + i64::from(seen.is_none());
     sqlx::query(
-        "INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window) \
-         VALUES (?, ?, ?, ?, ?) \
+        "INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window, active) \
+         VALUES (?, ?, ?, ?, ?, 1) \
          ON CONFLICT (app, scope) DO UPDATE SET bucket_units = excluded.bucket_units, \
-         bucket_at = excluded.bucket_at, sources_in_window = excluded.sources_in_window",
+         bucket_at = excluded.bucket_at, sources_in_window = excluded.sources_in_window, \
+         active = scope_state.active + 1",
     )
     .bind(app.as_str())
     .bind(scope.as_str())
@@ -365,5 +359,8 @@ async fn admit(
     .bind(now.0)
     .execute(&mut **tx)
     .await?;
+    sqlx::query("UPDATE global_admission SET admitted = admitted + 1 WHERE id = 1")
+        .execute(&mut **tx)
+        .await?;
     Ok(Ok(()))
 }

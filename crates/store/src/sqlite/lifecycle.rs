@@ -2,7 +2,9 @@
 //! and owner deletion.
 
 use super::{SqliteStore, Tx, fetch_task, id_list};
-use crate::rows::{TaskRow, run_id, task_columns, task_id, tasks};
+use crate::rows::{
+    FinishedRow, TaskRow, admitted_per_scope, finished_stripe, run_id, task_columns, task_id, tasks,
+};
 use crate::{
     HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition, UnreleasedPage,
     UnreleasedQuery,
@@ -31,18 +33,21 @@ macro_rules! cancel_wanted {
 pub(super) use cancel_wanted;
 
 /// What every move to a terminal state does besides the row itself (SPEC §4–5, §7):
-/// failed, canceled and expired tasks free their logical key (their source stays seen),
-/// and runs waiting on any of the tasks are woken. Returns the woken runs.
+/// admitted tasks give back their scope and global capacity; failed, canceled and expired
+/// tasks free their logical key (their source stays seen); runs waiting on any of the
+/// tasks are woken. Returns the woken runs.
 pub(super) async fn after_terminal(
     tx: &mut Tx,
-    ids: &[String],
+    finished: &[FinishedRow],
     clear_logical_keys: bool,
     now: Timestamp,
 ) -> StoreResult<Vec<RunId>> {
-    if ids.is_empty() {
+    if finished.is_empty() {
         return Ok(Vec::new());
     }
-    let list = id_list(ids);
+    release_capacity(tx, finished).await?;
+    let ids: Vec<&str> = finished.iter().map(|f| f.id.as_str()).collect();
+    let list = id_list(&ids);
     if clear_logical_keys {
         sqlx::query(
             "UPDATE admissions SET logical_key = NULL \
@@ -53,6 +58,29 @@ pub(super) async fn after_terminal(
         .await?;
     }
     wake_runs_waiting_on(tx, &list, now).await
+}
+
+/// Admitted tasks that left queued/running no longer count against their scope's or the
+/// service's concurrency.
+pub(super) async fn release_capacity(tx: &mut Tx, finished: &[FinishedRow]) -> StoreResult<()> {
+    let (per_scope, total) = admitted_per_scope(finished);
+    if total == 0 {
+        return Ok(());
+    }
+    for ((app, scope), n) in per_scope {
+        sqlx::query("UPDATE scope_state SET active = active - ? WHERE app = ? AND scope = ?")
+            .bind(n)
+            .bind(app)
+            .bind(scope)
+            .execute(&mut **tx)
+            .await?;
+    }
+    sqlx::query("UPDATE global_finished SET finished = finished + ? WHERE stripe = ?")
+        .bind(total)
+        .bind(finished_stripe(finished))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// Wakes runs waiting on any task of a JSON id list.
@@ -184,20 +212,19 @@ pub(super) async fn complete_task(
         .map_err(|e| StoreError::Database(format!("cannot encode usage: {e}")))?;
     let mut tx = store.begin().await?;
     let now = store.now();
-    let done = sqlx::query(concat!(
+    let done: Option<FinishedRow> = sqlx::query_as(concat!(
         "UPDATE tasks SET status = 'succeeded', output = ?, usage = ?, completed_at = ? \
          WHERE id = ? AND status = 'running' AND worker = ? AND NOT ",
-        cancel_wanted!()
+        cancel_wanted!(),
+        " RETURNING id, app, scope, admitted"
     ))
     .bind(output)
     .bind(usage)
     .bind(now.0)
     .bind(id.to_string())
     .bind(worker.as_str())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
+    .fetch_optional(&mut *tx)
+    .await?;
     finish(tx, id, done, false, now).await
 }
 
@@ -205,14 +232,14 @@ pub(super) async fn complete_task(
 async fn finish(
     mut tx: Tx,
     id: TaskId,
-    applied: bool,
+    finished: Option<FinishedRow>,
     clear_logical_key: bool,
     now: Timestamp,
 ) -> StoreResult<Transition> {
-    let woken_runs = if applied {
-        after_terminal(&mut tx, &[id.to_string()], clear_logical_key, now).await?
-    } else {
-        Vec::new()
+    let applied = finished.is_some();
+    let woken_runs = match finished {
+        Some(f) => after_terminal(&mut tx, &[f], clear_logical_key, now).await?,
+        None => Vec::new(),
     };
     let task = fetch_task(&mut *tx, &id.to_string()).await?;
     tx.commit().await?;
@@ -231,18 +258,16 @@ pub(super) async fn fail_task(
 ) -> StoreResult<Transition> {
     let mut tx = store.begin().await?;
     let now = store.now();
-    let done = sqlx::query(
+    let done: Option<FinishedRow> = sqlx::query_as(
         "UPDATE tasks SET status = 'failed', error_code = ?, error_message = ?, completed_at = ? \
-         WHERE id = ? AND status IN ('queued', 'running')",
+         WHERE id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted",
     )
     .bind(code.as_str())
     .bind(truncate_message(message))
     .bind(now.0)
     .bind(id.to_string())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
+    .fetch_optional(&mut *tx)
+    .await?;
     finish(tx, id, done, true, now).await
 }
 
@@ -266,19 +291,17 @@ pub(super) async fn request_cancel(
         return Ok(None);
     }
     // Terminal states are final: only a queued or running task is marked and canceled.
-    let done = sqlx::query(
+    let done: Option<FinishedRow> = sqlx::query_as(
         "UPDATE tasks SET cancel_requested = 1, status = 'canceled', error_code = ?, \
          error_message = ?, completed_at = ? \
-         WHERE id = ? AND status IN ('queued', 'running')",
+         WHERE id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted",
     )
     .bind(ErrorCode::Canceled.as_str())
     .bind(CANCELED_MESSAGE)
     .bind(now.0)
     .bind(id.to_string())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
+    .fetch_optional(&mut *tx)
+    .await?;
     finish(tx, id, done, true, now).await.map(Some)
 }
 
@@ -308,20 +331,19 @@ pub(super) async fn is_cancellation_requested(
 pub(super) async fn mark_canceled(store: &SqliteStore, id: TaskId) -> StoreResult<Transition> {
     let mut tx = store.begin().await?;
     let now = store.now();
-    let done = sqlx::query(concat!(
+    let done: Option<FinishedRow> = sqlx::query_as(concat!(
         "UPDATE tasks SET cancel_requested = 1, status = 'canceled', error_code = ?, \
          error_message = ?, completed_at = ? \
          WHERE id = ? AND status IN ('queued', 'running') AND ",
-        cancel_wanted!()
+        cancel_wanted!(),
+        " RETURNING id, app, scope, admitted"
     ))
     .bind(ErrorCode::Canceled.as_str())
     .bind(CANCELED_MESSAGE)
     .bind(now.0)
     .bind(id.to_string())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
+    .fetch_optional(&mut *tx)
+    .await?;
     finish(tx, id, done, true, now).await
 }
 
@@ -404,18 +426,30 @@ pub(super) async fn delete_owner_data(
     // The write lock serializes this with every creation: no task of the owner can slip
     // in between. Admission records are kept, so accounting is not reset.
     let mut tx = store.begin().await?;
-    let deleted = sqlx::query(
+    let deleted: Vec<(String, String, String, bool, String)> = sqlx::query_as(
         "DELETE FROM tasks WHERE app = ?1 AND scope = ?2 AND run_id IS NULL \
-         AND (?3 IS NULL OR source_id = ?3)",
+         AND (?3 IS NULL OR source_id = ?3) RETURNING id, app, scope, admitted, status",
     )
     .bind(app.as_str())
     .bind(scope.as_str())
     .bind(source.map(|s| s.as_str()))
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    .fetch_all(&mut *tx)
+    .await?;
+    // Deleted in-flight tasks leave queued/running: they give back their capacity (their
+    // workers see cancellation); admission records and logical keys stay as they are.
+    let in_flight: Vec<FinishedRow> = deleted
+        .iter()
+        .filter(|d| d.4 == "queued" || d.4 == "running")
+        .map(|(id, app, scope, admitted, _)| FinishedRow {
+            id: id.clone(),
+            app: app.clone(),
+            scope: scope.clone(),
+            admitted: *admitted,
+        })
+        .collect();
+    release_capacity(&mut tx, &in_flight).await?;
     tx.commit().await?;
-    Ok(deleted)
+    Ok(deleted.len() as u64)
 }
 
 pub(super) async fn list_recoverable(

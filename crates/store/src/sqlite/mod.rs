@@ -156,7 +156,7 @@ async fn check_schema_version(pool: &SqlitePool) -> StoreResult<()> {
 }
 
 /// A JSON array of ids, for `json_each(?)` set membership in one statement.
-pub(crate) fn id_list<T: ToString>(ids: &[T]) -> String {
+pub(crate) fn id_list<T: std::fmt::Display>(ids: &[T]) -> String {
     serde_json::Value::Array(
         ids.iter()
             .map(|i| serde_json::Value::String(i.to_string()))

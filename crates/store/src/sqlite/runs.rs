@@ -2,7 +2,7 @@
 
 use super::lifecycle::after_terminal;
 use super::{SqliteStore, fetch_task};
-use crate::rows::{RunRow, run_columns, task_id};
+use crate::rows::{FinishedRow, RunRow, run_columns, task_id};
 use crate::{RunCancel, RunResult, StoreError, StoreResult, WaitOutcome};
 use tollgate_core::canonical::canonical_json as canonical_json_text;
 use tollgate_core::{AppId, ErrorCode, NewRun, Run, RunId, RunState, TaskId};
@@ -76,10 +76,10 @@ pub(super) async fn request_run_cancel(
         return Ok(None);
     }
     // Cascade: the run's queued and running tasks are canceled and free their steps.
-    let canceled: Vec<String> = sqlx::query_scalar(
+    let canceled: Vec<FinishedRow> = sqlx::query_as(
         "UPDATE tasks SET cancel_requested = 1, status = 'canceled', error_code = ?, \
          error_message = 'run canceled by request', completed_at = ? \
-         WHERE run_id = ? AND status IN ('queued', 'running') RETURNING id",
+         WHERE run_id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted",
     )
     .bind(ErrorCode::Canceled.as_str())
     .bind(now.0)
@@ -94,7 +94,7 @@ pub(super) async fn request_run_cancel(
         run,
         canceled_tasks: canceled
             .iter()
-            .map(|s| task_id(s))
+            .map(|f| task_id(&f.id))
             .collect::<StoreResult<_>>()?,
     }))
 }

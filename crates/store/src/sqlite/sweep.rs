@@ -3,7 +3,7 @@
 
 use super::lifecycle::{after_terminal, cancel_wanted, wake_runs_waiting_on};
 use super::{SqliteStore, id_list};
-use crate::rows::task_id;
+use crate::rows::{FinishedRow, task_id};
 use crate::{StoreResult, SweepConfig, SweepReport};
 use std::collections::HashMap;
 use tollgate_core::admission::ADMISSION_WINDOW;
@@ -40,12 +40,13 @@ pub(super) async fn sweep(store: &SqliteStore, config: &SweepConfig) -> StoreRes
         }
         report.more |= ids.len() as i64 == batch;
         let list = id_list(&ids);
-        let canceled: Vec<String> = sqlx::query_scalar(concat!(
+        let canceled: Vec<FinishedRow> = sqlx::query_as(concat!(
             "UPDATE tasks SET status = 'canceled', error_code = ?, \
              error_message = 'canceled by request', completed_at = ? \
-             WHERE id IN (SELECT value FROM json_each(?)) AND ",
+             WHERE id IN (SELECT value FROM json_each(?)) AND status IN ('queued', 'running') \
+             AND ",
             cancel_wanted!(),
-            " RETURNING id"
+            " RETURNING id, app, scope, admitted"
         ))
         .bind(ErrorCode::Canceled.as_str())
         .bind(now.0)
@@ -63,10 +64,11 @@ pub(super) async fn sweep(store: &SqliteStore, config: &SweepConfig) -> StoreRes
                 timeout.as_secs()
             )
         };
-        let expired: Vec<String> = sqlx::query_scalar(
+        let expired: Vec<FinishedRow> = sqlx::query_as(
             "UPDATE tasks SET status = 'failed', error_code = ?, error_message = ?, \
              completed_at = ? \
-             WHERE id IN (SELECT value FROM json_each(?)) AND status = ? RETURNING id",
+             WHERE id IN (SELECT value FROM json_each(?)) AND status = ? \
+             RETURNING id, app, scope, admitted",
         )
         .bind(code.as_str())
         .bind(message)
@@ -75,7 +77,7 @@ pub(super) async fn sweep(store: &SqliteStore, config: &SweepConfig) -> StoreRes
         .bind(status)
         .fetch_all(&mut *tx)
         .await?;
-        let finished: Vec<String> = canceled.iter().chain(expired.iter()).cloned().collect();
+        let finished: Vec<FinishedRow> = canceled.iter().chain(expired.iter()).cloned().collect();
         let woken = after_terminal(&mut tx, &finished, true, now).await?;
         tx.commit().await?;
         report.canceled += canceled.len() as u64;
@@ -84,8 +86,8 @@ pub(super) async fn sweep(store: &SqliteStore, config: &SweepConfig) -> StoreRes
         } else {
             report.interrupted += expired.len() as u64;
         }
-        for id in &finished {
-            report.finished.push(task_id(id)?);
+        for f in &finished {
+            report.finished.push(task_id(&f.id)?);
         }
         report.woken_runs.extend(woken);
     }
