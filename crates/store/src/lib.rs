@@ -10,6 +10,7 @@
 
 pub mod conformance;
 mod error;
+pub mod postgres;
 mod rows;
 pub mod sqlite;
 mod types;

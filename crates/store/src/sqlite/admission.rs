@@ -292,11 +292,13 @@ async fn admit(
     .await?;
     let sources_in_window = state.map_or(0, |s| s.2).saturating_sub(pruned).max(0);
     let seen: Option<i64> = sqlx::query_scalar(
-        "SELECT 1 FROM scope_sources WHERE app = ? AND scope = ? AND source_id = ?",
+        "SELECT 1 FROM scope_sources WHERE app = ? AND scope = ? AND source_id = ? \
+         AND last_admitted_at > ?",
     )
     .bind(app.as_str())
     .bind(scope.as_str())
     .bind(source.as_str())
+    .bind(cutoff)
     .fetch_optional(&mut **tx)
     .await?;
     let (source_steps, step_counted): (i64, i64) = sqlx::query_as(
@@ -333,19 +335,22 @@ async fn admit(
         Ok(b) => b,
         Err(rejection) => return Ok(Err(rejection)),
     };
-    let sources_after = sources_in_window + i64::from(seen.is_none());
+    // Relative updates: whoever deletes an expired sighting subtracts it, exactly once.
+    let sources_delta = i64::from(seen.is_none()) - pruned;
     sqlx::query(
         "INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window, active) \
-         VALUES (?, ?, ?, ?, ?, 1) \
+         VALUES (?, ?, ?, ?, MAX(?, 0), 1) \
          ON CONFLICT (app, scope) DO UPDATE SET bucket_units = excluded.bucket_units, \
-         bucket_at = excluded.bucket_at, sources_in_window = excluded.sources_in_window, \
+         bucket_at = excluded.bucket_at, \
+         sources_in_window = scope_state.sources_in_window + ?, \
          active = scope_state.active + 1",
     )
     .bind(app.as_str())
     .bind(scope.as_str())
     .bind(bucket.units)
     .bind(bucket.at.0)
-    .bind(sources_after)
+    .bind(sources_delta)
+    .bind(sources_delta)
     .execute(&mut **tx)
     .await?;
     sqlx::query(

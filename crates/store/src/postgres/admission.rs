@@ -1,0 +1,430 @@
+//! SPEC §3–4 on PostgreSQL: task creation with idempotency, owner check, cache and
+//! admission in one short transaction, correct with any number of replicas.
+//!
+//! A scoped creation holds the exclusive advisory lock of its (app, scope): admissions of
+//! one scope are serialized, different scopes run in parallel. The admission snapshot is
+//! one statement reading only bounded things (the scope's counters row, one sighting
+//! probe, this source's records, the global counters); the writes are one statement
+//! ending with the conditional global increment, so the global row is locked only from
+//! that statement to the commit.
+
+use super::{PostgresStore, Tx};
+use crate::rows::{TaskRow, task_columns};
+use crate::{Created, StoreError, StoreResult};
+use tollgate_core::admission::ADMISSION_WINDOW;
+use tollgate_core::canonical::sha256_hex;
+use tollgate_core::{
+    AdmissionRejection, AdmissionSnapshot, AppId, BucketState, Budget, NewTask, Owner, RunState,
+    ScopeId, SourceId, Subject, SubjectKind, Task, TaskId, Timestamp, Usage, cache_key, decide,
+};
+
+/// The advisory lock key of an (app, scope): the first 8 bytes of SHA-256 of both, with a
+/// separator no identifier may contain.
+pub(super) fn scope_lock_key(app: &AppId, scope: &ScopeId) -> i64 {
+    let hex = sha256_hex(format!("tollgate-scope\u{1f}{app}\u{1f}{scope}").as_bytes());
+    u64::from_str_radix(&hex[..16], 16).unwrap_or(0) as i64
+}
+
+/// Takes the (app, scope) advisory lock for this transaction.
+pub(super) async fn lock_scope(
+    tx: &mut Tx,
+    app: &AppId,
+    scope: &ScopeId,
+    exclusive: bool,
+) -> StoreResult<()> {
+    let sql = if exclusive {
+        "SELECT pg_advisory_xact_lock($1)"
+    } else {
+        "SELECT pg_advisory_xact_lock_shared($1)"
+    };
+    sqlx::query(sql)
+        .bind(scope_lock_key(app, scope))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
+    let config_hash = new.model_ref.config_hash()?;
+    let model_ref = serde_json::to_string(&new.model_ref)
+        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    let app = new.owner.app().clone();
+    let mut tx = store.begin().await?;
+
+    // Step 2: idempotency, before any lock: a replay costs one indexed read.
+    if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
+        tx.rollback().await?;
+        return Ok(Created {
+            task,
+            created: false,
+        });
+    }
+
+    // Step 3: owner check; a run's scope and subject apply to its tasks.
+    let (run_id, scope, subject) = match &new.owner {
+        Owner::Run { run_id, .. } => {
+            let scope: Option<String> =
+                sqlx::query_scalar("SELECT scope FROM runs WHERE id = $1 AND app = $2")
+                    .bind(run_id.to_string())
+                    .bind(app.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let Some(scope) = scope else {
+                return Err(StoreError::RunNotFound(run_id.to_string()));
+            };
+            let scope =
+                ScopeId::new(scope).map_err(|e| StoreError::Corrupt(format!("run scope: {e}")))?;
+            if new.scope.is_some() {
+                lock_scope(&mut tx, &app, &scope, true).await?;
+            }
+            // FOR SHARE: a concurrent cancel of the run either commits first (and we see
+            // it) or waits for us (and its cascade sees the new task).
+            let row: Option<(String, bool, Option<String>, Option<String>)> = sqlx::query_as(
+                "SELECT state, cancel_requested, subject_type, subject_id FROM runs \
+                 WHERE id = $1 AND app = $2 FOR SHARE",
+            )
+            .bind(run_id.to_string())
+            .bind(app.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some((state, cancel, kind, sid)) = row else {
+                return Err(StoreError::RunNotFound(run_id.to_string()));
+            };
+            if cancel || state == RunState::Canceled.as_str() {
+                return Err(StoreError::RunCanceled(run_id.to_string()));
+            }
+            let subject = match (kind, sid) {
+                (Some(k), Some(id)) => Some(Subject {
+                    kind: SubjectKind::parse(&k)
+                        .ok_or_else(|| StoreError::Corrupt(format!("subject_type {k}")))?,
+                    id,
+                }),
+                _ => None,
+            };
+            (Some(run_id.to_string()), scope, subject)
+        }
+        Owner::Application { scope, subject, .. } => {
+            // Exclusive for admission; shared otherwise, which only keeps owner deletion
+            // (exclusive) from interleaving with this creation.
+            lock_scope(&mut tx, &app, scope, new.scope.is_some()).await?;
+            (None, scope.clone(), subject.clone())
+        }
+    };
+    let now = store.now(&mut tx).await?;
+    let id = TaskId::generate();
+    let mut row = InsertRow {
+        id,
+        new: &new,
+        run_id,
+        scope,
+        subject,
+        config_hash: config_hash.0.clone(),
+        model_ref,
+        cache_key: None,
+        admitted: false,
+        cached_from: None,
+        cached_output: None,
+        now,
+    };
+
+    let Some(scoped) = &new.scope else {
+        return insert_and_commit(store, tx, &row, &app, None).await;
+    };
+    let key = cache_key(
+        &scoped.source_id,
+        &scoped.source_revision,
+        &new.request,
+        &config_hash,
+        row.subject.as_ref(),
+    );
+    row.cache_key = Some(key.clone());
+    // Step 4: cache, newest success first, same app and scope.
+    if !scoped.recompute {
+        let hit: Option<(String, String)> = sqlx::query_as(
+            "SELECT id, output FROM tasks \
+             WHERE app = $1 AND scope = $2 AND cache_key = $3 AND status = 'succeeded' \
+             ORDER BY completed_at DESC, id DESC LIMIT 1",
+        )
+        .bind(app.as_str())
+        .bind(row.scope.as_str())
+        .bind(&key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some((from, output)) = hit {
+            row.cached_from = Some(from);
+            row.cached_output = Some(output);
+            return insert_and_commit(store, tx, &row, &app, None).await;
+        }
+    }
+    // Step 5: admission.
+    let logical_key = if scoped.recompute {
+        id.to_string()
+    } else {
+        key
+    };
+    let admitted = admit(
+        &mut tx,
+        &app,
+        &row.scope,
+        &scoped.source_id,
+        &logical_key,
+        &scoped.budget,
+        now,
+    )
+    .await?;
+    if let Err(rejection) = admitted {
+        tx.rollback().await?;
+        return Err(StoreError::Admission(rejection));
+    }
+    row.admitted = true;
+    let record = AdmissionRecord {
+        source: &scoped.source_id,
+        logical_key: &logical_key,
+        budget: &scoped.budget,
+    };
+    insert_and_commit(store, tx, &row, &app, Some(record)).await
+}
+
+struct InsertRow<'a> {
+    id: TaskId,
+    new: &'a NewTask,
+    run_id: Option<String>,
+    scope: ScopeId,
+    subject: Option<Subject>,
+    config_hash: String,
+    model_ref: String,
+    cache_key: Option<String>,
+    admitted: bool,
+    cached_from: Option<String>,
+    cached_output: Option<String>,
+    now: Timestamp,
+}
+
+struct AdmissionRecord<'a> {
+    source: &'a SourceId,
+    logical_key: &'a str,
+    budget: &'a Budget,
+}
+
+/// Step 6: insert the task; for an admitted task, then record the admission and take the
+/// global slot in one final statement; commit.
+async fn insert_and_commit(
+    store: &PostgresStore,
+    mut tx: Tx,
+    row: &InsertRow<'_>,
+    app: &AppId,
+    admission: Option<AdmissionRecord<'_>>,
+) -> StoreResult<Created> {
+    let Some(task) = insert_task(&mut tx, row).await? else {
+        // Another replica inserted the same effect key first: keep nothing of ours.
+        tx.rollback().await?;
+        return lost_race(store, app, row.new).await;
+    };
+    if let Some(record) = admission {
+        let took_slot: Option<i64> = sqlx::query_scalar(
+            "WITH rec AS (INSERT INTO admissions \
+               (app, scope, source_id, task_id, logical_key, admitted_at) \
+               VALUES ($1, $2, $3, $4, $5, $6)) \
+             UPDATE global_admission SET admitted = admitted + 1 WHERE id = 1 \
+             AND admitted - (SELECT COALESCE(SUM(finished), 0)::BIGINT FROM global_finished) < $7 \
+             RETURNING admitted",
+        )
+        .bind(app.as_str())
+        .bind(row.scope.as_str())
+        .bind(record.source.as_str())
+        .bind(row.id.to_string())
+        .bind(record.logical_key)
+        .bind(row.now.0)
+        .bind(i64::from(record.budget.global_concurrent.get()))
+        .fetch_optional(&mut *tx)
+        .await?;
+        if took_slot.is_none() {
+            tx.rollback().await?;
+            return Err(StoreError::Admission(AdmissionRejection::GlobalCapacity {
+                limit: record.budget.global_concurrent.get(),
+            }));
+        }
+    }
+    tx.commit().await?;
+    Ok(Created {
+        task,
+        created: true,
+    })
+}
+
+async fn lost_race(store: &PostgresStore, app: &AppId, new: &NewTask) -> StoreResult<Created> {
+    let row: Option<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE app = $1 AND effect_key = $2"
+    ))
+    .bind(app.as_str())
+    .bind(new.effect_key.as_str())
+    .fetch_optional(&store.pool)
+    .await?;
+    let task = row.map(TaskRow::into_task).transpose()?.ok_or_else(|| {
+        StoreError::Unavailable("effect key taken by a transaction that rolled back; retry".into())
+    })?;
+    Ok(Created {
+        task,
+        created: false,
+    })
+}
+
+async fn by_effect_key(tx: &mut Tx, app: &AppId, key: &str) -> StoreResult<Option<Task>> {
+    let row: Option<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE app = $1 AND effect_key = $2"
+    ))
+    .bind(app.as_str())
+    .bind(key)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.map(TaskRow::into_task).transpose()
+}
+
+/// Inserts the task and returns it; `None` when the effect key was taken meanwhile.
+async fn insert_task(tx: &mut Tx, i: &InsertRow<'_>) -> StoreResult<Option<Task>> {
+    let new = i.new;
+    let cached = i.cached_from.is_some();
+    let scoped = new.scope.as_ref();
+    let usage = cached.then(|| serde_json::to_string(&Usage::default()).unwrap_or_default());
+    let row: Option<TaskRow> = sqlx::query_as(concat!(
+        "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
+         subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
+         model_config_hash, request, input_hash, cache_key, status, cached_from, output, usage, \
+         created_at, completed_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+         $18, $19, $20, $21, $22, $23, $24, $25) \
+         ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
+        task_columns!()
+    ))
+    .bind(i.id.to_string())
+    .bind(new.owner.app().as_str())
+    .bind(new.effect_key.as_str())
+    .bind(new.request.kind().as_str())
+    .bind(new.step.as_str())
+    .bind(i.run_id.as_deref())
+    .bind(i.scope.as_str())
+    .bind(i.subject.as_ref().map(|s| s.kind.as_str()))
+    .bind(i.subject.as_ref().map(|s| s.id.as_str()))
+    .bind(scoped.map(|s| s.source_id.as_str()))
+    .bind(scoped.map(|s| s.source_revision.as_str()))
+    .bind(scoped.is_some_and(|s| s.recompute))
+    .bind(i.admitted)
+    .bind(new.model.as_str())
+    .bind(&i.model_ref)
+    .bind(&i.config_hash)
+    .bind(new.request.canonical())
+    .bind(new.request.input_hash())
+    .bind(i.cache_key.as_deref())
+    .bind(if cached { "succeeded" } else { "queued" })
+    .bind(i.cached_from.as_deref())
+    .bind(i.cached_output.as_deref())
+    .bind(usage)
+    .bind(i.now.0)
+    .bind(cached.then_some(i.now.0))
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.map(TaskRow::into_task).transpose()
+}
+
+/// The snapshot of SPEC §4 in one statement, under the scope's advisory lock.
+type SnapshotRow = (
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    bool,
+    i64,
+    bool,
+    i64,
+);
+
+/// SPEC §4 under the scope lock: prunes the scope's expired sightings, reads the
+/// snapshot, asks core's [`decide`], and on admission stores the bucket, the counters and
+/// the sighting. The global cap is enforced again by the final conditional increment.
+async fn admit(
+    tx: &mut Tx,
+    app: &AppId,
+    scope: &ScopeId,
+    source: &SourceId,
+    logical_key: &str,
+    budget: &Budget,
+    now: Timestamp,
+) -> StoreResult<Result<(), AdmissionRejection>> {
+    let cutoff = now.minus(ADMISSION_WINDOW).0;
+    let pruned = sqlx::query(
+        "DELETE FROM scope_sources WHERE app = $1 AND scope = $2 AND last_admitted_at <= $3",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(cutoff)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected() as i64;
+    let (units, at, sources, active, seen, steps, counted, global): SnapshotRow = sqlx::query_as(
+        "SELECT s.bucket_units, s.bucket_at, s.sources_in_window, s.active, \
+         EXISTS (SELECT 1 FROM scope_sources WHERE app = $1 AND scope = $2 AND source_id = $3 \
+                 AND last_admitted_at > $4), \
+         (SELECT COUNT(DISTINCT logical_key) FROM admissions WHERE app = $1 AND scope = $2 \
+                 AND source_id = $3 AND admitted_at > $4 AND logical_key IS NOT NULL), \
+         EXISTS (SELECT 1 FROM admissions WHERE app = $1 AND scope = $2 AND source_id = $3 \
+                 AND admitted_at > $4 AND logical_key = $5), \
+         (SELECT admitted FROM global_admission WHERE id = 1) \
+           - (SELECT COALESCE(SUM(finished), 0)::BIGINT FROM global_finished) \
+         FROM (SELECT 1) AS one LEFT JOIN scope_state s ON s.app = $1 AND s.scope = $2",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(source.as_str())
+    .bind(cutoff)
+    .bind(logical_key)
+    .fetch_one(&mut **tx)
+    .await?;
+    let snapshot = AdmissionSnapshot {
+        source_steps: steps.max(0) as u64,
+        step_already_counted: counted,
+        sources_in_window: sources.unwrap_or(0).saturating_sub(pruned).max(0) as u64,
+        source_already_seen: seen,
+        scope_active: active.unwrap_or(0).max(0) as u64,
+        global_active: global.max(0) as u64,
+    };
+    let bucket = match (units, at) {
+        (Some(units), Some(at)) => Some(BucketState {
+            units,
+            at: Timestamp(at),
+        }),
+        _ => None,
+    };
+    let bucket = match decide(budget, &snapshot, bucket, now) {
+        Ok(b) => b,
+        Err(rejection) => return Ok(Err(rejection)),
+    };
+    // Relative updates: whoever deletes an expired sighting subtracts it, exactly once.
+    let sources_delta = i64::from(!seen) - pruned;
+    sqlx::query(
+        "WITH st AS (INSERT INTO scope_state \
+           (app, scope, bucket_units, bucket_at, sources_in_window, active) \
+           VALUES ($1, $2, $3, $4, GREATEST($5, 0), 1) \
+           ON CONFLICT (app, scope) DO UPDATE SET bucket_units = EXCLUDED.bucket_units, \
+           bucket_at = EXCLUDED.bucket_at, \
+           sources_in_window = scope_state.sources_in_window + $5, \
+           active = scope_state.active + 1) \
+         INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) \
+         VALUES ($1, $2, $6, $7) \
+         ON CONFLICT (app, scope, source_id) DO UPDATE SET \
+         last_admitted_at = GREATEST(scope_sources.last_admitted_at, EXCLUDED.last_admitted_at)",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(bucket.units)
+    .bind(bucket.at.0)
+    .bind(sources_delta)
+    .bind(source.as_str())
+    .bind(now.0)
+    .execute(&mut **tx)
+    .await?;
+    Ok(Ok(()))
+}
