@@ -21,6 +21,20 @@ macro_rules! task_columns {
 }
 pub(crate) use task_columns;
 
+/// [`task_columns`] qualified with the `tasks.` table name, for statements that join.
+macro_rules! task_columns_qualified {
+    () => {
+        "tasks.id, tasks.app, tasks.effect_key, tasks.kind, tasks.step, tasks.run_id, \
+         tasks.scope, tasks.subject_type, tasks.subject_id, tasks.source_id, \
+         tasks.source_revision, tasks.recompute, tasks.model_id, tasks.model_ref, \
+         tasks.model_config_hash, tasks.request, tasks.input_hash, tasks.cache_key, \
+         tasks.status, tasks.cancel_requested, tasks.cached_from, tasks.output, tasks.usage, \
+         tasks.error_code, tasks.error_message, tasks.attempt, tasks.worker, tasks.created_at, \
+         tasks.claimed_at, tasks.heartbeat_at, tasks.completed_at, tasks.released_at"
+    };
+}
+pub(crate) use task_columns_qualified;
+
 /// The columns every run query selects, as a literal for `concat!`.
 macro_rules! run_columns {
     () => {

@@ -1,9 +1,31 @@
 //! The conformance suite: SPEC §3–8 written once against [`Store`], run by every backend.
 //!
-//! A backend's test file implements [`Backend`] and calls [`conformance_suite!`]
-//! (`crate::conformance_suite`), which expands to one `#[tokio::test]` per rule so each
-//! passes or fails on its own and they run in parallel. `docs/conformance.md` maps every
-//! SPEC row to these names.
+//! A backend's test file implements [`Backend`] and calls
+//! [`conformance_suite!`](crate::conformance_suite), which expands to one
+//! `#[tokio::test]` per rule so each passes or fails on its own and they run in parallel:
+//!
+//! ```ignore
+//! // crates/store/tests/sqlite.rs
+//! async fn backend(test_name: &str) -> Option<MyBackend> { /* None = skip */ }
+//! tollgate_store::conformance_suite!(backend);
+//! ```
+//!
+//! Every test is a `pub async fn name(b: &dyn Backend)` that panics with a message naming
+//! the broken rule. Time only moves through [`Backend::clock`]; no test sleeps.
+//! `docs/conformance.md` maps every SPEC row to these names.
+
+pub mod admission;
+pub mod cache;
+pub mod concurrency;
+pub mod create;
+pub mod fixtures;
+pub mod isolation;
+pub mod lifecycle;
+pub mod owner;
+pub mod runs;
+pub mod sweep;
+
+pub use fixtures::START;
 
 use crate::Store;
 use async_trait::async_trait;
@@ -18,6 +40,120 @@ pub trait Backend: Send + Sync {
     async fn open(&self) -> Arc<dyn Store>;
 
     /// The clock every instance of this test's database reads; tests move it instead of
-    /// sleeping.
+    /// sleeping. It starts at [`START`].
     fn clock(&self) -> &ManualClock;
+}
+
+/// Expands to one `#[tokio::test]` per conformance test. `$backend` is an async function
+/// (or closure) taking the test's name and returning `Option<impl Backend>`; `None` skips
+/// the test (e.g. Postgres without a database URL).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($backend:expr) => {
+        $crate::__conformance_tests!(
+            $backend;
+            create::store_answers_ping,
+            create::create_stores_a_queued_task,
+            create::stored_request_is_canonical_and_hashed,
+            create::request_at_the_size_limit_is_stored_exactly,
+            create::invalid_model_config_is_rejected_and_writes_nothing,
+            create::idempotent_create_returns_existing_task_and_spends_no_budget,
+            create::effect_keys_are_unique_per_app,
+            create::unscoped_tasks_skip_cache_and_admission,
+            cache::cache_hit_is_a_new_succeeded_task_with_the_copied_output,
+            cache::cache_ignores_unfinished_and_unsuccessful_tasks,
+            cache::cache_never_crosses_app_scope_subject_revision_or_model_config,
+            cache::recompute_skips_the_cache_and_counts_as_a_new_step,
+            cache::run_tasks_share_the_cache_of_their_scope_and_subject,
+            admission::source_budget_limits_distinct_steps_per_source,
+            admission::daily_budget_limits_distinct_sources_and_allows_seen_ones,
+            admission::scope_capacity_counts_queued_and_running_tasks,
+            admission::global_capacity_counts_scoped_tasks_of_every_app_and_scope,
+            admission::rate_limit_admits_burst_then_reports_time_until_next_token,
+            admission::every_ending_frees_the_concurrency_slot,
+            admission::admission_checks_run_in_spec_order,
+            admission::same_logical_step_counts_once,
+            admission::succeeded_task_keeps_its_step,
+            admission::failed_task_frees_its_step_but_source_stays_seen,
+            admission::canceled_task_frees_its_step_but_source_stays_seen,
+            admission::queue_timed_out_task_frees_its_step_but_source_stays_seen,
+            admission::interrupted_task_frees_its_step_but_source_stays_seen,
+            admission::admission_window_is_24_hours,
+            admission::admission_window_slides_record_by_record,
+            admission::admission_window_slides_the_same_with_sweeps,
+            admission::rejections_write_nothing,
+            lifecycle::claim_moves_queued_to_running_once,
+            lifecycle::claim_refuses_canceled_and_finished_tasks,
+            lifecycle::claim_refuses_tasks_of_a_canceled_run,
+            lifecycle::claim_next_claims_oldest_claimable_first,
+            lifecycle::heartbeat_reports_alive_and_stop_in_one_call,
+            lifecycle::complete_records_output_and_usage,
+            lifecycle::complete_refuses_canceled_failed_and_expired_tasks,
+            lifecycle::complete_refuses_a_task_not_held_by_the_worker,
+            lifecycle::complete_refuses_invalid_output_and_changes_nothing,
+            lifecycle::fail_cuts_message_to_2000_characters,
+            lifecycle::fail_refuses_terminal_tasks,
+            lifecycle::request_cancel_cancels_queued_and_running_tasks,
+            lifecycle::terminal_states_are_final,
+            lifecycle::is_cancellation_requested_for_canceled_run_canceled_and_missing_tasks,
+            lifecycle::mark_canceled_acknowledges_requested_cancellation_only,
+            lifecycle::list_recoverable_pages_queued_tasks_in_id_order,
+            lifecycle::list_recoverable_pages_hold_at_most_100,
+            sweep::sweep_fails_tasks_queued_too_long_with_queue_timeout,
+            sweep::sweep_interrupts_running_tasks_without_heartbeat,
+            sweep::heartbeat_keeps_a_running_task_alive,
+            sweep::sweep_keeps_cancellation_over_timeouts,
+            sweep::sweep_batches_are_bounded,
+            sweep::sweep_prunes_admission_records_older_than_24_hours,
+            sweep::retention_deletes_released_terminal_application_tasks_only,
+            sweep::sweep_wakes_runs_of_tasks_it_finishes,
+            sweep::no_waiting_run_has_a_terminal_task,
+            runs::runs_are_created_running_and_finish_with_their_result,
+            runs::run_task_needs_an_existing_run_of_the_app,
+            runs::run_task_is_refused_for_a_canceled_run,
+            runs::run_scope_and_subject_apply_to_its_tasks,
+            runs::idempotency_precedes_the_owner_check,
+            runs::waiting_run_is_woken_by_every_terminal_move,
+            runs::wait_on_a_terminal_task_is_ready_at_once,
+            runs::wait_is_refused_for_a_task_of_another_owner,
+            runs::application_tasks_wake_nobody,
+            runs::run_cancel_cascades_to_queued_and_running_tasks,
+            owner::release_matches_only_application_tasks_of_the_scope,
+            owner::unreleased_sources_page_with_a_keyset_cursor,
+            owner::delete_owner_data_deletes_only_that_scope_and_source,
+            owner::delete_owner_data_keeps_admission_records,
+            owner::deleted_in_flight_task_sees_cancellation_and_cannot_complete,
+            isolation::another_app_cannot_see_a_task_even_with_its_effect_key,
+            isolation::another_app_cannot_cancel_release_or_delete_a_task,
+            isolation::apps_use_the_same_effect_key_independently,
+            isolation::another_app_cannot_use_a_run,
+            concurrency::racing_creates_on_one_effect_key_make_one_task,
+            concurrency::racing_replays_are_never_refused_by_admission,
+            concurrency::racing_admissions_respect_scope_concurrent_exactly,
+            concurrency::racing_admissions_respect_global_concurrent_exactly,
+            concurrency::racing_admissions_respect_the_token_bucket_exactly,
+            concurrency::racing_admissions_respect_daily_and_source_budgets_exactly,
+            concurrency::racing_claims_claim_each_task_once,
+            concurrency::racing_claim_next_claims_each_task_once,
+            concurrency::delete_owner_data_racing_creates_loses_no_task,
+            concurrency::racing_sweeps_finish_each_task_once,
+        );
+    };
+}
+
+/// Implementation detail of [`conformance_suite!`]: one test per `module::name`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($backend:expr; $($module:ident :: $name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(b) = ($backend)(stringify!($name)).await else {
+                    return;
+                };
+                $crate::conformance::$module::$name(&b).await;
+            }
+        )*
+    };
 }

@@ -110,6 +110,15 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
             (None, scope.clone(), subject.clone())
         }
     };
+    // Step 2 again under the lock: a racing creation of the same key that held the lock
+    // first has committed by now, and its replay must not be judged by admission.
+    if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
+        tx.rollback().await?;
+        return Ok(Created {
+            task,
+            created: false,
+        });
+    }
     let now = store.now(&mut tx).await?;
     let id = TaskId::generate();
     let mut row = InsertRow {

@@ -4,7 +4,8 @@
 use super::admission::lock_scope;
 use super::{PostgresStore, Tx, fetch_task, id_array};
 use crate::rows::{
-    FinishedRow, TaskRow, admitted_per_scope, finished_stripe, run_id, task_columns, task_id, tasks,
+    FinishedRow, TaskRow, admitted_per_scope, finished_stripe, run_id, task_columns,
+    task_columns_qualified, task_id, tasks,
 };
 use crate::{
     HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition, UnreleasedPage,
@@ -155,15 +156,16 @@ pub(super) async fn claim_next(
     let limit = limit.clamp(1, MAX_PAGE);
     let mut tx = store.begin().await?;
     let now = store.now(&mut tx).await?;
+    // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly.
     let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-        "UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
-         claimed_at = $2, heartbeat_at = $2 \
-         WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND NOT cancel_requested \
-         AND ",
+        "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE status = 'queued' \
+         AND NOT cancel_requested AND ",
         run_not_canceled!(),
         " ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
-         AND status = 'queued' RETURNING ",
-        task_columns!()
+         UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
+         claimed_at = $2, heartbeat_at = $2 FROM picked \
+         WHERE tasks.id = picked.id AND tasks.status = 'queued' RETURNING ",
+        task_columns_qualified!()
     ))
     .bind(worker.as_str())
     .bind(now.0)

@@ -58,8 +58,9 @@ pub(super) async fn sweep(store: &PostgresStore, config: &SweepConfig) -> StoreR
         let now = store.now(&mut tx).await?;
         let cutoff = now.minus(ADMISSION_WINDOW).0;
         let pruned = sqlx::query(
-            "DELETE FROM admissions WHERE id IN (SELECT id FROM admissions \
-             WHERE admitted_at <= $1 ORDER BY admitted_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            "WITH picked AS MATERIALIZED (SELECT id FROM admissions WHERE admitted_at <= $1 \
+             ORDER BY admitted_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM admissions a USING picked WHERE a.id = picked.id",
         )
         .bind(cutoff)
         .bind(batch)
@@ -69,9 +70,12 @@ pub(super) async fn sweep(store: &PostgresStore, config: &SweepConfig) -> StoreR
         report.admissions_pruned += pruned;
         report.more |= pruned as i64 == batch;
         let expired: Vec<(String, String)> = sqlx::query_as(
-            "DELETE FROM scope_sources WHERE (app, scope, source_id) IN \
-             (SELECT app, scope, source_id FROM scope_sources WHERE last_admitted_at <= $1 \
-             ORDER BY last_admitted_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING app, scope",
+            "WITH picked AS MATERIALIZED (SELECT app, scope, source_id FROM scope_sources \
+             WHERE last_admitted_at <= $1 ORDER BY last_admitted_at LIMIT $2 \
+             FOR UPDATE SKIP LOCKED) \
+             DELETE FROM scope_sources s USING picked WHERE s.app = picked.app \
+             AND s.scope = picked.scope AND s.source_id = picked.source_id \
+             RETURNING s.app, s.scope",
         )
         .bind(cutoff)
         .bind(batch)
@@ -103,11 +107,12 @@ pub(super) async fn sweep(store: &PostgresStore, config: &SweepConfig) -> StoreR
         let now: Timestamp = store.now(&mut tx).await?;
         let cutoff = now.minus(config.retention).0;
         let deleted = sqlx::query(
-            "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
+            "WITH picked AS MATERIALIZED (SELECT id FROM tasks \
              WHERE run_id IS NULL AND released_at IS NOT NULL AND released_at <= $1 \
              AND completed_at IS NOT NULL AND completed_at <= $1 \
              AND status IN ('succeeded', 'failed', 'canceled') \
-             ORDER BY released_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+             ORDER BY released_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM tasks t USING picked WHERE t.id = picked.id",
         )
         .bind(cutoff)
         .bind(batch)

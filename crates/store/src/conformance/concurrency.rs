@@ -1,0 +1,389 @@
+//! SPEC §3 ("correct with any number of replicas creating tasks at once") and §4 ("limits
+//! are exact under any concurrency"): racing store instances on one database.
+//!
+//! Every race opens [`STORES`] independent instances (each its own connection pool, as
+//! separate replicas would) and releases all racers at once through a barrier.
+
+use super::Backend;
+use super::fixtures::*;
+use crate::{Created, Store, StoreError, StoreResult};
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::Barrier;
+use tollgate_core::{AdmissionRejection, NewTask, TaskId, TaskStatus, WorkerId};
+
+/// Store instances per race.
+pub const STORES: usize = 4;
+
+/// Racers per race.
+pub const RACERS: usize = 40;
+
+/// Runs `RACERS` racers, racer `i` on store `i % STORES`, all released at once; returns
+/// their answers in racer order.
+async fn race<T, F, Fut>(b: &dyn Backend, racer: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize, Arc<dyn Store>) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let stores = open_stores(b, STORES).await;
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let mut handles = Vec::with_capacity(RACERS);
+    for i in 0..RACERS {
+        let fut = racer(i, stores[i % STORES].clone());
+        let barrier = barrier.clone();
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            fut.await
+        }));
+    }
+    let mut answers = Vec::with_capacity(RACERS);
+    for h in handles {
+        answers.push(h.await.expect("racer panicked"));
+    }
+    answers
+}
+
+/// Races creates of the tasks `make(i)`; returns the admitted tasks' ids and the
+/// rejections, panicking on any other error.
+async fn race_creates(
+    b: &dyn Backend,
+    make: impl Fn(usize) -> NewTask,
+) -> (Vec<TaskId>, Vec<AdmissionRejection>) {
+    let answers: Vec<StoreResult<Created>> = race(b, |i, s| {
+        let new = make(i);
+        async move { s.create_task(new).await }
+    })
+    .await;
+    let mut admitted = Vec::new();
+    let mut rejected = Vec::new();
+    for answer in answers {
+        match answer {
+            Ok(c) => {
+                assert!(c.created, "each racer has its own effect key: {c:?}");
+                admitted.push(c.task.id);
+            }
+            Err(StoreError::Admission(r)) => rejected.push(r),
+            Err(e) => panic!("a racing create failed with {e:?} (only admission may refuse)"),
+        }
+    }
+    (admitted, rejected)
+}
+
+/// SPEC §3 step 6: ≥ 32 creates racing on one effect key from several instances make
+/// exactly one task; every racer gets it, exactly one with `created = true`.
+pub async fn racing_creates_on_one_effect_key_make_one_task(b: &dyn Backend) {
+    let answers = race(b, |_, s| async move {
+        s.create_task(new_scoped_task("acme", "s", "race", "doc", unlimited()))
+            .await
+    })
+    .await;
+    let answers: Vec<Created> = answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|e| panic!("a racing create failed: {e:?}")))
+        .collect();
+    let ids: BTreeSet<TaskId> = answers.iter().map(|c| c.task.id).collect();
+    assert_eq!(ids.len(), 1, "every racer gets the same task: {ids:?}");
+    assert_eq!(
+        answers.iter().filter(|c| c.created).count(),
+        1,
+        "exactly one racer created it"
+    );
+    let s = b.open().await;
+    let stored = get_by_key(&*s, &app("acme"), "race")
+        .await
+        .expect("the task exists");
+    assert!(ids.contains(&stored.id));
+}
+
+/// SPEC §3 steps 2 and 6: racing replays of one key are never refused by admission, even
+/// with a budget that admits a single task: the key names the one task.
+pub async fn racing_replays_are_never_refused_by_admission(b: &dyn Backend) {
+    let tight = budget(1, 1, 1, 1, 1, 1);
+    let answers = race(b, move |_, s| async move {
+        s.create_task(new_scoped_task("acme", "s", "race", "doc", tight))
+            .await
+    })
+    .await;
+    let mut ids = BTreeSet::new();
+    let mut created = 0;
+    for a in answers {
+        let c = a.unwrap_or_else(|e| panic!("a racing replay of one key was refused: {e:?}"));
+        ids.insert(c.task.id);
+        created += usize::from(c.created);
+    }
+    assert_eq!((ids.len(), created), (1, 1));
+}
+
+/// SPEC §4: with `scope_concurrent = 5`, 40 racing admissions in one scope admit exactly
+/// 5, the rest are refused with `WORKFLOW_AI_CAPACITY`.
+pub async fn racing_admissions_respect_scope_concurrent_exactly(b: &dyn Backend) {
+    let limits = budget(1000, 1000, 5, 1000, 1000, 1000);
+    let (admitted, rejected) = race_creates(b, |i| {
+        new_scoped_task("acme", "s", &format!("k{i}"), &format!("doc-{i}"), limits)
+    })
+    .await;
+    assert_eq!(
+        admitted.len(),
+        5,
+        "exactly scope_concurrent tasks are admitted"
+    );
+    assert!(
+        rejected
+            .iter()
+            .all(|r| *r == AdmissionRejection::ScopeCapacity { limit: 5 }),
+        "{rejected:?}"
+    );
+}
+
+/// SPEC §4: with `global_concurrent = 5`, 40 racing admissions in 40 scopes (of two apps)
+/// admit exactly 5.
+pub async fn racing_admissions_respect_global_concurrent_exactly(b: &dyn Backend) {
+    let limits = budget(1000, 1000, 1000, 5, 1000, 1000);
+    let (admitted, rejected) = race_creates(b, |i| {
+        let app_name = if i % 2 == 0 { "acme" } else { "globex" };
+        new_scoped_task(
+            app_name,
+            &format!("scope-{i}"),
+            &format!("k{i}"),
+            "doc",
+            limits,
+        )
+    })
+    .await;
+    assert_eq!(
+        admitted.len(),
+        5,
+        "exactly global_concurrent tasks are admitted"
+    );
+    assert!(
+        rejected
+            .iter()
+            .all(|r| *r == AdmissionRejection::GlobalCapacity { limit: 5 }),
+        "{rejected:?}"
+    );
+}
+
+/// SPEC §4: at a frozen clock, 40 racing admissions against a bucket of `burst = 7`
+/// admit exactly 7.
+pub async fn racing_admissions_respect_the_token_bucket_exactly(b: &dyn Backend) {
+    let limits = budget(1000, 1000, 1000, 1000, 7, 1);
+    let (admitted, rejected) = race_creates(b, |i| {
+        new_scoped_task("acme", "s", &format!("k{i}"), &format!("doc-{i}"), limits)
+    })
+    .await;
+    assert_eq!(admitted.len(), 7, "exactly burst tasks are admitted");
+    assert!(
+        rejected
+            .iter()
+            .all(|r| matches!(r, AdmissionRejection::RateLimit { .. })),
+        "{rejected:?}"
+    );
+}
+
+/// SPEC §4: racing admissions never exceed `sources_per_24_hours` (40 new sources, limit 6)
+/// nor `max_steps_per_source` (40 new steps of one source, limit 6).
+pub async fn racing_admissions_respect_daily_and_source_budgets_exactly(b: &dyn Backend) {
+    let sources = budget(1000, 6, 1000, 1000, 1000, 1000);
+    let (admitted, rejected) = race_creates(b, |i| {
+        new_scoped_task(
+            "acme",
+            "daily",
+            &format!("d{i}"),
+            &format!("doc-{i}"),
+            sources,
+        )
+    })
+    .await;
+    assert_eq!(
+        admitted.len(),
+        6,
+        "exactly sources_per_24_hours sources are admitted"
+    );
+    assert!(
+        rejected
+            .iter()
+            .all(|r| *r == AdmissionRejection::DailyBudget { limit: 6 }),
+        "{rejected:?}"
+    );
+
+    let steps = budget(6, 1000, 1000, 1000, 1000, 1000);
+    let (admitted, rejected) = race_creates(b, |i| {
+        with_input(
+            new_scoped_task("acme", "steps", &format!("s{i}"), "doc", steps),
+            &format!("step {i}"),
+        )
+    })
+    .await;
+    assert_eq!(
+        admitted.len(),
+        6,
+        "exactly max_steps_per_source steps are admitted"
+    );
+    assert!(
+        rejected
+            .iter()
+            .all(|r| *r == AdmissionRejection::SourceBudget { limit: 6 }),
+        "{rejected:?}"
+    );
+}
+
+async fn queued_tasks(b: &dyn Backend, n: usize) -> Vec<TaskId> {
+    let s = b.open().await;
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        ids.push(
+            create_new(&*s, new_app_task("acme", "s", &format!("task-{i}")))
+                .await
+                .id,
+        );
+    }
+    ids
+}
+
+/// SPEC §5: many workers on several instances racing `claim_task` over the same tasks
+/// claim each task exactly once.
+pub async fn racing_claims_claim_each_task_once(b: &dyn Backend) {
+    let ids = Arc::new(queued_tasks(b, 30).await);
+    let claims = race(b, |i, s| {
+        let ids = ids.clone();
+        async move {
+            let w = WorkerId::new(format!("w{i}")).expect("worker id");
+            let mut mine = Vec::new();
+            for k in 0..ids.len() {
+                let id = ids[(k + i) % ids.len()];
+                if let Some(t) = s.claim_task(id, &w).await.expect("claim_task") {
+                    assert_eq!(t.worker.as_ref(), Some(&w));
+                    mine.push(id);
+                }
+            }
+            (w, mine)
+        }
+    })
+    .await;
+    check_claimed_once(b, &ids, claims).await;
+}
+
+/// SPEC §5/§6.7: many workers racing `claim_next` claim each task exactly once. (An empty
+/// answer does not prove the queue is empty, so workers look again until all are taken.)
+pub async fn racing_claim_next_claims_each_task_once(b: &dyn Backend) {
+    let ids = Arc::new(queued_tasks(b, 30).await);
+    let total = ids.len();
+    let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let claims = race(b, |i, s| {
+        let taken = taken.clone();
+        async move {
+            let w = WorkerId::new(format!("w{i}")).expect("worker id");
+            let mut mine = Vec::new();
+            let mut largest = 0;
+            for _ in 0..10_000 {
+                if taken.load(std::sync::atomic::Ordering::SeqCst) >= total {
+                    assert!(largest <= 3, "claim_next(limit 3) returned {largest} tasks");
+                    return (w, mine);
+                }
+                let got = s.claim_next(&w, 3).await.expect("claim_next");
+                // Checked after the race, so one bad answer does not strand the others.
+                largest = largest.max(got.len());
+                taken.fetch_add(got.len(), std::sync::atomic::Ordering::SeqCst);
+                if got.is_empty() {
+                    tokio::task::yield_now().await;
+                }
+                mine.extend(got.into_iter().map(|t| t.id));
+            }
+            panic!("worker {w} gave up: tasks stayed unclaimed");
+        }
+    })
+    .await;
+    check_claimed_once(b, &ids, claims).await;
+}
+
+async fn check_claimed_once(b: &dyn Backend, ids: &[TaskId], claims: Vec<(WorkerId, Vec<TaskId>)>) {
+    let mut by_task: BTreeMap<TaskId, Vec<WorkerId>> = BTreeMap::new();
+    for (w, mine) in claims {
+        for id in mine {
+            by_task.entry(id).or_default().push(w.clone());
+        }
+    }
+    assert_eq!(by_task.len(), ids.len(), "every task is claimed");
+    let s = b.open().await;
+    for (id, workers) in by_task {
+        assert_eq!(workers.len(), 1, "task {id} was claimed by {workers:?}");
+        let t = get(&*s, &app("acme"), id).await;
+        assert_eq!((t.status, t.attempt), (TaskStatus::Running, 1));
+        assert_eq!(
+            t.worker.as_ref(),
+            Some(&workers[0]),
+            "the stored worker is the one that claimed it"
+        );
+    }
+}
+
+/// SPEC §8: owner deletion is serialized with task creation: with creates racing a
+/// deletion, every created task is either counted as deleted or still there.
+pub async fn delete_owner_data_racing_creates_loses_no_task(b: &dyn Backend) {
+    let answers = race(b, |i, s| async move {
+        if i == RACERS / 2 {
+            Err(s
+                .delete_owner_data(&app("acme"), &scope("s"), None)
+                .await
+                .expect("delete_owner_data"))
+        } else {
+            let created = s
+                .create_task(new_app_task("acme", "s", &format!("k{i}")))
+                .await
+                .expect("create_task");
+            assert!(created.created);
+            Ok(created.task.id)
+        }
+    })
+    .await;
+    let deleted = answers
+        .iter()
+        .find_map(|a| a.as_ref().err().copied())
+        .expect("the deletion answered");
+    let created: Vec<TaskId> = answers.into_iter().filter_map(Result::ok).collect();
+    let s = b.open().await;
+    let mut remaining = 0;
+    for id in &created {
+        remaining += u64::from(try_get(&*s, &app("acme"), *id).await.is_some());
+    }
+    assert_eq!(
+        deleted + remaining,
+        created.len() as u64,
+        "deleted {deleted} + remaining {remaining} must be every created task"
+    );
+}
+
+/// SPEC §6: sweeps of several replicas at once never wait on each other's rows and never
+/// finish a task twice: every expired task is finished exactly once in total.
+pub async fn racing_sweeps_finish_each_task_once(b: &dyn Backend) {
+    let ids = queued_tasks(b, 30).await;
+    b.clock().advance(secs(601));
+    let config = crate::SweepConfig {
+        batch_size: 4,
+        ..sweep_config()
+    };
+    let reports = race(b, move |_, s| {
+        let config = config.clone();
+        async move { sweep_all(&*s, &config).await }
+    })
+    .await;
+    let total: u64 = reports.iter().map(|r| r.queue_timed_out).sum();
+    assert_eq!(
+        total, 30,
+        "each expired task is counted once across all sweepers"
+    );
+    let mut finished: Vec<TaskId> = reports.into_iter().flat_map(|r| r.finished).collect();
+    finished.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(
+        finished, expected,
+        "each expired task is finished by exactly one sweeper"
+    );
+    let s = b.open().await;
+    for id in ids {
+        assert_eq!(get(&*s, &app("acme"), id).await.status, TaskStatus::Failed);
+    }
+}
