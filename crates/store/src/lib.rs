@@ -121,7 +121,8 @@ pub trait Store: Send + Sync + 'static {
         source: Option<&SourceId>,
     ) -> StoreResult<u64>;
 
-    /// SPEC §6.7: queued tasks to dispatch after a restart, in id order after `after`.
+    /// SPEC §6.7: queued tasks to dispatch after a restart, in id order after `after`;
+    /// `limit` as [`page_size`] reads it.
     async fn list_recoverable(&self, after: Option<TaskId>, limit: u32)
     -> StoreResult<Vec<TaskId>>;
 
@@ -140,7 +141,9 @@ pub trait Store: Send + Sync + 'static {
     async fn request_run_cancel(&self, app: &AppId, id: RunId) -> StoreResult<Option<RunCancel>>;
 
     /// SPEC §7: a run's step waits on a task of the same run. If the task is already
-    /// terminal the run stays runnable and the answer says so.
+    /// terminal the run stays runnable and the answer says so. Errors:
+    /// [`StoreError::RunNotFound`] (no such run in the app), [`StoreError::InvalidState`]
+    /// (the run is finished), [`StoreError::TaskNotFound`] (no such task of this run).
     async fn wait_on_task(&self, app: &AppId, run: RunId, task: TaskId)
     -> StoreResult<WaitOutcome>;
 

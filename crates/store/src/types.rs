@@ -6,6 +6,15 @@ use tollgate_core::{Run, RunId, ScopeId, SourceId, StepKey, Task, TaskError, Tas
 /// Largest page any listing returns.
 pub const MAX_PAGE: u32 = 100;
 
+/// A page size as every listing reads it: 0 means [`MAX_PAGE`], larger values are capped.
+pub fn page_size(requested: u32) -> u32 {
+    if requested == 0 {
+        MAX_PAGE
+    } else {
+        requested.min(MAX_PAGE)
+    }
+}
+
 /// Answer of `create_task`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Created {

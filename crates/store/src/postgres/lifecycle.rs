@@ -9,7 +9,7 @@ use crate::rows::{
 };
 use crate::{
     HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition, UnreleasedPage,
-    UnreleasedQuery,
+    UnreleasedQuery, page_size,
 };
 use std::collections::HashSet;
 use tollgate_core::{
@@ -153,7 +153,10 @@ pub(super) async fn claim_next(
     worker: &WorkerId,
     limit: u32,
 ) -> StoreResult<Vec<Task>> {
-    let limit = limit.clamp(1, MAX_PAGE);
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let limit = limit.min(MAX_PAGE);
     let mut tx = store.begin().await?;
     let now = store.now(&mut tx).await?;
     // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly.
@@ -405,11 +408,7 @@ pub(super) async fn list_unreleased_sources(
     app: &AppId,
     query: &UnreleasedQuery,
 ) -> StoreResult<UnreleasedPage> {
-    let limit = if query.limit == 0 {
-        MAX_PAGE
-    } else {
-        query.limit.min(MAX_PAGE)
-    };
+    let limit = page_size(query.limit);
     let (after_scope, after_source) = match &query.after {
         Some(c) => (Some(c.scope.as_str()), Some(c.source.as_str())),
         None => (None, None),
@@ -487,7 +486,7 @@ pub(super) async fn list_recoverable(
     after: Option<TaskId>,
     limit: u32,
 ) -> StoreResult<Vec<TaskId>> {
-    let limit = limit.clamp(1, MAX_PAGE);
+    let limit = page_size(limit);
     let ids: Vec<String> = sqlx::query_scalar(
         "SELECT id FROM tasks WHERE status = 'queued' AND ($1::TEXT IS NULL OR id > $1) \
          ORDER BY id LIMIT $2",

@@ -67,6 +67,8 @@ pub struct PostgresOptions {
     /// Schema to use (`search_path`); `None` keeps the server's default. Tests use a
     /// fresh schema each.
     pub schema: Option<String>,
+    /// `application_name` of the connections (shows in `pg_stat_activity`).
+    pub application_name: String,
 }
 
 impl PostgresOptions {
@@ -78,6 +80,7 @@ impl PostgresOptions {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(10),
             schema: None,
+            application_name: "tollgate".to_string(),
         }
     }
 
@@ -109,7 +112,8 @@ impl PostgresStore {
     /// schema is newer than this binary knows is refused with [`StoreError::SchemaTooNew`].
     pub async fn open(options: PostgresOptions) -> StoreResult<PostgresStore> {
         let mut connect = PgConnectOptions::from_str(&options.url)
-            .map_err(|e| StoreError::Database(format!("invalid database url: {e}")))?;
+            .map_err(|e| StoreError::Database(format!("invalid database url: {e}")))?
+            .application_name(&options.application_name);
         if let Some(schema) = &options.schema {
             if !schema
                 .chars()

@@ -1,0 +1,124 @@
+//! SQLite-only behaviour the shared conformance suite cannot express: creating the file,
+//! schema versions, and repair of a lost wake written behind the store's back.
+
+use serde_json::json;
+use std::sync::Arc;
+use tollgate_core::{
+    AppId, EffectKey, ManualClock, ModelId, ModelRef, NewRun, NewTask, Owner, RunState, ScopeId,
+    StepKey, TaskKind, ValidatedRequest,
+};
+use tollgate_store::conformance::START;
+use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
+use tollgate_store::{Store, StoreError, SweepConfig, WaitOutcome};
+
+fn options(path: &std::path::Path, clock: &ManualClock) -> SqliteOptions {
+    SqliteOptions::new(path).with_clock(Arc::new(clock.clone()))
+}
+
+#[tokio::test]
+async fn opening_a_missing_file_creates_it_and_its_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested").join("deeper").join("tollgate.db");
+    let clock = ManualClock::new(START);
+    let store = SqliteStore::open(options(&path, &clock)).await.unwrap();
+    store.ping().await.unwrap();
+    assert!(path.exists());
+    // Opening again (a restart) keeps the data and applies nothing twice.
+    store.close().await;
+    SqliteStore::open(options(&path, &clock)).await.unwrap();
+}
+
+#[tokio::test]
+async fn opening_a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.db");
+    let clock = ManualClock::new(START);
+    let store = SqliteStore::open(options(&path, &clock)).await.unwrap();
+    store.close().await;
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', 1, x'00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    match SqliteStore::open(options(&path, &clock)).await {
+        Err(e @ StoreError::SchemaTooNew { found: 9999, .. }) => {
+            assert!(e.to_string().contains("upgrade Tollgate"), "{e}");
+        }
+        other => panic!("a newer schema must be refused clearly, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn sweep_repairs_a_lost_wake() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.db");
+    let clock = ManualClock::new(START);
+    let store = SqliteStore::open(options(&path, &clock)).await.unwrap();
+    let acme = AppId::new("acme").unwrap();
+    let run = store
+        .create_run(NewRun {
+            app: acme.clone(),
+            scope: ScopeId::new("s").unwrap(),
+            subject: None,
+            input: json!({}),
+        })
+        .await
+        .unwrap();
+    let task = store
+        .create_task(NewTask {
+            owner: Owner::Run {
+                app: acme.clone(),
+                run_id: run.id,
+            },
+            step: StepKey::new("label").unwrap(),
+            effect_key: EffectKey::new("k").unwrap(),
+            request: ValidatedRequest::new(
+                TaskKind::Classify,
+                &json!({"input": "x", "labels": ["a", "b"]}),
+                1 << 18,
+            )
+            .unwrap(),
+            model: ModelId::new("default").unwrap(),
+            model_ref: ModelRef::new("dev", "dev-1"),
+            scope: None,
+        })
+        .await
+        .unwrap()
+        .task;
+    assert!(matches!(
+        store.wait_on_task(&acme, run.id, task.id).await.unwrap(),
+        WaitOutcome::Waiting(_)
+    ));
+    // What a crash between saving the result and waking the run would leave behind.
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE tasks SET status = 'failed', error_code = 'provider_error', completed_at = 1 \
+         WHERE id = ?",
+    )
+    .bind(task.id.to_string())
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let report = store.sweep(&SweepConfig::default()).await.unwrap();
+    assert_eq!(report.runs_repaired, 1);
+    assert_eq!(report.woken_runs, vec![run.id]);
+    let woken = store.get_run(&acme, run.id).await.unwrap().unwrap();
+    assert_eq!(woken.state, RunState::Running);
+    assert_eq!(
+        store
+            .sweep(&SweepConfig::default())
+            .await
+            .unwrap()
+            .runs_repaired,
+        0
+    );
+}
