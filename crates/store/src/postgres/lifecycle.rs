@@ -192,11 +192,14 @@ pub(super) async fn heartbeat(
     let mut tx = store.begin().await?;
     let now = store.now(&mut tx).await?;
     // One statement for all of the worker's tasks.
+    // Rows are locked in id order (the lock order for several task rows).
     let alive: Vec<String> = sqlx::query_scalar(concat!(
-        "UPDATE tasks SET heartbeat_at = $1 \
-         WHERE id = ANY($2) AND status = 'running' AND worker = $3 AND NOT ",
+        "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($2) \
+         AND status = 'running' AND worker = $3 ORDER BY id FOR NO KEY UPDATE) \
+         UPDATE tasks SET heartbeat_at = $1 FROM picked \
+         WHERE tasks.id = picked.id AND tasks.status = 'running' AND NOT ",
         cancel_wanted!(),
-        " RETURNING id"
+        " RETURNING tasks.id"
     ))
     .bind(now.0)
     .bind(id_array(ids))
@@ -456,8 +459,10 @@ pub(super) async fn delete_owner_data(
     // the owner slips in during the deletion. Admission records are kept.
     lock_scope(&mut tx, app, scope, true).await?;
     let deleted: Vec<(String, String, String, bool, String)> = sqlx::query_as(
-        "DELETE FROM tasks WHERE app = $1 AND scope = $2 AND run_id IS NULL \
-         AND ($3::TEXT IS NULL OR source_id = $3) RETURNING id, app, scope, admitted, status",
+        "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE app = $1 AND scope = $2 \
+         AND run_id IS NULL AND ($3::TEXT IS NULL OR source_id = $3) ORDER BY id FOR UPDATE) \
+         DELETE FROM tasks t USING picked WHERE t.id = picked.id \
+         RETURNING t.id, t.app, t.scope, t.admitted, t.status",
     )
     .bind(app.as_str())
     .bind(scope.as_str())

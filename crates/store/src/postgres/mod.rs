@@ -17,10 +17,11 @@
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
 //!
 //! **Lock order** (every transaction takes locks in this order, and never more than one
-//! of a kind except where noted): advisory `(app, scope)` → `runs` row → `scope_state`
-//! row (several only in sorted (app, scope) order) → task rows → `global_admission` →
-//! `global_finished` (one stripe). Sweeps only try advisory locks (`pg_try_…`) and skip
-//! locked rows, so they never wait on a replica. Because every transaction acquires in
+//! of a kind except where noted): advisory `(app, scope)` → `runs` row → existing task
+//! rows (several only in id order) → `scope_state` rows (several only in sorted
+//! (app, scope) order) → new task rows → `global_admission` → `global_finished` (one
+//! stripe). Sweeps take no advisory lock and skip locked rows (runs too), so they never
+//! wait on a replica. Because every transaction acquires in
 //! the same order, no cycle of waits can form, so no deadlock; the only wait between
 //! different scopes is the global row during an admission's final statement and commit.
 //!

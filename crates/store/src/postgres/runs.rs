@@ -77,9 +77,12 @@ pub(super) async fn request_run_cancel(
     }
     // Cascade: the run's queued and running tasks are canceled and free their steps.
     let canceled: Vec<FinishedRow> = sqlx::query_as(
-        "UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
-         error_message = 'run canceled by request', completed_at = $2 \
-         WHERE run_id = $3 AND status IN ('queued', 'running') RETURNING id, app, scope, admitted",
+        "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE run_id = $3 \
+         AND status IN ('queued', 'running') ORDER BY id FOR NO KEY UPDATE) \
+         UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
+         error_message = 'run canceled by request', completed_at = $2 FROM picked \
+         WHERE tasks.id = picked.id AND tasks.status IN ('queued', 'running') \
+         RETURNING tasks.id, tasks.app, tasks.scope, tasks.admitted",
     )
     .bind(ErrorCode::Canceled.as_str())
     .bind(now.0)
