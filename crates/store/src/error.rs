@@ -62,6 +62,21 @@ impl StoreError {
         }
     }
 
+    /// Whether the error concerns one item of a batch (its input, owner or admission)
+    /// rather than the database: a batch reports it in the item's place and goes on.
+    pub fn is_per_item(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Invalid(_)
+                | StoreError::Admission(_)
+                | StoreError::RunNotFound(_)
+                | StoreError::RunCanceled(_)
+                | StoreError::TaskNotFound(_)
+                | StoreError::InvalidState(_)
+                | StoreError::InvalidOutput(_)
+        )
+    }
+
     /// Whether retrying the same call later may succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))

@@ -44,6 +44,22 @@ pub trait Store: Send + Sync + 'static {
     /// is taken in the app, whatever its state.
     async fn create_task(&self, new: NewTask) -> StoreResult<Created>;
 
+    /// Creates many tasks (SPEC §3 for each, in order), each admitted or refused on its own:
+    /// the answer has one result per item, in order. Errors that concern an item
+    /// ([`StoreError::is_per_item`]) are reported in its place; a database failure fails
+    /// the call. Backends use as few transactions as correctness allows (SQLite: one, with
+    /// a savepoint per item); the default runs one `create_task` per item.
+    async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
+        let mut out = Vec::with_capacity(news.len());
+        for new in news {
+            match self.create_task(new).await {
+                Err(e) if !e.is_per_item() => return Err(e),
+                result => out.push(result),
+            }
+        }
+        Ok(out)
+    }
+
     /// A task of the app by id.
     async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>>;
 

@@ -305,3 +305,53 @@ pub async fn unscoped_tasks_skip_cache_and_admission(b: &dyn Backend) {
     )
     .await;
 }
+
+/// `create_tasks`: each item is admitted or refused on its own, in order; a refused item
+/// writes nothing and does not undo the others; a key repeated in the batch names the
+/// task its first occurrence created.
+pub async fn create_many_admits_or_refuses_each_item_on_its_own(b: &dyn Backend) {
+    let s = b.open().await;
+    // Two tasks may be queued in the scope at once.
+    let two = budget(100, 100, 2, 100, 100, 60);
+    let items = vec![
+        new_scoped_task("acme", "s", "m1", "doc-1", two),
+        new_scoped_task("acme", "s", "m2", "doc-2", two),
+        new_scoped_task("acme", "s", "m3", "doc-3", two),
+        new_app_task("acme", "s", "m4"),
+        new_scoped_task("acme", "s", "m1", "doc-1", two),
+    ];
+    let results = s.create_tasks(items).await.expect("the batch runs");
+    assert_eq!(results.len(), 5, "one result per item, in order");
+    let first = results[0].as_ref().expect("m1 admitted");
+    assert!(first.created);
+    assert!(results[1].as_ref().expect("m2 admitted").created);
+    match &results[2] {
+        Err(StoreError::Admission(r)) => assert_eq!(r.code(), ErrorCode::Capacity),
+        other => panic!("m3 exceeds scope_concurrent = 2, got {other:?}"),
+    }
+    assert!(
+        results[3]
+            .as_ref()
+            .expect("unscoped m4 needs no admission")
+            .created
+    );
+    let replay = results[4].as_ref().expect("the repeated key is a replay");
+    assert!(!replay.created);
+    assert_eq!(replay.task.id, first.task.id);
+    let acme = app("acme");
+    assert!(
+        get_by_key(&*s, &acme, "m3").await.is_none(),
+        "a refused item writes nothing"
+    );
+    for k in ["m1", "m2", "m4"] {
+        assert!(get_by_key(&*s, &acme, k).await.is_some(), "{k} is stored");
+    }
+    // The refusal spent nothing: once a slot frees, m3 is admitted.
+    fail(&*s, first.task.id, "free a slot").await;
+    let again = create(&*s, new_scoped_task("acme", "s", "m3", "doc-3", two)).await;
+    assert!(again.created);
+    assert_eq!(
+        s.create_tasks(Vec::new()).await.expect("empty batch").len(),
+        0
+    );
+}

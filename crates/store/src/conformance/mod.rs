@@ -60,6 +60,7 @@ macro_rules! conformance_suite {
             create::idempotent_create_returns_existing_task_and_spends_no_budget,
             create::effect_keys_are_unique_per_app,
             create::unscoped_tasks_skip_cache_and_admission,
+            create::create_many_admits_or_refuses_each_item_on_its_own,
             cache::cache_hit_is_a_new_succeeded_task_with_the_copied_output,
             cache::cache_ignores_unfinished_and_unsuccessful_tasks,
             cache::cache_never_crosses_app_scope_subject_revision_or_model_config,

@@ -7,9 +7,10 @@
 //! and the partial index of active admitted tasks (at most the concurrency caps).
 //! Expired sources of the scope are pruned on the way, each row once (amortized O(1)).
 
-use super::{SqliteStore, Tx, fetch_task};
+use super::{SqliteStore, fetch_task};
 use crate::rows::{TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
+use sqlx::SqliteConnection;
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::{
     AdmissionRejection, AdmissionSnapshot, AppId, BucketState, Budget, NewTask, Owner, RunState,
@@ -37,16 +38,66 @@ struct CachedResult {
 }
 
 pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResult<Created> {
+    let mut tx = store.begin().await?;
+    let now = store.now();
+    match create_in(&mut tx, &new, now).await {
+        Ok(created) => {
+            tx.commit().await?;
+            Ok(created)
+        }
+        Err(e) => {
+            tx.rollback().await?;
+            Err(e)
+        }
+    }
+}
+
+/// Many creations in ONE write transaction, each item in its own savepoint: an item
+/// refused for its own reasons (invalid, admission, owner) is rolled back alone and
+/// reported in its place; a database failure fails the whole batch with nothing written.
+pub(super) async fn create_tasks(
+    store: &SqliteStore,
+    news: Vec<NewTask>,
+) -> StoreResult<Vec<StoreResult<Created>>> {
+    let mut tx = store.begin().await?;
+    let now = store.now();
+    let mut out = Vec::with_capacity(news.len());
+    for new in &news {
+        let mut item = sqlx::Connection::begin(&mut *tx).await?;
+        match create_in(&mut item, new, now).await {
+            Ok(created) => {
+                item.commit().await?;
+                out.push(Ok(created));
+            }
+            Err(e) if e.is_per_item() => {
+                item.rollback().await?;
+                out.push(Err(e));
+            }
+            Err(e) => {
+                item.rollback().await?;
+                tx.rollback().await?;
+                return Err(e);
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// SPEC §3 steps 2–6 on a connection inside a `BEGIN IMMEDIATE` transaction (or a
+/// savepoint of one). The caller commits on `Ok` and rolls back on `Err`.
+async fn create_in(
+    conn: &mut SqliteConnection,
+    new: &NewTask,
+    now: Timestamp,
+) -> StoreResult<Created> {
     let config_hash = new.model_ref.config_hash()?;
     let model_ref = serde_json::to_string(&new.model_ref)
         .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
     let app = new.owner.app().clone();
-    let mut tx = store.begin().await?;
-    let now = store.now();
 
     // Step 2: idempotency. The same key always names the same task, whatever its state.
-    if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
-        tx.rollback().await?;
+    if let Some(task) = by_effect_key(conn, &app, new.effect_key.as_str()).await? {
         return Ok(Created {
             task,
             created: false,
@@ -56,7 +107,7 @@ pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResul
     // Step 3: owner check; a run's scope and subject apply to its tasks.
     let (run_id, scope, subject) = match &new.owner {
         Owner::Run { run_id, .. } => {
-            let Some(run) = super::runs::get_run(&mut *tx, &app, *run_id).await? else {
+            let Some(run) = super::runs::get_run(&mut *conn, &app, *run_id).await? else {
                 return Err(StoreError::RunNotFound(run_id.to_string()));
             };
             if run.cancel_requested || run.state == RunState::Canceled {
@@ -70,7 +121,7 @@ pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResul
     let id = TaskId::generate();
     let mut insert = Insert {
         id,
-        new: &new,
+        new,
         run_id,
         scope,
         subject,
@@ -82,6 +133,7 @@ pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResul
         now,
     };
 
+    let mut admission = None;
     if let Some(scoped) = &new.scope {
         let key = cache_key(
             &scoped.source_id,
@@ -102,7 +154,7 @@ pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResul
             .bind(app.as_str())
             .bind(insert.scope.as_str())
             .bind(&key)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut *conn)
             .await?;
             if let Some((from, output)) = hit {
                 insert.cached = Some(CachedResult { from, output });
@@ -117,8 +169,8 @@ pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResul
             } else {
                 key
             };
-            if let Err(rejection) = admit(
-                &mut tx,
+            admit(
+                conn,
                 &app,
                 &insert.scope,
                 &scoped.source_id,
@@ -127,72 +179,48 @@ pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResul
                 now,
             )
             .await?
-            {
-                tx.rollback().await?;
-                return Err(StoreError::Admission(rejection));
-            }
+            .map_err(StoreError::Admission)?;
             insert.admitted = true;
-            // Step 6: insert, then the admission record naming the task.
-            if !insert_task(&mut tx, &insert).await? {
-                return lost_race(tx, store, &app, &new).await;
-            }
-            sqlx::query(
-                "INSERT INTO admissions (app, scope, source_id, task_id, logical_key, admitted_at) \
-                 VALUES (?, ?, ?, ?, ?, ?)",
-            )
-            .bind(app.as_str())
-            .bind(insert.scope.as_str())
-            .bind(scoped.source_id.as_str())
-            .bind(id.to_string())
-            .bind(&logical_key)
-            .bind(now.0)
-            .execute(&mut *tx)
-            .await?;
-            let task = fetch_task(&mut *tx, &id.to_string()).await?;
-            tx.commit().await?;
-            return created(task);
+            admission = Some((&scoped.source_id, logical_key));
         }
     }
 
-    if !insert_task(&mut tx, &insert).await? {
-        return lost_race(tx, store, &app, &new).await;
+    // Step 6: insert (the write lock is held, so the key cannot have been taken since
+    // step 2 by anyone but this same transaction), then the admission record.
+    if !insert_task(conn, &insert).await? {
+        return by_effect_key(conn, &app, new.effect_key.as_str())
+            .await?
+            .map(|task| Created {
+                task,
+                created: false,
+            })
+            .ok_or_else(|| StoreError::Database("effect key conflict without a holder".into()));
     }
-    let task = fetch_task(&mut *tx, &id.to_string()).await?;
-    tx.commit().await?;
-    created(task)
-}
-
-fn created(task: Option<tollgate_core::Task>) -> StoreResult<Created> {
-    let task = task.ok_or_else(|| StoreError::Database("inserted task vanished".into()))?;
+    if let Some((source, logical_key)) = admission {
+        sqlx::query(
+            "INSERT INTO admissions (app, scope, source_id, task_id, logical_key, admitted_at) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(app.as_str())
+        .bind(insert.scope.as_str())
+        .bind(source.as_str())
+        .bind(id.to_string())
+        .bind(&logical_key)
+        .bind(now.0)
+        .execute(&mut *conn)
+        .await?;
+    }
+    let task = fetch_task(&mut *conn, &id.to_string())
+        .await?
+        .ok_or_else(|| StoreError::Database("inserted task vanished".into()))?;
     Ok(Created {
         task,
         created: true,
     })
 }
 
-/// Step 6's race: another writer inserted the same effect key first. Nothing of ours is
-/// kept; the winner is returned.
-async fn lost_race(
-    tx: Tx,
-    store: &SqliteStore,
-    app: &AppId,
-    new: &NewTask,
-) -> StoreResult<Created> {
-    tx.rollback().await?;
-    let mut tx = store.begin().await?;
-    let task = by_effect_key(&mut tx, app, new.effect_key.as_str()).await?;
-    tx.rollback().await?;
-    let task = task.ok_or_else(|| {
-        StoreError::Database("effect key conflict, but no task holds the key".into())
-    })?;
-    Ok(Created {
-        task,
-        created: false,
-    })
-}
-
 async fn by_effect_key(
-    tx: &mut Tx,
+    conn: &mut SqliteConnection,
     app: &AppId,
     key: &str,
 ) -> StoreResult<Option<tollgate_core::Task>> {
@@ -203,13 +231,13 @@ async fn by_effect_key(
     ))
     .bind(app.as_str())
     .bind(key)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *conn)
     .await?;
     row.map(TaskRow::into_task).transpose()
 }
 
 /// Inserts the task; false when the effect key was taken meanwhile.
-async fn insert_task(tx: &mut Tx, i: &Insert<'_>) -> StoreResult<bool> {
+async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult<bool> {
     let new = i.new;
     let (status, output, usage, completed_at, cached_from) = match &i.cached {
         Some(hit) => (
@@ -255,7 +283,7 @@ async fn insert_task(tx: &mut Tx, i: &Insert<'_>) -> StoreResult<bool> {
     .bind(usage)
     .bind(i.now.0)
     .bind(completed_at)
-    .execute(&mut **tx)
+    .execute(&mut *conn)
     .await?;
     Ok(result.rows_affected() == 1)
 }
@@ -264,7 +292,7 @@ async fn insert_task(tx: &mut Tx, i: &Insert<'_>) -> StoreResult<bool> {
 /// admission stores the bucket and the source's sighting. The admission record itself is
 /// inserted by the caller once the task row exists.
 async fn admit(
-    tx: &mut Tx,
+    tx: &mut SqliteConnection,
     app: &AppId,
     scope: &ScopeId,
     source: &SourceId,
@@ -279,7 +307,7 @@ async fn admit(
     .bind(app.as_str())
     .bind(scope.as_str())
     .bind(cutoff)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?
     .rows_affected() as i64;
     let state: Option<(i64, i64, i64, i64)> = sqlx::query_as(
@@ -288,7 +316,7 @@ async fn admit(
     )
     .bind(app.as_str())
     .bind(scope.as_str())
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *tx)
     .await?;
     let sources_in_window = state.map_or(0, |s| s.2).saturating_sub(pruned).max(0);
     let seen: Option<i64> = sqlx::query_scalar(
@@ -299,7 +327,7 @@ async fn admit(
     .bind(scope.as_str())
     .bind(source.as_str())
     .bind(cutoff)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *tx)
     .await?;
     let (source_steps, step_counted): (i64, i64) = sqlx::query_as(
         "SELECT COUNT(DISTINCT logical_key), COALESCE(MAX(logical_key = ?), 0) FROM admissions \
@@ -311,13 +339,13 @@ async fn admit(
     .bind(scope.as_str())
     .bind(source.as_str())
     .bind(cutoff)
-    .fetch_one(&mut **tx)
+    .fetch_one(&mut *tx)
     .await?;
     let global_active: i64 = sqlx::query_scalar(
         "SELECT (SELECT admitted FROM global_admission WHERE id = 1) \
          - (SELECT COALESCE(SUM(finished), 0) FROM global_finished)",
     )
-    .fetch_one(&mut **tx)
+    .fetch_one(&mut *tx)
     .await?;
     let snapshot = AdmissionSnapshot {
         source_steps: source_steps as u64,
@@ -351,7 +379,7 @@ async fn admit(
     .bind(bucket.at.0)
     .bind(sources_delta)
     .bind(sources_delta)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     sqlx::query(
         "INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) VALUES (?, ?, ?, ?) \
@@ -362,10 +390,10 @@ async fn admit(
     .bind(scope.as_str())
     .bind(source.as_str())
     .bind(now.0)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE global_admission SET admitted = admitted + 1 WHERE id = 1")
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
     Ok(Ok(()))
 }
