@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod baseline;
 pub mod conformance;
 mod error;
 pub mod postgres;

@@ -122,3 +122,64 @@ async fn sweep_repairs_a_lost_wake() {
         0
     );
 }
+
+/// The benchmark's baselines must be honest competitors: the reference admission enforces
+/// its limits, the raw lifecycle moves a task through, the raw cache hit finds the seed.
+#[tokio::test]
+async fn benchmark_baselines_work() {
+    use tollgate_store::baseline::{Baseline, ReferenceOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let store = SqliteStore::open(options(&dir.path().join("b.db"), &clock))
+        .await
+        .unwrap();
+    let b = Baseline::sqlite(&store);
+    b.prepare().await.unwrap();
+    let budget = tollgate_core::Budget::new(100, 100, 2, 100, 100, 60).unwrap();
+    let mut outcomes = Vec::new();
+    for i in 0..3 {
+        outcomes.push(
+            b.reference_admit(
+                "a",
+                "s",
+                &format!("src{i}"),
+                &format!("lk{i}"),
+                &format!("k{i}"),
+                &budget,
+                START,
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    assert_eq!(
+        outcomes,
+        vec![
+            ReferenceOutcome::Admitted,
+            ReferenceOutcome::Admitted,
+            ReferenceOutcome::Refused
+        ],
+        "scope_concurrent = 2"
+    );
+    let id = b.raw_insert("a", "raw-1", "{}", START).await.unwrap();
+    let claimed = b.raw_claim("w", START).await.unwrap();
+    assert!(claimed.is_some());
+    let claimed = claimed.unwrap();
+    b.raw_complete(&claimed, "{}", START).await.unwrap();
+    assert!(
+        b.raw_complete(&claimed, "{}", START).await.is_err(),
+        "completed once"
+    );
+    let _ = id;
+    b.seed_cached("a", "s", "ck", START).await.unwrap();
+    assert!(
+        b.raw_cache_hit("a", "s", "ck", "copy-1", START)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !b.raw_cache_hit("a", "s", "missing", "copy-2", START)
+            .await
+            .unwrap()
+    );
+}

@@ -129,6 +129,11 @@ impl SqliteStore {
         self.clock.now()
     }
 
+    /// The writer pool (one connection), for benchmark baselines that share the file.
+    pub fn writer_pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+
     /// Closes both pools.
     pub async fn close(&self) {
         self.writer.close().await;
