@@ -31,6 +31,7 @@
 
 mod admission;
 mod lifecycle;
+pub mod notify;
 mod runs;
 mod sweep;
 

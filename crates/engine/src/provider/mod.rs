@@ -1,0 +1,153 @@
+//! Model providers: what actually produces a task's output.
+//!
+//! A [`Provider`] gets the resolved [`ModelRef`], the typed request, the JSON Schema its
+//! output must satisfy and, when asking again, the validation error of the previous
+//! answer. It returns the output JSON and the token usage. Validation against the kind's
+//! contract happens in the worker (`tollgate_core::validate_output`), never here alone.
+//!
+//! Built in: [`openai::OpenAiProvider`] (any OpenAI-compatible chat completions API) and
+//! [`dev::DevProvider`] (offline and deterministic, for development and tests).
+
+pub mod dev;
+pub mod openai;
+
+use crate::config::{ConfigError, DEV_PROVIDER, EngineConfig, ProviderKind};
+use async_trait::async_trait;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use tollgate_core::{ModelRef, TaskRequest, Usage};
+
+/// One request to a provider.
+#[derive(Debug, Clone, Copy)]
+pub struct ProviderCall<'a> {
+    /// The model configuration the task was submitted with.
+    pub model: &'a ModelRef,
+    /// The typed request.
+    pub request: &'a TaskRequest,
+    /// The JSON Schema the output must satisfy (`TaskRequest::output_schema`).
+    pub output_schema: &'a Value,
+    /// When asking again: why the previous answer was refused.
+    pub previous_error: Option<&'a str>,
+}
+
+/// A provider's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderAnswer {
+    /// The output, as the model gave it (validated by the caller).
+    pub output: Value,
+    /// Tokens used (and cost where known).
+    pub usage: Usage,
+}
+
+/// Why a provider call produced no output.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProviderError {
+    /// The model answered, but not with what was asked (not JSON, no content, a refusal).
+    /// The worker may ask again with this message, like an output that fails validation.
+    #[error("{message}")]
+    InvalidOutput {
+        /// What is wrong with the answer.
+        message: String,
+        /// Tokens the refused answer used.
+        usage: Usage,
+    },
+    /// The call failed (HTTP error after retries, timeout, misconfiguration). The task
+    /// fails with `provider_error`.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A model provider. Object safe: the engine holds `Arc<dyn Provider>`. Dropping the
+/// returned future aborts the call (the worker does so when its task is canceled).
+#[async_trait]
+pub trait Provider: Send + Sync + fmt::Debug + 'static {
+    /// Produces one output for one request.
+    async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError>;
+}
+
+/// Provider name → provider instance.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderRegistry {
+    providers: HashMap<String, Arc<dyn Provider>>,
+}
+
+impl ProviderRegistry {
+    /// Builds every provider under `[providers]`, plus the built-in `dev` unless a
+    /// provider of that name is configured. Reads API keys from the environment now, so a
+    /// missing key fails at start-up rather than on the first task.
+    pub fn from_config(config: &EngineConfig) -> Result<ProviderRegistry, ConfigError> {
+        let mut providers: HashMap<String, Arc<dyn Provider>> = HashMap::new();
+        providers.insert(DEV_PROVIDER.to_string(), Arc::new(dev::DevProvider::new()));
+        for (name, conf) in &config.providers {
+            let provider: Arc<dyn Provider> = match conf.kind {
+                ProviderKind::Dev => Arc::new(dev::DevProvider::new()),
+                ProviderKind::Openai => Arc::new(openai::OpenAiProvider::new(name, conf)?),
+            };
+            providers.insert(name.clone(), provider);
+        }
+        Ok(ProviderRegistry { providers })
+    }
+
+    /// Adds or replaces a provider (for providers implemented outside this crate).
+    pub fn insert(&mut self, name: impl Into<String>, provider: Arc<dyn Provider>) {
+        self.providers.insert(name.into(), provider);
+    }
+
+    /// The provider of a name.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Provider>> {
+        self.providers.get(name)
+    }
+}
+
+/// Instructions shared by providers that prompt a chat model, per kind.
+pub(crate) fn task_instructions(request: &TaskRequest) -> String {
+    match request {
+        TaskRequest::GenerateText(_) => String::new(),
+        TaskRequest::Classify(r) => {
+            let mut text = String::from(
+                "Classify the user's input. Answer with a JSON object whose `label` is exactly \
+                 one of the labels below, and `confidence` a number from 0 to 1 (or null).\n\
+                 Labels:\n",
+            );
+            push_labels(&mut text, &r.labels);
+            push_extra(&mut text, r.instructions.as_deref());
+            text
+        }
+        TaskRequest::ClassifyMany(r) => {
+            let mut text = String::from(
+                "Classify every item of the user's JSON list. Answer with a JSON object \
+                 `{\"results\": [{\"id\", \"label\"}]}` holding exactly one result per item id, \
+                 no other ids, each label exactly one of the labels below.\nLabels:\n",
+            );
+            push_labels(&mut text, &r.labels);
+            push_extra(&mut text, r.instructions.as_deref());
+            text
+        }
+        TaskRequest::ExtractData(r) => {
+            let mut text = String::from(
+                "Extract data from the user's input. Answer with JSON that is valid against \
+                 the given JSON Schema, and nothing else.",
+            );
+            push_extra(&mut text, r.instructions.as_deref());
+            text
+        }
+    }
+}
+
+fn push_labels(text: &mut String, labels: &[tollgate_core::kinds::Label]) {
+    for label in labels {
+        match label.description() {
+            Some(d) => text.push_str(&format!("- {}: {d}\n", label.name())),
+            None => text.push_str(&format!("- {}\n", label.name())),
+        }
+    }
+}
+
+fn push_extra(text: &mut String, instructions: Option<&str>) {
+    if let Some(extra) = instructions {
+        text.push_str("\nInstructions: ");
+        text.push_str(extra);
+    }
+}

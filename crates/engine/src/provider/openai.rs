@@ -1,0 +1,604 @@
+//! An OpenAI-compatible chat completions provider (OpenAI, vLLM, Ollama, llama.cpp
+//! server, …): `POST {base_url}/chat/completions`.
+//!
+//! - `classify`, `classify_many` and `extract_data` ask for structured output with
+//!   `response_format: {"type": "json_schema", "json_schema": {"name", "schema",
+//!   "strict"}}` (the nested form). An `extract_data` schema whose root is not an object
+//!   is wrapped as `{"value": <schema>}` (structured outputs need an object root) and
+//!   unwrapped from the answer. `strict` is on when the schema satisfies strict mode's
+//!   rules (every property required, no additional properties), which the built-in
+//!   classify schemas always do.
+//! - `generate_text` sends the chat as given and returns `{"text": <content>}`.
+//! - The model's `params` are merged into the request body (`temperature`, `top_p`,
+//!   `seed`, …); the request's own `temperature` and `max_output_tokens` (sent as
+//!   `max_tokens`) take precedence.
+//! - Failures are retried a bounded number of times (`max_retries`) with exponential
+//!   backoff and jitter, on HTTP 408, 409, 429 and 5xx, timeouts and connection errors.
+//!   `retry-after-ms` and `Retry-After` (seconds) are honoured; a wait longer than
+//!   `max_retry_delay` fails the call at once instead of holding a worker.
+//! - Usage comes from `usage.prompt_tokens` and `usage.completion_tokens`.
+
+use super::{Provider, ProviderAnswer, ProviderCall, ProviderError, task_instructions};
+use crate::config::{ConfigError, OPENAI_BASE_URL, ProviderConfig};
+use crate::metrics as m;
+use async_trait::async_trait;
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde_json::{Map, Value, json};
+use std::fmt;
+use std::time::Duration;
+use tollgate_core::{TaskRequest, Usage};
+
+/// Longest excerpt of an error body kept in a message, in characters.
+const MAX_BODY_EXCERPT: usize = 500;
+
+/// An OpenAI-compatible chat completions endpoint.
+pub struct OpenAiProvider {
+    name: String,
+    endpoint: String,
+    api_key: Option<String>,
+    client: reqwest::Client,
+    max_retries: u32,
+    retry_backoff: Duration,
+    max_retry_delay: Duration,
+}
+
+impl fmt::Debug for OpenAiProvider {
+    // Never print the API key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiProvider")
+            .field("name", &self.name)
+            .field("endpoint", &self.endpoint)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("max_retries", &self.max_retries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenAiProvider {
+    /// Builds the provider `[providers.<name>]`, reading its API key from the environment
+    /// variable `api_key_env` now.
+    pub fn new(name: &str, config: &ProviderConfig) -> Result<OpenAiProvider, ConfigError> {
+        let base = config
+            .base_url
+            .as_deref()
+            .unwrap_or(OPENAI_BASE_URL)
+            .trim_end_matches('/');
+        let api_key = match &config.api_key_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                ConfigError::at(
+                    format!("providers.{name}.api_key_env"),
+                    format!("the environment variable {var} is not set"),
+                )
+            })?),
+            None => None,
+        };
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout.min(Duration::from_secs(10)))
+            .user_agent(concat!("tollgate/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                ConfigError::at(
+                    format!("providers.{name}"),
+                    format!("cannot build an HTTP client: {e}"),
+                )
+            })?;
+        Ok(OpenAiProvider {
+            name: name.to_string(),
+            endpoint: format!("{base}/chat/completions"),
+            api_key,
+            client,
+            max_retries: config.max_retries,
+            retry_backoff: config.retry_backoff,
+            max_retry_delay: config.max_retry_delay,
+        })
+    }
+
+    /// The URL requests go to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// POSTs `body`, retrying what may succeed later. Returns the answer's JSON.
+    async fn post(&self, body: &Value) -> Result<Value, ProviderError> {
+        let mut attempt: u32 = 0;
+        loop {
+            let mut request = self.client.post(&self.endpoint).json(body);
+            if let Some(key) = &self.api_key {
+                request = request.bearer_auth(key);
+            }
+            let (message, retry_after) = match request.send().await {
+                Ok(response) if response.status().is_success() => match response.bytes().await {
+                    Ok(bytes) => {
+                        return serde_json::from_slice(&bytes).map_err(|e| {
+                            ProviderError::Failed(format!(
+                                "the provider's answer is not JSON ({e}): {}",
+                                excerpt(&String::from_utf8_lossy(&bytes))
+                            ))
+                        });
+                    }
+                    Err(e) if is_transient(&e) => (describe(&e), None),
+                    Err(e) => return Err(ProviderError::Failed(describe(&e))),
+                },
+                Ok(response) => {
+                    let status = response.status();
+                    let retry_after = retry_after(response.headers());
+                    let text = response.text().await.unwrap_or_default();
+                    let message = format!("HTTP {status}: {}", excerpt(&text));
+                    if !is_retryable_status(status) {
+                        return Err(ProviderError::Failed(message));
+                    }
+                    (message, retry_after)
+                }
+                Err(e) if is_transient(&e) => (describe(&e), None),
+                Err(e) => return Err(ProviderError::Failed(describe(&e))),
+            };
+            if attempt >= self.max_retries {
+                return Err(ProviderError::Failed(format!(
+                    "{message} (gave up after {} attempts)",
+                    attempt + 1
+                )));
+            }
+            let delay = match retry_after {
+                Some(wait) if wait > self.max_retry_delay => {
+                    return Err(ProviderError::Failed(format!(
+                        "{message}; the provider asked to retry after {} s, longer than \
+                         max_retry_delay ({} s)",
+                        wait.as_secs_f64(),
+                        self.max_retry_delay.as_secs_f64()
+                    )));
+                }
+                Some(wait) => wait,
+                None => self.backoff(attempt),
+            };
+            tracing::debug!(provider = %self.name, attempt, ?delay, %message, "retrying");
+            metrics::counter!(m::PROVIDER_RETRIES_TOTAL, "provider" => self.name.clone())
+                .increment(1);
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+
+    /// Exponential backoff with jitter: `retry_backoff · 2^attempt`, capped at
+    /// `max_retry_delay`, then a random 50–100 % of that.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let full = self
+            .retry_backoff
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.max_retry_delay);
+        full.mul_f64(0.5 + fastrand::f64() * 0.5)
+    }
+}
+
+#[async_trait]
+impl Provider for OpenAiProvider {
+    async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
+        let (body, shape) = request_body(&call);
+        let answer = self.post(&body).await?;
+        parse_answer(&answer, shape)
+    }
+}
+
+/// How the answer's content becomes the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerShape {
+    /// `{"text": content}`.
+    Text,
+    /// The content is the output's JSON.
+    Json,
+    /// The content is `{"value": output}`.
+    WrappedJson,
+}
+
+/// The chat completions request body for a call, and how to read its answer.
+pub fn request_body(call: &ProviderCall<'_>) -> (Value, AnswerShape) {
+    let mut body: Map<String, Value> = call.model.params.clone();
+    body.insert("model".into(), json!(call.model.model));
+    let mut messages: Vec<Value> = Vec::new();
+    let shape = match call.request {
+        TaskRequest::GenerateText(r) => {
+            if let Some(system) = &r.system {
+                messages.push(json!({"role": "system", "content": system}));
+            }
+            if let Some(chat) = &r.messages {
+                messages.extend(
+                    chat.iter()
+                        .map(|m| json!({"role": m.role, "content": m.content})),
+                );
+            }
+            if let Some(prompt) = &r.prompt {
+                messages.push(json!({"role": "user", "content": prompt}));
+            }
+            if let Some(t) = r.temperature {
+                body.insert("temperature".into(), json!(t));
+            }
+            if let Some(n) = r.max_output_tokens {
+                body.insert("max_tokens".into(), json!(n));
+            }
+            AnswerShape::Text
+        }
+        TaskRequest::Classify(r) => {
+            messages.push(json!({"role": "system", "content": task_instructions(call.request)}));
+            messages.push(json!({"role": "user", "content": r.input}));
+            body.insert(
+                "response_format".into(),
+                response_format("classify", call.output_schema, true),
+            );
+            AnswerShape::Json
+        }
+        TaskRequest::ClassifyMany(r) => {
+            let items: Vec<Value> = r
+                .items
+                .iter()
+                .map(|i| json!({"id": i.id, "input": i.input}))
+                .collect();
+            messages.push(json!({"role": "system", "content": task_instructions(call.request)}));
+            messages.push(json!({"role": "user", "content": Value::Array(items).to_string()}));
+            body.insert(
+                "response_format".into(),
+                response_format("classify_many", call.output_schema, true),
+            );
+            AnswerShape::Json
+        }
+        TaskRequest::ExtractData(r) => {
+            let (schema, shape) = if is_object_schema(call.output_schema) {
+                (call.output_schema.clone(), AnswerShape::Json)
+            } else {
+                (wrap_schema(call.output_schema), AnswerShape::WrappedJson)
+            };
+            let system = format!(
+                "{}\nJSON Schema of the answer:\n{}",
+                task_instructions(call.request),
+                schema
+            );
+            messages.push(json!({"role": "system", "content": system}));
+            messages.push(json!({"role": "user", "content": r.input}));
+            let strict = is_strict_compatible(&schema);
+            body.insert(
+                "response_format".into(),
+                response_format("extract_data", &schema, strict),
+            );
+            shape
+        }
+    };
+    if let Some(error) = call.previous_error {
+        messages.push(json!({
+            "role": "user",
+            "content": format!(
+                "Your previous answer was refused: {error}\nAnswer again, following the \
+                 required format exactly."
+            ),
+        }));
+    }
+    body.insert("messages".into(), Value::Array(messages));
+    (Value::Object(body), shape)
+}
+
+fn response_format(name: &str, schema: &Value, strict: bool) -> Value {
+    json!({
+        "type": "json_schema",
+        "json_schema": { "name": name, "schema": schema, "strict": strict }
+    })
+}
+
+/// Whether a schema's root is an object schema (structured outputs need one).
+fn is_object_schema(schema: &Value) -> bool {
+    schema.get("type").and_then(Value::as_str) == Some("object")
+}
+
+/// `{"type": "object", "properties": {"value": schema}, …}`. Definitions move to the new
+/// root so `#/$defs/…` references still resolve; references to the old root are
+/// rewritten to `#/properties/value…`.
+fn wrap_schema(schema: &Value) -> Value {
+    let mut inner = schema.clone();
+    let mut wrapper = Map::new();
+    if let Value::Object(map) = &mut inner {
+        for defs in ["$defs", "definitions"] {
+            if let Some(d) = map.remove(defs) {
+                wrapper.insert(defs.to_string(), d);
+            }
+        }
+        // `$schema` belongs at the root.
+        if let Some(dialect) = map.remove("$schema") {
+            wrapper.insert("$schema".into(), dialect);
+        }
+    }
+    rewrite_root_refs(&mut inner);
+    wrapper.insert("type".into(), json!("object"));
+    wrapper.insert("properties".into(), json!({ "value": inner }));
+    wrapper.insert("required".into(), json!(["value"]));
+    wrapper.insert("additionalProperties".into(), json!(false));
+    Value::Object(wrapper)
+}
+
+fn rewrite_root_refs(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map.iter_mut() {
+                if key == "$ref"
+                    && let Value::String(target) = child
+                    && target.starts_with('#')
+                    && !target.starts_with("#/$defs")
+                    && !target.starts_with("#/definitions")
+                {
+                    *target = format!("#/properties/value{}", &target[1..]);
+                } else {
+                    rewrite_root_refs(child);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(rewrite_root_refs),
+        _ => {}
+    }
+}
+
+/// Strict structured outputs need every object to list all its properties as required
+/// and to forbid additional ones.
+fn is_strict_compatible(schema: &Value) -> bool {
+    match schema {
+        Value::Object(map) => {
+            let is_object = map.get("type").and_then(Value::as_str) == Some("object")
+                || map.contains_key("properties");
+            if is_object {
+                if map.get("additionalProperties") != Some(&Value::Bool(false)) {
+                    return false;
+                }
+                let props: Vec<&String> = map
+                    .get("properties")
+                    .and_then(Value::as_object)
+                    .map(|p| p.keys().collect())
+                    .unwrap_or_default();
+                let required: Vec<&str> = map
+                    .get("required")
+                    .and_then(Value::as_array)
+                    .map(|r| r.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                if props.iter().any(|p| !required.contains(&p.as_str())) {
+                    return false;
+                }
+            }
+            map.iter().all(|(key, child)| match key.as_str() {
+                // Data, not subschemas.
+                "enum" | "const" | "default" | "examples" | "required" => true,
+                _ => is_strict_compatible(child),
+            })
+        }
+        Value::Array(items) => items.iter().all(is_strict_compatible),
+        Value::Bool(_) => true,
+        _ => true,
+    }
+}
+
+/// Reads a chat completions answer.
+pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer, ProviderError> {
+    let tokens = |key: &str| {
+        answer
+            .get("usage")
+            .and_then(|u| u.get(key))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    let usage = Usage {
+        input_tokens: tokens("prompt_tokens"),
+        output_tokens: tokens("completion_tokens"),
+        cost_usd: None,
+    };
+    let invalid = |message: String| ProviderError::InvalidOutput { message, usage };
+    let message = answer.pointer("/choices/0/message").ok_or_else(|| {
+        ProviderError::Failed(format!(
+            "the provider's answer has no choices[0].message: {}",
+            excerpt(&answer.to_string())
+        ))
+    })?;
+    if let Some(refusal) = message.get("refusal").and_then(Value::as_str) {
+        return Err(invalid(format!("the model refused: {}", excerpt(refusal))));
+    }
+    let Some(content) = message.get("content").and_then(Value::as_str) else {
+        return Err(invalid("the answer has no message content".to_string()));
+    };
+    let output = match shape {
+        AnswerShape::Text => json!({ "text": content }),
+        AnswerShape::Json | AnswerShape::WrappedJson => {
+            let parsed: Value = serde_json::from_str(strip_code_fence(content)).map_err(|e| {
+                invalid(format!(
+                    "the answer is not valid JSON ({e}): {}",
+                    excerpt(content)
+                ))
+            })?;
+            if shape == AnswerShape::WrappedJson {
+                match parsed {
+                    Value::Object(mut map) if map.contains_key("value") => {
+                        map.remove("value").unwrap_or(Value::Null)
+                    }
+                    other => {
+                        return Err(invalid(format!(
+                            "the answer must be an object {{\"value\": …}}, got {}",
+                            excerpt(&other.to_string())
+                        )));
+                    }
+                }
+            } else {
+                parsed
+            }
+        }
+    };
+    Ok(ProviderAnswer { output, usage })
+}
+
+/// Some local servers wrap JSON in a Markdown code fence despite `response_format`.
+fn strip_code_fence(content: &str) -> &str {
+    let trimmed = content.trim();
+    let Some(rest) = trimmed.strip_prefix("```") else {
+        return trimmed;
+    };
+    let rest = rest.strip_prefix("json").unwrap_or(rest);
+    rest.strip_suffix("```").unwrap_or(rest).trim()
+}
+
+fn is_retryable_status(status: StatusCode) -> bool {
+    status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::CONFLICT
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status.is_server_error()
+}
+
+fn is_transient(e: &reqwest::Error) -> bool {
+    e.is_timeout() || e.is_connect() || e.is_request() || e.is_body()
+}
+
+/// `retry-after-ms` (OpenAI's, in milliseconds) or `Retry-After` in seconds.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let number = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|n| n.is_finite() && *n >= 0.0)
+    };
+    if let Some(ms) = number("retry-after-ms") {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    number("retry-after").map(|s| Duration::from_secs_f64(s.min(1e9)))
+}
+
+/// An error and its causes, e.g. "error sending request: connection refused".
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = if e.is_timeout() {
+        format!("timed out: {e}")
+    } else {
+        e.to_string()
+    };
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(MAX_BODY_EXCERPT) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{ModelRef, TaskKind};
+
+    fn call_for(kind: TaskKind, raw: Value) -> (TaskRequest, Value) {
+        let request = TaskRequest::parse(kind, &raw).unwrap();
+        let schema = request.output_schema();
+        (request, schema)
+    }
+
+    #[test]
+    fn classify_asks_for_strict_nested_json_schema() {
+        let (request, schema) = call_for(
+            TaskKind::Classify,
+            json!({"input": "Win a cruise", "labels": ["spam", "ham"]}),
+        );
+        let mut model = ModelRef::new("openai", "gpt-x");
+        model.params.insert("temperature".into(), json!(0));
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &schema,
+            previous_error: Some("label `eggs` is not one of the labels"),
+        };
+        let (body, shape) = request_body(&call);
+        assert_eq!(shape, AnswerShape::Json);
+        assert_eq!(body["model"], "gpt-x");
+        assert_eq!(body["temperature"], 0);
+        assert_eq!(body["response_format"]["type"], "json_schema");
+        assert_eq!(body["response_format"]["json_schema"]["strict"], true);
+        assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
+        let messages = body["messages"].as_array().unwrap();
+        assert!(
+            messages.last().unwrap()["content"]
+                .as_str()
+                .unwrap()
+                .contains("eggs")
+        );
+    }
+
+    #[test]
+    fn non_object_extract_schemas_are_wrapped_and_unwrapped() {
+        let (request, schema) = call_for(
+            TaskKind::ExtractData,
+            json!({"input": "x", "schema": {
+                "type": "array", "items": {"$ref": "#/$defs/n"},
+                "$defs": {"n": {"type": "integer"}}
+            }}),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &schema,
+            previous_error: None,
+        };
+        let (body, shape) = request_body(&call);
+        assert_eq!(shape, AnswerShape::WrappedJson);
+        let sent = &body["response_format"]["json_schema"]["schema"];
+        assert_eq!(sent["properties"]["value"]["type"], "array");
+        assert_eq!(sent["$defs"]["n"]["type"], "integer");
+        let answer = json!({
+            "choices": [{"message": {"content": "{\"value\": [1, 2]}"}}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3}
+        });
+        let parsed = parse_answer(&answer, shape).unwrap();
+        assert_eq!(parsed.output, json!([1, 2]));
+        assert_eq!(parsed.usage.input_tokens, 7);
+        assert_eq!(parsed.usage.output_tokens, 3);
+    }
+
+    #[test]
+    fn root_references_follow_the_wrapped_schema() {
+        let wrapped = wrap_schema(&json!({"anyOf": [{"type": "null"}, {"$ref": "#"}]}));
+        assert_eq!(
+            wrapped["properties"]["value"]["anyOf"][1]["$ref"],
+            "#/properties/value"
+        );
+    }
+
+    #[test]
+    fn strictness_follows_the_schema() {
+        assert!(is_strict_compatible(&json!({
+            "type": "object", "properties": {"a": {"type": "string"}},
+            "required": ["a"], "additionalProperties": false
+        })));
+        assert!(!is_strict_compatible(&json!({
+            "type": "object", "properties": {"a": {"type": "string"}}
+        })));
+    }
+
+    #[test]
+    fn malformed_content_is_an_invalid_output_not_a_failure() {
+        let answer = json!({"choices": [{"message": {"content": "{not json"}}]});
+        match parse_answer(&answer, AnswerShape::Json) {
+            Err(ProviderError::InvalidOutput { message, .. }) => {
+                assert!(message.contains("not valid JSON"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let fenced = json!({"choices": [{"message": {"content": "```json\n{\"a\":1}\n```"}}]});
+        assert_eq!(
+            parse_answer(&fenced, AnswerShape::Json).unwrap().output,
+            json!({"a": 1})
+        );
+    }
+
+    #[test]
+    fn retry_after_reads_both_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", "2".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert("retry-after-ms", "150".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_millis(150)));
+    }
+}

@@ -1,0 +1,590 @@
+//! The worker pool: claims tasks, runs them on their providers, validates, completes.
+//!
+//! - **Claiming.** A dispatcher claims hinted tasks by id (`claim_task`, hints come from
+//!   notifications and start-up recovery) and otherwise polls `claim_next`, oldest first,
+//!   never more than the free execution slots (`workers.concurrency`). An empty claim
+//!   does not prove the queue is empty (`SKIP LOCKED`), so idle workers poll again every
+//!   `notifications.poll_interval`. The store's claim is conditional, so a task is
+//!   executed by at most one worker at a time, across every replica.
+//! - **Heartbeats.** Every `workers.heartbeat_interval` the pool sends ONE heartbeat for
+//!   all the tasks it holds. Tasks the store reports to stop (canceled, expired, deleted,
+//!   not ours) have their execution dropped at once, which drops the in-flight provider
+//!   call (the HTTP connection closes). A notification that a held task finished does
+//!   the same without waiting for the next heartbeat.
+//! - **Validation.** Every output goes through `tollgate_core::validate_output`. An
+//!   invalid one is sent back to the provider with the validation error, at most
+//!   `workers.max_output_retries` times; then the task fails with
+//!   `invalid_model_output`. A provider failure fails it with `provider_error`.
+//! - **Completion.** `complete_task` is refused for a task that was canceled or expired
+//!   meanwhile; that is fine and changes nothing.
+//! - **Shutdown.** Claiming stops at once; executions in flight get until the deadline;
+//!   those still running then are failed with `WORKFLOW_AI_INTERRUPTED` (tasks never run
+//!   twice), and queued tasks stay queued for any replica.
+
+use crate::error::EngineError;
+use crate::facade::Inner;
+use crate::metrics as m;
+use crate::notify::Event;
+use crate::provider::{ProviderCall, ProviderError};
+use crate::sweeper;
+use serde_json::Value;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tollgate_core::{ErrorCode, Task, TaskId, Usage, WorkerId, validate_output};
+use tollgate_store::{MAX_PAGE, StoreError, Transition};
+
+/// Hints waiting for the dispatcher; when full, new ones are dropped (polling covers).
+const HINT_CAPACITY: usize = 4096;
+/// Attempts to record a completion while the database is unavailable.
+const RECORD_ATTEMPTS: u32 = 4;
+/// How long shutdown waits for interrupted executions to record their end.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
+
+/// The cancellation tokens that stop the pool's parts, in shutdown order.
+#[derive(Debug, Clone, Default)]
+struct Control {
+    /// The dispatcher and recovery stop claiming.
+    stop_claiming: CancellationToken,
+    /// Executions still running are dropped and recorded as interrupted.
+    interrupt: CancellationToken,
+    /// Heartbeats, the event listener and the sweeper stop.
+    stop_background: CancellationToken,
+    /// Everything stops at once without recording anything (a simulated crash).
+    crash: CancellationToken,
+}
+
+/// Why an execution ended without an output.
+#[derive(Debug)]
+struct Failure {
+    code: ErrorCode,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// How an execution ended.
+enum Ended {
+    Done(Result<(Value, Usage), Failure>),
+    /// The store or a notification said to stop (canceled, expired, deleted).
+    Stopped,
+    /// Shutdown's deadline passed.
+    Interrupted,
+}
+
+/// The worker pool of one process.
+#[derive(Debug)]
+pub(crate) struct WorkerPool {
+    inner: Arc<Inner>,
+    worker: WorkerId,
+    held: Mutex<HashMap<TaskId, CancellationToken>>,
+    slots: Arc<Semaphore>,
+    slot_freed: Notify,
+    executions: TaskTracker,
+    control: Control,
+}
+
+impl WorkerPool {
+    /// Starts the dispatcher, heartbeats, the event listener, the sweeper and recovery.
+    pub(crate) async fn start(inner: Arc<Inner>) -> Result<EngineHandle, EngineError> {
+        let worker = WorkerId::new(format!("worker-{}", uuid::Uuid::new_v4().simple()))?;
+        let concurrency = inner.config.workers.concurrency.max(1) as usize;
+        let pool = Arc::new(WorkerPool {
+            inner: inner.clone(),
+            worker: worker.clone(),
+            held: Mutex::new(HashMap::new()),
+            slots: Arc::new(Semaphore::new(concurrency)),
+            slot_freed: Notify::new(),
+            executions: TaskTracker::new(),
+            control: Control::default(),
+        });
+        let (hint_tx, hint_rx) = mpsc::channel(HINT_CAPACITY);
+        // Subscribe before recovery lists the queue, so nothing queued meanwhile is missed.
+        let events = inner.notifier.subscribe();
+        let claiming = TaskTracker::new();
+        claiming.spawn(pool.clone().dispatch(hint_rx));
+        claiming.spawn(sweeper::recover(
+            inner.clone(),
+            hint_tx.clone(),
+            pool.control.stop_claiming.clone(),
+        ));
+        claiming.close();
+        let background = TaskTracker::new();
+        background.spawn(pool.clone().heartbeat_loop());
+        background.spawn(pool.clone().event_loop(events, hint_tx));
+        let sweeper_stop = pool.control.stop_background.clone();
+        let crash = pool.control.crash.clone();
+        background.spawn(async move {
+            tokio::select! {
+                _ = crash.cancelled() => {}
+                _ = sweeper::run(inner, sweeper_stop) => {}
+            }
+        });
+        background.close();
+        tracing::info!(worker = %worker, concurrency, "workers started");
+        Ok(EngineHandle {
+            pool,
+            claiming,
+            background,
+        })
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, CancellationToken>> {
+        // The map stays consistent even if a holder panicked: recover it.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Claims tasks while there are free slots; waits for hints, freed slots or the poll
+    /// interval otherwise.
+    async fn dispatch(self: Arc<Self>, mut hints: mpsc::Receiver<TaskId>) {
+        let poll = self.inner.config.notifications.poll_interval;
+        let stop = self.control.stop_claiming.clone();
+        let crash = self.control.crash.clone();
+        let mut pending: VecDeque<TaskId> = VecDeque::new();
+        loop {
+            if stop.is_cancelled() || crash.is_cancelled() {
+                return;
+            }
+            while let Ok(id) = hints.try_recv() {
+                if pending.len() < HINT_CAPACITY {
+                    pending.push_back(id);
+                }
+            }
+            let free = self.slots.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    _ = self.slot_freed.notified() => continue,
+                    _ = stop.cancelled() => return,
+                    _ = crash.cancelled() => return,
+                }
+            }
+            let mut claimed: Vec<(Task, &'static str)> = Vec::new();
+            let mut failed = false;
+            while claimed.len() < free {
+                let Some(id) = pending.pop_front() else { break };
+                if self.held().contains_key(&id) {
+                    continue;
+                }
+                match self.inner.store.claim_task(id, &self.worker).await {
+                    Ok(Some(task)) => claimed.push((task, "hint")),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "claim failed");
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            let mut more = false;
+            if !failed && claimed.len() < free {
+                let want = (free - claimed.len()).min(MAX_PAGE as usize) as u32;
+                match self.inner.store.claim_next(&self.worker, want).await {
+                    Ok(tasks) => {
+                        more = tasks.len() == want as usize;
+                        claimed.extend(tasks.into_iter().map(|t| (t, "poll")));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "claim failed");
+                        failed = true;
+                    }
+                }
+            }
+            for (task, via) in claimed {
+                metrics::counter!(m::CLAIMS_TOTAL, "via" => via).increment(1);
+                // Slots are only taken here, so one is free for every claimed task.
+                let permit = match self.slots.clone().acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => return,
+                };
+                self.executions.spawn(self.clone().run_task(task, permit));
+            }
+            if !failed && (more || !pending.is_empty()) {
+                continue;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = crash.cancelled() => return,
+                hint = hints.recv() => match hint {
+                    Some(id) => pending.push_back(id),
+                    None => tokio::time::sleep(poll).await,
+                },
+                _ = tokio::time::sleep(poll) => {}
+            }
+        }
+    }
+
+    /// One execution, from claim to its recorded end. Frees its slot when done.
+    async fn run_task(self: Arc<Self>, task: Task, permit: OwnedSemaphorePermit) {
+        let id = task.id;
+        metrics::gauge!(m::TASKS_IN_FLIGHT).increment(1.0);
+        let crash = self.control.crash.clone();
+        tokio::select! {
+            biased;
+            _ = crash.cancelled() => {}
+            _ = self.clone().execute_and_record(task) => {}
+        }
+        self.held().remove(&id);
+        metrics::gauge!(m::TASKS_IN_FLIGHT).decrement(1.0);
+        drop(permit);
+        self.slot_freed.notify_one();
+    }
+
+    async fn execute_and_record(self: Arc<Self>, task: Task) {
+        let stop = CancellationToken::new();
+        self.held().insert(task.id, stop.clone());
+        let started = Instant::now();
+        let interrupt = self.control.interrupt.clone();
+        let ended = tokio::select! {
+            biased;
+            _ = stop.cancelled() => Ended::Stopped,
+            _ = interrupt.cancelled() => Ended::Interrupted,
+            result = self.execute(&task) => Ended::Done(result),
+        };
+        let (outcome, code) = match ended {
+            Ended::Done(Ok((output, usage))) => self.complete(&task, output, usage).await,
+            Ended::Done(Err(failure)) => {
+                tracing::info!(task = %task.id, code = %failure.code, message = %failure.message, "task failed");
+                self.fail(task.id, failure).await
+            }
+            Ended::Stopped => {
+                tracing::info!(task = %task.id, "execution stopped: task canceled, expired or deleted");
+                // Acknowledge a requested cancellation (a no-op when already canceled).
+                match self.inner.store.mark_canceled(task.id).await {
+                    Ok(t) => self.inner.publish_transition(&t),
+                    Err(e) => tracing::debug!(error = %e, "mark_canceled failed"),
+                }
+                ("aborted", "none")
+            }
+            Ended::Interrupted => {
+                let failure = Failure::new(
+                    ErrorCode::Interrupted,
+                    "the worker shut down before the task finished",
+                );
+                let (_, code) = self.fail(task.id, failure).await;
+                ("interrupted", code)
+            }
+        };
+        metrics::counter!(m::TASK_OUTCOMES_TOTAL, "outcome" => outcome, "code" => code)
+            .increment(1);
+        metrics::histogram!(m::TASK_EXECUTION_SECONDS, "kind" => task.kind.as_str())
+            .record(started.elapsed().as_secs_f64());
+        self.held().remove(&task.id);
+    }
+
+    /// Calls the provider, validating and re-asking as configured.
+    async fn execute(&self, task: &Task) -> Result<(Value, Usage), Failure> {
+        let request = task.parsed_request().map_err(|e| {
+            Failure::new(
+                ErrorCode::InvalidRequest,
+                format!("the stored request cannot be read: {e}"),
+            )
+        })?;
+        let provider_name = task.model_ref.provider.as_str();
+        let provider = self.inner.providers.get(provider_name).ok_or_else(|| {
+            Failure::new(
+                ErrorCode::ProviderError,
+                format!("provider `{provider_name}` is not configured in this process"),
+            )
+        })?;
+        let schema = request.request().output_schema();
+        let max_retries = self.inner.config.workers.max_output_retries;
+        let mut usage = Usage::default();
+        let mut previous: Option<String> = None;
+        for attempt in 0..=max_retries {
+            if attempt > 0 {
+                metrics::counter!(m::OUTPUT_REASKS_TOTAL, "kind" => task.kind.as_str())
+                    .increment(1);
+            }
+            let call = ProviderCall {
+                model: &task.model_ref,
+                request: request.request(),
+                output_schema: &schema,
+                previous_error: previous.as_deref(),
+            };
+            let started = Instant::now();
+            let answer = provider.complete(call).await;
+            metrics::histogram!(m::PROVIDER_LATENCY_SECONDS, "provider" => provider_name.to_string())
+                .record(started.elapsed().as_secs_f64());
+            let (output, used) = match answer {
+                Ok(a) => (Some(a.output), a.usage),
+                Err(ProviderError::InvalidOutput { message, usage }) => {
+                    previous = Some(message);
+                    (None, usage)
+                }
+                Err(ProviderError::Failed(message)) => {
+                    provider_call(provider_name, "error");
+                    return Err(Failure::new(ErrorCode::ProviderError, message));
+                }
+            };
+            add_usage(&mut usage, used, provider_name);
+            if let Some(output) = output {
+                match validate_output(request.request(), &output) {
+                    Ok(valid) => {
+                        provider_call(provider_name, "ok");
+                        return Ok((valid, usage));
+                    }
+                    Err(violation) => previous = Some(violation.0),
+                }
+            }
+            provider_call(provider_name, "invalid_output");
+            tracing::debug!(task = %task.id, attempt, error = ?previous, "invalid model output");
+        }
+        Err(Failure::new(
+            ErrorCode::InvalidModelOutput,
+            format!(
+                "the model's output was invalid {} time(s); last: {}",
+                max_retries + 1,
+                previous.unwrap_or_default()
+            ),
+        ))
+    }
+
+    /// Records a success. Returns the outcome and code labels.
+    async fn complete(
+        &self,
+        task: &Task,
+        output: Value,
+        usage: Usage,
+    ) -> (&'static str, &'static str) {
+        let store = &self.inner.store;
+        let result =
+            retry_unavailable(|| store.complete_task(task.id, &self.worker, output.clone(), usage))
+                .await;
+        match result {
+            Ok(t) if t.applied => {
+                self.inner.publish_transition(&t);
+                ("succeeded", "none")
+            }
+            Ok(_) => {
+                tracing::info!(task = %task.id, "completion refused: the task was canceled, expired or deleted meanwhile");
+                ("refused", "none")
+            }
+            Err(StoreError::InvalidOutput(v)) => {
+                self.fail(task.id, Failure::new(ErrorCode::InvalidModelOutput, v.0))
+                    .await
+            }
+            Err(e) => {
+                tracing::error!(task = %task.id, error = %e, "cannot record the completion; the sweeper will end the task");
+                ("unrecorded", "none")
+            }
+        }
+    }
+
+    /// Records a failure. Returns the outcome and code labels.
+    async fn fail(&self, id: TaskId, failure: Failure) -> (&'static str, &'static str) {
+        let store = &self.inner.store;
+        let result =
+            retry_unavailable(|| store.fail_task(id, failure.code, &failure.message)).await;
+        match result {
+            Ok(t) if t.applied => {
+                self.inner.publish_transition(&t);
+                ("failed", failure.code.as_str())
+            }
+            Ok(_) => ("refused", failure.code.as_str()),
+            Err(e) => {
+                tracing::error!(task = %id, error = %e, "cannot record the failure; the sweeper will end the task");
+                ("unrecorded", failure.code.as_str())
+            }
+        }
+    }
+
+    /// One heartbeat per interval for every held task; stops the ones the store reports.
+    async fn heartbeat_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.inner.config.workers.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stop = self.control.stop_background.clone();
+        let crash = self.control.crash.clone();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = crash.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let ids: Vec<TaskId> = self.held().keys().copied().collect();
+            if ids.is_empty() {
+                continue;
+            }
+            match self.inner.store.heartbeat(&self.worker, &ids).await {
+                Ok(report) => {
+                    let held = self.held();
+                    for id in &report.stop {
+                        if let Some(token) = held.get(id) {
+                            metrics::counter!(m::HEARTBEAT_STOPS_TOTAL).increment(1);
+                            token.cancel();
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            }
+        }
+    }
+
+    /// Turns notifications into claim hints, and stops held tasks that finished elsewhere
+    /// (canceled by another replica, expired by a sweep).
+    async fn event_loop(
+        self: Arc<Self>,
+        mut events: broadcast::Receiver<Event>,
+        hints: mpsc::Sender<TaskId>,
+    ) {
+        let stop = self.control.stop_background.clone();
+        let crash = self.control.crash.clone();
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = crash.cancelled() => return,
+                event = events.recv() => event,
+            };
+            match event {
+                Ok(Event::TaskQueued { id, .. }) => {
+                    if !self.control.stop_claiming.is_cancelled() {
+                        let _ = hints.try_send(id);
+                    }
+                }
+                Ok(Event::TaskFinished { id, .. }) => {
+                    if let Some(token) = self.held().get(&id) {
+                        token.cancel();
+                    }
+                }
+                Ok(Event::RunWoken { .. }) | Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
+}
+
+fn provider_call(provider: &str, outcome: &'static str) {
+    metrics::counter!(m::PROVIDER_CALLS_TOTAL, "provider" => provider.to_string(), "outcome" => outcome)
+        .increment(1);
+}
+
+fn add_usage(total: &mut Usage, used: Usage, provider: &str) {
+    total.input_tokens += used.input_tokens;
+    total.output_tokens += used.output_tokens;
+    total.cost_usd = match (total.cost_usd, used.cost_usd) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
+    };
+    metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "input")
+        .increment(used.input_tokens);
+    metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "output")
+        .increment(used.output_tokens);
+}
+
+/// Retries a store write while the database is unavailable (a few times, backing off).
+async fn retry_unavailable<F, Fut>(mut write: F) -> Result<Transition, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Transition, StoreError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match write().await {
+            Err(e) if e.is_retryable() && attempt + 1 < RECORD_ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(100) * 2u32.pow(attempt)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// What [`EngineHandle::shutdown`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShutdownReport {
+    /// Whether every execution in flight finished before the deadline.
+    pub drained: bool,
+    /// Executions still running at the deadline, recorded as `WORKFLOW_AI_INTERRUPTED`.
+    pub interrupted: usize,
+}
+
+/// The running workers and sweeper of one [`Tollgate`](crate::Tollgate). Dropping it
+/// without [`shutdown`](Self::shutdown) stops everything abruptly, like
+/// [`abandon`](Self::abandon).
+#[derive(Debug)]
+pub struct EngineHandle {
+    pool: Arc<WorkerPool>,
+    claiming: TaskTracker,
+    background: TaskTracker,
+}
+
+impl EngineHandle {
+    /// The worker id recorded on the tasks this pool claims.
+    pub fn worker_id(&self) -> &WorkerId {
+        &self.pool.worker
+    }
+
+    /// Tasks this pool is executing now.
+    pub fn in_flight(&self) -> Vec<TaskId> {
+        self.pool.held().keys().copied().collect()
+    }
+
+    /// Graceful stop: claims nothing more at once, lets executions in flight finish
+    /// until `deadline`, then records the rest as `WORKFLOW_AI_INTERRUPTED` (tasks never
+    /// run twice). Queued tasks stay queued for any replica. Heartbeats continue until
+    /// the executions are done, so nothing expires meanwhile.
+    pub async fn shutdown(self, deadline: Duration) -> ShutdownReport {
+        let control = &self.pool.control;
+        control.stop_claiming.cancel();
+        self.claiming.wait().await;
+        self.pool.executions.close();
+        let drained = tokio::time::timeout(deadline, self.pool.executions.wait())
+            .await
+            .is_ok();
+        let interrupted = if drained {
+            0
+        } else {
+            let left = self.pool.held().len();
+            control.interrupt.cancel();
+            if tokio::time::timeout(INTERRUPT_GRACE, self.pool.executions.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!("interrupted executions did not record their end in time");
+            }
+            left
+        };
+        control.stop_background.cancel();
+        self.background.wait().await;
+        tracing::info!(worker = %self.pool.worker, drained, interrupted, "workers stopped");
+        ShutdownReport {
+            drained,
+            interrupted,
+        }
+    }
+
+    /// Stops everything at once without recording anything, as if the process had
+    /// crashed: executions are dropped mid-call, their tasks stay `running` in the
+    /// database until a sweeper (of any replica) fails them with
+    /// `WORKFLOW_AI_INTERRUPTED` after the liveness timeout. For tests and drills.
+    pub async fn abandon(self) {
+        let control = &self.pool.control;
+        control.crash.cancel();
+        control.stop_claiming.cancel();
+        control.stop_background.cancel();
+        self.pool.executions.close();
+        self.claiming.wait().await;
+        self.pool.executions.wait().await;
+        self.background.wait().await;
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        let control = &self.pool.control;
+        control.stop_claiming.cancel();
+        control.stop_background.cancel();
+        control.crash.cancel();
+    }
+}
