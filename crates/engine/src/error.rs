@@ -24,7 +24,10 @@ pub enum EngineError {
         known: Vec<String>,
     },
     /// The budget policy does not exist or the app may not use it (SPEC §10).
-    #[error("budget policy `{budget}` is not allowed for app `{app}` (allowed: {})", quoted(allowed))]
+    #[error(
+        "budget policy `{budget}` is not allowed for app `{app}` (allowed: {})",
+        quoted(allowed)
+    )]
     BudgetNotAllowed {
         /// The caller's app.
         app: String,

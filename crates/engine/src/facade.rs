@@ -12,7 +12,7 @@ use crate::sweeper;
 use crate::worker::{EngineHandle, WorkerPool};
 use futures::StreamExt;
 use serde_json::Value;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
@@ -432,9 +432,11 @@ impl Tollgate {
     }
 
     /// Submits up to [`MAX_BATCH`] tasks. Each is admitted or rejected on its own; the
-    /// answers come in the order of the submissions. Items run concurrently (bounded);
-    /// a repeated effect key within the batch is submitted after its first occurrence, so
-    /// the first one is the one that creates.
+    /// answers come in the order of the submissions. Items of one owner (a scope, or a
+    /// run) are submitted in order, so earlier items take a scope's budget first; items
+    /// of different owners run concurrently (bounded). A repeated effect key within the
+    /// batch is submitted after its first occurrence, so the first one is the one that
+    /// creates. The store creates one task per transaction today.
     pub async fn submit_many(
         &self,
         submissions: Vec<Submission>,
@@ -449,19 +451,42 @@ impl Tollgate {
             )
             .into());
         }
+        let total = submissions.len();
         let mut seen = HashSet::new();
-        let (first, repeated): (Vec<_>, Vec<_>) = submissions
-            .into_iter()
-            .enumerate()
-            .partition(|(_, s)| seen.insert((s.app.clone(), s.effect_key.clone())));
+        let mut groups: Vec<Vec<(usize, Submission)>> = Vec::new();
+        let mut group_of: HashMap<(AppId, String), usize> = HashMap::new();
+        let mut repeated = Vec::new();
+        for (i, s) in submissions.into_iter().enumerate() {
+            if !seen.insert((s.app.clone(), s.effect_key.clone())) {
+                repeated.push((i, s));
+                continue;
+            }
+            let owner = match &s.owner {
+                SubmissionOwner::Run(run) => format!("run:{run}"),
+                SubmissionOwner::Application { scope } => format!("scope:{scope}"),
+            };
+            let next = groups.len();
+            let g = *group_of.entry((s.app.clone(), owner)).or_insert(next);
+            if g == next {
+                groups.push(Vec::new());
+            }
+            groups[g].push((i, s));
+        }
         let mut results: Vec<Option<Result<Submitted, EngineError>>> =
-            (0..first.len() + repeated.len()).map(|_| None).collect();
-        let answers: Vec<(usize, Result<Submitted, EngineError>)> = futures::stream::iter(first)
-            .map(|(i, s)| async move { (i, self.submit(s).await) })
-            .buffer_unordered(BATCH_PARALLELISM)
-            .collect()
-            .await;
-        for (i, answer) in answers {
+            (0..total).map(|_| None).collect();
+        let answered: Vec<Vec<(usize, Result<Submitted, EngineError>)>> =
+            futures::stream::iter(groups)
+                .map(|group| async move {
+                    let mut answers = Vec::with_capacity(group.len());
+                    for (i, s) in group {
+                        answers.push((i, self.submit(s).await));
+                    }
+                    answers
+                })
+                .buffer_unordered(BATCH_PARALLELISM)
+                .collect()
+                .await;
+        for (i, answer) in answered.into_iter().flatten() {
             results[i] = Some(answer);
         }
         for (i, s) in repeated {

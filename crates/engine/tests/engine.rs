@@ -1,0 +1,629 @@
+//! The facade end to end with the dev provider, on SQLite and PostgreSQL.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+use tokio::time::Instant;
+use tollgate_core::{
+    BudgetName, ErrorCode, ModelId, NewRun, RunState, SourceId, SourceRevision, TaskKind,
+    TaskStatus, validate_output,
+};
+use tollgate_engine::config::{AppConfig, BudgetPolicy, Limit, ModelConfig};
+use tollgate_engine::{EngineError, Event, Notifier, Submission, Tollgate};
+use tollgate_store::{RunResult, UnreleasedQuery, WaitOutcome};
+
+on_both_backends!(
+    dev_provider_runs_every_kind,
+    submit_is_idempotent_per_effect_key,
+    unknown_models_budgets_and_bad_requests_write_nothing,
+    submit_many_answers_each_item_in_order,
+    cache_hits_skip_the_provider_until_the_model_changes,
+    wait_times_out_with_the_task_as_it_is,
+    lost_notifications_cost_latency_only,
+    cancel_stops_a_running_task_within_one_heartbeat,
+    deleting_the_owner_stops_its_running_task,
+    runs_are_woken_when_their_task_finishes,
+    release_and_unreleased_sources,
+    the_sweeper_expires_queued_tasks_and_wakes_waiters,
+);
+
+fn source(id: &str) -> (SourceId, SourceRevision) {
+    (
+        SourceId::new(id).unwrap(),
+        SourceRevision::new("v1").unwrap(),
+    )
+}
+
+async fn dev_provider_runs_every_kind(db: TestDb) {
+    let engine = db.engine(fast_config()).await;
+    let handle = engine.start().await.unwrap();
+    let requests = [
+        (
+            TaskKind::GenerateText,
+            json!({"prompt": "Write a haiku about tolls"}),
+        ),
+        (
+            TaskKind::Classify,
+            json!({"input": "Win a free cruise!", "labels": ["spam", "ham"]}),
+        ),
+        (
+            TaskKind::ClassifyMany,
+            json!({"items": [{"id": "a", "input": "hi"}, {"id": "b", "input": "buy now"}], "labels": ["spam", "ham"]}),
+        ),
+        (
+            TaskKind::ExtractData,
+            json!({"input": "Ada, 36", "schema": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}}, "required": ["name", "age"]}}),
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (i, (kind, request)) in requests.iter().enumerate() {
+        let s = Submission::application(
+            app(),
+            scope(),
+            key(&format!("k{i}")),
+            *kind,
+            request.clone(),
+        );
+        let submitted = engine.submit(s).await.unwrap();
+        assert!(submitted.created);
+        assert_eq!(
+            submitted.task.step.as_str(),
+            kind.as_str(),
+            "step defaults to the kind"
+        );
+        assert_eq!(submitted.task.model.as_str(), "default");
+        ids.push(submitted.task.id);
+    }
+    for id in ids {
+        let task = finished(&engine, id).await;
+        assert_eq!(task.status, TaskStatus::Succeeded, "{task:?}");
+        let output = task.output.clone().unwrap();
+        let request = task.parsed_request().unwrap();
+        validate_output(request.request(), &output).unwrap();
+        let usage = task.usage.unwrap();
+        assert!(usage.input_tokens > 0 && usage.output_tokens > 0);
+        assert_eq!(task.attempt, 1);
+    }
+    let report = handle.shutdown(Duration::from_secs(5)).await;
+    assert!(report.drained);
+}
+
+async fn submit_is_idempotent_per_effect_key(db: TestDb) {
+    let engine = db.engine(fast_config()).await;
+    let first = engine.submit(classify("same", "hello")).await.unwrap();
+    // Same key, different request: still the same task, nothing new written.
+    let again = engine
+        .submit(classify("same", "something else"))
+        .await
+        .unwrap();
+    assert!(first.created);
+    assert!(!again.created);
+    assert_eq!(first.task.id, again.task.id);
+    let by_key = engine
+        .get_by_effect_key(&app(), &key("same"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(by_key.id, first.task.id);
+    // Another app never sees it.
+    let other = tollgate_core::AppId::new("other").unwrap();
+    assert!(engine.get(&other, first.task.id).await.unwrap().is_none());
+}
+
+async fn unknown_models_budgets_and_bad_requests_write_nothing(db: TestDb) {
+    let mut config = fast_config();
+    config
+        .budgets
+        .insert("premium".into(), BudgetPolicy::default());
+    let engine = db.engine(config).await;
+
+    let err = engine
+        .submit(classify("m", "x").with_model(ModelId::new("gpt-9").unwrap()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::UnknownModel));
+    assert!(err.to_string().contains("gpt-9"), "{err}");
+
+    let (id, rev) = source("doc-1");
+    let err = engine
+        .submit(
+            classify("b", "x")
+                .with_source(id, rev)
+                .with_budget(BudgetName::new("premium").unwrap()),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::BudgetNotAllowed { .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), Some(ErrorCode::BudgetNotAllowed));
+
+    let bad = Submission::application(
+        app(),
+        scope(),
+        key("bad"),
+        TaskKind::Classify,
+        json!({"input": "x", "labels": []}),
+    );
+    let err = engine.submit(bad).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidRequest));
+    assert!(err.to_string().contains("request.labels"), "{err}");
+
+    let huge = classify("huge", &"x".repeat(300 * 1024));
+    let err = engine.submit(huge).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::RequestTooLarge));
+
+    for k in ["m", "b", "bad", "huge"] {
+        assert!(
+            engine
+                .get_by_effect_key(&app(), &key(k))
+                .await
+                .unwrap()
+                .is_none(),
+            "{k} was written"
+        );
+    }
+}
+
+async fn submit_many_answers_each_item_in_order(db: TestDb) {
+    let mut config = fast_config();
+    // Two scoped tasks per burst, refilled slowly: the third scoped item is rate limited.
+    config.budgets.insert(
+        "standard".into(),
+        BudgetPolicy {
+            burst: Limit::Integer(2),
+            tasks_per_minute: Limit::Integer(1),
+            ..BudgetPolicy::default()
+        },
+    );
+    let engine = db.engine(config).await;
+    let scoped = |k: &str, doc: &str| {
+        let (id, rev) = source(doc);
+        classify(k, &format!("input {k}")).with_source(id, rev)
+    };
+    let batch = vec![
+        scoped("s1", "doc-1"),
+        classify("plain", "unscoped"),
+        scoped("s2", "doc-2"),
+        Submission::application(
+            app(),
+            scope(),
+            key("invalid"),
+            TaskKind::Classify,
+            json!({"input": 1, "labels": ["a"]}),
+        ),
+        scoped("s3", "doc-3"),
+        classify("plain", "repeated key"),
+    ];
+    let answers = engine.submit_many(batch).await.unwrap();
+    assert_eq!(answers.len(), 6);
+    let ok = |i: usize| {
+        answers[i]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("item {i}: {e}"))
+    };
+    assert!(ok(0).created && ok(1).created && ok(2).created);
+    assert_eq!(
+        answers[3].as_ref().unwrap_err().code(),
+        Some(ErrorCode::InvalidRequest)
+    );
+    let rejected = answers[4].as_ref().unwrap_err();
+    assert_eq!(rejected.code(), Some(ErrorCode::RateLimit));
+    assert!(rejected.retry_after().is_some());
+    // The repeated key is answered after its first occurrence: the same task, not created.
+    assert!(!ok(5).created);
+    assert_eq!(ok(5).task.id, ok(1).task.id);
+
+    let too_many: Vec<Submission> = (0..1001).map(|i| classify(&format!("n{i}"), "x")).collect();
+    let err = engine.submit_many(too_many).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidRequest));
+    assert!(
+        engine
+            .get_by_effect_key(&app(), &key("n0"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn cache_hits_skip_the_provider_until_the_model_changes(db: TestDb) {
+    let engine = db.engine(fast_config()).await;
+    let handle = engine.start().await.unwrap();
+    let (id, rev) = source("doc-1");
+    let first = engine
+        .submit(classify("c1", "Win!").with_source(id.clone(), rev.clone()))
+        .await
+        .unwrap();
+    let done = finished(&engine, first.task.id).await;
+    assert_eq!(done.status, TaskStatus::Succeeded);
+
+    let hit = engine
+        .submit(classify("c2", "Win!").with_source(id.clone(), rev.clone()))
+        .await
+        .unwrap();
+    assert!(hit.created);
+    assert_eq!(
+        hit.task.status,
+        TaskStatus::Succeeded,
+        "served from the cache at once"
+    );
+    assert_eq!(hit.task.cached_from, Some(first.task.id));
+    assert_eq!(hit.task.output, done.output);
+    handle.shutdown(Duration::from_secs(5)).await;
+
+    // The same model id with other parameters has another config hash: no hit.
+    let mut changed = fast_config();
+    changed.models.insert(
+        "default".into(),
+        ModelConfig {
+            provider: "dev".into(),
+            model: "dev-1".into(),
+            params: serde_json::from_value(json!({"temperature": 0.7})).unwrap(),
+        },
+    );
+    let engine2 = db.engine(changed).await;
+    let miss = engine2
+        .submit(classify("c3", "Win!").with_source(id, rev))
+        .await
+        .unwrap();
+    assert!(miss.created);
+    assert_eq!(miss.task.status, TaskStatus::Queued);
+    assert!(miss.task.cached_from.is_none());
+    assert_ne!(miss.task.model_config_hash, done.model_config_hash);
+}
+
+async fn wait_times_out_with_the_task_as_it_is(db: TestDb) {
+    let engine = db.engine(fast_config()).await;
+    let submitted = engine.submit(classify("w", "x")).await.unwrap();
+    let started = Instant::now();
+    let task = engine
+        .wait(&app(), submitted.task.id, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(task.status, TaskStatus::Queued);
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    let missing = engine
+        .wait(
+            &app(),
+            tollgate_core::TaskId::generate(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert!(missing.is_none());
+}
+
+async fn lost_notifications_cost_latency_only(db: TestDb) {
+    // A notifier that drops everything: workers find tasks and waiters see them finish
+    // by polling alone.
+    let engine = Tollgate::builder(db.store().await, fast_config())
+        .notifier(Notifier::none())
+        .build()
+        .unwrap();
+    let mut events = engine.notifier().subscribe();
+    let handle = engine.start().await.unwrap();
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(
+            engine
+                .submit(classify(&format!("q{i}"), &format!("input {i}")))
+                .await
+                .unwrap()
+                .task
+                .id,
+        );
+    }
+    for id in ids {
+        assert_eq!(finished(&engine, id).await.status, TaskStatus::Succeeded);
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "polling every 100 ms took {took:?}"
+    );
+    assert!(events.try_recv().is_err(), "nothing was notified");
+    handle.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A `slow` model whose dev answers take a minute.
+fn with_slow_model(mut config: tollgate_engine::EngineConfig) -> tollgate_engine::EngineConfig {
+    config.models.insert(
+        "slow".into(),
+        ModelConfig {
+            provider: "dev".into(),
+            model: "dev-slow".into(),
+            params: serde_json::from_value(json!({"latency_ms": 60_000})).unwrap(),
+        },
+    );
+    config
+}
+
+async fn cancel_stops_a_running_task_within_one_heartbeat(db: TestDb) {
+    let mut config = with_slow_model(fast_config());
+    config.workers.heartbeat_interval = Duration::from_millis(200);
+    config.sweeper.liveness_timeout = Duration::from_secs(5);
+    let worker_engine = db.engine(config.clone()).await;
+    let handle = worker_engine.start().await.unwrap();
+    // The cancel comes from another replica whose notifications this one never hears:
+    // only the heartbeat can tell the worker.
+    let other = Tollgate::builder(db.store().await, config)
+        .notifier(Notifier::local())
+        .build()
+        .unwrap();
+    let slow = ModelId::new("slow").unwrap();
+    let submitted = other
+        .submit(classify("slow", "x").with_model(slow))
+        .await
+        .unwrap();
+    until_status(&worker_engine, submitted.task.id, TaskStatus::Running).await;
+    while handle.in_flight().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let canceled_at = Instant::now();
+    let task = other
+        .cancel(&app(), submitted.task.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(task.status, TaskStatus::Canceled);
+    assert_eq!(task.error.unwrap().code, ErrorCode::Canceled);
+    while !handle.in_flight().is_empty() {
+        assert!(
+            canceled_at.elapsed() < Duration::from_secs(5),
+            "the execution never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stopped_after = canceled_at.elapsed();
+    assert!(
+        stopped_after <= Duration::from_millis(200 + 250),
+        "stopped {stopped_after:?} after the cancel, heartbeat interval 200 ms"
+    );
+    // Canceled stays canceled: the late completion path never ran.
+    let after = worker_engine
+        .get(&app(), submitted.task.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.status, TaskStatus::Canceled);
+    handle.shutdown(Duration::from_secs(5)).await;
+}
+
+async fn deleting_the_owner_stops_its_running_task(db: TestDb) {
+    let engine = db.engine(with_slow_model(fast_config())).await;
+    let handle = engine.start().await.unwrap();
+    let slow = ModelId::new("slow").unwrap();
+    let submitted = engine
+        .submit(classify("doomed", "x").with_model(slow))
+        .await
+        .unwrap();
+    until_status(&engine, submitted.task.id, TaskStatus::Running).await;
+    let deleted = engine
+        .delete_owner_data(&app(), &scope(), None)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !handle.in_flight().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted task's execution never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        engine
+            .get(&app(), submitted.task.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    handle.shutdown(Duration::from_secs(5)).await;
+}
+
+async fn runs_are_woken_when_their_task_finishes(db: TestDb) {
+    let engine = db.engine(fast_config()).await;
+    let run = engine
+        .create_run(NewRun {
+            app: app(),
+            scope: scope(),
+            subject: None,
+            input: json!({"mail": 981}),
+        })
+        .await
+        .unwrap();
+    let s = Submission::for_run(
+        app(),
+        run.id,
+        key("run-step"),
+        TaskKind::Classify,
+        json!({"input": "hi", "labels": ["a", "b"]}),
+    );
+    let task = engine.submit(s).await.unwrap().task;
+    assert_eq!(task.run_id(), Some(run.id));
+    assert_eq!(task.scope, scope(), "the run's scope applies");
+    match engine.wait_on_task(&app(), run.id, task.id).await.unwrap() {
+        WaitOutcome::Waiting(r) => assert_eq!(r.state, RunState::Waiting),
+        WaitOutcome::Ready(_) => panic!("the task cannot be terminal yet"),
+    }
+    let mut events = engine.notifier().subscribe();
+    let handle = engine.start().await.unwrap();
+    let woken = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(Event::RunWoken { id, app: event_app }) = events.recv().await {
+                return (id, event_app);
+            }
+        }
+    })
+    .await
+    .expect("the run was woken");
+    assert_eq!(woken.0, run.id);
+    assert_eq!(woken.1, Some(app()));
+    let run_now = engine.get_run(&app(), run.id).await.unwrap().unwrap();
+    assert_eq!(run_now.state, RunState::Running);
+    assert!(run_now.woken_at.is_some());
+    engine
+        .finish_run(&app(), run.id, RunResult::Succeeded(json!({"ok": true})))
+        .await
+        .unwrap();
+
+    // Canceling a run cancels its queued tasks.
+    let run2 = engine
+        .create_run(NewRun {
+            app: app(),
+            scope: scope(),
+            subject: None,
+            input: json!({}),
+        })
+        .await
+        .unwrap();
+    handle.shutdown(Duration::from_secs(5)).await;
+    let queued = engine
+        .submit(Submission::for_run(
+            app(),
+            run2.id,
+            key("run2-step"),
+            TaskKind::Classify,
+            json!({"input": "x", "labels": ["a"]}),
+        ))
+        .await
+        .unwrap()
+        .task;
+    let canceled = engine.cancel_run(&app(), run2.id).await.unwrap().unwrap();
+    assert_eq!(canceled.canceled_tasks, vec![queued.id]);
+    let after = engine.get(&app(), queued.id).await.unwrap().unwrap();
+    assert_eq!(after.status, TaskStatus::Canceled);
+    let err = engine
+        .submit(Submission::for_run(
+            app(),
+            run2.id,
+            key("run2-late"),
+            TaskKind::Classify,
+            json!({"input": "x", "labels": ["a"]}),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::RunCanceled));
+}
+
+async fn release_and_unreleased_sources(db: TestDb) {
+    let engine = db.engine(fast_config()).await;
+    for (k, doc) in [("r1", "doc-a"), ("r2", "doc-b")] {
+        let (id, rev) = source(doc);
+        engine
+            .submit(classify(k, k).with_source(id, rev))
+            .await
+            .unwrap();
+    }
+    let page = engine
+        .list_unreleased_sources(&app(), &UnreleasedQuery::default())
+        .await
+        .unwrap();
+    let docs: Vec<&str> = page.sources.iter().map(|s| s.source.as_str()).collect();
+    assert_eq!(docs, ["doc-a", "doc-b"]);
+    assert!(engine.release(&app(), &scope(), &key("r1")).await.unwrap());
+    assert!(
+        !engine
+            .release(&app(), &scope(), &key("nope"))
+            .await
+            .unwrap()
+    );
+    let page = engine
+        .list_unreleased_sources(&app(), &UnreleasedQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(page.sources.len(), 1);
+    assert_eq!(page.sources[0].source.as_str(), "doc-b");
+    let deleted = engine
+        .delete_owner_data(&app(), &scope(), Some(&SourceId::new("doc-b").unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    assert!(
+        engine
+            .get_by_effect_key(&app(), &key("r2"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        engine
+            .get_by_effect_key(&app(), &key("r1"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+async fn the_sweeper_expires_queued_tasks_and_wakes_waiters(db: TestDb) {
+    let mut config = with_slow_model(fast_config());
+    config.workers.concurrency = 1;
+    config.sweeper.queue_timeout = Duration::from_millis(300);
+    let engine = db.engine(config).await;
+    let handle = engine.start().await.unwrap();
+    // The one slot is busy for a minute, so the second task waits in the queue.
+    let slow = ModelId::new("slow").unwrap();
+    let busy = engine
+        .submit(classify("busy", "x").with_model(slow))
+        .await
+        .unwrap()
+        .task;
+    until_status(&engine, busy.id, TaskStatus::Running).await;
+    let queued = engine.submit(classify("waiting", "y")).await.unwrap().task;
+    let started = Instant::now();
+    let task = finished(&engine, queued.id).await;
+    assert_eq!(task.status, TaskStatus::Failed);
+    assert_eq!(task.error.unwrap().code, ErrorCode::QueueTimeout);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    engine.cancel(&app(), busy.id).await.unwrap();
+    handle.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn apps_may_use_only_their_allowed_policies() {
+    let db = TestDb::sqlite("policies");
+    let mut config = fast_config();
+    config.budgets.insert(
+        "premium".into(),
+        BudgetPolicy {
+            scope_concurrent: Limit::Integer(1),
+            ..BudgetPolicy::default()
+        },
+    );
+    config.apps.insert(
+        "acme".into(),
+        AppConfig {
+            default_budget: Some("standard".into()),
+            allowed_budgets: Some(vec!["standard".into(), "premium".into()]),
+            api_keys: None,
+        },
+    );
+    let engine = db.engine(config).await;
+    let premium = BudgetName::new("premium").unwrap();
+    let (id, rev) = source("doc-1");
+    engine
+        .submit(
+            classify("p1", "a")
+                .with_source(id.clone(), rev.clone())
+                .with_budget(premium.clone()),
+        )
+        .await
+        .unwrap();
+    // premium allows one concurrent scoped task: the second is refused with CAPACITY.
+    let err = engine
+        .submit(
+            classify("p2", "b")
+                .with_source(id, rev)
+                .with_budget(premium),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::Capacity));
+}
