@@ -32,7 +32,7 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let db = crate::common::TestDb::sqlite(stringify!($name));
+                    let db = $crate::common::TestDb::sqlite(stringify!($name));
                     super::$name(db).await;
                 }
             )*
@@ -41,7 +41,7 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let Some(db) = crate::common::TestDb::postgres(stringify!($name)) else {
+                    let Some(db) = $crate::common::TestDb::postgres(stringify!($name)) else {
                         return;
                     };
                     super::$name(db).await;

@@ -1,0 +1,237 @@
+//! The configuration file as the CLI loads it (figment: defaults < TOML < environment),
+//! and validation naming the exact key of every problem.
+
+// figment's error type is large; that is figment's choice, and fine in tests.
+#![allow(clippy::result_large_err)]
+
+use figment::Figment;
+use figment::providers::{Format, Serialized, Toml};
+use std::time::Duration;
+use tollgate_core::{AppId, BudgetName, ErrorCode, ModelId};
+use tollgate_engine::config::{Limit, ProviderKind, TransportKind};
+use tollgate_engine::{BudgetPolicies, EngineConfig, ModelRegistry};
+
+const FULL: &str = r#"
+default_model = "fast"
+default_budget = "standard"
+max_request_bytes = 65536
+
+[models.fast]
+provider = "local"
+model = "llama3.1:8b"
+params = { temperature = 0, seed = 7 }
+
+[models.offline]
+provider = "dev"
+model = "dev-1"
+params = { latency_ms = 50 }
+
+[providers.local]
+kind = "openai"
+base_url = "http://127.0.0.1:11434/v1"
+timeout = "90s"
+max_retries = 3
+retry_backoff = "200ms"
+max_retry_delay = "20s"
+
+[budgets.standard]
+max_steps_per_source = 20
+sources_per_24_hours = 1000
+scope_concurrent = 10
+burst = 30
+tasks_per_minute = 120
+
+[budgets.bulk]
+max_steps_per_source = 100
+sources_per_24_hours = 100000
+scope_concurrent = 100
+burst = 500
+tasks_per_minute = 6000
+
+[apps.acme]
+default_budget = "standard"
+allowed_budgets = ["standard", "bulk"]
+api_keys = [{ key_sha256 = "abc", subject = "svc-1" }]
+
+[admission]
+global_concurrent = 500
+
+[workers]
+concurrency = 16
+heartbeat_interval = "2s"
+max_output_retries = 1
+
+[sweeper]
+interval = "5s"
+queue_timeout = "30m"
+liveness_timeout = "20s"
+retention = "48h"
+batch_size = 50
+
+[notifications]
+transport = "nats"
+nats_url = "nats://127.0.0.1:4222"
+subject_prefix = "tollgate-prod"
+poll_interval = "500ms"
+"#;
+
+fn load(toml: &str) -> Result<EngineConfig, figment::Error> {
+    Figment::from(Serialized::defaults(EngineConfig::default()))
+        .merge(Toml::string(toml))
+        .extract()
+}
+
+#[test]
+fn a_full_file_loads_over_the_defaults() {
+    let config = load(FULL).unwrap();
+    config.validate().unwrap();
+    assert_eq!(config.default_model, "fast");
+    assert_eq!(config.max_request_bytes, 65536);
+    // The defaults' `default` model and `dev` provider are still there (figment merges).
+    assert!(config.models.contains_key("default"));
+    let local = &config.providers["local"];
+    assert_eq!(local.kind, ProviderKind::Openai);
+    assert_eq!(local.timeout, Duration::from_secs(90));
+    assert_eq!(local.retry_backoff, Duration::from_millis(200));
+    assert_eq!(config.workers.heartbeat_interval, Duration::from_secs(2));
+    assert_eq!(config.sweeper.queue_timeout, Duration::from_secs(1800));
+    assert_eq!(config.sweeper.retention, Duration::from_secs(48 * 3600));
+    assert_eq!(config.notifications.transport, TransportKind::Nats);
+    assert_eq!(
+        config.notifications.poll_interval,
+        Duration::from_millis(500)
+    );
+    assert_eq!(config.budgets["bulk"].burst, Limit::Integer(500));
+
+    let models = ModelRegistry::from_config(&config).unwrap();
+    let fast = models.resolve(None).unwrap();
+    assert_eq!(fast.id.as_str(), "fast");
+    assert_eq!(fast.model_ref.model, "llama3.1:8b");
+    let offline = models
+        .resolve(Some(&ModelId::new("offline").unwrap()))
+        .unwrap();
+    assert_ne!(fast.config_hash, offline.config_hash);
+
+    let budgets = BudgetPolicies::from_config(&config).unwrap();
+    let acme = AppId::new("acme").unwrap();
+    let (name, budget) = budgets
+        .resolve(&acme, Some(&BudgetName::new("bulk").unwrap()))
+        .unwrap();
+    assert_eq!(name.as_str(), "bulk");
+    assert_eq!(budget.global_concurrent.get(), 500);
+    let stranger = AppId::new("stranger").unwrap();
+    let err = budgets
+        .resolve(&stranger, Some(&BudgetName::new("bulk").unwrap()))
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::BudgetNotAllowed));
+}
+
+#[test]
+fn an_empty_file_is_the_working_default() {
+    let config = load("").unwrap();
+    assert_eq!(config, EngineConfig::default());
+    config.validate().unwrap();
+}
+
+#[test]
+fn unknown_keys_and_bad_durations_are_refused() {
+    let err = load("[workers]\nconcurency = 3\n").unwrap_err();
+    assert!(err.to_string().contains("concurency"), "{err}");
+    let err = load("[sweeper]\ninterval = \"soon\"\n").unwrap_err();
+    assert!(err.to_string().contains("soon"), "{err}");
+    let err = load("[providers.x]\nkind = \"anthropic\"\n").unwrap_err();
+    assert!(err.to_string().contains("anthropic"), "{err}");
+}
+
+#[test]
+fn every_problem_names_its_key() {
+    let toml = r#"
+default_model = "missing"
+default_budget = "gold"
+
+[models.broken]
+provider = "nowhere"
+model = ""
+
+[models.dev-latency]
+provider = "dev"
+model = "dev-1"
+params = { latency_ms = "slow" }
+
+[providers.remote]
+kind = "openai"
+base_url = "ftp://example.com"
+timeout = "0s"
+
+[providers.quiet]
+kind = "dev"
+base_url = "http://127.0.0.1:1"
+
+[budgets.standard]
+max_steps_per_source = 0
+sources_per_24_hours = -5
+scope_concurrent = 1.5
+burst = 10
+tasks_per_minute = 10000000000
+
+[apps.acme]
+default_budget = "standard"
+allowed_budgets = ["bulk", "bulk"]
+
+[admission]
+global_concurrent = 0
+
+[workers]
+concurrency = 0
+heartbeat_interval = "30s"
+
+[sweeper]
+liveness_timeout = "10s"
+batch_size = 0
+
+[notifications]
+subject_prefix = "a b"
+"#;
+    let config = load(toml).unwrap();
+    let err = config.validate().unwrap_err();
+    let text = err.to_string();
+    for key in [
+        "default_model",
+        "default_budget",
+        "models.broken.provider",
+        "models.broken.model",
+        "models.dev-latency.params.latency_ms",
+        "providers.remote.base_url",
+        "providers.remote.timeout",
+        "providers.quiet.base_url",
+        "budgets.standard.max_steps_per_source",
+        "budgets.standard.sources_per_24_hours",
+        "budgets.standard.scope_concurrent",
+        "budgets.standard.tasks_per_minute",
+        "apps.acme.allowed_budgets[0]",
+        "apps.acme.allowed_budgets[1]",
+        "apps.acme.default_budget",
+        "admission.global_concurrent",
+        "workers.concurrency",
+        "sweeper.liveness_timeout",
+        "sweeper.batch_size",
+        "notifications.subject_prefix",
+    ] {
+        assert!(err.mentions(key), "no problem at {key}: {text}");
+    }
+    assert!(!err.mentions("budgets.standard.burst"), "{text}");
+    assert!(text.contains("1.5"), "{text}");
+}
+
+#[test]
+fn environment_variables_override_the_file() {
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("TOLLGATE_WORKERS", "{concurrency=3}");
+        let config: EngineConfig = Figment::from(Serialized::defaults(EngineConfig::default()))
+            .merge(Toml::string("[workers]\nconcurrency = 16\n"))
+            .merge(figment::providers::Env::prefixed("TOLLGATE_").split("__"))
+            .extract()?;
+        assert_eq!(config.workers.concurrency, 3);
+        Ok(())
+    });
+}
