@@ -1,0 +1,271 @@
+//! The whole service configuration: `[server]`, `[database]`, API keys under
+//! `[apps.<app>]`, and everything else the engine reads ([`EngineConfig`]).
+//!
+//! Sources, later ones winning: built-in defaults < the TOML file given with
+//! `--config` < `TOLLGATE_*` environment variables, with `__` between key levels
+//! (`TOLLGATE_SERVER__ADDR=0.0.0.0:8080`, `TOLLGATE_DATABASE__URL=postgres://…`,
+//! `TOLLGATE_WORKERS__CONCURRENCY=16`). Only variables whose first level is a known key
+//! are read, so unrelated `TOLLGATE_…` variables never break start-up. Every problem is
+//! reported with the key it concerns.
+
+use crate::auth::{Auth, KeyConfig};
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::Deserialize;
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use tollgate_core::AppId;
+use tollgate_engine::config::{ConfigError, EngineConfig};
+
+/// Top-level keys; environment variables naming anything else are ignored.
+const TOP_LEVEL_KEYS: [&str; 13] = [
+    "server",
+    "database",
+    "default_model",
+    "default_budget",
+    "max_request_bytes",
+    "models",
+    "providers",
+    "budgets",
+    "apps",
+    "admission",
+    "workers",
+    "sweeper",
+    "notifications",
+];
+
+/// The default embedded database.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://./tollgate-data/tollgate.db";
+
+/// `[server]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Largest request accepted, in bytes of its stored (canonical) form.
+    pub max_request_bytes: Option<usize>,
+    /// Longest `?wait=` a submission may ask for.
+    #[serde(with = "humantime_serde_compat")]
+    pub max_wait: Duration,
+    /// How long a shutdown lets in-flight tasks finish.
+    #[serde(with = "humantime_serde_compat")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_request_bytes: None,
+            max_wait: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Durations as text (`"200ms"`, `"2s"`, `"1h"`).
+mod humantime_serde_compat {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration {text:?}: {e}")))
+    }
+}
+
+/// `[database]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSection {
+    /// `sqlite://path` (embedded) or `postgres://…`.
+    pub url: String,
+}
+
+impl Default for DatabaseSection {
+    fn default() -> Self {
+        DatabaseSection {
+            url: DEFAULT_DATABASE_URL.to_string(),
+        }
+    }
+}
+
+/// Everything `tollgate serve` and `tollgate worker` read.
+#[derive(Debug, Clone)]
+pub struct TollgateConfig {
+    /// `[server]`.
+    pub server: ServerSection,
+    /// `[database]`.
+    pub database: DatabaseSection,
+    /// Models, providers, budgets, apps, workers, sweeper, notifications.
+    pub engine: EngineConfig,
+    /// API keys per app, in configuration order.
+    pub api_keys: Vec<(AppId, Vec<KeyConfig>)>,
+}
+
+impl TollgateConfig {
+    /// Loads defaults < `file` < environment (`TOLLGATE_*`), and validates.
+    pub fn load(file: Option<&Path>) -> Result<TollgateConfig, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::at(
+                    "--config",
+                    format!("configuration file {} does not exist", path.display()),
+                ));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment.merge(Env::prefixed("TOLLGATE_").split("__").filter(|key| {
+            let first = key.as_str().split('.').next().unwrap_or_default();
+            TOP_LEVEL_KEYS.iter().any(|k| k.eq_ignore_ascii_case(first))
+        }));
+        let value: Value = figment
+            .extract()
+            .map_err(|e| ConfigError::at(figment_key(&e), e.to_string()))?;
+        Self::from_value(value)
+    }
+
+    /// Builds from one JSON-like value (what the file and environment merge into).
+    pub fn from_value(value: Value) -> Result<TollgateConfig, ConfigError> {
+        let mut map = match value {
+            Value::Object(m) => m,
+            Value::Null => Default::default(),
+            other => {
+                return Err(ConfigError::at(
+                    "(root)",
+                    format!("expected a table, got {other}"),
+                ));
+            }
+        };
+        let server: ServerSection = section(map.remove("server"), "server")?;
+        let database: DatabaseSection = section(map.remove("database"), "database")?;
+        let mut engine: EngineConfig = section(Some(Value::Object(map)), "")?;
+        if let Some(limit) = server.max_request_bytes {
+            engine.max_request_bytes = limit;
+        }
+        engine.validate()?;
+        let mut api_keys = Vec::new();
+        for (app, cfg) in &engine.apps {
+            let app_id = AppId::new(app.clone())
+                .map_err(|e| ConfigError::at(format!("apps.{app}"), e.to_string()))?;
+            let keys: Vec<KeyConfig> = match &cfg.api_keys {
+                None => Vec::new(),
+                Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+                    ConfigError::at(
+                        format!("apps.{app}.api_keys"),
+                        format!("expected a list of keys or {{ key, subject, may_assert_subject }} tables: {e}"),
+                    )
+                })?,
+            };
+            api_keys.push((app_id, keys));
+        }
+        let any_key = api_keys.iter().any(|(_, k)| !k.is_empty());
+        if any_key {
+            for (app, keys) in &api_keys {
+                if keys.is_empty() {
+                    return Err(ConfigError::at(
+                        format!("apps.{app}.api_keys"),
+                        "every configured app needs at least one API key",
+                    ));
+                }
+            }
+        } else if let Some((app, _)) = api_keys.first() {
+            return Err(ConfigError::at(
+                format!("apps.{app}.api_keys"),
+                "apps are configured but none has an API key (leave [apps] out to run the development app)",
+            ));
+        }
+        if server.max_wait.is_zero() {
+            return Err(ConfigError::at("server.max_wait", "must be longer than 0"));
+        }
+        Auth::new(&api_keys).map_err(|e| {
+            let key = e.split(':').next().unwrap_or("apps").to_string();
+            ConfigError::at(key, e)
+        })?;
+        Ok(TollgateConfig {
+            server,
+            database,
+            engine,
+            api_keys,
+        })
+    }
+
+    /// Whether any API key is configured (otherwise `serve` runs the development app).
+    pub fn has_keys(&self) -> bool {
+        self.api_keys.iter().any(|(_, k)| !k.is_empty())
+    }
+}
+
+fn section<T: serde::de::DeserializeOwned + Default>(
+    value: Option<Value>,
+    prefix: &str,
+) -> Result<T, ConfigError> {
+    let Some(value) = value else {
+        return Ok(T::default());
+    };
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let key = match (prefix.is_empty(), path == ".") {
+            (true, _) => path,
+            (false, true) => prefix.to_string(),
+            (false, false) => format!("{prefix}.{path}"),
+        };
+        ConfigError::at(key, e.into_inner().to_string())
+    })
+}
+
+fn figment_key(e: &figment::Error) -> String {
+    if e.path.is_empty() {
+        "(configuration)".to_string()
+    } else {
+        e.path.join(".")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_need_no_setup() {
+        let c = TollgateConfig::from_value(json!({})).unwrap();
+        assert_eq!(c.server.addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.database.url, DEFAULT_DATABASE_URL);
+        assert!(!c.has_keys());
+    }
+
+    #[test]
+    fn problems_name_their_key() {
+        let err = TollgateConfig::from_value(json!({"server": {"adr": "x"}})).unwrap_err();
+        assert!(err.to_string().contains("server"), "{err}");
+        let err = TollgateConfig::from_value(json!({"budgets": {"standard": {
+            "max_steps_per_source": 0, "sources_per_24_hours": 1, "scope_concurrent": 1,
+            "burst": 1, "tasks_per_minute": 1}}}))
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("budgets.standard.max_steps_per_source"),
+            "{err}"
+        );
+        let err = TollgateConfig::from_value(json!({"apps": {
+            "acme": {"api_keys": ["acme-key-0123456789"]},
+            "beta": {}
+        }}))
+        .unwrap_err();
+        assert!(err.to_string().contains("apps.beta.api_keys"), "{err}");
+        let err = TollgateConfig::from_value(json!({"apps": {"acme": {}}})).unwrap_err();
+        assert!(err.to_string().contains("apps.acme.api_keys"), "{err}");
+    }
+
+    #[test]
+    fn server_max_request_bytes_sets_the_engine_limit() {
+        let c = TollgateConfig::from_value(json!({"server": {"max_request_bytes": 1000}})).unwrap();
+        assert_eq!(c.engine.max_request_bytes, 1000);
+    }
+}

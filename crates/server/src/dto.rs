@@ -1,0 +1,338 @@
+//! The JSON shapes of the HTTP API (SPEC §11), with their OpenAPI schemas.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tollgate_core::{Run, Task, TaskError, TaskOwner, Usage};
+use utoipa::ToSchema;
+
+/// `POST /v1/tasks` body.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBody {
+    /// `generate_text`, `classify`, `classify_many` or `extract_data`.
+    pub kind: String,
+    /// Model id; defaults to the configured default model.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The caller's name for the step; defaults to the kind.
+    #[serde(default)]
+    pub step: Option<String>,
+    /// The kind's request object (see `GET /v1/kinds`).
+    #[schema(value_type = Object)]
+    pub request: Value,
+    /// Application owner's scope. Exactly one of `scope` and `run_id`.
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// Owning workflow run. Exactly one of `scope` and `run_id`.
+    #[serde(default)]
+    pub run_id: Option<String>,
+    /// Makes the task scoped: cache and admission apply.
+    #[serde(default)]
+    pub source: Option<SourceBody>,
+    /// Budget policy name; defaults to the app's default policy.
+    #[serde(default)]
+    pub budget: Option<String>,
+    /// The effect key, when not sent as the `Idempotency-Key` header.
+    #[serde(default)]
+    pub effect_key: Option<String>,
+}
+
+/// The source a scoped task is about.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SourceBody {
+    /// Source id.
+    pub id: String,
+    /// Source revision.
+    pub revision: String,
+    /// Skip the cache and count as a new step.
+    #[serde(default)]
+    pub recompute: bool,
+}
+
+/// `POST /v1/tasks/batch` body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// Up to 1,000 submissions, each with its own `effect_key`.
+    pub tasks: Vec<Value>,
+}
+
+/// One item of a batch answer: the task, or the error it got.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchItem {
+    /// HTTP status this item would have had on its own.
+    pub status: u16,
+    /// The task, when submitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskView>,
+    /// The error, when refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::error::ErrorDetail>,
+}
+
+/// `POST /v1/tasks/batch` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchAnswer {
+    /// One item per submission, in order.
+    pub results: Vec<BatchItem>,
+}
+
+/// The source of a task, as shown.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SourceView {
+    /// Source id.
+    pub id: String,
+    /// Source revision.
+    pub revision: String,
+}
+
+/// A task error, as shown.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskErrorView {
+    /// Stable code.
+    pub code: String,
+    /// Message (at most 2,000 characters).
+    pub message: String,
+}
+
+impl From<&TaskError> for TaskErrorView {
+    fn from(e: &TaskError) -> Self {
+        TaskErrorView {
+            code: e.code.as_str().to_string(),
+            message: e.message.clone(),
+        }
+    }
+}
+
+/// Usage, as shown.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct UsageView {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Cost in US dollars, where known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+}
+
+impl From<&Usage> for UsageView {
+    fn from(u: &Usage) -> Self {
+        UsageView {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cost_usd: u.cost_usd,
+        }
+    }
+}
+
+/// The task object (SPEC §11).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskView {
+    /// Task id.
+    pub id: String,
+    /// The effect key.
+    pub effect_key: String,
+    /// The kind.
+    pub kind: String,
+    /// The step name.
+    pub step: String,
+    /// `queued`, `running`, `succeeded`, `failed` or `canceled`.
+    pub status: String,
+    /// The scope (the run's scope for run-owned tasks).
+    pub scope: String,
+    /// The owning run, if any.
+    pub run_id: Option<String>,
+    /// The source, for scoped tasks.
+    pub source: Option<SourceView>,
+    /// The model id asked for.
+    pub model: String,
+    /// Whether this call created the task (false when the effect key named an existing
+    /// one; reads say false).
+    pub created: bool,
+    /// Served from the cache.
+    pub cached: bool,
+    /// The kind's output, once succeeded.
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    /// Usage, once succeeded.
+    pub usage: Option<UsageView>,
+    /// `{code, message}` once failed or canceled.
+    pub error: Option<TaskErrorView>,
+    /// Creation time (RFC 3339, UTC).
+    pub created_at: String,
+    /// Completion time, once terminal.
+    pub completed_at: Option<String>,
+}
+
+impl TaskView {
+    /// The view of a task; `created` says whether this call created it.
+    pub fn of(task: &Task, created: bool) -> TaskView {
+        TaskView {
+            id: task.id.to_string(),
+            effect_key: task.effect_key.to_string(),
+            kind: task.kind.as_str().to_string(),
+            step: task.step.to_string(),
+            status: task.status.as_str().to_string(),
+            scope: task.scope.to_string(),
+            run_id: match task.owner {
+                TaskOwner::Run { run_id } => Some(run_id.to_string()),
+                TaskOwner::Application => None,
+            },
+            source: task.source.as_ref().map(|s| SourceView {
+                id: s.id.to_string(),
+                revision: s.revision.to_string(),
+            }),
+            model: task.model.to_string(),
+            created,
+            cached: task.cached(),
+            output: task.output.clone(),
+            usage: task.usage.as_ref().map(UsageView::from),
+            error: task.error.as_ref().map(TaskErrorView::from),
+            created_at: task.created_at.to_rfc3339(),
+            completed_at: task.completed_at.map(|t| t.to_rfc3339()),
+        }
+    }
+}
+
+/// `POST /v1/tasks/release` body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The task's effect key.
+    pub effect_key: String,
+    /// The task's scope.
+    pub scope: String,
+}
+
+/// `POST /v1/tasks/release` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReleaseAnswer {
+    /// Always true: an unmatched release answers 404.
+    pub released: bool,
+}
+
+/// A (scope, source) pair with unreleased application tasks.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnreleasedSourceView {
+    /// Scope.
+    pub scope: String,
+    /// Source id.
+    pub source: String,
+}
+
+/// `GET /v1/scopes/{scope}/unreleased-sources` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnreleasedPageView {
+    /// Up to 100 sources, in order.
+    pub sources: Vec<UnreleasedSourceView>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// `DELETE /v1/scopes/{scope}/tasks` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeletedAnswer {
+    /// How many application-owned tasks were deleted.
+    pub deleted: u64,
+}
+
+/// `POST /v1/runs` body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunBody {
+    /// The scope the run's tasks are admitted and cached in.
+    pub scope: String,
+    /// The run's input.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub input: Value,
+}
+
+/// A workflow run (SPEC §7).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunView {
+    /// Run id.
+    pub id: String,
+    /// Scope.
+    pub scope: String,
+    /// `running`, `waiting`, `succeeded`, `failed` or `canceled`.
+    pub state: String,
+    /// Whether cancellation was requested.
+    pub cancel_requested: bool,
+    /// The run's input.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// The output, once succeeded.
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    /// The error, once failed or canceled.
+    pub error: Option<TaskErrorView>,
+    /// The task a waiting step waits on.
+    pub waiting_on: Option<String>,
+    /// Creation time.
+    pub created_at: String,
+    /// Last change.
+    pub updated_at: String,
+}
+
+impl From<&Run> for RunView {
+    fn from(r: &Run) -> Self {
+        RunView {
+            id: r.id.to_string(),
+            scope: r.scope.to_string(),
+            state: r.state.as_str().to_string(),
+            cancel_requested: r.cancel_requested,
+            input: r.input.clone(),
+            output: r.output.clone(),
+            error: r.error.as_ref().map(TaskErrorView::from),
+            waiting_on: r.waiting_on.as_ref().map(|d| d.key.to_string()),
+            created_at: r.created_at.to_rfc3339(),
+            updated_at: r.updated_at.to_rfc3339(),
+        }
+    }
+}
+
+/// One kind's published schemas.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KindView {
+    /// The kind.
+    pub kind: String,
+    /// JSON Schema of its request object.
+    #[schema(value_type = Object)]
+    pub request_schema: Value,
+    /// JSON Schema of its output.
+    #[schema(value_type = Object)]
+    pub output_schema: Value,
+}
+
+/// `GET /v1/kinds` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KindsAnswer {
+    /// The four kinds.
+    pub kinds: Vec<KindView>,
+}
+
+/// One configured model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelView {
+    /// The id callers use.
+    pub id: String,
+    /// Provider name.
+    pub provider: String,
+    /// Provider's model name.
+    pub model: String,
+    /// Hash of the resolved configuration (changes invalidate cached results).
+    pub config_hash: String,
+    /// Whether it is the default model.
+    pub default: bool,
+}
+
+/// `GET /v1/models` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelsAnswer {
+    /// Configured models.
+    pub models: Vec<ModelView>,
+}

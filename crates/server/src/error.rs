@@ -1,0 +1,190 @@
+//! Every error answer: `{"error": {"code", "message", "retry_after_s"?}}` with the status
+//! SPEC §9 gives it. One mapping from typed errors to statuses, here and nowhere else.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use std::time::Duration;
+use tollgate_core::{ErrorCode, InvalidInput};
+use tollgate_engine::EngineError;
+use tollgate_store::StoreError;
+use utoipa::ToSchema;
+
+/// The body of every error answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
+    /// own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
+    /// `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
+    /// `database_unavailable`, `internal`).
+    pub code: String,
+    /// Human-readable explanation.
+    pub message: String,
+    /// Seconds until a retry may succeed, where known (admission rate limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_s: Option<u64>,
+}
+
+/// An error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: String,
+    message: String,
+    retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    /// An error with a status, code and message.
+    pub fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code: code.into(),
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 400: the body is not the JSON the endpoint takes.
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "malformed_request", message)
+    }
+
+    /// 422: well-formed but invalid.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+    }
+
+    /// 404: not found, or not the caller's (never revealed as different).
+    pub fn not_found(what: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} not found"),
+        )
+    }
+
+    /// 401: no key, or an unknown one.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    /// 413: too large.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", message)
+    }
+
+    /// 409: the effect key names a task with another request.
+    pub fn idempotency_conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "idempotency_key_conflict", message)
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The body, for batch items that report errors in place.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code.clone(),
+                message: self.message.clone(),
+                retry_after_s: self.retry_after.map(retry_seconds),
+            },
+        }
+    }
+}
+
+/// Whole seconds to wait, rounded up, at least 1.
+fn retry_seconds(d: Duration) -> u64 {
+    let ms = d.as_millis();
+    (ms.div_ceil(1000) as u64).max(1)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(code = %self.code, message = %self.message, "request failed");
+        }
+        let retry = self.retry_after.map(retry_seconds);
+        let mut response = (self.status, Json(self.body())).into_response();
+        if let Some(s) = retry
+            && let Ok(v) = HeaderValue::from_str(&s.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        response
+    }
+}
+
+impl From<InvalidInput> for ApiError {
+    fn from(e: InvalidInput) -> Self {
+        match e {
+            InvalidInput::TooLarge { .. } => ApiError::too_large(e.to_string()),
+            InvalidInput::Field { .. } => ApiError::invalid(e.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Invalid(i) => i.into(),
+            StoreError::Admission(r) => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                code: r.code().as_str().to_string(),
+                message: r.to_string(),
+                retry_after: r.retry_after(),
+            },
+            StoreError::RunNotFound(_) | StoreError::TaskNotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
+            }
+            StoreError::RunCanceled(_) | StoreError::InvalidState(_) => ApiError::new(
+                StatusCode::CONFLICT,
+                e.code().map_or("conflict", ErrorCode::as_str),
+                e.to_string(),
+            ),
+            StoreError::InvalidOutput(_) => ApiError::invalid(e.to_string()),
+            StoreError::Unavailable(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database_unavailable",
+                e.to_string(),
+            ),
+            StoreError::SchemaTooNew { .. } | StoreError::Corrupt(_) | StoreError::Database(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            }
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Store(s) => s.into(),
+            EngineError::Invalid(i) => i.into(),
+            other => {
+                let code = other.code().map_or("internal", ErrorCode::as_str);
+                let status = match other.code() {
+                    Some(
+                        ErrorCode::UnknownModel
+                        | ErrorCode::BudgetNotAllowed
+                        | ErrorCode::InvalidRequest,
+                    ) => StatusCode::UNPROCESSABLE_ENTITY,
+                    Some(ErrorCode::RequestTooLarge) => StatusCode::PAYLOAD_TOO_LARGE,
+                    _ if other.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                ApiError::new(status, code, other.to_string())
+            }
+        }
+    }
+}

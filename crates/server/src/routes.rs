@@ -1,0 +1,630 @@
+//! The routes. Each handler authenticates, turns JSON into engine calls, and turns the
+//! answer (or the typed error) into JSON.
+
+use crate::auth::Caller;
+use crate::dto::*;
+use crate::error::ApiError;
+use crate::{AppState, BATCH_BODY_LIMIT, body_limit};
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::time::Duration;
+use tollgate_core::kinds::{output_schema, request_schema};
+use tollgate_core::{
+    BudgetName, EffectKey, ModelId, RunId, ScopeId, SourceId, SourceRevision, StepKey, Task,
+    TaskId, TaskKind, TaskOwner, ValidatedRequest,
+};
+use tollgate_engine::{SourceSpec, Submission, SubmissionOwner, Submitted};
+use tollgate_store::{ScopedSource, UnreleasedQuery};
+
+pub(crate) fn router(state: AppState) -> Router {
+    let single = body_limit(state.tollgate.config().max_request_bytes);
+    Router::new()
+        .route(
+            "/v1/tasks",
+            post(submit)
+                .layer(DefaultBodyLimit::max(single))
+                .get(get_by_effect_key),
+        )
+        .route(
+            "/v1/tasks/batch",
+            post(submit_batch).layer(DefaultBodyLimit::max(BATCH_BODY_LIMIT)),
+        )
+        .route("/v1/tasks/release", post(release))
+        .route("/v1/tasks/{id}", get(get_task))
+        .route("/v1/tasks/{id}/cancel", post(cancel_task))
+        .route(
+            "/v1/scopes/{scope}/unreleased-sources",
+            get(unreleased_sources),
+        )
+        .route("/v1/scopes/{scope}/tasks", delete(delete_owner_data))
+        .route("/v1/runs", post(create_run))
+        .route("/v1/runs/{id}", get(get_run))
+        .route("/v1/runs/{id}/cancel", post(cancel_run))
+        .route("/v1/kinds", get(kinds))
+        .route("/v1/models", get(models))
+        .route("/openapi.json", get(openapi))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::not_found("route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
+        .with_state(state)
+}
+
+/// Reads a JSON body: 413 beyond the transport limit, 400 for anything not the shape.
+fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(format!("the HTTP body is too large: {}", r.body_text()))
+        } else {
+            ApiError::malformed(r.body_text())
+        }
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::malformed(format!("invalid JSON body: {e}")))
+}
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(v)| v)
+        .map_err(|e| ApiError::malformed(e.body_text()))
+}
+
+/// `?wait=` as `30s`, `500ms` or plain seconds, capped at the server's maximum.
+fn parse_wait(text: Option<&str>, max: Duration) -> Result<Option<Duration>, ApiError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let d = match text.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => humantime::parse_duration(text).map_err(|e| {
+            ApiError::malformed(format!("wait={text:?} is not a duration like 30s: {e}"))
+        })?,
+    };
+    Ok(Some(d.min(max)))
+}
+
+fn task_id(text: &str) -> Result<TaskId, ApiError> {
+    // An id that cannot exist is reported like a missing one.
+    TaskId::parse(text).map_err(|_| ApiError::not_found("task"))
+}
+
+fn run_id(text: &str) -> Result<RunId, ApiError> {
+    RunId::parse(text).map_err(|_| ApiError::not_found("run"))
+}
+
+/// A submission from its JSON body and the caller; `header_key` is `Idempotency-Key`.
+fn submission(
+    caller: &Caller,
+    body: SubmitBody,
+    header_key: Option<&str>,
+) -> Result<Submission, ApiError> {
+    let kind = TaskKind::parse(&body.kind).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "unknown kind {:?}: use generate_text, classify, classify_many or extract_data",
+            body.kind
+        ))
+    })?;
+    let owner = match (body.scope, body.run_id) {
+        (Some(scope), None) => SubmissionOwner::Application {
+            scope: ScopeId::new(scope)?,
+        },
+        (None, Some(run)) => SubmissionOwner::Run(
+            RunId::parse(&run)
+                .map_err(|_| ApiError::invalid(format!("run_id {run:?} is not a valid run id")))?,
+        ),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "give exactly one owner: `scope` (application) or `run_id` (workflow run), not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "give exactly one owner: `scope` (application) or `run_id` (workflow run)",
+            ));
+        }
+    };
+    let key = match (header_key, body.effect_key.as_deref()) {
+        (Some(h), Some(b)) if h != b => {
+            return Err(ApiError::invalid(
+                "the Idempotency-Key header and the effect_key field differ",
+            ));
+        }
+        (Some(k), _) | (None, Some(k)) => EffectKey::new(k)?,
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "an effect key is required: send the Idempotency-Key header or an effect_key field",
+            ));
+        }
+    };
+    Ok(Submission {
+        app: caller.app.clone(),
+        owner,
+        subject: caller.subject.clone(),
+        step: body.step.map(StepKey::new).transpose()?,
+        effect_key: key,
+        kind,
+        request: body.request,
+        model: body.model.map(ModelId::new).transpose()?,
+        source: body
+            .source
+            .map(|s| -> Result<SourceSpec, ApiError> {
+                Ok(SourceSpec {
+                    id: SourceId::new(s.id)?,
+                    revision: SourceRevision::new(s.revision)?,
+                    recompute: s.recompute,
+                })
+            })
+            .transpose()?,
+        budget: body.budget.map(BudgetName::new).transpose()?,
+    })
+}
+
+/// SPEC §3 step 2 answers the existing task for a taken effect key; over HTTP that is
+/// only right when the submission is the same one (409 otherwise).
+fn check_same_submission(s: &AppState, sub: &Submission, task: &Task) -> Result<(), ApiError> {
+    let conflict = |what: &str| {
+        Err(ApiError::idempotency_conflict(format!(
+            "effect key {:?} already names task {} with a different {what}",
+            task.effect_key.as_str(),
+            task.id
+        )))
+    };
+    if task.kind != sub.kind {
+        return conflict("kind");
+    }
+    let step = sub.step.as_ref().map_or(sub.kind.as_str(), StepKey::as_str);
+    if task.step.as_str() != step {
+        return conflict("step");
+    }
+    let model = sub
+        .model
+        .clone()
+        .unwrap_or_else(|| s.tollgate.models().default_id().clone());
+    if task.model != model {
+        return conflict("model");
+    }
+    let same_owner = match (&sub.owner, task.owner) {
+        (SubmissionOwner::Application { scope }, TaskOwner::Application) => *scope == task.scope,
+        (SubmissionOwner::Run(run), TaskOwner::Run { run_id }) => *run == run_id,
+        _ => false,
+    };
+    if !same_owner {
+        return conflict("owner");
+    }
+    let same_source = match (&sub.source, &task.source) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            a.id == b.id && a.revision == b.revision && a.recompute == b.recompute
+        }
+        _ => false,
+    };
+    if !same_source {
+        return conflict("source");
+    }
+    let request = ValidatedRequest::new(sub.kind, &sub.request, usize::MAX)?;
+    if request.input_hash() != task.input_hash {
+        return conflict("request");
+    }
+    Ok(())
+}
+
+/// 201 for a new queued task; 200 for an existing one or a new one served from cache.
+fn submit_status(submitted: &Submitted) -> StatusCode {
+    if submitted.created && !submitted.task.cached() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct WaitQuery {
+    wait: Option<String>,
+}
+
+#[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
+    params(("Idempotency-Key" = Option<String>, Header, description = "the effect key"),
+           ("wait" = Option<String>, Query, description = "wait for a terminal state, e.g. 30s")),
+    request_body = SubmitBody,
+    responses((status = 201, body = TaskView, description = "created and queued"),
+              (status = 200, body = TaskView, description = "existing task, or served from cache"),
+              (status = 409, body = crate::error::ErrorBody), (status = 413, body = crate::error::ErrorBody),
+              (status = 422, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
+    security(("api_key" = [])))]
+pub(crate) async fn submit(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<WaitQuery>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let q = query(q)?;
+    let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
+    let body: SubmitBody = json_body(body)?;
+    let header_key = match headers.get("idempotency-key") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::malformed("the Idempotency-Key header is not text"))?,
+        ),
+        None => None,
+    };
+    let sub = submission(&caller, body, header_key)?;
+    let submitted = s.tollgate.submit(sub.clone()).await?;
+    if !submitted.created {
+        check_same_submission(&s, &sub, &submitted.task)?;
+    }
+    let status = submit_status(&submitted);
+    let mut task = submitted.task;
+    if let Some(wait) = wait
+        && !task.status.is_terminal()
+        && let Some(now) = s.tollgate.wait(&caller.app, task.id, wait).await?
+    {
+        task = now;
+    }
+    Ok((status, Json(TaskView::of(&task, submitted.created))).into_response())
+}
+
+#[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks", request_body = BatchBody,
+    responses((status = 200, body = BatchAnswer)), security(("api_key" = [])))]
+pub(crate) async fn submit_batch(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<BatchAnswer>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let body: BatchBody = json_body(body)?;
+    if body.tasks.len() > tollgate_engine::MAX_BATCH {
+        return Err(ApiError::invalid(format!(
+            "a batch holds at most {} tasks, got {}",
+            tollgate_engine::MAX_BATCH,
+            body.tasks.len()
+        )));
+    }
+    let mut prepared: Vec<Result<Submission, ApiError>> = Vec::with_capacity(body.tasks.len());
+    for (i, item) in body.tasks.into_iter().enumerate() {
+        prepared.push(
+            serde_json::from_value::<SubmitBody>(item)
+                .map_err(|e| ApiError::malformed(format!("tasks[{i}]: {e}")))
+                .and_then(|b| submission(&caller, b, None)),
+        );
+    }
+    let valid: Vec<Submission> = prepared
+        .iter()
+        .filter_map(|p| p.as_ref().ok().cloned())
+        .collect();
+    let mut answers = s.tollgate.submit_many(valid.clone()).await?.into_iter();
+    let mut valid = valid.into_iter();
+    let mut results = Vec::with_capacity(prepared.len());
+    for p in prepared {
+        let outcome = match p {
+            Err(e) => Err(e),
+            Ok(_) => {
+                let sub = valid.next();
+                match (answers.next(), sub) {
+                    (Some(Ok(submitted)), Some(sub)) => {
+                        if submitted.created {
+                            Ok(submitted)
+                        } else {
+                            check_same_submission(&s, &sub, &submitted.task).map(|()| submitted)
+                        }
+                    }
+                    (Some(Err(e)), _) => Err(ApiError::from(e)),
+                    _ => Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        "a batch item got no answer",
+                    )),
+                }
+            }
+        };
+        results.push(match outcome {
+            Ok(submitted) => BatchItem {
+                status: submit_status(&submitted).as_u16(),
+                task: Some(TaskView::of(&submitted.task, submitted.created)),
+                error: None,
+            },
+            Err(e) => BatchItem {
+                status: e.status().as_u16(),
+                task: None,
+                error: Some(e.body().error),
+            },
+        });
+    }
+    Ok(Json(BatchAnswer { results }))
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct EffectKeyQuery {
+    effect_key: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
+    params(("effect_key" = String, Query, description = "the task's effect key")),
+    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
+    security(("api_key" = [])))]
+pub(crate) async fn get_by_effect_key(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<EffectKeyQuery>, QueryRejection>,
+) -> Result<Json<TaskView>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let key = query(q)?
+        .effect_key
+        .ok_or_else(|| ApiError::malformed("give ?effect_key=… (or GET /v1/tasks/{id})"))?;
+    let key = EffectKey::new(key).map_err(|_| ApiError::not_found("task"))?;
+    let task = s
+        .tollgate
+        .get_by_effect_key(&caller.app, &key)
+        .await?
+        .ok_or_else(|| ApiError::not_found("task"))?;
+    Ok(Json(TaskView::of(&task, false)))
+}
+
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
+    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
+    security(("api_key" = [])))]
+pub(crate) async fn get_task(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let task = s
+        .tollgate
+        .get(&caller.app, task_id(&id)?)
+        .await?
+        .ok_or_else(|| ApiError::not_found("task"))?;
+    Ok(Json(TaskView::of(&task, false)))
+}
+
+#[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
+    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
+    security(("api_key" = [])))]
+pub(crate) async fn cancel_task(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let task = s
+        .tollgate
+        .cancel(&caller.app, task_id(&id)?)
+        .await?
+        .ok_or_else(|| ApiError::not_found("task"))?;
+    Ok(Json(TaskView::of(&task, false)))
+}
+
+#[utoipa::path(post, path = "/v1/tasks/release", tag = "tasks", request_body = ReleaseBody,
+    responses((status = 200, body = ReleaseAnswer), (status = 404, body = crate::error::ErrorBody)),
+    security(("api_key" = [])))]
+pub(crate) async fn release(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ReleaseAnswer>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let body: ReleaseBody = json_body(body)?;
+    let scope = ScopeId::new(body.scope)?;
+    let key = EffectKey::new(body.effect_key)?;
+    if s.tollgate.release(&caller.app, &scope, &key).await? {
+        Ok(Json(ReleaseAnswer { released: true }))
+    } else {
+        Err(ApiError::not_found(
+            "application task with that effect key in that scope",
+        ))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct UnreleasedParams {
+    step: Option<String>,
+    after: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/scopes/{scope}/unreleased-sources", tag = "scopes",
+    params(("step" = Option<String>, Query, description = "only tasks of this step"),
+           ("after" = Option<String>, Query, description = "the `next` of the previous page")),
+    responses((status = 200, body = UnreleasedPageView)), security(("api_key" = [])))]
+pub(crate) async fn unreleased_sources(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(scope): Path<String>,
+    q: Result<Query<UnreleasedParams>, QueryRejection>,
+) -> Result<Json<UnreleasedPageView>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let q = query(q)?;
+    let scope = ScopeId::new(scope)?;
+    let query = UnreleasedQuery {
+        scope: Some(scope.clone()),
+        step: q.step.map(StepKey::new).transpose()?,
+        after: q
+            .after
+            .map(|a| -> Result<ScopedSource, ApiError> {
+                Ok(ScopedSource {
+                    scope: scope.clone(),
+                    source: SourceId::new(a)?,
+                })
+            })
+            .transpose()?,
+        limit: 0,
+    };
+    let page = s
+        .tollgate
+        .list_unreleased_sources(&caller.app, &query)
+        .await?;
+    Ok(Json(UnreleasedPageView {
+        sources: page
+            .sources
+            .into_iter()
+            .map(|p| UnreleasedSourceView {
+                scope: p.scope.into_string(),
+                source: p.source.into_string(),
+            })
+            .collect(),
+        next: page.next.map(|c| c.source.into_string()),
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct DeleteParams {
+    source: Option<String>,
+}
+
+#[utoipa::path(delete, path = "/v1/scopes/{scope}/tasks", tag = "scopes",
+    params(("source" = Option<String>, Query, description = "only this source's tasks")),
+    responses((status = 200, body = DeletedAnswer)), security(("api_key" = [])))]
+pub(crate) async fn delete_owner_data(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(scope): Path<String>,
+    q: Result<Query<DeleteParams>, QueryRejection>,
+) -> Result<Json<DeletedAnswer>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let q = query(q)?;
+    let scope = ScopeId::new(scope)?;
+    let source = q.source.map(SourceId::new).transpose()?;
+    let deleted = s
+        .tollgate
+        .delete_owner_data(&caller.app, &scope, source.as_ref())
+        .await?;
+    Ok(Json(DeletedAnswer { deleted }))
+}
+
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = RunBody,
+    responses((status = 201, body = RunView)), security(("api_key" = [])))]
+pub(crate) async fn create_run(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let body: RunBody = json_body(body)?;
+    let run = s
+        .tollgate
+        .create_run(tollgate_core::NewRun {
+            app: caller.app,
+            scope: ScopeId::new(body.scope)?,
+            subject: caller.subject,
+            input: body.input,
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(RunView::from(&run))).into_response())
+}
+
+#[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs",
+    responses((status = 200, body = RunView), (status = 404, body = crate::error::ErrorBody)),
+    security(("api_key" = [])))]
+pub(crate) async fn get_run(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let run = s
+        .tollgate
+        .get_run(&caller.app, run_id(&id)?)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run"))?;
+    Ok(Json(RunView::from(&run)))
+}
+
+#[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs",
+    responses((status = 200, body = RunView), (status = 404, body = crate::error::ErrorBody)),
+    security(("api_key" = [])))]
+pub(crate) async fn cancel_run(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let cancel = s
+        .tollgate
+        .cancel_run(&caller.app, run_id(&id)?)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run"))?;
+    Ok(Json(RunView::from(&cancel.run)))
+}
+
+#[utoipa::path(get, path = "/v1/kinds", tag = "discovery",
+    responses((status = 200, body = KindsAnswer)), security(("api_key" = [])))]
+pub(crate) async fn kinds(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<KindsAnswer>, ApiError> {
+    s.auth.authenticate(&headers)?;
+    Ok(Json(KindsAnswer {
+        kinds: TaskKind::ALL
+            .into_iter()
+            .map(|k| KindView {
+                kind: k.as_str().to_string(),
+                request_schema: request_schema(k),
+                output_schema: output_schema(k),
+            })
+            .collect(),
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/models", tag = "discovery",
+    responses((status = 200, body = ModelsAnswer)), security(("api_key" = [])))]
+pub(crate) async fn models(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<ModelsAnswer>, ApiError> {
+    s.auth.authenticate(&headers)?;
+    let registry = s.tollgate.models();
+    let mut models = Vec::new();
+    for id in registry.ids() {
+        let m = registry.resolve(Some(&id))?;
+        models.push(ModelView {
+            id: id.to_string(),
+            provider: m.model_ref.provider.clone(),
+            model: m.model_ref.model.clone(),
+            config_hash: m.config_hash.as_str().to_string(),
+            default: &id == registry.default_id(),
+        });
+    }
+    Ok(Json(ModelsAnswer { models }))
+}
+
+pub(crate) async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::openapi_json(),
+    )
+        .into_response()
+}
+
+pub(crate) async fn healthz() -> Json<Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+pub(crate) async fn readyz(State(s): State<AppState>) -> Response {
+    match s.tollgate.store().ping().await {
+        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_unavailable",
+            format!("the database does not answer: {e}"),
+        )
+        .into_response(),
+    }
+}
+
+pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
+    let text = s.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
