@@ -627,3 +627,51 @@ async fn apps_may_use_only_their_allowed_policies() {
         .unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::Capacity));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_picks_the_backend_from_the_url() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        dir.path().join("plain.db").display().to_string(),
+        format!("sqlite://{}", dir.path().join("prefixed.db").display()),
+    ] {
+        let engine = Tollgate::open(&url, fast_config()).await.unwrap();
+        assert_eq!(engine.store().backend(), "sqlite", "{url}");
+        assert_eq!(engine.notifier().transport(), "local");
+        let handle = engine.start().await.unwrap();
+        let id = engine.submit(classify("open", "x")).await.unwrap().task.id;
+        assert_eq!(finished(&engine, id).await.status, TaskStatus::Succeeded);
+        handle.shutdown(Duration::from_secs(5)).await;
+    }
+    let mut config = fast_config();
+    config.notifications.transport = tollgate_engine::config::TransportKind::Postgres;
+    let err = Tollgate::open(&dir.path().join("x.db").display().to_string(), config)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("notifications.transport"), "{err}");
+
+    // PostgreSQL, in a schema of its own (created by the store, then named in the URL).
+    let Some(db) = TestDb::postgres("open_postgres") else {
+        return;
+    };
+    let TestDb::Postgres { url, schema } = &db else {
+        unreachable!()
+    };
+    db.postgres_store().await.close().await;
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{separator}options=-c%20search_path%3D{schema}");
+    let mut config = fast_config();
+    config.notifications.transport = tollgate_engine::config::TransportKind::Postgres;
+    let engine = Tollgate::open(&url, config).await.unwrap();
+    assert_eq!(engine.store().backend(), "postgres");
+    assert_eq!(engine.notifier().transport(), "postgres");
+    let handle = engine.start().await.unwrap();
+    let id = engine
+        .submit(classify("open-pg", "x"))
+        .await
+        .unwrap()
+        .task
+        .id;
+    assert_eq!(finished(&engine, id).await.status, TaskStatus::Succeeded);
+    handle.shutdown(Duration::from_secs(5)).await;
+}
