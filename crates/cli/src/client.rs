@@ -1,0 +1,266 @@
+//! `submit`, `task`, `run`: a small client for a running server.
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How to reach the server.
+#[derive(Debug, Clone, Args)]
+pub struct Connection {
+    /// The server's base URL.
+    #[arg(long, env = "TOLLGATE_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// API key (`serve` prints the development key at start-up).
+    #[arg(long, env = "TOLLGATE_API_KEY", hide_env_values = true)]
+    key: String,
+    /// Subject to act for (only keys allowed to assert one): user:<id> or service:<id>.
+    #[arg(long)]
+    subject: Option<String>,
+}
+
+impl Connection {
+    fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+    ) -> anyhow::Result<reqwest::RequestBuilder> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()?;
+        let mut rb = client
+            .request(method, format!("{}{path}", self.url.trim_end_matches('/')))
+            .bearer_auth(&self.key);
+        if let Some(s) = &self.subject {
+            rb = rb.header("X-Tollgate-Subject", s);
+        }
+        Ok(rb)
+    }
+}
+
+/// Sends, prints the JSON answer, and fails on an error status.
+async fn send(rb: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+    let response = rb.send().await.context("cannot reach the server")?;
+    let status = response.status();
+    let text = response.text().await?;
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    if !status.is_success() {
+        bail!(
+            "{status}: {}",
+            serde_json::to_string_pretty(&body).unwrap_or_default()
+        );
+    }
+    Ok(body)
+}
+
+fn print(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// `tollgate submit`.
+#[derive(Debug, Clone, Args)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    conn: Connection,
+    /// Task kind: generate_text, classify, classify_many, extract_data.
+    #[arg(long)]
+    kind: String,
+    /// The effect key (idempotency key).
+    #[arg(long)]
+    effect_key: String,
+    /// Application scope (or --run).
+    #[arg(long, conflicts_with = "run")]
+    scope: Option<String>,
+    /// Owning workflow run (or --scope).
+    #[arg(long)]
+    run: Option<String>,
+    /// Source id: makes the task scoped (cache and admission apply).
+    #[arg(long, requires = "source_revision")]
+    source_id: Option<String>,
+    /// Source revision.
+    #[arg(long, requires = "source_id")]
+    source_revision: Option<String>,
+    /// Skip the cache.
+    #[arg(long, requires = "source_id")]
+    recompute: bool,
+    /// Model id.
+    #[arg(long)]
+    model: Option<String>,
+    /// Step name.
+    #[arg(long)]
+    step: Option<String>,
+    /// Budget policy.
+    #[arg(long)]
+    budget: Option<String>,
+    /// Wait for a terminal state, e.g. 30s.
+    #[arg(long)]
+    wait: Option<String>,
+    /// The request JSON; `-` or nothing reads standard input.
+    file: Option<PathBuf>,
+}
+
+pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
+    let text = match &args.file {
+        Some(p) if p.as_os_str() != "-" => {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?
+        }
+        _ => {
+            use tokio::io::AsyncReadExt;
+            let mut s = String::new();
+            tokio::io::stdin().read_to_string(&mut s).await?;
+            s
+        }
+    };
+    let request: Value = serde_json::from_str(&text).context("the request is not JSON")?;
+    let mut body = json!({"kind": args.kind, "request": request});
+    let obj = body.as_object_mut().context("body")?;
+    for (k, v) in [
+        ("scope", &args.scope),
+        ("run_id", &args.run),
+        ("model", &args.model),
+        ("step", &args.step),
+        ("budget", &args.budget),
+    ] {
+        if let Some(v) = v {
+            obj.insert(k.into(), json!(v));
+        }
+    }
+    if let (Some(id), Some(rev)) = (&args.source_id, &args.source_revision) {
+        obj.insert(
+            "source".into(),
+            json!({"id": id, "revision": rev, "recompute": args.recompute}),
+        );
+    }
+    let path = match &args.wait {
+        Some(w) => format!("/v1/tasks?wait={w}"),
+        None => "/v1/tasks".to_string(),
+    };
+    let rb = args
+        .conn
+        .request(reqwest::Method::POST, &path)?
+        .header("Idempotency-Key", &args.effect_key)
+        .json(&body);
+    print(&send(rb).await?);
+    Ok(())
+}
+
+/// `tollgate task …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum TaskCommand {
+    /// Show a task.
+    Get {
+        #[command(flatten)]
+        conn: Connection,
+        /// Task id.
+        id: String,
+    },
+    /// Wait until a task is terminal (or the timeout passes) and show it.
+    Wait {
+        #[command(flatten)]
+        conn: Connection,
+        /// Task id.
+        id: String,
+        /// How long to wait at most.
+        #[arg(long, default_value = "60s")]
+        timeout: String,
+    },
+    /// Cancel a task.
+    Cancel {
+        #[command(flatten)]
+        conn: Connection,
+        /// Task id.
+        id: String,
+    },
+}
+
+pub async fn task(cmd: TaskCommand) -> anyhow::Result<()> {
+    match cmd {
+        TaskCommand::Get { conn, id } => {
+            print(&send(conn.request(reqwest::Method::GET, &format!("/v1/tasks/{id}"))?).await?);
+        }
+        TaskCommand::Wait { conn, id, timeout } => {
+            let timeout = humantime::parse_duration(&timeout).context("--timeout")?;
+            let deadline = Instant::now() + timeout;
+            loop {
+                let t =
+                    send(conn.request(reqwest::Method::GET, &format!("/v1/tasks/{id}"))?).await?;
+                let terminal = matches!(
+                    t.get("status").and_then(Value::as_str),
+                    Some("succeeded" | "failed" | "canceled")
+                );
+                if terminal || Instant::now() >= deadline {
+                    print(&t);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        TaskCommand::Cancel { conn, id } => {
+            print(
+                &send(conn.request(reqwest::Method::POST, &format!("/v1/tasks/{id}/cancel"))?)
+                    .await?,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `tollgate run …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum RunCommand {
+    /// Create a workflow run.
+    Create {
+        #[command(flatten)]
+        conn: Connection,
+        /// The run's scope.
+        #[arg(long)]
+        scope: String,
+        /// The run's input JSON file (default: {}).
+        #[arg(long)]
+        input: Option<PathBuf>,
+    },
+    /// Show a run.
+    Get {
+        #[command(flatten)]
+        conn: Connection,
+        /// Run id.
+        id: String,
+    },
+    /// Cancel a run and its queued and running tasks.
+    Cancel {
+        #[command(flatten)]
+        conn: Connection,
+        /// Run id.
+        id: String,
+    },
+}
+
+pub async fn run(cmd: RunCommand) -> anyhow::Result<()> {
+    match cmd {
+        RunCommand::Create { conn, scope, input } => {
+            let input: Value = match input {
+                Some(p) => serde_json::from_str(
+                    &std::fs::read_to_string(&p)
+                        .with_context(|| format!("cannot read {}", p.display()))?,
+                )
+                .context("the input is not JSON")?,
+                None => json!({}),
+            };
+            let rb = conn
+                .request(reqwest::Method::POST, "/v1/runs")?
+                .json(&json!({"scope": scope, "input": input}));
+            print(&send(rb).await?);
+        }
+        RunCommand::Get { conn, id } => {
+            print(&send(conn.request(reqwest::Method::GET, &format!("/v1/runs/{id}"))?).await?);
+        }
+        RunCommand::Cancel { conn, id } => {
+            print(
+                &send(conn.request(reqwest::Method::POST, &format!("/v1/runs/{id}/cancel"))?)
+                    .await?,
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! `serve`, `worker`, `migrate`: running Tollgate.
+
+use crate::{DatabaseArgs, ServeArgs, WorkerArgs};
+use anyhow::{Context, bail};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tollgate_core::AppId;
+use tollgate_engine::Tollgate;
+use tollgate_server::{AppState, Auth, KeyConfig, TollgateConfig};
+
+/// The development app `serve` runs when no API key is configured.
+pub const DEV_APP: &str = "dev";
+
+fn load(args: &DatabaseArgs) -> anyhow::Result<TollgateConfig> {
+    let mut config = TollgateConfig::load(args.config.as_deref())?;
+    if let Some(url) = &args.database_url {
+        config.database.url = url.clone();
+    }
+    Ok(config)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
+
+/// Shows where the database is without any password in the URL.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = load(&args.database)?;
+    if let Some(addr) = args.addr {
+        config.server.addr = addr;
+    }
+    if let Some(w) = args.workers {
+        config.engine.workers.concurrency = w;
+    }
+    let addr = config.server.addr;
+    let (auth, dev_key) = if config.has_keys() {
+        (
+            Auth::new(&config.api_keys).map_err(anyhow::Error::msg)?,
+            None,
+        )
+    } else {
+        if !addr.ip().is_loopback() {
+            bail!(
+                "no API keys are configured, so Tollgate only serves its development app on \
+                 127.0.0.1; refusing to listen on {addr}. Configure [apps.<app>] api_keys \
+                 (see docs/api.md) or bind to 127.0.0.1."
+            );
+        }
+        let key = format!("tg_dev_{}", uuid::Uuid::new_v4().simple());
+        let app = AppId::new(DEV_APP).map_err(anyhow::Error::msg)?;
+        (
+            Auth::new(&[(app, vec![KeyConfig::Plain(key.clone())])]).map_err(anyhow::Error::msg)?,
+            Some(key),
+        )
+    };
+    let metrics = PrometheusBuilder::new().install_recorder().ok();
+    let tollgate = Tollgate::open(&config.database.url, config.engine.clone())
+        .await
+        .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
+    let workers = config.engine.workers.concurrency;
+    let engine = if workers > 0 {
+        Some(tollgate.start().await.context("cannot start the workers")?)
+    } else {
+        None
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    println!("Tollgate listening on http://{local}");
+    println!(
+        "  database: {}   workers: {}   backend: {}",
+        redact(&config.database.url),
+        if workers == 0 {
+            "none (API only)".to_string()
+        } else {
+            workers.to_string()
+        },
+        tollgate.store().backend()
+    );
+    if let Some(key) = &dev_key {
+        println!("  no API keys configured: development app `{DEV_APP}` (127.0.0.1 only)");
+        println!("  API key: {key}");
+        println!(
+            "  try: curl -s http://{local}/v1/tasks -H 'Authorization: Bearer {key}' \
+             -H 'Idempotency-Key: hello-1' -H 'Content-Type: application/json' \
+             -d '{{\"kind\":\"classify\",\"scope\":\"demo\",\"request\":{{\"input\":\"Win a free cruise!\",\"labels\":[\"spam\",\"ham\"]}}}}'"
+        );
+    }
+    let state = AppState {
+        tollgate: tollgate.clone(),
+        auth,
+        max_wait: config.server.max_wait,
+        metrics,
+    };
+    axum::serve(listener, tollgate_server::router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("the HTTP server failed")?;
+    println!(
+        "shutting down: no new tasks are claimed; in-flight tasks get {}",
+        humantime::format_duration(config.server.shutdown_grace)
+    );
+    if let Some(engine) = engine {
+        let report = engine.shutdown(config.server.shutdown_grace).await;
+        println!(
+            "stopped (in-flight finished: {}, interrupted: {})",
+            report.drained, report.interrupted
+        );
+    }
+    Ok(())
+}
+
+pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let mut config = load(&args.database)?;
+    if let Some(w) = args.workers {
+        config.engine.workers.concurrency = w;
+    }
+    if config.engine.workers.concurrency == 0 {
+        bail!("a worker needs --workers 1 or more ([workers] concurrency)");
+    }
+    let tollgate = Tollgate::open(&config.database.url, config.engine.clone())
+        .await
+        .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
+    let engine = tollgate.start().await.context("cannot start the workers")?;
+    println!(
+        "Tollgate worker {} running {} executions on {}",
+        engine.worker_id(),
+        config.engine.workers.concurrency,
+        redact(&config.database.url)
+    );
+    shutdown_signal().await;
+    let report = engine.shutdown(config.server.shutdown_grace).await;
+    println!(
+        "stopped (in-flight finished: {}, interrupted: {})",
+        report.drained, report.interrupted
+    );
+    Ok(())
+}
+
+pub async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
+    let config = load(&args)?;
+    let tollgate = Tollgate::open(&config.database.url, config.engine.clone())
+        .await
+        .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
+    tollgate.store().ping().await?;
+    println!(
+        "{} is migrated ({} backend)",
+        redact(&config.database.url),
+        tollgate.store().backend()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_never_print() {
+        assert_eq!(
+            redact("postgres://app:secret@db:5432/t"),
+            "postgres://app:***@db:5432/t"
+        );
+        assert_eq!(redact("postgres://app@db/t"), "postgres://app@db/t");
+        assert_eq!(redact("sqlite://./x.db"), "sqlite://./x.db");
+    }
+}
