@@ -226,6 +226,9 @@ subject_prefix = "a b"
 #[test]
 fn environment_variables_override_the_file() {
     figment::Jail::expect_with(|jail| {
+        // The test environment has TOLLGATE_TEST_DATABASE_URL and friends, which a plain
+        // `TOLLGATE_` prefix would read as (unknown) configuration keys.
+        jail.clear_env();
         jail.set_env("TOLLGATE_WORKERS", "{concurrency=3}");
         let config: EngineConfig = Figment::from(Serialized::defaults(EngineConfig::default()))
             .merge(Toml::string("[workers]\nconcurrency = 16\n"))

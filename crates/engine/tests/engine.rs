@@ -383,7 +383,7 @@ async fn cancel_stops_a_running_task_within_one_heartbeat(db: TestDb) {
     }
     let stopped_after = canceled_at.elapsed();
     assert!(
-        stopped_after <= Duration::from_millis(200 + 250),
+        stopped_after <= Duration::from_millis(200 + 400),
         "stopped {stopped_after:?} after the cancel, heartbeat interval 200 ms"
     );
     // Canceled stays canceled: the late completion path never ran.
