@@ -25,7 +25,7 @@ use tollgate_core::{
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
 use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
 use tollgate_store::{
-    RunCancel, RunResult, Store, StoreError, SweepReport, Transition, UnreleasedPage,
+    Created, RunCancel, RunResult, Store, StoreError, SweepReport, Transition, UnreleasedPage,
     UnreleasedQuery, WaitOutcome,
 };
 
@@ -354,20 +354,20 @@ impl Tollgate {
     /// the budget when scoped) and tells the workers. A rejection wrote nothing.
     pub async fn submit(&self, submission: Submission) -> Result<Submitted, EngineError> {
         let kind = submission.kind;
-        let result = self.submit_inner(submission).await;
-        let outcome = match &result {
-            Ok(s) if !s.created => "existing",
-            Ok(s) if s.task.cached() => "cached",
-            Ok(_) => "created",
-            Err(EngineError::Store(StoreError::Admission(_))) => "rejected",
-            Err(_) => "invalid",
+        let result = match self.prepare(submission) {
+            Ok(prepared) => {
+                let scoped = prepared.scope.is_some();
+                let created = self.inner.store.create_task(prepared).await;
+                self.created(kind, scoped, created)
+            }
+            Err(e) => Err(e),
         };
-        metrics::counter!(m::SUBMITS_TOTAL, "kind" => kind.as_str(), "outcome" => outcome)
-            .increment(1);
+        count_submit(kind, &result);
         result
     }
 
-    async fn submit_inner(&self, s: Submission) -> Result<Submitted, EngineError> {
+    /// SPEC §3 step 1 and the configuration: model, budget policy, request, owner.
+    fn prepare(&self, s: Submission) -> Result<NewTask, EngineError> {
         let inner = &self.inner;
         let model = inner.models.resolve(s.model.as_ref())?;
         let (_, budget) = inner.budgets.resolve(&s.app, s.budget.as_ref())?;
@@ -387,8 +387,7 @@ impl Tollgate {
                 subject: s.subject,
             },
         };
-        let scoped = s.source.is_some();
-        let new = NewTask {
+        Ok(NewTask {
             owner,
             step,
             effect_key: s.effect_key,
@@ -401,8 +400,18 @@ impl Tollgate {
                 recompute: source.recompute,
                 budget,
             }),
-        };
-        let created = match inner.store.create_task(new).await {
+        })
+    }
+
+    /// What the store answered for one item: metrics, and the workers told (after the
+    /// commit) about a new queued task.
+    fn created(
+        &self,
+        kind: TaskKind,
+        scoped: bool,
+        answer: Result<Created, StoreError>,
+    ) -> Result<Submitted, EngineError> {
+        let created = match answer {
             Ok(c) => c,
             Err(StoreError::Admission(rejection)) => {
                 metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => rejection.code().as_str())
@@ -414,12 +423,12 @@ impl Tollgate {
         let task = created.task;
         if created.created {
             if task.cached() {
-                metrics::counter!(m::CACHE_HITS_TOTAL, "kind" => task.kind.as_str()).increment(1);
+                metrics::counter!(m::CACHE_HITS_TOTAL, "kind" => kind.as_str()).increment(1);
             } else if scoped {
                 metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => "admitted").increment(1);
             }
             if task.status == TaskStatus::Queued {
-                inner.notifier.publish(Event::TaskQueued {
+                self.inner.notifier.publish(Event::TaskQueued {
                     app: task.app.clone(),
                     id: task.id,
                 });
@@ -432,11 +441,11 @@ impl Tollgate {
     }
 
     /// Submits up to [`MAX_BATCH`] tasks. Each is admitted or rejected on its own; the
-    /// answers come in the order of the submissions. Items of one owner (a scope, or a
-    /// run) are submitted in order, so earlier items take a scope's budget first; items
-    /// of different owners run concurrently (bounded). A repeated effect key within the
-    /// batch is submitted after its first occurrence, so the first one is the one that
-    /// creates. The store creates one task per transaction today.
+    /// answers come in the order of the submissions. Items are grouped by owner (a scope,
+    /// or a run): each group goes to the store's batch creation in order (SQLite: one
+    /// transaction per group), so earlier items take a scope's budget first; groups run
+    /// concurrently (bounded). A repeated effect key within the batch is submitted after
+    /// its first occurrence, so the first one is the one that creates.
     pub async fn submit_many(
         &self,
         submissions: Vec<Submission>,
@@ -452,8 +461,10 @@ impl Tollgate {
             .into());
         }
         let total = submissions.len();
+        let mut results: Vec<Option<Result<Submitted, EngineError>>> =
+            (0..total).map(|_| None).collect();
         let mut seen = HashSet::new();
-        let mut groups: Vec<Vec<(usize, Submission)>> = Vec::new();
+        let mut groups: Vec<Vec<(usize, TaskKind, NewTask)>> = Vec::new();
         let mut group_of: HashMap<(AppId, String), usize> = HashMap::new();
         let mut repeated = Vec::new();
         for (i, s) in submissions.into_iter().enumerate() {
@@ -461,28 +472,31 @@ impl Tollgate {
                 repeated.push((i, s));
                 continue;
             }
+            let kind = s.kind;
             let owner = match &s.owner {
                 SubmissionOwner::Run(run) => format!("run:{run}"),
                 SubmissionOwner::Application { scope } => format!("scope:{scope}"),
             };
-            let next = groups.len();
-            let g = *group_of.entry((s.app.clone(), owner)).or_insert(next);
-            if g == next {
-                groups.push(Vec::new());
+            let app = s.app.clone();
+            match self.prepare(s) {
+                Ok(new) => {
+                    let next = groups.len();
+                    let g = *group_of.entry((app, owner)).or_insert(next);
+                    if g == next {
+                        groups.push(Vec::new());
+                    }
+                    groups[g].push((i, kind, new));
+                }
+                Err(e) => {
+                    let result = Err(e);
+                    count_submit(kind, &result);
+                    results[i] = Some(result);
+                }
             }
-            groups[g].push((i, s));
         }
-        let mut results: Vec<Option<Result<Submitted, EngineError>>> =
-            (0..total).map(|_| None).collect();
         let answered: Vec<Vec<(usize, Result<Submitted, EngineError>)>> =
             futures::stream::iter(groups)
-                .map(|group| async move {
-                    let mut answers = Vec::with_capacity(group.len());
-                    for (i, s) in group {
-                        answers.push((i, self.submit(s).await));
-                    }
-                    answers
-                })
+                .map(|group| self.create_group(group))
                 .buffer_unordered(BATCH_PARALLELISM)
                 .collect()
                 .await;
@@ -503,6 +517,38 @@ impl Tollgate {
                 })
             })
             .collect())
+    }
+
+    /// One owner's items through the store's batch creation, in order.
+    async fn create_group(
+        &self,
+        group: Vec<(usize, TaskKind, NewTask)>,
+    ) -> Vec<(usize, Result<Submitted, EngineError>)> {
+        let meta: Vec<(usize, TaskKind, bool)> = group
+            .iter()
+            .map(|(i, kind, new)| (*i, *kind, new.scope.is_some()))
+            .collect();
+        let news: Vec<NewTask> = group.into_iter().map(|(_, _, new)| new).collect();
+        match self.inner.store.create_tasks(news).await {
+            Ok(answers) => meta
+                .into_iter()
+                .zip(answers)
+                .map(|((i, kind, scoped), answer)| {
+                    let result = self.created(kind, scoped, answer);
+                    count_submit(kind, &result);
+                    (i, result)
+                })
+                .collect(),
+            // The database failed the whole call: every item of the group reports it.
+            Err(e) => meta
+                .into_iter()
+                .map(|(i, kind, _)| {
+                    let result = Err(EngineError::Store(copy_store_error(&e)));
+                    count_submit(kind, &result);
+                    (i, result)
+                })
+                .collect(),
+        }
     }
 
     /// A task of the app by id (`None`: no such task in this app).
@@ -670,6 +716,26 @@ impl Tollgate {
     /// at start (recovery). Returns the handle that shuts them down.
     pub async fn start(&self) -> Result<EngineHandle, EngineError> {
         WorkerPool::start(self.inner.clone()).await
+    }
+}
+
+/// Counts one submission by kind and outcome.
+fn count_submit(kind: TaskKind, result: &Result<Submitted, EngineError>) {
+    let outcome = match result {
+        Ok(s) if !s.created => "existing",
+        Ok(s) if s.task.cached() => "cached",
+        Ok(_) => "created",
+        Err(EngineError::Store(StoreError::Admission(_))) => "rejected",
+        Err(_) => "invalid",
+    };
+    metrics::counter!(m::SUBMITS_TOTAL, "kind" => kind.as_str(), "outcome" => outcome).increment(1);
+}
+
+/// The same failure for another item (store errors are not `Clone`).
+fn copy_store_error(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        other => StoreError::Database(other.to_string()),
     }
 }
 
