@@ -5,13 +5,14 @@ use crate::auth::Caller;
 use crate::dto::*;
 use crate::error::ApiError;
 use crate::{AppState, BATCH_BODY_LIMIT, body_limit};
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use futures::StreamExt;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -25,18 +26,9 @@ use tollgate_engine::{SourceSpec, Submission, SubmissionOwner, Submitted};
 use tollgate_store::{ScopedSource, UnreleasedQuery};
 
 pub(crate) fn router(state: AppState) -> Router {
-    let single = body_limit(state.tollgate.config().max_request_bytes);
     Router::new()
-        .route(
-            "/v1/tasks",
-            post(submit)
-                .layer(DefaultBodyLimit::max(single))
-                .get(get_by_effect_key),
-        )
-        .route(
-            "/v1/tasks/batch",
-            post(submit_batch).layer(DefaultBodyLimit::max(BATCH_BODY_LIMIT)),
-        )
+        .route("/v1/tasks", post(submit).get(get_by_effect_key))
+        .route("/v1/tasks/batch", post(submit_batch))
         .route("/v1/tasks/release", post(release))
         .route("/v1/tasks/{id}", get(get_task))
         .route("/v1/tasks/{id}/cancel", post(cancel_task))
@@ -62,18 +54,46 @@ pub(crate) fn router(state: AppState) -> Router {
                 "this route does not take that method",
             )
         })
+        // Bodies are read by `read_body` with each route's own limit.
+        .layer(DefaultBodyLimit::disable())
         .with_state(state)
 }
 
-/// Reads a JSON body: 413 beyond the transport limit, 400 for anything not the shape.
-fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = body.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(format!("the HTTP body is too large: {}", r.body_text()))
-        } else {
-            ApiError::malformed(r.body_text())
+/// Largest body a client may keep sending after it went over its limit: it is read and
+/// thrown away so the client gets a clean 413 instead of a reset connection.
+const DRAIN_LIMIT: usize = 64 << 20;
+
+/// Bodies of the small endpoints (release, runs).
+const SMALL_BODY_LIMIT: usize = 1 << 20;
+
+/// Reads a body of at most `limit` bytes. A longer one is drained (up to [`DRAIN_LIMIT`])
+/// and answered 413, so nothing of it is kept in memory.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    let mut total = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::malformed(format!("cannot read the body: {e}")))?;
+        total = total.saturating_add(chunk.len());
+        if total > limit {
+            if total > DRAIN_LIMIT {
+                break;
+            }
+            continue;
         }
-    })?;
+        buf.extend_from_slice(&chunk);
+    }
+    if total > limit {
+        return Err(ApiError::too_large(format!(
+            "the HTTP body is larger than {limit} bytes"
+        )));
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// Reads a JSON body: 413 beyond `limit`, 400 for anything not the shape.
+async fn json_body<T: DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
+    let bytes = read_body(body, limit).await?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::malformed(format!("invalid JSON body: {e}")))
 }
@@ -249,12 +269,13 @@ pub(crate) async fn submit(
     State(s): State<AppState>,
     headers: HeaderMap,
     q: Result<Query<WaitQuery>, QueryRejection>,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
     let q = query(q)?;
     let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
-    let body: SubmitBody = json_body(body)?;
+    let body: SubmitBody =
+        json_body(body, body_limit(s.tollgate.config().max_request_bytes)).await?;
     let header_key = match headers.get("idempotency-key") {
         Some(v) => Some(
             v.to_str()
@@ -283,10 +304,10 @@ pub(crate) async fn submit(
 pub(crate) async fn submit_batch(
     State(s): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<BatchAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: BatchBody = json_body(body)?;
+    let body: BatchBody = json_body(body, BATCH_BODY_LIMIT).await?;
     if body.tasks.len() > tollgate_engine::MAX_BATCH {
         return Err(ApiError::invalid(format!(
             "a batch holds at most {} tasks, got {}",
@@ -414,10 +435,10 @@ pub(crate) async fn cancel_task(
 pub(crate) async fn release(
     State(s): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<ReleaseAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: ReleaseBody = json_body(body)?;
+    let body: ReleaseBody = json_body(body, SMALL_BODY_LIMIT).await?;
     let scope = ScopeId::new(body.scope)?;
     let key = EffectKey::new(body.effect_key)?;
     if s.tollgate.release(&caller.app, &scope, &key).await? {
@@ -509,10 +530,10 @@ pub(crate) async fn delete_owner_data(
 pub(crate) async fn create_run(
     State(s): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: RunBody = json_body(body)?;
+    let body: RunBody = json_body(body, SMALL_BODY_LIMIT).await?;
     let run = s
         .tollgate
         .create_run(tollgate_core::NewRun {
