@@ -11,6 +11,7 @@ pub mod error;
 pub mod ids;
 pub mod kinds;
 pub mod model;
+pub mod pipeline;
 pub mod task;
 pub mod time;
 

@@ -1,0 +1,605 @@
+//! Declarative pipelines: a DAG of AI steps over a workflow run (issue "Workflow runs and
+//! durable AI pipelines"). Pure rules only: parsing and validating a definition, the
+//! order steps may run in, filling a step's request from the run's input and earlier
+//! outputs, and the run's output. The engine drives runs; the store keeps definitions.
+//!
+//! A definition is JSON:
+//!
+//! ```json
+//! {
+//!   "description": "invoice intake",
+//!   "steps": [
+//!     { "key": "extract", "kind": "extract_data",
+//!       "request": { "input": { "$from": "/input/text" },
+//!                    "schema": { "type": "object", "required": ["vendor", "total"],
+//!                                "properties": { "vendor": { "type": "string" },
+//!                                                "total": { "type": "number" } } } },
+//!       "source": { "id": { "$from": "/input/invoice_id" }, "revision": "v1" } },
+//!     { "key": "category", "kind": "classify", "depends_on": ["extract"],
+//!       "request": { "input": { "$from": "/steps/extract/output/vendor" },
+//!                    "labels": ["software", "travel", "office"] } },
+//!     { "key": "summary", "kind": "generate_text", "depends_on": ["extract", "category"],
+//!       "retries": 2,
+//!       "request": { "prompt": { "$template": "Summarize: {/steps/extract/output/vendor} ({/steps/category/output/label}), total {/steps/extract/output/total}." } } }
+//!   ],
+//!   "output": { "vendor": "/steps/extract/output/vendor",
+//!               "category": "/steps/category/output/label",
+//!               "summary": "/steps/summary/output/text" }
+//! }
+//! ```
+//!
+//! Anywhere in a step's `request` or `source`, `{"$from": "<JSON Pointer>"}` is replaced
+//! by the value it points at, and `{"$template": "… {<pointer>} …"}` by a string with each
+//! `{pointer}` replaced (strings as they are, other values as JSON). Pointers start with
+//! `/input` (the run's input) or `/steps/<key>/output` (an earlier step's output, which
+//! requires `<key>` among the step's dependencies, directly or through others).
+
+use crate::canonical::hash_value;
+use crate::error::InvalidInput;
+use crate::ids::{ModelId, StepKey};
+use crate::kinds::TaskKind;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Most steps a pipeline may have.
+pub const MAX_STEPS: usize = 100;
+/// Most retries a step may ask for.
+pub const MAX_RETRIES: u32 = 10;
+
+/// A step as written in a definition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepDefinition {
+    /// The step's key, unique in the pipeline.
+    pub key: String,
+    /// The task kind.
+    pub kind: String,
+    /// Model id (default: the configured default model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The request, with `$from`/`$template` references.
+    pub request: Value,
+    /// Binds the step to a source, so admission and the cache apply:
+    /// `{"id": …, "revision": …, "recompute"?: bool}` (values may be references).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Value>,
+    /// Budget policy name for the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
+    /// Steps whose outputs this one needs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// How many times a failed step is tried again before the run fails.
+    #[serde(default)]
+    pub retries: u32,
+}
+
+/// A pipeline definition as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineDefinition {
+    /// What the pipeline is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The steps.
+    pub steps: Vec<StepDefinition>,
+    /// The run's output: name → JSON Pointer (`/steps/<key>/output…` or `/input…`).
+    pub output: BTreeMap<String, String>,
+}
+
+/// A validated step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// Key.
+    pub key: StepKey,
+    /// Kind.
+    pub kind: TaskKind,
+    /// Model id.
+    pub model: Option<ModelId>,
+    /// Request template.
+    pub request: Value,
+    /// Source template.
+    pub source: Option<Value>,
+    /// Budget policy.
+    pub budget: Option<String>,
+    /// Direct dependencies.
+    pub depends_on: Vec<StepKey>,
+    /// Retries after a failure.
+    pub retries: u32,
+}
+
+/// A validated pipeline: steps in a topological order, references checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pipeline {
+    /// Steps, each after all of its dependencies.
+    pub steps: Vec<Step>,
+    /// Output name → pointer.
+    pub output: BTreeMap<String, String>,
+    /// The definition as given (normalized), what is stored.
+    pub definition: Value,
+    /// SHA-256 of the canonical definition: the version.
+    pub version: String,
+}
+
+fn err(field: impl Into<String>, reason: impl Into<String>) -> InvalidInput {
+    InvalidInput::field(field, reason)
+}
+
+impl Pipeline {
+    /// Parses and validates a definition; every problem names where it is.
+    pub fn parse(definition: &Value) -> Result<Pipeline, InvalidInput> {
+        let def: PipelineDefinition = serde_json::from_value(definition.clone())
+            .map_err(|e| err("definition", e.to_string()))?;
+        if def.steps.is_empty() {
+            return Err(err(
+                "definition.steps",
+                "a pipeline needs at least one step",
+            ));
+        }
+        if def.steps.len() > MAX_STEPS {
+            return Err(err(
+                "definition.steps",
+                format!("at most {MAX_STEPS} steps, got {}", def.steps.len()),
+            ));
+        }
+        let mut keys = BTreeMap::new();
+        for (i, s) in def.steps.iter().enumerate() {
+            let key = StepKey::new(s.key.clone())
+                .map_err(|e| err(format!("definition.steps[{i}].key"), e.to_string()))?;
+            if keys.insert(key.clone(), i).is_some() {
+                return Err(err(
+                    format!("definition.steps[{i}].key"),
+                    format!("step `{key}` is defined twice"),
+                ));
+            }
+        }
+        let mut steps = Vec::new();
+        for (i, s) in def.steps.iter().enumerate() {
+            let at = format!("definition.steps[{i}] ({})", s.key);
+            let kind = TaskKind::parse(&s.kind).ok_or_else(|| {
+                err(
+                    format!("{at}.kind"),
+                    format!(
+                        "unknown kind {:?}: use generate_text, classify, classify_many or extract_data",
+                        s.kind
+                    ),
+                )
+            })?;
+            if !s.request.is_object() {
+                return Err(err(format!("{at}.request"), "must be an object"));
+            }
+            if s.retries > MAX_RETRIES {
+                return Err(err(
+                    format!("{at}.retries"),
+                    format!("at most {MAX_RETRIES}, got {}", s.retries),
+                ));
+            }
+            let mut depends_on = Vec::new();
+            for (j, d) in s.depends_on.iter().enumerate() {
+                let dk = StepKey::new(d.clone())
+                    .map_err(|e| err(format!("{at}.depends_on[{j}]"), e.to_string()))?;
+                if !keys.contains_key(&dk) {
+                    return Err(err(
+                        format!("{at}.depends_on[{j}]"),
+                        format!("unknown step `{d}`"),
+                    ));
+                }
+                if dk.as_str() == s.key {
+                    return Err(err(
+                        format!("{at}.depends_on[{j}]"),
+                        "a step cannot depend on itself",
+                    ));
+                }
+                depends_on.push(dk);
+            }
+            if let Some(src) = &s.source {
+                let ok = src.as_object().is_some_and(|m| {
+                    m.contains_key("id")
+                        && m.contains_key("revision")
+                        && m.keys()
+                            .all(|k| ["id", "revision", "recompute"].contains(&k.as_str()))
+                });
+                if !ok {
+                    return Err(err(
+                        format!("{at}.source"),
+                        "must be {\"id\": …, \"revision\": …, \"recompute\"?: bool}",
+                    ));
+                }
+            }
+            steps.push(Step {
+                key: StepKey::new(s.key.clone()).map_err(|e| err(&at, e.to_string()))?,
+                kind,
+                model: s
+                    .model
+                    .clone()
+                    .map(ModelId::new)
+                    .transpose()
+                    .map_err(|e| err(format!("{at}.model"), e.to_string()))?,
+                request: s.request.clone(),
+                source: s.source.clone(),
+                budget: s.budget.clone(),
+                depends_on,
+                retries: s.retries,
+            });
+        }
+        let order = topological_order(&steps)?;
+        let steps: Vec<Step> = order.into_iter().map(|i| steps[i].clone()).collect();
+        // Every reference must point at the input or at an ancestor's output.
+        let ancestors = ancestors(&steps);
+        for (i, s) in steps.iter().enumerate() {
+            let at = format!("definition.steps ({})", s.key);
+            let mut refs = Vec::new();
+            collect_refs(&s.request, &format!("{at}.request"), &mut refs)?;
+            if let Some(src) = &s.source {
+                collect_refs(src, &format!("{at}.source"), &mut refs)?;
+            }
+            for (where_, pointer) in refs {
+                check_pointer(&pointer, &where_, Some(&ancestors[i]), &keys)?;
+            }
+        }
+        if def.output.is_empty() {
+            return Err(err("definition.output", "name at least one output"));
+        }
+        let all: BTreeSet<StepKey> = keys.keys().cloned().collect();
+        for (name, pointer) in &def.output {
+            check_pointer(
+                pointer,
+                &format!("definition.output.{name}"),
+                Some(&all),
+                &keys,
+            )?;
+        }
+        let normalized =
+            serde_json::to_value(&def).map_err(|e| err("definition", e.to_string()))?;
+        let version = hash_value(&normalized).map_err(|e| e.within("definition"))?;
+        Ok(Pipeline {
+            steps,
+            output: def.output,
+            definition: normalized,
+            version,
+        })
+    }
+
+    /// The step with this key.
+    pub fn step(&self, key: &StepKey) -> Option<&Step> {
+        self.steps.iter().find(|s| &s.key == key)
+    }
+
+    /// The run's output from its input and every step's output.
+    pub fn output(
+        &self,
+        input: &Value,
+        outputs: &BTreeMap<StepKey, Value>,
+    ) -> Result<Value, String> {
+        let scope = context(input, outputs);
+        let mut out = Map::new();
+        for (name, pointer) in &self.output {
+            let v = scope
+                .pointer(pointer)
+                .cloned()
+                .ok_or_else(|| format!("output `{name}`: nothing at {pointer}"))?;
+            out.insert(name.clone(), v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// The document references resolve against: `{"input": …, "steps": {key: {"output": …}}}`.
+fn context(input: &Value, outputs: &BTreeMap<StepKey, Value>) -> Value {
+    let steps: Map<String, Value> = outputs
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::json!({ "output": v })))
+        .collect();
+    serde_json::json!({ "input": input, "steps": steps })
+}
+
+/// Fills `$from` and `$template` references in a step's request or source.
+pub fn resolve(
+    template: &Value,
+    input: &Value,
+    outputs: &BTreeMap<StepKey, Value>,
+) -> Result<Value, String> {
+    let scope = context(input, outputs);
+    fill(template, &scope)
+}
+
+fn fill(v: &Value, scope: &Value) -> Result<Value, String> {
+    match v {
+        Value::Object(m) if m.len() == 1 && m.contains_key("$from") => {
+            let p = m["$from"].as_str().unwrap_or_default();
+            scope
+                .pointer(p)
+                .cloned()
+                .ok_or_else(|| format!("nothing at {p}"))
+        }
+        Value::Object(m) if m.len() == 1 && m.contains_key("$template") => {
+            let t = m["$template"].as_str().unwrap_or_default();
+            render(t, scope).map(Value::String)
+        }
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| fill(v, scope).map(|v| (k.clone(), v)))
+            .collect::<Result<Map<_, _>, _>>()
+            .map(Value::Object),
+        Value::Array(a) => a
+            .iter()
+            .map(|v| fill(v, scope))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+        other => Ok(other.clone()),
+    }
+}
+
+fn render(template: &str, scope: &Value) -> Result<String, String> {
+    let mut out = String::new();
+    for piece in template_pieces(template) {
+        match piece {
+            Piece::Text(t) => out.push_str(t),
+            Piece::Pointer(p) => match scope.pointer(p) {
+                Some(Value::String(s)) => out.push_str(s),
+                Some(other) => out.push_str(&other.to_string()),
+                None => return Err(format!("nothing at {p}")),
+            },
+        }
+    }
+    Ok(out)
+}
+
+enum Piece<'a> {
+    Text(&'a str),
+    Pointer(&'a str),
+}
+
+/// Splits `a {/x} b` into text and `{/pointer}` pieces; braces not starting with `{/`
+/// are plain text.
+fn template_pieces(t: &str) -> Vec<Piece<'_>> {
+    let mut pieces = Vec::new();
+    let mut rest = t;
+    while let Some(start) = rest.find("{/") {
+        let Some(len) = rest[start..].find('}') else {
+            break;
+        };
+        if start > 0 {
+            pieces.push(Piece::Text(&rest[..start]));
+        }
+        pieces.push(Piece::Pointer(&rest[start + 1..start + len]));
+        rest = &rest[start + len + 1..];
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Text(rest));
+    }
+    pieces
+}
+
+fn collect_refs(v: &Value, at: &str, out: &mut Vec<(String, String)>) -> Result<(), InvalidInput> {
+    match v {
+        Value::Object(m) if m.contains_key("$from") || m.contains_key("$template") => {
+            if m.len() != 1 {
+                return Err(err(
+                    at,
+                    "a `$from` or `$template` object holds nothing else",
+                ));
+            }
+            if let Some(p) = m.get("$from") {
+                let p = p
+                    .as_str()
+                    .ok_or_else(|| err(at, "`$from` must be a JSON Pointer string"))?;
+                out.push((at.to_string(), p.to_string()));
+            } else {
+                let t = m["$template"]
+                    .as_str()
+                    .ok_or_else(|| err(at, "`$template` must be a string"))?;
+                for piece in template_pieces(t) {
+                    if let Piece::Pointer(p) = piece {
+                        out.push((at.to_string(), p.to_string()));
+                    }
+                }
+            }
+            Ok(())
+        }
+        Value::Object(m) => m
+            .iter()
+            .try_for_each(|(k, v)| collect_refs(v, &format!("{at}.{k}"), out)),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| collect_refs(v, &format!("{at}[{i}]"), out)),
+        _ => Ok(()),
+    }
+}
+
+fn check_pointer(
+    pointer: &str,
+    at: &str,
+    allowed_steps: Option<&BTreeSet<StepKey>>,
+    keys: &BTreeMap<StepKey, usize>,
+) -> Result<(), InvalidInput> {
+    if pointer == "/input" || pointer.starts_with("/input/") {
+        return Ok(());
+    }
+    let Some(rest) = pointer.strip_prefix("/steps/") else {
+        return Err(err(
+            at,
+            format!("reference {pointer:?} must start with /input or /steps/<key>/output"),
+        ));
+    };
+    let (key, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    if !(tail == "output" || tail.starts_with("output/")) {
+        return Err(err(
+            at,
+            format!("reference {pointer:?} must point into /steps/{key}/output"),
+        ));
+    }
+    let key = StepKey::new(key).map_err(|e| err(at, e.to_string()))?;
+    if !keys.contains_key(&key) {
+        return Err(err(
+            at,
+            format!("reference {pointer:?} names unknown step `{key}`"),
+        ));
+    }
+    if let Some(allowed) = allowed_steps
+        && !allowed.contains(&key)
+    {
+        return Err(err(
+            at,
+            format!(
+                "reference {pointer:?} needs step `{key}`, which is not among this step's dependencies"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Kahn's algorithm; a cycle is reported with the steps on it.
+fn topological_order(steps: &[Step]) -> Result<Vec<usize>, InvalidInput> {
+    let mut indegree: Vec<usize> = steps.iter().map(|s| s.depends_on.len()).collect();
+    let mut ready: Vec<usize> = (0..steps.len()).filter(|&i| indegree[i] == 0).collect();
+    ready.reverse();
+    let mut order = Vec::new();
+    while let Some(i) = ready.pop() {
+        order.push(i);
+        for (j, s) in steps.iter().enumerate() {
+            if s.depends_on.contains(&steps[i].key) {
+                indegree[j] -= 1;
+                if indegree[j] == 0 {
+                    ready.insert(0, j);
+                }
+            }
+        }
+    }
+    if order.len() < steps.len() {
+        let stuck: Vec<String> = (0..steps.len())
+            .filter(|i| !order.contains(i))
+            .map(|i| steps[i].key.to_string())
+            .collect();
+        return Err(err(
+            "definition.steps",
+            format!("depends_on forms a cycle among: {}", stuck.join(", ")),
+        ));
+    }
+    Ok(order)
+}
+
+/// For steps in topological order: each step's transitive dependencies.
+fn ancestors(steps: &[Step]) -> Vec<BTreeSet<StepKey>> {
+    let mut out: Vec<BTreeSet<StepKey>> = Vec::with_capacity(steps.len());
+    for s in steps {
+        let mut set = BTreeSet::new();
+        for d in &s.depends_on {
+            set.insert(d.clone());
+            if let Some(j) = steps.iter().position(|x| &x.key == d)
+                && j < out.len()
+            {
+                set.extend(out[j].iter().cloned());
+            }
+        }
+        out.push(set);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn invoice() -> Value {
+        json!({
+            "steps": [
+                {"key": "summary", "kind": "generate_text", "depends_on": ["extract", "category"],
+                 "request": {"prompt": {"$template": "Vendor {/steps/extract/output/vendor} is {/steps/category/output/label}; total {/steps/extract/output/total}."}}},
+                {"key": "extract", "kind": "extract_data",
+                 "request": {"input": {"$from": "/input/text"}, "schema": {"type": "object"}},
+                 "source": {"id": {"$from": "/input/invoice_id"}, "revision": "v1"}},
+                {"key": "category", "kind": "classify", "depends_on": ["extract"],
+                 "request": {"input": {"$from": "/steps/extract/output/vendor"}, "labels": ["software", "travel"]}}
+            ],
+            "output": {"summary": "/steps/summary/output/text", "vendor": "/steps/extract/output/vendor"}
+        })
+    }
+
+    #[test]
+    fn steps_come_in_dependency_order_and_resolve() {
+        let p = Pipeline::parse(&invoice()).unwrap();
+        let order: Vec<&str> = p.steps.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(order, vec!["extract", "category", "summary"]);
+        assert_eq!(p.version.len(), 64);
+        let input = json!({"text": "ACME invoice", "invoice_id": "inv-7"});
+        let mut outputs = BTreeMap::new();
+        let extract = p.steps[0].clone();
+        assert_eq!(
+            resolve(&extract.request, &input, &outputs).unwrap(),
+            json!({"input": "ACME invoice", "schema": {"type": "object"}})
+        );
+        assert_eq!(
+            resolve(extract.source.as_ref().unwrap(), &input, &outputs).unwrap(),
+            json!({"id": "inv-7", "revision": "v1"})
+        );
+        outputs.insert(
+            StepKey::new("extract").unwrap(),
+            json!({"vendor": "ACME", "total": 12.5}),
+        );
+        outputs.insert(
+            StepKey::new("category").unwrap(),
+            json!({"label": "software"}),
+        );
+        assert_eq!(
+            resolve(&p.steps[2].request, &input, &outputs).unwrap(),
+            json!({"prompt": "Vendor ACME is software; total 12.5."})
+        );
+        outputs.insert(StepKey::new("summary").unwrap(), json!({"text": "ok"}));
+        assert_eq!(
+            p.output(&input, &outputs).unwrap(),
+            json!({"summary": "ok", "vendor": "ACME"})
+        );
+    }
+
+    #[test]
+    fn invalid_definitions_are_refused_precisely() {
+        let mut cyc = invoice();
+        cyc["steps"][1]["depends_on"] = json!(["summary"]);
+        let e = Pipeline::parse(&cyc).unwrap_err().to_string();
+        assert!(e.contains("cycle"), "{e}");
+        let mut unknown = invoice();
+        unknown["steps"][2]["depends_on"] = json!(["nope"]);
+        let e = Pipeline::parse(&unknown).unwrap_err().to_string();
+        assert!(e.contains("unknown step `nope`"), "{e}");
+        let mut kind = invoice();
+        kind["steps"][0]["kind"] = json!("summarize");
+        assert!(
+            Pipeline::parse(&kind)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown kind")
+        );
+        let mut not_dep = invoice();
+        not_dep["steps"][2]["request"]["input"] = json!({"$from": "/steps/summary/output/text"});
+        let e = Pipeline::parse(&not_dep).unwrap_err().to_string();
+        assert!(e.contains("not among this step's dependencies"), "{e}");
+        let mut bad_ptr = invoice();
+        bad_ptr["output"]["x"] = json!("/elsewhere");
+        assert!(Pipeline::parse(&bad_ptr).is_err());
+        let mut dup = invoice();
+        dup["steps"][1]["key"] = json!("summary");
+        assert!(
+            Pipeline::parse(&dup)
+                .unwrap_err()
+                .to_string()
+                .contains("defined twice")
+        );
+        assert!(Pipeline::parse(&json!({"steps": [], "output": {}})).is_err());
+        assert!(Pipeline::parse(&json!({"steps": [], "output": {}, "extra": 1})).is_err());
+    }
+
+    #[test]
+    fn equal_definitions_share_a_version() {
+        let a = Pipeline::parse(&invoice()).unwrap();
+        let text = serde_json::to_string(&invoice()).unwrap();
+        let b = Pipeline::parse(&serde_json::from_str(&text).unwrap()).unwrap();
+        assert_eq!(a.version, b.version);
+        let mut changed = invoice();
+        changed["steps"][0]["retries"] = json!(1);
+        assert_ne!(Pipeline::parse(&changed).unwrap().version, a.version);
+    }
+}
