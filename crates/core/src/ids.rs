@@ -126,6 +126,11 @@ text_id!(
     BudgetName,
     "budget"
 );
+text_id!(
+    /// A registered pipeline's name.
+    PipelineName,
+    "pipeline"
+);
 
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident) => {

@@ -19,8 +19,8 @@ pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
 pub use error::{ErrorCode, InvalidInput, OutputViolation};
 pub use ids::{
-    AppId, BudgetName, EffectKey, ModelId, RunId, ScopeId, SourceId, SourceRevision, StepKey,
-    TaskId, WorkerId,
+    AppId, BudgetName, EffectKey, ModelId, PipelineName, RunId, ScopeId, SourceId, SourceRevision,
+    StepKey, TaskId, WorkerId,
 };
 pub use kinds::{TaskKind, TaskRequest, validate_output};
 pub use model::{ConfigHash, ModelRef};

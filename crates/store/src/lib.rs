@@ -20,9 +20,10 @@ pub use error::StoreError;
 pub use types::*;
 
 use async_trait::async_trait;
+use std::time::Duration;
 use tollgate_core::{
-    AppId, EffectKey, ErrorCode, NewRun, NewTask, Run, RunId, ScopeId, SourceId, Task, TaskId,
-    Usage, WorkerId,
+    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Run, RunId, ScopeId, SourceId,
+    Task, TaskId, Timestamp, Usage, WorkerId,
 };
 
 /// Result of store calls.
@@ -171,4 +172,52 @@ pub trait Store: Send + Sync + 'static {
         run: RunId,
         result: RunResult,
     ) -> StoreResult<Option<Run>>;
+
+    /// Registers a version of a pipeline definition. The same (app, name, version) again
+    /// answers the stored one with `false`.
+    async fn put_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: &str,
+        definition: &serde_json::Value,
+    ) -> StoreResult<(StoredPipeline, bool)>;
+
+    /// A pipeline of the app: that version, or the newest when `version` is `None`.
+    async fn get_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: Option<&str>,
+    ) -> StoreResult<Option<StoredPipeline>>;
+
+    /// Creates a run of a pipeline version (state `running`, due to be driven at once) in
+    /// one transaction.
+    async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run>;
+
+    /// The pipeline version a run of the app runs (`None` for plain runs).
+    async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>>;
+
+    /// Claims up to `limit` pipeline runs to drive: runnable (state `running`), due, and
+    /// not held by a live lease. Each is held for `lease`; replicas never hold one run
+    /// at once. Skips rows other transactions hold.
+    async fn claim_pipeline_runs(
+        &self,
+        driver: &WorkerId,
+        lease: Duration,
+        limit: u32,
+    ) -> StoreResult<Vec<Run>>;
+
+    /// Gives back a claimed run, due again at `wake_at` (now when `None`). A run that
+    /// waits on a task is driven again only once woken. False when `driver` no longer
+    /// held it.
+    async fn release_pipeline_run(
+        &self,
+        run: RunId,
+        driver: &WorkerId,
+        wake_at: Option<Timestamp>,
+    ) -> StoreResult<bool>;
+
+    /// Every task of a run of the app (every attempt of every step), oldest first.
+    async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>>;
 }

@@ -1,7 +1,9 @@
 //! Inputs and answers of [`Store`](crate::Store) calls.
 
 use std::time::Duration;
-use tollgate_core::{Run, RunId, ScopeId, SourceId, StepKey, Task, TaskError, TaskId};
+use tollgate_core::{
+    AppId, PipelineName, Run, RunId, ScopeId, SourceId, StepKey, Task, TaskError, TaskId, Timestamp,
+};
 
 /// Largest page any listing returns.
 pub const MAX_PAGE: u32 = 100;
@@ -149,4 +151,28 @@ pub enum RunResult {
     Succeeded(serde_json::Value),
     /// With an error.
     Failed(TaskError),
+}
+
+/// A registered pipeline definition (one version of a name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredPipeline {
+    /// Owning app.
+    pub app: AppId,
+    /// The pipeline's name.
+    pub name: PipelineName,
+    /// Content hash of the definition.
+    pub version: String,
+    /// The definition.
+    pub definition: serde_json::Value,
+    /// When this version was registered.
+    pub created_at: Timestamp,
+}
+
+/// Which pipeline version a run runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PipelineRef {
+    /// The pipeline's name.
+    pub name: PipelineName,
+    /// The version (content hash).
+    pub version: String,
 }

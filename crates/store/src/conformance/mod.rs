@@ -22,6 +22,7 @@ pub mod fixtures;
 pub mod isolation;
 pub mod lifecycle;
 pub mod owner;
+pub mod pipelines;
 pub mod runs;
 pub mod sweep;
 
@@ -61,6 +62,9 @@ macro_rules! conformance_suite {
             create::effect_keys_are_unique_per_app,
             create::unscoped_tasks_skip_cache_and_admission,
             create::create_many_admits_or_refuses_each_item_on_its_own,
+            pipelines::pipelines_are_versioned_per_app,
+            pipelines::pipeline_runs_are_driven_by_one_driver_at_a_time,
+            pipelines::racing_drivers_claim_each_run_once,
             cache::cache_hit_is_a_new_succeeded_task_with_the_copied_output,
             cache::cache_ignores_unfinished_and_unsuccessful_tasks,
             cache::cache_never_crosses_app_scope_subject_revision_or_model_config,

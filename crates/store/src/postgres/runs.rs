@@ -90,6 +90,11 @@ pub(super) async fn request_run_cancel(
     .fetch_all(&mut *tx)
     .await?;
     after_terminal(&mut tx, &canceled, true, now).await?;
+    // A canceled pipeline run is never driven again.
+    sqlx::query("UPDATE pipeline_runs SET done = TRUE WHERE run_id = $1")
+        .bind(id.to_string())
+        .execute(&mut *tx)
+        .await?;
     let run = get_run(&mut *tx, app, id).await?;
     tx.commit().await?;
     let run = run.ok_or_else(|| StoreError::Database("canceled run vanished".into()))?;
@@ -195,6 +200,10 @@ pub(super) async fn finish_run(
     .bind(run.to_string())
     .execute(&mut *tx)
     .await?;
+    sqlx::query("UPDATE pipeline_runs SET done = TRUE WHERE run_id = $1")
+        .bind(run.to_string())
+        .execute(&mut *tx)
+        .await?;
     let finished = get_run(&mut *tx, app, run).await?;
     tx.commit().await?;
     Ok(finished)

@@ -10,13 +10,15 @@
 
 mod admission;
 mod lifecycle;
+mod pipelines;
 mod runs;
 mod sweep;
 
 use crate::rows::{TaskRow, task_columns};
 use crate::{
-    Created, HeartbeatReport, RunCancel, RunResult, Store, StoreError, StoreResult, SweepConfig,
-    SweepReport, Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome,
+    Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreError, StoreResult,
+    StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage, UnreleasedQuery,
+    WaitOutcome,
 };
 use async_trait::async_trait;
 use sqlx::sqlite::{
@@ -27,8 +29,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{
-    AppId, Clock, EffectKey, ErrorCode, NewRun, NewTask, Run, RunId, ScopeId, SourceId,
-    SystemClock, Task, TaskId, Usage, WorkerId,
+    AppId, Clock, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Run, RunId, ScopeId,
+    SourceId, SystemClock, Task, TaskId, Timestamp, Usage, WorkerId,
 };
 
 /// The migrations this binary ships.
@@ -335,5 +337,54 @@ impl Store for SqliteStore {
         result: RunResult,
     ) -> StoreResult<Option<Run>> {
         runs::finish_run(self, app, run, result).await
+    }
+
+    async fn put_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: &str,
+        definition: &serde_json::Value,
+    ) -> StoreResult<(StoredPipeline, bool)> {
+        pipelines::put_pipeline(self, app, name, version, definition).await
+    }
+
+    async fn get_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: Option<&str>,
+    ) -> StoreResult<Option<StoredPipeline>> {
+        pipelines::get_pipeline(self, app, name, version).await
+    }
+
+    async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run> {
+        pipelines::create_pipeline_run(self, new, pipeline).await
+    }
+
+    async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
+        pipelines::run_pipeline(self, app, run).await
+    }
+
+    async fn claim_pipeline_runs(
+        &self,
+        driver: &WorkerId,
+        lease: Duration,
+        limit: u32,
+    ) -> StoreResult<Vec<Run>> {
+        pipelines::claim_pipeline_runs(self, driver, lease, limit).await
+    }
+
+    async fn release_pipeline_run(
+        &self,
+        run: RunId,
+        driver: &WorkerId,
+        wake_at: Option<Timestamp>,
+    ) -> StoreResult<bool> {
+        pipelines::release_pipeline_run(self, run, driver, wake_at).await
+    }
+
+    async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>> {
+        pipelines::run_tasks(self, app, run).await
     }
 }

@@ -1,0 +1,234 @@
+//! Pipelines on PostgreSQL: definitions, pipeline runs and their driver leases. Claims
+//! skip rows other replicas hold, so two replicas never drive one run at once.
+
+use super::{PostgresStore, runs::get_run};
+use crate::rows::{RunRow, TaskRow, run_columns, task_columns, tasks};
+use crate::{MAX_PAGE, PipelineRef, StoreError, StoreResult, StoredPipeline};
+use std::time::Duration;
+use tollgate_core::canonical::canonical_json;
+use tollgate_core::{AppId, NewRun, PipelineName, Run, RunId, Task, Timestamp, WorkerId};
+
+fn stored(
+    app: &AppId,
+    name: &PipelineName,
+    (version, definition, created_at): (String, String, i64),
+) -> StoreResult<StoredPipeline> {
+    Ok(StoredPipeline {
+        app: app.clone(),
+        name: name.clone(),
+        version,
+        definition: serde_json::from_str(&definition)
+            .map_err(|e| StoreError::Corrupt(format!("pipeline definition: {e}")))?,
+        created_at: Timestamp(created_at),
+    })
+}
+
+pub(super) async fn put_pipeline(
+    store: &PostgresStore,
+    app: &AppId,
+    name: &PipelineName,
+    version: &str,
+    definition: &serde_json::Value,
+) -> StoreResult<(StoredPipeline, bool)> {
+    let text = canonical_json(definition).map_err(|e| e.within("definition"))?;
+    let mut tx = store.begin().await?;
+    let now = store.now(&mut tx).await?;
+    let created = sqlx::query(
+        "INSERT INTO pipelines (app, name, version, definition, created_at) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (app, name, version) DO NOTHING",
+    )
+    .bind(app.as_str())
+    .bind(name.as_str())
+    .bind(version)
+    .bind(&text)
+    .bind(now.0)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    let row: (String, String, i64) = sqlx::query_as(
+        "SELECT version, definition, created_at FROM pipelines \
+         WHERE app = $1 AND name = $2 AND version = $3",
+    )
+    .bind(app.as_str())
+    .bind(name.as_str())
+    .bind(version)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok((stored(app, name, row)?, created))
+}
+
+pub(super) async fn get_pipeline(
+    store: &PostgresStore,
+    app: &AppId,
+    name: &PipelineName,
+    version: Option<&str>,
+) -> StoreResult<Option<StoredPipeline>> {
+    let row: Option<(String, String, i64)> = sqlx::query_as(
+        "SELECT version, definition, created_at FROM pipelines \
+         WHERE app = $1 AND name = $2 AND ($3::TEXT IS NULL OR version = $3) \
+         ORDER BY created_at DESC, version DESC LIMIT 1",
+    )
+    .bind(app.as_str())
+    .bind(name.as_str())
+    .bind(version)
+    .fetch_optional(&store.pool)
+    .await?;
+    row.map(|r| stored(app, name, r)).transpose()
+}
+
+pub(super) async fn create_pipeline_run(
+    store: &PostgresStore,
+    new: NewRun,
+    pipeline: &PipelineRef,
+) -> StoreResult<Run> {
+    let input = canonical_json(&new.input).map_err(|e| e.within("input"))?;
+    let id = RunId::generate();
+    let mut tx = store.begin().await?;
+    let now = store.now(&mut tx).await?;
+    let exists: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM pipelines WHERE app = $1 AND name = $2 AND version = $3")
+            .bind(new.app.as_str())
+            .bind(pipeline.name.as_str())
+            .bind(&pipeline.version)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if exists.is_none() {
+        return Err(StoreError::InvalidState(format!(
+            "pipeline {} version {} is not registered",
+            pipeline.name, pipeline.version
+        )));
+    }
+    sqlx::query(
+        "INSERT INTO runs (id, app, scope, subject_type, subject_id, state, input, created_at, \
+         updated_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, $7, $7)",
+    )
+    .bind(id.to_string())
+    .bind(new.app.as_str())
+    .bind(new.scope.as_str())
+    .bind(new.subject.as_ref().map(|s| s.kind.as_str()))
+    .bind(new.subject.as_ref().map(|s| s.id.as_str()))
+    .bind(input)
+    .bind(now.0)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO pipeline_runs (run_id, app, pipeline, version, wake_at) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(id.to_string())
+    .bind(new.app.as_str())
+    .bind(pipeline.name.as_str())
+    .bind(&pipeline.version)
+    .bind(now.0)
+    .execute(&mut *tx)
+    .await?;
+    let run = get_run(&mut *tx, &new.app, id).await?;
+    tx.commit().await?;
+    run.ok_or_else(|| StoreError::Database("inserted run vanished".into()))
+}
+
+pub(super) async fn run_pipeline(
+    store: &PostgresStore,
+    app: &AppId,
+    run: RunId,
+) -> StoreResult<Option<PipelineRef>> {
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT pipeline, version FROM pipeline_runs WHERE run_id = $1 AND app = $2",
+    )
+    .bind(run.to_string())
+    .bind(app.as_str())
+    .fetch_optional(&store.pool)
+    .await?;
+    row.map(|(name, version)| {
+        Ok(PipelineRef {
+            name: PipelineName::new(name).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            version,
+        })
+    })
+    .transpose()
+}
+
+pub(super) async fn claim_pipeline_runs(
+    store: &PostgresStore,
+    driver: &WorkerId,
+    lease: Duration,
+    limit: u32,
+) -> StoreResult<Vec<Run>> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let mut tx = store.begin().await?;
+    let now = store.now(&mut tx).await?;
+    let ids: Vec<String> = sqlx::query_scalar(
+        "WITH picked AS MATERIALIZED (SELECT p.run_id FROM pipeline_runs p \
+         JOIN runs r ON r.id = p.run_id \
+         WHERE NOT p.done AND p.wake_at <= $3 AND (p.lease_until IS NULL OR p.lease_until < $3) \
+         AND r.state = 'running' ORDER BY p.wake_at LIMIT $4 FOR UPDATE OF p SKIP LOCKED) \
+         UPDATE pipeline_runs SET driver = $1, lease_until = $2 FROM picked \
+         WHERE pipeline_runs.run_id = picked.run_id RETURNING pipeline_runs.run_id",
+    )
+    .bind(driver.as_str())
+    .bind(now.plus(lease).0)
+    .bind(now.0)
+    .bind(i64::from(limit.min(MAX_PAGE)))
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut runs = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let row: Option<RunRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            run_columns!(),
+            " FROM runs WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(r) = row {
+            runs.push(r.into_run()?);
+        }
+    }
+    tx.commit().await?;
+    Ok(runs)
+}
+
+pub(super) async fn release_pipeline_run(
+    store: &PostgresStore,
+    run: RunId,
+    driver: &WorkerId,
+    wake_at: Option<Timestamp>,
+) -> StoreResult<bool> {
+    let mut tx = store.begin().await?;
+    let now = store.now(&mut tx).await?;
+    let released = sqlx::query(
+        "UPDATE pipeline_runs SET driver = NULL, lease_until = NULL, wake_at = $1 \
+         WHERE run_id = $2 AND driver = $3",
+    )
+    .bind(wake_at.unwrap_or(now).0)
+    .bind(run.to_string())
+    .bind(driver.as_str())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    tx.commit().await?;
+    Ok(released)
+}
+
+pub(super) async fn run_tasks(
+    store: &PostgresStore,
+    app: &AppId,
+    run: RunId,
+) -> StoreResult<Vec<Task>> {
+    let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE run_id = $1 AND app = $2 ORDER BY created_at, id"
+    ))
+    .bind(run.to_string())
+    .bind(app.as_str())
+    .fetch_all(&store.pool)
+    .await?;
+    tasks(rows)
+}

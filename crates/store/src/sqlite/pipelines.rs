@@ -1,0 +1,230 @@
+//! Pipelines on SQLite: definitions, pipeline runs and their driver leases.
+
+use super::{SqliteStore, runs::get_run};
+use crate::rows::{RunRow, TaskRow, run_columns, task_columns, tasks};
+use crate::{MAX_PAGE, PipelineRef, StoreError, StoreResult, StoredPipeline};
+use std::time::Duration;
+use tollgate_core::canonical::canonical_json;
+use tollgate_core::{AppId, NewRun, PipelineName, Run, RunId, Task, Timestamp, WorkerId};
+
+fn stored(
+    app: &AppId,
+    name: &PipelineName,
+    (version, definition, created_at): (String, String, i64),
+) -> StoreResult<StoredPipeline> {
+    Ok(StoredPipeline {
+        app: app.clone(),
+        name: name.clone(),
+        version,
+        definition: serde_json::from_str(&definition)
+            .map_err(|e| StoreError::Corrupt(format!("pipeline definition: {e}")))?,
+        created_at: Timestamp(created_at),
+    })
+}
+
+pub(super) async fn put_pipeline(
+    store: &SqliteStore,
+    app: &AppId,
+    name: &PipelineName,
+    version: &str,
+    definition: &serde_json::Value,
+) -> StoreResult<(StoredPipeline, bool)> {
+    let text = canonical_json(definition).map_err(|e| e.within("definition"))?;
+    let mut tx = store.begin().await?;
+    let now = store.now();
+    let created = sqlx::query(
+        "INSERT INTO pipelines (app, name, version, definition, created_at) VALUES (?, ?, ?, ?, ?) \
+         ON CONFLICT (app, name, version) DO NOTHING",
+    )
+    .bind(app.as_str())
+    .bind(name.as_str())
+    .bind(version)
+    .bind(&text)
+    .bind(now.0)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    let row: (String, String, i64) = sqlx::query_as(
+        "SELECT version, definition, created_at FROM pipelines \
+         WHERE app = ? AND name = ? AND version = ?",
+    )
+    .bind(app.as_str())
+    .bind(name.as_str())
+    .bind(version)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok((stored(app, name, row)?, created))
+}
+
+pub(super) async fn get_pipeline(
+    store: &SqliteStore,
+    app: &AppId,
+    name: &PipelineName,
+    version: Option<&str>,
+) -> StoreResult<Option<StoredPipeline>> {
+    let row: Option<(String, String, i64)> = sqlx::query_as(
+        "SELECT version, definition, created_at FROM pipelines \
+         WHERE app = ?1 AND name = ?2 AND (?3 IS NULL OR version = ?3) \
+         ORDER BY created_at DESC, version DESC LIMIT 1",
+    )
+    .bind(app.as_str())
+    .bind(name.as_str())
+    .bind(version)
+    .fetch_optional(&store.reader)
+    .await?;
+    row.map(|r| stored(app, name, r)).transpose()
+}
+
+pub(super) async fn create_pipeline_run(
+    store: &SqliteStore,
+    new: NewRun,
+    pipeline: &PipelineRef,
+) -> StoreResult<Run> {
+    let input = canonical_json(&new.input).map_err(|e| e.within("input"))?;
+    let id = RunId::generate();
+    let mut tx = store.begin().await?;
+    let now = store.now();
+    let exists: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM pipelines WHERE app = ? AND name = ? AND version = ?")
+            .bind(new.app.as_str())
+            .bind(pipeline.name.as_str())
+            .bind(&pipeline.version)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if exists.is_none() {
+        return Err(StoreError::InvalidState(format!(
+            "pipeline {} version {} is not registered",
+            pipeline.name, pipeline.version
+        )));
+    }
+    sqlx::query(
+        "INSERT INTO runs (id, app, scope, subject_type, subject_id, state, input, created_at, \
+         updated_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+    )
+    .bind(id.to_string())
+    .bind(new.app.as_str())
+    .bind(new.scope.as_str())
+    .bind(new.subject.as_ref().map(|s| s.kind.as_str()))
+    .bind(new.subject.as_ref().map(|s| s.id.as_str()))
+    .bind(input)
+    .bind(now.0)
+    .bind(now.0)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO pipeline_runs (run_id, app, pipeline, version, wake_at) VALUES (?, ?, ?, ?, ?)",
+    )
+    .bind(id.to_string())
+    .bind(new.app.as_str())
+    .bind(pipeline.name.as_str())
+    .bind(&pipeline.version)
+    .bind(now.0)
+    .execute(&mut *tx)
+    .await?;
+    let run = get_run(&mut *tx, &new.app, id).await?;
+    tx.commit().await?;
+    run.ok_or_else(|| StoreError::Database("inserted run vanished".into()))
+}
+
+pub(super) async fn run_pipeline(
+    store: &SqliteStore,
+    app: &AppId,
+    run: RunId,
+) -> StoreResult<Option<PipelineRef>> {
+    let row: Option<(String, String)> =
+        sqlx::query_as("SELECT pipeline, version FROM pipeline_runs WHERE run_id = ? AND app = ?")
+            .bind(run.to_string())
+            .bind(app.as_str())
+            .fetch_optional(&store.reader)
+            .await?;
+    row.map(|(name, version)| {
+        Ok(PipelineRef {
+            name: PipelineName::new(name).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            version,
+        })
+    })
+    .transpose()
+}
+
+pub(super) async fn claim_pipeline_runs(
+    store: &SqliteStore,
+    driver: &WorkerId,
+    lease: Duration,
+    limit: u32,
+) -> StoreResult<Vec<Run>> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let mut tx = store.begin().await?;
+    let now = store.now();
+    let ids: Vec<String> = sqlx::query_scalar(
+        "UPDATE pipeline_runs SET driver = ?1, lease_until = ?2 WHERE run_id IN (\
+         SELECT p.run_id FROM pipeline_runs p JOIN runs r ON r.id = p.run_id \
+         WHERE p.done = 0 AND p.wake_at <= ?3 AND (p.lease_until IS NULL OR p.lease_until < ?3) \
+         AND r.state = 'running' ORDER BY p.wake_at LIMIT ?4) RETURNING run_id",
+    )
+    .bind(driver.as_str())
+    .bind(now.plus(lease).0)
+    .bind(now.0)
+    .bind(i64::from(limit.min(MAX_PAGE)))
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut runs = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let row: Option<RunRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            run_columns!(),
+            " FROM runs WHERE id = ?"
+        ))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(r) = row {
+            runs.push(r.into_run()?);
+        }
+    }
+    tx.commit().await?;
+    Ok(runs)
+}
+
+pub(super) async fn release_pipeline_run(
+    store: &SqliteStore,
+    run: RunId,
+    driver: &WorkerId,
+    wake_at: Option<Timestamp>,
+) -> StoreResult<bool> {
+    let mut tx = store.begin().await?;
+    let now = store.now();
+    let released = sqlx::query(
+        "UPDATE pipeline_runs SET driver = NULL, lease_until = NULL, wake_at = ? \
+         WHERE run_id = ? AND driver = ?",
+    )
+    .bind(wake_at.unwrap_or(now).0)
+    .bind(run.to_string())
+    .bind(driver.as_str())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    tx.commit().await?;
+    Ok(released)
+}
+
+pub(super) async fn run_tasks(
+    store: &SqliteStore,
+    app: &AppId,
+    run: RunId,
+) -> StoreResult<Vec<Task>> {
+    let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE run_id = ? AND app = ? ORDER BY created_at, id"
+    ))
+    .bind(run.to_string())
+    .bind(app.as_str())
+    .fetch_all(&store.reader)
+    .await?;
+    tasks(rows)
+}
