@@ -354,4 +354,30 @@ pub async fn create_many_admits_or_refuses_each_item_on_its_own(b: &dyn Backend)
         s.create_tasks(Vec::new()).await.expect("empty batch").len(),
         0
     );
+    // Unscoped items, a repeated key among them, and run-owned items of a missing and of
+    // a live run: each answered in its place.
+    let run = create_run(&*s, new_run("acme", "s")).await;
+    let missing = tollgate_core::RunId::generate();
+    let results = s
+        .create_tasks(vec![
+            new_app_task("acme", "s", "u1"),
+            new_run_task("acme", missing, "u2"),
+            new_app_task("acme", "s", "u1"),
+            new_run_task("acme", run.id, "u3"),
+        ])
+        .await
+        .expect("the batch runs");
+    let u1 = results[0].as_ref().expect("u1 created");
+    assert!(u1.created);
+    assert!(
+        matches!(results[1], Err(StoreError::RunNotFound(_))),
+        "{:?}",
+        results[1]
+    );
+    let again = results[2].as_ref().expect("u1 again");
+    assert!(!again.created);
+    assert_eq!(again.task.id, u1.task.id);
+    let u3 = results[3].as_ref().expect("u3 created");
+    assert_eq!(u3.task.run_id(), Some(run.id));
+    assert!(get_by_key(&*s, &acme, "u2").await.is_none());
 }

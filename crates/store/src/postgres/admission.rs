@@ -14,8 +14,9 @@ use crate::{Created, StoreError, StoreResult};
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::canonical::sha256_hex;
 use tollgate_core::{
-    AdmissionRejection, AdmissionSnapshot, AppId, BucketState, Budget, NewTask, Owner, RunState,
-    ScopeId, SourceId, Subject, SubjectKind, Task, TaskId, Timestamp, Usage, cache_key, decide,
+    AdmissionRejection, AdmissionSnapshot, AppId, BucketState, Budget, NewTask, Owner, RunId,
+    RunState, ScopeId, SourceId, Subject, SubjectKind, Task, TaskId, Timestamp, Usage, cache_key,
+    decide,
 };
 
 /// The advisory lock key of an (app, scope): the first 8 bytes of SHA-256 of both, with a
@@ -63,44 +64,7 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
     // Step 3: owner check; a run's scope and subject apply to its tasks.
     let (run_id, scope, subject) = match &new.owner {
         Owner::Run { run_id, .. } => {
-            let scope: Option<String> =
-                sqlx::query_scalar("SELECT scope FROM runs WHERE id = $1 AND app = $2")
-                    .bind(run_id.to_string())
-                    .bind(app.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let Some(scope) = scope else {
-                return Err(StoreError::RunNotFound(run_id.to_string()));
-            };
-            let scope =
-                ScopeId::new(scope).map_err(|e| StoreError::Corrupt(format!("run scope: {e}")))?;
-            if new.scope.is_some() {
-                lock_scope(&mut tx, &app, &scope, true).await?;
-            }
-            // FOR SHARE: a concurrent cancel of the run either commits first (and we see
-            // it) or waits for us (and its cascade sees the new task).
-            let row: Option<(String, bool, Option<String>, Option<String>)> = sqlx::query_as(
-                "SELECT state, cancel_requested, subject_type, subject_id FROM runs \
-                 WHERE id = $1 AND app = $2 FOR SHARE",
-            )
-            .bind(run_id.to_string())
-            .bind(app.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some((state, cancel, kind, sid)) = row else {
-                return Err(StoreError::RunNotFound(run_id.to_string()));
-            };
-            if cancel || state == RunState::Canceled.as_str() {
-                return Err(StoreError::RunCanceled(run_id.to_string()));
-            }
-            let subject = match (kind, sid) {
-                (Some(k), Some(id)) => Some(Subject {
-                    kind: SubjectKind::parse(&k)
-                        .ok_or_else(|| StoreError::Corrupt(format!("subject_type {k}")))?,
-                    id,
-                }),
-                _ => None,
-            };
+            let (scope, subject) = run_owner(&mut tx, &app, *run_id, new.scope.is_some()).await?;
             (Some(run_id.to_string()), scope, subject)
         }
         Owner::Application { scope, subject, .. } => {
@@ -192,6 +156,177 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
         budget: &scoped.budget,
     };
     insert_and_commit(store, tx, &row, &app, Some(record)).await
+}
+
+/// SPEC §3 step 3 for a run's task: the run exists in the app and is not canceled; its
+/// scope and subject apply. With `lock_for_admission`, the run's scope lock is taken
+/// (exclusive) before the run row (the lock order).
+async fn run_owner(
+    tx: &mut Tx,
+    app: &AppId,
+    run_id: RunId,
+    lock_for_admission: bool,
+) -> StoreResult<(ScopeId, Option<Subject>)> {
+    let scope: Option<String> =
+        sqlx::query_scalar("SELECT scope FROM runs WHERE id = $1 AND app = $2")
+            .bind(run_id.to_string())
+            .bind(app.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+    let Some(scope) = scope else {
+        return Err(StoreError::RunNotFound(run_id.to_string()));
+    };
+    let scope = ScopeId::new(scope).map_err(|e| StoreError::Corrupt(format!("run scope: {e}")))?;
+    if lock_for_admission {
+        lock_scope(tx, app, &scope, true).await?;
+    }
+    // FOR SHARE: a concurrent cancel of the run either commits first (and we see it) or
+    // waits for us (and its cascade sees the new task).
+    let row: Option<(String, bool, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT state, cancel_requested, subject_type, subject_id FROM runs \
+         WHERE id = $1 AND app = $2 FOR SHARE",
+    )
+    .bind(run_id.to_string())
+    .bind(app.as_str())
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some((state, cancel, kind, sid)) = row else {
+        return Err(StoreError::RunNotFound(run_id.to_string()));
+    };
+    if cancel || state == RunState::Canceled.as_str() {
+        return Err(StoreError::RunCanceled(run_id.to_string()));
+    }
+    let subject = match (kind, sid) {
+        (Some(k), Some(id)) => Some(Subject {
+            kind: SubjectKind::parse(&k)
+                .ok_or_else(|| StoreError::Corrupt(format!("subject_type {k}")))?,
+            id,
+        }),
+        _ => None,
+    };
+    Ok((scope, subject))
+}
+
+/// Many creations with as few transactions as correctness allows: consecutive unscoped
+/// items (no cache, no admission) share one transaction; each scoped item is its own
+/// short admission transaction, so no scope or global lock is ever held across a batch.
+/// Items are processed in order, so a repeated effect key is a replay of its first
+/// occurrence.
+pub(super) async fn create_tasks(
+    store: &PostgresStore,
+    news: Vec<NewTask>,
+) -> StoreResult<Vec<StoreResult<Created>>> {
+    let mut out = Vec::with_capacity(news.len());
+    let mut pending: Vec<NewTask> = Vec::new();
+    for new in news {
+        if new.scope.is_none() {
+            pending.push(new);
+            continue;
+        }
+        if !pending.is_empty() {
+            out.extend(create_unscoped(store, std::mem::take(&mut pending)).await?);
+        }
+        match create_task(store, new).await {
+            Err(e) if !e.is_per_item() => return Err(e),
+            result => out.push(result),
+        }
+    }
+    if !pending.is_empty() {
+        out.extend(create_unscoped(store, pending).await?);
+    }
+    Ok(out)
+}
+
+/// Unscoped creations in one transaction. Every refusal of an item (invalid model
+/// configuration, missing or canceled run) happens before that item writes anything, so
+/// no savepoint is needed; a database failure fails them all with nothing written.
+async fn create_unscoped(
+    store: &PostgresStore,
+    news: Vec<NewTask>,
+) -> StoreResult<Vec<StoreResult<Created>>> {
+    let mut tx = store.begin().await?;
+    // Shared scope locks of the application owners, in key order (the lock order): owner
+    // deletion cannot interleave, and these creations never wait on each other.
+    let mut keys: Vec<i64> = news
+        .iter()
+        .filter_map(|n| match &n.owner {
+            Owner::Application { app, scope, .. } => Some(scope_lock_key(app, scope)),
+            Owner::Run { .. } => None,
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    for key in keys {
+        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let now = store.now(&mut tx).await?;
+    let mut out = Vec::with_capacity(news.len());
+    for new in &news {
+        match create_unscoped_in(&mut tx, new, now).await {
+            Err(e) if !e.is_per_item() => {
+                tx.rollback().await?;
+                return Err(e);
+            }
+            result => out.push(result),
+        }
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> StoreResult<Created> {
+    let config_hash = new.model_ref.config_hash()?;
+    let model_ref = serde_json::to_string(&new.model_ref)
+        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    let app = new.owner.app().clone();
+    if let Some(task) = by_effect_key(tx, &app, new.effect_key.as_str()).await? {
+        return Ok(Created {
+            task,
+            created: false,
+        });
+    }
+    let (run_id, scope, subject) = match &new.owner {
+        Owner::Run { run_id, .. } => {
+            let (scope, subject) = run_owner(tx, &app, *run_id, false).await?;
+            (Some(run_id.to_string()), scope, subject)
+        }
+        Owner::Application { scope, subject, .. } => (None, scope.clone(), subject.clone()),
+    };
+    let row = InsertRow {
+        id: TaskId::generate(),
+        new,
+        run_id,
+        scope,
+        subject,
+        config_hash: config_hash.0,
+        model_ref,
+        cache_key: None,
+        admitted: false,
+        cached_from: None,
+        cached_output: None,
+        now,
+    };
+    match insert_task(tx, &row).await? {
+        Some(task) => Ok(Created {
+            task,
+            created: true,
+        }),
+        // Another transaction committed the key meanwhile (the insert waited for it).
+        None => by_effect_key(tx, &app, new.effect_key.as_str())
+            .await?
+            .map(|task| Created {
+                task,
+                created: false,
+            })
+            .ok_or_else(|| {
+                StoreError::Unavailable(
+                    "effect key taken by a transaction that rolled back; retry".into(),
+                )
+            }),
+    }
 }
 
 struct InsertRow<'a> {

@@ -239,6 +239,10 @@ impl Store for PostgresStore {
         admission::create_task(self, new).await
     }
 
+    async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
+        admission::create_tasks(self, news).await
+    }
+
     async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {
         let row: Option<TaskRow> = sqlx::query_as(concat!(
             "SELECT ",
