@@ -1,7 +1,8 @@
 //! Pipelines on PostgreSQL: definitions, pipeline runs and their driver leases. Claims
 //! skip rows other replicas hold, so two replicas never drive one run at once.
 
-use super::{PostgresStore, runs::get_run};
+use super::PostgresStore;
+use super::runs::{get_run, insert_run};
 use crate::rows::{RunRow, TaskRow, run_columns, task_columns, tasks};
 use crate::{MAX_PAGE, PipelineRef, StoreError, StoreResult, StoredPipeline};
 use std::time::Duration;
@@ -83,8 +84,6 @@ pub(super) async fn create_pipeline_run(
     new: NewRun,
     pipeline: &PipelineRef,
 ) -> StoreResult<Run> {
-    let input = canonical_json(&new.input).map_err(|e| e.within("input"))?;
-    let id = RunId::generate();
     let mut tx = store.begin().await?;
     let now = store.now(&mut tx).await?;
     let exists: Option<i32> =
@@ -100,19 +99,7 @@ pub(super) async fn create_pipeline_run(
             pipeline.name, pipeline.version
         )));
     }
-    sqlx::query(
-        "INSERT INTO runs (id, app, scope, subject_type, subject_id, state, input, created_at, \
-         updated_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, $7, $7)",
-    )
-    .bind(id.to_string())
-    .bind(new.app.as_str())
-    .bind(new.scope.as_str())
-    .bind(new.subject.as_ref().map(|s| s.kind.as_str()))
-    .bind(new.subject.as_ref().map(|s| s.id.as_str()))
-    .bind(input)
-    .bind(now.0)
-    .execute(&mut *tx)
-    .await?;
+    let id = insert_run(&mut tx, &new, now).await?;
     sqlx::query(
         "INSERT INTO pipeline_runs (run_id, app, pipeline, version, wake_at) \
          VALUES ($1, $2, $3, $4, $5)",

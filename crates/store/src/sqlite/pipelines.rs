@@ -1,6 +1,7 @@
 //! Pipelines on SQLite: definitions, pipeline runs and their driver leases.
 
-use super::{SqliteStore, runs::get_run};
+use super::SqliteStore;
+use super::runs::{get_run, insert_run};
 use crate::rows::{RunRow, TaskRow, run_columns, task_columns, tasks};
 use crate::{MAX_PAGE, PipelineRef, StoreError, StoreResult, StoredPipeline};
 use std::time::Duration;
@@ -82,8 +83,6 @@ pub(super) async fn create_pipeline_run(
     new: NewRun,
     pipeline: &PipelineRef,
 ) -> StoreResult<Run> {
-    let input = canonical_json(&new.input).map_err(|e| e.within("input"))?;
-    let id = RunId::generate();
     let mut tx = store.begin().await?;
     let now = store.now();
     let exists: Option<i64> =
@@ -99,20 +98,7 @@ pub(super) async fn create_pipeline_run(
             pipeline.name, pipeline.version
         )));
     }
-    sqlx::query(
-        "INSERT INTO runs (id, app, scope, subject_type, subject_id, state, input, created_at, \
-         updated_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)",
-    )
-    .bind(id.to_string())
-    .bind(new.app.as_str())
-    .bind(new.scope.as_str())
-    .bind(new.subject.as_ref().map(|s| s.kind.as_str()))
-    .bind(new.subject.as_ref().map(|s| s.id.as_str()))
-    .bind(input)
-    .bind(now.0)
-    .bind(now.0)
-    .execute(&mut *tx)
-    .await?;
+    let id = insert_run(&mut tx, &new, now).await?;
     sqlx::query(
         "INSERT INTO pipeline_runs (run_id, app, pipeline, version, wake_at) VALUES (?, ?, ?, ?, ?)",
     )

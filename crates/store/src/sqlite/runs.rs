@@ -25,10 +25,22 @@ pub(super) async fn get_run(
 }
 
 pub(super) async fn create_run(store: &SqliteStore, new: NewRun) -> StoreResult<Run> {
-    let input = canonical_json_text(&new.input).map_err(|e| e.within("input"))?;
-    let id = RunId::generate();
     let mut tx = store.begin().await?;
     let now = store.now();
+    let id = insert_run(&mut tx, &new, now).await?;
+    let run = get_run(&mut *tx, &new.app, id).await?;
+    tx.commit().await?;
+    run.ok_or_else(|| StoreError::Database("inserted run vanished".into()))
+}
+
+/// Inserts a new run in state `running`.
+pub(super) async fn insert_run(
+    tx: &mut super::Tx,
+    new: &NewRun,
+    now: tollgate_core::Timestamp,
+) -> StoreResult<RunId> {
+    let input = canonical_json_text(&new.input).map_err(|e| e.within("input"))?;
+    let id = RunId::generate();
     sqlx::query(
         "INSERT INTO runs (id, app, scope, subject_type, subject_id, state, input, created_at, \
          updated_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)",
@@ -41,11 +53,9 @@ pub(super) async fn create_run(store: &SqliteStore, new: NewRun) -> StoreResult<
     .bind(input)
     .bind(now.0)
     .bind(now.0)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    let run = get_run(&mut *tx, &new.app, id).await?;
-    tx.commit().await?;
-    run.ok_or_else(|| StoreError::Database("inserted run vanished".into()))
+    Ok(id)
 }
 
 pub(super) async fn request_run_cancel(
