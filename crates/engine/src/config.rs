@@ -38,7 +38,7 @@
 //! global_concurrent = 1000
 //!
 //! [workers]
-//! concurrency = 8
+//! concurrency = 8                       # 0: this process runs no tasks (API only)
 //! heartbeat_interval = "5s"
 //! max_output_retries = 2
 //!
@@ -54,6 +54,14 @@
 //! nats_url = "nats://127.0.0.1:4222"
 //! subject_prefix = "tollgate"
 //! poll_interval = "1s"
+//!
+//! [pipelines]
+//! concurrency = 8                       # runs driven at once; 0: this process drives none
+//! lease = "30s"
+//! poll_interval = "1s"
+//! admission_retry = true                # false: an admission rejection fails the run
+//! admission_default_delay = "5s"
+//! error_delay = "1s"
 //! ```
 //!
 //! Durations are strings: `"200ms"`, `"2s"`, `"1h"`, `"1h 30m"`.
@@ -104,6 +112,8 @@ pub struct EngineConfig {
     pub sweeper: SweeperConfig,
     /// How replicas hint each other.
     pub notifications: NotificationConfig,
+    /// The pipeline driver of this process.
+    pub pipelines: PipelineConfig,
 }
 
 impl Default for EngineConfig {
@@ -133,6 +143,7 @@ impl Default for EngineConfig {
             workers: WorkerConfig::default(),
             sweeper: SweeperConfig::default(),
             notifications: NotificationConfig::default(),
+            pipelines: PipelineConfig::default(),
         }
     }
 }
@@ -380,7 +391,7 @@ impl Default for AdmissionConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerConfig {
-    /// Tasks executed at once by this process.
+    /// Tasks executed at once by this process; 0 runs none (an API-only replica).
     pub concurrency: u32,
     /// How often the pool heartbeats all its tasks (one write) and learns which to stop.
     #[serde(with = "duration_text")]
@@ -469,6 +480,47 @@ impl Default for NotificationConfig {
             nats_url: "nats://127.0.0.1:4222".to_string(),
             subject_prefix: "tollgate".to_string(),
             poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `[pipelines]`: how this process drives pipeline runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineConfig {
+    /// Runs this process drives at once (each drive is a few short store calls, never
+    /// held during inference). 0: this process drives no runs (other replicas do).
+    pub concurrency: u32,
+    /// How long a claimed run is held by this process's driver. Another replica takes
+    /// over a run whose driver died once its lease ends.
+    #[serde(with = "duration_text")]
+    pub lease: Duration,
+    /// The bounded fallback: an idle driver looks for due runs at least this often,
+    /// whatever notifications say.
+    #[serde(with = "duration_text")]
+    pub poll_interval: Duration,
+    /// An admission rejection of a step (`WORKFLOW_AI_*`) makes the run wait and try
+    /// again; `false` fails the run with the rejection instead.
+    pub admission_retry: bool,
+    /// How long a run waits after an admission rejection that gives no retry time
+    /// (capacity, per-source and daily budgets).
+    #[serde(with = "duration_text")]
+    pub admission_default_delay: Duration,
+    /// How long a run waits before it is driven again after a store error (an
+    /// unavailable database).
+    #[serde(with = "duration_text")]
+    pub error_delay: Duration,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            concurrency: 8,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            admission_retry: true,
+            admission_default_delay: Duration::from_secs(5),
+            error_delay: Duration::from_secs(1),
         }
     }
 }
@@ -740,8 +792,8 @@ impl EngineConfig {
         if self.max_request_bytes == 0 {
             p.add("max_request_bytes", "must be at least 1");
         }
-        if self.workers.concurrency == 0 || self.workers.concurrency > 10_000 {
-            p.add("workers.concurrency", "must be from 1 to 10000");
+        if self.workers.concurrency > 10_000 {
+            p.add("workers.concurrency", "must be from 0 to 10000");
         }
         p.positive_duration(
             "workers.heartbeat_interval",
@@ -774,6 +826,16 @@ impl EngineConfig {
         {
             p.add("notifications.nats_url", "must not be empty");
         }
+        if self.pipelines.concurrency > 1000 {
+            p.add("pipelines.concurrency", "must be from 0 to 1000");
+        }
+        p.positive_duration("pipelines.lease", self.pipelines.lease);
+        p.positive_duration("pipelines.poll_interval", self.pipelines.poll_interval);
+        p.positive_duration(
+            "pipelines.admission_default_delay",
+            self.pipelines.admission_default_delay,
+        );
+        p.positive_duration("pipelines.error_delay", self.pipelines.error_delay);
         let prefix = &self.notifications.subject_prefix;
         if prefix.is_empty()
             || prefix.starts_with('.')

@@ -21,6 +21,7 @@
 //!   those still running then are failed with `WORKFLOW_AI_INTERRUPTED` (tasks never run
 //!   twice), and queued tasks stay queued for any replica.
 
+use crate::driver::Driver;
 use crate::error::EngineError;
 use crate::facade::Inner;
 use crate::metrics as m;
@@ -100,7 +101,8 @@ impl WorkerPool {
     /// Starts the dispatcher, heartbeats, the event listener, the sweeper and recovery.
     pub(crate) async fn start(inner: Arc<Inner>) -> Result<EngineHandle, EngineError> {
         let worker = WorkerId::new(format!("worker-{}", uuid::Uuid::new_v4().simple()))?;
-        let concurrency = inner.config.workers.concurrency.max(1) as usize;
+        // 0 executions: this process runs the sweeper and the pipeline driver only.
+        let concurrency = inner.config.workers.concurrency as usize;
         let pool = Arc::new(WorkerPool {
             inner: inner.clone(),
             worker: worker.clone(),
@@ -114,12 +116,27 @@ impl WorkerPool {
         // Subscribe before recovery lists the queue, so nothing queued meanwhile is missed.
         let events = inner.notifier.subscribe();
         let claiming = TaskTracker::new();
-        claiming.spawn(pool.clone().dispatch(hint_rx));
-        claiming.spawn(sweeper::recover(
-            inner.clone(),
-            hint_tx.clone(),
-            pool.control.stop_claiming.clone(),
-        ));
+        if concurrency > 0 {
+            claiming.spawn(pool.clone().dispatch(hint_rx));
+            claiming.spawn(sweeper::recover(
+                inner.clone(),
+                hint_tx.clone(),
+                pool.control.stop_claiming.clone(),
+            ));
+        }
+        if inner.config.pipelines.concurrency > 0 {
+            // Stops claiming runs with the workers; a crash drops it mid-drive.
+            let driver = Driver::new(inner.clone())?;
+            let driver_events = inner.notifier.subscribe();
+            let stop = pool.control.stop_claiming.clone();
+            let crash = pool.control.crash.clone();
+            claiming.spawn(async move {
+                tokio::select! {
+                    _ = crash.cancelled() => {}
+                    _ = driver.run(driver_events, stop) => {}
+                }
+            });
+        }
         claiming.close();
         let background = TaskTracker::new();
         background.spawn(pool.clone().heartbeat_loop());

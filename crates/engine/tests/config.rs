@@ -182,7 +182,7 @@ allowed_budgets = ["bulk", "bulk"]
 global_concurrent = 0
 
 [workers]
-concurrency = 0
+concurrency = 10001
 heartbeat_interval = "30s"
 
 [sweeper]

@@ -1,0 +1,249 @@
+//! The `tollgate` command as an operator and a user would run it: scale-out roles
+//! (`serve --workers 0` beside `tollgate worker`), graceful shutdown, `migrate`, the
+//! client commands, and `demo`.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const KEY: &str = "roles-key-0123456789abcdef";
+
+fn tollgate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+}
+
+fn write_config(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("tollgate.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[database]
+url = "sqlite://{}"
+
+[apps.acme]
+api_keys = ["{KEY}"]
+
+[workers]
+heartbeat_interval = "200ms"
+
+[sweeper]
+interval = "300ms"
+
+[notifications]
+poll_interval = "200ms"
+"#,
+            dir.join("tollgate.db").display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Starts `serve` and returns it with its base URL.
+fn serve(config: &Path, extra: &[&str]) -> (Child, String) {
+    let mut child = tollgate()
+        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("serve prints its address");
+        if let Some(addr) = line.strip_prefix("Tollgate listening on ") {
+            return (child, addr.trim().to_string());
+        }
+    }
+}
+
+/// Sends SIGTERM and waits for a clean exit.
+fn terminate(mut child: Child) -> Output {
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "did not stop after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn client(base: &str, args: &[&str], stdin: Option<&str>) -> Value {
+    let mut cmd = tollgate();
+    cmd.args(args)
+        .env("TOLLGATE_URL", base)
+        .env("TOLLGATE_API_KEY", KEY)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    if let Some(text) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    } else {
+        drop(child.stdin.take());
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "tollgate {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the command prints JSON")
+}
+
+#[test]
+fn api_only_replica_and_worker_replica_share_the_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let migrate = tollgate()
+        .args(["migrate", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    assert!(String::from_utf8_lossy(&migrate.stdout).contains("is migrated"));
+
+    let (api, base) = serve(&config, &["--workers", "0"]);
+    let request = r#"{"input": "hello", "labels": ["a", "b"]}"#;
+    let task = client(
+        &base,
+        &[
+            "submit",
+            "--kind",
+            "classify",
+            "--scope",
+            "s",
+            "--effect-key",
+            "role-1",
+            "-",
+        ],
+        Some(request),
+    );
+    assert_eq!(task["status"], json!("queued"));
+    let id = task["id"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(800));
+    let still = client(&base, &["task", "get", &id], None);
+    assert_eq!(
+        still["status"],
+        json!("queued"),
+        "an API-only replica runs nothing"
+    );
+
+    let worker = tollgate()
+        .args(["worker", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let done = client(&base, &["task", "wait", &id, "--timeout", "20s"], None);
+    assert_eq!(
+        done["status"],
+        json!("succeeded"),
+        "the worker replica ran it: {done}"
+    );
+
+    // Client commands for runs and cancellation.
+    let run = client(&base, &["run", "create", "--scope", "wf"], None);
+    let rid = run["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        client(&base, &["run", "get", &rid], None)["state"],
+        json!("running")
+    );
+    assert_eq!(
+        client(&base, &["run", "cancel", &rid], None)["state"],
+        json!("canceled")
+    );
+    let waited = client(
+        &base,
+        &[
+            "submit",
+            "--kind",
+            "classify",
+            "--scope",
+            "s",
+            "--effect-key",
+            "role-2",
+            "--wait",
+            "20s",
+            "-",
+        ],
+        Some(request),
+    );
+    assert_eq!(waited["status"], json!("succeeded"));
+    let canceled = client(&base, &["task", "cancel", &id], None);
+    assert_eq!(
+        canceled["status"],
+        json!("succeeded"),
+        "a finished task stays finished"
+    );
+
+    let out = terminate(worker);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stopped"));
+    let out = terminate(api);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn demo_walks_through_the_guarantees() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tollgate()
+        .arg("demo")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "-> succeeded",
+        "cached true",
+        "created false, same id true",
+        "WORKFLOW_AI_RATE_LIMIT",
+        "canceled (WORKFLOW_AI_CANCELED)",
+        "deletion never resets the rate",
+    ] {
+        assert!(
+            text.contains(expected),
+            "the report shows {expected:?}:\n{text}"
+        );
+    }
+}
