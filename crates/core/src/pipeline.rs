@@ -46,6 +46,30 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const MAX_STEPS: usize = 100;
 /// Most retries a step may ask for.
 pub const MAX_RETRIES: u32 = 10;
+/// Longest step key in a pipeline, in bytes.
+pub const MAX_STEP_KEY_BYTES: usize = 64;
+
+/// A pipeline's step keys are plain names (`A-Z a-z 0-9 _ -`, at most 64 bytes): they
+/// appear unescaped in JSON Pointers (`/steps/<key>/output`) and in the effect keys the
+/// engine derives for each attempt (`run:<run>:<key>#<n>`), where a `/`, `~`, `:` or `#`
+/// would be ambiguous.
+pub fn check_step_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > MAX_STEP_KEY_BYTES {
+        return Err(format!(
+            "must be 1 to {MAX_STEP_KEY_BYTES} bytes, got {}",
+            key.len()
+        ));
+    }
+    if let Some(c) = key
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+    {
+        return Err(format!(
+            "step key {key:?} may only hold letters, digits, `_` and `-` (found {c:?})"
+        ));
+    }
+    Ok(())
+}
 
 /// A step as written in a definition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -145,6 +169,7 @@ impl Pipeline {
         }
         let mut keys = BTreeMap::new();
         for (i, s) in def.steps.iter().enumerate() {
+            check_step_key(&s.key).map_err(|e| err(format!("definition.steps[{i}].key"), e))?;
             let key = StepKey::new(s.key.clone())
                 .map_err(|e| err(format!("definition.steps[{i}].key"), e.to_string()))?;
             if keys.insert(key.clone(), i).is_some() {
@@ -192,6 +217,12 @@ impl Pipeline {
                     ));
                 }
                 depends_on.push(dk);
+            }
+            if s.budget.is_some() && s.source.is_none() {
+                return Err(err(
+                    format!("{at}.budget"),
+                    "a budget applies only to a step bound to a `source` (admission applies to scoped tasks)",
+                ));
             }
             if let Some(src) = &s.source {
                 let ok = src.as_object().is_some_and(|m| {
@@ -266,6 +297,34 @@ impl Pipeline {
         self.steps.iter().find(|s| &s.key == key)
     }
 
+    /// Checks that a run's input holds everything the definition reads from it (every
+    /// `/input…` reference of every step and of the output), so a run that could never
+    /// finish is refused when it is started rather than failing halfway.
+    pub fn check_input(&self, input: &Value) -> Result<(), InvalidInput> {
+        let scope = serde_json::json!({ "input": input });
+        let mut refs = Vec::new();
+        for s in &self.steps {
+            let at = format!("step `{}`", s.key);
+            collect_refs(&s.request, &at, &mut refs)?;
+            if let Some(src) = &s.source {
+                collect_refs(src, &at, &mut refs)?;
+            }
+        }
+        for (name, pointer) in &self.output {
+            refs.push((format!("output `{name}`"), pointer.clone()));
+        }
+        for (at, pointer) in refs {
+            let reads_input = pointer == "/input" || pointer.starts_with("/input/");
+            if reads_input && scope.pointer(&pointer).is_none() {
+                return Err(err(
+                    "input",
+                    format!("{at} reads {pointer}, which the input does not have"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The run's output from its input and every step's output.
     pub fn output(
         &self,
@@ -292,6 +351,17 @@ fn context(input: &Value, outputs: &BTreeMap<StepKey, Value>) -> Value {
         .map(|(k, v)| (k.to_string(), serde_json::json!({ "output": v })))
         .collect();
     serde_json::json!({ "input": input, "steps": steps })
+}
+
+/// Whether a request or source template holds any `$from` or `$template` reference (one
+/// without is final as written and can be validated for its kind at registration).
+pub fn has_references(template: &Value) -> bool {
+    match template {
+        Value::Object(m) if m.contains_key("$from") || m.contains_key("$template") => true,
+        Value::Object(m) => m.values().any(has_references),
+        Value::Array(a) => a.iter().any(has_references),
+        _ => false,
+    }
 }
 
 /// Fills `$from` and `$template` references in a step's request or source.
@@ -590,6 +660,50 @@ mod tests {
         );
         assert!(Pipeline::parse(&json!({"steps": [], "output": {}})).is_err());
         assert!(Pipeline::parse(&json!({"steps": [], "output": {}, "extra": 1})).is_err());
+    }
+
+    #[test]
+    fn references_are_found_anywhere() {
+        assert!(!has_references(
+            &json!({"input": "x", "labels": ["a", {"k": 1}]})
+        ));
+        assert!(has_references(&json!({"input": {"$from": "/input/x"}})));
+        assert!(has_references(
+            &json!({"items": [{"input": {"$template": "{/input/x}"}}]})
+        ));
+        let mut no_source = invoice();
+        no_source["steps"][2]["budget"] = json!("standard");
+        let e = Pipeline::parse(&no_source).unwrap_err().to_string();
+        assert!(
+            e.contains("budget applies only to a step bound to a `source`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn step_keys_are_plain_names() {
+        for bad in ["a#1", "a/b", "a:b", "a~b", "", "é"] {
+            let mut def = invoice();
+            def["steps"][1]["key"] = json!(bad);
+            let e = Pipeline::parse(&def).unwrap_err().to_string();
+            assert!(e.contains("definition.steps[1].key"), "{bad:?}: {e}");
+        }
+        let long = "k".repeat(MAX_STEP_KEY_BYTES + 1);
+        assert!(check_step_key(&long).is_err());
+        assert!(check_step_key("extract_v2-b").is_ok());
+    }
+
+    #[test]
+    fn a_run_input_must_hold_what_the_steps_read() {
+        let p = Pipeline::parse(&invoice()).unwrap();
+        p.check_input(&json!({"text": "ACME", "invoice_id": "inv-7"}))
+            .unwrap();
+        let e = p
+            .check_input(&json!({"text": "ACME"}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("step `extract` reads /input/invoice_id"), "{e}");
+        assert!(p.check_input(&json!("just text")).is_err());
     }
 
     #[test]

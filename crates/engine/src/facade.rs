@@ -6,6 +6,7 @@ use crate::config::{EngineConfig, TransportKind};
 use crate::error::EngineError;
 use crate::metrics as m;
 use crate::notify::{Event, Notifier};
+use crate::pipelines::PipelineCache;
 use crate::provider::{Provider, ProviderRegistry};
 use crate::registry::{BudgetPolicies, ModelRegistry};
 use crate::sweeper;
@@ -180,6 +181,7 @@ pub(crate) struct Inner {
     pub(crate) budgets: BudgetPolicies,
     pub(crate) providers: ProviderRegistry,
     pub(crate) notifier: Notifier,
+    pub(crate) pipelines: PipelineCache,
 }
 
 impl std::fmt::Debug for Inner {
@@ -265,6 +267,7 @@ impl TollgateBuilder {
                 budgets,
                 providers,
                 notifier: self.notifier.unwrap_or_else(Notifier::local),
+                pipelines: PipelineCache::default(),
             }),
         })
     }
@@ -712,8 +715,8 @@ impl Tollgate {
         Ok(sweeper::sweep_until_done(&self.inner, None).await?)
     }
 
-    /// Starts this process's workers and sweeper, and dispatches the queued tasks found
-    /// at start (recovery). Returns the handle that shuts them down.
+    /// Starts this process's workers, sweeper and pipeline driver, and dispatches the
+    /// queued tasks found at start (recovery). Returns the handle that shuts them down.
     pub async fn start(&self) -> Result<EngineHandle, EngineError> {
         WorkerPool::start(self.inner.clone()).await
     }

@@ -2,8 +2,9 @@
 //!
 //! [`Tollgate`] is the one facade an HTTP server, a CLI or an embedding Rust program
 //! uses: submit (one or a batch), get, wait, cancel, release, delete owner data, list
-//! unreleased sources, workflow runs, and [`Tollgate::start`] for this process's workers
-//! and sweeper. Configuration ([`EngineConfig`]) resolves model ids to model refs and
+//! unreleased sources, workflow runs, declarative pipelines over runs
+//! ([`Tollgate::register_pipeline`], [`Tollgate::start_pipeline_run`]), and
+//! [`Tollgate::start`] for this process's workers, sweeper and pipeline driver. Configuration ([`EngineConfig`]) resolves model ids to model refs and
 //! config hashes ([`ModelRegistry`]) and budget policy names to budgets
 //! ([`BudgetPolicies`]). Providers ([`provider`]) call the models: any OpenAI-compatible
 //! API, or the offline `dev` provider. Notifications ([`notify`]) make things fast within
@@ -39,10 +40,12 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod driver;
 mod error;
 mod facade;
 pub mod metrics;
 pub mod notify;
+mod pipelines;
 pub mod provider;
 mod registry;
 mod sweeper;
@@ -54,6 +57,7 @@ pub use facade::{
     MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, Tollgate, TollgateBuilder,
 };
 pub use notify::{Event, Notifier};
+pub use pipelines::{PipelineRunInfo, StepInfo, StepStatus, step_effect_key};
 pub use provider::{Provider, ProviderAnswer, ProviderCall, ProviderError};
 pub use registry::{BudgetPolicies, ModelRegistry, ResolvedModel};
 pub use worker::{EngineHandle, ShutdownReport};

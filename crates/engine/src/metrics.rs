@@ -39,6 +39,14 @@ pub const SWEEP_ROWS_TOTAL: &str = "tollgate_sweep_rows_total";
 /// Notifications by `direction` (`published`, `received`, `dropped`).
 pub const NOTIFICATIONS_TOTAL: &str = "tollgate_notifications_total";
 
+/// Pipeline runs this process finished, by `outcome` (`succeeded`, `failed`).
+pub const PIPELINE_RUNS_FINISHED_TOTAL: &str = "tollgate_pipeline_runs_finished_total";
+/// Pipeline step attempts submitted by drivers, by `outcome` (`created`, or `existing`
+/// when a driver found the attempt submitted already, e.g. after a crash).
+pub const PIPELINE_STEPS_SUBMITTED_TOTAL: &str = "tollgate_pipeline_steps_submitted_total";
+/// Pipeline steps refused by admission whose run waits to try again.
+pub const PIPELINE_ADMISSION_WAITS_TOTAL: &str = "tollgate_pipeline_admission_waits_total";
+
 /// Registers descriptions and units of every metric above with the installed recorder.
 /// Call once after installing one.
 pub fn describe() {
@@ -111,6 +119,21 @@ pub fn describe() {
         SWEEP_ROWS_TOTAL,
         Unit::Count,
         "Rows changed by sweeps, by item."
+    );
+    describe_counter!(
+        PIPELINE_RUNS_FINISHED_TOTAL,
+        Unit::Count,
+        "Pipeline runs finished by this process, by outcome."
+    );
+    describe_counter!(
+        PIPELINE_STEPS_SUBMITTED_TOTAL,
+        Unit::Count,
+        "Pipeline step attempts submitted, new or found existing."
+    );
+    describe_counter!(
+        PIPELINE_ADMISSION_WAITS_TOTAL,
+        Unit::Count,
+        "Pipeline steps refused by admission whose run waits to retry."
     );
     describe_counter!(
         NOTIFICATIONS_TOTAL,

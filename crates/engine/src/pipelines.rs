@@ -1,0 +1,454 @@
+//! Declarative pipelines over workflow runs: registering definitions, starting runs and
+//! reading where a run's steps stand. The [`driver`](crate::driver) moves runs forward.
+//!
+//! Every attempt of a step is one run-owned task whose effect key is derived from the
+//! run, the step and the attempt ([`step_effect_key`]). Submitting it again returns the
+//! existing task (SPEC §3 step 2), so a driver that crashed at any instant and a driver
+//! that takes over never execute a finished step again and never spend a budget twice.
+
+use crate::error::EngineError;
+use crate::facade::{Inner, Tollgate};
+use crate::notify::Event;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use tollgate_core::pipeline::{Pipeline, Step, has_references};
+use tollgate_core::{
+    AppId, BudgetName, EffectKey, InvalidInput, NewRun, PipelineName, Run, RunId, ScopeId, StepKey,
+    Subject, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus, ValidatedRequest,
+};
+use tollgate_store::{PipelineRef, StoredPipeline};
+
+/// Parsed definitions kept per process; beyond this many the cache starts afresh.
+const CACHE_CAPACITY: usize = 256;
+
+/// The effect key of one attempt of a step of a run: `run:<run id>:<step>` for the first
+/// attempt, `run:<run id>:<step>#<n>` for the n-th retry. Step keys of a pipeline hold no
+/// `:` or `#` ([`tollgate_core::pipeline::check_step_key`]), so the key names exactly one
+/// (step, attempt). Applications should not use effect keys starting with `run:`.
+pub fn step_effect_key(
+    run: RunId,
+    step: &StepKey,
+    attempt: u32,
+) -> Result<EffectKey, InvalidInput> {
+    if attempt == 0 {
+        EffectKey::new(format!("run:{run}:{step}"))
+    } else {
+        EffectKey::new(format!("run:{run}:{step}#{attempt}"))
+    }
+}
+
+/// The (step key, attempt) an effect key of `run` names, if it is one of its step keys.
+fn parse_step_effect_key(run: RunId, key: &str) -> Option<(&str, u32)> {
+    let prefix = format!("run:{run}:");
+    let rest = key.strip_prefix(prefix.as_str())?;
+    match rest.split_once('#') {
+        None => Some((rest, 0)),
+        Some((step, n)) => {
+            let attempt: u32 = n.parse().ok()?;
+            (attempt > 0 && n == attempt.to_string()).then_some((step, attempt))
+        }
+    }
+}
+
+/// Parsed definitions by version (a version is the hash of its definition, so one
+/// version always parses to the same pipeline, whichever app registered it).
+#[derive(Debug, Default)]
+pub(crate) struct PipelineCache(Mutex<HashMap<String, Arc<Pipeline>>>);
+
+impl PipelineCache {
+    fn get(&self, version: &str) -> Option<Arc<Pipeline>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(version)
+            .cloned()
+    }
+
+    fn insert(&self, pipeline: Arc<Pipeline>) {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= CACHE_CAPACITY {
+            map.clear();
+        }
+        map.insert(pipeline.version.clone(), pipeline);
+    }
+}
+
+/// The pipeline version a run runs, from the cache or the store. `None`: the app has no
+/// such version. A stored definition that no longer parses is [`EngineError::Invalid`].
+pub(crate) async fn load_pipeline(
+    inner: &Inner,
+    app: &AppId,
+    pipeline: &PipelineRef,
+) -> Result<Option<Arc<Pipeline>>, EngineError> {
+    if let Some(p) = inner.pipelines.get(&pipeline.version) {
+        return Ok(Some(p));
+    }
+    let Some(stored) = inner
+        .store
+        .get_pipeline(app, &pipeline.name, Some(&pipeline.version))
+        .await?
+    else {
+        return Ok(None);
+    };
+    parsed(inner, &stored).map(Some)
+}
+
+/// Parses a stored definition (through the cache).
+fn parsed(inner: &Inner, stored: &StoredPipeline) -> Result<Arc<Pipeline>, EngineError> {
+    if let Some(p) = inner.pipelines.get(&stored.version) {
+        return Ok(p);
+    }
+    let pipeline = Arc::new(Pipeline::parse(&stored.definition)?);
+    if pipeline.version != stored.version {
+        return Err(InvalidInput::field(
+            "definition",
+            format!(
+                "the stored definition of {} hashes to {}, not to its version {}",
+                stored.name, pipeline.version, stored.version
+            ),
+        )
+        .into());
+    }
+    inner.pipelines.insert(pipeline.clone());
+    Ok(pipeline)
+}
+
+/// Where one step stands: its latest attempt and that attempt's task.
+#[derive(Debug, Clone)]
+pub(crate) struct StepProgress<'p> {
+    /// The step.
+    pub(crate) step: &'p Step,
+    /// The latest attempt's number (0: the first).
+    pub(crate) attempt: u32,
+    /// The latest attempt's task; `None` while the step was never submitted.
+    pub(crate) task: Option<Task>,
+}
+
+impl StepProgress<'_> {
+    /// The step's output, once its latest attempt succeeded.
+    pub(crate) fn output(&self) -> Option<&Value> {
+        self.task
+            .as_ref()
+            .filter(|t| t.status == TaskStatus::Succeeded)
+            .and_then(|t| t.output.as_ref())
+    }
+
+    /// Whether the latest attempt ended without an output (failed or canceled).
+    pub(crate) fn failed(&self) -> bool {
+        self.task
+            .as_ref()
+            .is_some_and(|t| matches!(t.status, TaskStatus::Failed | TaskStatus::Canceled))
+    }
+
+    /// Whether another attempt is allowed after a failure.
+    pub(crate) fn may_retry(&self) -> bool {
+        self.attempt < self.step.retries
+    }
+}
+
+/// Where every step of a run stands, in the pipeline's topological order.
+#[derive(Debug, Clone)]
+pub(crate) struct Progress<'p> {
+    /// One entry per step.
+    pub(crate) steps: Vec<StepProgress<'p>>,
+}
+
+impl<'p> Progress<'p> {
+    /// Sorts a run's tasks into its steps: a task belongs to a step when its effect key is
+    /// one of the step's attempt keys and its step and kind match. Other tasks of the run
+    /// (submitted by hand) are ignored.
+    pub(crate) fn of(pipeline: &'p Pipeline, run: RunId, tasks: Vec<Task>) -> Progress<'p> {
+        let mut latest: HashMap<&str, (u32, Task)> = HashMap::new();
+        for task in tasks {
+            if task.owner != (TaskOwner::Run { run_id: run }) {
+                continue;
+            }
+            let Some((key, attempt)) = parse_step_effect_key(run, task.effect_key.as_str()) else {
+                continue;
+            };
+            let Some(step) = pipeline.steps.iter().find(|s| s.key.as_str() == key) else {
+                continue;
+            };
+            if task.step != step.key || task.kind != step.kind {
+                continue;
+            }
+            let newer = latest
+                .get(step.key.as_str())
+                .is_none_or(|(seen, _)| attempt > *seen);
+            if newer {
+                latest.insert(step.key.as_str(), (attempt, task));
+            }
+        }
+        let steps = pipeline
+            .steps
+            .iter()
+            .map(|step| match latest.remove(step.key.as_str()) {
+                Some((attempt, task)) => StepProgress {
+                    step,
+                    attempt,
+                    task: Some(task),
+                },
+                None => StepProgress {
+                    step,
+                    attempt: 0,
+                    task: None,
+                },
+            })
+            .collect();
+        Progress { steps }
+    }
+
+    /// The outputs of the steps that succeeded.
+    pub(crate) fn outputs(&self) -> BTreeMap<StepKey, Value> {
+        self.steps
+            .iter()
+            .filter_map(|p| p.output().map(|o| (p.step.key.clone(), o.clone())))
+            .collect()
+    }
+}
+
+/// Where a step of a pipeline run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepStatus {
+    /// Not submitted yet (waiting for its dependencies or for admission), or waiting to
+    /// be tried again after a failed attempt.
+    Pending,
+    /// Its task is queued.
+    Queued,
+    /// Its task is running.
+    Running,
+    /// Its task succeeded.
+    Succeeded,
+    /// Its last attempt failed.
+    Failed,
+    /// Its last attempt was canceled.
+    Canceled,
+}
+
+impl StepStatus {
+    /// The stable string form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Pending => "pending",
+            StepStatus::Queued => "queued",
+            StepStatus::Running => "running",
+            StepStatus::Succeeded => "succeeded",
+            StepStatus::Failed => "failed",
+            StepStatus::Canceled => "canceled",
+        }
+    }
+}
+
+/// One step of a pipeline run, as shown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepInfo {
+    /// The step's key.
+    pub key: StepKey,
+    /// The step's task kind.
+    pub kind: TaskKind,
+    /// Where it stands.
+    pub status: StepStatus,
+    /// Attempts submitted so far.
+    pub attempts: u32,
+    /// The latest attempt's task.
+    pub task_id: Option<TaskId>,
+    /// The latest attempt's error, once it failed or was canceled.
+    pub error: Option<TaskError>,
+}
+
+/// The pipeline side of a run: the version it runs and where each step stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineRunInfo {
+    /// The pipeline's name.
+    pub name: PipelineName,
+    /// The version (content hash) the run runs.
+    pub version: String,
+    /// Every step, in an order where each comes after its dependencies.
+    pub steps: Vec<StepInfo>,
+}
+
+impl Tollgate {
+    /// Registers a version of a pipeline definition (the version is the hash of its
+    /// canonical form): `true` when this version is new, `false` when the app already
+    /// had it. The definition is validated first — shape, kinds, step keys, a DAG of
+    /// `depends_on`, every reference, and the configured models and budget policies the
+    /// steps name; requests without references are validated for their kind. An invalid
+    /// definition is [`EngineError::Invalid`] with the precise place and reason, and
+    /// nothing is stored.
+    pub async fn register_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        definition: &Value,
+    ) -> Result<(StoredPipeline, bool), EngineError> {
+        let pipeline = Pipeline::parse(definition)?;
+        self.check_steps(app, &pipeline)?;
+        let registered = self
+            .inner
+            .store
+            .put_pipeline(app, name, &pipeline.version, &pipeline.definition)
+            .await?;
+        self.inner.pipelines.insert(Arc::new(pipeline));
+        Ok(registered)
+    }
+
+    /// What only the configuration can tell: the models and budget policies steps name,
+    /// and requests that reference nothing (they are final as written).
+    fn check_steps(&self, app: &AppId, pipeline: &Pipeline) -> Result<(), EngineError> {
+        let inner = &self.inner;
+        for step in &pipeline.steps {
+            let at = format!("definition.steps ({})", step.key);
+            if let Some(model) = &step.model {
+                inner
+                    .models
+                    .resolve(Some(model))
+                    .map_err(|e| InvalidInput::field(format!("{at}.model"), e.to_string()))?;
+            }
+            if let Some(budget) = &step.budget {
+                let name = BudgetName::new(budget.as_str())
+                    .map_err(|e| InvalidInput::field(format!("{at}.budget"), e.to_string()))?;
+                inner
+                    .budgets
+                    .resolve(app, Some(&name))
+                    .map_err(|e| InvalidInput::field(format!("{at}.budget"), e.to_string()))?;
+            }
+            if !has_references(&step.request) {
+                ValidatedRequest::new(step.kind, &step.request, inner.config.max_request_bytes)
+                    .map_err(|e| e.within(&format!("{at}.request")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A registered pipeline of the app: that version, or the newest when `version` is
+    /// `None`. `None`: the app has no such pipeline or version.
+    pub async fn get_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: Option<&str>,
+    ) -> Result<Option<StoredPipeline>, EngineError> {
+        Ok(self.inner.store.get_pipeline(app, name, version).await?)
+    }
+
+    /// Starts a run of a pipeline (that version, or the newest) in a scope, for the
+    /// authenticated subject. The input must hold everything the steps read from it
+    /// (otherwise [`EngineError::Invalid`] naming the step and the pointer). The run is
+    /// created `running` and the drivers are told; `None`: the app has no such pipeline or
+    /// version.
+    pub async fn start_pipeline_run(
+        &self,
+        app: &AppId,
+        subject: Option<Subject>,
+        name: &PipelineName,
+        version: Option<&str>,
+        scope: ScopeId,
+        input: Value,
+    ) -> Result<Option<Run>, EngineError> {
+        let inner = &self.inner;
+        let Some(stored) = inner.store.get_pipeline(app, name, version).await? else {
+            return Ok(None);
+        };
+        let pipeline = parsed(inner, &stored)?;
+        pipeline.check_input(&input)?;
+        let run = inner
+            .store
+            .create_pipeline_run(
+                NewRun {
+                    app: app.clone(),
+                    scope,
+                    subject,
+                    input,
+                },
+                &PipelineRef {
+                    name: name.clone(),
+                    version: stored.version,
+                },
+            )
+            .await?;
+        inner.notifier.publish(Event::RunWoken {
+            app: Some(app.clone()),
+            id: run.id,
+        });
+        Ok(Some(run))
+    }
+
+    /// The pipeline side of a run the caller has read (so of their app): its pipeline
+    /// version and where each step stands. `None` for a run that is not a pipeline run.
+    pub async fn pipeline_run(&self, run: &Run) -> Result<Option<PipelineRunInfo>, EngineError> {
+        let inner = &self.inner;
+        let Some(pref) = inner.store.run_pipeline(&run.app, run.id).await? else {
+            return Ok(None);
+        };
+        let Some(pipeline) = load_pipeline(inner, &run.app, &pref).await? else {
+            return Ok(Some(PipelineRunInfo {
+                name: pref.name,
+                version: pref.version,
+                steps: Vec::new(),
+            }));
+        };
+        let tasks = inner.store.run_tasks(&run.app, run.id).await?;
+        let progress = Progress::of(&pipeline, run.id, tasks);
+        let finished = run.state.is_terminal();
+        let steps = progress
+            .steps
+            .iter()
+            .map(|p| {
+                let status = match &p.task {
+                    None => StepStatus::Pending,
+                    Some(_) if p.failed() && p.may_retry() && !finished => StepStatus::Pending,
+                    Some(t) => match t.status {
+                        TaskStatus::Queued => StepStatus::Queued,
+                        TaskStatus::Running => StepStatus::Running,
+                        TaskStatus::Succeeded => StepStatus::Succeeded,
+                        TaskStatus::Failed => StepStatus::Failed,
+                        TaskStatus::Canceled => StepStatus::Canceled,
+                    },
+                };
+                StepInfo {
+                    key: p.step.key.clone(),
+                    kind: p.step.kind,
+                    status,
+                    attempts: p.task.as_ref().map_or(0, |_| p.attempt + 1),
+                    task_id: p.task.as_ref().map(|t| t.id),
+                    error: p.task.as_ref().and_then(|t| t.error.clone()),
+                }
+            })
+            .collect();
+        Ok(Some(PipelineRunInfo {
+            name: pref.name,
+            version: pref.version,
+            steps,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effect_keys_name_one_step_and_attempt() {
+        let run = RunId::generate();
+        let step = StepKey::new("extract").unwrap();
+        let first = step_effect_key(run, &step, 0).unwrap();
+        assert_eq!(first.as_str(), format!("run:{run}:extract"));
+        let third = step_effect_key(run, &step, 2).unwrap();
+        assert_eq!(third.as_str(), format!("run:{run}:extract#2"));
+        assert_eq!(
+            parse_step_effect_key(run, first.as_str()),
+            Some(("extract", 0))
+        );
+        assert_eq!(
+            parse_step_effect_key(run, third.as_str()),
+            Some(("extract", 2))
+        );
+        let other = RunId::generate();
+        assert_eq!(parse_step_effect_key(other, first.as_str()), None);
+        for odd in ["#0", "#01", "#x", "#"] {
+            let key = format!("run:{run}:extract{odd}");
+            assert_eq!(parse_step_effect_key(run, &key), None, "{key}");
+        }
+    }
+}
