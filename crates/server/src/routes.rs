@@ -633,15 +633,20 @@ pub(crate) async fn healthz() -> Json<Value> {
     Json(serde_json::json!({"status": "ok"}))
 }
 
+/// Longest `/readyz` waits for the database: a probe must get an answer, not a hang.
+const READY_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
+
 pub(crate) async fn readyz(State(s): State<AppState>) -> Response {
-    match s.tollgate.store().ping().await {
-        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
-        Err(e) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "database_unavailable",
-            format!("the database does not answer: {e}"),
-        )
-        .into_response(),
+    let unavailable = |why: String| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", why).into_response()
+    };
+    match tokio::time::timeout(READY_BOUND, s.tollgate.store().ping()).await {
+        Ok(Ok(())) => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Ok(Err(e)) => unavailable(format!("the database does not answer: {e}")),
+        Err(_) => unavailable(format!(
+            "the database did not answer within {}s",
+            READY_BOUND.as_secs()
+        )),
     }
 }
 
