@@ -123,6 +123,12 @@ pub(crate) struct StepProgress<'p> {
     pub(crate) attempt: u32,
     /// The latest attempt's task; `None` while the step was never submitted.
     pub(crate) task: Option<Task>,
+    /// Attempts that failed or were canceled, except those interrupted by a dead worker:
+    /// what the step's `retries` bound.
+    pub(crate) failures: u32,
+    /// Attempts interrupted by a dead worker (`WORKFLOW_AI_INTERRUPTED`): what
+    /// `pipelines.interrupted_retries` bounds.
+    pub(crate) interruptions: u32,
 }
 
 impl StepProgress<'_> {
@@ -141,10 +147,31 @@ impl StepProgress<'_> {
             .is_some_and(|t| matches!(t.status, TaskStatus::Failed | TaskStatus::Canceled))
     }
 
-    /// Whether another attempt is allowed after a failure.
-    pub(crate) fn may_retry(&self) -> bool {
-        self.attempt < self.step.retries
+    /// Whether the latest attempt was interrupted by a worker that died mid-call (a
+    /// crash, not an answer of the model).
+    pub(crate) fn interrupted(&self) -> bool {
+        self.failed() && self.task.as_ref().is_some_and(was_interrupted)
     }
+
+    /// Whether another attempt is allowed after a failure: a step's own failures are
+    /// bounded by its `retries`; attempts cut short by a crashed worker are tried again
+    /// up to `interrupted_retries` times on top, so a run survives a crash mid-step.
+    pub(crate) fn may_retry(&self, interrupted_retries: u32) -> bool {
+        if self.interrupted() {
+            self.interruptions <= interrupted_retries
+        } else {
+            self.failures <= self.step.retries
+        }
+    }
+}
+
+/// Whether a finished task ended because its worker died (SPEC §6 item 2).
+fn was_interrupted(task: &Task) -> bool {
+    task.status == TaskStatus::Failed
+        && task
+            .error
+            .as_ref()
+            .is_some_and(|e| e.code == tollgate_core::ErrorCode::Interrupted)
 }
 
 /// Where every step of a run stands, in the pipeline's topological order.
@@ -160,6 +187,7 @@ impl<'p> Progress<'p> {
     /// (submitted by hand) are ignored.
     pub(crate) fn of(pipeline: &'p Pipeline, run: RunId, tasks: Vec<Task>) -> Progress<'p> {
         let mut latest: HashMap<&str, (u32, Task)> = HashMap::new();
+        let mut ended: HashMap<&str, (u32, u32)> = HashMap::new();
         for task in tasks {
             if task.owner != (TaskOwner::Run { run_id: run }) {
                 continue;
@@ -173,6 +201,14 @@ impl<'p> Progress<'p> {
             if task.step != step.key || task.kind != step.kind {
                 continue;
             }
+            if matches!(task.status, TaskStatus::Failed | TaskStatus::Canceled) {
+                let (failures, interruptions) = ended.entry(step.key.as_str()).or_default();
+                if was_interrupted(&task) {
+                    *interruptions += 1;
+                } else {
+                    *failures += 1;
+                }
+            }
             let newer = latest
                 .get(step.key.as_str())
                 .is_none_or(|(seen, _)| attempt > *seen);
@@ -183,17 +219,20 @@ impl<'p> Progress<'p> {
         let steps = pipeline
             .steps
             .iter()
-            .map(|step| match latest.remove(step.key.as_str()) {
-                Some((attempt, task)) => StepProgress {
+            .map(|step| {
+                let (failures, interruptions) =
+                    ended.get(step.key.as_str()).copied().unwrap_or_default();
+                let (attempt, task) = match latest.remove(step.key.as_str()) {
+                    Some((attempt, task)) => (attempt, Some(task)),
+                    None => (0, None),
+                };
+                StepProgress {
                     step,
                     attempt,
-                    task: Some(task),
-                },
-                None => StepProgress {
-                    step,
-                    attempt: 0,
-                    task: None,
-                },
+                    task,
+                    failures,
+                    interruptions,
+                }
             })
             .collect();
         Progress { steps }
@@ -255,6 +294,8 @@ pub struct StepInfo {
     pub task_id: Option<TaskId>,
     /// The latest attempt's error, once it failed or was canceled.
     pub error: Option<TaskError>,
+    /// The step's output, once it succeeded.
+    pub output: Option<Value>,
 }
 
 /// The pipeline side of a run: the version it runs and where each step stands.
@@ -391,13 +432,16 @@ impl Tollgate {
         let tasks = inner.store.run_tasks(&run.app, run.id).await?;
         let progress = Progress::of(&pipeline, run.id, tasks);
         let finished = run.state.is_terminal();
+        let interrupted_retries = inner.config.pipelines.interrupted_retries;
         let steps = progress
             .steps
             .iter()
             .map(|p| {
                 let status = match &p.task {
                     None => StepStatus::Pending,
-                    Some(_) if p.failed() && p.may_retry() && !finished => StepStatus::Pending,
+                    Some(_) if p.failed() && p.may_retry(interrupted_retries) && !finished => {
+                        StepStatus::Pending
+                    }
                     Some(t) => match t.status {
                         TaskStatus::Queued => StepStatus::Queued,
                         TaskStatus::Running => StepStatus::Running,
@@ -413,6 +457,7 @@ impl Tollgate {
                     attempts: p.task.as_ref().map_or(0, |_| p.attempt + 1),
                     task_id: p.task.as_ref().map(|t| t.id),
                     error: p.task.as_ref().and_then(|t| t.error.clone()),
+                    output: p.output().cloned(),
                 }
             })
             .collect();
