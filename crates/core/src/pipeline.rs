@@ -71,6 +71,39 @@ pub fn check_step_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Longest pipeline name, in bytes.
+pub const MAX_PIPELINE_NAME_BYTES: usize = 128;
+
+/// A pipeline's name is registered as a plain name (`A-Z a-z 0-9 _ - .`, at most 128
+/// bytes, not starting with `.`): it appears in URL paths (`/v1/pipelines/<name>`) and
+/// on command lines unescaped.
+pub fn check_pipeline_name(name: &str) -> Result<(), InvalidInput> {
+    if name.is_empty() || name.len() > MAX_PIPELINE_NAME_BYTES {
+        return Err(err(
+            "name",
+            format!(
+                "must be 1 to {MAX_PIPELINE_NAME_BYTES} bytes, got {}",
+                name.len()
+            ),
+        ));
+    }
+    if name.starts_with('.') {
+        return Err(err("name", "must not start with `.`"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(err(
+            "name",
+            format!(
+                "pipeline name {name:?} may only hold letters, digits, `_`, `-` and `.` (found {c:?})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A step as written in a definition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -704,6 +737,17 @@ mod tests {
             .to_string();
         assert!(e.contains("step `extract` reads /input/invoice_id"), "{e}");
         assert!(p.check_input(&json!("just text")).is_err());
+    }
+
+    #[test]
+    fn pipeline_names_are_plain() {
+        for good in ["invoice", "invoice-intake_v2.1"] {
+            check_pipeline_name(good).unwrap();
+        }
+        for bad in ["", ".hidden", "a/b", "a b", "é", &"n".repeat(129)] {
+            let e = check_pipeline_name(bad).unwrap_err().to_string();
+            assert!(e.starts_with("name"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

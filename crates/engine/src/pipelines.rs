@@ -12,7 +12,8 @@ use crate::notify::Event;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
-use tollgate_core::pipeline::{Pipeline, Step, has_references};
+use std::time::Duration;
+use tollgate_core::pipeline::{Pipeline, Step, check_pipeline_name, has_references};
 use tollgate_core::{
     AppId, BudgetName, EffectKey, InvalidInput, NewRun, PipelineName, Run, RunId, ScopeId, StepKey,
     Subject, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus, ValidatedRequest,
@@ -21,6 +22,11 @@ use tollgate_store::{PipelineRef, StoredPipeline};
 
 /// Parsed definitions kept per process; beyond this many the cache starts afresh.
 const CACHE_CAPACITY: usize = 256;
+
+/// How often [`Tollgate::wait_run`] looks at a run. A run finishes in a drive right after
+/// its last task did, on whichever replica drives it: polling the database is the one
+/// signal every replica shares.
+const RUN_WAIT_POLL: Duration = Duration::from_millis(100);
 
 /// The effect key of one attempt of a step of a run: `run:<run id>:<step>` for the first
 /// attempt, `run:<run id>:<step>#<n>` for the n-th retry. Step keys of a pipeline hold no
@@ -323,6 +329,7 @@ impl Tollgate {
         name: &PipelineName,
         definition: &Value,
     ) -> Result<(StoredPipeline, bool), EngineError> {
+        check_pipeline_name(name.as_str())?;
         let pipeline = Pipeline::parse(definition)?;
         self.check_steps(app, &pipeline)?;
         let registered = self
@@ -356,7 +363,7 @@ impl Tollgate {
             }
             if !has_references(&step.request) {
                 ValidatedRequest::new(step.kind, &step.request, inner.config.max_request_bytes)
-                    .map_err(|e| e.within(&format!("{at}.request")))?;
+                    .map_err(|e| e.within(&at))?;
             }
         }
         Ok(())
@@ -413,6 +420,27 @@ impl Tollgate {
             id: run.id,
         });
         Ok(Some(run))
+    }
+
+    /// Waits until a run of the app is terminal or `timeout` passed, and returns it as it
+    /// is then. `None`: the app has no such run.
+    pub async fn wait_run(
+        &self,
+        app: &AppId,
+        id: RunId,
+        timeout: Duration,
+    ) -> Result<Option<Run>, EngineError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let Some(run) = self.inner.store.get_run(app, id).await? else {
+                return Ok(None);
+            };
+            let now = tokio::time::Instant::now();
+            if run.state.is_terminal() || now >= deadline {
+                return Ok(Some(run));
+            }
+            tokio::time::sleep(RUN_WAIT_POLL.min(deadline - now)).await;
+        }
     }
 
     /// The pipeline side of a run the caller has read (so of their app): its pipeline
