@@ -443,7 +443,7 @@ async fn bad_definitions_are_refused_and_nothing_is_stored(backend: &str) {
         ),
         (
             with("unknown-field", &|d| d["steps"][0]["retry"] = json!(1)),
-            "definition: unknown field `retry`",
+            "definition.steps[0] (extract): unknown field `retry`",
         ),
         (
             with("bad name!", &|_| {}),
