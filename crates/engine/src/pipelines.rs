@@ -253,6 +253,34 @@ impl<'p> Progress<'p> {
     }
 }
 
+/// What [`Tollgate::start_pipeline`] starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineStart {
+    /// The caller's app.
+    pub app: AppId,
+    /// The authenticated subject the run's tasks are done for.
+    pub subject: Option<Subject>,
+    /// The pipeline.
+    pub name: PipelineName,
+    /// That version (default: the newest).
+    pub version: Option<String>,
+    /// The scope its tasks are admitted and cached in.
+    pub scope: ScopeId,
+    /// The run's input.
+    pub input: Value,
+    /// Starts the run once per app and key (the HTTP `Idempotency-Key`).
+    pub start_key: Option<EffectKey>,
+}
+
+/// A started (or, under a start key, an earlier started) run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartedRun {
+    /// The run.
+    pub run: Run,
+    /// Whether this call created it.
+    pub created: bool,
+}
+
 /// Where a step of a pipeline run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepStatus {
@@ -394,32 +422,59 @@ impl Tollgate {
         scope: ScopeId,
         input: Value,
     ) -> Result<Option<Run>, EngineError> {
+        let started = self
+            .start_pipeline(PipelineStart {
+                app: app.clone(),
+                subject,
+                name: name.clone(),
+                version: version.map(str::to_string),
+                scope,
+                input,
+                start_key: None,
+            })
+            .await?;
+        Ok(started.map(|s| s.run))
+    }
+
+    /// [`start_pipeline_run`](Self::start_pipeline_run) with an optional start key: the
+    /// first start under a key creates the run, every later one answers that run with
+    /// `created: false` and starts nothing (compare [`StartedRun::run`] with what you
+    /// asked for: the key alone decides).
+    pub async fn start_pipeline(
+        &self,
+        start: PipelineStart,
+    ) -> Result<Option<StartedRun>, EngineError> {
         let inner = &self.inner;
-        let Some(stored) = inner.store.get_pipeline(app, name, version).await? else {
+        let Some(stored) = inner
+            .store
+            .get_pipeline(&start.app, &start.name, start.version.as_deref())
+            .await?
+        else {
             return Ok(None);
         };
         let pipeline = parsed(inner, &stored)?;
-        pipeline.check_input(&input)?;
-        let run = inner
-            .store
-            .create_pipeline_run(
-                NewRun {
-                    app: app.clone(),
-                    scope,
-                    subject,
-                    input,
-                },
-                &PipelineRef {
-                    name: name.clone(),
-                    version: stored.version,
-                },
-            )
-            .await?;
-        inner.notifier.publish(Event::RunWoken {
-            app: Some(app.clone()),
-            id: run.id,
-        });
-        Ok(Some(run))
+        pipeline.check_input(&start.input)?;
+        let new = NewRun {
+            app: start.app.clone(),
+            scope: start.scope,
+            subject: start.subject,
+            input: start.input,
+        };
+        let pref = PipelineRef {
+            name: start.name,
+            version: stored.version,
+        };
+        let (run, created) = match &start.start_key {
+            Some(key) => inner.store.start_pipeline_run_once(new, &pref, key).await?,
+            None => (inner.store.create_pipeline_run(new, &pref).await?, true),
+        };
+        if created {
+            inner.notifier.publish(Event::RunWoken {
+                app: Some(start.app),
+                id: run.id,
+            });
+        }
+        Ok(Some(StartedRun { run, created }))
     }
 
     /// Waits until a run of the app is terminal or `timeout` passed, and returns it as it

@@ -19,8 +19,8 @@ use tollgate_core::{
 };
 use tollgate_engine::config::{BudgetPolicy, Limit, ModelConfig};
 use tollgate_engine::{
-    EngineConfig, EngineError, PipelineRunInfo, Provider, ProviderAnswer, ProviderCall,
-    ProviderError, StepStatus, Submission, Tollgate,
+    EngineConfig, EngineError, PipelineRunInfo, PipelineStart, Provider, ProviderAnswer,
+    ProviderCall, ProviderError, StepStatus, Submission, Tollgate,
 };
 
 on_both_backends!(
@@ -507,6 +507,37 @@ async fn the_invoice_pipeline_runs_end_to_end(db: TestDb) {
         provider.started("extract"),
         1,
         "the cache served the extraction"
+    );
+
+    // Under a start key a run starts once: a retried start answers the same run.
+    let start = |key: &str| PipelineStart {
+        app: app(),
+        subject: None,
+        name: name("invoice"),
+        version: None,
+        scope: scope(),
+        input: invoice_input("inv-70"),
+        start_key: Some(tollgate_core::EffectKey::new(key).unwrap()),
+    };
+    let first = engine
+        .start_pipeline(start("start-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.created);
+    let again = engine
+        .start_pipeline(start("start-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!again.created);
+    assert_eq!(again.run.id, first.run.id);
+    let done = run_finished(&engine, &first.run).await;
+    assert_eq!(done.state, RunState::Succeeded, "{:?}", done.error);
+    assert_eq!(
+        provider.started("summary"),
+        3,
+        "three runs summarized: the retried start ran nothing"
     );
     handle.shutdown(Duration::from_secs(5)).await;
 }
