@@ -322,6 +322,10 @@ pub enum PipelineCommand {
         /// Wait for the run to end, e.g. 30s (bounded by the server's maximum wait).
         #[arg(long)]
         wait: Option<String>,
+        /// Start the run once per key: running the command again with the key prints the
+        /// run it started.
+        #[arg(long)]
+        idempotency_key: Option<String>,
     },
 }
 
@@ -379,6 +383,7 @@ pub async fn pipeline(cmd: PipelineCommand) -> anyhow::Result<()> {
             input,
             version,
             wait,
+            idempotency_key,
         } => {
             let input = match &input {
                 Some(p) => read_json(Some(p), "the input").await?,
@@ -393,7 +398,10 @@ pub async fn pipeline(cmd: PipelineCommand) -> anyhow::Result<()> {
                 humantime::parse_duration(&w).context("--wait takes a duration like 30s")?;
                 path.push_str(&format!("?wait={}", encode(&w)));
             }
-            let rb = conn.request(reqwest::Method::POST, &path)?.json(&body);
+            let mut rb = conn.request(reqwest::Method::POST, &path)?.json(&body);
+            if let Some(key) = idempotency_key {
+                rb = rb.header("Idempotency-Key", key);
+            }
             print(&send(rb).await?);
         }
     }

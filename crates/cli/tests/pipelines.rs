@@ -199,6 +199,13 @@ impl Server {
     }
 }
 
+fn key_of(app: &str) -> &'static str {
+    match app {
+        "acme" => ACME,
+        _ => BETA,
+    }
+}
+
 fn invoice() -> Value {
     serde_json::from_str(INVOICE).expect("docs/examples/invoice-pipeline.json is JSON")
 }
@@ -363,23 +370,51 @@ async fn invoice_pipeline_over_http(backend: &str) {
             .contains("reads /input/invoice_id"),
         "{e}"
     );
-    let (st, e) = s
-        .send(
-            reqwest::Method::POST,
-            "/v1/pipelines/invoice/runs",
-            ACME,
-            &[("idempotency-key", "run-1")],
-            Some(serde_json::to_vec(&json!({"scope": "s", "input": invoice_input("i")})).unwrap()),
-        )
-        .await;
-    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    // An Idempotency-Key starts the run once: the retry answers it (200), another start
+    // under the key is a conflict, and another app's key of the same text is its own.
+    let keyed = |key: &'static str, body: Value| {
+        let s = &s;
+        async move {
+            s.send(
+                reqwest::Method::POST,
+                "/v1/pipelines/invoice/runs",
+                key_of(key),
+                &[("idempotency-key", "start-117")],
+                Some(serde_json::to_vec(&body).unwrap()),
+            )
+            .await
+        }
+    };
+    let start_body = json!({"scope": "customer-42", "input": invoice_input("inv-300")});
+    let (st, first) = keyed("acme", start_body.clone()).await;
+    assert_eq!(st, StatusCode::CREATED, "{first}");
+    let reordered = json!({"input": {"text": invoice_input("inv-300")["text"], "revision": "v1", "invoice_id": "inv-300"}, "scope": "customer-42"});
+    let (st, again) = keyed("acme", reordered).await;
+    assert_eq!(st, StatusCode::OK, "{again}");
+    assert_eq!(again["id"], first["id"]);
+    let (st, e) = keyed(
+        "acme",
+        json!({"scope": "customer-42", "input": invoice_input("inv-301")}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{e}");
+    assert_eq!(e["error"]["code"], json!("idempotency_key_conflict"));
     assert!(
         e["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("not idempotent"),
+            .contains("different input"),
         "{e}"
     );
+    let (st, e) = keyed(
+        "acme",
+        json!({"scope": "customer-43", "input": invoice_input("inv-300")}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{e}");
+    let (st, theirs) = keyed("beta", start_body).await;
+    assert_eq!(st, StatusCode::CREATED, "{theirs}");
+    assert_ne!(theirs["id"], first["id"]);
     let (st, e) = s
         .post(
             "/v1/pipelines/nope/runs",
@@ -531,6 +566,22 @@ async fn pipeline_commands(backend: &str) {
         Some(&input),
     );
     assert_invoice_succeeded(&run);
+    // With --idempotency-key, running the command again prints the run it started.
+    let keyed_args = [
+        "pipeline",
+        "run",
+        "invoice",
+        "--scope",
+        "customer-7",
+        "--input",
+        "-",
+        "--idempotency-key",
+        "cli-start-1",
+    ];
+    let first = s.cli(&keyed_args, Some(&input));
+    let again = s.cli(&keyed_args, Some(&input));
+    assert_eq!(first["id"], again["id"]);
+    assert_ne!(first["id"], run["id"]);
     let read = s.cli(&["run", "get", run["id"].as_str().unwrap()], None);
     assert_eq!(read["pipeline"], run["pipeline"]);
 }

@@ -22,7 +22,7 @@ use tollgate_core::{
     AppId, BudgetName, EffectKey, ModelId, PipelineName, Run, RunId, ScopeId, SourceId,
     SourceRevision, StepKey, Task, TaskId, TaskKind, TaskOwner, ValidatedRequest,
 };
-use tollgate_engine::{SourceSpec, Submission, SubmissionOwner, Submitted};
+use tollgate_engine::{PipelineStart, SourceSpec, Submission, SubmissionOwner, Submitted};
 use tollgate_store::{ScopedSource, UnreleasedQuery};
 
 pub(crate) fn router(state: AppState) -> Router {
@@ -660,10 +660,13 @@ fn not_found_pipeline(version: Option<&str>) -> &'static str {
 }
 
 #[utoipa::path(post, path = "/v1/pipelines/{name}/runs", tag = "pipelines",
-    params(("wait" = Option<String>, Query, description = "wait for the run to end, e.g. 30s")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "starts the run once per key: a retried start answers the run it started"),
+           ("wait" = Option<String>, Query, description = "wait for the run to end, e.g. 30s")),
     request_body = PipelineRunBody,
     responses((status = 201, body = RunView, description = "the run was started; `pipeline` shows its steps"),
+              (status = 200, body = RunView, description = "the run this Idempotency-Key started earlier"),
               (status = 404, body = crate::error::ErrorBody, description = "no such pipeline (or version) in the caller's app"),
+              (status = 409, body = crate::error::ErrorBody, description = "the Idempotency-Key started a different run (another pipeline, version, scope or input)"),
               (status = 422, body = crate::error::ErrorBody, description = "the input lacks what a step reads, or an invalid scope")),
     security(("api_key" = [])))]
 pub(crate) async fn start_pipeline_run(
@@ -675,31 +678,85 @@ pub(crate) async fn start_pipeline_run(
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
     let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
-    // Runs have no effect key: refusing the header beats silently starting a second run
-    // when a client retries with it.
-    if headers.contains_key("idempotency-key") {
-        return Err(ApiError::invalid(
-            "pipeline runs are not idempotent by key: send no Idempotency-Key header, and read the run's id from the answer",
-        ));
-    }
+    let start_key = match headers.get("idempotency-key") {
+        Some(v) => Some(EffectKey::new(v.to_str().map_err(|_| {
+            ApiError::malformed("the Idempotency-Key header is not text")
+        })?)?),
+        None => None,
+    };
     let body: PipelineRunBody =
         json_body(body, body_limit(s.tollgate.config().max_request_bytes)).await?;
     let name = pipeline_name(name)?;
     let scope = ScopeId::new(body.scope)?;
-    let run = s
+    let started = s
         .tollgate
-        .start_pipeline_run(
-            &caller.app,
-            caller.subject.clone(),
-            &name,
-            body.version.as_deref(),
-            scope,
-            body.input,
-        )
+        .start_pipeline(PipelineStart {
+            app: caller.app.clone(),
+            subject: caller.subject.clone(),
+            name: name.clone(),
+            version: body.version.clone(),
+            scope: scope.clone(),
+            input: body.input.clone(),
+            start_key,
+        })
         .await?
         .ok_or_else(|| ApiError::not_found(not_found_pipeline(body.version.as_deref())))?;
-    let run = waited(&s, &caller.app, run, wait).await?;
-    Ok((StatusCode::CREATED, Json(run_view(&s, &run).await?)).into_response())
+    if !started.created {
+        check_same_start(
+            &s,
+            &started.run,
+            &name,
+            body.version.as_deref(),
+            &scope,
+            &body.input,
+        )
+        .await?;
+    }
+    let status = if started.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let run = waited(&s, &caller.app, started.run, wait).await?;
+    Ok((status, Json(run_view(&s, &run).await?)).into_response())
+}
+
+/// Equal as stored: the canonical forms (key order and number spelling aside).
+fn same_json(a: &Value, b: &Value) -> bool {
+    use tollgate_core::canonical::canonical_json;
+    match (canonical_json(a), canonical_json(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// A replayed `Idempotency-Key` answers its run only for the same start (409 otherwise),
+/// like a replayed task submission.
+async fn check_same_start(
+    s: &AppState,
+    run: &Run,
+    name: &PipelineName,
+    version: Option<&str>,
+    scope: &ScopeId,
+    input: &Value,
+) -> Result<(), ApiError> {
+    let pipeline = s.tollgate.store().run_pipeline(&run.app, run.id).await;
+    let pipeline = pipeline.map_err(tollgate_engine::EngineError::from)?;
+    let what = match pipeline {
+        Some(p) if &p.name != name => Some("pipeline"),
+        Some(p) if version.is_some_and(|v| v != p.version) => Some("version"),
+        None => Some("pipeline"),
+        Some(_) if &run.scope != scope => Some("scope"),
+        Some(_) if !same_json(&run.input, input) => Some("input"),
+        Some(_) => None,
+    };
+    match what {
+        None => Ok(()),
+        Some(what) => Err(ApiError::idempotency_conflict(format!(
+            "the Idempotency-Key already started run {} with a different {what}",
+            run.id
+        ))),
+    }
 }
 
 /// The run after waiting up to `wait` for it to end (as it was if it vanished meanwhile).
