@@ -1,4 +1,4 @@
-//! `submit`, `task`, `run`: a small client for a running server.
+//! `submit`, `task`, `run`, `pipeline`: a small client for a running server.
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
@@ -100,8 +100,9 @@ pub struct SubmitArgs {
     file: Option<PathBuf>,
 }
 
-pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
-    let text = match &args.file {
+/// Reads JSON from a file, or from standard input for `-` or no file.
+async fn read_json(file: Option<&PathBuf>, what: &str) -> anyhow::Result<Value> {
+    let text = match file {
         Some(p) if p.as_os_str() != "-" => {
             std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?
         }
@@ -112,7 +113,11 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
             s
         }
     };
-    let request: Value = serde_json::from_str(&text).context("the request is not JSON")?;
+    serde_json::from_str(&text).with_context(|| format!("{what} is not JSON"))
+}
+
+pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
+    let request = read_json(args.file.as_ref(), "the request").await?;
     let mut body = json!({"kind": args.kind, "request": request});
     let obj = body.as_object_mut().context("body")?;
     for (k, v) in [
@@ -220,12 +225,15 @@ pub enum RunCommand {
         #[arg(long)]
         input: Option<PathBuf>,
     },
-    /// Show a run.
+    /// Show a run (a pipeline run with its steps).
     Get {
         #[command(flatten)]
         conn: Connection,
         /// Run id.
         id: String,
+        /// Wait for the run to end, e.g. 30s (bounded by the server's maximum wait).
+        #[arg(long)]
+        wait: Option<String>,
     },
     /// Cancel a run and its queued and running tasks.
     Cancel {
@@ -252,14 +260,149 @@ pub async fn run(cmd: RunCommand) -> anyhow::Result<()> {
                 .json(&json!({"scope": scope, "input": input}));
             print(&send(rb).await?);
         }
-        RunCommand::Get { conn, id } => {
-            print(&send(conn.request(reqwest::Method::GET, &format!("/v1/runs/{id}"))?).await?);
+        RunCommand::Get { conn, id, wait } => {
+            let mut path = format!("/v1/runs/{}", encode(&id));
+            if let Some(w) = wait {
+                humantime::parse_duration(&w).context("--wait takes a duration like 30s")?;
+                path.push_str(&format!("?wait={}", encode(&w)));
+            }
+            print(&send(conn.request(reqwest::Method::GET, &path)?).await?);
         }
         RunCommand::Cancel { conn, id } => {
             print(
                 &send(conn.request(reqwest::Method::POST, &format!("/v1/runs/{id}/cancel"))?)
                     .await?,
             );
+        }
+    }
+    Ok(())
+}
+
+/// `tollgate pipeline …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PipelineCommand {
+    /// Register a pipeline version. The file holds `{"name": …, "definition": {…}}`, or
+    /// only the definition when `--name` is given; `-` reads standard input. The same
+    /// definition twice is the same version (`"created": false` the second time).
+    Register {
+        #[command(flatten)]
+        conn: Connection,
+        /// The pipeline's name (then the file holds only the definition).
+        #[arg(long)]
+        name: Option<String>,
+        /// The JSON file; `-` reads standard input.
+        file: PathBuf,
+    },
+    /// Show a pipeline: its newest version, or `--version`.
+    Get {
+        #[command(flatten)]
+        conn: Connection,
+        /// The pipeline's name.
+        name: String,
+        /// A version (content hash).
+        #[arg(long)]
+        version: Option<String>,
+    },
+    /// Start a run of a pipeline and print it (with `--wait`, once it ended or the wait
+    /// passed). `tollgate run get ID` shows it later.
+    Run {
+        #[command(flatten)]
+        conn: Connection,
+        /// The pipeline's name.
+        name: String,
+        /// The run's scope (budgets and cache).
+        #[arg(long)]
+        scope: String,
+        /// The run's input JSON file; `-` reads standard input (default: {}).
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// A version to run (default: the newest).
+        #[arg(long)]
+        version: Option<String>,
+        /// Wait for the run to end, e.g. 30s (bounded by the server's maximum wait).
+        #[arg(long)]
+        wait: Option<String>,
+        /// Start the run once per key: running the command again with the key prints the
+        /// run it started.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+}
+
+/// Percent-encodes a path segment or query value (names are plain, but be safe).
+fn encode(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub async fn pipeline(cmd: PipelineCommand) -> anyhow::Result<()> {
+    match cmd {
+        PipelineCommand::Register { conn, name, file } => {
+            let text = read_json(Some(&file), "the pipeline file").await?;
+            let body = match name {
+                Some(name) => json!({"name": name, "definition": text}),
+                None => {
+                    let ok = text
+                        .as_object()
+                        .is_some_and(|o| o.contains_key("name") && o.contains_key("definition"));
+                    if !ok {
+                        bail!(
+                            "the file must hold {{\"name\": …, \"definition\": {{…}}}}, or give --name NAME with a file holding only the definition"
+                        );
+                    }
+                    text
+                }
+            };
+            let rb = conn
+                .request(reqwest::Method::POST, "/v1/pipelines")?
+                .json(&body);
+            print(&send(rb).await?);
+        }
+        PipelineCommand::Get {
+            conn,
+            name,
+            version,
+        } => {
+            let mut path = format!("/v1/pipelines/{}", encode(&name));
+            if let Some(v) = version {
+                path.push_str(&format!("?version={}", encode(&v)));
+            }
+            print(&send(conn.request(reqwest::Method::GET, &path)?).await?);
+        }
+        PipelineCommand::Run {
+            conn,
+            name,
+            scope,
+            input,
+            version,
+            wait,
+            idempotency_key,
+        } => {
+            let input = match &input {
+                Some(p) => read_json(Some(p), "the input").await?,
+                None => json!({}),
+            };
+            let mut body = json!({"scope": scope, "input": input});
+            if let Some(v) = version {
+                body["version"] = json!(v);
+            }
+            let mut path = format!("/v1/pipelines/{}/runs", encode(&name));
+            if let Some(w) = wait {
+                humantime::parse_duration(&w).context("--wait takes a duration like 30s")?;
+                path.push_str(&format!("?wait={}", encode(&w)));
+            }
+            let mut rb = conn.request(reqwest::Method::POST, &path)?.json(&body);
+            if let Some(key) = idempotency_key {
+                rb = rb.header("Idempotency-Key", key);
+            }
+            print(&send(rb).await?);
         }
     }
     Ok(())

@@ -1,5 +1,5 @@
 //! `tollgate`: run the service (`serve`, `worker`, `migrate`), talk to a running one
-//! (`submit`, `task`, `run`), see it work (`demo`).
+//! (`submit`, `task`, `run`, `pipeline`), see it work (`demo`).
 
 mod client;
 mod demo;
@@ -37,6 +37,9 @@ enum Command {
     /// Create, read or cancel a workflow run on a running server.
     #[command(subcommand)]
     Run(client::RunCommand),
+    /// Register, read and run pipelines (durable DAGs of AI steps) on a running server.
+    #[command(subcommand)]
+    Pipeline(client::PipelineCommand),
     /// Walk through Tollgate's guarantees on an embedded instance in a temporary folder.
     Demo,
 }
@@ -97,6 +100,7 @@ fn main() -> std::process::ExitCode {
             Command::Submit(args) => client::submit(*args).await,
             Command::Task(cmd) => client::task(cmd).await,
             Command::Run(cmd) => client::run(cmd).await,
+            Command::Pipeline(cmd) => client::pipeline(cmd).await,
             Command::Demo => demo::demo().await,
         }
     });

@@ -71,6 +71,39 @@ pub fn check_step_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Longest pipeline name, in bytes.
+pub const MAX_PIPELINE_NAME_BYTES: usize = 128;
+
+/// A pipeline's name is registered as a plain name (`A-Z a-z 0-9 _ - .`, at most 128
+/// bytes, not starting with `.`): it appears in URL paths (`/v1/pipelines/<name>`) and
+/// on command lines unescaped.
+pub fn check_pipeline_name(name: &str) -> Result<(), InvalidInput> {
+    if name.is_empty() || name.len() > MAX_PIPELINE_NAME_BYTES {
+        return Err(err(
+            "name",
+            format!(
+                "must be 1 to {MAX_PIPELINE_NAME_BYTES} bytes, got {}",
+                name.len()
+            ),
+        ));
+    }
+    if name.starts_with('.') {
+        return Err(err("name", "must not start with `.`"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(err(
+            "name",
+            format!(
+                "pipeline name {name:?} may only hold letters, digits, `_`, `-` and `.` (found {c:?})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A step as written in a definition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -153,6 +186,19 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> InvalidInput {
 impl Pipeline {
     /// Parses and validates a definition; every problem names where it is.
     pub fn parse(definition: &Value) -> Result<Pipeline, InvalidInput> {
+        // A step's shape error names the step (serde's own message names only the field).
+        if let Some(steps) = definition.get("steps").and_then(Value::as_array) {
+            for (i, step) in steps.iter().enumerate() {
+                if let Err(e) = serde_json::from_value::<StepDefinition>(step.clone()) {
+                    let key = step.get("key").and_then(Value::as_str);
+                    let at = match key {
+                        Some(k) => format!("definition.steps[{i}] ({k})"),
+                        None => format!("definition.steps[{i}]"),
+                    };
+                    return Err(err(at, e.to_string()));
+                }
+            }
+        }
         let def: PipelineDefinition = serde_json::from_value(definition.clone())
             .map_err(|e| err("definition", e.to_string()))?;
         if def.steps.is_empty() {
@@ -302,23 +348,34 @@ impl Pipeline {
     /// finish is refused when it is started rather than failing halfway.
     pub fn check_input(&self, input: &Value) -> Result<(), InvalidInput> {
         let scope = serde_json::json!({ "input": input });
-        let mut refs = Vec::new();
+        // (who reads, where in it, pointer)
+        let mut refs: Vec<(String, String, String)> = Vec::new();
         for s in &self.steps {
-            let at = format!("step `{}`", s.key);
-            collect_refs(&s.request, &at, &mut refs)?;
+            let mut found = Vec::new();
+            collect_refs(&s.request, "request", &mut found)?;
             if let Some(src) = &s.source {
-                collect_refs(src, &at, &mut refs)?;
+                collect_refs(src, "source", &mut found)?;
             }
+            refs.extend(
+                found
+                    .into_iter()
+                    .map(|(at, pointer)| (format!("step `{}`", s.key), at, pointer)),
+            );
         }
         for (name, pointer) in &self.output {
-            refs.push((format!("output `{name}`"), pointer.clone()));
+            refs.push((format!("output `{name}`"), String::new(), pointer.clone()));
         }
-        for (at, pointer) in refs {
+        for (who, at, pointer) in refs {
             let reads_input = pointer == "/input" || pointer.starts_with("/input/");
             if reads_input && scope.pointer(&pointer).is_none() {
+                let place = if at.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (in {at})")
+                };
                 return Err(err(
                     "input",
-                    format!("{at} reads {pointer}, which the input does not have"),
+                    format!("{who} reads {pointer}{place}, which the input does not have"),
                 ));
             }
         }
@@ -660,6 +717,20 @@ mod tests {
         );
         assert!(Pipeline::parse(&json!({"steps": [], "output": {}})).is_err());
         assert!(Pipeline::parse(&json!({"steps": [], "output": {}, "extra": 1})).is_err());
+        let mut typo = invoice();
+        typo["steps"][2]["retry"] = json!(1);
+        let e = Pipeline::parse(&typo).unwrap_err().to_string();
+        assert!(
+            e.contains("definition.steps[2] (category): unknown field `retry`"),
+            "{e}"
+        );
+        let mut no_kind = invoice();
+        no_kind["steps"][0].as_object_mut().unwrap().remove("kind");
+        let e = Pipeline::parse(&no_kind).unwrap_err().to_string();
+        assert!(
+            e.contains("definition.steps[0] (summary): missing field `kind`"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -702,8 +773,22 @@ mod tests {
             .check_input(&json!({"text": "ACME"}))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("step `extract` reads /input/invoice_id"), "{e}");
+        assert!(
+            e.contains("step `extract` reads /input/invoice_id (in source.id), which the input does not have"),
+            "{e}"
+        );
         assert!(p.check_input(&json!("just text")).is_err());
+    }
+
+    #[test]
+    fn pipeline_names_are_plain() {
+        for good in ["invoice", "invoice-intake_v2.1"] {
+            check_pipeline_name(good).unwrap();
+        }
+        for bad in ["", ".hidden", "a/b", "a b", "é", &"n".repeat(129)] {
+            let e = check_pipeline_name(bad).unwrap_err().to_string();
+            assert!(e.starts_with("invalid name: "), "{bad:?}: {e}");
+        }
     }
 
     #[test]

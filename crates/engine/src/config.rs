@@ -62,6 +62,7 @@
 //! admission_retry = true                # false: an admission rejection fails the run
 //! admission_default_delay = "5s"
 //! error_delay = "1s"
+//! interrupted_retries = 3               # attempts cut short by a crash, tried again
 //! ```
 //!
 //! Durations are strings: `"200ms"`, `"2s"`, `"1h"`, `"1h 30m"`.
@@ -510,6 +511,10 @@ pub struct PipelineConfig {
     /// unavailable database).
     #[serde(with = "duration_text")]
     pub error_delay: Duration,
+    /// How many times a step whose attempt was interrupted by a dead worker
+    /// (`WORKFLOW_AI_INTERRUPTED`, a crash mid-call) is tried again, on top of the step's
+    /// own `retries`: a run survives crashes of the processes executing its steps.
+    pub interrupted_retries: u32,
 }
 
 impl Default for PipelineConfig {
@@ -521,6 +526,7 @@ impl Default for PipelineConfig {
             admission_retry: true,
             admission_default_delay: Duration::from_secs(5),
             error_delay: Duration::from_secs(1),
+            interrupted_retries: 3,
         }
     }
 }
@@ -828,6 +834,9 @@ impl EngineConfig {
         }
         if self.pipelines.concurrency > 1000 {
             p.add("pipelines.concurrency", "must be from 0 to 1000");
+        }
+        if self.pipelines.interrupted_retries > 100 {
+            p.add("pipelines.interrupted_retries", "must be from 0 to 100");
         }
         p.positive_duration("pipelines.lease", self.pipelines.lease);
         p.positive_duration("pipelines.poll_interval", self.pipelines.poll_interval);

@@ -200,7 +200,12 @@ impl Driver {
         progress: &Progress<'_>,
     ) -> Result<Round, EngineError> {
         // A step out of attempts fails the run.
-        if let Some(p) = progress.steps.iter().find(|p| p.failed() && !p.may_retry()) {
+        let interrupted_retries = self.inner.config.pipelines.interrupted_retries;
+        if let Some(p) = progress
+            .steps
+            .iter()
+            .find(|p| p.failed() && !p.may_retry(interrupted_retries))
+        {
             let error = p
                 .task
                 .as_ref()

@@ -57,7 +57,9 @@ pub use facade::{
     MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, Tollgate, TollgateBuilder,
 };
 pub use notify::{Event, Notifier};
-pub use pipelines::{PipelineRunInfo, StepInfo, StepStatus, step_effect_key};
+pub use pipelines::{
+    PipelineRunInfo, PipelineStart, StartedRun, StepInfo, StepStatus, step_effect_key,
+};
 pub use provider::{Provider, ProviderAnswer, ProviderCall, ProviderError};
 pub use registry::{BudgetPolicies, ModelRegistry, ResolvedModel};
 pub use worker::{EngineHandle, ShutdownReport};

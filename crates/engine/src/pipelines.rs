@@ -12,7 +12,8 @@ use crate::notify::Event;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
-use tollgate_core::pipeline::{Pipeline, Step, has_references};
+use std::time::Duration;
+use tollgate_core::pipeline::{Pipeline, Step, check_pipeline_name, has_references};
 use tollgate_core::{
     AppId, BudgetName, EffectKey, InvalidInput, NewRun, PipelineName, Run, RunId, ScopeId, StepKey,
     Subject, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus, ValidatedRequest,
@@ -21,6 +22,11 @@ use tollgate_store::{PipelineRef, StoredPipeline};
 
 /// Parsed definitions kept per process; beyond this many the cache starts afresh.
 const CACHE_CAPACITY: usize = 256;
+
+/// How often [`Tollgate::wait_run`] looks at a run. A run finishes in a drive right after
+/// its last task did, on whichever replica drives it: polling the database is the one
+/// signal every replica shares.
+const RUN_WAIT_POLL: Duration = Duration::from_millis(100);
 
 /// The effect key of one attempt of a step of a run: `run:<run id>:<step>` for the first
 /// attempt, `run:<run id>:<step>#<n>` for the n-th retry. Step keys of a pipeline hold no
@@ -123,6 +129,12 @@ pub(crate) struct StepProgress<'p> {
     pub(crate) attempt: u32,
     /// The latest attempt's task; `None` while the step was never submitted.
     pub(crate) task: Option<Task>,
+    /// Attempts that failed or were canceled, except those interrupted by a dead worker:
+    /// what the step's `retries` bound.
+    pub(crate) failures: u32,
+    /// Attempts interrupted by a dead worker (`WORKFLOW_AI_INTERRUPTED`): what
+    /// `pipelines.interrupted_retries` bounds.
+    pub(crate) interruptions: u32,
 }
 
 impl StepProgress<'_> {
@@ -141,10 +153,31 @@ impl StepProgress<'_> {
             .is_some_and(|t| matches!(t.status, TaskStatus::Failed | TaskStatus::Canceled))
     }
 
-    /// Whether another attempt is allowed after a failure.
-    pub(crate) fn may_retry(&self) -> bool {
-        self.attempt < self.step.retries
+    /// Whether the latest attempt was interrupted by a worker that died mid-call (a
+    /// crash, not an answer of the model).
+    pub(crate) fn interrupted(&self) -> bool {
+        self.failed() && self.task.as_ref().is_some_and(was_interrupted)
     }
+
+    /// Whether another attempt is allowed after a failure: a step's own failures are
+    /// bounded by its `retries`; attempts cut short by a crashed worker are tried again
+    /// up to `interrupted_retries` times on top, so a run survives a crash mid-step.
+    pub(crate) fn may_retry(&self, interrupted_retries: u32) -> bool {
+        if self.interrupted() {
+            self.interruptions <= interrupted_retries
+        } else {
+            self.failures <= self.step.retries
+        }
+    }
+}
+
+/// Whether a finished task ended because its worker died (SPEC §6 item 2).
+fn was_interrupted(task: &Task) -> bool {
+    task.status == TaskStatus::Failed
+        && task
+            .error
+            .as_ref()
+            .is_some_and(|e| e.code == tollgate_core::ErrorCode::Interrupted)
 }
 
 /// Where every step of a run stands, in the pipeline's topological order.
@@ -160,6 +193,7 @@ impl<'p> Progress<'p> {
     /// (submitted by hand) are ignored.
     pub(crate) fn of(pipeline: &'p Pipeline, run: RunId, tasks: Vec<Task>) -> Progress<'p> {
         let mut latest: HashMap<&str, (u32, Task)> = HashMap::new();
+        let mut ended: HashMap<&str, (u32, u32)> = HashMap::new();
         for task in tasks {
             if task.owner != (TaskOwner::Run { run_id: run }) {
                 continue;
@@ -173,6 +207,14 @@ impl<'p> Progress<'p> {
             if task.step != step.key || task.kind != step.kind {
                 continue;
             }
+            if matches!(task.status, TaskStatus::Failed | TaskStatus::Canceled) {
+                let (failures, interruptions) = ended.entry(step.key.as_str()).or_default();
+                if was_interrupted(&task) {
+                    *interruptions += 1;
+                } else {
+                    *failures += 1;
+                }
+            }
             let newer = latest
                 .get(step.key.as_str())
                 .is_none_or(|(seen, _)| attempt > *seen);
@@ -183,17 +225,20 @@ impl<'p> Progress<'p> {
         let steps = pipeline
             .steps
             .iter()
-            .map(|step| match latest.remove(step.key.as_str()) {
-                Some((attempt, task)) => StepProgress {
+            .map(|step| {
+                let (failures, interruptions) =
+                    ended.get(step.key.as_str()).copied().unwrap_or_default();
+                let (attempt, task) = match latest.remove(step.key.as_str()) {
+                    Some((attempt, task)) => (attempt, Some(task)),
+                    None => (0, None),
+                };
+                StepProgress {
                     step,
                     attempt,
-                    task: Some(task),
-                },
-                None => StepProgress {
-                    step,
-                    attempt: 0,
-                    task: None,
-                },
+                    task,
+                    failures,
+                    interruptions,
+                }
             })
             .collect();
         Progress { steps }
@@ -206,6 +251,34 @@ impl<'p> Progress<'p> {
             .filter_map(|p| p.output().map(|o| (p.step.key.clone(), o.clone())))
             .collect()
     }
+}
+
+/// What [`Tollgate::start_pipeline`] starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineStart {
+    /// The caller's app.
+    pub app: AppId,
+    /// The authenticated subject the run's tasks are done for.
+    pub subject: Option<Subject>,
+    /// The pipeline.
+    pub name: PipelineName,
+    /// That version (default: the newest).
+    pub version: Option<String>,
+    /// The scope its tasks are admitted and cached in.
+    pub scope: ScopeId,
+    /// The run's input.
+    pub input: Value,
+    /// Starts the run once per app and key (the HTTP `Idempotency-Key`).
+    pub start_key: Option<EffectKey>,
+}
+
+/// A started (or, under a start key, an earlier started) run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartedRun {
+    /// The run.
+    pub run: Run,
+    /// Whether this call created it.
+    pub created: bool,
 }
 
 /// Where a step of a pipeline run stands.
@@ -255,6 +328,8 @@ pub struct StepInfo {
     pub task_id: Option<TaskId>,
     /// The latest attempt's error, once it failed or was canceled.
     pub error: Option<TaskError>,
+    /// The step's output, once it succeeded.
+    pub output: Option<Value>,
 }
 
 /// The pipeline side of a run: the version it runs and where each step stands.
@@ -282,6 +357,7 @@ impl Tollgate {
         name: &PipelineName,
         definition: &Value,
     ) -> Result<(StoredPipeline, bool), EngineError> {
+        check_pipeline_name(name.as_str())?;
         let pipeline = Pipeline::parse(definition)?;
         self.check_steps(app, &pipeline)?;
         let registered = self
@@ -315,7 +391,7 @@ impl Tollgate {
             }
             if !has_references(&step.request) {
                 ValidatedRequest::new(step.kind, &step.request, inner.config.max_request_bytes)
-                    .map_err(|e| e.within(&format!("{at}.request")))?;
+                    .map_err(|e| e.within(&at))?;
             }
         }
         Ok(())
@@ -346,32 +422,80 @@ impl Tollgate {
         scope: ScopeId,
         input: Value,
     ) -> Result<Option<Run>, EngineError> {
+        let started = self
+            .start_pipeline(PipelineStart {
+                app: app.clone(),
+                subject,
+                name: name.clone(),
+                version: version.map(str::to_string),
+                scope,
+                input,
+                start_key: None,
+            })
+            .await?;
+        Ok(started.map(|s| s.run))
+    }
+
+    /// [`start_pipeline_run`](Self::start_pipeline_run) with an optional start key: the
+    /// first start under a key creates the run, every later one answers that run with
+    /// `created: false` and starts nothing (compare [`StartedRun::run`] with what you
+    /// asked for: the key alone decides).
+    pub async fn start_pipeline(
+        &self,
+        start: PipelineStart,
+    ) -> Result<Option<StartedRun>, EngineError> {
         let inner = &self.inner;
-        let Some(stored) = inner.store.get_pipeline(app, name, version).await? else {
+        let Some(stored) = inner
+            .store
+            .get_pipeline(&start.app, &start.name, start.version.as_deref())
+            .await?
+        else {
             return Ok(None);
         };
         let pipeline = parsed(inner, &stored)?;
-        pipeline.check_input(&input)?;
-        let run = inner
-            .store
-            .create_pipeline_run(
-                NewRun {
-                    app: app.clone(),
-                    scope,
-                    subject,
-                    input,
-                },
-                &PipelineRef {
-                    name: name.clone(),
-                    version: stored.version,
-                },
-            )
-            .await?;
-        inner.notifier.publish(Event::RunWoken {
-            app: Some(app.clone()),
-            id: run.id,
-        });
-        Ok(Some(run))
+        pipeline.check_input(&start.input)?;
+        let new = NewRun {
+            app: start.app.clone(),
+            scope: start.scope,
+            subject: start.subject,
+            input: start.input,
+        };
+        let pref = PipelineRef {
+            name: start.name,
+            version: stored.version,
+        };
+        let (run, created) = match &start.start_key {
+            Some(key) => inner.store.start_pipeline_run_once(new, &pref, key).await?,
+            None => (inner.store.create_pipeline_run(new, &pref).await?, true),
+        };
+        if created {
+            inner.notifier.publish(Event::RunWoken {
+                app: Some(start.app),
+                id: run.id,
+            });
+        }
+        Ok(Some(StartedRun { run, created }))
+    }
+
+    /// Waits until a run of the app is terminal or `timeout` passed, and returns it as it
+    /// is then. `None`: the app has no such run.
+    pub async fn wait_run(
+        &self,
+        app: &AppId,
+        id: RunId,
+        timeout: Duration,
+    ) -> Result<Option<Run>, EngineError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let Some(run) = self.inner.store.get_run(app, id).await? else {
+                return Ok(None);
+            };
+            let now = tokio::time::Instant::now();
+            if run.state.is_terminal() || now >= deadline {
+                return Ok(Some(run));
+            }
+            tokio::time::sleep(RUN_WAIT_POLL.min(deadline - now)).await;
+        }
     }
 
     /// The pipeline side of a run the caller has read (so of their app): its pipeline
@@ -391,13 +515,16 @@ impl Tollgate {
         let tasks = inner.store.run_tasks(&run.app, run.id).await?;
         let progress = Progress::of(&pipeline, run.id, tasks);
         let finished = run.state.is_terminal();
+        let interrupted_retries = inner.config.pipelines.interrupted_retries;
         let steps = progress
             .steps
             .iter()
             .map(|p| {
                 let status = match &p.task {
                     None => StepStatus::Pending,
-                    Some(_) if p.failed() && p.may_retry() && !finished => StepStatus::Pending,
+                    Some(_) if p.failed() && p.may_retry(interrupted_retries) && !finished => {
+                        StepStatus::Pending
+                    }
                     Some(t) => match t.status {
                         TaskStatus::Queued => StepStatus::Queued,
                         TaskStatus::Running => StepStatus::Running,
@@ -413,6 +540,7 @@ impl Tollgate {
                     attempts: p.task.as_ref().map_or(0, |_| p.attempt + 1),
                     task_id: p.task.as_ref().map(|t| t.id),
                     error: p.task.as_ref().and_then(|t| t.error.clone()),
+                    output: p.output().cloned(),
                 }
             })
             .collect();

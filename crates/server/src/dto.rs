@@ -3,6 +3,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tollgate_core::{Run, Task, TaskError, TaskOwner, Usage};
+use tollgate_engine::{PipelineRunInfo, StepInfo};
+use tollgate_store::StoredPipeline;
 use utoipa::ToSchema;
 
 /// `POST /v1/tasks` body.
@@ -276,6 +278,19 @@ pub struct RunView {
     pub created_at: String,
     /// Last change.
     pub updated_at: String,
+    /// For a run of a pipeline: its version and where each step stands (absent for
+    /// other runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<PipelineProgressView>,
+}
+
+impl RunView {
+    /// The view of a run with its pipeline progress, if it is a pipeline run.
+    pub fn with_pipeline(run: &Run, pipeline: Option<&PipelineRunInfo>) -> RunView {
+        let mut view = RunView::from(run);
+        view.pipeline = pipeline.map(PipelineProgressView::from);
+        view
+    }
 }
 
 impl From<&Run> for RunView {
@@ -291,6 +306,126 @@ impl From<&Run> for RunView {
             waiting_on: r.waiting_on.as_ref().map(|d| d.key.to_string()),
             created_at: r.created_at.to_rfc3339(),
             updated_at: r.updated_at.to_rfc3339(),
+            pipeline: None,
+        }
+    }
+}
+
+/// `POST /v1/pipelines` body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineBody {
+    /// The pipeline's name (letters, digits, `_`, `-`, `.`): new versions are registered
+    /// under the same name.
+    pub name: String,
+    /// The definition: `{"description"?, "steps": [...], "output": {...}}` (see
+    /// docs/pipelines.md).
+    #[schema(value_type = Object)]
+    pub definition: Value,
+}
+
+/// A registered pipeline version.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PipelineView {
+    /// The pipeline's name.
+    pub name: String,
+    /// The version: SHA-256 of the canonical definition (the same definition always has
+    /// the same version).
+    pub version: String,
+    /// Whether this call registered the version (false: the app had it already; reads
+    /// say false).
+    pub created: bool,
+    /// The definition as stored (normalized).
+    #[schema(value_type = Object)]
+    pub definition: Value,
+    /// When this version was first registered.
+    pub created_at: String,
+}
+
+impl PipelineView {
+    /// The view of a stored version; `created` says whether this call registered it.
+    pub fn of(p: &StoredPipeline, created: bool) -> PipelineView {
+        PipelineView {
+            name: p.name.to_string(),
+            version: p.version.clone(),
+            created,
+            definition: p.definition.clone(),
+            created_at: p.created_at.to_rfc3339(),
+        }
+    }
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+/// `POST /v1/pipelines/{name}/runs` body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineRunBody {
+    /// The scope the run's tasks are admitted and cached in.
+    pub scope: String,
+    /// The run's input: what the steps' `/input…` references read (default `{}`).
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// The version to run (default: the newest).
+    #[serde(default)]
+    pub version: Option<String>,
+}
+
+/// One step of a pipeline run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StepView {
+    /// The step's key.
+    pub key: String,
+    /// The step's task kind.
+    pub kind: String,
+    /// `pending` (waiting for dependencies, admission or a retry), `queued`, `running`,
+    /// `succeeded`, `failed` or `canceled`.
+    pub status: String,
+    /// Attempts submitted so far.
+    pub attempts: u32,
+    /// The latest attempt's task.
+    pub task_id: Option<String>,
+    /// The step's output, once succeeded.
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    /// The latest attempt's error, once failed or canceled.
+    pub error: Option<TaskErrorView>,
+}
+
+impl From<&StepInfo> for StepView {
+    fn from(s: &StepInfo) -> Self {
+        StepView {
+            key: s.key.to_string(),
+            kind: s.kind.as_str().to_string(),
+            status: s.status.as_str().to_string(),
+            attempts: s.attempts,
+            task_id: s.task_id.map(|t| t.to_string()),
+            output: s.output.clone(),
+            error: s.error.as_ref().map(TaskErrorView::from),
+        }
+    }
+}
+
+/// The pipeline side of a run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PipelineProgressView {
+    /// The pipeline's name.
+    pub name: String,
+    /// The version the run runs.
+    pub version: String,
+    /// Every step, each after its dependencies.
+    pub steps: Vec<StepView>,
+}
+
+impl From<&PipelineRunInfo> for PipelineProgressView {
+    fn from(p: &PipelineRunInfo) -> Self {
+        PipelineProgressView {
+            name: p.name.to_string(),
+            version: p.version.clone(),
+            steps: p.steps.iter().map(StepView::from).collect(),
         }
     }
 }

@@ -24,6 +24,9 @@ use utoipa::{Modify, OpenApi};
         crate::routes::create_run,
         crate::routes::get_run,
         crate::routes::cancel_run,
+        crate::routes::register_pipeline,
+        crate::routes::get_pipeline,
+        crate::routes::start_pipeline_run,
         crate::routes::kinds,
         crate::routes::models,
     ),
@@ -31,7 +34,8 @@ use utoipa::{Modify, OpenApi};
         SubmitBody, SourceBody, BatchBody, BatchItem, BatchAnswer, TaskView, SourceView,
         TaskErrorView, UsageView, ReleaseBody, ReleaseAnswer, UnreleasedSourceView,
         UnreleasedPageView, DeletedAnswer, RunBody, RunView, KindView, KindsAnswer, ModelView,
-        ModelsAnswer, ErrorBody, ErrorDetail
+        ModelsAnswer, PipelineBody, PipelineView, PipelineRunBody, StepView,
+        PipelineProgressView, ErrorBody, ErrorDetail
     )),
     modifiers(&ApiKeyAuth)
 )]

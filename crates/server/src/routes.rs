@@ -19,10 +19,10 @@ use serde_json::Value;
 use std::time::Duration;
 use tollgate_core::kinds::{output_schema, request_schema};
 use tollgate_core::{
-    BudgetName, EffectKey, ModelId, RunId, ScopeId, SourceId, SourceRevision, StepKey, Task,
-    TaskId, TaskKind, TaskOwner, ValidatedRequest,
+    AppId, BudgetName, EffectKey, ModelId, PipelineName, Run, RunId, ScopeId, SourceId,
+    SourceRevision, StepKey, Task, TaskId, TaskKind, TaskOwner, ValidatedRequest,
 };
-use tollgate_engine::{SourceSpec, Submission, SubmissionOwner, Submitted};
+use tollgate_engine::{PipelineStart, SourceSpec, Submission, SubmissionOwner, Submitted};
 use tollgate_store::{ScopedSource, UnreleasedQuery};
 
 pub(crate) fn router(state: AppState) -> Router {
@@ -40,6 +40,9 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/runs", post(create_run))
         .route("/v1/runs/{id}", get(get_run))
         .route("/v1/runs/{id}/cancel", post(cancel_run))
+        .route("/v1/pipelines", post(register_pipeline))
+        .route("/v1/pipelines/{name}", get(get_pipeline))
+        .route("/v1/pipelines/{name}/runs", post(start_pipeline_run))
         .route("/v1/kinds", get(kinds))
         .route("/v1/models", get(models))
         .route("/openapi.json", get(openapi))
@@ -63,7 +66,7 @@ pub(crate) fn router(state: AppState) -> Router {
 /// thrown away so the client gets a clean 413 instead of a reset connection.
 const DRAIN_LIMIT: usize = 64 << 20;
 
-/// Bodies of the small endpoints (release, runs).
+/// Bodies of the small endpoints (release, runs, pipeline definitions).
 const SMALL_BODY_LIMIT: usize = 1 << 20;
 
 /// Reads a body of at most `limit` bytes. A longer one is drained (up to [`DRAIN_LIMIT`])
@@ -547,20 +550,31 @@ pub(crate) async fn create_run(
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs",
-    responses((status = 200, body = RunView), (status = 404, body = crate::error::ErrorBody)),
+    params(("wait" = Option<String>, Query, description = "wait for a terminal state, e.g. 30s")),
+    responses((status = 200, body = RunView, description = "the run; a pipeline run shows its steps under `pipeline`"),
+              (status = 404, body = crate::error::ErrorBody)),
     security(("api_key" = [])))]
 pub(crate) async fn get_run(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<WaitQuery>, QueryRejection>,
 ) -> Result<Json<RunView>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let run = s
-        .tollgate
-        .get_run(&caller.app, run_id(&id)?)
-        .await?
-        .ok_or_else(|| ApiError::not_found("run"))?;
-    Ok(Json(RunView::from(&run)))
+    let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
+    let id = run_id(&id)?;
+    let run = match wait {
+        Some(wait) => s.tollgate.wait_run(&caller.app, id, wait).await?,
+        None => s.tollgate.get_run(&caller.app, id).await?,
+    }
+    .ok_or_else(|| ApiError::not_found("run"))?;
+    Ok(Json(run_view(&s, &run).await?))
+}
+
+/// A run's view, with its steps when it is a pipeline run.
+async fn run_view(s: &AppState, run: &Run) -> Result<RunView, ApiError> {
+    let pipeline = s.tollgate.pipeline_run(run).await?;
+    Ok(RunView::with_pipeline(run, pipeline.as_ref()))
 }
 
 #[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs",
@@ -577,7 +591,185 @@ pub(crate) async fn cancel_run(
         .cancel_run(&caller.app, run_id(&id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("run"))?;
-    Ok(Json(RunView::from(&cancel.run)))
+    Ok(Json(run_view(&s, &cancel.run).await?))
+}
+
+/// A pipeline name from a path: one that cannot exist is reported like a missing one.
+fn pipeline_name(text: String) -> Result<PipelineName, ApiError> {
+    PipelineName::new(text).map_err(|_| ApiError::not_found("pipeline"))
+}
+
+#[utoipa::path(post, path = "/v1/pipelines", tag = "pipelines", request_body = PipelineBody,
+    responses((status = 201, body = PipelineView, description = "a new version was registered"),
+              (status = 200, body = PipelineView, description = "the app had this version already"),
+              (status = 400, body = crate::error::ErrorBody, description = "not JSON, or not the body's shape"),
+              (status = 413, body = crate::error::ErrorBody),
+              (status = 422, body = crate::error::ErrorBody, description = "an invalid definition: the message names the field and the reason; nothing is stored")),
+    security(("api_key" = [])))]
+pub(crate) async fn register_pipeline(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let body: PipelineBody = json_body(body, SMALL_BODY_LIMIT).await?;
+    let name = PipelineName::new(body.name)?;
+    let (stored, created) = s
+        .tollgate
+        .register_pipeline(&caller.app, &name, &body.definition)
+        .await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(PipelineView::of(&stored, created))).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct VersionQuery {
+    version: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/pipelines/{name}", tag = "pipelines",
+    params(("version" = Option<String>, Query, description = "a version (default: the newest)")),
+    responses((status = 200, body = PipelineView), (status = 404, body = crate::error::ErrorBody)),
+    security(("api_key" = [])))]
+pub(crate) async fn get_pipeline(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    q: Result<Query<VersionQuery>, QueryRejection>,
+) -> Result<Json<PipelineView>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let version = query(q)?.version;
+    let stored = s
+        .tollgate
+        .get_pipeline(&caller.app, &pipeline_name(name)?, version.as_deref())
+        .await?
+        .ok_or_else(|| ApiError::not_found(not_found_pipeline(version.as_deref())))?;
+    Ok(Json(PipelineView::of(&stored, false)))
+}
+
+fn not_found_pipeline(version: Option<&str>) -> &'static str {
+    if version.is_some() {
+        "pipeline version"
+    } else {
+        "pipeline"
+    }
+}
+
+#[utoipa::path(post, path = "/v1/pipelines/{name}/runs", tag = "pipelines",
+    params(("Idempotency-Key" = Option<String>, Header, description = "starts the run once per key: a retried start answers the run it started"),
+           ("wait" = Option<String>, Query, description = "wait for the run to end, e.g. 30s")),
+    request_body = PipelineRunBody,
+    responses((status = 201, body = RunView, description = "the run was started; `pipeline` shows its steps"),
+              (status = 200, body = RunView, description = "the run this Idempotency-Key started earlier"),
+              (status = 404, body = crate::error::ErrorBody, description = "no such pipeline (or version) in the caller's app"),
+              (status = 409, body = crate::error::ErrorBody, description = "the Idempotency-Key started a different run (another pipeline, version, scope or input)"),
+              (status = 422, body = crate::error::ErrorBody, description = "the input lacks what a step reads, or an invalid scope")),
+    security(("api_key" = [])))]
+pub(crate) async fn start_pipeline_run(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    q: Result<Query<WaitQuery>, QueryRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
+    let start_key = match headers.get("idempotency-key") {
+        Some(v) => Some(EffectKey::new(v.to_str().map_err(|_| {
+            ApiError::malformed("the Idempotency-Key header is not text")
+        })?)?),
+        None => None,
+    };
+    let body: PipelineRunBody =
+        json_body(body, body_limit(s.tollgate.config().max_request_bytes)).await?;
+    let name = pipeline_name(name)?;
+    let scope = ScopeId::new(body.scope)?;
+    let started = s
+        .tollgate
+        .start_pipeline(PipelineStart {
+            app: caller.app.clone(),
+            subject: caller.subject.clone(),
+            name: name.clone(),
+            version: body.version.clone(),
+            scope: scope.clone(),
+            input: body.input.clone(),
+            start_key,
+        })
+        .await?
+        .ok_or_else(|| ApiError::not_found(not_found_pipeline(body.version.as_deref())))?;
+    if !started.created {
+        check_same_start(
+            &s,
+            &started.run,
+            &name,
+            body.version.as_deref(),
+            &scope,
+            &body.input,
+        )
+        .await?;
+    }
+    let status = if started.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let run = waited(&s, &caller.app, started.run, wait).await?;
+    Ok((status, Json(run_view(&s, &run).await?)).into_response())
+}
+
+/// Equal as stored: the canonical forms (key order and number spelling aside).
+fn same_json(a: &Value, b: &Value) -> bool {
+    use tollgate_core::canonical::canonical_json;
+    match (canonical_json(a), canonical_json(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// A replayed `Idempotency-Key` answers its run only for the same start (409 otherwise),
+/// like a replayed task submission.
+async fn check_same_start(
+    s: &AppState,
+    run: &Run,
+    name: &PipelineName,
+    version: Option<&str>,
+    scope: &ScopeId,
+    input: &Value,
+) -> Result<(), ApiError> {
+    let pipeline = s.tollgate.store().run_pipeline(&run.app, run.id).await;
+    let pipeline = pipeline.map_err(tollgate_engine::EngineError::from)?;
+    let what = match pipeline {
+        Some(p) if &p.name != name => Some("pipeline"),
+        Some(p) if version.is_some_and(|v| v != p.version) => Some("version"),
+        None => Some("pipeline"),
+        Some(_) if &run.scope != scope => Some("scope"),
+        Some(_) if !same_json(&run.input, input) => Some("input"),
+        Some(_) => None,
+    };
+    match what {
+        None => Ok(()),
+        Some(what) => Err(ApiError::idempotency_conflict(format!(
+            "the Idempotency-Key already started run {} with a different {what}",
+            run.id
+        ))),
+    }
+}
+
+/// The run after waiting up to `wait` for it to end (as it was if it vanished meanwhile).
+async fn waited(
+    s: &AppState,
+    app: &AppId,
+    run: Run,
+    wait: Option<Duration>,
+) -> Result<Run, ApiError> {
+    let Some(wait) = wait else {
+        return Ok(run);
+    };
+    Ok(s.tollgate.wait_run(app, run.id, wait).await?.unwrap_or(run))
 }
 
 #[utoipa::path(get, path = "/v1/kinds", tag = "discovery",

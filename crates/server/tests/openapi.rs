@@ -20,6 +20,9 @@ fn openapi_document_describes_every_endpoint() {
         "/v1/runs",
         "/v1/runs/{id}",
         "/v1/runs/{id}/cancel",
+        "/v1/pipelines",
+        "/v1/pipelines/{name}",
+        "/v1/pipelines/{name}/runs",
         "/v1/kinds",
         "/v1/models",
     ] {

@@ -195,6 +195,17 @@ pub trait Store: Send + Sync + 'static {
     /// one transaction.
     async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run>;
 
+    /// Like [`create_pipeline_run`](Self::create_pipeline_run), at most once per
+    /// (app, `start_key`): the first call creates the run (`true`); every later call with
+    /// the key returns that run (`false`) and creates nothing, whatever else it asks (the
+    /// caller compares). Keys of different apps never meet.
+    async fn start_pipeline_run_once(
+        &self,
+        new: NewRun,
+        pipeline: &PipelineRef,
+        start_key: &EffectKey,
+    ) -> StoreResult<(Run, bool)>;
+
     /// The pipeline version a run of the app runs (`None` for plain runs).
     async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>>;
 

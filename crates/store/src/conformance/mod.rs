@@ -65,6 +65,7 @@ macro_rules! conformance_suite {
             pipelines::pipelines_are_versioned_per_app,
             pipelines::pipeline_runs_are_driven_by_one_driver_at_a_time,
             pipelines::racing_drivers_claim_each_run_once,
+            pipelines::pipeline_runs_start_once_per_key,
             cache::cache_hit_is_a_new_succeeded_task_with_the_copied_output,
             cache::cache_ignores_unfinished_and_unsuccessful_tasks,
             cache::cache_never_crosses_app_scope_subject_revision_or_model_config,

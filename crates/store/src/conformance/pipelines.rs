@@ -6,7 +6,7 @@ use super::fixtures::*;
 use crate::{PipelineRef, RunResult, WaitOutcome};
 use serde_json::json;
 use std::time::Duration;
-use tollgate_core::{PipelineName, RunState};
+use tollgate_core::{EffectKey, PipelineName, RunState};
 
 fn name(n: &str) -> PipelineName {
     PipelineName::new(n).expect("valid pipeline name")
@@ -253,4 +253,84 @@ pub async fn racing_drivers_claim_each_run_once(b: &dyn Backend) {
     assert_eq!(sorted.len(), all.len(), "no run was claimed twice");
     ids.sort();
     assert_eq!(sorted, ids, "every due run was claimed");
+}
+
+/// A run started under a key is started once per app: the same key answers the same run
+/// (`false`), even from racing replicas; another app's key of the same text is its own;
+/// starts without a key are never merged.
+pub async fn pipeline_runs_start_once_per_key(b: &dyn Backend) {
+    let stores = open_stores(b, 4).await;
+    let s = &stores[0];
+    for a in ["acme", "beta"] {
+        s.put_pipeline(&app(a), &name("p"), "v1", &json!({}))
+            .await
+            .unwrap();
+    }
+    let pref = PipelineRef {
+        name: name("p"),
+        version: "v1".into(),
+    };
+    let start_key = EffectKey::new("start-1").unwrap();
+    let (first, created) = s
+        .start_pipeline_run_once(new_run("acme", "s"), &pref, &start_key)
+        .await
+        .unwrap();
+    assert!(created);
+    assert_eq!(first.state, RunState::Running);
+    let (again, created) = s
+        .start_pipeline_run_once(new_run("acme", "other-scope"), &pref, &start_key)
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_eq!(again.id, first.id);
+    assert_eq!(
+        again.scope, first.scope,
+        "the existing run, as it was started"
+    );
+    let (theirs, created) = s
+        .start_pipeline_run_once(new_run("beta", "s"), &pref, &start_key)
+        .await
+        .unwrap();
+    assert!(created, "keys are per app");
+    assert_ne!(theirs.id, first.id);
+    let unkeyed = s
+        .create_pipeline_run(new_run("acme", "s"), &pref)
+        .await
+        .unwrap();
+    assert_ne!(unkeyed.id, first.id);
+    // An unregistered version is refused and takes no key.
+    let missing = PipelineRef {
+        name: name("p"),
+        version: "nope".into(),
+    };
+    let other_key = EffectKey::new("start-2").unwrap();
+    assert!(
+        s.start_pipeline_run_once(new_run("acme", "s"), &missing, &other_key)
+            .await
+            .is_err()
+    );
+
+    // Racing replicas: one run per key.
+    let race_key = EffectKey::new("race").unwrap();
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let s = stores[i % stores.len()].clone();
+        let pref = pref.clone();
+        let race_key = race_key.clone();
+        handles.push(tokio::spawn(async move {
+            s.start_pipeline_run_once(new_run("acme", "s"), &pref, &race_key)
+                .await
+                .expect("start")
+        }));
+    }
+    let mut ids = Vec::new();
+    let mut created = 0;
+    for h in handles {
+        let (run, c) = h.await.expect("start task");
+        ids.push(run.id);
+        created += usize::from(c);
+    }
+    assert_eq!(created, 1, "exactly one start created the run");
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "every start answered the same run");
 }

@@ -401,6 +401,15 @@ impl Store for PostgresStore {
         pipelines::create_pipeline_run(self, new, pipeline).await
     }
 
+    async fn start_pipeline_run_once(
+        &self,
+        new: NewRun,
+        pipeline: &PipelineRef,
+        start_key: &EffectKey,
+    ) -> StoreResult<(Run, bool)> {
+        pipelines::start_pipeline_run_once(self, new, pipeline, start_key).await
+    }
+
     async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
         pipelines::run_pipeline(self, app, run).await
     }

@@ -7,7 +7,9 @@ use crate::rows::{RunRow, TaskRow, run_columns, task_columns, tasks};
 use crate::{MAX_PAGE, PipelineRef, StoreError, StoreResult, StoredPipeline};
 use std::time::Duration;
 use tollgate_core::canonical::canonical_json;
-use tollgate_core::{AppId, NewRun, PipelineName, Run, RunId, Task, Timestamp, WorkerId};
+use tollgate_core::{
+    AppId, EffectKey, NewRun, PipelineName, Run, RunId, Task, Timestamp, WorkerId,
+};
 
 fn stored(
     app: &AppId,
@@ -84,6 +86,67 @@ pub(super) async fn create_pipeline_run(
     new: NewRun,
     pipeline: &PipelineRef,
 ) -> StoreResult<Run> {
+    insert_pipeline_run(store, &new, pipeline, None)
+        .await?
+        .ok_or_else(|| StoreError::Database("inserted run vanished".into()))
+}
+
+/// Inserts under the key; when another transaction holds or committed the key (the
+/// unique index makes a concurrent insert wait, then do nothing), this one rolls back
+/// and answers the run that has it.
+pub(super) async fn start_pipeline_run_once(
+    store: &PostgresStore,
+    new: NewRun,
+    pipeline: &PipelineRef,
+    start_key: &EffectKey,
+) -> StoreResult<(Run, bool)> {
+    if let Some(run) = keyed_run(store, &new.app, start_key).await? {
+        return Ok((run, false));
+    }
+    if let Some(run) = insert_pipeline_run(store, &new, pipeline, Some(start_key)).await? {
+        return Ok((run, true));
+    }
+    keyed_run(store, &new.app, start_key)
+        .await?
+        .map(|run| (run, false))
+        .ok_or_else(|| {
+            StoreError::Database(format!(
+                "pipeline run key {start_key} was taken, yet no run has it"
+            ))
+        })
+}
+
+async fn keyed_run(
+    store: &PostgresStore,
+    app: &AppId,
+    start_key: &EffectKey,
+) -> StoreResult<Option<Run>> {
+    let mut tx = store.begin().await?;
+    let existing: Option<String> =
+        sqlx::query_scalar("SELECT run_id FROM pipeline_runs WHERE app = $1 AND start_key = $2")
+            .bind(app.as_str())
+            .bind(start_key.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(id) = existing else {
+        return Ok(None);
+    };
+    let id = RunId::parse(&id)
+        .map_err(|e| StoreError::Corrupt(format!("pipeline run id {id:?}: {e}")))?;
+    let run = get_run(&mut *tx, app, id).await?;
+    tx.commit().await?;
+    run.map(Some)
+        .ok_or_else(|| StoreError::Corrupt(format!("pipeline run {id} has no run row")))
+}
+
+/// One transaction: the run and its pipeline row. `None`: the key was taken meanwhile
+/// (nothing is written).
+async fn insert_pipeline_run(
+    store: &PostgresStore,
+    new: &NewRun,
+    pipeline: &PipelineRef,
+    start_key: Option<&EffectKey>,
+) -> StoreResult<Option<Run>> {
     let mut tx = store.begin().await?;
     let now = store.now(&mut tx).await?;
     let exists: Option<i32> =
@@ -99,21 +162,27 @@ pub(super) async fn create_pipeline_run(
             pipeline.name, pipeline.version
         )));
     }
-    let id = insert_run(&mut tx, &new, now).await?;
-    sqlx::query(
-        "INSERT INTO pipeline_runs (run_id, app, pipeline, version, wake_at) \
-         VALUES ($1, $2, $3, $4, $5)",
+    let id = insert_run(&mut tx, new, now).await?;
+    let inserted = sqlx::query(
+        "INSERT INTO pipeline_runs (run_id, app, pipeline, version, wake_at, start_key) \
+         VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (app, start_key) WHERE start_key IS NOT NULL DO NOTHING",
     )
     .bind(id.to_string())
     .bind(new.app.as_str())
     .bind(pipeline.name.as_str())
     .bind(&pipeline.version)
     .bind(now.0)
+    .bind(start_key.map(EffectKey::as_str))
     .execute(&mut *tx)
     .await?;
+    if inserted.rows_affected() == 0 {
+        // Dropping the transaction rolls the run row back.
+        return Ok(None);
+    }
     let run = get_run(&mut *tx, &new.app, id).await?;
     tx.commit().await?;
-    run.ok_or_else(|| StoreError::Database("inserted run vanished".into()))
+    Ok(run)
 }
 
 pub(super) async fn run_pipeline(

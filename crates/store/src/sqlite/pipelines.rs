@@ -6,7 +6,9 @@ use crate::rows::{RunRow, TaskRow, run_columns, task_columns, tasks};
 use crate::{MAX_PAGE, PipelineRef, StoreError, StoreResult, StoredPipeline};
 use std::time::Duration;
 use tollgate_core::canonical::canonical_json;
-use tollgate_core::{AppId, NewRun, PipelineName, Run, RunId, Task, Timestamp, WorkerId};
+use tollgate_core::{
+    AppId, EffectKey, NewRun, PipelineName, Run, RunId, Task, Timestamp, WorkerId,
+};
 
 fn stored(
     app: &AppId,
@@ -83,8 +85,47 @@ pub(super) async fn create_pipeline_run(
     new: NewRun,
     pipeline: &PipelineRef,
 ) -> StoreResult<Run> {
+    insert_pipeline_run(store, new, pipeline, None)
+        .await
+        .map(|(run, _)| run)
+}
+
+pub(super) async fn start_pipeline_run_once(
+    store: &SqliteStore,
+    new: NewRun,
+    pipeline: &PipelineRef,
+    start_key: &EffectKey,
+) -> StoreResult<(Run, bool)> {
+    insert_pipeline_run(store, new, pipeline, Some(start_key)).await
+}
+
+/// One `BEGIN IMMEDIATE` transaction: writers are serialized, so looking the key up and
+/// inserting cannot race.
+async fn insert_pipeline_run(
+    store: &SqliteStore,
+    new: NewRun,
+    pipeline: &PipelineRef,
+    start_key: Option<&EffectKey>,
+) -> StoreResult<(Run, bool)> {
     let mut tx = store.begin().await?;
     let now = store.now();
+    if let Some(key) = start_key {
+        let existing: Option<String> =
+            sqlx::query_scalar("SELECT run_id FROM pipeline_runs WHERE app = ? AND start_key = ?")
+                .bind(new.app.as_str())
+                .bind(key.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some(id) = existing {
+            let id = RunId::parse(&id)
+                .map_err(|e| StoreError::Corrupt(format!("pipeline run id {id:?}: {e}")))?;
+            let run = get_run(&mut *tx, &new.app, id).await?;
+            tx.commit().await?;
+            let run = run
+                .ok_or_else(|| StoreError::Corrupt(format!("pipeline run {id} has no run row")))?;
+            return Ok((run, false));
+        }
+    }
     let exists: Option<i64> =
         sqlx::query_scalar("SELECT 1 FROM pipelines WHERE app = ? AND name = ? AND version = ?")
             .bind(new.app.as_str())
@@ -100,18 +141,21 @@ pub(super) async fn create_pipeline_run(
     }
     let id = insert_run(&mut tx, &new, now).await?;
     sqlx::query(
-        "INSERT INTO pipeline_runs (run_id, app, pipeline, version, wake_at) VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO pipeline_runs (run_id, app, pipeline, version, wake_at, start_key) \
+         VALUES (?, ?, ?, ?, ?, ?)",
     )
     .bind(id.to_string())
     .bind(new.app.as_str())
     .bind(pipeline.name.as_str())
     .bind(&pipeline.version)
     .bind(now.0)
+    .bind(start_key.map(EffectKey::as_str))
     .execute(&mut *tx)
     .await?;
     let run = get_run(&mut *tx, &new.app, id).await?;
     tx.commit().await?;
-    run.ok_or_else(|| StoreError::Database("inserted run vanished".into()))
+    let run = run.ok_or_else(|| StoreError::Database("inserted run vanished".into()))?;
+    Ok((run, true))
 }
 
 pub(super) async fn run_pipeline(
