@@ -15,8 +15,9 @@
 //!
 //! Every case gets a fresh SQLite file (and, with `TOLLGATE_TEST_DATABASE_URL`, a fresh
 //! PostgreSQL schema); two store instances on it take turns, as two replicas would.
-//! Cases: `TOLLGATE_MODEL_CASES` (default 32 on SQLite, 16 on PostgreSQL); steps per case
-//! up to `TOLLGATE_MODEL_STEPS` (default 60).
+//! Cases: `TOLLGATE_MODEL_CASES` or `PROPTEST_CASES` (default 32 on SQLite, 16 on
+//! PostgreSQL; ten times as many with `TOLLGATE_LONG_TESTS=1`); steps per case up to
+//! `TOLLGATE_MODEL_STEPS` (default 60).
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -1958,6 +1959,13 @@ async fn run_case(
 }
 
 fn runner(default_cases: usize) -> TestRunner {
+    // The long version (docs/guarantees.md): ten times the cases.
+    let long = std::env::var("TOLLGATE_LONG_TESTS").is_ok_and(|v| v == "1");
+    let default_cases = if long {
+        default_cases * 10
+    } else {
+        default_cases
+    };
     let cases = env_usize(
         "TOLLGATE_MODEL_CASES",
         env_usize("PROPTEST_CASES", default_cases),

@@ -599,9 +599,10 @@ struct Attempt {
 
 /// SPEC §4 "limits are exact under any concurrency and any number of replicas", the long
 /// way round: 4 store instances (separate pools, as 4 replicas) race ≥ 10,000 admission
-/// attempts (`TOLLGATE_RACE_ATTEMPTS`) over 2 apps × 3 scopes with random small budgets,
-/// in phases at a frozen clock; between phases a random share of the active tasks
-/// succeeds, fails or is canceled and the clock moves (from 1 s to 25 h). Afterwards the
+/// attempts (`TOLLGATE_RACE_ATTEMPTS`; 100,000 with `TOLLGATE_LONG_TESTS=1`) over 2 apps
+/// × 3 scopes with random small budgets, in phases of 100 at a frozen clock (32 racers);
+/// one attempt in ten replays an earlier key. Between phases a random share of the
+/// active tasks succeeds, fails or is canceled and the clock moves (1 s to 25 h). Then the
 /// admission records and task rows alone must show that at every instant no limit was
 /// exceeded: scope and global concurrency, the token bucket replayed exactly, distinct
 /// sources in every 24 h window, and distinct live steps per source.
@@ -617,7 +618,11 @@ async fn racing_replicas_never_exceed_a_limit() {
     let Some(url) = database_url("racing_replicas_never_exceed_a_limit") else {
         return;
     };
-    let attempts = env_number("TOLLGATE_RACE_ATTEMPTS", 10_000) as usize;
+    let long = std::env::var("TOLLGATE_LONG_TESTS").is_ok_and(|v| v == "1");
+    let attempts = env_number(
+        "TOLLGATE_RACE_ATTEMPTS",
+        if long { 100_000 } else { 10_000 },
+    ) as usize;
     let seed = env_number(
         "TOLLGATE_RACE_SEED",
         std::time::SystemTime::now()
