@@ -140,7 +140,7 @@ async fn chat(State(state): State<Arc<FakeState>>, Json(body): Json<Value>) -> J
         .to_string();
     let n = state.seq.fetch_add(1, Ordering::SeqCst);
     let r = mix(state.seed.load(Ordering::SeqCst) ^ n);
-    let label = if r % 2 == 0 { "spam" } else { "ham" };
+    let label = if r.is_multiple_of(2) { "spam" } else { "ham" };
     let _guard = {
         let mut calls = state.calls.lock().unwrap();
         let c = calls.entry(input.clone()).or_default();
@@ -384,7 +384,7 @@ async fn client(load: Arc<Load>, waits: Option<Arc<dyn Store>>) {
             let rid = r["id"].as_str().unwrap().to_string();
             run = Some(rid.clone());
             json!({"kind": "classify", "run_id": rid, "request": request})
-        } else if n % 5 == 0 {
+        } else if n.is_multiple_of(5) {
             json!({"kind": "classify", "scope": "plain", "request": request})
         } else {
             scoped = Some((format!("s{}", n % 3), format!("doc-{n}")));
