@@ -16,8 +16,9 @@
 //! - a workflow run waiting on a task is woken once the task is terminal, even when the
 //!   process died between saving the result and waking the run.
 //!
-//! Trials: `TOLLGATE_CRASH_TRIALS` (default 20 SIGKILLs on SQLite, 8 disruptions on
-//! PostgreSQL), or `TOLLGATE_LONG_TESTS=1` for ten times as many.
+//! Trials: `TOLLGATE_CRASH_TRIALS` (default 20 SIGKILLs on SQLite, 8 disruptions on a
+//! private PostgreSQL cluster, 10 SIGKILLs of two replicas sharing PostgreSQL), or
+//! `TOLLGATE_LONG_TESTS=1` for ten times as many.
 
 use axum::Json;
 use axum::extract::State;
@@ -697,6 +698,108 @@ async fn sigkill_under_load_loses_nothing_and_runs_nothing_twice() {
     let (succeeded, _) = settle_and_check(&base, &load, &fake, &mut seen).await;
     assert!(succeeded > 0);
     drop(server);
+}
+
+/// A fresh schema in the shared test database, dropped at the end.
+struct SharedSchema {
+    url: String,
+    name: String,
+}
+
+impl SharedSchema {
+    fn new(url: &str) -> SharedSchema {
+        let name = format!("crash_{}", uuid::Uuid::new_v4().simple());
+        psql(url, &format!("CREATE SCHEMA \"{name}\""));
+        SharedSchema {
+            url: url.to_string(),
+            name,
+        }
+    }
+
+    /// The database URL with this schema first on the search path.
+    fn database_url(&self) -> String {
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}options=-c%20search_path%3D{}", self.url, self.name)
+    }
+}
+
+impl Drop for SharedSchema {
+    fn drop(&mut self) {
+        psql(
+            &self.url,
+            &format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name),
+        );
+    }
+}
+
+fn psql(url: &str, sql: &str) {
+    let out = Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-qc", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Two `serve` replicas on one PostgreSQL database (PostgreSQL `LISTEN/NOTIFY` between
+/// them), SIGKILLed in turn while the other keeps serving: the survivor's sweeper ends
+/// what the dead one held, its workers take the queue, and no task runs on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_killed_in_turn_share_the_work_once() {
+    if !require_postgres("two_replicas_killed_in_turn_share_the_work_once") {
+        return;
+    }
+    let url = std::env::var("TOLLGATE_TEST_DATABASE_URL").unwrap();
+    let schema = SharedSchema::new(&url);
+    let seed = seed();
+    let trials = trials(10);
+    eprintln!("two replicas: {trials} SIGKILLs, TOLLGATE_CRASH_SEED={seed}");
+    let fake = FakeProvider::start(seed).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tollgate.toml");
+    std::fs::write(
+        &config,
+        config_text(
+            &schema.database_url(),
+            &fake.base_url,
+            "transport = \"postgres\"",
+        ),
+    )
+    .unwrap();
+    let mut replicas = vec![serve(&config, &[]), serve(&config, &[])];
+    let mut options = tollgate_store::postgres::PostgresOptions::new(url.clone())
+        .with_schema(schema.name.clone());
+    options.max_connections = 2;
+    let store: Arc<dyn Store> = Arc::new(
+        tollgate_store::postgres::PostgresStore::open(options)
+            .await
+            .expect("the test's own store on the schema"),
+    );
+    let load = Arc::new(Load::default());
+    *load.base.write().unwrap() = replicas[0].1.clone();
+    let clients = start_load(&load, 6, Some(store));
+    let mut seen = Seen::new();
+    for trial in 0..trials {
+        let r = mix(seed ^ (trial as u64 + 1));
+        tokio::time::sleep(Duration::from_millis(200 + r % 900)).await;
+        let victim = (r >> 20) as usize % 2;
+        // Clients move to the survivor first, as a load balancer would.
+        *load.base.write().unwrap() = replicas[1 - victim].1.clone();
+        let (dead, _) = replicas.remove(victim);
+        dead.sigkill();
+        tokio::time::sleep(Duration::from_millis((r >> 16) % 500)).await;
+        replicas.insert(victim, serve(&config, &[]));
+        observe(&load.base(), &accepted(&load), &mut seen, false).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_load(&load, clients).await;
+    let base = load.base();
+    let (succeeded, _) = settle_and_check(&base, &load, &fake, &mut seen).await;
+    assert!(succeeded > 0);
+    drop(replicas);
 }
 
 /// A throwaway PostgreSQL server owned by the `postgres` user in a temporary folder.
