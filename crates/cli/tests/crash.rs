@@ -11,7 +11,8 @@
 //! - no task's request reached the provider twice, nor twice at once (at most once
 //!   execution, whatever was killed when);
 //! - a succeeded task holds exactly the answer of its one provider call;
-//! - a failed task failed only because its worker died (`WORKFLOW_AI_INTERRUPTED`);
+//! - a failed task failed only because its worker died (`WORKFLOW_AI_INTERRUPTED`), a
+//!   canceled one only because its client canceled it, and a deleted one stays gone;
 //! - a terminal state seen once never changes after later crashes;
 //! - a workflow run waiting on a task is woken once the task is terminal, even when the
 //!   process died between saving the result and waking the run.
@@ -290,6 +291,8 @@ struct Accepted {
     run: Option<String>,
     /// The client deleted the task's owner data (its scope and source) afterwards.
     deleted: bool,
+    /// The client asked to cancel the task right after submitting it.
+    canceled: bool,
 }
 
 #[derive(Default)]
@@ -434,6 +437,26 @@ async fn client(load: Arc<Load>, waits: Option<Arc<dyn Store>>) {
         }
         // Every 11th scoped task's owner data is deleted right away, often while the
         // task is queued or running.
+        // Every 13th task is canceled right away, racing its worker (and the crashes).
+        let mut canceled = false;
+        if n % 13 == 9 {
+            let (st, c) = until_answered(
+                &load,
+                &http,
+                reqwest::Method::POST,
+                &format!("/v1/tasks/{id}/cancel"),
+                &[],
+                Some(&json!({})),
+            )
+            .await;
+            if st != 200 {
+                load.unexpected
+                    .lock()
+                    .unwrap()
+                    .push(format!("cancel {id}: {st} {c}"));
+            }
+            canceled = true;
+        }
         let mut deleted = false;
         if let Some((scope, source)) = scoped.filter(|_| n % 11 == 6) {
             let (st, d) = until_answered(
@@ -460,6 +483,7 @@ async fn client(load: Arc<Load>, waits: Option<Arc<dyn Store>>) {
                 input,
                 run,
                 deleted,
+                canceled,
             },
         );
     }
@@ -564,6 +588,7 @@ async fn settle_and_check(
     let calls = fake.calls();
     let mut succeeded = 0;
     let mut interrupted = 0;
+    let mut canceled = 0;
     for a in &accepted {
         let c = calls.get(&a.input).cloned().unwrap_or_default();
         assert!(
@@ -600,7 +625,12 @@ async fn settle_and_check(
                     "only a dead worker fails a task here: {t}"
                 );
             }
-            other => panic!("nobody canceled task {}, yet it is {other}: {t}", a.id),
+            "canceled" => {
+                assert!(a.canceled, "nobody canceled task {}: {t}", a.id);
+                assert_eq!(t["error"]["code"], json!("WORKFLOW_AI_CANCELED"), "{t}");
+                canceled += 1;
+            }
+            other => panic!("task {} ended {other}: {t}", a.id),
         }
     }
     // Waiting runs are woken (the sweeper repairs a wake lost to a crash).
@@ -624,7 +654,7 @@ async fn settle_and_check(
     }
     eprintln!(
         "{} tasks accepted: {succeeded} succeeded, {interrupted} interrupted by a crash, \
-         {deleted} deleted with their owner, {} answered only after a retry, {} runs woken",
+         {canceled} canceled, {deleted} deleted with their owner, {} answered only after a retry, {} runs woken",
         accepted.len(),
         load.resent.load(Ordering::SeqCst),
         accepted.iter().filter(|a| a.run.is_some()).count()
@@ -1023,11 +1053,12 @@ async fn nats_stopped_mid_load_falls_back_to_polling() {
     let mut seen = Seen::new();
     let (succeeded, interrupted) = settle_and_check(&base, &load, &fake, &mut seen).await;
     assert_eq!(interrupted, 0, "nothing crashed here");
-    let deleted = accepted(&load).iter().filter(|a| a.deleted).count();
-    assert_eq!(
-        succeeded + deleted,
-        after,
-        "every task ran (or was deleted), by polling after NATS died"
+    let all = accepted(&load);
+    let deleted = all.iter().filter(|a| a.deleted).count();
+    let canceled = all.iter().filter(|a| a.canceled && !a.deleted).count();
+    assert!(
+        succeeded + deleted <= after && succeeded + deleted + canceled >= after,
+        "every task ran (or was deleted or canceled), by polling after NATS died"
     );
     drop(workers);
     drop(api);
