@@ -15,8 +15,9 @@
 //!
 //! Every case gets a fresh SQLite file (and, with `TOLLGATE_TEST_DATABASE_URL`, a fresh
 //! PostgreSQL schema); two store instances on it take turns, as two replicas would.
-//! Cases: `TOLLGATE_MODEL_CASES` (default 32 on SQLite, 16 on PostgreSQL); steps per case
-//! up to `TOLLGATE_MODEL_STEPS` (default 60).
+//! Cases: `TOLLGATE_MODEL_CASES` or `PROPTEST_CASES` (default 32 on SQLite, 16 on
+//! PostgreSQL; ten times as many with `TOLLGATE_LONG_TESTS=1`); steps per case up to
+//! `TOLLGATE_MODEL_STEPS` (default 60).
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -54,8 +55,8 @@ const QUEUE_TIMEOUT_MS: i64 = 10 * 60 * 1000;
 const LIVENESS_MS: i64 = 30 * 1000;
 const RETENTION_MS: i64 = 3600 * 1000;
 /// Clock moves: around the token refill, the liveness and queue timeouts, retention and
-/// the 24 h window.
-const ADVANCES_MS: [i64; 10] = [
+/// the 24 h window (just inside it, and exactly on its edge, which is outside).
+const ADVANCES_MS: [i64; 12] = [
     1,
     999,
     1_000,
@@ -65,6 +66,8 @@ const ADVANCES_MS: [i64; 10] = [
     11 * 60_000,
     61 * 60_000,
     23 * 3_600_000,
+    24 * 3_600_000 - 30_000,
+    24 * 3_600_000,
     25 * 3_600_000,
 ];
 
@@ -140,8 +143,12 @@ enum OwnerSpec {
         scope: u8,
         subject: Option<u8>,
     },
-    /// A run picked among every run created so far (of any app).
-    Run(Pick),
+    /// A run picked among every run created so far; the caller is the run's app, or with
+    /// `foreign` the spec's app (which may be the other one).
+    Run {
+        run: Pick,
+        foreign: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -226,9 +233,11 @@ enum Op {
         run: Pick,
         own_app: bool,
     },
+    /// `own` picks among the run's own tasks (when it has any).
     WaitOnTask {
         run: Pick,
         task: Pick,
+        own: bool,
     },
     FinishRun {
         run: Pick,
@@ -266,9 +275,10 @@ fn budget_spec() -> impl Strategy<Value = BudgetSpec> {
 
 fn create_spec() -> impl Strategy<Value = CreateSpec> {
     let owner = prop_oneof![
-        4 => (0u8..2, proptest::option::of(0u8..2))
+        3 => (0u8..2, proptest::option::of(0u8..2))
             .prop_map(|(scope, subject)| OwnerSpec::App { scope, subject }),
-        1 => pick().prop_map(OwnerSpec::Run),
+        2 => (pick(), proptest::bool::weighted(0.15))
+            .prop_map(|(run, foreign)| OwnerSpec::Run { run, foreign }),
     ];
     let scoped = proptest::option::weighted(
         0.8,
@@ -324,7 +334,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(app, scope, source)| Op::DeleteOwnerData { app, scope, source }),
         2 => (pick(), proptest::bool::weighted(0.8))
             .prop_map(|(run, own_app)| Op::CancelRun { run, own_app }),
-        4 => (pick(), pick()).prop_map(|(run, task)| Op::WaitOnTask { run, task }),
+        6 => (pick(), pick(), proptest::bool::weighted(0.85))
+            .prop_map(|(run, task, own)| Op::WaitOnTask { run, task, own }),
         1 => (pick(), any::<bool>()).prop_map(|(run, succeed)| Op::FinishRun { run, succeed }),
         1 => (1u8..4).prop_map(|limit| Op::ListRecoverable { limit }),
         5 => prop_oneof![Just(2u8), Just(100)].prop_map(|batch| Op::Sweep { batch }),
@@ -642,6 +653,9 @@ impl Model {
         let window: Vec<&MAdmission> = self
             .admissions
             .iter()
+            // The window is (now - 24 h, now]: a record exactly 24 h old no longer counts,
+            // the same edge the sweep prunes at (`at <= now - 24 h`), so pruning never
+            // changes a decision.
             .filter(|a| a.app == app && a.scope == scope && a.at > now - WINDOW_MS)
             .collect();
         let mut steps: Vec<&LogicalKey> = Vec::new();
@@ -695,8 +709,19 @@ impl Model {
     }
 
     /// SPEC §3 steps 2–6.
+    /// The app a creation is made by: the run's own app for a run owner, unless `foreign`.
+    fn caller(&self, spec: &CreateSpec) -> usize {
+        match spec.owner {
+            OwnerSpec::Run {
+                run,
+                foreign: false,
+            } if !self.runs.is_empty() => self.runs[run.of(self.runs.len())].app,
+            _ => usize::from(spec.app),
+        }
+    }
+
     fn create(&mut self, spec: &CreateSpec) -> Result<(TRef, bool), ErrKind> {
-        let app = usize::from(spec.app);
+        let app = self.caller(spec);
         if let Some(i) = self.by_key(app, spec.key) {
             return Ok((TRef::Known(i), false));
         }
@@ -704,11 +729,11 @@ impl Model {
             OwnerSpec::App { scope, subject } => {
                 (None, usize::from(*scope), subject.map(usize::from))
             }
-            OwnerSpec::Run(pick) if self.runs.is_empty() => {
+            OwnerSpec::Run { run: pick, .. } if self.runs.is_empty() => {
                 let _ = pick;
                 (None, 0, None)
             }
-            OwnerSpec::Run(pick) => {
+            OwnerSpec::Run { run: pick, .. } => {
                 let r = pick.of(self.runs.len());
                 let run = &self.runs[r];
                 if run.app != app {
@@ -801,6 +826,22 @@ impl Model {
         }
         self.tasks.push(task);
         Ok((TRef::Known(idx), true))
+    }
+
+    /// The run and task of a wait: with `own`, a run-owned task and its run (when there
+    /// is one); otherwise any run and any task.
+    fn wait_target(&self, run: Pick, task: Pick, own: bool) -> Option<(usize, usize)> {
+        if self.runs.is_empty() || self.tasks.is_empty() {
+            return None;
+        }
+        let owned: Vec<usize> = (0..self.tasks.len())
+            .filter(|i| self.tasks[*i].run.is_some())
+            .collect();
+        if own && !owned.is_empty() {
+            let i = owned[task.of(owned.len())];
+            return Some((self.tasks[i].run.expect("run-owned"), i));
+        }
+        Some((run.of(self.runs.len()), task.of(self.tasks.len())))
     }
 
     fn claimable(&self, t: &MTask) -> bool {
@@ -1071,8 +1112,8 @@ impl Model {
                 }
                 Outcome::RunCancel(Some((RRef::Known(r), canceled)))
             }
-            Op::WaitOnTask { run, task } => {
-                let (Some(r), Some(i)) = (pick_run(run), pick(task)) else {
+            Op::WaitOnTask { run, task, own } => {
+                let Some((r, i)) = self.wait_target(*run, *task, *own) else {
                     return Outcome::Skipped;
                 };
                 let run_app = self.runs[r].app;
@@ -1311,13 +1352,13 @@ impl Harness {
     }
 
     fn new_task(&self, spec: &CreateSpec) -> NewTask {
-        let app = usize::from(spec.app);
+        let app = self.model.caller(spec);
         let owner = match &spec.owner {
-            OwnerSpec::Run(pick) if !self.run_ids.is_empty() => Owner::Run {
+            OwnerSpec::Run { run, .. } if !self.run_ids.is_empty() => Owner::Run {
                 app: app_id(app),
-                run_id: self.run_ids[pick.of(self.run_ids.len())],
+                run_id: self.run_ids[run.of(self.run_ids.len())],
             },
-            OwnerSpec::Run(_) => Owner::Application {
+            OwnerSpec::Run { .. } => Owner::Application {
                 app: app_id(app),
                 scope: scope_id(0),
                 subject: None,
@@ -1597,8 +1638,8 @@ impl Harness {
                     )
                 }))
             }
-            Op::WaitOnTask { run, task } => {
-                let (Some(r), Some(i)) = (pick_run(run), pick(task)) else {
+            Op::WaitOnTask { run, task, own } => {
+                let Some((r, i)) = self.model.wait_target(*run, *task, *own) else {
                     return Ok(Outcome::Skipped);
                 };
                 let app = self.model.runs[r].app;
@@ -1813,6 +1854,64 @@ impl Harness {
     }
 }
 
+/// With `TOLLGATE_MODEL_STATS` set, counts what the sequences exercised (printed at the
+/// end), to see that rejections, refusals and sweeps really happen.
+static TALLY: std::sync::Mutex<std::collections::BTreeMap<String, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn tally(outcome: &Outcome) {
+    let name = |r: &Result<(TRef, bool), ErrKind>| match r {
+        Ok((_, true)) => "create: created".to_string(),
+        Ok((_, false)) => "create: replay".to_string(),
+        Err(ErrKind::Admission(a)) => format!("create: {}", a.code()),
+        Err(e) => format!("create: {e:?}"),
+    };
+    let mut names = Vec::new();
+    match outcome {
+        Outcome::Created(r) => names.push(name(r)),
+        Outcome::CreatedMany(rs) => names.extend(rs.iter().map(name)),
+        Outcome::Claimed(c) => names.push(format!("claim: {}", c.is_some())),
+        Outcome::Transition(Ok(t)) => {
+            names.push(format!("transition applied: {}", t.applied));
+            if !t.woken.is_empty() {
+                names.push("transition woke a run".into());
+            }
+        }
+        Outcome::Transition(Err(e)) => names.push(format!("transition: {e:?}")),
+        Outcome::Canceled(c) => names.push(format!("cancel: {:?}", c.as_ref().map(|t| t.applied))),
+        Outcome::Heartbeat { alive, stop } => names.push(format!(
+            "heartbeat: {} alive {} stop",
+            alive.len(),
+            stop.len()
+        )),
+        Outcome::Sweep(v) => {
+            for (what, n) in [
+                ("queue timeout", v.queue_timed_out),
+                ("interrupted", v.interrupted),
+                ("pruned", v.admissions_pruned),
+                ("retention", v.tasks_deleted),
+                ("woken", v.woken.len() as u64),
+            ] {
+                if n > 0 {
+                    names.push(format!("sweep: {what}"));
+                }
+            }
+        }
+        Outcome::Wait(r) => names.push(format!(
+            "wait: {:?}",
+            r.as_ref().map(|w| matches!(w, WaitView::Ready(_)))
+        )),
+        Outcome::Deleted(n) => names.push(format!("delete: {}", n.min(&2))),
+        other => names.push(format!("{:?}", std::mem::discriminant(other))),
+    }
+    let mut t = TALLY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for n in names {
+        *t.entry(n).or_default() += 1;
+    }
+}
+
 /// Runs one sequence against fresh stores; `Err` names the first step where the store and
 /// the model disagree.
 async fn run_case(
@@ -1842,6 +1941,9 @@ async fn run_case(
                 "step {step} {op:?}\n store answered: {got:?}\n model expects:  {expected:?}"
             ));
         }
+        if std::env::var("TOLLGATE_MODEL_STATS").is_ok() {
+            tally(&expected);
+        }
         if h.task_ids.len() != h.model.tasks.len() {
             return Err(format!(
                 "step {step} {op:?}: the store made {} tasks, the model {}",
@@ -1857,6 +1959,13 @@ async fn run_case(
 }
 
 fn runner(default_cases: usize) -> TestRunner {
+    // The long version (docs/guarantees.md): ten times the cases.
+    let long = std::env::var("TOLLGATE_LONG_TESTS").is_ok_and(|v| v == "1");
+    let default_cases = if long {
+        default_cases * 10
+    } else {
+        default_cases
+    };
     let cases = env_usize(
         "TOLLGATE_MODEL_CASES",
         env_usize("PROPTEST_CASES", default_cases),
@@ -1881,6 +1990,14 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn check(result: Result<(), proptest::test_runner::TestError<Vec<Op>>>) {
+    if std::env::var("TOLLGATE_MODEL_STATS").is_ok() {
+        eprintln!(
+            "{:#?}",
+            TALLY
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        );
+    }
     if let Err(e) = result {
         panic!("the store disagrees with the model:\n{e}");
     }

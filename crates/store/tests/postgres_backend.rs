@@ -143,20 +143,21 @@ async fn replicas_starting_at_once_migrate_once() {
     for o in opens {
         stores.push(o.await.unwrap().expect("every replica starts"));
     }
-    let applied: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
-        .fetch_one(stores[0].pool())
-        .await
-        .unwrap();
-    let migrations = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/postgres"))
+    let (applied, distinct): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT version) FROM _sqlx_migrations")
+            .fetch_one(stores[0].pool())
+            .await
+            .unwrap();
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/postgres"))
         .unwrap()
         .filter(|e| {
             e.as_ref()
                 .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "sql"))
         })
-        .count();
+        .count() as i64;
     assert_eq!(
-        applied,
-        i64::try_from(migrations).unwrap(),
+        (applied, distinct),
+        (files, files),
         "each migration is applied once"
     );
     let created = stores[3]
@@ -568,5 +569,397 @@ impl Drop for PrivateCluster {
     fn drop(&mut self) {
         let _ = self.pg_ctl("stop");
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A small deterministic generator (xorshift), seeded so a failure can be replayed with
+/// `TOLLGATE_RACE_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One admission attempt: (app, scope, source, input, recompute, effect key).
+#[derive(Clone, Debug)]
+struct Attempt {
+    app: usize,
+    scope: usize,
+    source: usize,
+    input: usize,
+    recompute: bool,
+    key: String,
+}
+
+/// SPEC §4 "limits are exact under any concurrency and any number of replicas", the long
+/// way round: 4 store instances (separate pools, as 4 replicas) race ≥ 10,000 admission
+/// attempts (`TOLLGATE_RACE_ATTEMPTS`; 100,000 with `TOLLGATE_LONG_TESTS=1`) over 2 apps
+/// × 3 scopes with random small budgets, in phases of 100 at a frozen clock (32 racers);
+/// one attempt in ten replays an earlier key. Between phases a random share of the
+/// active tasks succeeds, fails or is canceled and the clock moves (10 ms to 25 h). Then the
+/// admission records and task rows alone must show that at every instant no limit was
+/// exceeded: scope and global concurrency, the token bucket replayed exactly, distinct
+/// sources in every 24 h window, and distinct live steps per source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_replicas_never_exceed_a_limit() {
+    use std::collections::{BTreeMap, BTreeSet};
+    use tollgate_core::Clock;
+    use tollgate_core::admission::TOKEN_UNITS;
+    use tollgate_store::conformance::fixtures::{
+        budget, new_scoped_task, recompute, spam, usage, with_input, worker,
+    };
+
+    let Some(url) = database_url("racing_replicas_never_exceed_a_limit") else {
+        return;
+    };
+    let long = std::env::var("TOLLGATE_LONG_TESTS").is_ok_and(|v| v == "1");
+    let attempts = env_number(
+        "TOLLGATE_RACE_ATTEMPTS",
+        if long { 100_000 } else { 10_000 },
+    ) as usize;
+    let seed = env_number(
+        "TOLLGATE_RACE_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1,
+    );
+    eprintln!("racing replicas: {attempts} attempts, TOLLGATE_RACE_SEED={seed}");
+    let mut rng = Rng(seed);
+    let schema = Schema::new(&url, "race");
+    let clock = ManualClock::new(START);
+    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    for _ in 0..4 {
+        let mut o = schema.options(&clock);
+        o.acquire_timeout = Duration::from_secs(60);
+        stores.push(Arc::new(PostgresStore::open(o).await.expect("open")));
+    }
+    const APPS: [&str; 2] = ["acme", "globex"];
+    const SCOPES: usize = 3;
+    let global = 4 + rng.below(12) as u32;
+    // (steps, sources, scope_concurrent, burst, tasks_per_minute) per (app, scope).
+    let mut limits = BTreeMap::new();
+    for app in 0..APPS.len() {
+        for scope in 0..SCOPES {
+            limits.insert(
+                (app, scope),
+                (
+                    1 + rng.below(4) as u32,
+                    1 + rng.below(5) as u32,
+                    1 + rng.below(5) as u32,
+                    1 + rng.below(6) as u32,
+                    1 + rng.below(30) as u32,
+                ),
+            );
+        }
+    }
+    let new_task = |a: &Attempt| {
+        let (steps, sources, scope_c, burst, rate) = limits[&(a.app, a.scope)];
+        let t = with_input(
+            new_scoped_task(
+                APPS[a.app],
+                &format!("scope-{}", a.scope),
+                &a.key,
+                &format!("doc-{}", a.source),
+                budget(steps, sources, scope_c, global, burst, rate),
+            ),
+            &format!("input-{}", a.input),
+        );
+        if a.recompute { recompute(t) } else { t }
+    };
+
+    let racers = 32usize;
+    let per_phase = 100usize;
+    let mut made = 0usize;
+    let mut phase_times = Vec::new();
+    let mut keys: Vec<Attempt> = Vec::new();
+    let mut answers: BTreeMap<String, bool> = BTreeMap::new(); // key → created (any time)
+    let mut rejections: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut replays = 0usize;
+    let mut running = Vec::new();
+    while made < attempts {
+        phase_times.push(clock.now().0);
+        let n = per_phase.min(attempts - made);
+        let mut batch = Vec::with_capacity(n);
+        for i in 0..n {
+            // One attempt in ten replays an earlier key: it must never be admitted again.
+            let a = if !keys.is_empty() && rng.below(10) == 0 {
+                keys[rng.below(keys.len() as u64) as usize].clone()
+            } else {
+                Attempt {
+                    app: rng.below(2) as usize,
+                    scope: rng.below(SCOPES as u64) as usize,
+                    source: rng.below(4) as usize,
+                    input: rng.below(40) as usize,
+                    recompute: rng.below(8) == 0,
+                    key: format!("k{}", made + i),
+                }
+            };
+            batch.push(a);
+        }
+        made += n;
+        let batch = Arc::new(batch);
+        let mut handles = Vec::new();
+        for r in 0..racers {
+            let batch = batch.clone();
+            let store = stores[r % stores.len()].clone();
+            let tasks: Vec<(Attempt, NewTask)> = batch
+                .iter()
+                .skip(r)
+                .step_by(racers)
+                .map(|a| (a.clone(), new_task(a)))
+                .collect();
+            handles.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                for (a, t) in tasks {
+                    out.push((a, store.create_task(t).await));
+                }
+                out
+            }));
+        }
+        for h in handles {
+            for (a, answer) in h.await.expect("racer") {
+                match answer {
+                    Ok(c) => {
+                        if c.created {
+                            assert!(
+                                answers.insert(a.key.clone(), true).is_none(),
+                                "key {} created twice",
+                                a.key
+                            );
+                            keys.push(a);
+                        } else {
+                            replays += 1;
+                        }
+                    }
+                    Err(StoreError::Admission(r)) => {
+                        *rejections.entry(r.code().as_str()).or_default() += 1
+                    }
+                    Err(e) => panic!("only admission may refuse a create: {e:?}"),
+                }
+            }
+        }
+        // Between phases, at a later instant: finish a random share of the active tasks.
+        clock.advance(Duration::from_millis(1));
+        let w = worker("finisher");
+        let claimed = stores[0].claim_next(&w, 1000).await.expect("claim");
+        running.extend(claimed.into_iter().map(|t| (t.id, t.app)));
+        let mut still = Vec::new();
+        for (i, (id, app)) in running.drain(..).enumerate() {
+            let s = &stores[i % stores.len()];
+            match rng.below(10) {
+                0..=5 => {
+                    s.complete_task(id, &w, spam(), usage())
+                        .await
+                        .expect("complete");
+                }
+                6 | 7 => {
+                    s.fail_task(id, tollgate_core::ErrorCode::ProviderError, "boom")
+                        .await
+                        .expect("fail");
+                }
+                8 => {
+                    s.request_cancel(&app, id).await.expect("cancel");
+                }
+                _ => still.push((id, app)), // stays running
+            }
+        }
+        running = still;
+        let advance = match rng.below(10) {
+            0..=3 => 10 + rng.below(5_000),
+            4..=6 => 60_000 + rng.below(12 * 3_600_000),
+            _ => 24 * 3_600_000 + rng.below(3_600_000),
+        };
+        clock.advance(Duration::from_millis(advance));
+    }
+
+    // Everything below reads only the rows.
+    let pool = sqlx::PgPool::connect(&format!(
+        "{url}{}options=-c%20search_path%3D{}",
+        if url.contains('?') { '&' } else { '?' },
+        schema.name
+    ))
+    .await
+    .expect("pool");
+    struct Row2 {
+        id: String,
+        app: String,
+        scope: String,
+        key: String,
+        admitted: bool,
+        status: String,
+        created: i64,
+        completed: Option<i64>,
+        cache_key: Option<String>,
+        recompute: bool,
+    }
+    let tasks: Vec<Row2> = sqlx::query(
+        "SELECT id, app, scope, effect_key, admitted, status, created_at, completed_at, \
+         cache_key, recompute FROM tasks",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("tasks")
+    .into_iter()
+    .map(|r| Row2 {
+        id: r.get(0),
+        app: r.get(1),
+        scope: r.get(2),
+        key: r.get(3),
+        admitted: r.get(4),
+        status: r.get(5),
+        created: r.get(6),
+        completed: r.get(7),
+        cache_key: r.get(8),
+        recompute: r.get(9),
+    })
+    .collect();
+    let records: Vec<(String, String, String, String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT app, scope, source_id, task_id, logical_key, admitted_at FROM admissions",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("admissions");
+    pool.close().await;
+
+    // Rows agree with the answers: one row per created key, none for a rejection.
+    let stored: BTreeSet<&str> = tasks.iter().map(|t| t.key.as_str()).collect();
+    assert_eq!(stored.len(), tasks.len());
+    assert_eq!(
+        stored,
+        answers.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        "a task row exists exactly for each created answer"
+    );
+    let by_id: BTreeMap<&str, &Row2> = tasks.iter().map(|t| (t.id.as_str(), t)).collect();
+    assert_eq!(
+        records.len(),
+        tasks.iter().filter(|t| t.admitted).count(),
+        "one admission record per admitted task, none for cache hits"
+    );
+    for (app, scope, _, task, logical, at) in &records {
+        let t = by_id[task.as_str()];
+        assert!(t.admitted && &t.app == app && &t.scope == scope && t.created == *at);
+        let original = if t.recompute {
+            t.id.clone()
+        } else {
+            t.cache_key.clone().unwrap()
+        };
+        match logical {
+            Some(k) => assert_eq!(k, &original, "the logical key is the cache key or the id"),
+            None => assert!(
+                ["failed", "canceled"].contains(&t.status.as_str()),
+                "only a failed or canceled task clears its step"
+            ),
+        }
+    }
+
+    let scope_name = |a: usize, s: usize| (APPS[a].to_string(), format!("scope-{s}"));
+    let mut checked = 0u64;
+    for &at in &phase_times {
+        let active_at =
+            |t: &&Row2| t.admitted && t.created <= at && t.completed.is_none_or(|c| c > at);
+        let global_active = tasks.iter().filter(active_at).count() as u32;
+        assert!(
+            global_active <= global,
+            "global_concurrent {global} exceeded at {at}: {global_active}"
+        );
+        for (&(a, s), &(steps, sources, scope_c, _, _)) in &limits {
+            let (app, scope) = scope_name(a, s);
+            let active = tasks
+                .iter()
+                .filter(active_at)
+                .filter(|t| t.app == app && t.scope == scope)
+                .count() as u32;
+            assert!(
+                active <= scope_c,
+                "scope_concurrent {scope_c} of {app}/{scope} exceeded at {at}: {active}"
+            );
+            let window: Vec<_> = records
+                .iter()
+                .filter(|r| r.0 == app && r.1 == scope && r.5 <= at && r.5 > at - 24 * 3_600_000)
+                .collect();
+            let distinct: BTreeSet<&str> = window.iter().map(|r| r.2.as_str()).collect();
+            assert!(
+                distinct.len() as u32 <= sources,
+                "sources_per_24_hours {sources} of {app}/{scope} exceeded at {at}: {distinct:?}"
+            );
+            // A step counts until its task failed or was canceled (strictly before `at`).
+            let mut per_source: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+            for r in &window {
+                let t = by_id[r.3.as_str()];
+                let cleared = ["failed", "canceled"].contains(&t.status.as_str())
+                    && t.completed.is_some_and(|c| c < at);
+                if !cleared {
+                    let k = if t.recompute {
+                        t.id.clone()
+                    } else {
+                        t.cache_key.clone().unwrap()
+                    };
+                    per_source.entry(r.2.as_str()).or_default().insert(k);
+                }
+            }
+            for (source, ks) in per_source {
+                assert!(
+                    ks.len() as u32 <= steps,
+                    "max_steps_per_source {steps} of {app}/{scope}/{source} exceeded at {at}: {}",
+                    ks.len()
+                );
+            }
+            checked += 1;
+        }
+    }
+    // The token bucket, replayed from the records: admissions at each instant never take
+    // more tokens than the bucket held.
+    for (&(a, s), &(_, _, _, burst, rate)) in &limits {
+        let (app, scope) = scope_name(a, s);
+        let mut per_instant: BTreeMap<i64, i64> = BTreeMap::new();
+        for r in records.iter().filter(|r| r.0 == app && r.1 == scope) {
+            *per_instant.entry(r.5).or_default() += 1;
+        }
+        let capacity = i64::from(burst) * TOKEN_UNITS;
+        let mut units = capacity;
+        let mut last = START.0;
+        for (at, n) in per_instant {
+            units = (units + (at - last) * i64::from(rate)).min(capacity);
+            last = at;
+            assert!(
+                n * TOKEN_UNITS <= units,
+                "{app}/{scope} admitted {n} at {at} with {} tokens (burst {burst}, {rate}/min)",
+                units as f64 / TOKEN_UNITS as f64
+            );
+            units -= n * TOKEN_UNITS;
+        }
+    }
+    let admitted = records.len();
+    eprintln!(
+        "racing replicas: {attempts} attempts, {admitted} admitted, {} served from cache, \
+         refused {rejections:?}, {replays} replays, {checked} (scope, instant) checks",
+        tasks.len() - admitted
+    );
+    assert!(
+        admitted > 0 && !rejections.is_empty(),
+        "both outcomes must occur"
+    );
+    for s in stores {
+        drop(s);
     }
 }

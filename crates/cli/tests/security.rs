@@ -1,0 +1,682 @@
+//! Security over HTTP against the real `tollgate serve` binary (issue 8), beside what
+//! `http.rs` already covers (the bad-input table for `POST /v1/tasks` and the size limit):
+//! - a JSON Schema naming remote documents makes the server open no connection at all;
+//! - headers that are too long, or not text, are refused with a 4xx;
+//! - every other body-taking route refuses malformed, mistyped and oversized bodies with
+//!   a 4xx JSON error and stores nothing;
+//! - integers beyond ±2^53 anywhere in a request are refused;
+//! - the tenant isolation matrix: every route of `crates/server/src/routes.rs` (the test
+//!   reads the router to be sure none is missed) called with another app's key on real
+//!   rows of the first app answers 404 (or an empty/zero answer for collection routes)
+//!   and changes nothing the first app can see.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+const ACME: &str = "acme-key-0123456789abcdef";
+const BETA: &str = "beta-key-0123456789abcdef";
+
+struct Server {
+    child: Child,
+    base: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `serve` on a fresh SQLite file; `workers` executions (0: tasks stay queued, so rows
+/// change only when a call changes them).
+fn start(workers: u32) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tollgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[server]
+max_request_bytes = 4000
+
+[database]
+url = "sqlite://{}"
+
+[apps.acme]
+api_keys = ["{ACME}"]
+
+[apps.beta]
+api_keys = ["{BETA}"]
+
+[workers]
+concurrency = {workers}
+"#,
+            dir.path().join("tollgate.db").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the tollgate binary starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(addr) = line.strip_prefix("Tollgate listening on ") {
+                let _ = tx.send(addr.trim().to_string());
+            }
+        }
+    });
+    let base = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the server prints its address");
+    Server {
+        child,
+        base,
+        http: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
+
+impl Server {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        key: &str,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> (StatusCode, Value) {
+        let mut rb = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(key);
+        for (k, v) in headers {
+            rb = rb.header(*k, *v);
+        }
+        if let Some(b) = body {
+            rb = rb.header("content-type", "application/json").body(b);
+        }
+        let r = rb.send().await.expect("the server answers");
+        let status = r.status();
+        let text = r.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn json(
+        &self,
+        method: Method,
+        path: &str,
+        key: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
+        self.call(
+            method,
+            path,
+            key,
+            &[],
+            Some(serde_json::to_vec(&body).unwrap()),
+        )
+        .await
+    }
+
+    async fn get(&self, path: &str, key: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, path, key, &[], None).await
+    }
+}
+
+fn is_json_error(v: &Value) -> bool {
+    v["error"]["code"].is_string() && v["error"]["message"].is_string()
+}
+
+/// A TCP listener that counts every connection made to it.
+fn recording_listener() -> (u16, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            counter.fetch_add(1, Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    (port, hits)
+}
+
+/// A tenant's schema must never make the server fetch a URL: remote `$ref`, `$schema`,
+/// `$id`-relative and `$dynamicRef` references, at the root and nested, are refused
+/// (422, nothing stored) and no connection reaches the listener they name, neither at
+/// submission nor while a worker validates an output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_schema_references_cause_no_outbound_request() {
+    let s = start(2);
+    let (port, hits) = recording_listener();
+    let remote = format!("http://127.0.0.1:{port}/schema.json");
+    let schemas = [
+        json!({"$ref": remote}),
+        json!({"type": "object", "properties": {"a": {"$ref": remote}}}),
+        json!({"$schema": remote, "type": "object"}),
+        json!({"$id": format!("http://127.0.0.1:{port}/root.json"), "type": "object",
+               "properties": {"a": {"$ref": "other.json"}}}),
+        json!({"type": "object", "properties": {"a": {"$dynamicRef": remote}}}),
+        json!({"allOf": [{"$ref": format!("{remote}#/definitions/x")}]}),
+        json!({"type": "array", "items": {"$ref": format!("//127.0.0.1:{port}/x")}}),
+    ];
+    let mut accepted = Vec::new();
+    for (i, schema) in schemas.iter().enumerate() {
+        let key = format!("ref-{i}");
+        let (st, e) = s
+            .call(
+                Method::POST,
+                "/v1/tasks?wait=3s",
+                ACME,
+                &[("idempotency-key", &key)],
+                Some(
+                    serde_json::to_vec(&json!({"kind": "extract_data", "scope": "s",
+                        "request": {"input": "x", "schema": schema}}))
+                    .unwrap(),
+                ),
+            )
+            .await;
+        if st.is_client_error() {
+            assert!(is_json_error(&e), "{schema}: {e}");
+            let (st, _) = s.get(&format!("/v1/tasks?effect_key={key}"), ACME).await;
+            assert_eq!(st, StatusCode::NOT_FOUND, "{schema}: nothing stored");
+        } else {
+            // Accepted only if the reference is never followed; the run must not fetch.
+            accepted.push((schema.clone(), e));
+        }
+    }
+    eprintln!(
+        "{} schemas refused, accepted (no remote reference followed): {accepted:?}",
+        schemas.len() - accepted.len()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "the server connected to a URL named by a tenant's schema"
+    );
+    assert!(
+        accepted
+            .iter()
+            .all(|(schema, _)| !schema.to_string().contains("\"$ref\":\"http")),
+        "a remote $ref must be refused: {accepted:?}"
+    );
+}
+
+/// Headers: a huge header block is refused before any handler runs (431); an
+/// `Idempotency-Key` that is too long or not text is a 4xx JSON error and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlong_and_binary_headers_are_refused() {
+    let s = start(0);
+    let body = serde_json::to_vec(
+        &json!({"kind": "classify", "scope": "s", "request": {"input": "x", "labels": ["a", "b"]}}),
+    )
+    .unwrap();
+    // One enormous header.
+    let huge = "h".repeat(1 << 20);
+    let r = s
+        .http
+        .post(format!("{}/v1/tasks", s.base))
+        .bearer_auth(ACME)
+        .header("idempotency-key", "huge-header")
+        .header("x-padding", huge.as_str())
+        .body(body.clone())
+        .send()
+        .await;
+    match r {
+        Ok(r) => assert_eq!(
+            r.status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "a 1 MiB header"
+        ),
+        Err(e) => panic!("the server must answer, not drop the connection: {e}"),
+    }
+    // Thousands of headers.
+    let mut rb = s
+        .http
+        .post(format!("{}/v1/tasks", s.base))
+        .bearer_auth(ACME)
+        .header("idempotency-key", "many-headers");
+    for i in 0..2000 {
+        rb = rb.header(format!("x-h{i}"), "v");
+    }
+    let r = rb.body(body.clone()).send().await;
+    if let Ok(r) = r {
+        assert!(
+            r.status().is_client_error(),
+            "2,000 headers: {}",
+            r.status()
+        );
+    }
+    for key in ["huge-header", "many-headers"] {
+        let (st, _) = s.get(&format!("/v1/tasks?effect_key={key}"), ACME).await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{key}: nothing stored");
+    }
+    // An effect key far beyond any sane length: refused by validation, as JSON.
+    let long_key = "k".repeat(5000);
+    let (st, e) = s
+        .call(
+            Method::POST,
+            "/v1/tasks",
+            ACME,
+            &[("idempotency-key", &long_key)],
+            Some(body.clone()),
+        )
+        .await;
+    assert!(st.is_client_error() && is_json_error(&e), "{st} {e}");
+    // A header value that is not text.
+    let r = s
+        .http
+        .post(format!("{}/v1/tasks", s.base))
+        .bearer_auth(ACME)
+        .header(
+            "idempotency-key",
+            reqwest::header::HeaderValue::from_bytes(b"k\xff\xfe").unwrap(),
+        )
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let e: Value = r.json().await.unwrap();
+    assert!(is_json_error(&e), "{e}");
+    // An Authorization header that is not text is simply not a key.
+    let r = s
+        .http
+        .get(format!("{}/v1/kinds", s.base))
+        .header(
+            "authorization",
+            reqwest::header::HeaderValue::from_bytes(b"Bearer \xff").unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}
+
+/// The other body-taking routes refuse bad bodies the same way: 400 for malformed JSON,
+/// invalid UTF-8, wrong types and unknown fields; 413 beyond their limit; 422 for values
+/// out of range; always a JSON error and nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_body_route_refuses_bad_bodies_and_stores_nothing() {
+    let s = start(0);
+    let deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
+    let big = 9_007_199_254_740_993u64;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("/v1/tasks/batch", b"{\"tasks\": [".to_vec()),
+        ("/v1/tasks/batch", vec![b'{', 0xc3, 0x28, b'}']),
+        ("/v1/tasks/batch", br#"{"tasks": {"kind": "classify"}}"#.to_vec()),
+        ("/v1/tasks/batch", br#"{"tasks": [], "extra": 1}"#.to_vec()),
+        ("/v1/tasks/batch", format!("{{\"tasks\": {deep}}}").into_bytes()),
+        ("/v1/tasks/release", b"{\"effect_key\": ".to_vec()),
+        ("/v1/tasks/release", br#"{"effect_key": 5, "scope": "s"}"#.to_vec()),
+        ("/v1/tasks/release", br#"{"effect_key": "k", "scope": "s", "x": 1}"#.to_vec()),
+        ("/v1/tasks/release", vec![0xff, 0xfe]),
+        ("/v1/runs", b"[".to_vec()),
+        ("/v1/runs", br#"{"scope": 42}"#.to_vec()),
+        ("/v1/runs", br#"{"scope": "wf", "surprise": true}"#.to_vec()),
+        ("/v1/runs", format!("{{\"scope\": \"wf\", \"input\": {deep}}}").into_bytes()),
+        ("/v1/runs", format!("{{\"scope\": \"wf\", \"input\": {{\"n\": {big}}}}}").into_bytes()),
+        ("/v1/runs", format!("{{\"scope\": \"wf\", \"input\": {{\"n\": -{big}}}}}").into_bytes()),
+        ("/v1/tasks", format!("{{\"kind\": \"generate_text\", \"scope\": \"s\", \"effect_key\": \"neg\", \"request\": {{\"prompt\": \"p\", \"max_output_tokens\": -{big}}}}}").into_bytes()),
+        ("/v1/tasks", br#"{"kind": "generate_text", "scope": "s", "effect_key": "huge-float", "request": {"prompt": "p", "temperature": 1e400}}"#.to_vec()),
+        ("/v1/tasks", br#"{"kind": "classify", "scope": "s", "effect_key": "dup", "request": {"input": "x", "labels": ["a", "b"]}, "request": {"input": "y", "labels": ["a", "b"]}}"#.to_vec()),
+    ];
+    for (path, body) in cases {
+        let shown = String::from_utf8_lossy(&body)
+            .chars()
+            .take(80)
+            .collect::<String>();
+        let (st, e) = s.call(Method::POST, path, ACME, &[], Some(body)).await;
+        assert!(
+            st.is_client_error() && st != StatusCode::NOT_FOUND,
+            "{path} {shown}: {st} {e}"
+        );
+        assert!(is_json_error(&e), "{path} {shown}: a JSON error body: {e}");
+    }
+    // Over each route's own limit (1 MiB for the small routes, 64 MiB for a batch).
+    for (path, limit) in [
+        ("/v1/tasks/release", 1 << 20),
+        ("/v1/runs", 1 << 20),
+        ("/v1/tasks/batch", 64 << 20),
+    ] {
+        let body = format!("{{\"scope\": \"{}\"}}", "x".repeat(limit - 12));
+        assert_eq!(body.len(), limit + 1);
+        let (st, e) = s
+            .call(Method::POST, path, ACME, &[], Some(body.into_bytes()))
+            .await;
+        assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{path}: {e}");
+        assert!(is_json_error(&e), "{path}: {e}");
+    }
+    // More items than a batch may hold.
+    let items: Vec<Value> = (0..1001)
+        .map(|i| {
+            json!({"kind": "classify", "scope": "s", "effect_key": format!("many-{i}"),
+                        "request": {"input": "x", "labels": ["a", "b"]}})
+        })
+        .collect();
+    let (st, e) = s
+        .json(
+            Method::POST,
+            "/v1/tasks/batch",
+            ACME,
+            json!({"tasks": items}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    let (st, _) = s.get("/v1/tasks?effect_key=many-0", ACME).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "a refused batch stores nothing");
+    // Nothing was stored: no task under any key used above, no run, no source.
+    for key in ["neg", "huge-float", "dup"] {
+        let (st, _) = s.get(&format!("/v1/tasks?effect_key={key}"), ACME).await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{key}: nothing stored");
+    }
+    let (st, u) = s.get("/v1/scopes/s/unreleased-sources", ACME).await;
+    assert_eq!((st, u["sources"].clone()), (StatusCode::OK, json!([])));
+}
+
+/// Configuration refusals beside those of `http.rs`: every limit must be a positive
+/// integer, and every app needs a key; the message names the setting.
+#[test]
+fn invalid_limits_are_refused_at_start_naming_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = |field: &str, value: &str| {
+        let mut text = String::from("[budgets.standard]\n");
+        for f in [
+            "max_steps_per_source",
+            "sources_per_24_hours",
+            "scope_concurrent",
+            "burst",
+            "tasks_per_minute",
+        ] {
+            let v = if f == field { value } else { "1" };
+            text.push_str(&format!("{f} = {v}\n"));
+        }
+        text
+    };
+    let mut cases = Vec::new();
+    for field in [
+        "sources_per_24_hours",
+        "scope_concurrent",
+        "burst",
+        "tasks_per_minute",
+    ] {
+        for value in ["0", "-1", "2.5", "\"ten\""] {
+            cases.push((policy(field, value), format!("budgets.standard.{field}")));
+        }
+    }
+    for value in ["0", "-3", "0.5"] {
+        cases.push((
+            format!("[admission]\nglobal_concurrent = {value}\n"),
+            "admission.global_concurrent".to_string(),
+        ));
+    }
+    cases.push((
+        format!("[apps.acme]\napi_keys = [\"{ACME}\"]\n[apps.beta]\napi_keys = []\n"),
+        "apps.beta".to_string(),
+    ));
+    for (text, key) in cases {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, &text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--addr", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{text} must be refused");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&key), "the message names {key}: {err}\n{text}");
+    }
+}
+
+/// Every (method, path) the router serves, read from its source so a new route cannot
+/// be forgotten by the matrix below.
+fn routes_in_router() -> BTreeSet<(String, String)> {
+    let source = include_str!("../../server/src/routes.rs");
+    let router = &source[source.find("Router::new()").unwrap()..source.find(".fallback(").unwrap()];
+    let mut routes = BTreeSet::new();
+    for part in router.split(".route(").skip(1) {
+        let path = part.split('"').nth(1).unwrap().to_string();
+        for method in ["get", "post", "delete", "put", "patch"] {
+            let token = format!("{method}(");
+            let mut rest = part;
+            while let Some(i) = rest.find(&token) {
+                let before = rest[..i].chars().last().unwrap_or(' ');
+                if !(before.is_alphanumeric() || before == '_') {
+                    routes.insert((method.to_uppercase(), path.clone()));
+                }
+                rest = &rest[i + token.len()..];
+            }
+        }
+    }
+    routes
+}
+
+/// What acme can see of its own rows; must be identical before and after beta's calls.
+async fn acme_view(s: &Server, tasks: &[&str], runs: &[&str]) -> Vec<Value> {
+    let mut view = Vec::new();
+    for id in tasks {
+        view.push(s.get(&format!("/v1/tasks/{id}"), ACME).await.1);
+    }
+    for id in runs {
+        view.push(s.get(&format!("/v1/runs/{id}"), ACME).await.1);
+    }
+    for scope in ["s", "wf"] {
+        view.push(
+            s.get(&format!("/v1/scopes/{scope}/unreleased-sources"), ACME)
+                .await
+                .1,
+        );
+    }
+    view
+}
+
+/// SPEC §1 and §12: the tenant isolation matrix over every route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_isolation_matrix_covers_every_route() {
+    let s = start(0);
+    // Acme's real rows: a queued scoped task, a canceled (terminal) one, a run with a
+    // task of its own.
+    let task = |key: &str, source: &str| {
+        json!({"kind": "classify", "scope": "s", "effect_key": key,
+               "source": {"id": source, "revision": "v1"},
+               "request": {"input": key, "labels": ["a", "b"]}})
+    };
+    let (st, queued) = s
+        .json(Method::POST, "/v1/tasks", ACME, task("acme-q", "doc-q"))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{queued}");
+    let (_, done) = s
+        .json(Method::POST, "/v1/tasks", ACME, task("acme-c", "doc-c"))
+        .await;
+    let (q, c) = (queued["id"].as_str().unwrap(), done["id"].as_str().unwrap());
+    let (st, _) = s
+        .json(
+            Method::POST,
+            &format!("/v1/tasks/{c}/cancel"),
+            ACME,
+            json!({}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, run) = s
+        .json(Method::POST, "/v1/runs", ACME, json!({"scope": "wf"}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{run}");
+    let r = run["id"].as_str().unwrap();
+    let (st, rt) = s
+        .json(
+            Method::POST,
+            "/v1/tasks",
+            ACME,
+            json!({"kind": "generate_text", "run_id": r, "effect_key": "acme-r",
+                   "request": {"prompt": "p"}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{rt}");
+    let rt = rt["id"].as_str().unwrap();
+    let tasks = [q, c, rt];
+    let before = acme_view(&s, &tasks, &[r]).await;
+
+    let mut covered: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut cover = |m: &Method, p: &str| covered.insert((m.to_string(), p.to_string()));
+    // Routes on one row: 404 for every acme row, never 403.
+    for id in tasks {
+        let (st, e) = s.get(&format!("/v1/tasks/{id}"), BETA).await;
+        assert_eq!(
+            (st, is_json_error(&e)),
+            (StatusCode::NOT_FOUND, true),
+            "{e}"
+        );
+        let (st, _) = s
+            .json(
+                Method::POST,
+                &format!("/v1/tasks/{id}/cancel"),
+                BETA,
+                json!({}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "cancel {id}");
+    }
+    cover(&Method::GET, "/v1/tasks/{id}");
+    cover(&Method::POST, "/v1/tasks/{id}/cancel");
+    let (st, _) = s.get(&format!("/v1/runs/{r}"), BETA).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, _) = s
+        .json(
+            Method::POST,
+            &format!("/v1/runs/{r}/cancel"),
+            BETA,
+            json!({}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    cover(&Method::GET, "/v1/runs/{id}");
+    cover(&Method::POST, "/v1/runs/{id}/cancel");
+    // Routes that name acme's rows by key, run or scope.
+    for key in ["acme-q", "acme-c", "acme-r"] {
+        let (st, _) = s.get(&format!("/v1/tasks?effect_key={key}"), BETA).await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{key}");
+        let (st, _) = s
+            .json(
+                Method::POST,
+                "/v1/tasks/release",
+                BETA,
+                json!({"effect_key": key, "scope": "s"}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "release {key}");
+    }
+    cover(&Method::GET, "/v1/tasks");
+    cover(&Method::POST, "/v1/tasks/release");
+    let (st, e) = s
+        .json(
+            Method::POST,
+            "/v1/tasks",
+            BETA,
+            json!({"kind": "generate_text", "run_id": r, "effect_key": "beta-in-acme-run",
+                   "request": {"prompt": "p"}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "a task in acme's run: {e}");
+    cover(&Method::POST, "/v1/tasks");
+    let (st, b) = s
+        .json(
+            Method::POST,
+            "/v1/tasks/batch",
+            BETA,
+            json!({"tasks": [{"kind": "generate_text", "run_id": r, "effect_key": "beta-b1",
+                              "request": {"prompt": "p"}}]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    assert_eq!(b["results"][0]["status"], json!(404), "{b}");
+    cover(&Method::POST, "/v1/tasks/batch");
+    for scope in ["s", "wf"] {
+        let (st, u) = s
+            .get(&format!("/v1/scopes/{scope}/unreleased-sources"), BETA)
+            .await;
+        assert_eq!((st, u["sources"].clone()), (StatusCode::OK, json!([])));
+        let (st, d) = s
+            .call(
+                Method::DELETE,
+                &format!("/v1/scopes/{scope}/tasks"),
+                BETA,
+                &[],
+                None,
+            )
+            .await;
+        assert_eq!((st, d["deleted"].clone()), (StatusCode::OK, json!(0)));
+        let (st, d) = s
+            .call(
+                Method::DELETE,
+                &format!("/v1/scopes/{scope}/tasks?source=doc-q"),
+                BETA,
+                &[],
+                None,
+            )
+            .await;
+        assert_eq!((st, d["deleted"].clone()), (StatusCode::OK, json!(0)));
+    }
+    cover(&Method::GET, "/v1/scopes/{scope}/unreleased-sources");
+    cover(&Method::DELETE, "/v1/scopes/{scope}/tasks");
+    // A run beta creates is its own, in a scope of the same name.
+    let (st, own) = s
+        .json(Method::POST, "/v1/runs", BETA, json!({"scope": "wf"}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED);
+    assert_ne!(own["id"].as_str(), Some(r));
+    cover(&Method::POST, "/v1/runs");
+    // Routes without tenant rows: nothing of acme's shows through them.
+    for path in [
+        "/v1/kinds",
+        "/v1/models",
+        "/openapi.json",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ] {
+        let (st, body) = s.get(path, BETA).await;
+        assert_eq!(st, StatusCode::OK, "{path}");
+        let text = body.to_string();
+        for secret in [q, c, r, rt, "acme-q", "doc-q", ACME] {
+            assert!(!text.contains(secret), "{path} shows acme's {secret}");
+        }
+        cover(&Method::GET, path);
+    }
+
+    let routes = routes_in_router();
+    assert!(routes.len() >= 17, "the router was read: {routes:?}");
+    let missing: Vec<_> = routes.difference(&covered).cloned().collect();
+    assert!(
+        missing.is_empty(),
+        "routes the isolation matrix misses: {missing:?}"
+    );
+    assert_eq!(
+        acme_view(&s, &tasks, &[r]).await,
+        before,
+        "nothing acme sees changed"
+    );
+}
