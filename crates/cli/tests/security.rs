@@ -649,6 +649,44 @@ async fn tenant_isolation_matrix_covers_every_route() {
     assert_eq!(st, StatusCode::CREATED);
     assert_ne!(own["id"].as_str(), Some(r));
     cover(&Method::POST, "/v1/runs");
+    // Pipelines: acme's definition is invisible and cannot be run by beta; beta's own
+    // pipeline of the same name is a separate row that leaves acme's untouched.
+    let pipeline = |label: &str| {
+        json!({"name": "acme-pipe", "definition": {
+            "steps": [{"key": "label", "kind": "classify",
+                       "request": {"input": {"$from": "/input/text"}, "labels": [label, "b"]}}],
+            "output": {"label": "/steps/label/output"}}})
+    };
+    let (st, acme_pipe) = s
+        .json(Method::POST, "/v1/pipelines", ACME, pipeline("a"))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{acme_pipe}");
+    let (st, e) = s.get("/v1/pipelines/acme-pipe", BETA).await;
+    assert_eq!(
+        (st, is_json_error(&e)),
+        (StatusCode::NOT_FOUND, true),
+        "{e}"
+    );
+    let (st, e) = s
+        .json(
+            Method::POST,
+            "/v1/pipelines/acme-pipe/runs",
+            BETA,
+            json!({"scope": "wf", "input": {"text": "x"}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "run acme's pipeline: {e}");
+    let (st, beta_pipe) = s
+        .json(Method::POST, "/v1/pipelines", BETA, pipeline("z"))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{beta_pipe}");
+    let (st, acme_again) = s.get("/v1/pipelines/acme-pipe", ACME).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(acme_again["version"], acme_pipe["version"], "{acme_again}");
+    assert_ne!(beta_pipe["version"], acme_pipe["version"]);
+    cover(&Method::POST, "/v1/pipelines");
+    cover(&Method::GET, "/v1/pipelines/{name}");
+    cover(&Method::POST, "/v1/pipelines/{name}/runs");
     // Routes without tenant rows: nothing of acme's shows through them.
     for path in [
         "/v1/kinds",
