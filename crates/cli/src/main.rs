@@ -1,6 +1,7 @@
 //! `tollgate`: run the service (`serve`, `worker`, `migrate`), talk to a running one
-//! (`submit`, `task`, `run`), see it work (`demo`).
+//! (`submit`, `task`, `run`), see it work (`demo`), measure it (`bench`).
 
+mod bench;
 mod client;
 mod demo;
 mod serve;
@@ -39,6 +40,8 @@ enum Command {
     Run(client::RunCommand),
     /// Walk through Tollgate's guarantees on an embedded instance in a temporary folder.
     Demo,
+    /// Measure Tollgate against baselines on a fresh database (see docs/benchmarks.md).
+    Bench(Box<bench::BenchArgs>),
 }
 
 /// Where configuration and the database come from.
@@ -98,6 +101,7 @@ fn main() -> std::process::ExitCode {
             Command::Task(cmd) => client::task(cmd).await,
             Command::Run(cmd) => client::run(cmd).await,
             Command::Demo => demo::demo().await,
+            Command::Bench(args) => bench::bench(*args).await,
         }
     });
     match result {
