@@ -81,7 +81,13 @@ struct WorkerArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // A benchmark loads the database on purpose: sqlx's slow-statement and slow-acquire
+    // warnings would bury the progress line.
+    init_tracing(if matches!(cli.command, Command::Bench(_)) {
+        "warn,sqlx=error"
+    } else {
+        "warn"
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -113,9 +119,9 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_tracing() {
+fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

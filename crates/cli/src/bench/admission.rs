@@ -99,6 +99,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             "admitted: tollgate {}, baseline {} ({} baseline tasks marked finished between rounds)",
             ours.ops, theirs.ops, finished_between
         ));
+    report.store_profile(&counting.counts().profile());
     Ok(report)
 }
 

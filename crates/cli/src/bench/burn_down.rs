@@ -95,6 +95,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             ours.elapsed.as_secs_f64(),
             super::measure::per_s(sizes.tasks, submit_time)
         ));
+    report.store_profile(&counting.counts().profile());
     Ok(report)
 }
 

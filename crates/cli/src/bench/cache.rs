@@ -105,6 +105,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             theirs.percentiles(),
         )
         .ratio_at_least(0.8);
+    report.store_profile(&counting.counts().profile());
     Ok(report)
 }
 

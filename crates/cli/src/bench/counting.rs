@@ -3,6 +3,8 @@
 //! Everything else passes straight through.
 
 use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -11,7 +13,7 @@ use tollgate_core::{
     Task, TaskId, Timestamp, Usage, WorkerId,
 };
 use tollgate_store::{
-    Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreResult,
+    Completion, Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreResult,
     StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage, UnreleasedQuery,
     WaitOutcome,
 };
@@ -28,8 +30,10 @@ pub struct Counts {
     pub heartbeat_ids: AtomicU64,
     /// Tasks claimed (`claim_task` that claimed, plus every task `claim_next` returned).
     pub claimed: AtomicU64,
-    /// `complete_task` calls that took effect.
+    /// Completions that took effect (`complete_task` or items of `complete_tasks`).
     pub completed: AtomicU64,
+    /// Per store method: calls and total time inside them (a timing profile).
+    per_method: Mutex<BTreeMap<&'static str, (u64, Duration)>>,
     heartbeat_latency_us: Mutex<Vec<u64>>,
     last_completion: Mutex<Option<Instant>>,
 }
@@ -51,6 +55,14 @@ impl Counts {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         )
+    }
+
+    /// Calls and time spent per store method so far, busiest first.
+    pub fn profile(&self) -> Vec<(&'static str, u64, Duration)> {
+        let map = self.per_method.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut rows: Vec<_> = map.iter().map(|(m, (n, t))| (*m, *n, *t)).collect();
+        rows.sort_by(|a, b| b.2.cmp(&a.2));
+        rows
     }
 
     /// A counter's value.
@@ -80,6 +92,37 @@ impl CountingStore {
         &self.counts
     }
 
+    /// Runs one call of the inner store, adding it to the method's profile.
+    async fn timed<T>(&self, method: &'static str, call: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let out = call.await;
+        let took = started.elapsed();
+        let mut map = self
+            .counts
+            .per_method
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let entry = map.entry(method).or_default();
+        entry.0 += 1;
+        entry.1 += took;
+        out
+    }
+
+    /// Counts `applied` completions whose transaction has just committed.
+    fn completed(&self, applied: u64) {
+        if applied == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let mut last = self
+            .counts
+            .last_completion
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *last = Some(last.map_or(now, |l| l.max(now)));
+        self.counts.completed.fetch_add(applied, Ordering::SeqCst);
+    }
+
     /// Counts one call of a method that may write.
     fn wrote(&self) {
         self.counts.writes.fetch_add(1, Ordering::SeqCst);
@@ -102,21 +145,21 @@ impl Store for CountingStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        self.inner.ping().await
+        self.timed("ping", self.inner.ping()).await
     }
 
     async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
         self.wrote();
-        self.inner.create_task(new).await
+        self.timed("create_task", self.inner.create_task(new)).await
     }
 
     async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
         self.wrote();
-        self.inner.create_tasks(news).await
+        self.timed("create_tasks", self.inner.create_tasks(news)).await
     }
 
     async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {
-        self.inner.get_task(app, id).await
+        self.timed("get_task", self.inner.get_task(app, id)).await
     }
 
     async fn get_task_by_effect_key(
@@ -124,12 +167,12 @@ impl Store for CountingStore {
         app: &AppId,
         key: &EffectKey,
     ) -> StoreResult<Option<Task>> {
-        self.inner.get_task_by_effect_key(app, key).await
+        self.timed("get_task_by_effect_key", self.inner.get_task_by_effect_key(app, key)).await
     }
 
     async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>> {
         self.wrote();
-        let claimed = self.inner.claim_task(id, worker).await?;
+        let claimed = self.timed("claim_task", self.inner.claim_task(id, worker)).await?;
         if claimed.is_some() {
             self.counts.claimed.fetch_add(1, Ordering::SeqCst);
         }
@@ -138,7 +181,7 @@ impl Store for CountingStore {
 
     async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>> {
         self.wrote();
-        let claimed = self.inner.claim_next(worker, limit).await?;
+        let claimed = self.timed("claim_next", self.inner.claim_next(worker, limit)).await?;
         self.counts
             .claimed
             .fetch_add(claimed.len() as u64, Ordering::SeqCst);
@@ -148,7 +191,7 @@ impl Store for CountingStore {
     async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport> {
         self.wrote();
         let started = Instant::now();
-        let report = self.inner.heartbeat(worker, ids).await;
+        let report = self.timed("heartbeat", self.inner.heartbeat(worker, ids)).await;
         let took = started.elapsed().as_micros() as u64;
         self.counts.heartbeat_calls.fetch_add(1, Ordering::SeqCst);
         self.counts
@@ -170,18 +213,23 @@ impl Store for CountingStore {
         usage: Usage,
     ) -> StoreResult<Transition> {
         self.wrote();
-        let transition = self.inner.complete_task(id, worker, output, usage).await?;
-        if transition.applied {
-            let now = Instant::now();
-            let mut last = self
-                .counts
-                .last_completion
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            *last = Some(last.map_or(now, |l| l.max(now)));
-            self.counts.completed.fetch_add(1, Ordering::SeqCst);
-        }
+        let transition = self.timed("complete_task", self.inner.complete_task(id, worker, output, usage)).await?;
+        self.completed(u64::from(transition.applied));
         Ok(transition)
+    }
+
+    async fn complete_tasks(
+        &self,
+        items: Vec<Completion>,
+    ) -> StoreResult<Vec<StoreResult<Transition>>> {
+        self.wrote();
+        let answers = self.timed("complete_tasks", self.inner.complete_tasks(items)).await?;
+        let applied = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(t) if t.applied))
+            .count();
+        self.completed(applied as u64);
+        Ok(answers)
     }
 
     async fn fail_task(
@@ -191,26 +239,26 @@ impl Store for CountingStore {
         message: &str,
     ) -> StoreResult<Transition> {
         self.wrote();
-        self.inner.fail_task(id, code, message).await
+        self.timed("fail_task", self.inner.fail_task(id, code, message)).await
     }
 
     async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>> {
         self.wrote();
-        self.inner.request_cancel(app, id).await
+        self.timed("request_cancel", self.inner.request_cancel(app, id)).await
     }
 
     async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool> {
-        self.inner.is_cancellation_requested(id).await
+        self.timed("is_cancellation_requested", self.inner.is_cancellation_requested(id)).await
     }
 
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {
         self.wrote();
-        self.inner.mark_canceled(id).await
+        self.timed("mark_canceled", self.inner.mark_canceled(id)).await
     }
 
     async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool> {
         self.wrote();
-        self.inner.release(app, scope, key).await
+        self.timed("release", self.inner.release(app, scope, key)).await
     }
 
     async fn list_unreleased_sources(
@@ -218,7 +266,7 @@ impl Store for CountingStore {
         app: &AppId,
         query: &UnreleasedQuery,
     ) -> StoreResult<UnreleasedPage> {
-        self.inner.list_unreleased_sources(app, query).await
+        self.timed("list_unreleased_sources", self.inner.list_unreleased_sources(app, query)).await
     }
 
     async fn delete_owner_data(
@@ -228,7 +276,7 @@ impl Store for CountingStore {
         source: Option<&SourceId>,
     ) -> StoreResult<u64> {
         self.wrote();
-        self.inner.delete_owner_data(app, scope, source).await
+        self.timed("delete_owner_data", self.inner.delete_owner_data(app, scope, source)).await
     }
 
     async fn list_recoverable(
@@ -236,26 +284,26 @@ impl Store for CountingStore {
         after: Option<TaskId>,
         limit: u32,
     ) -> StoreResult<Vec<TaskId>> {
-        self.inner.list_recoverable(after, limit).await
+        self.timed("list_recoverable", self.inner.list_recoverable(after, limit)).await
     }
 
     async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport> {
         self.wrote();
-        self.inner.sweep(config).await
+        self.timed("sweep", self.inner.sweep(config)).await
     }
 
     async fn create_run(&self, new: NewRun) -> StoreResult<Run> {
         self.wrote();
-        self.inner.create_run(new).await
+        self.timed("create_run", self.inner.create_run(new)).await
     }
 
     async fn get_run(&self, app: &AppId, id: RunId) -> StoreResult<Option<Run>> {
-        self.inner.get_run(app, id).await
+        self.timed("get_run", self.inner.get_run(app, id)).await
     }
 
     async fn request_run_cancel(&self, app: &AppId, id: RunId) -> StoreResult<Option<RunCancel>> {
         self.wrote();
-        self.inner.request_run_cancel(app, id).await
+        self.timed("request_run_cancel", self.inner.request_run_cancel(app, id)).await
     }
 
     async fn wait_on_task(
@@ -265,7 +313,7 @@ impl Store for CountingStore {
         task: TaskId,
     ) -> StoreResult<WaitOutcome> {
         self.wrote();
-        self.inner.wait_on_task(app, run, task).await
+        self.timed("wait_on_task", self.inner.wait_on_task(app, run, task)).await
     }
 
     async fn finish_run(
@@ -275,7 +323,7 @@ impl Store for CountingStore {
         result: RunResult,
     ) -> StoreResult<Option<Run>> {
         self.wrote();
-        self.inner.finish_run(app, run, result).await
+        self.timed("finish_run", self.inner.finish_run(app, run, result)).await
     }
 
     async fn put_pipeline(
@@ -286,7 +334,7 @@ impl Store for CountingStore {
         definition: &serde_json::Value,
     ) -> StoreResult<(StoredPipeline, bool)> {
         self.wrote();
-        self.inner.put_pipeline(app, name, version, definition).await
+        self.timed("put_pipeline", self.inner.put_pipeline(app, name, version, definition)).await
     }
 
     async fn get_pipeline(
@@ -295,16 +343,16 @@ impl Store for CountingStore {
         name: &PipelineName,
         version: Option<&str>,
     ) -> StoreResult<Option<StoredPipeline>> {
-        self.inner.get_pipeline(app, name, version).await
+        self.timed("get_pipeline", self.inner.get_pipeline(app, name, version)).await
     }
 
     async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run> {
         self.wrote();
-        self.inner.create_pipeline_run(new, pipeline).await
+        self.timed("create_pipeline_run", self.inner.create_pipeline_run(new, pipeline)).await
     }
 
     async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
-        self.inner.run_pipeline(app, run).await
+        self.timed("run_pipeline", self.inner.run_pipeline(app, run)).await
     }
 
     async fn claim_pipeline_runs(
@@ -314,7 +362,7 @@ impl Store for CountingStore {
         limit: u32,
     ) -> StoreResult<Vec<Run>> {
         self.wrote();
-        self.inner.claim_pipeline_runs(driver, lease, limit).await
+        self.timed("claim_pipeline_runs", self.inner.claim_pipeline_runs(driver, lease, limit)).await
     }
 
     async fn release_pipeline_run(
@@ -324,10 +372,10 @@ impl Store for CountingStore {
         wake_at: Option<Timestamp>,
     ) -> StoreResult<bool> {
         self.wrote();
-        self.inner.release_pipeline_run(run, driver, wake_at).await
+        self.timed("release_pipeline_run", self.inner.release_pipeline_run(run, driver, wake_at)).await
     }
 
     async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>> {
-        self.inner.run_tasks(app, run).await
+        self.timed("run_tasks", self.inner.run_tasks(app, run)).await
     }
 }

@@ -93,5 +93,6 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         )
         .ratio_reported()
         .note("no target: p50/p99 of both reported (rates are one client's, sequential)");
+    report.store_profile(&counting.counts().profile());
     Ok(report)
 }

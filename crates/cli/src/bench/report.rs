@@ -128,6 +128,25 @@ impl ScenarioReport {
         self
     }
 
+    /// Where Tollgate's side spent its time in the store (calls and seconds per method,
+    /// from the counting store): a JSON field `tollgate_store_profile` and one line.
+    pub fn store_profile(&mut self, profile: &[(&'static str, u64, std::time::Duration)]) -> &mut Self {
+        let json: Vec<Value> = profile
+            .iter()
+            .map(|(m, n, t)| json!({"method": m, "calls": n, "seconds": round3(t.as_secs_f64())}))
+            .collect();
+        self.extra("tollgate_store_profile", json);
+        let top: Vec<String> = profile
+            .iter()
+            .take(4)
+            .map(|(m, n, t)| format!("{m} {n}× {:.2} s", t.as_secs_f64()))
+            .collect();
+        if !top.is_empty() {
+            self.note(format!("tollgate store time (summed over concurrent calls): {}", top.join(", ")));
+        }
+        self
+    }
+
     /// A line printed under the table.
     pub fn note(&mut self, note: impl Into<String>) -> &mut Self {
         self.notes.push(note.into());

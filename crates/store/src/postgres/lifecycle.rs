@@ -8,10 +8,10 @@ use crate::rows::{
     task_columns_qualified, task_id, tasks,
 };
 use crate::{
-    HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition, UnreleasedPage,
+    Completion, HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition, UnreleasedPage,
     UnreleasedQuery, page_size,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use tollgate_core::{
     AppId, EffectKey, ErrorCode, RunId, ScopeId, SourceId, Task, TaskId, Timestamp, Usage,
     WorkerId, truncate_message, validate_output,
@@ -255,6 +255,142 @@ pub(super) async fn complete_task(
     .fetch_optional(&mut *tx)
     .await?;
     finish(tx, id, done, false, now).await
+}
+
+/// Several completions in ONE transaction (see `Store::complete_tasks`): each item is
+/// checked as [`complete_task`] checks it, then one statement moves every applicable task
+/// to `succeeded`. Lock order as on the single paths: the runs of the tasks first, then
+/// the task rows in id order. Runs woken by the batch are reported on its first applied
+/// transition (wakes are notification hints; the database holds the truth).
+pub(super) async fn complete_tasks(
+    store: &PostgresStore,
+    items: Vec<Completion>,
+) -> StoreResult<Vec<StoreResult<Transition>>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let all_ids: Vec<String> = items.iter().map(|c| c.id.to_string()).collect();
+    let current: Vec<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE id = ANY($1)"
+    ))
+    .bind(&all_ids)
+    .fetch_all(&store.pool)
+    .await?;
+    let current: HashMap<TaskId, Task> = tasks(current)?.into_iter().map(|t| (t.id, t)).collect();
+    // The request never changes, so its contract is checked before the write.
+    let mut answers: Vec<Option<StoreResult<Transition>>> = items.iter().map(|_| None).collect();
+    let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
+    let mut seen = HashSet::new();
+    let mut any_run = false;
+    for (i, item) in items.iter().enumerate() {
+        let Some(task) = current.get(&item.id) else {
+            answers[i] = Some(Ok(Transition::default()));
+            continue;
+        };
+        if !seen.insert(item.id) {
+            // The same task twice: only its first completion can apply.
+            answers[i] = Some(Ok(Transition {
+                applied: false,
+                task: None,
+                woken_runs: Vec::new(),
+            }));
+            continue;
+        }
+        match encode_completion(task, item) {
+            Ok((output, usage)) => {
+                any_run |= task.run_id().is_some();
+                ids.push(item.id.to_string());
+                workers.push(item.worker.as_str().to_string());
+                outputs.push(output);
+                usages.push(usage);
+            }
+            Err(e) if e.is_per_item() => answers[i] = Some(Err(e)),
+            Err(e) => return Err(e),
+        }
+    }
+    let mut tx = store.begin().await?;
+    let now = store.now(&mut tx).await?;
+    if any_run {
+        sqlx::query(
+            "SELECT 1 FROM runs WHERE id IN (SELECT run_id FROM tasks WHERE id = ANY($1)) \
+             ORDER BY id FOR NO KEY UPDATE",
+        )
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+    }
+    let done: Vec<FinishedRow> = if ids.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query_as(concat!(
+            "WITH item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[]) \
+             AS i(id, worker, output, usage)), \
+             picked AS MATERIALIZED (SELECT tasks.id FROM tasks JOIN item ON item.id = tasks.id \
+             WHERE tasks.status = 'running' AND tasks.worker = item.worker \
+             ORDER BY tasks.id FOR NO KEY UPDATE OF tasks) \
+             UPDATE tasks SET status = 'succeeded', output = item.output, usage = item.usage, \
+             completed_at = $5 FROM picked, item \
+             WHERE tasks.id = picked.id AND item.id = tasks.id AND tasks.status = 'running' \
+             AND tasks.worker = item.worker AND NOT ",
+            cancel_wanted!(),
+            " RETURNING tasks.id, tasks.app, tasks.scope, tasks.admitted"
+        ))
+        .bind(&ids)
+        .bind(&workers)
+        .bind(&outputs)
+        .bind(&usages)
+        .bind(now.0)
+        .fetch_all(&mut *tx)
+        .await?
+    };
+    let applied: HashSet<String> = done.iter().map(|f| f.id.clone()).collect();
+    let mut woken_runs = after_terminal(&mut tx, &done, false, now).await?;
+    let after: Vec<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE id = ANY($1)"
+    ))
+    .bind(&all_ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let mut after: HashMap<TaskId, Task> = tasks(after)?.into_iter().map(|t| (t.id, t)).collect();
+    Ok(items
+        .iter()
+        .zip(answers)
+        .map(|(item, answer)| match answer {
+            Some(Ok(mut refused)) => {
+                refused.task = after.get(&item.id).cloned();
+                Ok(refused)
+            }
+            Some(Err(e)) => Err(e),
+            None => {
+                let applied = applied.contains(&item.id.to_string());
+                Ok(Transition {
+                    applied,
+                    task: after.remove(&item.id),
+                    woken_runs: if applied {
+                        std::mem::take(&mut woken_runs)
+                    } else {
+                        Vec::new()
+                    },
+                })
+            }
+        })
+        .collect())
+}
+
+/// A completion's output (checked against the task's contract) and usage, as stored.
+fn encode_completion(task: &Task, item: &Completion) -> StoreResult<(String, String)> {
+    let request = task.parsed_request()?;
+    let output = validate_output(request.request(), &item.output)?;
+    let output = serde_json::to_string(&output)
+        .map_err(|e| StoreError::Database(format!("cannot encode output: {e}")))?;
+    let usage = serde_json::to_string(&item.usage)
+        .map_err(|e| StoreError::Database(format!("cannot encode usage: {e}")))?;
+    Ok((output, usage))
 }
 
 /// Commits a single-task transition, running [`after_terminal`] when it applied.

@@ -38,7 +38,7 @@ mod sweep;
 
 use crate::rows::{TaskRow, task_columns};
 use crate::{
-    Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreError, StoreResult,
+    Completion, Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreError, StoreResult,
     StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage, UnreleasedQuery,
     WaitOutcome,
 };
@@ -293,6 +293,13 @@ impl Store for PostgresStore {
         usage: Usage,
     ) -> StoreResult<Transition> {
         lifecycle::complete_task(self, id, worker, output, usage).await
+    }
+
+    async fn complete_tasks(
+        &self,
+        items: Vec<Completion>,
+    ) -> StoreResult<Vec<StoreResult<Transition>>> {
+        lifecycle::complete_tasks(self, items).await
     }
 
     async fn fail_task(
