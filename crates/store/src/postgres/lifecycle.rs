@@ -2,7 +2,7 @@
 //! listing and owner deletion.
 
 use super::admission::lock_scope;
-use super::{PostgresStore, Tx, fetch_task, id_array};
+use super::{PostgresStore, Tx, fetch_task, id_array, now_sql};
 use crate::rows::{
     FinishedRow, TaskRow, admitted_per_scope, finished_stripe, run_id, task_columns,
     task_columns_qualified, task_id, tasks,
@@ -157,25 +157,25 @@ pub(super) async fn claim_next(
         return Ok(Vec::new());
     }
     let limit = limit.min(MAX_PAGE);
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
+    // One statement, its own transaction: one round trip for the whole claim.
     // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly.
     let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-        "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE status = 'queued' \
+        "WITH clock AS (SELECT ",
+        now_sql!(2),
+        " AS now), picked AS MATERIALIZED (SELECT id FROM tasks WHERE status = 'queued' \
          AND NOT cancel_requested AND ",
         run_not_canceled!(),
         " ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
          UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
-         claimed_at = $2, heartbeat_at = $2 FROM picked \
+         claimed_at = clock.now, heartbeat_at = clock.now FROM picked, clock \
          WHERE tasks.id = picked.id AND tasks.status = 'queued' RETURNING ",
         task_columns_qualified!()
     ))
     .bind(worker.as_str())
-    .bind(now.0)
+    .bind(store.fixed_now())
     .bind(i64::from(limit))
-    .fetch_all(&mut *tx)
+    .fetch_all(&store.pool)
     .await?;
-    tx.commit().await?;
     let mut claimed = tasks(rows)?;
     claimed.sort_by_key(|t| (t.created_at, t.id));
     Ok(claimed)
@@ -189,24 +189,23 @@ pub(super) async fn heartbeat(
     if ids.is_empty() {
         return Ok(HeartbeatReport::default());
     }
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
-    // One statement for all of the worker's tasks.
+    // One statement for all of the worker's tasks, its own transaction: one round trip.
     // Rows are locked in id order (the lock order for several task rows).
     let alive: Vec<String> = sqlx::query_scalar(concat!(
         "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($2) \
          AND status = 'running' AND worker = $3 ORDER BY id FOR NO KEY UPDATE) \
-         UPDATE tasks SET heartbeat_at = $1 FROM picked \
+         UPDATE tasks SET heartbeat_at = ",
+        now_sql!(1),
+        " FROM picked \
          WHERE tasks.id = picked.id AND tasks.status = 'running' AND NOT ",
         cancel_wanted!(),
         " RETURNING tasks.id"
     ))
-    .bind(now.0)
+    .bind(store.fixed_now())
     .bind(id_array(ids))
     .bind(worker.as_str())
-    .fetch_all(&mut *tx)
+    .fetch_all(&store.pool)
     .await?;
-    tx.commit().await?;
     let alive: HashSet<TaskId> = alive.iter().map(|s| task_id(s)).collect::<Result<_, _>>()?;
     let mut report = HeartbeatReport::default();
     for id in ids {
@@ -310,8 +309,22 @@ pub(super) async fn complete_tasks(
             Err(e) => return Err(e),
         }
     }
+    if ids.is_empty() {
+        // Nothing to write: every item was answered already.
+        return Ok(items
+            .iter()
+            .zip(answers)
+            .map(|(item, answer)| match answer {
+                Some(Ok(mut refused)) => {
+                    refused.task = current.get(&item.id).cloned();
+                    Ok(refused)
+                }
+                Some(Err(e)) => Err(e),
+                None => Ok(Transition::default()),
+            })
+            .collect());
+    }
     let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
     if any_run {
         sqlx::query(
             "SELECT 1 FROM runs WHERE id IN (SELECT run_id FROM tasks WHERE id = ANY($1)) \
@@ -321,32 +334,51 @@ pub(super) async fn complete_tasks(
         .execute(&mut *tx)
         .await?;
     }
-    let done: Vec<FinishedRow> = if ids.is_empty() {
-        Vec::new()
-    } else {
-        sqlx::query_as(concat!(
-            "WITH item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[]) \
-             AS i(id, worker, output, usage)), \
-             picked AS MATERIALIZED (SELECT tasks.id FROM tasks JOIN item ON item.id = tasks.id \
-             WHERE tasks.status = 'running' AND tasks.worker = item.worker \
-             ORDER BY tasks.id FOR NO KEY UPDATE OF tasks) \
-             UPDATE tasks SET status = 'succeeded', output = item.output, usage = item.usage, \
-             completed_at = $5 FROM picked, item \
-             WHERE tasks.id = picked.id AND item.id = tasks.id AND tasks.status = 'running' \
-             AND tasks.worker = item.worker AND NOT ",
-            cancel_wanted!(),
-            " RETURNING tasks.id, tasks.app, tasks.scope, tasks.admitted"
-        ))
-        .bind(&ids)
-        .bind(&workers)
-        .bind(&outputs)
-        .bind(&usages)
-        .bind(now.0)
-        .fetch_all(&mut *tx)
-        .await?
-    };
+    // "now" is read inside the statement (no round trip of its own) and returned with
+    // every row it moved.
+    let done: Vec<(String, String, String, bool, i64)> = sqlx::query_as(concat!(
+        "WITH clock AS (SELECT ",
+        now_sql!(5),
+        " AS now), \
+         item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[]) \
+         AS i(id, worker, output, usage)), \
+         picked AS MATERIALIZED (SELECT tasks.id FROM tasks JOIN item ON item.id = tasks.id \
+         WHERE tasks.status = 'running' AND tasks.worker = item.worker \
+         ORDER BY tasks.id FOR NO KEY UPDATE OF tasks) \
+         UPDATE tasks SET status = 'succeeded', output = item.output, usage = item.usage, \
+         completed_at = clock.now FROM picked, item, clock \
+         WHERE tasks.id = picked.id AND item.id = tasks.id AND tasks.status = 'running' \
+         AND tasks.worker = item.worker AND NOT ",
+        cancel_wanted!(),
+        " RETURNING tasks.id, tasks.app, tasks.scope, tasks.admitted, clock.now"
+    ))
+    .bind(&ids)
+    .bind(&workers)
+    .bind(&outputs)
+    .bind(&usages)
+    .bind(store.fixed_now())
+    .fetch_all(&mut *tx)
+    .await?;
+    let now = done.first().map(|d| Timestamp(d.4));
+    let done: Vec<FinishedRow> = done
+        .into_iter()
+        .map(|(id, app, scope, admitted, _)| FinishedRow {
+            id,
+            app,
+            scope,
+            admitted,
+        })
+        .collect();
     let applied: HashSet<String> = done.iter().map(|f| f.id.clone()).collect();
-    let mut woken_runs = after_terminal(&mut tx, &done, false, now).await?;
+    // What `after_terminal` does for successes, minus the statements with nothing to do.
+    release_capacity(&mut tx, &done).await?;
+    let mut woken_runs = match now {
+        Some(now) if any_run => {
+            let finished: Vec<String> = done.iter().map(|f| f.id.clone()).collect();
+            wake_runs_waiting_on(&mut tx, &finished, now, false).await?
+        }
+        _ => Vec::new(),
+    };
     let after: Vec<TaskRow> = sqlx::query_as(concat!(
         "SELECT ",
         task_columns!(),

@@ -53,6 +53,19 @@ use tollgate_core::{
     SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
 };
 
+/// SQL for "now" in epoch milliseconds inside one statement: parameter `$n` (the
+/// [`PostgresStore::fixed_now`] clock) when bound, else the database's clock.
+macro_rules! now_sql {
+    ($n:literal) => {
+        concat!(
+            "COALESCE($",
+            $n,
+            "::BIGINT, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT)"
+        )
+    };
+}
+pub(crate) use now_sql;
+
 /// The migrations this binary ships.
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -167,6 +180,13 @@ impl PostgresStore {
 
     async fn begin(&self) -> StoreResult<Tx> {
         Ok(self.pool.begin().await?)
+    }
+
+    /// The configured clock's "now", or `None` when the database's clock is the clock:
+    /// bound as the parameter of [`now_sql!`] so a single statement reads "now" itself
+    /// instead of costing a round trip of its own.
+    fn fixed_now(&self) -> Option<i64> {
+        self.clock.as_ref().map(|c| c.now().0)
     }
 
     /// "Now" for a transaction: the configured clock, or the database's.
