@@ -197,7 +197,13 @@ impl WorkerPool {
                     pending.push_back(id);
                 }
             }
-            let free = self.slots.available_permits();
+            // Free execution slots, and never more than twice the concurrency held in
+            // all (executing plus waiting for their completion's commit).
+            let held_cap = 2 * self.inner.config.workers.concurrency as usize;
+            let free = self
+                .slots
+                .available_permits()
+                .min(held_cap.saturating_sub(self.held().len()));
             if free == 0 {
                 tokio::select! {
                     _ = self.slot_freed.notified() => continue,
@@ -274,15 +280,19 @@ impl WorkerPool {
         tokio::select! {
             biased;
             _ = crash.cancelled() => {}
-            _ = self.clone().execute_and_record(task) => {}
+            _ = self.clone().execute_and_record(task, permit) => {}
         }
         self.held().remove(&id);
         metrics::gauge!(m::TASKS_IN_FLIGHT).decrement(1.0);
-        drop(permit);
         self.slot_freed.notify_one();
     }
 
-    async fn execute_and_record(self: Arc<Self>, task: Task) {
+    /// Runs the task, frees its execution slot as soon as the execution has ended, then
+    /// records the end. The slot bounds concurrent executions (provider calls); while a
+    /// completion waits for its batch's commit the next task may already run, which is
+    /// what lets completions and claims batch under load. The task stays held (and
+    /// heartbeated) until its end is recorded.
+    async fn execute_and_record(self: Arc<Self>, task: Task, permit: OwnedSemaphorePermit) {
         let stop = CancellationToken::new();
         self.held().insert(task.id, stop.clone());
         let started = Instant::now();
@@ -293,6 +303,8 @@ impl WorkerPool {
             _ = interrupt.cancelled() => Ended::Interrupted,
             result = self.execute(&task) => Ended::Done(result),
         };
+        drop(permit);
+        self.slot_freed.notify_one();
         let (outcome, code) = match ended {
             Ended::Done(Ok((output, usage))) => self.complete(&task, output, usage).await,
             Ended::Done(Err(failure)) => {
