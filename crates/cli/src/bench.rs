@@ -27,8 +27,8 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_core::{
-    AppId, Budget, Clock, EffectKey, ModelId, ScopeId, SourceId, SourceRevision, SystemClock,
-    Task, TaskKind, Timestamp,
+    AppId, Budget, Clock, EffectKey, ModelId, ScopeId, SourceId, SourceRevision, SystemClock, Task,
+    TaskKind, Timestamp,
 };
 use tollgate_engine::config::{BudgetPolicy, Limit, ModelConfig};
 use tollgate_engine::provider::dev::DevProvider;
@@ -219,9 +219,11 @@ impl Sizes {
             workers: args.workers.unwrap_or(8),
             clients: args.clients.unwrap_or(8),
             scopes: args.scopes.unwrap_or(64),
-            duration: args
-                .duration
-                .unwrap_or(pick(quick, Duration::from_secs(30), Duration::from_secs(2))),
+            duration: args.duration.unwrap_or(pick(
+                quick,
+                Duration::from_secs(30),
+                Duration::from_secs(2),
+            )),
             rounds: args.rounds.unwrap_or(pick(quick, 5, 1)),
             small_window: args.small_window.unwrap_or(1_000),
             large_window: args.large_window.unwrap_or(pick(quick, 1_000_000, 20_000)),
@@ -496,9 +498,8 @@ impl BenchDb {
                     Ok(store) => store,
                     Err(e) => {
                         let _ = drop_postgres_database(url, &name).await;
-                        return Err(e).with_context(|| {
-                            format!("cannot open the benchmark database {name}")
-                        });
+                        return Err(e)
+                            .with_context(|| format!("cannot open the benchmark database {name}"));
                     }
                 };
                 let baseline = Baseline::postgres(&store);
@@ -632,7 +633,10 @@ async fn submit_all(
         let chunk: Vec<Submission> = rest.by_ref().take(MAX_BATCH).collect();
         for answer in tollgate.submit_many(chunk).await? {
             let submitted = answer.context("a benchmark submission was refused")?;
-            anyhow::ensure!(submitted.created, "a benchmark effect key was taken already");
+            anyhow::ensure!(
+                submitted.created,
+                "a benchmark effect key was taken already"
+            );
             tasks.push(submitted.task);
         }
         progress.set(tasks.len() as u64);

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 use tollgate_core::{
-    AppId, PipelineName, Run, RunId, ScopeId, SourceId, StepKey, Task, TaskError, TaskId, Timestamp,
-    Usage, WorkerId,
+    AppId, PipelineName, Run, RunId, ScopeId, SourceId, StepKey, Task, TaskError, TaskId,
+    Timestamp, Usage, WorkerId,
 };
 
 /// Largest page any listing returns.

@@ -29,7 +29,8 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     for round in 0..sizes.rounds {
         let label = format!("round {}/{}", round + 1, sizes.rounds);
 
-        ctx.progress.stage(format!("tollgate {label}: {clients} clients admitting"));
+        ctx.progress
+            .stage(format!("tollgate {label}: {clients} clients admitting"));
         let (tg, sc) = (tollgate.clone(), scopes.clone());
         let op: Op = Arc::new(move |client, seq| {
             let (tg, sc) = (tg.clone(), sc.clone());
@@ -47,7 +48,9 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         });
         ours.add(run_timed(&ctx.progress, clients, sizes.round_duration(), op).await?);
 
-        ctx.progress.stage(format!("baseline {label}: {clients} clients, reference design"));
+        ctx.progress.stage(format!(
+            "baseline {label}: {clients} clients, reference design"
+        ));
         let (baseline, sc) = (ctx.baseline().clone(), scopes.clone());
         let budget = bench_budget();
         let op: Op = Arc::new(move |client, seq| {

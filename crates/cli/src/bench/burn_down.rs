@@ -9,7 +9,9 @@
 use super::counting::Counts;
 use super::measure::Phase;
 use super::report::ScenarioReport;
-use super::{Ctx, Scenario, scope_ids, stored_classify, submit_all, unscoped, wait_for, wall_clock};
+use super::{
+    Ctx, Scenario, scope_ids, stored_classify, submit_all, unscoped, wait_for, wall_clock,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -36,18 +38,26 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         let label = format!("round {}/{rounds}", round + 1);
 
         // Tollgate: submit everything, then start the workers.
-        ctx.progress.stage(format!("tollgate {label}: submitting {n}"));
+        ctx.progress
+            .stage(format!("tollgate {label}: submitting {n}"));
         let submissions = (0..n)
             .map(|i| {
                 let scope = &scopes[i as usize % SUBMIT_SCOPES];
-                unscoped(scope, &format!("burn-{round}-{i}"), &format!("burn {round} {i}"))
+                unscoped(
+                    scope,
+                    &format!("burn-{round}-{i}"),
+                    &format!("burn {round} {i}"),
+                )
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let done_before = Counts::get(&counting.counts().completed);
         let start = Instant::now();
         submit_all(&tollgate, submissions, &ctx.progress).await?;
         submit_time += start.elapsed();
-        ctx.progress.stage(format!("tollgate {label}: {} workers burning down", sizes.workers));
+        ctx.progress.stage(format!(
+            "tollgate {label}: {} workers burning down",
+            sizes.workers
+        ));
         let engine = tollgate.start().await?;
         let counts = counting.counts().clone();
         let waited = wait_for(
@@ -69,7 +79,8 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         });
 
         // Baseline: the raw lifecycle on the same database.
-        ctx.progress.stage(format!("baseline {label}: raw insert, claim, complete"));
+        ctx.progress
+            .stage(format!("baseline {label}: raw insert, claim, complete"));
         theirs.add(raw_lifecycle(ctx.baseline(), round, n, sizes.workers, ctx).await?);
     }
     let mut report = ctx.report(Scenario::BurnDown);
@@ -127,7 +138,12 @@ async fn raw_lifecycle(
                 }
                 let request = stored_classify(&format!("burn {round} {i}"));
                 baseline
-                    .raw_insert("bench", &format!("raw-burn-{round}-{i}"), &request, wall_clock())
+                    .raw_insert(
+                        "bench",
+                        &format!("raw-burn-{round}-{i}"),
+                        &request,
+                        wall_clock(),
+                    )
                     .await?;
                 counter.fetch_add(1, Ordering::Relaxed);
             }
@@ -136,7 +152,8 @@ async fn raw_lifecycle(
     while let Some(joined) = inserters.join_next().await {
         joined??;
     }
-    ctx.progress.stage(format!("baseline: {workers} raw workers burning down"));
+    ctx.progress
+        .stage(format!("baseline: {workers} raw workers burning down"));
     let done = Arc::new(AtomicU64::new(0));
     let counter = ctx.progress.counter();
     let mut loops = JoinSet::new();

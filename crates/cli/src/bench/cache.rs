@@ -25,7 +25,8 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let scopes = Arc::new(scope_ids("cache", sizes.scopes)?);
     let entries = sizes.scopes * ENTRIES_PER_SCOPE;
 
-    ctx.progress.stage(format!("seeding {entries} cached results"));
+    ctx.progress
+        .stage(format!("seeding {entries} cached results"));
     let seeds = (0..entries)
         .map(|k| {
             let (scope, source, text) = entry(&scopes, k);
@@ -56,7 +57,8 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let mut theirs = Phase::default();
     for round in 0..sizes.rounds {
         let label = format!("round {}/{}", round + 1, sizes.rounds);
-        ctx.progress.stage(format!("tollgate {label}: {clients} clients, cache hits"));
+        ctx.progress
+            .stage(format!("tollgate {label}: {clients} clients, cache hits"));
         let (tg, sc) = (tollgate.clone(), scopes.clone());
         let op: Op = Arc::new(move |client, seq| {
             let (tg, sc) = (tg.clone(), sc.clone());
@@ -74,7 +76,9 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         });
         ours.add(run_timed(&ctx.progress, clients, sizes.round_duration(), op).await?);
 
-        ctx.progress.stage(format!("baseline {label}: {clients} clients, raw lookup + insert"));
+        ctx.progress.stage(format!(
+            "baseline {label}: {clients} clients, raw lookup + insert"
+        ));
         let (baseline, sc) = (ctx.baseline().clone(), scopes.clone());
         let op: Op = Arc::new(move |client, seq| {
             let (baseline, sc) = (baseline.clone(), sc.clone());
@@ -98,7 +102,11 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         .param("entries", entries as u64)
         .param("seconds_per_side", sizes.duration.as_secs_f64())
         .param("rounds", sizes.rounds)
-        .tollgate("tollgate (submit, cache hit)", ours.per_s(), ours.percentiles())
+        .tollgate(
+            "tollgate (submit, cache hit)",
+            ours.per_s(),
+            ours.percentiles(),
+        )
         .baseline(
             "baseline (raw lookup + insert)",
             theirs.per_s(),

@@ -59,7 +59,10 @@ impl Counts {
 
     /// Calls and time spent per store method so far, busiest first.
     pub fn profile(&self) -> Vec<(&'static str, u64, Duration)> {
-        let map = self.per_method.lock().unwrap_or_else(PoisonError::into_inner);
+        let map = self
+            .per_method
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut rows: Vec<_> = map.iter().map(|(m, (n, t))| (*m, *n, *t)).collect();
         rows.sort_by(|a, b| b.2.cmp(&a.2));
         rows
@@ -155,7 +158,8 @@ impl Store for CountingStore {
 
     async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
         self.wrote();
-        self.timed("create_tasks", self.inner.create_tasks(news)).await
+        self.timed("create_tasks", self.inner.create_tasks(news))
+            .await
     }
 
     async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {
@@ -167,12 +171,18 @@ impl Store for CountingStore {
         app: &AppId,
         key: &EffectKey,
     ) -> StoreResult<Option<Task>> {
-        self.timed("get_task_by_effect_key", self.inner.get_task_by_effect_key(app, key)).await
+        self.timed(
+            "get_task_by_effect_key",
+            self.inner.get_task_by_effect_key(app, key),
+        )
+        .await
     }
 
     async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>> {
         self.wrote();
-        let claimed = self.timed("claim_task", self.inner.claim_task(id, worker)).await?;
+        let claimed = self
+            .timed("claim_task", self.inner.claim_task(id, worker))
+            .await?;
         if claimed.is_some() {
             self.counts.claimed.fetch_add(1, Ordering::SeqCst);
         }
@@ -181,7 +191,9 @@ impl Store for CountingStore {
 
     async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>> {
         self.wrote();
-        let claimed = self.timed("claim_next", self.inner.claim_next(worker, limit)).await?;
+        let claimed = self
+            .timed("claim_next", self.inner.claim_next(worker, limit))
+            .await?;
         self.counts
             .claimed
             .fetch_add(claimed.len() as u64, Ordering::SeqCst);
@@ -191,7 +203,9 @@ impl Store for CountingStore {
     async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport> {
         self.wrote();
         let started = Instant::now();
-        let report = self.timed("heartbeat", self.inner.heartbeat(worker, ids)).await;
+        let report = self
+            .timed("heartbeat", self.inner.heartbeat(worker, ids))
+            .await;
         let took = started.elapsed().as_micros() as u64;
         self.counts.heartbeat_calls.fetch_add(1, Ordering::SeqCst);
         self.counts
@@ -213,7 +227,12 @@ impl Store for CountingStore {
         usage: Usage,
     ) -> StoreResult<Transition> {
         self.wrote();
-        let transition = self.timed("complete_task", self.inner.complete_task(id, worker, output, usage)).await?;
+        let transition = self
+            .timed(
+                "complete_task",
+                self.inner.complete_task(id, worker, output, usage),
+            )
+            .await?;
         self.completed(u64::from(transition.applied));
         Ok(transition)
     }
@@ -223,7 +242,9 @@ impl Store for CountingStore {
         items: Vec<Completion>,
     ) -> StoreResult<Vec<StoreResult<Transition>>> {
         self.wrote();
-        let answers = self.timed("complete_tasks", self.inner.complete_tasks(items)).await?;
+        let answers = self
+            .timed("complete_tasks", self.inner.complete_tasks(items))
+            .await?;
         let applied = answers
             .iter()
             .filter(|a| matches!(a, Ok(t) if t.applied))
@@ -239,26 +260,34 @@ impl Store for CountingStore {
         message: &str,
     ) -> StoreResult<Transition> {
         self.wrote();
-        self.timed("fail_task", self.inner.fail_task(id, code, message)).await
+        self.timed("fail_task", self.inner.fail_task(id, code, message))
+            .await
     }
 
     async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>> {
         self.wrote();
-        self.timed("request_cancel", self.inner.request_cancel(app, id)).await
+        self.timed("request_cancel", self.inner.request_cancel(app, id))
+            .await
     }
 
     async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool> {
-        self.timed("is_cancellation_requested", self.inner.is_cancellation_requested(id)).await
+        self.timed(
+            "is_cancellation_requested",
+            self.inner.is_cancellation_requested(id),
+        )
+        .await
     }
 
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {
         self.wrote();
-        self.timed("mark_canceled", self.inner.mark_canceled(id)).await
+        self.timed("mark_canceled", self.inner.mark_canceled(id))
+            .await
     }
 
     async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool> {
         self.wrote();
-        self.timed("release", self.inner.release(app, scope, key)).await
+        self.timed("release", self.inner.release(app, scope, key))
+            .await
     }
 
     async fn list_unreleased_sources(
@@ -266,7 +295,11 @@ impl Store for CountingStore {
         app: &AppId,
         query: &UnreleasedQuery,
     ) -> StoreResult<UnreleasedPage> {
-        self.timed("list_unreleased_sources", self.inner.list_unreleased_sources(app, query)).await
+        self.timed(
+            "list_unreleased_sources",
+            self.inner.list_unreleased_sources(app, query),
+        )
+        .await
     }
 
     async fn delete_owner_data(
@@ -276,7 +309,11 @@ impl Store for CountingStore {
         source: Option<&SourceId>,
     ) -> StoreResult<u64> {
         self.wrote();
-        self.timed("delete_owner_data", self.inner.delete_owner_data(app, scope, source)).await
+        self.timed(
+            "delete_owner_data",
+            self.inner.delete_owner_data(app, scope, source),
+        )
+        .await
     }
 
     async fn list_recoverable(
@@ -284,7 +321,11 @@ impl Store for CountingStore {
         after: Option<TaskId>,
         limit: u32,
     ) -> StoreResult<Vec<TaskId>> {
-        self.timed("list_recoverable", self.inner.list_recoverable(after, limit)).await
+        self.timed(
+            "list_recoverable",
+            self.inner.list_recoverable(after, limit),
+        )
+        .await
     }
 
     async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport> {
@@ -303,7 +344,8 @@ impl Store for CountingStore {
 
     async fn request_run_cancel(&self, app: &AppId, id: RunId) -> StoreResult<Option<RunCancel>> {
         self.wrote();
-        self.timed("request_run_cancel", self.inner.request_run_cancel(app, id)).await
+        self.timed("request_run_cancel", self.inner.request_run_cancel(app, id))
+            .await
     }
 
     async fn wait_on_task(
@@ -313,7 +355,8 @@ impl Store for CountingStore {
         task: TaskId,
     ) -> StoreResult<WaitOutcome> {
         self.wrote();
-        self.timed("wait_on_task", self.inner.wait_on_task(app, run, task)).await
+        self.timed("wait_on_task", self.inner.wait_on_task(app, run, task))
+            .await
     }
 
     async fn finish_run(
@@ -323,7 +366,8 @@ impl Store for CountingStore {
         result: RunResult,
     ) -> StoreResult<Option<Run>> {
         self.wrote();
-        self.timed("finish_run", self.inner.finish_run(app, run, result)).await
+        self.timed("finish_run", self.inner.finish_run(app, run, result))
+            .await
     }
 
     async fn put_pipeline(
@@ -334,7 +378,11 @@ impl Store for CountingStore {
         definition: &serde_json::Value,
     ) -> StoreResult<(StoredPipeline, bool)> {
         self.wrote();
-        self.timed("put_pipeline", self.inner.put_pipeline(app, name, version, definition)).await
+        self.timed(
+            "put_pipeline",
+            self.inner.put_pipeline(app, name, version, definition),
+        )
+        .await
     }
 
     async fn get_pipeline(
@@ -343,16 +391,22 @@ impl Store for CountingStore {
         name: &PipelineName,
         version: Option<&str>,
     ) -> StoreResult<Option<StoredPipeline>> {
-        self.timed("get_pipeline", self.inner.get_pipeline(app, name, version)).await
+        self.timed("get_pipeline", self.inner.get_pipeline(app, name, version))
+            .await
     }
 
     async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run> {
         self.wrote();
-        self.timed("create_pipeline_run", self.inner.create_pipeline_run(new, pipeline)).await
+        self.timed(
+            "create_pipeline_run",
+            self.inner.create_pipeline_run(new, pipeline),
+        )
+        .await
     }
 
     async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
-        self.timed("run_pipeline", self.inner.run_pipeline(app, run)).await
+        self.timed("run_pipeline", self.inner.run_pipeline(app, run))
+            .await
     }
 
     async fn claim_pipeline_runs(
@@ -362,7 +416,11 @@ impl Store for CountingStore {
         limit: u32,
     ) -> StoreResult<Vec<Run>> {
         self.wrote();
-        self.timed("claim_pipeline_runs", self.inner.claim_pipeline_runs(driver, lease, limit)).await
+        self.timed(
+            "claim_pipeline_runs",
+            self.inner.claim_pipeline_runs(driver, lease, limit),
+        )
+        .await
     }
 
     async fn release_pipeline_run(
@@ -372,10 +430,15 @@ impl Store for CountingStore {
         wake_at: Option<Timestamp>,
     ) -> StoreResult<bool> {
         self.wrote();
-        self.timed("release_pipeline_run", self.inner.release_pipeline_run(run, driver, wake_at)).await
+        self.timed(
+            "release_pipeline_run",
+            self.inner.release_pipeline_run(run, driver, wake_at),
+        )
+        .await
     }
 
     async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>> {
-        self.timed("run_tasks", self.inner.run_tasks(app, run)).await
+        self.timed("run_tasks", self.inner.run_tasks(app, run))
+            .await
     }
 }

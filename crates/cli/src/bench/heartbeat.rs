@@ -64,7 +64,10 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         }));
     }
     report
-        .target(format!("writes per interval ≤ W = {pools} for every R"), all_met)
+        .target(
+            format!("writes per interval ≤ W = {pools} for every R"),
+            all_met,
+        )
         .extra("per_running", json!(per_running))
         .note(format!(
             "rates are heartbeat writes per second (latency columns: one heartbeat call); \
@@ -149,7 +152,11 @@ async fn hold_and_count(ctx: &Ctx, r: u64) -> anyhow::Result<Measured> {
             intervals,
             writes_per_interval: writes as f64 / intervals,
             writes_per_s: per_s(writes, elapsed),
-            ids_per_write: if writes > 0 { ids as f64 / writes as f64 } else { 0.0 },
+            ids_per_write: if writes > 0 {
+                ids as f64 / writes as f64
+            } else {
+                0.0
+            },
             held_at_end,
             call_latency: Percentiles::of(&latencies),
         })
@@ -157,7 +164,8 @@ async fn hold_and_count(ctx: &Ctx, r: u64) -> anyhow::Result<Measured> {
     .await;
 
     // Let every held answer go and let the pools finish the tasks.
-    ctx.progress.stage(format!("R={r}: finishing the held tasks"));
+    ctx.progress
+        .stage(format!("R={r}: finishing the held tasks"));
     hold.release();
     let finished = if result.is_ok() {
         wait_for(

@@ -28,7 +28,8 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let mut failure = None;
     for round in 0..sizes.rounds {
         let label = format!("round {}/{}", round + 1, sizes.rounds);
-        ctx.progress.stage(format!("tollgate {label}: submit → result"));
+        ctx.progress
+            .stage(format!("tollgate {label}: submit → result"));
         let (tg, scope, app) = (tollgate.clone(), scope.clone(), app.clone());
         let op: Op = Arc::new(move |_, seq| {
             let (tg, scope, app) = (tg.clone(), scope.clone(), app.clone());
@@ -52,7 +53,8 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             }
         }
 
-        ctx.progress.stage(format!("baseline {label}: raw insert, claim, complete"));
+        ctx.progress
+            .stage(format!("baseline {label}: raw insert, claim, complete"));
         let baseline = ctx.baseline().clone();
         let op: Op = Arc::new(move |_, seq| {
             let baseline = baseline.clone();
@@ -62,7 +64,10 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
                     .raw_insert("bench", &key, &stored_classify(&key), wall_clock())
                     .await?;
                 let claimed = baseline.raw_claim("raw-worker", wall_clock()).await?;
-                anyhow::ensure!(claimed.as_deref() == Some(id.as_str()), "claimed another task");
+                anyhow::ensure!(
+                    claimed.as_deref() == Some(id.as_str()),
+                    "claimed another task"
+                );
                 baseline
                     .raw_complete(&id, r#"{"confidence":null,"label":"yes"}"#, wall_clock())
                     .await?;

@@ -177,7 +177,9 @@ impl Progress {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                let Some(inner) = ticker.upgrade() else { return };
+                let Some(inner) = ticker.upgrade() else {
+                    return;
+                };
                 if inner.done.load(Ordering::Relaxed) {
                     return;
                 }

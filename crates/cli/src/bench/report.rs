@@ -82,7 +82,12 @@ impl ScenarioReport {
     }
 
     /// Another row of the table (context, not the ratio's terms).
-    pub fn row(&mut self, label: &str, per_s: Option<f64>, latency: Option<Percentiles>) -> &mut Self {
+    pub fn row(
+        &mut self,
+        label: &str,
+        per_s: Option<f64>,
+        latency: Option<Percentiles>,
+    ) -> &mut Self {
         self.rows.push(Row {
             label: label.to_string(),
             per_s,
@@ -130,7 +135,10 @@ impl ScenarioReport {
 
     /// Where Tollgate's side spent its time in the store (calls and seconds per method,
     /// from the counting store): a JSON field `tollgate_store_profile` and one line.
-    pub fn store_profile(&mut self, profile: &[(&'static str, u64, std::time::Duration)]) -> &mut Self {
+    pub fn store_profile(
+        &mut self,
+        profile: &[(&'static str, u64, std::time::Duration)],
+    ) -> &mut Self {
         let json: Vec<Value> = profile
             .iter()
             .map(|(m, n, t)| json!({"method": m, "calls": n, "seconds": round3(t.as_secs_f64())}))
@@ -142,7 +150,10 @@ impl ScenarioReport {
             .map(|(m, n, t)| format!("{m} {n}× {:.2} s", t.as_secs_f64()))
             .collect();
         if !top.is_empty() {
-            self.note(format!("tollgate store time (summed over concurrent calls): {}", top.join(", ")));
+            self.note(format!(
+                "tollgate store time (summed over concurrent calls): {}",
+                top.join(", ")
+            ));
         }
         self
     }
@@ -166,8 +177,14 @@ impl ScenarioReport {
         out.insert("scenario".into(), json!(self.scenario));
         out.insert("backend".into(), json!(self.backend));
         out.insert("params".into(), Value::Object(self.params.clone()));
-        out.insert("tollgate_per_s".into(), json!(self.tollgate_per_s.map(round3)));
-        out.insert("baseline_per_s".into(), json!(self.baseline_per_s.map(round3)));
+        out.insert(
+            "tollgate_per_s".into(),
+            json!(self.tollgate_per_s.map(round3)),
+        );
+        out.insert(
+            "baseline_per_s".into(),
+            json!(self.baseline_per_s.map(round3)),
+        );
         out.insert("ratio".into(), json!(self.ratio.map(round3)));
         out.insert(
             "target".into(),
@@ -194,7 +211,12 @@ impl ScenarioReport {
             .map(|(k, v)| format!("{k}={}", plain(v)))
             .collect();
         println!();
-        println!("{} on {}  ({})", self.scenario, self.backend, params.join(", "));
+        println!(
+            "{} on {}  ({})",
+            self.scenario,
+            self.backend,
+            params.join(", ")
+        );
         let width = self
             .rows
             .iter()
@@ -247,7 +269,8 @@ pub fn print_summary(reports: &[ScenarioReport]) {
         "{:<18} {:<9} {:>12} {:>12} {:>8}  target",
         "scenario", "backend", "tollgate/s", "baseline/s", "ratio"
     );
-    let num = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+    let num =
+        |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
     for r in reports {
         let target = r
             .target

@@ -36,8 +36,10 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let baseline = ctx.baseline();
     let budget = bench_budget();
 
-    ctx.progress
-        .stage(format!("seeding {} admission records (small window)", sizes.small_window));
+    ctx.progress.stage(format!(
+        "seeding {} admission records (small window)",
+        sizes.small_window
+    ));
     let seed_small = WindowSeed {
         first: 0,
         count: sizes.small_window,
@@ -72,9 +74,27 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     for round in 0..sizes.rounds {
         let label = format!("round {}/{}", round + 1, sizes.rounds);
         ctx.progress.stage(format!("large window {label}"));
-        large_phase.add(measure(ctx, &tollgate, &large, sizes.large_window, &format!("l{round}")).await?);
+        large_phase.add(
+            measure(
+                ctx,
+                &tollgate,
+                &large,
+                sizes.large_window,
+                &format!("l{round}"),
+            )
+            .await?,
+        );
         ctx.progress.stage(format!("small window {label}"));
-        small_phase.add(measure(ctx, &tollgate, &small, sizes.small_window, &format!("s{round}")).await?);
+        small_phase.add(
+            measure(
+                ctx,
+                &tollgate,
+                &small,
+                sizes.small_window,
+                &format!("s{round}"),
+            )
+            .await?,
+        );
     }
     let small_records = baseline.admission_records("bench", small.as_str()).await?;
     let large_records = baseline.admission_records("bench", large.as_str()).await?;

@@ -319,7 +319,10 @@ pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend
         }
     }
     assert_refused(
-        answers[1].as_ref().map(Clone::clone).map_err(|e| StoreError::Database(e.to_string())),
+        answers[1]
+            .as_ref()
+            .map(Clone::clone)
+            .map_err(|e| StoreError::Database(e.to_string())),
         "completing another worker's task in a batch",
     );
     assert_eq!(get(&*s, &acme, other.id).await, held_elsewhere);

@@ -8,8 +8,8 @@ use crate::rows::{
     task_columns_qualified, task_id, tasks,
 };
 use crate::{
-    Completion, HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition, UnreleasedPage,
-    UnreleasedQuery, page_size,
+    Completion, HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition,
+    UnreleasedPage, UnreleasedQuery, page_size,
 };
 use std::collections::{HashMap, HashSet};
 use tollgate_core::{

@@ -38,9 +38,9 @@ mod sweep;
 
 use crate::rows::{TaskRow, task_columns};
 use crate::{
-    Completion, Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreError, StoreResult,
-    StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage, UnreleasedQuery,
-    WaitOutcome,
+    Completion, Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreError,
+    StoreResult, StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage,
+    UnreleasedQuery, WaitOutcome,
 };
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
