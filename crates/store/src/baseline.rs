@@ -614,8 +614,8 @@ impl Baseline {
     /// them are brought up to date exactly as admissions would have left them: the
     /// scope's source sightings (`scope_sources`, latest admission per source) and its
     /// `scope_state` row (distinct sources in the window; a full token bucket when the
-    /// scope is new). On PostgreSQL the tables are analyzed afterwards, as autovacuum
-    /// would soon do. For benchmarks: run it while nothing else admits into the scope.
+    /// scope is new). Afterwards PostgreSQL's tables are analyzed, as autovacuum would soon
+    /// do, and SQLite's WAL is checkpointed. For benchmarks: run it while nothing else admits into the scope.
     pub async fn seed_admission_window(
         &self,
         app: &str,
@@ -731,6 +731,11 @@ impl Baseline {
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;
+                // Fold the bulk load into the database file, as SQLite's automatic
+                // checkpoints soon would (the store never ANALYZEs, so neither does this).
+                sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .execute(p)
+                    .await?;
             }
         }
         Ok(())
