@@ -61,9 +61,12 @@ fn serve(config: &Path, extra: &[&str]) -> (Child, String) {
     });
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("serve prints its address");
+        let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+            // Leave no server behind when it never says where it listens.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve prints its address");
+        };
         if let Some(addr) = line.strip_prefix("Tollgate listening on ") {
             return (child, addr.trim().to_string());
         }

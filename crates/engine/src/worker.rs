@@ -103,6 +103,9 @@ pub(crate) struct WorkerPool {
     completions: CompletionBatcher,
 }
 
+/// Where a queued completion's answer goes.
+type CompletionAnswer = oneshot::Sender<Result<Transition, StoreError>>;
+
 /// Group commit of completions: executions that finish while a batch is being recorded
 /// queue up, and the next one to take the commit lock records the whole queue in one
 /// `complete_tasks` call. Nothing waits on purpose: a lone completion is recorded at
@@ -110,7 +113,7 @@ pub(crate) struct WorkerPool {
 /// many tasks.
 #[derive(Debug, Default)]
 struct CompletionBatcher {
-    queue: Mutex<Vec<(Completion, oneshot::Sender<Result<Transition, StoreError>>)>>,
+    queue: Mutex<Vec<(Completion, CompletionAnswer)>>,
     committing: tokio::sync::Mutex<()>,
 }
 

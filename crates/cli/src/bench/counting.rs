@@ -64,7 +64,7 @@ impl Counts {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut rows: Vec<_> = map.iter().map(|(m, (n, t))| (*m, *n, *t)).collect();
-        rows.sort_by(|a, b| b.2.cmp(&a.2));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.2));
         rows
     }
 
