@@ -127,24 +127,24 @@ pub(super) async fn claim_task(
     id: TaskId,
     worker: &WorkerId,
 ) -> StoreResult<Option<Task>> {
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
-    // A concurrent claim waits for the row, then re-checks `status = 'queued'` and
-    // finds it running: each task is claimed once.
+    // One statement, its own transaction: one round trip. A concurrent claim waits for
+    // the row, then re-checks `status = 'queued'` and finds it running: each task is
+    // claimed once.
     let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
-         claimed_at = $2, heartbeat_at = $2 \
+        "WITH clock AS (SELECT ",
+        now_sql!(2),
+        " AS now) UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
+         claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
          WHERE id = $3 AND status = 'queued' AND NOT cancel_requested AND ",
         run_not_canceled!(),
         " RETURNING ",
-        task_columns!()
+        task_columns_qualified!()
     ))
     .bind(worker.as_str())
-    .bind(now.0)
+    .bind(store.fixed_now())
     .bind(id.to_string())
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&store.pool)
     .await?;
-    tx.commit().await?;
     row.map(TaskRow::into_task).transpose()
 }
 
@@ -258,7 +258,8 @@ pub(super) async fn complete_task(
 
 /// Several completions in ONE transaction (see `Store::complete_tasks`): each item is
 /// checked as [`complete_task`] checks it, then one statement moves every applicable task
-/// to `succeeded`. Lock order as on the single paths: the runs of the tasks first, then
+/// to `succeeded` (for unscoped application tasks that statement is the whole
+/// transaction). Lock order as on the single paths: the runs of the tasks first, then
 /// the task rows in id order. Runs woken by the batch are reported on its first applied
 /// transition (wakes are notification hints; the database holds the truth).
 pub(super) async fn complete_tasks(
@@ -283,6 +284,7 @@ pub(super) async fn complete_tasks(
     let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
     let mut seen = HashSet::new();
     let mut any_run = false;
+    let mut any_scoped = false;
     for (i, item) in items.iter().enumerate() {
         let Some(task) = current.get(&item.id) else {
             answers[i] = Some(Ok(Transition::default()));
@@ -300,6 +302,8 @@ pub(super) async fn complete_tasks(
         match encode_completion(task, item) {
             Ok((output, usage)) => {
                 any_run |= task.run_id().is_some();
+                // Scoped tasks may be admitted: their capacity is given back below.
+                any_scoped |= task.source.is_some();
                 ids.push(item.id.to_string());
                 workers.push(item.worker.as_str().to_string());
                 outputs.push(output);
@@ -324,19 +328,25 @@ pub(super) async fn complete_tasks(
             })
             .collect());
     }
-    let mut tx = store.begin().await?;
-    if any_run {
+    // Unscoped application tasks change nothing but their rows: the UPDATE alone is the
+    // transaction (one round trip). Otherwise capacity and runs change with them.
+    let mut tx = if any_run || any_scoped {
+        Some(store.begin().await?)
+    } else {
+        None
+    };
+    if let Some(tx) = tx.as_mut().filter(|_| any_run) {
         sqlx::query(
             "SELECT 1 FROM runs WHERE id IN (SELECT run_id FROM tasks WHERE id = ANY($1)) \
              ORDER BY id FOR NO KEY UPDATE",
         )
         .bind(&ids)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     }
     // "now" is read inside the statement (no round trip of its own) and returned with
     // every row it moved.
-    let done: Vec<(String, String, String, bool, i64)> = sqlx::query_as(concat!(
+    let update = sqlx::query_as(concat!(
         "WITH clock AS (SELECT ",
         now_sql!(5),
         " AS now), \
@@ -356,9 +366,11 @@ pub(super) async fn complete_tasks(
     .bind(&workers)
     .bind(&outputs)
     .bind(&usages)
-    .bind(store.fixed_now())
-    .fetch_all(&mut *tx)
-    .await?;
+    .bind(store.fixed_now());
+    let done: Vec<(String, String, String, bool, i64)> = match tx.as_mut() {
+        Some(tx) => update.fetch_all(&mut **tx).await?,
+        None => update.fetch_all(&store.pool).await?,
+    };
     let now = done.first().map(|d| Timestamp(d.4));
     let done: Vec<FinishedRow> = done
         .into_iter()
@@ -371,23 +383,28 @@ pub(super) async fn complete_tasks(
         .collect();
     let applied: HashSet<String> = done.iter().map(|f| f.id.clone()).collect();
     // What `after_terminal` does for successes, minus the statements with nothing to do.
-    release_capacity(&mut tx, &done).await?;
-    let mut woken_runs = match now {
-        Some(now) if any_run => {
+    let mut woken_runs = Vec::new();
+    if let Some(tx) = tx.as_mut() {
+        release_capacity(tx, &done).await?;
+        if let (Some(now), true) = (now, any_run) {
             let finished: Vec<String> = done.iter().map(|f| f.id.clone()).collect();
-            wake_runs_waiting_on(&mut tx, &finished, now, false).await?
+            woken_runs = wake_runs_waiting_on(tx, &finished, now, false).await?;
         }
-        _ => Vec::new(),
-    };
-    let after: Vec<TaskRow> = sqlx::query_as(concat!(
+    }
+    let read_back = sqlx::query_as(concat!(
         "SELECT ",
         task_columns!(),
         " FROM tasks WHERE id = ANY($1)"
     ))
-    .bind(&all_ids)
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    .bind(&all_ids);
+    let after: Vec<TaskRow> = match tx {
+        Some(mut tx) => {
+            let after = read_back.fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            after
+        }
+        None => read_back.fetch_all(&store.pool).await?,
+    };
     let mut after: HashMap<TaskId, Task> = tasks(after)?.into_iter().map(|t| (t.id, t)).collect();
     Ok(items
         .iter()
