@@ -1,6 +1,7 @@
 //! `tollgate`: run the service (`serve`, `worker`, `migrate`), talk to a running one
-//! (`submit`, `task`, `run`, `pipeline`), see it work (`demo`).
+//! (`submit`, `task`, `run`, `pipeline`), see it work (`demo`), measure it (`bench`).
 
+mod bench;
 mod client;
 mod demo;
 mod serve;
@@ -42,6 +43,8 @@ enum Command {
     Pipeline(client::PipelineCommand),
     /// Walk through Tollgate's guarantees on an embedded instance in a temporary folder.
     Demo,
+    /// Measure Tollgate against baselines on a fresh database (see docs/benchmarks.md).
+    Bench(Box<bench::BenchArgs>),
 }
 
 /// Where configuration and the database come from.
@@ -81,7 +84,13 @@ struct WorkerArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // A benchmark loads the database on purpose: sqlx's slow-statement and slow-acquire
+    // warnings would bury the progress line.
+    init_tracing(if matches!(cli.command, Command::Bench(_)) {
+        "warn,sqlx=error"
+    } else {
+        "warn"
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -102,6 +111,7 @@ fn main() -> std::process::ExitCode {
             Command::Run(cmd) => client::run(cmd).await,
             Command::Pipeline(cmd) => client::pipeline(cmd).await,
             Command::Demo => demo::demo().await,
+            Command::Bench(args) => bench::bench(*args).await,
         }
     });
     match result {
@@ -113,9 +123,9 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_tracing() {
+fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,8 +1,10 @@
 //! The worker pool: claims tasks, runs them on their providers, validates, completes.
 //!
-//! - **Claiming.** A dispatcher claims hinted tasks by id (`claim_task`, hints come from
-//!   notifications and start-up recovery) and otherwise polls `claim_next`, oldest first,
-//!   never more than the free execution slots (`workers.concurrency`). An empty claim
+//! - **Claiming.** A dispatcher claims a lone hinted task by id (`claim_task`, hints come
+//!   from notifications and start-up recovery) and otherwise claims in batches with
+//!   `claim_next`, oldest first (several hints at once are served that way too, one
+//!   transaction for many tasks), never more than the free execution slots
+//!   (`workers.concurrency`). An empty claim
 //!   does not prove the queue is empty (`SKIP LOCKED`), so idle workers poll again every
 //!   `notifications.poll_interval`. The store's claim is conditional, so a task is
 //!   executed by at most one worker at a time, across every replica.
@@ -16,7 +18,8 @@
 //!   `workers.max_output_retries` times; then the task fails with
 //!   `invalid_model_output`. A provider failure fails it with `provider_error`.
 //! - **Completion.** `complete_task` is refused for a task that was canceled or expired
-//!   meanwhile; that is fine and changes nothing.
+//!   meanwhile; that is fine and changes nothing. Completions that are ready together are
+//!   recorded together (`complete_tasks`, group commit; see [`CompletionBatcher`]).
 //! - **Shutdown.** Claiming stops at once; executions in flight get until the deadline;
 //!   those still running then are failed with `WORKFLOW_AI_INTERRUPTED` (tasks never run
 //!   twice), and queued tasks stay queued for any replica.
@@ -33,17 +36,19 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate_core::{ErrorCode, Task, TaskId, Usage, WorkerId, validate_output};
-use tollgate_store::{MAX_PAGE, StoreError, Transition};
+use tollgate_store::{Completion, MAX_PAGE, StoreError, Transition};
 
 /// Hints waiting for the dispatcher; when full, new ones are dropped (polling covers).
 const HINT_CAPACITY: usize = 4096;
 /// Attempts to record a completion while the database is unavailable.
 const RECORD_ATTEMPTS: u32 = 4;
+/// Most completions recorded in one store call (one transaction on PostgreSQL).
+const MAX_COMPLETION_BATCH: usize = 64;
 /// How long shutdown waits for interrupted executions to record their end.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 
@@ -95,6 +100,21 @@ pub(crate) struct WorkerPool {
     slot_freed: Notify,
     executions: TaskTracker,
     control: Control,
+    completions: CompletionBatcher,
+}
+
+/// Where a queued completion's answer goes.
+type CompletionAnswer = oneshot::Sender<Result<Transition, StoreError>>;
+
+/// Group commit of completions: executions that finish while a batch is being recorded
+/// queue up, and the next one to take the commit lock records the whole queue in one
+/// `complete_tasks` call. Nothing waits on purpose: a lone completion is recorded at
+/// once, and batches form only while the store is busy — under load, one commit serves
+/// many tasks.
+#[derive(Debug, Default)]
+struct CompletionBatcher {
+    queue: Mutex<Vec<(Completion, CompletionAnswer)>>,
+    committing: tokio::sync::Mutex<()>,
 }
 
 impl WorkerPool {
@@ -111,6 +131,7 @@ impl WorkerPool {
             slot_freed: Notify::new(),
             executions: TaskTracker::new(),
             control: Control::default(),
+            completions: CompletionBatcher::default(),
         });
         let (hint_tx, hint_rx) = mpsc::channel(HINT_CAPACITY);
         // Subscribe before recovery lists the queue, so nothing queued meanwhile is missed.
@@ -179,7 +200,13 @@ impl WorkerPool {
                     pending.push_back(id);
                 }
             }
-            let free = self.slots.available_permits();
+            // Free execution slots, and never more than twice the concurrency held in
+            // all (executing plus waiting for their completion's commit).
+            let held_cap = 2 * self.inner.config.workers.concurrency as usize;
+            let free = self
+                .slots
+                .available_permits()
+                .min(held_cap.saturating_sub(self.held().len()));
             if free == 0 {
                 tokio::select! {
                     _ = self.slot_freed.notified() => continue,
@@ -189,6 +216,12 @@ impl WorkerPool {
             }
             let mut claimed: Vec<(Task, &'static str)> = Vec::new();
             let mut failed = false;
+            if pending.len() > 1 {
+                // Several hints at once (a batch submit, start-up recovery): one batched
+                // `claim_next` below (oldest first, any queued task) serves them with one
+                // transaction instead of one claim per id. Hints are only hints.
+                pending.clear();
+            }
             while claimed.len() < free {
                 let Some(id) = pending.pop_front() else { break };
                 if self.held().contains_key(&id) {
@@ -250,15 +283,19 @@ impl WorkerPool {
         tokio::select! {
             biased;
             _ = crash.cancelled() => {}
-            _ = self.clone().execute_and_record(task) => {}
+            _ = self.clone().execute_and_record(task, permit) => {}
         }
         self.held().remove(&id);
         metrics::gauge!(m::TASKS_IN_FLIGHT).decrement(1.0);
-        drop(permit);
         self.slot_freed.notify_one();
     }
 
-    async fn execute_and_record(self: Arc<Self>, task: Task) {
+    /// Runs the task, frees its execution slot as soon as the execution has ended, then
+    /// records the end. The slot bounds concurrent executions (provider calls); while a
+    /// completion waits for its batch's commit the next task may already run, which is
+    /// what lets completions and claims batch under load. The task stays held (and
+    /// heartbeated) until its end is recorded.
+    async fn execute_and_record(self: Arc<Self>, task: Task, permit: OwnedSemaphorePermit) {
         let stop = CancellationToken::new();
         self.held().insert(task.id, stop.clone());
         let started = Instant::now();
@@ -269,6 +306,8 @@ impl WorkerPool {
             _ = interrupt.cancelled() => Ended::Interrupted,
             result = self.execute(&task) => Ended::Done(result),
         };
+        drop(permit);
+        self.slot_freed.notify_one();
         let (outcome, code) = match ended {
             Ended::Done(Ok((output, usage))) => self.complete(&task, output, usage).await,
             Ended::Done(Err(failure)) => {
@@ -375,10 +414,14 @@ impl WorkerPool {
         output: Value,
         usage: Usage,
     ) -> (&'static str, &'static str) {
-        let store = &self.inner.store;
-        let result =
-            retry_unavailable(|| store.complete_task(task.id, &self.worker, output.clone(), usage))
-                .await;
+        let result = self
+            .record_completion(Completion {
+                id: task.id,
+                worker: self.worker.clone(),
+                output,
+                usage,
+            })
+            .await;
         match result {
             Ok(t) if t.applied => {
                 self.inner.publish_transition(&t);
@@ -396,6 +439,61 @@ impl WorkerPool {
                 tracing::error!(task = %task.id, error = %e, "cannot record the completion; the sweeper will end the task");
                 ("unrecorded", "none")
             }
+        }
+    }
+
+    /// Records one completion through the [`CompletionBatcher`]: queues it, then either
+    /// its answer arrives (another execution recorded it) or this execution takes the
+    /// commit lock and records everything queued.
+    async fn record_completion(&self, completion: Completion) -> Result<Transition, StoreError> {
+        let batcher = &self.completions;
+        let (tx, mut rx) = oneshot::channel();
+        batcher
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((completion, tx));
+        loop {
+            let guard = tokio::select! {
+                biased;
+                answer = &mut rx => {
+                    return answer.unwrap_or_else(|_| {
+                        Err(StoreError::Unavailable("the completion batch was abandoned".into()))
+                    });
+                }
+                guard = batcher.committing.lock() => guard,
+            };
+            let batch: Vec<_> = {
+                let mut queue = batcher.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                let n = queue.len().min(MAX_COMPLETION_BATCH);
+                queue.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                // Ours was taken by the previous batch: its answer is on the way.
+                drop(guard);
+                continue;
+            }
+            let (items, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let store = &self.inner.store;
+            let recorded = retry_unavailable(|| store.complete_tasks(items.clone())).await;
+            match recorded {
+                Ok(results) => {
+                    for (answer, result) in answers.into_iter().zip(results) {
+                        let _ = answer.send(result);
+                    }
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    for answer in answers {
+                        let _ = answer.send(Err(if e.is_retryable() {
+                            StoreError::Unavailable(message.clone())
+                        } else {
+                            StoreError::Database(message.clone())
+                        }));
+                    }
+                }
+            }
+            drop(guard);
         }
     }
 
@@ -500,10 +598,10 @@ fn add_usage(total: &mut Usage, used: Usage, provider: &str) {
 }
 
 /// Retries a store write while the database is unavailable (a few times, backing off).
-async fn retry_unavailable<F, Fut>(mut write: F) -> Result<Transition, StoreError>
+async fn retry_unavailable<T, F, Fut>(mut write: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Transition, StoreError>>,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
     let mut attempt = 0;
     loop {

@@ -97,6 +97,29 @@ pub trait Store: Send + Sync + 'static {
         usage: Usage,
     ) -> StoreResult<Transition>;
 
+    /// Several completions, each exactly as [`Store::complete_task`] would record it: one
+    /// answer per item, in order ([`StoreError::InvalidOutput`] in an item's place when its
+    /// output breaks the contract); a database failure fails the call. Backends use as few
+    /// transactions as they can (PostgreSQL: one for the batch); the default runs one
+    /// `complete_task` per item. Workers batch the completions that are ready together,
+    /// which saves a commit per task under load.
+    async fn complete_tasks(
+        &self,
+        items: Vec<Completion>,
+    ) -> StoreResult<Vec<StoreResult<Transition>>> {
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            match self
+                .complete_task(item.id, &item.worker, item.output, item.usage)
+                .await
+            {
+                Err(e) if !e.is_per_item() => return Err(e),
+                result => out.push(result),
+            }
+        }
+        Ok(out)
+    }
+
     /// SPEC §5 fail: `queued/running → failed` with a code and a message cut to 2,000
     /// characters; clears the admission logical key.
     async fn fail_task(

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 use tollgate_core::{
-    AppId, PipelineName, Run, RunId, ScopeId, SourceId, StepKey, Task, TaskError, TaskId, Timestamp,
+    AppId, PipelineName, Run, RunId, ScopeId, SourceId, StepKey, Task, TaskError, TaskId,
+    Timestamp, Usage, WorkerId,
 };
 
 /// Largest page any listing returns.
@@ -35,6 +36,20 @@ pub struct Transition {
     pub task: Option<Task>,
     /// Runs woken because the task became terminal (notify their workflow workers).
     pub woken_runs: Vec<RunId>,
+}
+
+/// One item of [`Store::complete_tasks`](crate::Store::complete_tasks): what
+/// `complete_task` takes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The running task.
+    pub id: TaskId,
+    /// The worker that holds it.
+    pub worker: WorkerId,
+    /// The model's output.
+    pub output: serde_json::Value,
+    /// Tokens used.
+    pub usage: Usage,
 }
 
 /// Answer of `heartbeat`.

@@ -275,6 +275,68 @@ pub async fn complete_refuses_a_task_not_held_by_the_worker(b: &dyn Backend) {
     );
 }
 
+/// SPEC §5, batched: `complete_tasks` answers each item exactly as `complete_task` would
+/// (applied, refused for another worker's or a missing task, `InvalidOutput` for a bad
+/// output), in order, and only the applied items change.
+pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    let w = worker("w1");
+    let a = create_new(&*s, new_app_task("acme", "s", "a")).await;
+    let other = create_new(&*s, new_app_task("acme", "s", "other")).await;
+    let bad = create_new(&*s, new_app_task("acme", "s", "bad")).await;
+    let d = create_new(&*s, new_app_task("acme", "s", "d")).await;
+    claim(&*s, a.id, &w).await;
+    let held_elsewhere = claim(&*s, other.id, &worker("w2")).await;
+    let running_bad = claim(&*s, bad.id, &w).await;
+    claim(&*s, d.id, &w).await;
+    let item = |id, output| crate::Completion {
+        id,
+        worker: w.clone(),
+        output,
+        usage: usage(),
+    };
+    let answers = s
+        .complete_tasks(vec![
+            item(a.id, spam()),
+            item(other.id, spam()),
+            item(bad.id, json!({"label": "maybe"})),
+            item(TaskId::generate(), spam()),
+            item(d.id, spam()),
+        ])
+        .await
+        .expect("complete_tasks");
+    assert_eq!(answers.len(), 5, "one answer per item");
+    for (i, id) in [(0, a.id), (4, d.id)] {
+        match &answers[i] {
+            Ok(t) => {
+                assert!(t.applied, "item {i} applies");
+                let task = t.task.as_ref().expect("the task as it is now");
+                assert_eq!(task.status, TaskStatus::Succeeded, "item {i}");
+                assert_eq!(get(&*s, &acme, id).await.status, TaskStatus::Succeeded);
+            }
+            other => panic!("item {i} should apply, got {other:?}"),
+        }
+    }
+    assert_refused(
+        answers[1]
+            .as_ref()
+            .map(Clone::clone)
+            .map_err(|e| StoreError::Database(e.to_string())),
+        "completing another worker's task in a batch",
+    );
+    assert_eq!(get(&*s, &acme, other.id).await, held_elsewhere);
+    match &answers[2] {
+        Err(StoreError::InvalidOutput(_)) => {}
+        other => panic!("a bad output in a batch should be InvalidOutput, got {other:?}"),
+    }
+    assert_eq!(get(&*s, &acme, bad.id).await, running_bad);
+    match &answers[3] {
+        Ok(t) => assert!(!t.applied && t.task.is_none(), "a missing task is refused"),
+        other => panic!("a missing task should be refused, got {other:?}"),
+    }
+}
+
 /// SPEC §2/§5: an output that violates the kind's contract is never stored as success:
 /// `StoreError::InvalidOutput`, and the task is unchanged (still running, so the worker may
 /// ask again).

@@ -96,6 +96,7 @@ macro_rules! conformance_suite {
             lifecycle::complete_records_output_and_usage,
             lifecycle::complete_refuses_canceled_failed_and_expired_tasks,
             lifecycle::complete_refuses_a_task_not_held_by_the_worker,
+            lifecycle::complete_tasks_answers_each_item_like_complete_task,
             lifecycle::complete_refuses_invalid_output_and_changes_nothing,
             lifecycle::fail_cuts_message_to_2000_characters,
             lifecycle::fail_refuses_terminal_tasks,

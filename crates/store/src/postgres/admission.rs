@@ -282,7 +282,12 @@ async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> Store
     let model_ref = serde_json::to_string(&new.model_ref)
         .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
     let app = new.owner.app().clone();
-    if let Some(task) = by_effect_key(tx, &app, new.effect_key.as_str()).await? {
+    // A run's task replays before its run is checked (a replay answers even once the run
+    // is canceled). An application's task needs no read first: the insert below finds a
+    // taken key itself (ON CONFLICT), so a new task costs one round trip.
+    if matches!(new.owner, Owner::Run { .. })
+        && let Some(task) = by_effect_key(tx, &app, new.effect_key.as_str()).await?
+    {
         return Ok(Created {
             task,
             created: false,
@@ -314,7 +319,8 @@ async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> Store
             task,
             created: true,
         }),
-        // Another transaction committed the key meanwhile (the insert waited for it).
+        // The key is taken: before this call, or by a transaction that committed
+        // meanwhile (the insert waited for it).
         None => by_effect_key(tx, &app, new.effect_key.as_str())
             .await?
             .map(|task| Created {

@@ -2,16 +2,16 @@
 //! listing and owner deletion.
 
 use super::admission::lock_scope;
-use super::{PostgresStore, Tx, fetch_task, id_array};
+use super::{PostgresStore, Tx, fetch_task, id_array, now_sql};
 use crate::rows::{
     FinishedRow, TaskRow, admitted_per_scope, finished_stripe, run_id, task_columns,
     task_columns_qualified, task_id, tasks,
 };
 use crate::{
-    HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition, UnreleasedPage,
-    UnreleasedQuery, page_size,
+    Completion, HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition,
+    UnreleasedPage, UnreleasedQuery, page_size,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use tollgate_core::{
     AppId, EffectKey, ErrorCode, RunId, ScopeId, SourceId, Task, TaskId, Timestamp, Usage,
     WorkerId, truncate_message, validate_output,
@@ -127,24 +127,24 @@ pub(super) async fn claim_task(
     id: TaskId,
     worker: &WorkerId,
 ) -> StoreResult<Option<Task>> {
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
-    // A concurrent claim waits for the row, then re-checks `status = 'queued'` and
-    // finds it running: each task is claimed once.
+    // One statement, its own transaction: one round trip. A concurrent claim waits for
+    // the row, then re-checks `status = 'queued'` and finds it running: each task is
+    // claimed once.
     let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
-         claimed_at = $2, heartbeat_at = $2 \
+        "WITH clock AS (SELECT ",
+        now_sql!(2),
+        " AS now) UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
+         claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
          WHERE id = $3 AND status = 'queued' AND NOT cancel_requested AND ",
         run_not_canceled!(),
         " RETURNING ",
-        task_columns!()
+        task_columns_qualified!()
     ))
     .bind(worker.as_str())
-    .bind(now.0)
+    .bind(store.fixed_now())
     .bind(id.to_string())
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&store.pool)
     .await?;
-    tx.commit().await?;
     row.map(TaskRow::into_task).transpose()
 }
 
@@ -157,25 +157,25 @@ pub(super) async fn claim_next(
         return Ok(Vec::new());
     }
     let limit = limit.min(MAX_PAGE);
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
+    // One statement, its own transaction: one round trip for the whole claim.
     // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly.
     let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-        "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE status = 'queued' \
+        "WITH clock AS (SELECT ",
+        now_sql!(2),
+        " AS now), picked AS MATERIALIZED (SELECT id FROM tasks WHERE status = 'queued' \
          AND NOT cancel_requested AND ",
         run_not_canceled!(),
         " ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
          UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
-         claimed_at = $2, heartbeat_at = $2 FROM picked \
+         claimed_at = clock.now, heartbeat_at = clock.now FROM picked, clock \
          WHERE tasks.id = picked.id AND tasks.status = 'queued' RETURNING ",
         task_columns_qualified!()
     ))
     .bind(worker.as_str())
-    .bind(now.0)
+    .bind(store.fixed_now())
     .bind(i64::from(limit))
-    .fetch_all(&mut *tx)
+    .fetch_all(&store.pool)
     .await?;
-    tx.commit().await?;
     let mut claimed = tasks(rows)?;
     claimed.sort_by_key(|t| (t.created_at, t.id));
     Ok(claimed)
@@ -189,24 +189,23 @@ pub(super) async fn heartbeat(
     if ids.is_empty() {
         return Ok(HeartbeatReport::default());
     }
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
-    // One statement for all of the worker's tasks.
+    // One statement for all of the worker's tasks, its own transaction: one round trip.
     // Rows are locked in id order (the lock order for several task rows).
     let alive: Vec<String> = sqlx::query_scalar(concat!(
         "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($2) \
          AND status = 'running' AND worker = $3 ORDER BY id FOR NO KEY UPDATE) \
-         UPDATE tasks SET heartbeat_at = $1 FROM picked \
+         UPDATE tasks SET heartbeat_at = ",
+        now_sql!(1),
+        " FROM picked \
          WHERE tasks.id = picked.id AND tasks.status = 'running' AND NOT ",
         cancel_wanted!(),
         " RETURNING tasks.id"
     ))
-    .bind(now.0)
+    .bind(store.fixed_now())
     .bind(id_array(ids))
     .bind(worker.as_str())
-    .fetch_all(&mut *tx)
+    .fetch_all(&store.pool)
     .await?;
-    tx.commit().await?;
     let alive: HashSet<TaskId> = alive.iter().map(|s| task_id(s)).collect::<Result<_, _>>()?;
     let mut report = HeartbeatReport::default();
     for id in ids {
@@ -255,6 +254,192 @@ pub(super) async fn complete_task(
     .fetch_optional(&mut *tx)
     .await?;
     finish(tx, id, done, false, now).await
+}
+
+/// Several completions in ONE transaction (see `Store::complete_tasks`): each item is
+/// checked as [`complete_task`] checks it, then one statement moves every applicable task
+/// to `succeeded` (for unscoped application tasks that statement is the whole
+/// transaction). Lock order as on the single paths: the runs of the tasks first, then
+/// the task rows in id order. Runs woken by the batch are reported on its first applied
+/// transition (wakes are notification hints; the database holds the truth).
+pub(super) async fn complete_tasks(
+    store: &PostgresStore,
+    items: Vec<Completion>,
+) -> StoreResult<Vec<StoreResult<Transition>>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let all_ids: Vec<String> = items.iter().map(|c| c.id.to_string()).collect();
+    let current: Vec<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE id = ANY($1)"
+    ))
+    .bind(&all_ids)
+    .fetch_all(&store.pool)
+    .await?;
+    let current: HashMap<TaskId, Task> = tasks(current)?.into_iter().map(|t| (t.id, t)).collect();
+    // The request never changes, so its contract is checked before the write.
+    let mut answers: Vec<Option<StoreResult<Transition>>> = items.iter().map(|_| None).collect();
+    let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
+    let mut seen = HashSet::new();
+    let mut any_run = false;
+    let mut any_scoped = false;
+    for (i, item) in items.iter().enumerate() {
+        let Some(task) = current.get(&item.id) else {
+            answers[i] = Some(Ok(Transition::default()));
+            continue;
+        };
+        if !seen.insert(item.id) {
+            // The same task twice: only its first completion can apply.
+            answers[i] = Some(Ok(Transition {
+                applied: false,
+                task: None,
+                woken_runs: Vec::new(),
+            }));
+            continue;
+        }
+        match encode_completion(task, item) {
+            Ok((output, usage)) => {
+                any_run |= task.run_id().is_some();
+                // Scoped tasks may be admitted: their capacity is given back below.
+                any_scoped |= task.source.is_some();
+                ids.push(item.id.to_string());
+                workers.push(item.worker.as_str().to_string());
+                outputs.push(output);
+                usages.push(usage);
+            }
+            Err(e) if e.is_per_item() => answers[i] = Some(Err(e)),
+            Err(e) => return Err(e),
+        }
+    }
+    if ids.is_empty() {
+        // Nothing to write: every item was answered already.
+        return Ok(items
+            .iter()
+            .zip(answers)
+            .map(|(item, answer)| match answer {
+                Some(Ok(mut refused)) => {
+                    refused.task = current.get(&item.id).cloned();
+                    Ok(refused)
+                }
+                Some(Err(e)) => Err(e),
+                None => Ok(Transition::default()),
+            })
+            .collect());
+    }
+    // Unscoped application tasks change nothing but their rows: the UPDATE alone is the
+    // transaction (one round trip). Otherwise capacity and runs change with them.
+    let mut tx = if any_run || any_scoped {
+        Some(store.begin().await?)
+    } else {
+        None
+    };
+    if let Some(tx) = tx.as_mut().filter(|_| any_run) {
+        sqlx::query(
+            "SELECT 1 FROM runs WHERE id IN (SELECT run_id FROM tasks WHERE id = ANY($1)) \
+             ORDER BY id FOR NO KEY UPDATE",
+        )
+        .bind(&ids)
+        .execute(&mut **tx)
+        .await?;
+    }
+    // "now" is read inside the statement (no round trip of its own) and returned with
+    // every row it moved.
+    let update = sqlx::query_as(concat!(
+        "WITH clock AS (SELECT ",
+        now_sql!(5),
+        " AS now), \
+         item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[]) \
+         AS i(id, worker, output, usage)), \
+         picked AS MATERIALIZED (SELECT tasks.id FROM tasks JOIN item ON item.id = tasks.id \
+         WHERE tasks.status = 'running' AND tasks.worker = item.worker \
+         ORDER BY tasks.id FOR NO KEY UPDATE OF tasks) \
+         UPDATE tasks SET status = 'succeeded', output = item.output, usage = item.usage, \
+         completed_at = clock.now FROM picked, item, clock \
+         WHERE tasks.id = picked.id AND item.id = tasks.id AND tasks.status = 'running' \
+         AND tasks.worker = item.worker AND NOT ",
+        cancel_wanted!(),
+        " RETURNING tasks.id, tasks.app, tasks.scope, tasks.admitted, clock.now"
+    ))
+    .bind(&ids)
+    .bind(&workers)
+    .bind(&outputs)
+    .bind(&usages)
+    .bind(store.fixed_now());
+    let done: Vec<(String, String, String, bool, i64)> = match tx.as_mut() {
+        Some(tx) => update.fetch_all(&mut **tx).await?,
+        None => update.fetch_all(&store.pool).await?,
+    };
+    let now = done.first().map(|d| Timestamp(d.4));
+    let done: Vec<FinishedRow> = done
+        .into_iter()
+        .map(|(id, app, scope, admitted, _)| FinishedRow {
+            id,
+            app,
+            scope,
+            admitted,
+        })
+        .collect();
+    let applied: HashSet<String> = done.iter().map(|f| f.id.clone()).collect();
+    // What `after_terminal` does for successes, minus the statements with nothing to do.
+    let mut woken_runs = Vec::new();
+    if let Some(tx) = tx.as_mut() {
+        release_capacity(tx, &done).await?;
+        if let (Some(now), true) = (now, any_run) {
+            let finished: Vec<String> = done.iter().map(|f| f.id.clone()).collect();
+            woken_runs = wake_runs_waiting_on(tx, &finished, now, false).await?;
+        }
+    }
+    let read_back = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE id = ANY($1)"
+    ))
+    .bind(&all_ids);
+    let after: Vec<TaskRow> = match tx {
+        Some(mut tx) => {
+            let after = read_back.fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            after
+        }
+        None => read_back.fetch_all(&store.pool).await?,
+    };
+    let mut after: HashMap<TaskId, Task> = tasks(after)?.into_iter().map(|t| (t.id, t)).collect();
+    Ok(items
+        .iter()
+        .zip(answers)
+        .map(|(item, answer)| match answer {
+            Some(Ok(mut refused)) => {
+                refused.task = after.get(&item.id).cloned();
+                Ok(refused)
+            }
+            Some(Err(e)) => Err(e),
+            None => {
+                let applied = applied.contains(&item.id.to_string());
+                Ok(Transition {
+                    applied,
+                    task: after.remove(&item.id),
+                    woken_runs: if applied {
+                        std::mem::take(&mut woken_runs)
+                    } else {
+                        Vec::new()
+                    },
+                })
+            }
+        })
+        .collect())
+}
+
+/// A completion's output (checked against the task's contract) and usage, as stored.
+fn encode_completion(task: &Task, item: &Completion) -> StoreResult<(String, String)> {
+    let request = task.parsed_request()?;
+    let output = validate_output(request.request(), &item.output)?;
+    let output = serde_json::to_string(&output)
+        .map_err(|e| StoreError::Database(format!("cannot encode output: {e}")))?;
+    let usage = serde_json::to_string(&item.usage)
+        .map_err(|e| StoreError::Database(format!("cannot encode usage: {e}")))?;
+    Ok((output, usage))
 }
 
 /// Commits a single-task transition, running [`after_terminal`] when it applied.

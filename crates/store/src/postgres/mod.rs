@@ -38,9 +38,9 @@ mod sweep;
 
 use crate::rows::{TaskRow, task_columns};
 use crate::{
-    Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreError, StoreResult,
-    StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage, UnreleasedQuery,
-    WaitOutcome,
+    Completion, Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreError,
+    StoreResult, StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage,
+    UnreleasedQuery, WaitOutcome,
 };
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -52,6 +52,19 @@ use tollgate_core::{
     AppId, Clock, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Run, RunId, ScopeId,
     SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
 };
+
+/// SQL for "now" in epoch milliseconds inside one statement: parameter `$n` (the
+/// [`PostgresStore::fixed_now`] clock) when bound, else the database's clock.
+macro_rules! now_sql {
+    ($n:literal) => {
+        concat!(
+            "COALESCE($",
+            $n,
+            "::BIGINT, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT)"
+        )
+    };
+}
+pub(crate) use now_sql;
 
 /// The migrations this binary ships.
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -167,6 +180,13 @@ impl PostgresStore {
 
     async fn begin(&self) -> StoreResult<Tx> {
         Ok(self.pool.begin().await?)
+    }
+
+    /// The configured clock's "now", or `None` when the database's clock is the clock:
+    /// bound as the parameter of [`now_sql!`] so a single statement reads "now" itself
+    /// instead of costing a round trip of its own.
+    fn fixed_now(&self) -> Option<i64> {
+        self.clock.as_ref().map(|c| c.now().0)
     }
 
     /// "Now" for a transaction: the configured clock, or the database's.
@@ -293,6 +313,13 @@ impl Store for PostgresStore {
         usage: Usage,
     ) -> StoreResult<Transition> {
         lifecycle::complete_task(self, id, worker, output, usage).await
+    }
+
+    async fn complete_tasks(
+        &self,
+        items: Vec<Completion>,
+    ) -> StoreResult<Vec<StoreResult<Transition>>> {
+        lifecycle::complete_tasks(self, items).await
     }
 
     async fn fail_task(

@@ -1,0 +1,724 @@
+//! `tollgate bench`: Tollgate's speed measured side by side with a baseline, in the same
+//! run and on the same database, so a ratio holds on a noisy machine.
+//!
+//! Every scenario creates a fresh database (SQLite: a temporary folder; PostgreSQL:
+//! `CREATE DATABASE` with a random name) and drops it at the end. Tollgate's side goes
+//! through the public facade ([`Tollgate`]); the baselines are the SQL of
+//! [`tollgate_store::baseline`]. Sides alternate in rounds, so a burst of noise from the
+//! rest of the machine hits both. `docs/benchmarks.md` explains every scenario and keeps
+//! the latest figures.
+
+mod admission;
+mod burn_down;
+mod cache;
+mod counting;
+mod heartbeat;
+mod latency;
+mod measure;
+mod report;
+mod window;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use counting::CountingStore;
+use measure::Progress;
+use report::ScenarioReport;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tollgate_core::{
+    AppId, Budget, Clock, EffectKey, ModelId, ScopeId, SourceId, SourceRevision, SystemClock, Task,
+    TaskKind, Timestamp,
+};
+use tollgate_engine::config::{BudgetPolicy, Limit, ModelConfig};
+use tollgate_engine::provider::dev::DevProvider;
+use tollgate_engine::{
+    EngineConfig, MAX_BATCH, Provider, ProviderAnswer, ProviderCall, ProviderError, Submission,
+    Tollgate,
+};
+use tollgate_store::Store;
+use tollgate_store::baseline::{Baseline, create_postgres_database, drop_postgres_database};
+use tollgate_store::postgres::{PostgresOptions, PostgresStore};
+use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
+
+/// The database a benchmark runs on when `--database-url` is not given and
+/// `TOLLGATE_TEST_DATABASE_URL` is not set.
+const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The app every benchmark task belongs to.
+const BENCH_APP: &str = "bench";
+/// The budget policy of every scoped benchmark task: limits that admit everything.
+const BENCH_BUDGET: &str = "bench";
+/// The model whose answers wait until the heartbeat scenario lets them go.
+const HOLD_MODEL: &str = "hold";
+/// The provider of [`HOLD_MODEL`].
+const HOLD_PROVIDER: &str = "bench-hold";
+
+/// `tollgate bench` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// What to measure (`all`: every scenario, one after the other).
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// The backend to measure. Every scenario gets a fresh database, dropped at the end.
+    #[arg(long, value_enum, default_value_t = BackendKind::Sqlite)]
+    pub backend: BackendKind,
+    /// PostgreSQL server (any database on it) to create the fresh databases through
+    /// (`--backend postgres`).
+    #[arg(
+        long,
+        env = "TOLLGATE_TEST_DATABASE_URL",
+        default_value = DEFAULT_POSTGRES_URL
+    )]
+    pub database_url: String,
+    /// One JSON object per scenario on stdout (JSON Lines) instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Small sizes: each scenario runs in a few seconds (CI smoke runs).
+    #[arg(long)]
+    pub quick: bool,
+    #[command(flatten)]
+    pub sizes: SizeArgs,
+}
+
+/// Size options; each defaults to a run of about a minute per scenario on a 2-core
+/// machine, or a few seconds with `--quick`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct SizeArgs {
+    /// burn-down: tasks per side [default: 20000; quick: 1000].
+    #[arg(long)]
+    pub tasks: Option<u64>,
+    /// burn-down, latency: concurrent executions of Tollgate's worker pool and worker
+    /// loops of the baseline [default: 8].
+    #[arg(long)]
+    pub workers: Option<u32>,
+    /// admission, admission-window, cache: concurrent clients [default: 8].
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// admission, cache: scopes the clients spread over [default: 64].
+    #[arg(long)]
+    pub scopes: Option<usize>,
+    /// admission, admission-window, cache, latency: measured time per side (per window
+    /// for admission-window), e.g. `30s` [default: 30s; quick: 2s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Rounds each side's time (or tasks) is split into; sides alternate round by round
+    /// [default: 5; quick: 1].
+    #[arg(long)]
+    pub rounds: Option<u32>,
+    /// admission-window: admission records in the small window [default: 1000].
+    #[arg(long)]
+    pub small_window: Option<u64>,
+    /// admission-window: admission records in the large window [default: 1000000;
+    /// quick: 20000].
+    #[arg(long)]
+    pub large_window: Option<u64>,
+    /// heartbeat: running tasks to hold, one measurement each [default: 100,10000;
+    /// quick: 100,1000].
+    #[arg(long, value_delimiter = ',')]
+    pub running: Option<Vec<u64>>,
+    /// heartbeat: worker pools holding them (each one process's pool) [default: 4].
+    #[arg(long)]
+    pub heartbeat_workers: Option<u32>,
+    /// heartbeat: how long the tasks are held and heartbeats counted [default: 20s;
+    /// quick: 3s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub hold: Option<Duration>,
+    /// heartbeat: the pools' heartbeat interval [default: 1s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub heartbeat_interval: Option<Duration>,
+}
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Submit N unscoped tasks, then W workers run them all (vs the raw SQL lifecycle).
+    BurnDown,
+    /// 8 clients admit scoped tasks over 64 scopes (vs the reference design's admission
+    /// behind one global lock).
+    Admission,
+    /// Admissions into ONE scope with a small and a large 24 h window (large / small).
+    AdmissionWindow,
+    /// Submissions that are all cache hits (vs a raw indexed lookup and insert).
+    Cache,
+    /// Heartbeat writes while R tasks run on W worker pools.
+    Heartbeat,
+    /// Submit → result with an instant provider, one client (vs the raw SQL lifecycle).
+    Latency,
+    /// Every scenario, one after the other.
+    All,
+}
+
+impl Scenario {
+    const EACH: [Scenario; 6] = [
+        Scenario::BurnDown,
+        Scenario::Admission,
+        Scenario::AdmissionWindow,
+        Scenario::Cache,
+        Scenario::Heartbeat,
+        Scenario::Latency,
+    ];
+
+    /// The scenario's command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::BurnDown => "burn-down",
+            Scenario::Admission => "admission",
+            Scenario::AdmissionWindow => "admission-window",
+            Scenario::Cache => "cache",
+            Scenario::Heartbeat => "heartbeat",
+            Scenario::Latency => "latency",
+            Scenario::All => "all",
+        }
+    }
+}
+
+/// A storage backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Embedded SQLite in a temporary folder.
+    Sqlite,
+    /// A fresh PostgreSQL database (CREATE DATABASE, dropped at the end).
+    Postgres,
+}
+
+impl BackendKind {
+    /// The backend's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Sqlite => "sqlite",
+            BackendKind::Postgres => "postgres",
+        }
+    }
+}
+
+/// Sizes with the defaults filled in.
+#[derive(Debug, Clone)]
+pub struct Sizes {
+    tasks: u64,
+    workers: u32,
+    clients: usize,
+    scopes: usize,
+    duration: Duration,
+    rounds: u32,
+    small_window: u64,
+    large_window: u64,
+    running: Vec<u64>,
+    heartbeat_workers: u32,
+    hold: Duration,
+    heartbeat_interval: Duration,
+}
+
+impl Sizes {
+    fn resolve(args: &SizeArgs, quick: bool) -> anyhow::Result<Sizes> {
+        fn pick<T>(quick: bool, full: T, small: T) -> T {
+            if quick { small } else { full }
+        }
+        let sizes = Sizes {
+            tasks: args.tasks.unwrap_or(pick(quick, 20_000, 1_000)),
+            workers: args.workers.unwrap_or(8),
+            clients: args.clients.unwrap_or(8),
+            scopes: args.scopes.unwrap_or(64),
+            duration: args.duration.unwrap_or(pick(
+                quick,
+                Duration::from_secs(30),
+                Duration::from_secs(2),
+            )),
+            rounds: args.rounds.unwrap_or(pick(quick, 5, 1)),
+            small_window: args.small_window.unwrap_or(1_000),
+            large_window: args.large_window.unwrap_or(pick(quick, 1_000_000, 20_000)),
+            running: args
+                .running
+                .clone()
+                .unwrap_or_else(|| pick(quick, vec![100, 10_000], vec![100, 1_000])),
+            heartbeat_workers: args.heartbeat_workers.unwrap_or(4),
+            hold: args
+                .hold
+                .unwrap_or(pick(quick, Duration::from_secs(20), Duration::from_secs(3))),
+            heartbeat_interval: args.heartbeat_interval.unwrap_or(Duration::from_secs(1)),
+        };
+        anyhow::ensure!(sizes.tasks > 0, "--tasks must be positive");
+        anyhow::ensure!(sizes.workers > 0, "--workers must be positive");
+        anyhow::ensure!(sizes.clients > 0, "--clients must be positive");
+        anyhow::ensure!(sizes.scopes > 0, "--scopes must be positive");
+        anyhow::ensure!(sizes.rounds > 0, "--rounds must be positive");
+        anyhow::ensure!(!sizes.duration.is_zero(), "--duration must be positive");
+        anyhow::ensure!(sizes.small_window > 0, "--small-window must be positive");
+        anyhow::ensure!(
+            sizes.large_window >= sizes.small_window,
+            "--large-window must be at least --small-window"
+        );
+        anyhow::ensure!(
+            !sizes.running.is_empty() && sizes.running.iter().all(|&r| r > 0),
+            "--running must list positive numbers"
+        );
+        anyhow::ensure!(
+            sizes.heartbeat_workers > 0,
+            "--heartbeat-workers must be positive"
+        );
+        anyhow::ensure!(
+            !sizes.heartbeat_interval.is_zero() && sizes.hold >= sizes.heartbeat_interval,
+            "--hold must be at least one --heartbeat-interval"
+        );
+        Ok(sizes)
+    }
+
+    /// Each side's time of one round.
+    fn round_duration(&self) -> Duration {
+        self.duration / self.rounds
+    }
+}
+
+/// Runs `tollgate bench`.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let sizes = Sizes::resolve(&args.sizes, args.quick)?;
+    let scenarios: Vec<Scenario> = match args.scenario {
+        Scenario::All => Scenario::EACH.to_vec(),
+        one => vec![one],
+    };
+    let mut reports = Vec::new();
+    for scenario in scenarios {
+        let report = run_scenario(scenario, &args, &sizes)
+            .await
+            .with_context(|| format!("bench {} on {}", scenario.name(), args.backend.name()))?;
+        if args.json {
+            println!("{}", report.to_json());
+        } else {
+            report.print();
+        }
+        reports.push(report);
+    }
+    if !args.json && reports.len() > 1 {
+        report::print_summary(&reports);
+    }
+    Ok(())
+}
+
+/// One scenario on a fresh database, dropped afterwards whatever happened.
+async fn run_scenario(
+    scenario: Scenario,
+    args: &BenchArgs,
+    sizes: &Sizes,
+) -> anyhow::Result<ScenarioReport> {
+    let progress = Progress::start(format!("{} {}", scenario.name(), args.backend.name()));
+    progress.stage("creating a fresh database");
+    let db = BenchDb::create(args.backend, &args.database_url).await?;
+    let ctx = Ctx {
+        backend: args.backend,
+        sizes: sizes.clone(),
+        progress: progress.clone(),
+        db,
+    };
+    let result = match scenario {
+        Scenario::BurnDown => burn_down::run(&ctx).await,
+        Scenario::Admission => admission::run(&ctx).await,
+        Scenario::AdmissionWindow => window::run(&ctx).await,
+        Scenario::Cache => cache::run(&ctx).await,
+        Scenario::Heartbeat => heartbeat::run(&ctx).await,
+        Scenario::Latency => latency::run(&ctx).await,
+        Scenario::All => Err(anyhow::anyhow!("`all` is not one scenario")),
+    };
+    progress.stage("dropping the database");
+    let dropped = ctx.db.drop().await;
+    progress.finish();
+    let report = result?;
+    dropped?;
+    Ok(report)
+}
+
+/// What a scenario runs with.
+pub(crate) struct Ctx {
+    backend: BackendKind,
+    sizes: Sizes,
+    progress: Progress,
+    db: BenchDb,
+}
+
+impl Ctx {
+    /// A report of this scenario on this backend.
+    fn report(&self, scenario: Scenario) -> ScenarioReport {
+        ScenarioReport::new(scenario.name(), self.backend.name())
+    }
+
+    /// The raw store with a counting wrapper, for one engine (or several sharing it).
+    fn counting_store(&self) -> CountingStore {
+        CountingStore::new(self.db.store.clone())
+    }
+
+    /// The baseline on the same database.
+    fn baseline(&self) -> &Baseline {
+        &self.db.baseline
+    }
+
+    /// An engine over `store` with the benchmark configuration and `workers` executions.
+    fn tollgate(
+        &self,
+        store: &CountingStore,
+        workers: u32,
+        hold: Option<Arc<HoldProvider>>,
+    ) -> anyhow::Result<Tollgate> {
+        let store: Arc<dyn Store> = Arc::new(store.clone());
+        // Engines that hold nothing still know the hold model, answering it at once.
+        let hold = hold.unwrap_or_else(|| {
+            let released = HoldProvider::new();
+            released.release();
+            Arc::new(released)
+        });
+        Ok(
+            Tollgate::builder(store, engine_config(workers, &self.sizes))
+                .provider(HOLD_PROVIDER, hold)
+                .build()?,
+        )
+    }
+}
+
+/// The engine configuration of every benchmark: the built-in `dev` provider with no
+/// latency (an instant provider) as the default model, a `hold` model for the heartbeat
+/// scenario, and a default budget policy that admits everything.
+fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
+    let mut config = EngineConfig::default();
+    let unlimited = Limit::Integer(i64::from(u32::MAX));
+    config.budgets.insert(
+        BENCH_BUDGET.to_string(),
+        BudgetPolicy {
+            max_steps_per_source: unlimited,
+            sources_per_24_hours: unlimited,
+            scope_concurrent: unlimited,
+            burst: unlimited,
+            tasks_per_minute: unlimited,
+        },
+    );
+    config.default_budget = BENCH_BUDGET.to_string();
+    config.admission.global_concurrent = unlimited;
+    config.models.insert(
+        HOLD_MODEL.to_string(),
+        ModelConfig {
+            provider: HOLD_PROVIDER.to_string(),
+            model: "hold-1".to_string(),
+            params: Default::default(),
+        },
+    );
+    config.workers.concurrency = workers;
+    config.workers.heartbeat_interval = sizes.heartbeat_interval;
+    // Heartbeats every interval; a task is declared dead only after several missed.
+    config.sweeper.liveness_timeout = (sizes.heartbeat_interval * 10).max(Duration::from_secs(30));
+    config
+}
+
+/// The budget the baselines admit under: the same limits as [`BENCH_BUDGET`].
+fn bench_budget() -> Budget {
+    Budget::unlimited()
+}
+
+/// The hold model's id.
+fn hold_model() -> anyhow::Result<ModelId> {
+    Ok(ModelId::new(HOLD_MODEL)?)
+}
+
+/// A provider whose answers wait until [`HoldProvider::release`]: it keeps tasks running
+/// for as long as the heartbeat scenario needs them to.
+#[derive(Debug)]
+pub(crate) struct HoldProvider {
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+impl HoldProvider {
+    fn new() -> HoldProvider {
+        HoldProvider {
+            released: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Lets every held answer (and every later one) go.
+    fn release(&self) {
+        self.released.send_replace(true);
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for HoldProvider {
+    async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
+        let mut released = self.released.subscribe();
+        // An error means the sender is gone, which releases too.
+        let _ = released.wait_for(|go| *go).await;
+        DevProvider::answer(call.model, call.request, call.output_schema)
+    }
+}
+
+/// A fresh database for one scenario.
+pub(crate) struct BenchDb {
+    store: Arc<dyn Store>,
+    baseline: Baseline,
+    place: Place,
+}
+
+enum Place {
+    Sqlite {
+        store: SqliteStore,
+        /// Deleted with the `BenchDb`.
+        _dir: tempfile::TempDir,
+    },
+    Postgres {
+        store: PostgresStore,
+        /// The server's URL the database was created through (and is dropped through).
+        admin_url: String,
+        name: String,
+    },
+}
+
+impl BenchDb {
+    /// SQLite: a new file in a temporary folder; PostgreSQL: `CREATE DATABASE` with a
+    /// random name on the server of `url`.
+    async fn create(backend: BackendKind, url: &str) -> anyhow::Result<BenchDb> {
+        match backend {
+            BackendKind::Sqlite => {
+                let dir = tempfile::Builder::new()
+                    .prefix("tollgate-bench-")
+                    .tempdir()
+                    .context("cannot create a temporary folder")?;
+                let store = SqliteStore::open(SqliteOptions::new(dir.path().join("bench.db")))
+                    .await
+                    .context("cannot create the SQLite database")?;
+                let baseline = Baseline::sqlite(&store);
+                baseline.prepare().await?;
+                Ok(BenchDb {
+                    store: Arc::new(store.clone()),
+                    baseline,
+                    place: Place::Sqlite { store, _dir: dir },
+                })
+            }
+            BackendKind::Postgres => {
+                let name = format!("tollgate_bench_{}", uuid::Uuid::new_v4().simple());
+                create_postgres_database(url, &name)
+                    .await
+                    .with_context(|| format!("cannot create a database at {}", redact(url)))?;
+                let mut options = PostgresOptions::new(with_database(url, &name)?);
+                options.application_name = "tollgate-bench".to_string();
+                let store = match PostgresStore::open(options).await {
+                    Ok(store) => store,
+                    Err(e) => {
+                        let _ = drop_postgres_database(url, &name).await;
+                        return Err(e)
+                            .with_context(|| format!("cannot open the benchmark database {name}"));
+                    }
+                };
+                let baseline = Baseline::postgres(&store);
+                let db = BenchDb {
+                    store: Arc::new(store.clone()),
+                    baseline,
+                    place: Place::Postgres {
+                        store,
+                        admin_url: url.to_string(),
+                        name,
+                    },
+                };
+                if let Err(e) = db.baseline.prepare().await {
+                    let _ = db.drop().await;
+                    return Err(e.into());
+                }
+                Ok(db)
+            }
+        }
+    }
+
+    /// Closes the database and deletes it.
+    async fn drop(&self) -> anyhow::Result<()> {
+        match &self.place {
+            // The temporary folder goes with the BenchDb.
+            Place::Sqlite { store, .. } => {
+                store.close().await;
+                Ok(())
+            }
+            Place::Postgres {
+                store,
+                admin_url,
+                name,
+            } => {
+                store.close().await;
+                drop_postgres_database(admin_url, name)
+                    .await
+                    .with_context(|| format!("cannot drop the benchmark database {name}"))
+            }
+        }
+    }
+}
+
+/// `url` with its database replaced by `name` (query parameters kept).
+fn with_database(url: &str, name: &str) -> anyhow::Result<String> {
+    let scheme = url
+        .find("://")
+        .ok_or_else(|| anyhow::anyhow!("{} is not a postgres:// URL", redact(url)))?;
+    let rest = &url[scheme + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (head, tail) = url.split_at(scheme + 3 + authority_end);
+    let query = tail.find('?').map_or("", |q| &tail[q..]);
+    Ok(format!("{head}/{name}{query}"))
+}
+
+/// A database URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The JSON value of a duration in seconds.
+fn secs(d: Duration) -> serde_json::Value {
+    json!(d.as_secs_f64())
+}
+
+/// The benchmark app.
+fn bench_app() -> anyhow::Result<AppId> {
+    Ok(AppId::new(BENCH_APP)?)
+}
+
+/// A classify request; `text` makes it unique (or equal, for cache hits).
+fn classify(text: &str) -> Value {
+    json!({"input": text, "labels": ["yes", "no"]})
+}
+
+/// The request as Tollgate stores it (canonical, with its kind), so baseline rows are the
+/// same size as Tollgate's.
+fn stored_classify(text: &str) -> String {
+    json!({"input": text, "kind": "classify", "labels": ["yes", "no"]}).to_string()
+}
+
+/// A scoped classify submission of the benchmark app.
+fn scoped(scope: &ScopeId, source: &str, key: &str, text: &str) -> anyhow::Result<Submission> {
+    Ok(Submission::application(
+        bench_app()?,
+        scope.clone(),
+        EffectKey::new(key)?,
+        TaskKind::Classify,
+        classify(text),
+    )
+    .with_source(SourceId::new(source)?, SourceRevision::new("v1")?))
+}
+
+/// An unscoped classify submission of the benchmark app.
+fn unscoped(scope: &ScopeId, key: &str, text: &str) -> anyhow::Result<Submission> {
+    Ok(Submission::application(
+        bench_app()?,
+        scope.clone(),
+        EffectKey::new(key)?,
+        TaskKind::Classify,
+        classify(text),
+    ))
+}
+
+/// `count` scope ids named `<prefix>-<i>`.
+fn scope_ids(prefix: &str, count: usize) -> anyhow::Result<Vec<ScopeId>> {
+    (0..count)
+        .map(|i| Ok(ScopeId::new(format!("{prefix}-{i}"))?))
+        .collect()
+}
+
+/// Submits through the facade's batch call, [`MAX_BATCH`] at a time; every item must be
+/// created. Counts them on the progress line.
+async fn submit_all(
+    tollgate: &Tollgate,
+    submissions: Vec<Submission>,
+    progress: &Progress,
+) -> anyhow::Result<Vec<Task>> {
+    let mut tasks = Vec::with_capacity(submissions.len());
+    let mut rest = submissions.into_iter().peekable();
+    while rest.peek().is_some() {
+        let chunk: Vec<Submission> = rest.by_ref().take(MAX_BATCH).collect();
+        for answer in tollgate.submit_many(chunk).await? {
+            let submitted = answer.context("a benchmark submission was refused")?;
+            anyhow::ensure!(
+                submitted.created,
+                "a benchmark effect key was taken already"
+            );
+            tasks.push(submitted.task);
+        }
+        progress.set(tasks.len() as u64);
+    }
+    Ok(tasks)
+}
+
+/// Waits until `current()` reaches `target`, showing it on the progress line; fails
+/// after `timeout` (a benchmark that stalls says so rather than hang).
+async fn wait_for(
+    progress: &Progress,
+    what: &str,
+    target: u64,
+    timeout: Duration,
+    current: impl Fn() -> u64,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let now = current();
+        progress.set(now);
+        if now >= target {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "{what}: only {now} of {target} after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The wall clock, for baseline rows (the stores use it too on SQLite; PostgreSQL reads
+/// the same machine's clock).
+fn wall_clock() -> Timestamp {
+    SystemClock.now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            redact("postgres://postgres@127.0.0.1/test"),
+            "postgres://postgres@127.0.0.1/test"
+        );
+    }
+
+    #[test]
+    fn database_is_replaced_in_the_url() {
+        assert_eq!(
+            with_database("postgres://u:p@h:5432/test", "b").expect("url"),
+            "postgres://u:p@h:5432/b"
+        );
+        assert_eq!(
+            with_database("postgres://h?sslmode=disable", "b").expect("url"),
+            "postgres://h/b?sslmode=disable"
+        );
+    }
+
+    #[test]
+    fn quick_sizes_are_smaller() {
+        let full = Sizes::resolve(&SizeArgs::default(), false).expect("full");
+        let quick = Sizes::resolve(&SizeArgs::default(), true).expect("quick");
+        assert!(quick.tasks < full.tasks);
+        assert!(quick.duration < full.duration);
+        assert!(quick.large_window < full.large_window);
+        assert_eq!(full.running, vec![100, 10_000]);
+    }
+
+    #[test]
+    fn nonsense_sizes_are_refused() {
+        let args = SizeArgs {
+            large_window: Some(10),
+            small_window: Some(100),
+            ..SizeArgs::default()
+        };
+        assert!(Sizes::resolve(&args, false).is_err());
+    }
+}

@@ -1,0 +1,195 @@
+//! `burn-down`: submit N unscoped tasks through the facade's batch call, then start W
+//! workers with an instant provider and let them run every one. Rate = N ÷ (first
+//! submit → last committed completion).
+//!
+//! Baseline, same database, same N and W: the raw SQL lifecycle — N inserts (8 at once,
+//! like the facade's batch groups), then W loops of a `SKIP LOCKED` claim and a complete,
+//! one transaction each.
+
+use super::counting::Counts;
+use super::measure::Phase;
+use super::report::ScenarioReport;
+use super::{
+    Ctx, Scenario, scope_ids, stored_classify, submit_all, unscoped, wait_for, wall_clock,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+use tollgate_store::baseline::Baseline;
+
+/// Scopes the submissions spread over: the facade's batch call runs one group per owner,
+/// up to 8 at once.
+const SUBMIT_SCOPES: usize = 8;
+/// Concurrent inserters of the baseline (as many as the facade's batch groups).
+const BASELINE_INSERTERS: u64 = 8;
+
+pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
+    let sizes = &ctx.sizes;
+    let rounds = u64::from(sizes.rounds).min(sizes.tasks).max(1);
+    let counting = ctx.counting_store();
+    let tollgate = ctx.tollgate(&counting, sizes.workers, None)?;
+    let scopes = scope_ids("burn", SUBMIT_SCOPES)?;
+    let mut ours = Phase::default();
+    let mut theirs = Phase::default();
+    let mut submit_time = Duration::ZERO;
+    for round in 0..rounds {
+        let n = sizes.tasks / rounds + u64::from(round < sizes.tasks % rounds);
+        let label = format!("round {}/{rounds}", round + 1);
+
+        // Tollgate: submit everything, then start the workers.
+        ctx.progress
+            .stage(format!("tollgate {label}: submitting {n}"));
+        let submissions = (0..n)
+            .map(|i| {
+                let scope = &scopes[i as usize % SUBMIT_SCOPES];
+                unscoped(
+                    scope,
+                    &format!("burn-{round}-{i}"),
+                    &format!("burn {round} {i}"),
+                )
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let done_before = Counts::get(&counting.counts().completed);
+        let start = Instant::now();
+        submit_all(&tollgate, submissions, &ctx.progress).await?;
+        submit_time += start.elapsed();
+        ctx.progress.stage(format!(
+            "tollgate {label}: {} workers burning down",
+            sizes.workers
+        ));
+        let engine = tollgate.start().await?;
+        let counts = counting.counts().clone();
+        let waited = wait_for(
+            &ctx.progress,
+            "tollgate burn-down",
+            n,
+            timeout_for(n),
+            || Counts::get(&counts.completed) - done_before,
+        )
+        .await;
+        let end = counts.last_completion();
+        engine.shutdown(Duration::from_secs(30)).await;
+        waited?;
+        let end = end.ok_or_else(|| anyhow::anyhow!("no completion was recorded"))?;
+        ours.add(Phase {
+            ops: n,
+            elapsed: end - start,
+            latencies_us: Vec::new(),
+        });
+
+        // Baseline: the raw lifecycle on the same database.
+        ctx.progress
+            .stage(format!("baseline {label}: raw insert, claim, complete"));
+        theirs.add(raw_lifecycle(ctx.baseline(), round, n, sizes.workers, ctx).await?);
+    }
+    let mut report = ctx.report(Scenario::BurnDown);
+    report
+        .param("tasks", sizes.tasks)
+        .param("workers", sizes.workers)
+        .param("rounds", rounds)
+        .tollgate("tollgate (submit_many + workers)", ours.per_s(), None)
+        .baseline("baseline (raw SQL lifecycle)", theirs.per_s(), None);
+    let target = if ctx.backend == super::BackendKind::Postgres {
+        2.0
+    } else {
+        0.5
+    };
+    report
+        .ratio_at_least(target)
+        .extra("tollgate_submit_s", super::secs(submit_time))
+        .extra("tollgate_elapsed_s", super::secs(ours.elapsed))
+        .extra("baseline_elapsed_s", super::secs(theirs.elapsed))
+        .note(format!(
+            "tollgate: {:.1} s of {:.1} s submitting ({:.0} submissions/s)",
+            submit_time.as_secs_f64(),
+            ours.elapsed.as_secs_f64(),
+            super::measure::per_s(sizes.tasks, submit_time)
+        ));
+    report.store_profile(&counting.counts().profile());
+    Ok(report)
+}
+
+/// Generous: a burn-down that stalls fails rather than hangs.
+fn timeout_for(n: u64) -> Duration {
+    Duration::from_secs(120) + Duration::from_millis(n * 20)
+}
+
+/// N raw inserts (8 at once), then `workers` loops claiming and completing until all N
+/// are done. Elapsed = first insert → last completion.
+async fn raw_lifecycle(
+    baseline: &Baseline,
+    round: u64,
+    n: u64,
+    workers: u32,
+    ctx: &Ctx,
+) -> anyhow::Result<Phase> {
+    let start = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut inserters = JoinSet::new();
+    let counter = ctx.progress.counter();
+    for _ in 0..BASELINE_INSERTERS {
+        let (baseline, next, counter) = (baseline.clone(), next.clone(), counter.clone());
+        inserters.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= n {
+                    return anyhow::Ok(());
+                }
+                let request = stored_classify(&format!("burn {round} {i}"));
+                baseline
+                    .raw_insert(
+                        "bench",
+                        &format!("raw-burn-{round}-{i}"),
+                        &request,
+                        wall_clock(),
+                    )
+                    .await?;
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    while let Some(joined) = inserters.join_next().await {
+        joined??;
+    }
+    ctx.progress
+        .stage(format!("baseline: {workers} raw workers burning down"));
+    let done = Arc::new(AtomicU64::new(0));
+    let counter = ctx.progress.counter();
+    let mut loops = JoinSet::new();
+    for w in 0..workers {
+        let (baseline, done, counter) = (baseline.clone(), done.clone(), counter.clone());
+        loops.spawn(async move {
+            let worker = format!("raw-worker-{w}");
+            let output = r#"{"confidence":null,"label":"yes"}"#;
+            let mut last = None;
+            let deadline = Instant::now() + timeout_for(n);
+            while done.load(Ordering::SeqCst) < n {
+                anyhow::ensure!(Instant::now() < deadline, "baseline burn-down stalled");
+                match baseline.raw_claim(&worker, wall_clock()).await? {
+                    Some(id) => {
+                        baseline.raw_complete(&id, output, wall_clock()).await?;
+                        last = Some(Instant::now());
+                        done.fetch_add(1, Ordering::SeqCst);
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Rows locked by other loops are skipped: look again soon.
+                    None => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            }
+            anyhow::Ok(last)
+        });
+    }
+    let mut end = None;
+    while let Some(joined) = loops.join_next().await {
+        if let Some(last) = joined?? {
+            end = Some(end.map_or(last, |e: Instant| e.max(last)));
+        }
+    }
+    let end = end.ok_or_else(|| anyhow::anyhow!("the baseline completed nothing"))?;
+    Ok(Phase {
+        ops: n,
+        elapsed: end - start,
+        latencies_us: Vec::new(),
+    })
+}

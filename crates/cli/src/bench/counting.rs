@@ -1,0 +1,458 @@
+//! A [`Store`] that counts what the engine asks of the real one: heartbeat writes (and how
+//! long each took), claims and applied completions (with the instant of the last one).
+//! Everything else passes straight through.
+
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tollgate_core::{
+    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Run, RunId, ScopeId, SourceId,
+    Task, TaskId, Timestamp, Usage, WorkerId,
+};
+use tollgate_store::{
+    Completion, Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreResult,
+    StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage, UnreleasedQuery,
+    WaitOutcome,
+};
+
+/// The counters of a [`CountingStore`].
+#[derive(Debug, Default)]
+pub struct Counts {
+    /// Calls of every method that may write (each one transaction), heartbeats included:
+    /// what the engine costs the database in writes, whatever it writes for.
+    pub writes: AtomicU64,
+    /// `heartbeat` calls (each one write transaction, one statement for all its ids).
+    pub heartbeat_calls: AtomicU64,
+    /// Task ids carried by those calls.
+    pub heartbeat_ids: AtomicU64,
+    /// Tasks claimed (`claim_task` that claimed, plus every task `claim_next` returned).
+    pub claimed: AtomicU64,
+    /// Completions that took effect (`complete_task` or items of `complete_tasks`).
+    pub completed: AtomicU64,
+    /// Per store method: calls and total time inside them (a timing profile).
+    per_method: Mutex<BTreeMap<&'static str, (u64, Duration)>>,
+    heartbeat_latency_us: Mutex<Vec<u64>>,
+    last_completion: Mutex<Option<Instant>>,
+}
+
+impl Counts {
+    /// When the last applied completion returned (its transaction had committed).
+    pub fn last_completion(&self) -> Option<Instant> {
+        *self
+            .last_completion
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the latencies of the heartbeat calls recorded so far (microseconds).
+    pub fn take_heartbeat_latencies(&self) -> Vec<u64> {
+        std::mem::take(
+            &mut *self
+                .heartbeat_latency_us
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// Calls and time spent per store method so far, busiest first.
+    pub fn profile(&self) -> Vec<(&'static str, u64, Duration)> {
+        let map = self
+            .per_method
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut rows: Vec<_> = map.iter().map(|(m, (n, t))| (*m, *n, *t)).collect();
+        rows.sort_by_key(|r| std::cmp::Reverse(r.2));
+        rows
+    }
+
+    /// A counter's value.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::SeqCst)
+    }
+}
+
+/// Wraps a store and counts; see the module documentation.
+#[derive(Clone)]
+pub struct CountingStore {
+    inner: Arc<dyn Store>,
+    counts: Arc<Counts>,
+}
+
+impl CountingStore {
+    /// Counts the calls made to `inner`.
+    pub fn new(inner: Arc<dyn Store>) -> CountingStore {
+        CountingStore {
+            inner,
+            counts: Arc::new(Counts::default()),
+        }
+    }
+
+    /// The counters.
+    pub fn counts(&self) -> &Arc<Counts> {
+        &self.counts
+    }
+
+    /// Runs one call of the inner store, adding it to the method's profile.
+    async fn timed<T>(&self, method: &'static str, call: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let out = call.await;
+        let took = started.elapsed();
+        let mut map = self
+            .counts
+            .per_method
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let entry = map.entry(method).or_default();
+        entry.0 += 1;
+        entry.1 += took;
+        out
+    }
+
+    /// Counts `applied` completions whose transaction has just committed.
+    fn completed(&self, applied: u64) {
+        if applied == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let mut last = self
+            .counts
+            .last_completion
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *last = Some(last.map_or(now, |l| l.max(now)));
+        self.counts.completed.fetch_add(applied, Ordering::SeqCst);
+    }
+
+    /// Counts one call of a method that may write.
+    fn wrote(&self) {
+        self.counts.writes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for CountingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountingStore")
+            .field("backend", &self.inner.backend())
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Store for CountingStore {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.timed("ping", self.inner.ping()).await
+    }
+
+    async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
+        self.wrote();
+        self.timed("create_task", self.inner.create_task(new)).await
+    }
+
+    async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
+        self.wrote();
+        self.timed("create_tasks", self.inner.create_tasks(news))
+            .await
+    }
+
+    async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {
+        self.timed("get_task", self.inner.get_task(app, id)).await
+    }
+
+    async fn get_task_by_effect_key(
+        &self,
+        app: &AppId,
+        key: &EffectKey,
+    ) -> StoreResult<Option<Task>> {
+        self.timed(
+            "get_task_by_effect_key",
+            self.inner.get_task_by_effect_key(app, key),
+        )
+        .await
+    }
+
+    async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>> {
+        self.wrote();
+        let claimed = self
+            .timed("claim_task", self.inner.claim_task(id, worker))
+            .await?;
+        if claimed.is_some() {
+            self.counts.claimed.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(claimed)
+    }
+
+    async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>> {
+        self.wrote();
+        let claimed = self
+            .timed("claim_next", self.inner.claim_next(worker, limit))
+            .await?;
+        self.counts
+            .claimed
+            .fetch_add(claimed.len() as u64, Ordering::SeqCst);
+        Ok(claimed)
+    }
+
+    async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport> {
+        self.wrote();
+        let started = Instant::now();
+        let report = self
+            .timed("heartbeat", self.inner.heartbeat(worker, ids))
+            .await;
+        let took = started.elapsed().as_micros() as u64;
+        self.counts.heartbeat_calls.fetch_add(1, Ordering::SeqCst);
+        self.counts
+            .heartbeat_ids
+            .fetch_add(ids.len() as u64, Ordering::SeqCst);
+        self.counts
+            .heartbeat_latency_us
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(took);
+        report
+    }
+
+    async fn complete_task(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        output: serde_json::Value,
+        usage: Usage,
+    ) -> StoreResult<Transition> {
+        self.wrote();
+        let transition = self
+            .timed(
+                "complete_task",
+                self.inner.complete_task(id, worker, output, usage),
+            )
+            .await?;
+        self.completed(u64::from(transition.applied));
+        Ok(transition)
+    }
+
+    async fn complete_tasks(
+        &self,
+        items: Vec<Completion>,
+    ) -> StoreResult<Vec<StoreResult<Transition>>> {
+        self.wrote();
+        let answers = self
+            .timed("complete_tasks", self.inner.complete_tasks(items))
+            .await?;
+        let applied = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(t) if t.applied))
+            .count();
+        self.completed(applied as u64);
+        Ok(answers)
+    }
+
+    async fn fail_task(
+        &self,
+        id: TaskId,
+        code: ErrorCode,
+        message: &str,
+    ) -> StoreResult<Transition> {
+        self.wrote();
+        self.timed("fail_task", self.inner.fail_task(id, code, message))
+            .await
+    }
+
+    async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>> {
+        self.wrote();
+        self.timed("request_cancel", self.inner.request_cancel(app, id))
+            .await
+    }
+
+    async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool> {
+        self.timed(
+            "is_cancellation_requested",
+            self.inner.is_cancellation_requested(id),
+        )
+        .await
+    }
+
+    async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {
+        self.wrote();
+        self.timed("mark_canceled", self.inner.mark_canceled(id))
+            .await
+    }
+
+    async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool> {
+        self.wrote();
+        self.timed("release", self.inner.release(app, scope, key))
+            .await
+    }
+
+    async fn list_unreleased_sources(
+        &self,
+        app: &AppId,
+        query: &UnreleasedQuery,
+    ) -> StoreResult<UnreleasedPage> {
+        self.timed(
+            "list_unreleased_sources",
+            self.inner.list_unreleased_sources(app, query),
+        )
+        .await
+    }
+
+    async fn delete_owner_data(
+        &self,
+        app: &AppId,
+        scope: &ScopeId,
+        source: Option<&SourceId>,
+    ) -> StoreResult<u64> {
+        self.wrote();
+        self.timed(
+            "delete_owner_data",
+            self.inner.delete_owner_data(app, scope, source),
+        )
+        .await
+    }
+
+    async fn list_recoverable(
+        &self,
+        after: Option<TaskId>,
+        limit: u32,
+    ) -> StoreResult<Vec<TaskId>> {
+        self.timed(
+            "list_recoverable",
+            self.inner.list_recoverable(after, limit),
+        )
+        .await
+    }
+
+    async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport> {
+        self.wrote();
+        self.timed("sweep", self.inner.sweep(config)).await
+    }
+
+    async fn create_run(&self, new: NewRun) -> StoreResult<Run> {
+        self.wrote();
+        self.timed("create_run", self.inner.create_run(new)).await
+    }
+
+    async fn get_run(&self, app: &AppId, id: RunId) -> StoreResult<Option<Run>> {
+        self.timed("get_run", self.inner.get_run(app, id)).await
+    }
+
+    async fn request_run_cancel(&self, app: &AppId, id: RunId) -> StoreResult<Option<RunCancel>> {
+        self.wrote();
+        self.timed("request_run_cancel", self.inner.request_run_cancel(app, id))
+            .await
+    }
+
+    async fn wait_on_task(
+        &self,
+        app: &AppId,
+        run: RunId,
+        task: TaskId,
+    ) -> StoreResult<WaitOutcome> {
+        self.wrote();
+        self.timed("wait_on_task", self.inner.wait_on_task(app, run, task))
+            .await
+    }
+
+    async fn finish_run(
+        &self,
+        app: &AppId,
+        run: RunId,
+        result: RunResult,
+    ) -> StoreResult<Option<Run>> {
+        self.wrote();
+        self.timed("finish_run", self.inner.finish_run(app, run, result))
+            .await
+    }
+
+    async fn put_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: &str,
+        definition: &serde_json::Value,
+    ) -> StoreResult<(StoredPipeline, bool)> {
+        self.wrote();
+        self.timed(
+            "put_pipeline",
+            self.inner.put_pipeline(app, name, version, definition),
+        )
+        .await
+    }
+
+    async fn get_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: Option<&str>,
+    ) -> StoreResult<Option<StoredPipeline>> {
+        self.timed("get_pipeline", self.inner.get_pipeline(app, name, version))
+            .await
+    }
+
+    async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run> {
+        self.wrote();
+        self.timed(
+            "create_pipeline_run",
+            self.inner.create_pipeline_run(new, pipeline),
+        )
+        .await
+    }
+
+    async fn start_pipeline_run_once(
+        &self,
+        new: NewRun,
+        pipeline: &PipelineRef,
+        start_key: &EffectKey,
+    ) -> StoreResult<(Run, bool)> {
+        self.wrote();
+        self.timed(
+            "start_pipeline_run_once",
+            self.inner.start_pipeline_run_once(new, pipeline, start_key),
+        )
+        .await
+    }
+
+    async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
+        self.timed("run_pipeline", self.inner.run_pipeline(app, run))
+            .await
+    }
+
+    async fn claim_pipeline_runs(
+        &self,
+        driver: &WorkerId,
+        lease: Duration,
+        limit: u32,
+    ) -> StoreResult<Vec<Run>> {
+        self.wrote();
+        self.timed(
+            "claim_pipeline_runs",
+            self.inner.claim_pipeline_runs(driver, lease, limit),
+        )
+        .await
+    }
+
+    async fn release_pipeline_run(
+        &self,
+        run: RunId,
+        driver: &WorkerId,
+        wake_at: Option<Timestamp>,
+    ) -> StoreResult<bool> {
+        self.wrote();
+        self.timed(
+            "release_pipeline_run",
+            self.inner.release_pipeline_run(run, driver, wake_at),
+        )
+        .await
+    }
+
+    async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>> {
+        self.timed("run_tasks", self.inner.run_tasks(app, run))
+            .await
+    }
+}
