@@ -46,6 +46,32 @@ pub(super) async fn lock_scope(
 }
 
 pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
+    match attempt_create(store, &new, SlotPath::Fast).await? {
+        Some(created) => Ok(created),
+        // The fast path found its stripe without allowance and rolled back: again, with
+        // the exact recount (which always decides).
+        None => attempt_create(store, &new, SlotPath::Rebalance)
+            .await?
+            .ok_or_else(|| StoreError::Database("the rebalancing admission did not decide".into())),
+    }
+}
+
+/// How an admission takes its global slot (see [`take_slot_rebalancing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotPath {
+    /// One stripe's allowance; `None` from [`attempt_create`] when it has none left.
+    Fast,
+    /// Every stripe locked in order, the global count recounted exactly.
+    Rebalance,
+}
+
+/// One transaction of SPEC §3 steps 2–6. `Ok(None)`: the fast slot path found no
+/// allowance; nothing was written.
+async fn attempt_create(
+    store: &PostgresStore,
+    new: &NewTask,
+    path: SlotPath,
+) -> StoreResult<Option<Created>> {
     let config_hash = new.model_ref.config_hash()?;
     let model_ref = serde_json::to_string(&new.model_ref)
         .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
@@ -55,10 +81,10 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
     // Step 2: idempotency, before any lock: a replay costs one indexed read.
     if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
         tx.rollback().await?;
-        return Ok(Created {
+        return Ok(Some(Created {
             task,
             created: false,
-        });
+        }));
     }
 
     // Step 3: owner check; a run's scope and subject apply to its tasks.
@@ -78,16 +104,16 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
     // first has committed by now, and its replay must not be judged by admission.
     if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
         tx.rollback().await?;
-        return Ok(Created {
+        return Ok(Some(Created {
             task,
             created: false,
-        });
+        }));
     }
     let now = store.now(&mut tx).await?;
     let id = TaskId::generate();
     let mut row = InsertRow {
         id,
-        new: &new,
+        new,
         run_id,
         scope,
         subject,
@@ -101,7 +127,7 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
     };
 
     let Some(scoped) = &new.scope else {
-        return insert_and_commit(store, tx, &row, &app, None).await;
+        return insert_and_commit(store, tx, &row, &app, None, path).await;
     };
     let key = cache_key(
         &scoped.source_id,
@@ -126,7 +152,7 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
         if let Some((from, output)) = hit {
             row.cached_from = Some(from);
             row.cached_output = Some(output);
-            return insert_and_commit(store, tx, &row, &app, None).await;
+            return insert_and_commit(store, tx, &row, &app, None, path).await;
         }
     }
     // Step 5: admission.
@@ -155,7 +181,7 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
         logical_key: &logical_key,
         budget: &scoped.budget,
     };
-    insert_and_commit(store, tx, &row, &app, Some(record)).await
+    insert_and_commit(store, tx, &row, &app, Some(record), path).await
 }
 
 /// SPEC §3 step 3 for a run's task: the run exists in the app and is not canceled; its
@@ -364,42 +390,133 @@ async fn insert_and_commit(
     row: &InsertRow<'_>,
     app: &AppId,
     admission: Option<AdmissionRecord<'_>>,
-) -> StoreResult<Created> {
+    path: SlotPath,
+) -> StoreResult<Option<Created>> {
     let Some(task) = insert_task(&mut tx, row).await? else {
         // Another replica inserted the same effect key first: keep nothing of ours.
         tx.rollback().await?;
-        return lost_race(store, app, row.new).await;
+        return lost_race(store, app, row.new).await.map(Some);
     };
     if let Some(record) = admission {
-        let took_slot: Option<i64> = sqlx::query_scalar(
-            "WITH rec AS (INSERT INTO admissions \
-               (app, scope, source_id, task_id, logical_key, admitted_at) \
-               VALUES ($1, $2, $3, $4, $5, $6)) \
-             UPDATE global_admission SET admitted = admitted + 1 WHERE id = 1 \
-             AND admitted - (SELECT COALESCE(SUM(finished), 0)::BIGINT FROM global_finished) < $7 \
-             RETURNING admitted",
-        )
-        .bind(app.as_str())
-        .bind(row.scope.as_str())
-        .bind(record.source.as_str())
-        .bind(row.id.to_string())
-        .bind(record.logical_key)
-        .bind(row.now.0)
-        .bind(i64::from(record.budget.global_concurrent.get()))
-        .fetch_optional(&mut *tx)
-        .await?;
-        if took_slot.is_none() {
+        let cap = i64::from(record.budget.global_concurrent.get());
+        let stripe = slot_stripe(row.id);
+        let took = match path {
+            SlotPath::Fast => {
+                // Record the admission and take a slot of this stripe's allowance in one
+                // statement that locks one stripe row only.
+                sqlx::query_scalar::<_, i64>(
+                    "WITH rec AS (INSERT INTO admissions \
+                       (app, scope, source_id, task_id, logical_key, admitted_at) \
+                       VALUES ($1, $2, $3, $4, $5, $6)) \
+                     UPDATE global_slots SET admitted = admitted + 1 \
+                     WHERE stripe = $7 AND admitted < capacity AND cap_for = $8 \
+                     RETURNING admitted",
+                )
+                .bind(app.as_str())
+                .bind(row.scope.as_str())
+                .bind(record.source.as_str())
+                .bind(row.id.to_string())
+                .bind(record.logical_key)
+                .bind(row.now.0)
+                .bind(stripe)
+                .bind(cap)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some()
+            }
+            SlotPath::Rebalance => {
+                sqlx::query(
+                    "INSERT INTO admissions \
+                       (app, scope, source_id, task_id, logical_key, admitted_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(app.as_str())
+                .bind(row.scope.as_str())
+                .bind(record.source.as_str())
+                .bind(row.id.to_string())
+                .bind(record.logical_key)
+                .bind(row.now.0)
+                .execute(&mut *tx)
+                .await?;
+                take_slot_rebalancing(&mut tx, stripe, cap).await?
+            }
+        };
+        if !took {
+            // Roll back before anything else: a failed fast path may still hold its
+            // stripe's row lock (READ COMMITTED locks a concurrently updated row before
+            // re-checking it), and the rebalancing retry locks every stripe in order.
             tx.rollback().await?;
-            return Err(StoreError::Admission(AdmissionRejection::GlobalCapacity {
-                limit: record.budget.global_concurrent.get(),
-            }));
+            return match path {
+                SlotPath::Fast => Ok(None),
+                SlotPath::Rebalance => {
+                    Err(StoreError::Admission(AdmissionRejection::GlobalCapacity {
+                        limit: record.budget.global_concurrent.get(),
+                    }))
+                }
+            };
         }
     }
     tx.commit().await?;
-    Ok(Created {
+    Ok(Some(Created {
         task,
         created: true,
-    })
+    }))
+}
+
+/// Number of `global_slots` stripes (migration 0004).
+const SLOT_STRIPES: i64 = 16;
+
+/// The slot stripe an admission tries first: spread by the new task's random id.
+fn slot_stripe(id: TaskId) -> i64 {
+    let h = id
+        .to_string()
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    (h % SLOT_STRIPES as u64) as i64
+}
+
+/// Slow path of the global cap, when the chosen stripe has no allowance left (or its
+/// allowance was computed for another `global_concurrent`): lock every stripe in order,
+/// count the service's active admitted tasks exactly (`Σ admitted − Σ finished`), and if
+/// one more fits, take it on `stripe` and hand the rest of the free capacity out again
+/// as allowances spread over the stripes.
+///
+/// Why the cap holds: a rebalance at a moment with `A₀ = Σ admitted` and `F₀` finished
+/// (a read that can only lag, so `A₀ − F₀` is at least the true count) sets
+/// `Σ capacity = A₀ + (cap − (A₀ − F₀))`. Fast-path admissions never take a stripe past
+/// its capacity, so afterwards `Σ admitted ≤ cap + F₀ ≤ cap + F_now`: the active count
+/// never exceeds the cap. Allowances are only used with the cap they were computed for.
+/// Returns whether the slot was taken.
+async fn take_slot_rebalancing(tx: &mut Tx, stripe: i64, cap: i64) -> StoreResult<bool> {
+    let rows: Vec<(i32, i64, i64)> = sqlx::query_as(
+        "SELECT stripe, admitted, \
+         (SELECT COALESCE(SUM(finished), 0)::BIGINT FROM global_finished) \
+         FROM global_slots ORDER BY stripe FOR UPDATE",
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    let admitted: i64 = rows.iter().map(|r| r.1).sum();
+    let finished = rows.first().map_or(0, |r| r.2);
+    let active = admitted - finished;
+    if active >= cap {
+        return Ok(false);
+    }
+    let free = cap - active - 1;
+    let share = free / SLOT_STRIPES;
+    let rest = free % SLOT_STRIPES;
+    sqlx::query(
+        "UPDATE global_slots SET \
+           admitted = admitted + CASE WHEN stripe = $1 THEN 1 ELSE 0 END, \
+           capacity = admitted + CASE WHEN stripe = $1 THEN 1 + $3 ELSE 0 END + $2, \
+           cap_for = $4",
+    )
+    .bind(stripe as i32)
+    .bind(share)
+    .bind(rest)
+    .bind(cap)
+    .execute(&mut **tx)
+    .await?;
+    Ok(true)
 }
 
 async fn lost_race(store: &PostgresStore, app: &AppId, new: &NewTask) -> StoreResult<Created> {
@@ -522,7 +639,7 @@ async fn admit(
                  AND source_id = $3 AND admitted_at > $4 AND logical_key IS NOT NULL), \
          EXISTS (SELECT 1 FROM admissions WHERE app = $1 AND scope = $2 AND source_id = $3 \
                  AND admitted_at > $4 AND logical_key = $5), \
-         (SELECT admitted FROM global_admission WHERE id = 1) \
+         (SELECT COALESCE(SUM(admitted), 0)::BIGINT FROM global_slots) \
            - (SELECT COALESCE(SUM(finished), 0)::BIGINT FROM global_finished) \
          FROM (SELECT 1) AS one LEFT JOIN scope_state s ON s.app = $1 AND s.scope = $2",
     )
