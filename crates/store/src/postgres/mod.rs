@@ -12,22 +12,25 @@
 //! | advisory `(app, scope)`, shared | unscoped application-owned creation | only the deletion guarantee: unscoped creations of a scope run in parallel with each other |
 //! | `runs` row, `FOR SHARE` | run-owned creation | a run canceled concurrently either sees the new task in its cascade or the creation sees the cancel |
 //! | `scope_state` row | admission (upsert), tasks leaving queued/running (decrement) | the scope's counters; row lock only, same-scope traffic only |
-//! | `global_admission` row | the **last** statement of an admission, until its commit | the global concurrency cap: a conditional increment, held for one statement and the commit, never across the admission's reads |
+//! | one `global_slots` stripe | the **last** statement of an admission, until its commit | the global concurrency cap: a conditional increment within the stripe's allowance, held for one statement and the commit, never across the admission's reads |
+//! | every `global_slots` stripe, in order | an admission retried after its stripe's allowance ran out | the exact recount and fresh allowances (`admission::take_slot_rebalancing`) |
 //! | `global_finished` stripe rows | tasks leaving queued/running | the other half of the global count; 64 stripes, so finishing never contends with admitting |
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
 //!
 //! **Lock order** (every transaction takes locks in this order, and never more than one
 //! of a kind except where noted): advisory `(app, scope)` → `runs` row → existing task
 //! rows (several only in id order) → `scope_state` rows (several only in sorted
-//! (app, scope) order) → new task rows → `global_admission` → `global_finished` (one
+//! (app, scope) order) → new task rows → `global_slots` (one, or all in order) → `global_finished` (one
 //! stripe). Sweeps take no advisory lock and skip locked rows (runs too), so they never
 //! wait on a replica. Because every transaction acquires in
 //! the same order, no cycle of waits can form, so no deadlock; the only wait between
-//! different scopes is the global row during an admission's final statement and commit.
+//! different scopes is a shared slot stripe during an admission's final statement and
+//! commit, or a rebalance.
 //!
-//! The global count is `admitted − Σ finished`. The final increment re-checks it under the
-//! row lock; a concurrent finish that it cannot see yet only makes the count look higher,
-//! so the cap can reject early by a hair but is never exceeded.
+//! The global count is `Σ admitted − Σ finished`. Allowances are handed out from an
+//! exact recount under every stripe's lock; a concurrent finish that the recount cannot
+//! see yet only makes the count look higher, so the cap can reject early by a hair but is
+//! never exceeded.
 
 mod admission;
 mod lifecycle;
