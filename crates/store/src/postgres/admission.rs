@@ -8,7 +8,7 @@
 //! ending with the conditional global increment, so the global row is locked only from
 //! that statement to the commit.
 
-use super::{PostgresStore, Tx};
+use super::{PostgresStore, Tx, now_sql};
 use crate::rows::{TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
 use tollgate_core::admission::ADMISSION_WINDOW;
@@ -43,6 +43,37 @@ pub(super) async fn lock_scope(
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// [`lock_scope`] and "now" read once the lock is held, in one round trip.
+async fn lock_scope_at(
+    store: &PostgresStore,
+    tx: &mut Tx,
+    app: &AppId,
+    scope: &ScopeId,
+    exclusive: bool,
+) -> StoreResult<Timestamp> {
+    // The lock is taken in the FROM subquery (volatile, so never flattened), before the
+    // outer select reads the clock.
+    let sql = if exclusive {
+        concat!(
+            "SELECT ",
+            now_sql!("2"),
+            " FROM (SELECT pg_advisory_xact_lock($1)) AS locked"
+        )
+    } else {
+        concat!(
+            "SELECT ",
+            now_sql!("2"),
+            " FROM (SELECT pg_advisory_xact_lock_shared($1)) AS locked"
+        )
+    };
+    let ms: i64 = sqlx::query_scalar(sql)
+        .bind(scope_lock_key(app, scope))
+        .bind(store.fixed_now())
+        .fetch_one(&mut **tx)
+        .await?;
+    Ok(Timestamp(ms))
 }
 
 pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
@@ -88,16 +119,16 @@ async fn attempt_create(
     }
 
     // Step 3: owner check; a run's scope and subject apply to its tasks.
-    let (run_id, scope, subject) = match &new.owner {
+    let (run_id, scope, subject, locked_at) = match &new.owner {
         Owner::Run { run_id, .. } => {
             let (scope, subject) = run_owner(&mut tx, &app, *run_id, new.scope.is_some()).await?;
-            (Some(run_id.to_string()), scope, subject)
+            (Some(run_id.to_string()), scope, subject, None)
         }
         Owner::Application { scope, subject, .. } => {
             // Exclusive for admission; shared otherwise, which only keeps owner deletion
             // (exclusive) from interleaving with this creation.
-            lock_scope(&mut tx, &app, scope, new.scope.is_some()).await?;
-            (None, scope.clone(), subject.clone())
+            let at = lock_scope_at(store, &mut tx, &app, scope, new.scope.is_some()).await?;
+            (None, scope.clone(), subject.clone(), Some(at))
         }
     };
     // Step 2 again under the lock: a racing creation of the same key that held the lock
@@ -109,7 +140,10 @@ async fn attempt_create(
             created: false,
         }));
     }
-    let now = store.now(&mut tx).await?;
+    let now = match locked_at {
+        Some(at) => at,
+        None => store.now(&mut tx).await?,
+    };
     let id = TaskId::generate();
     let mut row = InsertRow {
         id,
@@ -161,7 +195,7 @@ async fn attempt_create(
     } else {
         key
     };
-    let admitted = admit(
+    let update = admit(
         &mut tx,
         &app,
         &row.scope,
@@ -171,15 +205,19 @@ async fn attempt_create(
         now,
     )
     .await?;
-    if let Err(rejection) = admitted {
-        tx.rollback().await?;
-        return Err(StoreError::Admission(rejection));
-    }
+    let update = match update {
+        Ok(update) => update,
+        Err(rejection) => {
+            tx.rollback().await?;
+            return Err(StoreError::Admission(rejection));
+        }
+    };
     row.admitted = true;
     let record = AdmissionRecord {
         source: &scoped.source_id,
         logical_key: &logical_key,
         budget: &scoped.budget,
+        update,
     };
     insert_and_commit(store, tx, &row, &app, Some(record), path).await
 }
@@ -380,6 +418,38 @@ struct AdmissionRecord<'a> {
     source: &'a SourceId,
     logical_key: &'a str,
     budget: &'a Budget,
+    update: ScopeUpdate,
+}
+
+/// What an admission writes to its scope's row: the bucket after taking a token and the
+/// change in distinct sources (a new source, minus the expired sightings pruned).
+struct ScopeUpdate {
+    bucket: BucketState,
+    sources_delta: i64,
+}
+
+/// The writes of an admission before its global slot, as CTEs of the final statement:
+/// the scope's row (bucket, sources, active), the source's sighting, and the admission
+/// record. `$1` app, `$2` scope, `$3` source, `$4` task id, `$5` logical key, `$6` now,
+/// `$7` bucket units, `$8` bucket time, `$9` sources delta.
+macro_rules! admission_writes {
+    () => {
+        "WITH st AS (INSERT INTO scope_state \
+           (app, scope, bucket_units, bucket_at, sources_in_window, active) \
+           VALUES ($1, $2, $7, $8, GREATEST($9, 0), 1) \
+           ON CONFLICT (app, scope) DO UPDATE SET bucket_units = EXCLUDED.bucket_units, \
+           bucket_at = EXCLUDED.bucket_at, \
+           sources_in_window = scope_state.sources_in_window + $9, \
+           active = scope_state.active + 1), \
+         ss AS (INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) \
+           VALUES ($1, $2, $3, $6) \
+           ON CONFLICT (app, scope, source_id) DO UPDATE SET \
+           last_admitted_at = GREATEST(scope_sources.last_admitted_at, \
+                                       EXCLUDED.last_admitted_at)), \
+         rec AS (INSERT INTO admissions \
+           (app, scope, source_id, task_id, logical_key, admitted_at) \
+           VALUES ($1, $2, $3, $4, $5, $6)) "
+    };
 }
 
 /// Step 6: insert the task; for an admitted task, then record the admission and take the
@@ -400,44 +470,36 @@ async fn insert_and_commit(
     if let Some(record) = admission {
         let cap = i64::from(record.budget.global_concurrent.get());
         let stripe = slot_stripe(row.id);
+        let writes = |sql| {
+            sqlx::query_scalar::<_, i64>(sql)
+                .bind(app.as_str())
+                .bind(row.scope.as_str())
+                .bind(record.source.as_str())
+                .bind(row.id.to_string())
+                .bind(record.logical_key)
+                .bind(row.now.0)
+                .bind(record.update.bucket.units)
+                .bind(record.update.bucket.at.0)
+                .bind(record.update.sources_delta)
+        };
         let took = match path {
-            SlotPath::Fast => {
-                // Record the admission and take a slot of this stripe's allowance in one
-                // statement that locks one stripe row only.
-                sqlx::query_scalar::<_, i64>(
-                    "WITH rec AS (INSERT INTO admissions \
-                       (app, scope, source_id, task_id, logical_key, admitted_at) \
-                       VALUES ($1, $2, $3, $4, $5, $6)) \
-                     UPDATE global_slots SET admitted = admitted + 1 \
-                     WHERE stripe = $7 AND admitted < capacity AND cap_for = $8 \
-                     RETURNING admitted",
-                )
-                .bind(app.as_str())
-                .bind(row.scope.as_str())
-                .bind(record.source.as_str())
-                .bind(row.id.to_string())
-                .bind(record.logical_key)
-                .bind(row.now.0)
-                .bind(stripe)
-                .bind(cap)
-                .fetch_optional(&mut *tx)
-                .await?
-                .is_some()
-            }
+            // The admission's writes and a slot of this stripe's allowance in one
+            // statement that locks one stripe row only.
+            SlotPath::Fast => writes(concat!(
+                admission_writes!(),
+                "UPDATE global_slots SET admitted = admitted + 1 \
+                 WHERE stripe = $10 AND admitted < capacity AND cap_for = $11 \
+                 RETURNING admitted"
+            ))
+            .bind(stripe)
+            .bind(cap)
+            .fetch_optional(&mut *tx)
+            .await?
+            .is_some(),
             SlotPath::Rebalance => {
-                sqlx::query(
-                    "INSERT INTO admissions \
-                       (app, scope, source_id, task_id, logical_key, admitted_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6)",
-                )
-                .bind(app.as_str())
-                .bind(row.scope.as_str())
-                .bind(record.source.as_str())
-                .bind(row.id.to_string())
-                .bind(record.logical_key)
-                .bind(row.now.0)
-                .execute(&mut *tx)
-                .await?;
+                writes(concat!(admission_writes!(), "SELECT 1::BIGINT"))
+                    .fetch_one(&mut *tx)
+                    .await?;
                 take_slot_rebalancing(&mut tx, stripe, cap).await?
             }
         };
@@ -599,6 +661,7 @@ async fn insert_task(tx: &mut Tx, i: &InsertRow<'_>) -> StoreResult<Option<Task>
 
 /// The snapshot of SPEC §4 in one statement, under the scope's advisory lock.
 type SnapshotRow = (
+    i64,
     Option<i64>,
     Option<i64>,
     Option<i64>,
@@ -620,19 +683,16 @@ async fn admit(
     logical_key: &str,
     budget: &Budget,
     now: Timestamp,
-) -> StoreResult<Result<(), AdmissionRejection>> {
+) -> StoreResult<Result<ScopeUpdate, AdmissionRejection>> {
     let cutoff = now.minus(ADMISSION_WINDOW).0;
-    let pruned = sqlx::query(
-        "DELETE FROM scope_sources WHERE app = $1 AND scope = $2 AND last_admitted_at <= $3",
-    )
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(cutoff)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected() as i64;
-    let (units, at, sources, active, seen, steps, counted, global): SnapshotRow = sqlx::query_as(
-        "SELECT s.bucket_units, s.bucket_at, s.sources_in_window, s.active, \
+    // The prune and the snapshot are one statement: the snapshot sees the sightings as
+    // they were before the prune, and counts only those newer than the cutoff anyway.
+    let (pruned, units, at, sources, active, seen, steps, counted, global): SnapshotRow =
+        sqlx::query_as(
+            "WITH pruned AS (DELETE FROM scope_sources \
+           WHERE app = $1 AND scope = $2 AND last_admitted_at <= $4 RETURNING 1) \
+         SELECT (SELECT COUNT(*) FROM pruned)::BIGINT, \
+         s.bucket_units, s.bucket_at, s.sources_in_window, s.active, \
          EXISTS (SELECT 1 FROM scope_sources WHERE app = $1 AND scope = $2 AND source_id = $3 \
                  AND last_admitted_at > $4), \
          (SELECT COUNT(DISTINCT logical_key) FROM admissions WHERE app = $1 AND scope = $2 \
@@ -642,14 +702,14 @@ async fn admit(
          (SELECT COALESCE(SUM(admitted), 0)::BIGINT FROM global_slots) \
            - (SELECT COALESCE(SUM(finished), 0)::BIGINT FROM global_finished) \
          FROM (SELECT 1) AS one LEFT JOIN scope_state s ON s.app = $1 AND s.scope = $2",
-    )
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(source.as_str())
-    .bind(cutoff)
-    .bind(logical_key)
-    .fetch_one(&mut **tx)
-    .await?;
+        )
+        .bind(app.as_str())
+        .bind(scope.as_str())
+        .bind(source.as_str())
+        .bind(cutoff)
+        .bind(logical_key)
+        .fetch_one(&mut **tx)
+        .await?;
     let snapshot = AdmissionSnapshot {
         source_steps: steps.max(0) as u64,
         step_already_counted: counted,
@@ -670,28 +730,8 @@ async fn admit(
         Err(rejection) => return Ok(Err(rejection)),
     };
     // Relative updates: whoever deletes an expired sighting subtracts it, exactly once.
-    let sources_delta = i64::from(!seen) - pruned;
-    sqlx::query(
-        "WITH st AS (INSERT INTO scope_state \
-           (app, scope, bucket_units, bucket_at, sources_in_window, active) \
-           VALUES ($1, $2, $3, $4, GREATEST($5, 0), 1) \
-           ON CONFLICT (app, scope) DO UPDATE SET bucket_units = EXCLUDED.bucket_units, \
-           bucket_at = EXCLUDED.bucket_at, \
-           sources_in_window = scope_state.sources_in_window + $5, \
-           active = scope_state.active + 1) \
-         INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) \
-         VALUES ($1, $2, $6, $7) \
-         ON CONFLICT (app, scope, source_id) DO UPDATE SET \
-         last_admitted_at = GREATEST(scope_sources.last_admitted_at, EXCLUDED.last_admitted_at)",
-    )
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(bucket.units)
-    .bind(bucket.at.0)
-    .bind(sources_delta)
-    .bind(source.as_str())
-    .bind(now.0)
-    .execute(&mut **tx)
-    .await?;
-    Ok(Ok(()))
+    Ok(Ok(ScopeUpdate {
+        bucket,
+        sources_delta: i64::from(!seen) - pruned,
+    }))
 }
