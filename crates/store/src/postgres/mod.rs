@@ -19,8 +19,8 @@
 //!
 //! **Lock order** (every transaction takes locks in this order, and never more than one
 //! of a kind except where noted): advisory `(app, scope)` → `runs` row → existing task
-//! rows (several only in id order) → `scope_state` rows (several only in sorted
-//! (app, scope) order) → new task rows → `global_slots` (one, or all in order) → `global_finished` (one
+//! rows (several only in id order) → new task rows → `scope_state` rows (several only in
+//! sorted (app, scope) order) → `global_slots` (one, or all in order) → `global_finished` (one
 //! stripe). Sweeps take no advisory lock and skip locked rows (runs too), so they never
 //! wait on a replica. Because every transaction acquires in
 //! the same order, no cycle of waits can form, so no deadlock; the only wait between
