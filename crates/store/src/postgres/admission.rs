@@ -132,8 +132,33 @@ async fn attempt_create(
         }
     };
     // Step 2 again under the lock: a racing creation of the same key that held the lock
-    // first has committed by now, and its replay must not be judged by admission.
-    if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
+    // first has committed by now, and its replay must not be judged by admission. Step 4
+    // (cache: newest success first, same app and scope) is read in the same statement.
+    let key = new.scope.as_ref().map(|scoped| {
+        cache_key(
+            &scoped.source_id,
+            &scoped.source_revision,
+            &new.request,
+            &config_hash,
+            subject.as_ref(),
+        )
+    });
+    let probe_cache = new.scope.as_ref().is_some_and(|scoped| !scoped.recompute);
+    let (taken, hit_id, hit_output): (bool, Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2), \
+         hit.id, hit.output \
+         FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT id, output FROM tasks \
+           WHERE $5 AND app = $1 AND scope = $3 AND cache_key = $4 AND status = 'succeeded' \
+           ORDER BY completed_at DESC, id DESC LIMIT 1) AS hit ON true",
+    )
+    .bind(app.as_str())
+    .bind(new.effect_key.as_str())
+    .bind(scope.as_str())
+    .bind(key.as_deref().unwrap_or(""))
+    .bind(probe_cache)
+    .fetch_one(&mut *tx)
+    .await?;
+    if taken && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
         tx.rollback().await?;
         return Ok(Some(Created {
             task,
@@ -163,31 +188,12 @@ async fn attempt_create(
     let Some(scoped) = &new.scope else {
         return insert_and_commit(store, tx, &row, &app, None, path).await;
     };
-    let key = cache_key(
-        &scoped.source_id,
-        &scoped.source_revision,
-        &new.request,
-        &config_hash,
-        row.subject.as_ref(),
-    );
+    let key = key.unwrap_or_default();
     row.cache_key = Some(key.clone());
-    // Step 4: cache, newest success first, same app and scope.
-    if !scoped.recompute {
-        let hit: Option<(String, String)> = sqlx::query_as(
-            "SELECT id, output FROM tasks \
-             WHERE app = $1 AND scope = $2 AND cache_key = $3 AND status = 'succeeded' \
-             ORDER BY completed_at DESC, id DESC LIMIT 1",
-        )
-        .bind(app.as_str())
-        .bind(row.scope.as_str())
-        .bind(&key)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if let Some((from, output)) = hit {
-            row.cached_from = Some(from);
-            row.cached_output = Some(output);
-            return insert_and_commit(store, tx, &row, &app, None, path).await;
-        }
+    if let (Some(from), Some(output)) = (hit_id, hit_output) {
+        row.cached_from = Some(from);
+        row.cached_output = Some(output);
+        return insert_and_commit(store, tx, &row, &app, None, path).await;
     }
     // Step 5: admission.
     let logical_key = if scoped.recompute {
