@@ -46,35 +46,69 @@ pub(super) async fn lock_scope(
     Ok(())
 }
 
-/// [`lock_scope`] and "now" read once the lock is held, in one round trip.
-async fn lock_scope_at(
+/// What a creation reads once its owner is settled: whether its effect key is taken,
+/// the newest cache hit, and "now".
+struct Probe {
+    taken: bool,
+    hit_id: Option<String>,
+    hit_output: Option<String>,
+    now: Timestamp,
+}
+
+/// Reads the [`Probe`], taking the scope's advisory lock first in the same statement
+/// when `lock` is `(key, exclusive)`: one round trip. The lock is taken in the FROM
+/// subquery (volatile, so never flattened) before the outer select reads the clock; the
+/// statement's snapshot is older than the lock, so an effect key taken by a creation that
+/// committed while this one waited may be missed here — the task insert's `ON CONFLICT`
+/// finds it, and an admission rejection re-checks the key before it is reported.
+#[allow(clippy::too_many_arguments)]
+async fn probe(
     store: &PostgresStore,
     tx: &mut Tx,
     app: &AppId,
+    new: &NewTask,
     scope: &ScopeId,
-    exclusive: bool,
-) -> StoreResult<Timestamp> {
-    // The lock is taken in the FROM subquery (volatile, so never flattened), before the
-    // outer select reads the clock.
-    let sql = if exclusive {
-        concat!(
-            "SELECT ",
-            now_sql!("2"),
-            " FROM (SELECT pg_advisory_xact_lock($1)) AS locked"
-        )
-    } else {
-        concat!(
-            "SELECT ",
-            now_sql!("2"),
-            " FROM (SELECT pg_advisory_xact_lock_shared($1)) AS locked"
-        )
+    cache_key: Option<&str>,
+    probe_cache: bool,
+    lock: Option<(i64, bool)>,
+) -> StoreResult<Probe> {
+    macro_rules! probe_sql {
+        ($from:literal) => {
+            concat!(
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2), \
+                 hit.id, hit.output, ",
+                now_sql!("6"),
+                " FROM ",
+                $from,
+                " LEFT JOIN LATERAL (SELECT id, output FROM tasks \
+                   WHERE $5 AND app = $1 AND scope = $3 AND cache_key = $4 \
+                   AND status = 'succeeded' \
+                   ORDER BY completed_at DESC, id DESC LIMIT 1) AS hit ON true"
+            )
+        };
+    }
+    let sql = match lock {
+        None => probe_sql!("(SELECT $7::BIGINT) AS unlocked"),
+        Some((_, true)) => probe_sql!("(SELECT pg_advisory_xact_lock($7)) AS locked"),
+        Some((_, false)) => probe_sql!("(SELECT pg_advisory_xact_lock_shared($7)) AS locked"),
     };
-    let ms: i64 = sqlx::query_scalar(sql)
-        .bind(scope_lock_key(app, scope))
-        .bind(store.fixed_now())
-        .fetch_one(&mut **tx)
-        .await?;
-    Ok(Timestamp(ms))
+    let (taken, hit_id, hit_output, ms): (bool, Option<String>, Option<String>, i64) =
+        sqlx::query_as(sql)
+            .bind(app.as_str())
+            .bind(new.effect_key.as_str())
+            .bind(scope.as_str())
+            .bind(cache_key.unwrap_or(""))
+            .bind(probe_cache)
+            .bind(store.fixed_now())
+            .bind(lock.map_or(0, |(key, _)| key))
+            .fetch_one(&mut **tx)
+            .await?;
+    Ok(Probe {
+        taken,
+        hit_id,
+        hit_output,
+        now: Timestamp(ms),
+    })
 }
 
 pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
@@ -119,57 +153,68 @@ async fn attempt_create(
         }));
     }
 
-    // Step 3: owner check; a run's scope and subject apply to its tasks.
-    let (run_id, scope, subject, locked_at) = match &new.owner {
+    // Step 3: owner check; a run's scope and subject apply to its tasks. Then step 2 again
+    // under the lock (a racing creation of the same key that held the lock first has
+    // committed by now, and its replay must not be judged by admission) and step 4 (the
+    // cache: newest success first, same app and scope), read in one statement.
+    let cache_key_for = |subject: Option<&Subject>| {
+        new.scope.as_ref().map(|scoped| {
+            cache_key(
+                &scoped.source_id,
+                &scoped.source_revision,
+                &new.request,
+                &config_hash,
+                subject,
+            )
+        })
+    };
+    let probe_cache = new.scope.as_ref().is_some_and(|scoped| !scoped.recompute);
+    let (run_id, scope, subject, key, probe) = match &new.owner {
         Owner::Run { run_id, .. } => {
             let (scope, subject) = run_owner(&mut tx, &app, *run_id, new.scope.is_some()).await?;
-            (Some(run_id.to_string()), scope, subject, None)
+            let key = cache_key_for(subject.as_ref());
+            let probe = probe(
+                store,
+                &mut tx,
+                &app,
+                new,
+                &scope,
+                key.as_deref(),
+                probe_cache,
+                None,
+            )
+            .await?;
+            (Some(run_id.to_string()), scope, subject, key, probe)
         }
         Owner::Application { scope, subject, .. } => {
             // Exclusive for admission; shared otherwise, which only keeps owner deletion
             // (exclusive) from interleaving with this creation.
-            let at = lock_scope_at(store, &mut tx, &app, scope, new.scope.is_some()).await?;
-            (None, scope.clone(), subject.clone(), Some(at))
+            let key = cache_key_for(subject.as_ref());
+            let lock = (scope_lock_key(&app, scope), new.scope.is_some());
+            let probe = probe(
+                store,
+                &mut tx,
+                &app,
+                new,
+                scope,
+                key.as_deref(),
+                probe_cache,
+                Some(lock),
+            )
+            .await?;
+            (None, scope.clone(), subject.clone(), key, probe)
         }
     };
-    // Step 2 again under the lock: a racing creation of the same key that held the lock
-    // first has committed by now, and its replay must not be judged by admission. Step 4
-    // (cache: newest success first, same app and scope) is read in the same statement.
-    let key = new.scope.as_ref().map(|scoped| {
-        cache_key(
-            &scoped.source_id,
-            &scoped.source_revision,
-            &new.request,
-            &config_hash,
-            subject.as_ref(),
-        )
-    });
-    let probe_cache = new.scope.as_ref().is_some_and(|scoped| !scoped.recompute);
-    let (taken, hit_id, hit_output): (bool, Option<String>, Option<String>) = sqlx::query_as(
-        "SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2), \
-         hit.id, hit.output \
-         FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT id, output FROM tasks \
-           WHERE $5 AND app = $1 AND scope = $3 AND cache_key = $4 AND status = 'succeeded' \
-           ORDER BY completed_at DESC, id DESC LIMIT 1) AS hit ON true",
-    )
-    .bind(app.as_str())
-    .bind(new.effect_key.as_str())
-    .bind(scope.as_str())
-    .bind(key.as_deref().unwrap_or(""))
-    .bind(probe_cache)
-    .fetch_one(&mut *tx)
-    .await?;
-    if taken && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
+    if probe.taken
+        && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?
+    {
         tx.rollback().await?;
         return Ok(Some(Created {
             task,
             created: false,
         }));
     }
-    let now = match locked_at {
-        Some(at) => at,
-        None => store.now(&mut tx).await?,
-    };
+    let (hit_id, hit_output, now) = (probe.hit_id, probe.hit_output, probe.now);
     let id = TaskId::generate();
     let mut row = InsertRow {
         id,
@@ -215,8 +260,17 @@ async fn attempt_create(
     let update = match update {
         Ok(update) => update,
         Err(rejection) => {
+            // A replay is never judged by admission: the probe's snapshot may predate a
+            // creation of this key that committed while this one waited for the lock.
+            let replay = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?;
             tx.rollback().await?;
-            return Err(StoreError::Admission(rejection));
+            return match replay {
+                Some(task) => Ok(Some(Created {
+                    task,
+                    created: false,
+                })),
+                None => Err(StoreError::Admission(rejection)),
+            };
         }
     };
     row.admitted = true;
