@@ -31,6 +31,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::psql;
 use tollgate_core::{AppId, RunId, TaskId};
 use tollgate_store::Store;
 
@@ -760,18 +763,6 @@ impl Drop for SharedSchema {
             &format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name),
         );
     }
-}
-
-fn psql(url: &str, sql: &str) {
-    let out = Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qc", sql])
-        .output()
-        .expect("psql runs");
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Two `serve` replicas on one PostgreSQL database (PostgreSQL `LISTEN/NOTIFY` between

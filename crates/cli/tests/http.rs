@@ -3,36 +3,18 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use tollgate_core::{TaskKind, ValidatedRequest};
+
+mod common;
+use common::Server;
 
 const ACME: &str = "acme-key-0123456789abcdef";
 const BETA: &str = "beta-key-0123456789abcdef";
 const ACME_ASSERTS: &str = "acme-asserting-key-0123456789";
 /// Requests above this many stored bytes are refused (small, so the limit is cheap to hit).
 const LIMIT: usize = 2000;
-
-/// A running `tollgate serve`, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-    http: reqwest::Client,
-    /// (database URL, schema) of the Postgres half, dropped at the end.
-    schema: Option<(String, String)>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some((url, schema)) = &self.schema {
-            psql(url, &format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
-        }
-    }
-}
 
 fn config_text(database_url: &str) -> String {
     format!(
@@ -94,81 +76,8 @@ interval = "500ms"
     )
 }
 
-/// A database URL for one server: a fresh SQLite file, or a fresh Postgres schema (with
-/// the base URL and schema name, to drop it afterwards).
-async fn database(
-    backend: &str,
-    dir: &std::path::Path,
-) -> Option<(String, Option<(String, String)>)> {
-    match backend {
-        "sqlite" => Some((
-            format!("sqlite://{}", dir.join("tollgate.db").display()),
-            None,
-        )),
-        _ => {
-            let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
-                if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-                    panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
-                }
-                eprintln!("skipping the Postgres half: TOLLGATE_TEST_DATABASE_URL is not set");
-                return None;
-            };
-            let schema = format!("http_{}", uuid::Uuid::new_v4().simple());
-            psql(&url, &format!("CREATE SCHEMA \"{schema}\""));
-            let sep = if url.contains('?') { '&' } else { '?' };
-            Some((
-                format!("{url}{sep}options=-c%20search_path%3D{schema}"),
-                Some((url, schema)),
-            ))
-        }
-    }
-}
-
-/// Runs one statement with `psql` (schema set-up for the Postgres half).
-fn psql(url: &str, sql: &str) {
-    let out = Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qc", sql])
-        .output()
-        .expect("psql runs");
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 async fn start(backend: &str) -> Option<Server> {
-    let dir = tempfile::tempdir().unwrap();
-    let (db, schema) = database(backend, dir.path()).await?;
-    let config = dir.path().join("tollgate.toml");
-    std::fs::write(&config, config_text(&db)).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the tollgate binary starts");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(addr) = line.strip_prefix("Tollgate listening on ") {
-                let _ = tx.send(addr.trim().to_string());
-            }
-        }
-    });
-    let base = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the server prints its address");
-    Some(Server {
-        child,
-        base,
-        http: reqwest::Client::new(),
-        schema,
-        _dir: dir,
-    })
+    common::start(backend, "http", config_text)
 }
 
 impl Server {

@@ -6,34 +6,17 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+mod common;
+use common::Server;
 
 const ACME: &str = "acme-key-0123456789abcdef";
 const BETA: &str = "beta-key-0123456789abcdef";
 
 /// The worked example of docs/pipelines.md, as `tollgate pipeline register` takes it.
 const INVOICE: &str = include_str!("../../../docs/examples/invoice-pipeline.json");
-
-/// A running `tollgate serve`, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-    http: reqwest::Client,
-    schema: Option<(String, String)>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some((url, schema)) = &self.schema {
-            psql(url, &format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
-        }
-    }
-}
 
 fn config_text(database_url: &str) -> String {
     format!(
@@ -67,71 +50,8 @@ poll_interval = "200ms"
     )
 }
 
-fn psql(url: &str, sql: &str) {
-    let out = Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qc", sql])
-        .output()
-        .expect("psql runs");
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 async fn start(backend: &str) -> Option<Server> {
-    let dir = tempfile::tempdir().unwrap();
-    let (db, schema) = match backend {
-        "sqlite" => (
-            format!("sqlite://{}", dir.path().join("tollgate.db").display()),
-            None,
-        ),
-        _ => {
-            let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
-                if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-                    panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
-                }
-                eprintln!("skipping the Postgres half: TOLLGATE_TEST_DATABASE_URL is not set");
-                return None;
-            };
-            let schema = format!("pipes_{}", uuid::Uuid::new_v4().simple());
-            psql(&url, &format!("CREATE SCHEMA \"{schema}\""));
-            let sep = if url.contains('?') { '&' } else { '?' };
-            (
-                format!("{url}{sep}options=-c%20search_path%3D{schema}"),
-                Some((url, schema)),
-            )
-        }
-    };
-    let config = dir.path().join("tollgate.toml");
-    std::fs::write(&config, config_text(&db)).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the tollgate binary starts");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(addr) = line.strip_prefix("Tollgate listening on ") {
-                let _ = tx.send(addr.trim().to_string());
-            }
-        }
-    });
-    let base = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the server prints its address");
-    Some(Server {
-        child,
-        base,
-        http: reqwest::Client::new(),
-        schema,
-        _dir: dir,
-    })
+    common::start(backend, "pipes", config_text)
 }
 
 impl Server {
