@@ -1,7 +1,8 @@
 //! The real `tollgate serve` binary (issue 11, items 1 and 2), on SQLite and (with
 //! `TOLLGATE_TEST_DATABASE_URL`) on PostgreSQL:
-//! - SIGTERM ends a server busy with CPU-heavy tasks within `shutdown_grace` plus a few
-//!   seconds, and records the tasks it cut short as `WORKFLOW_AI_INTERRUPTED`;
+//! - SIGTERM ends a server busy with CPU-heavy tasks and an open long-poll within
+//!   `shutdown_grace` plus a few seconds, and records the tasks it cut short as
+//!   `WORKFLOW_AI_INTERRUPTED`;
 //! - an API-only replica (`[workers] concurrency = 0`) still sweeps: a task nobody runs
 //!   fails with `WORKFLOW_AI_QUEUE_TIMEOUT`.
 
@@ -107,9 +108,20 @@ async fn sigterm_ends_a_busy_server_within_the_grace(backend: &str) {
         r#"
 [server]
 shutdown_grace = "2s"
+max_wait = "60s"
+
+[models.default]
+provider = "dev"
+model = "dev-1"
+params = { time_limit_ms = 600000 }
+
+[models.slow]
+provider = "dev"
+model = "dev-1"
+params = { latency_ms = 60000 }
 
 [workers]
-concurrency = 6
+concurrency = 12
 heartbeat_interval = "200ms"
 "#,
     ) else {
@@ -126,6 +138,21 @@ heartbeat_interval = "200ms"
         let request = json!({"input": "x", "schema": {"type": "string", "minLength": 900_000}});
         submit(&server, &format!("large-{i}"), "extract_data", request).await;
     }
+    // A client long-polling a slow task: its request stays open past the grace.
+    let long_poll = {
+        let http = server.http.clone();
+        let url = format!("{}/v1/tasks?wait=60s", server.base);
+        tokio::spawn(async move {
+            let _ = http
+                .post(url)
+                .bearer_auth(KEY)
+                .header("Idempotency-Key", "long-poll")
+                .json(&json!({"kind": "classify", "scope": "s", "model": "slow",
+                              "request": {"input": "x", "labels": ["a", "b"]}}))
+                .send()
+                .await;
+        })
+    };
     // Wait (bounded) until the endless ones run.
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut running = 0;
@@ -137,6 +164,28 @@ heartbeat_interval = "200ms"
                 running += 1;
             }
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The long-poll's task runs (so its request is open, waiting).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let task: Value = server
+            .http
+            .get(format!("{}/v1/tasks?effect_key=long-poll", server.base))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if task["status"] == "running" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the long-poll's task never ran: {task}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The server still answers while they run.
@@ -170,6 +219,7 @@ heartbeat_interval = "200ms"
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(exited.success(), "{exited:?}");
+    long_poll.abort();
     // The tasks it cut short are recorded, not left running.
     for id in &endless {
         let task = stored(&url, *id).await;
