@@ -41,7 +41,11 @@ async fn refused(engine: &Tollgate, effect_key: &str, schema: Value) -> String {
         .submit(extract(effect_key, schema.clone()))
         .await
         .expect_err("refused at submit");
-    assert_eq!(err.code(), Some(ErrorCode::InvalidRequest), "{schema}: {err}");
+    assert_eq!(
+        err.code(),
+        Some(ErrorCode::InvalidRequest),
+        "{schema}: {err}"
+    );
     assert!(
         engine
             .get_by_effect_key(&app(), &key(effect_key))
@@ -161,10 +165,7 @@ async fn a_large_output_under_the_limit_does_not_hold_up_other_tasks(db: TestDb)
     for id in &big {
         let task = finished_within(&engine, *id, Duration::from_secs(30)).await;
         assert_eq!(task.status, TaskStatus::Succeeded, "{:?}", task.error);
-        assert_eq!(
-            task.output.unwrap().as_str().map(str::len),
-            Some(1_000_000)
-        );
+        assert_eq!(task.output.unwrap().as_str().map(str::len), Some(1_000_000));
     }
     assert!(
         started.elapsed() < Duration::from_secs(30),
