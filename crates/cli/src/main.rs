@@ -115,6 +115,9 @@ fn main() -> std::process::ExitCode {
             Command::Bench(args) => tollgate_bench::bench(*args).await,
         }
     });
+    // Blocking work still running (a CPU job told to stop, a stuck file read) must not
+    // keep the process alive: the command is done.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

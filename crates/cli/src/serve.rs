@@ -3,6 +3,7 @@
 use crate::{DatabaseArgs, ServeArgs, WorkerArgs};
 use anyhow::{Context, bail};
 use metrics_exporter_prometheus::PrometheusBuilder;
+use std::future::IntoFuture;
 use tollgate_core::AppId;
 use tollgate_engine::Tollgate;
 use tollgate_server::{AppState, Auth, KeyConfig, TollgateConfig};
@@ -88,11 +89,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
     let workers = config.engine.workers.concurrency;
-    let engine = if workers > 0 {
-        Some(tollgate.start().await.context("cannot start the workers")?)
-    } else {
-        None
-    };
+    // Always: an API-only replica runs no tasks but still sweeps (SPEC §6: every replica
+    // sweeps), and drives pipeline runs when `[pipelines] drive_without_workers` says so.
+    let engine = tollgate.start().await.context("cannot start the workers")?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -123,21 +122,45 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_wait: config.server.max_wait,
         metrics,
     };
-    axum::serve(listener, tollgate_server::router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("the HTTP server failed")?;
+    let grace = config.server.shutdown_grace;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut http = tokio::spawn(
+        axum::serve(listener, tollgate_server::router(state))
+            .with_graceful_shutdown(async move {
+                let _ = http_stopped.await;
+            })
+            .into_future(),
+    );
+    tokio::select! {
+        () = shutdown_signal() => {}
+        served = &mut http => {
+            // The server ended without a signal: that is a failure.
+            engine.shutdown(grace).await;
+            served
+                .context("the HTTP server failed")?
+                .context("the HTTP server failed")?;
+            bail!("the HTTP server stopped unexpectedly");
+        }
+    }
     println!(
         "shutting down: no new tasks are claimed; in-flight tasks get {}",
-        humantime::format_duration(config.server.shutdown_grace)
+        humantime::format_duration(grace)
     );
-    if let Some(engine) = engine {
-        let report = engine.shutdown(config.server.shutdown_grace).await;
-        println!(
-            "stopped (in-flight finished: {}, interrupted: {})",
-            report.drained, report.interrupted
-        );
-    }
+    let _ = stop_http.send(());
+    // Open requests (a long `?wait=`) and in-flight tasks get the same grace, at once;
+    // requests still open then are cut. Nothing waits for CPU work: its tasks are
+    // interrupted and their jobs stop on their own.
+    let drain_http = async {
+        if tokio::time::timeout(grace, &mut http).await.is_err() {
+            http.abort();
+            println!("open HTTP requests were cut after the grace period");
+        }
+    };
+    let ((), report) = tokio::join!(drain_http, engine.shutdown(grace));
+    println!(
+        "stopped (in-flight finished: {}, interrupted: {})",
+        report.drained, report.interrupted
+    );
     Ok(())
 }
 

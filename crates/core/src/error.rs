@@ -46,6 +46,10 @@ pub enum ErrorCode {
     /// The model's output violated the kind's contract (after bounded re-asks).
     #[serde(rename = "invalid_model_output")]
     InvalidModelOutput,
+    /// The model's output is larger than the configured output limit
+    /// (`max_output_bytes`, measured on the JSON that would be stored).
+    #[serde(rename = "output_too_large")]
+    OutputTooLarge,
     /// The run a task names does not exist (for this app).
     #[serde(rename = "run_not_found")]
     RunNotFound,
@@ -74,6 +78,7 @@ impl ErrorCode {
             ErrorCode::BudgetNotAllowed => "budget_not_allowed",
             ErrorCode::ProviderError => "provider_error",
             ErrorCode::InvalidModelOutput => "invalid_model_output",
+            ErrorCode::OutputTooLarge => "output_too_large",
             ErrorCode::RunNotFound => "run_not_found",
             ErrorCode::RunCanceled => "run_canceled",
             ErrorCode::InvalidState => "invalid_state",
@@ -81,7 +86,7 @@ impl ErrorCode {
     }
 
     /// Every code, for documentation and round-trip tests.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::SourceBudget,
         ErrorCode::DailyBudget,
         ErrorCode::Capacity,
@@ -95,6 +100,7 @@ impl ErrorCode {
         ErrorCode::BudgetNotAllowed,
         ErrorCode::ProviderError,
         ErrorCode::InvalidModelOutput,
+        ErrorCode::OutputTooLarge,
         ErrorCode::RunNotFound,
         ErrorCode::RunCanceled,
         ErrorCode::InvalidState,
@@ -166,6 +172,14 @@ impl InvalidInput {
             other => other,
         }
     }
+}
+
+/// An output larger than the output limit: never stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the output is larger than the limit of {limit} bytes (max_output_bytes)")]
+pub struct OutputTooLarge {
+    /// The configured limit, in bytes of the stored JSON.
+    pub limit: usize,
 }
 
 /// A model output that violates its kind's contract (SPEC §2). Never stored as success.

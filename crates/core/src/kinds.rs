@@ -16,6 +16,9 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{InvalidInput, OutputViolation};
 
+mod output_size;
+pub use output_size::{check_output_fits, check_output_size};
+
 /// Most labels a `classify` / `classify_many` request may have.
 pub const MAX_LABELS: usize = 1000;
 /// Most items a `classify_many` request may have.

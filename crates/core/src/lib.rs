@@ -17,12 +17,12 @@ pub mod time;
 
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
-pub use error::{ErrorCode, InvalidInput, OutputViolation};
+pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};
 pub use ids::{
     AppId, BudgetName, EffectKey, ModelId, PipelineName, RunId, ScopeId, SourceId, SourceRevision,
     StepKey, TaskId, WorkerId,
 };
-pub use kinds::{TaskKind, TaskRequest, validate_output};
+pub use kinds::{TaskKind, TaskRequest, check_output_fits, check_output_size, validate_output};
 pub use model::{ConfigHash, ModelRef};
 pub use task::*;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -15,6 +15,10 @@ use serde_json::{Value, json};
 /// Default request size limit: 256 KiB of stored (canonical) bytes.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 256 * 1024;
 
+/// Default output size limit: 1 MiB of stored JSON. A request whose smallest valid
+/// output is larger is refused at submit; an output over it fails its task.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+
 /// Longest error message kept on a task, in characters.
 pub const MAX_ERROR_MESSAGE_CHARS: usize = 2_000;
 

@@ -10,6 +10,7 @@
 //! default_model = "default"
 //! default_budget = "standard"
 //! max_request_bytes = 262144
+//! max_output_bytes = 1048576              # stored output; bigger fails with output_too_large
 //!
 //! [models.default]
 //! provider = "openai"
@@ -63,6 +64,7 @@
 //! admission_default_delay = "5s"
 //! error_delay = "1s"
 //! interrupted_retries = 3               # attempts cut short by a crash, tried again
+//! drive_without_workers = false         # true: an API-only replica drives runs too
 //! ```
 //!
 //! Durations are strings: `"200ms"`, `"2s"`, `"1h"`, `"1h 30m"`.
@@ -75,7 +77,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::time::Duration;
-use tollgate_core::{AppId, BudgetName, DEFAULT_MAX_REQUEST_BYTES, ModelId, ModelRef};
+use tollgate_core::{
+    AppId, BudgetName, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_REQUEST_BYTES, ModelId, ModelRef,
+};
 
 /// The model id used when a submission names none, in the default configuration.
 pub const DEFAULT_MODEL: &str = "default";
@@ -97,6 +101,10 @@ pub struct EngineConfig {
     pub default_budget: String,
     /// Largest request accepted, in bytes of its stored (canonical) form.
     pub max_request_bytes: usize,
+    /// Largest output stored, in bytes of its JSON. A request whose smallest valid output
+    /// is larger is refused at submit; an output over it fails its task with
+    /// `output_too_large`, and the `dev` provider stops building an output past it.
+    pub max_output_bytes: usize,
     /// Model ids callers may ask for.
     pub models: BTreeMap<String, ModelConfig>,
     /// Providers the models use, by name.
@@ -136,6 +144,7 @@ impl Default for EngineConfig {
             default_model: DEFAULT_MODEL.to_string(),
             default_budget: STANDARD_BUDGET.to_string(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             models,
             providers,
             budgets,
@@ -158,7 +167,8 @@ pub struct ModelConfig {
     /// The provider's own model name.
     pub model: String,
     /// Provider parameters. The `openai` provider merges them into the request body
-    /// (`temperature`, `top_p`, `seed`, …); the `dev` provider reads `latency_ms`.
+    /// (`temperature`, `top_p`, `seed`, …); the `dev` provider reads `latency_ms` and
+    /// `time_limit_ms`.
     /// Changing any of them changes the model config hash, so old cache entries stop
     /// matching.
     #[serde(default)]
@@ -515,6 +525,10 @@ pub struct PipelineConfig {
     /// (`WORKFLOW_AI_INTERRUPTED`, a crash mid-call) is tried again, on top of the step's
     /// own `retries`: a run survives crashes of the processes executing its steps.
     pub interrupted_retries: u32,
+    /// Whether a process that runs no workers (`workers.concurrency = 0`, an API-only
+    /// replica) drives pipeline runs too. Off by default: API-only replicas answer HTTP
+    /// and sweep, and the worker replicas drive runs.
+    pub drive_without_workers: bool,
 }
 
 impl Default for PipelineConfig {
@@ -527,6 +541,7 @@ impl Default for PipelineConfig {
             admission_default_delay: Duration::from_secs(5),
             error_delay: Duration::from_secs(1),
             interrupted_retries: 3,
+            drive_without_workers: false,
         }
     }
 }
@@ -657,6 +672,14 @@ impl EngineConfig {
                     Some(_) => p.add(
                         format!("{key}.params.latency_ms"),
                         "must be a non-negative integer (milliseconds)",
+                    ),
+                }
+                match model.params.get("time_limit_ms") {
+                    None => {}
+                    Some(v) if v.as_u64().is_some_and(|ms| ms > 0) => {}
+                    Some(_) => p.add(
+                        format!("{key}.params.time_limit_ms"),
+                        "must be a positive integer (milliseconds)",
                     ),
                 }
             }
@@ -797,6 +820,9 @@ impl EngineConfig {
     fn check_runtime(&self, p: &mut Problems) {
         if self.max_request_bytes == 0 {
             p.add("max_request_bytes", "must be at least 1");
+        }
+        if self.max_output_bytes < 64 {
+            p.add("max_output_bytes", "must be at least 64");
         }
         if self.workers.concurrency > 10_000 {
             p.add("workers.concurrency", "must be from 0 to 10000");

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tollgate_core::{
     AppId, BudgetName, EffectKey, InvalidInput, ModelId, NewRun, NewTask, Owner, Run, RunId,
     ScopeId, SourceId, SourceRevision, StepKey, Subject, Task, TaskId, TaskKind, TaskScope,
-    TaskStatus, ValidatedRequest,
+    TaskStatus, ValidatedRequest, check_output_fits,
 };
 #[cfg(feature = "postgres")]
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
@@ -197,6 +197,19 @@ impl std::fmt::Debug for Inner {
 }
 
 impl Inner {
+    /// SPEC §3 step 1 for a request: valid for its kind, within the request size limit,
+    /// and able to produce an output within the output limit. The one check every
+    /// submission (and every pipeline step written in full) goes through.
+    pub(crate) fn validate_request(
+        &self,
+        kind: TaskKind,
+        raw: &Value,
+    ) -> Result<ValidatedRequest, InvalidInput> {
+        let request = ValidatedRequest::new(kind, raw, self.config.max_request_bytes)?;
+        check_output_fits(request.request(), self.config.max_output_bytes)?;
+        Ok(request)
+    }
+
     /// Notifies about a state change that took effect: the task's app and the runs woken.
     pub(crate) fn publish_transition(&self, transition: &Transition) {
         if !transition.applied {
@@ -355,7 +368,7 @@ impl Tollgate {
         let inner = &self.inner;
         let model = inner.models.resolve(s.model.as_ref())?;
         let (_, budget) = inner.budgets.resolve(&s.app, s.budget.as_ref())?;
-        let request = ValidatedRequest::new(s.kind, &s.request, inner.config.max_request_bytes)?;
+        let request = inner.validate_request(s.kind, &s.request)?;
         let step = match s.step {
             Some(step) => step,
             None => StepKey::new(s.kind.as_str())?,

@@ -40,6 +40,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod cpu;
 mod driver;
 mod error;
 mod facade;

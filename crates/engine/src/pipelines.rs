@@ -16,7 +16,7 @@ use std::time::Duration;
 use tollgate_core::pipeline::{Pipeline, Step, check_pipeline_name, has_references};
 use tollgate_core::{
     AppId, BudgetName, EffectKey, InvalidInput, NewRun, PipelineName, Run, RunId, ScopeId, StepKey,
-    Subject, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus, ValidatedRequest,
+    Subject, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus,
 };
 use tollgate_store::{PipelineRef, StoredPipeline};
 
@@ -390,7 +390,8 @@ impl Tollgate {
                     .map_err(|e| InvalidInput::field(format!("{at}.budget"), e.to_string()))?;
             }
             if !has_references(&step.request) {
-                ValidatedRequest::new(step.kind, &step.request, inner.config.max_request_bytes)
+                inner
+                    .validate_request(step.kind, &step.request)
                     .map_err(|e| e.within(&at))?;
             }
         }

@@ -24,6 +24,7 @@
 //!   those still running then are failed with `WORKFLOW_AI_INTERRUPTED` (tasks never run
 //!   twice), and queued tasks stay queued for any replica.
 
+use crate::cpu;
 use crate::driver::Driver;
 use crate::error::EngineError;
 use crate::facade::Inner;
@@ -40,7 +41,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast, mpsc, ones
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tollgate_core::{ErrorCode, Task, TaskId, Usage, WorkerId, validate_output};
+use tollgate_core::{
+    ErrorCode, OutputTooLarge, OutputViolation, Task, TaskId, TaskRequest, Usage, WorkerId,
+    check_output_size, validate_output,
+};
 use tollgate_store::{Completion, MAX_PAGE, StoreError, Transition};
 
 /// Hints waiting for the dispatcher; when full, new ones are dropped (polling covers).
@@ -121,7 +125,8 @@ impl WorkerPool {
     /// Starts the dispatcher, heartbeats, the event listener, the sweeper and recovery.
     pub(crate) async fn start(inner: Arc<Inner>) -> Result<EngineHandle, EngineError> {
         let worker = WorkerId::new(format!("worker-{}", uuid::Uuid::new_v4().simple()))?;
-        // 0 executions: this process runs the sweeper and the pipeline driver only.
+        // 0 executions (an API-only replica): this process runs the sweeper, and the
+        // pipeline driver when `pipelines.drive_without_workers` says so.
         let concurrency = inner.config.workers.concurrency as usize;
         let pool = Arc::new(WorkerPool {
             inner: inner.clone(),
@@ -145,7 +150,10 @@ impl WorkerPool {
                 pool.control.stop_claiming.clone(),
             ));
         }
-        if inner.config.pipelines.concurrency > 0 {
+        // An API-only replica drives runs only when configured to.
+        let drives = inner.config.pipelines.concurrency > 0
+            && (concurrency > 0 || inner.config.pipelines.drive_without_workers);
+        if drives {
             // Stops claiming runs with the workers; a crash drops it mid-drive.
             let driver = Driver::new(inner.clone())?;
             let driver_events = inner.notifier.subscribe();
@@ -160,8 +168,10 @@ impl WorkerPool {
         }
         claiming.close();
         let background = TaskTracker::new();
-        background.spawn(pool.clone().heartbeat_loop());
-        background.spawn(pool.clone().event_loop(events, hint_tx));
+        if concurrency > 0 {
+            background.spawn(pool.clone().heartbeat_loop());
+            background.spawn(pool.clone().event_loop(events, hint_tx));
+        }
         let sweeper_stop = pool.control.stop_background.clone();
         let crash = pool.control.crash.clone();
         background.spawn(async move {
@@ -171,7 +181,7 @@ impl WorkerPool {
             }
         });
         background.close();
-        tracing::info!(worker = %worker, concurrency, "workers started");
+        tracing::info!(worker = %worker, concurrency, drives, "workers started");
         Ok(EngineHandle {
             pool,
             claiming,
@@ -356,6 +366,7 @@ impl WorkerPool {
         })?;
         let schema = request.request().output_schema();
         let max_retries = self.inner.config.workers.max_output_retries;
+        let max_output_bytes = self.inner.config.max_output_bytes;
         let mut usage = Usage::default();
         let mut previous: Option<String> = None;
         for attempt in 0..=max_retries {
@@ -368,6 +379,7 @@ impl WorkerPool {
                 request: request.request(),
                 output_schema: &schema,
                 previous_error: previous.as_deref(),
+                max_output_bytes,
             };
             let started = Instant::now();
             let answer = provider.complete(call).await;
@@ -383,10 +395,14 @@ impl WorkerPool {
                     provider_call(provider_name, "error");
                     return Err(Failure::new(ErrorCode::ProviderError, message));
                 }
+                Err(ProviderError::OutputTooLarge(message)) => {
+                    provider_call(provider_name, "too_large");
+                    return Err(Failure::new(ErrorCode::OutputTooLarge, message));
+                }
             };
             add_usage(&mut usage, used, provider_name);
             if let Some(output) = output {
-                match validate_output(request.request(), &output) {
+                match check_output(request.request(), output, max_output_bytes).await? {
                     Ok(valid) => {
                         provider_call(provider_name, "ok");
                         return Ok((valid, usage));
@@ -577,6 +593,36 @@ impl WorkerPool {
             }
         }
     }
+}
+
+/// The output limit, then the kind's contract (`validate_output`), off the async runtime
+/// (a large output or a complex schema takes real CPU). `Err`: the task fails
+/// (`output_too_large`); `Ok(Err)`: the output breaks the contract (asked again).
+async fn check_output(
+    request: &TaskRequest,
+    output: Value,
+    max_output_bytes: usize,
+) -> Result<Result<Value, OutputViolation>, Failure> {
+    let request = request.clone();
+    let checked = cpu::run(None, move |_| {
+        check_output_size(&output, max_output_bytes)?;
+        let valid = validate_output(&request, &output);
+        // The normalized output is what is stored: it must fit too.
+        if let Ok(v) = &valid {
+            check_output_size(v, max_output_bytes)?;
+        }
+        Ok(valid)
+    })
+    .await
+    .map_err(|panic| {
+        Failure::new(
+            ErrorCode::ProviderError,
+            format!("checking the output failed: {panic}"),
+        )
+    })?;
+    checked.map_err(|e: OutputTooLarge| {
+        Failure::new(ErrorCode::OutputTooLarge, format!("the model's {e}"))
+    })
 }
 
 fn provider_call(provider: &str, outcome: &'static str) {

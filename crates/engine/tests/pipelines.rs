@@ -31,6 +31,7 @@ on_both_backends!(
     a_fan_out_runs_in_parallel_and_joins,
     a_failing_step_is_retried_a_bounded_number_of_times,
     an_admission_rejection_waits_and_retries,
+    an_api_only_engine_drives_runs_only_when_configured,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -395,6 +396,7 @@ fn invoice_output() -> Value {
 fn driver_only() -> EngineConfig {
     let mut c = pipeline_config();
     c.workers.concurrency = 0;
+    c.pipelines.drive_without_workers = true;
     c
 }
 
@@ -867,4 +869,34 @@ async fn an_admission_rejection_waits_and_retries(db: TestDb) {
     provider.release("blocker");
     finished(&engine, blocker.id).await;
     handle.shutdown(Duration::from_secs(5)).await;
+}
+
+/// An API-only engine (no workers) drives no runs unless
+/// `pipelines.drive_without_workers` is set.
+async fn an_api_only_engine_drives_runs_only_when_configured(db: TestDb) {
+    let provider = Arc::new(Scripted::default());
+    let workers = engine(&db, workers_only(), &provider).await;
+    let workers_handle = workers.start().await.unwrap();
+    register(&workers, "invoice", &invoice_definition()).await;
+
+    let mut api_config = pipeline_config();
+    api_config.workers.concurrency = 0;
+    let api = engine(&db, api_config, &provider).await;
+    let api_handle = api.start().await.unwrap();
+    let run = start(&api, "invoice", invoice_input("inv-api")).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let info_now = info(&api, &run).await;
+    assert_eq!(
+        step(&info_now, "extract").status,
+        StepStatus::Pending,
+        "nobody drives the run: {info_now:?}"
+    );
+    api_handle.shutdown(Duration::from_secs(5)).await;
+
+    let driver = engine(&db, driver_only(), &provider).await;
+    let driver_handle = driver.start().await.unwrap();
+    let done = run_finished(&driver, &run).await;
+    assert_eq!(done.state, RunState::Succeeded, "{:?}", done.error);
+    driver_handle.shutdown(Duration::from_secs(5)).await;
+    workers_handle.shutdown(Duration::from_secs(5)).await;
 }

@@ -20,12 +20,13 @@ use tollgate_core::AppId;
 use tollgate_engine::config::{ConfigError, EngineConfig};
 
 /// Top-level keys; environment variables naming anything else are ignored.
-const TOP_LEVEL_KEYS: [&str; 13] = [
+const TOP_LEVEL_KEYS: [&str; 14] = [
     "server",
     "database",
     "default_model",
     "default_budget",
     "max_request_bytes",
+    "max_output_bytes",
     "models",
     "providers",
     "budgets",

@@ -14,18 +14,41 @@
 //! exercised; the delay is dropped with the call when a task is canceled.
 
 use super::{Provider, ProviderAnswer, ProviderCall, ProviderError};
+use crate::cpu::{self, Halt, Stop};
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 use std::time::Duration;
 use tollgate_core::canonical::hash_value;
-use tollgate_core::{ModelRef, TaskRequest, Usage, validate_output};
+use tollgate_core::{
+    DEFAULT_MAX_OUTPUT_BYTES, ModelRef, TaskRequest, Usage, check_output_size, validate_output,
+};
 
 /// Deepest schema nesting the instance builder follows.
 const MAX_SCHEMA_DEPTH: usize = 32;
+/// How long building one answer may take unless the model's `time_limit_ms` says
+/// otherwise. A sane schema takes milliseconds; this bounds pathological ones.
+pub const DEFAULT_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 /// The offline, deterministic development and test provider.
 #[derive(Debug, Clone, Default)]
 pub struct DevProvider;
+
+/// Why no instance was built.
+#[derive(Debug)]
+enum Refusal {
+    /// The schema allows no value the builder can find.
+    Unsatisfiable(String),
+    /// The instance would pass the byte budget.
+    TooLarge,
+    /// The caller went away, or the time limit passed.
+    Halted(Stop),
+}
+
+impl From<String> for Refusal {
+    fn from(reason: String) -> Refusal {
+        Refusal::Unsatisfiable(reason)
+    }
+}
 
 impl DevProvider {
     /// A dev provider.
@@ -33,11 +56,31 @@ impl DevProvider {
         DevProvider
     }
 
-    /// The deterministic answer for a call, without the configured latency.
+    /// The deterministic answer for a call, without the configured latency, within the
+    /// default output limit. Runs on the calling thread: async callers should prefer
+    /// [`Provider::complete`], which builds the answer off the runtime.
     pub fn answer(
         model: &ModelRef,
         request: &TaskRequest,
         output_schema: &Value,
+    ) -> Result<ProviderAnswer, ProviderError> {
+        Self::answer_within(
+            model,
+            request,
+            output_schema,
+            DEFAULT_MAX_OUTPUT_BYTES,
+            &Halt::never(),
+        )
+    }
+
+    /// The answer, never building an output larger than `max_output_bytes`, stopping
+    /// when `halt` says so.
+    fn answer_within(
+        model: &ModelRef,
+        request: &TaskRequest,
+        output_schema: &Value,
+        max_output_bytes: usize,
+        halt: &Halt,
     ) -> Result<ProviderAnswer, ProviderError> {
         let request_value = request.to_value();
         let seed = seed(&json!({
@@ -85,11 +128,17 @@ impl DevProvider {
                 json!({ "results": results })
             }
             TaskRequest::ExtractData(_) => {
-                let instance = instance(output_schema, output_schema, 0).map_err(|reason| {
-                    ProviderError::Failed(format!(
-                        "the dev provider cannot build a value for this schema: {reason}"
-                    ))
-                })?;
+                let mut builder = Builder {
+                    root: output_schema,
+                    budget: max_output_bytes,
+                    halt,
+                };
+                let instance = builder
+                    .instance(output_schema, 0)
+                    .map_err(|refusal| refused(refusal, max_output_bytes))?;
+                if let Some(stop) = halt.check() {
+                    return Err(refused(Refusal::Halted(stop), max_output_bytes));
+                }
                 validate_output(request, &instance).map_err(|v| {
                     ProviderError::Failed(format!(
                         "the dev provider cannot build a value for this schema: {}",
@@ -99,12 +148,36 @@ impl DevProvider {
                 instance
             }
         };
+        let size = check_output_size(&output, max_output_bytes).map_err(|e| {
+            ProviderError::OutputTooLarge(format!("the dev provider's answer: {e}"))
+        })?;
         let usage = Usage {
-            input_tokens: tokens(&request_value.to_string()),
-            output_tokens: tokens(&output.to_string()),
+            input_tokens: tokens(request_value.to_string().len()),
+            output_tokens: tokens(size),
             cost_usd: Some(0.0),
         };
         Ok(ProviderAnswer { output, usage })
+    }
+}
+
+fn refused(refusal: Refusal, max_output_bytes: usize) -> ProviderError {
+    match refusal {
+        Refusal::Unsatisfiable(reason) => ProviderError::Failed(format!(
+            "the dev provider cannot build a value for this schema: {reason}"
+        )),
+        Refusal::TooLarge => ProviderError::OutputTooLarge(format!(
+            "the dev provider stopped building the output: the smallest value it finds for \
+             this schema is larger than the output limit of {max_output_bytes} bytes \
+             (max_output_bytes)"
+        )),
+        Refusal::Halted(Stop::TimedOut) => ProviderError::Failed(
+            "the dev provider gave up building a value for this schema: it took longer than \
+             its time limit (model parameter `time_limit_ms`)"
+                .to_string(),
+        ),
+        Refusal::Halted(Stop::Abandoned) => {
+            ProviderError::Failed("the dev provider's call was abandoned".to_string())
+        }
     }
 }
 
@@ -114,7 +187,23 @@ impl Provider for DevProvider {
         if let Some(ms) = call.model.params.get("latency_ms").and_then(Value::as_u64) {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        DevProvider::answer(call.model, call.request, call.output_schema)
+        let time_limit = call
+            .model
+            .params
+            .get("time_limit_ms")
+            .and_then(Value::as_u64)
+            .map_or(DEFAULT_TIME_LIMIT, Duration::from_millis);
+        let model = call.model.clone();
+        let request = call.request.clone();
+        let schema = call.output_schema.clone();
+        let limit = call.max_output_bytes;
+        // Off the runtime, bounded in time and size; dropping this future (a cancel, a
+        // shutdown) stops the builder at its next check.
+        cpu::run(Some(time_limit), move |halt| {
+            DevProvider::answer_within(&model, &request, &schema, limit, halt)
+        })
+        .await
+        .map_err(|panic| ProviderError::Failed(format!("the dev provider failed: {panic}")))?
     }
 }
 
@@ -129,81 +218,243 @@ fn pick(seed: u64, n: usize) -> usize {
     (seed % n.max(1) as u64) as usize
 }
 
-fn tokens(text: &str) -> u64 {
-    (text.len() as u64).div_ceil(4)
+fn tokens(bytes: usize) -> u64 {
+    (bytes as u64).div_ceil(4)
 }
 
-/// The smallest instance of `schema` (resolved against `root` for `$ref`s).
-fn instance(schema: &Value, root: &Value, depth: usize) -> Result<Value, String> {
-    if depth > MAX_SCHEMA_DEPTH {
-        return Err("the schema nests or refers to itself too deeply".into());
-    }
-    let map = match schema {
-        Value::Bool(true) => return Ok(Value::Null),
-        Value::Bool(false) => return Err("the schema `false` accepts no value".into()),
-        Value::Object(map) => map,
-        _ => return Err("a subschema is neither an object nor a boolean".into()),
-    };
-    if let Some(Value::String(target)) = map.get("$ref") {
-        let resolved = resolve_ref(target, root)?;
-        return instance(resolved, root, depth + 1);
-    }
-    if let Some(value) = map.get("const") {
-        return Ok(value.clone());
-    }
-    if let Some(Value::Array(options)) = map.get("enum") {
-        return options
-            .first()
-            .cloned()
-            .ok_or_else(|| "an empty `enum` accepts no value".to_string());
-    }
-    if let Some(Value::Array(parts)) = map.get("allOf") {
-        let mut merged = map.clone();
-        merged.remove("allOf");
-        for part in parts {
-            let part = match part.get("$ref").and_then(Value::as_str) {
-                Some(target) => resolve_ref(target, root)?,
-                None => part,
-            };
-            merge_into(&mut merged, part);
+/// Bytes of a value as compact JSON (the form outputs are measured in).
+fn json_len(value: &Value) -> usize {
+    check_output_size(value, usize::MAX).unwrap_or(usize::MAX)
+}
+
+/// Builds the smallest instance of a schema, charging every byte it adds to a budget
+/// (so it never builds more than the output limit) and checking its halt at every step.
+struct Builder<'a> {
+    root: &'a Value,
+    /// Bytes the output may still take.
+    budget: usize,
+    halt: &'a Halt,
+}
+
+impl Builder<'_> {
+    /// Takes `bytes` from the budget, or refuses.
+    fn charge(&mut self, bytes: usize) -> Result<(), Refusal> {
+        if bytes > self.budget {
+            return Err(Refusal::TooLarge);
         }
-        return instance(&Value::Object(merged), root, depth + 1);
+        self.budget -= bytes;
+        Ok(())
     }
-    for combinator in ["anyOf", "oneOf"] {
-        if let Some(Value::Array(options)) = map.get(combinator) {
-            let mut last_error = format!("`{combinator}` has no options");
-            for option in options {
-                let mut merged = map.clone();
-                merged.remove(combinator);
-                merge_into(&mut merged, option);
-                match instance(&Value::Object(merged), root, depth + 1) {
-                    Ok(v) => return Ok(v),
-                    Err(e) => last_error = e,
-                }
+
+    fn check(&self) -> Result<(), Refusal> {
+        match self.halt.check() {
+            Some(stop) => Err(Refusal::Halted(stop)),
+            None => Ok(()),
+        }
+    }
+
+    /// The smallest instance of `schema` (resolved against the root for `$ref`s).
+    fn instance(&mut self, schema: &Value, depth: usize) -> Result<Value, Refusal> {
+        self.check()?;
+        if depth > MAX_SCHEMA_DEPTH {
+            return Err("the schema nests or refers to itself too deeply"
+                .to_string()
+                .into());
+        }
+        let map = match schema {
+            Value::Bool(true) => {
+                self.charge(4)?;
+                return Ok(Value::Null);
             }
-            return Err(last_error);
+            Value::Bool(false) => {
+                return Err("the schema `false` accepts no value".to_string().into());
+            }
+            Value::Object(map) => map,
+            _ => {
+                return Err("a subschema is neither an object nor a boolean"
+                    .to_string()
+                    .into());
+            }
+        };
+        if let Some(Value::String(target)) = map.get("$ref") {
+            let resolved = resolve_ref(target, self.root)?;
+            return self.instance(resolved, depth + 1);
         }
+        if let Some(value) = map.get("const") {
+            self.charge(json_len(value))?;
+            return Ok(value.clone());
+        }
+        if let Some(Value::Array(options)) = map.get("enum") {
+            let first = options
+                .first()
+                .ok_or_else(|| "an empty `enum` accepts no value".to_string())?;
+            self.charge(json_len(first))?;
+            return Ok(first.clone());
+        }
+        if let Some(Value::Array(parts)) = map.get("allOf") {
+            let mut merged = map.clone();
+            merged.remove("allOf");
+            for part in parts {
+                let part = match part.get("$ref").and_then(Value::as_str) {
+                    Some(target) => resolve_ref(target, self.root)?,
+                    None => part,
+                };
+                merge_into(&mut merged, part);
+            }
+            return self.instance(&Value::Object(merged), depth + 1);
+        }
+        for combinator in ["anyOf", "oneOf"] {
+            if let Some(Value::Array(options)) = map.get(combinator) {
+                let mut last = Refusal::Unsatisfiable(format!("`{combinator}` has no options"));
+                let budget = self.budget;
+                for option in options {
+                    let mut merged = map.clone();
+                    merged.remove(combinator);
+                    merge_into(&mut merged, option);
+                    match self.instance(&Value::Object(merged), depth + 1) {
+                        Ok(v) => return Ok(v),
+                        Err(Refusal::Halted(stop)) => return Err(Refusal::Halted(stop)),
+                        Err(refusal) => {
+                            // A refused option's bytes were never used.
+                            self.budget = budget;
+                            if !matches!(last, Refusal::TooLarge) {
+                                last = refusal;
+                            }
+                        }
+                    }
+                }
+                return Err(last);
+            }
+        }
+        let ty = match map.get("type") {
+            Some(Value::String(t)) => t.as_str(),
+            // Prefer a non-null type: it says more about the shape.
+            Some(Value::Array(types)) => types
+                .iter()
+                .filter_map(Value::as_str)
+                .find(|t| *t != "null")
+                .or_else(|| types.iter().filter_map(Value::as_str).next())
+                .unwrap_or("null"),
+            _ => infer_type(map),
+        };
+        let value = match ty {
+            "null" => Value::Null,
+            "boolean" => Value::Bool(false),
+            "integer" => number(map, true)?,
+            "number" => number(map, false)?,
+            "string" => return self.string(map),
+            "array" => return self.array(map, depth),
+            "object" => return self.object(map, depth),
+            other => return Err(format!("unknown type `{other}`").into()),
+        };
+        self.charge(json_len(&value))?;
+        Ok(value)
     }
-    let ty = match map.get("type") {
-        Some(Value::String(t)) => t.as_str(),
-        // Prefer a non-null type: it says more about the shape.
-        Some(Value::Array(types)) => types
-            .iter()
+
+    fn string(&mut self, map: &Map<String, Value>) -> Result<Value, Refusal> {
+        let mut text = match map.get("format").and_then(Value::as_str) {
+            Some("date-time") => "2024-01-01T00:00:00Z",
+            Some("date") => "2024-01-01",
+            Some("time") => "00:00:00Z",
+            Some("duration") => "P1D",
+            Some("email" | "idn-email") => "dev@example.com",
+            Some("hostname" | "idn-hostname") => "example.com",
+            Some("ipv4") => "127.0.0.1",
+            Some("ipv6") => "::1",
+            Some("uri" | "iri" | "url") => "https://example.com/",
+            Some("uri-reference" | "iri-reference") => "/",
+            Some("uuid") => "00000000-0000-4000-8000-000000000000",
+            Some("json-pointer") => "",
+            Some("regex") => ".*",
+            _ => "",
+        }
+        .to_string();
+        let min = map
+            .get("minLength")
+            .and_then(Value::as_u64)
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        // The examples are ASCII: one byte per character. Counted once, padded at once
+        // (linear in the length), and charged before anything is allocated.
+        let have = text.len();
+        let pad = min.saturating_sub(have);
+        self.charge(have.saturating_add(pad).saturating_add(2))?;
+        text.extend(std::iter::repeat_n('x', pad));
+        if let Some(max) = map.get("maxLength").and_then(Value::as_u64)
+            && text.len() as u64 > max
+        {
+            return Err(format!("cannot fit an example into maxLength {max}").into());
+        }
+        Ok(Value::String(text))
+    }
+
+    fn array(&mut self, map: &Map<String, Value>, depth: usize) -> Result<Value, Refusal> {
+        let min = map
+            .get("minItems")
+            .and_then(Value::as_u64)
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        // Brackets and commas.
+        self.charge(2usize.saturating_add(min.saturating_sub(1)))?;
+        // Every element takes at least one byte: refuse an impossible count before
+        // reserving anything.
+        if min > self.budget {
+            return Err(Refusal::TooLarge);
+        }
+        let mut items = Vec::with_capacity(min);
+        if let Some(Value::Array(prefix)) = map.get("prefixItems") {
+            for schema in prefix.iter().take(min) {
+                items.push(self.instance(schema, depth + 1)?);
+            }
+        }
+        if items.len() < min {
+            // The builder is deterministic: build the repeated element once, then copy
+            // it, charging each copy.
+            let schema = map.get("items").unwrap_or(&Value::Bool(true));
+            let before = self.budget;
+            let first = self.instance(schema, depth + 1)?;
+            let size = before - self.budget;
+            items.push(first.clone());
+            while items.len() < min {
+                self.check()?;
+                self.charge(size)?;
+                items.push(first.clone());
+            }
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn object(&mut self, map: &Map<String, Value>, depth: usize) -> Result<Value, Refusal> {
+        let empty = Map::new();
+        let properties = map
+            .get("properties")
+            .and_then(Value::as_object)
+            .unwrap_or(&empty);
+        self.charge(2)?;
+        let mut out = Map::new();
+        for name in map
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
             .filter_map(Value::as_str)
-            .find(|t| *t != "null")
-            .or_else(|| types.iter().filter_map(Value::as_str).next())
-            .unwrap_or("null"),
-        _ => infer_type(map),
-    };
-    match ty {
-        "null" => Ok(Value::Null),
-        "boolean" => Ok(Value::Bool(false)),
-        "integer" => number(map, true),
-        "number" => number(map, false),
-        "string" => string(map),
-        "array" => array(map, root, depth),
-        "object" => object(map, root, depth),
-        other => Err(format!("unknown type `{other}`")),
+        {
+            if out.contains_key(name) {
+                continue;
+            }
+            let schema = properties
+                .get(name)
+                .or_else(|| map.get("additionalProperties"))
+                .unwrap_or(&Value::Bool(true));
+            // "name": and a comma.
+            self.charge(json_len(&Value::String(name.to_string())) + 2)?;
+            let value = self.instance(schema, depth + 1).map_err(|e| match e {
+                Refusal::Unsatisfiable(reason) => {
+                    Refusal::Unsatisfiable(format!("property `{name}`: {reason}"))
+                }
+                other => other,
+            })?;
+            out.insert(name.to_string(), value);
+        }
+        Ok(Value::Object(out))
     }
 }
 
@@ -309,76 +560,6 @@ fn number(map: &Map<String, Value>, integer: bool) -> Result<Value, String> {
     }
 }
 
-fn string(map: &Map<String, Value>) -> Result<Value, String> {
-    let mut text = match map.get("format").and_then(Value::as_str) {
-        Some("date-time") => "2024-01-01T00:00:00Z",
-        Some("date") => "2024-01-01",
-        Some("time") => "00:00:00Z",
-        Some("duration") => "P1D",
-        Some("email" | "idn-email") => "dev@example.com",
-        Some("hostname" | "idn-hostname") => "example.com",
-        Some("ipv4") => "127.0.0.1",
-        Some("ipv6") => "::1",
-        Some("uri" | "iri" | "url") => "https://example.com/",
-        Some("uri-reference" | "iri-reference") => "/",
-        Some("uuid") => "00000000-0000-4000-8000-000000000000",
-        Some("json-pointer") => "",
-        Some("regex") => ".*",
-        _ => "",
-    }
-    .to_string();
-    let min = map.get("minLength").and_then(Value::as_u64).unwrap_or(0) as usize;
-    while text.chars().count() < min {
-        text.push('x');
-    }
-    if let Some(max) = map.get("maxLength").and_then(Value::as_u64)
-        && text.chars().count() > max as usize
-    {
-        return Err(format!("cannot fit an example into maxLength {max}"));
-    }
-    Ok(Value::String(text))
-}
-
-fn array(map: &Map<String, Value>, root: &Value, depth: usize) -> Result<Value, String> {
-    let min = map.get("minItems").and_then(Value::as_u64).unwrap_or(0) as usize;
-    let mut items = Vec::with_capacity(min);
-    if let Some(Value::Array(prefix)) = map.get("prefixItems") {
-        for schema in prefix.iter().take(min) {
-            items.push(instance(schema, root, depth + 1)?);
-        }
-    }
-    while items.len() < min {
-        let schema = map.get("items").unwrap_or(&Value::Bool(true));
-        items.push(instance(schema, root, depth + 1)?);
-    }
-    Ok(Value::Array(items))
-}
-
-fn object(map: &Map<String, Value>, root: &Value, depth: usize) -> Result<Value, String> {
-    let empty = Map::new();
-    let properties = map
-        .get("properties")
-        .and_then(Value::as_object)
-        .unwrap_or(&empty);
-    let mut out = Map::new();
-    for name in map
-        .get("required")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-    {
-        let schema = properties
-            .get(name)
-            .or_else(|| map.get("additionalProperties"))
-            .unwrap_or(&Value::Bool(true));
-        let value =
-            instance(schema, root, depth + 1).map_err(|e| format!("property `{name}`: {e}"))?;
-        out.insert(name.to_string(), value);
-    }
-    Ok(Value::Object(out))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,6 +637,120 @@ mod tests {
         assert!(
             matches!(&err, ProviderError::Failed(m) if m.contains("dev provider cannot")),
             "{err:?}"
+        );
+    }
+
+    fn extract_within(
+        schema: Value,
+        limit: usize,
+        halt: &Halt,
+    ) -> Result<ProviderAnswer, ProviderError> {
+        let request = TaskRequest::parse(
+            TaskKind::ExtractData,
+            &json!({"input": "x", "schema": schema}),
+        )
+        .unwrap();
+        let schema = request.output_schema();
+        DevProvider::answer_within(
+            &ModelRef::new("dev", "dev-1"),
+            &request,
+            &schema,
+            limit,
+            halt,
+        )
+    }
+
+    #[test]
+    fn long_strings_are_built_in_linear_time() {
+        // Quadratic padding took about 25 s for a million characters.
+        let started = std::time::Instant::now();
+        let out = extract_within(
+            json!({"type": "string", "minLength": 1_000_000}),
+            2_000_000,
+            &Halt::never(),
+        )
+        .unwrap();
+        assert_eq!(out.output.as_str().unwrap().len(), 1_000_000);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn nothing_is_built_past_the_output_limit() {
+        // Without a `type`, so the submit-time floor does not apply: the builder must stop.
+        let started = std::time::Instant::now();
+        for schema in [
+            json!({"minLength": 2_000_000_000u64}),
+            json!({"minItems": 100_000_000}),
+            json!({"minItems": 1000, "items": {"minItems": 1000, "items": {"minItems": 1000}}}),
+            json!({"type": "object", "required": ["a", "b"], "properties": {
+                "a": {"minLength": 600}, "b": {"minLength": 600}}}),
+        ] {
+            let err = extract_within(schema.clone(), 1000, &Halt::never()).unwrap_err();
+            assert!(
+                matches!(&err, ProviderError::OutputTooLarge(m) if m.contains("1000 bytes")),
+                "{schema}: {err:?}"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        // One option too large, the next fits: the budget of the refused one comes back.
+        let out = extract_within(
+            json!({"anyOf": [{"type": "string", "minLength": 5000}, {"type": "string", "minLength": 900}]}),
+            1000,
+            &Halt::never(),
+        )
+        .unwrap();
+        assert_eq!(out.output.as_str().unwrap().len(), 900);
+    }
+
+    /// Four options per level, fifteen levels, nothing at the bottom: 4^15 dead ends.
+    pub(crate) fn endless_schema() -> Value {
+        let mut defs = Map::new();
+        for i in 0..15 {
+            let next = format!("#/$defs/d{}", i + 1);
+            defs.insert(
+                format!("d{i}"),
+                json!({"anyOf": [{"$ref": next}, {"$ref": next}, {"$ref": next}, {"$ref": next}]}),
+            );
+        }
+        defs.insert("d15".into(), json!(false));
+        json!({"$defs": defs, "$ref": "#/$defs/d0"})
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pathological_schema_stops_at_the_time_limit() {
+        let request = TaskRequest::parse(
+            TaskKind::ExtractData,
+            &json!({"input": "x", "schema": endless_schema()}),
+        )
+        .unwrap();
+        let schema = request.output_schema();
+        let mut model = ModelRef::new("dev", "dev-1");
+        model.params.insert("time_limit_ms".into(), json!(200));
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &schema,
+            previous_error: None,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        let started = std::time::Instant::now();
+        let err = DevProvider.complete(call).await.unwrap_err();
+        assert!(
+            matches!(&err, ProviderError::Failed(m) if m.contains("time limit")),
+            "{err:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
         );
     }
 }

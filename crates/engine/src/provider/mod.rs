@@ -30,6 +30,10 @@ pub struct ProviderCall<'a> {
     pub output_schema: &'a Value,
     /// When asking again: why the previous answer was refused.
     pub previous_error: Option<&'a str>,
+    /// The output limit (`max_output_bytes`): an answer whose output would be larger is
+    /// refused by the worker; a provider should stop reading or building one early and
+    /// answer [`ProviderError::OutputTooLarge`].
+    pub max_output_bytes: usize,
 }
 
 /// A provider's answer.
@@ -57,6 +61,10 @@ pub enum ProviderError {
     /// fails with `provider_error`.
     #[error("{0}")]
     Failed(String),
+    /// The output would be larger than `max_output_bytes`. The task fails with
+    /// `output_too_large` (asking again would not make it smaller).
+    #[error("{0}")]
+    OutputTooLarge(String),
 }
 
 /// A model provider. Object safe: the engine holds `Arc<dyn Provider>`. Dropping the

@@ -100,8 +100,9 @@ impl OpenAiProvider {
         &self.endpoint
     }
 
-    /// POSTs `body`, retrying what may succeed later. Returns the answer's JSON.
-    async fn post(&self, body: &Value) -> Result<Value, ProviderError> {
+    /// POSTs `body`, retrying what may succeed later. Returns the answer's JSON. An
+    /// answer body longer than `max_answer_bytes` is not read further.
+    async fn post(&self, body: &Value, max_answer_bytes: usize) -> Result<Value, ProviderError> {
         let mut attempt: u32 = 0;
         loop {
             let mut request = self.client.post(&self.endpoint).json(body);
@@ -109,18 +110,20 @@ impl OpenAiProvider {
                 request = request.bearer_auth(key);
             }
             let (message, retry_after) = match request.send().await {
-                Ok(response) if response.status().is_success() => match response.bytes().await {
-                    Ok(bytes) => {
-                        return serde_json::from_slice(&bytes).map_err(|e| {
-                            ProviderError::Failed(format!(
-                                "the provider's answer is not JSON ({e}): {}",
-                                excerpt(&String::from_utf8_lossy(&bytes))
-                            ))
-                        });
+                Ok(response) if response.status().is_success() => {
+                    match read_bounded(response, max_answer_bytes).await {
+                        Ok(bytes) => return parse_json_body(bytes).await,
+                        Err(ReadError::TooLarge) => {
+                            return Err(ProviderError::OutputTooLarge(format!(
+                                "the provider's answer is longer than {max_answer_bytes} bytes, \
+                                 more than any output within the output limit needs \
+                                 (max_output_bytes)"
+                            )));
+                        }
+                        Err(ReadError::Http(e)) if is_transient(&e) => (describe(&e), None),
+                        Err(ReadError::Http(e)) => return Err(ProviderError::Failed(describe(&e))),
                     }
-                    Err(e) if is_transient(&e) => (describe(&e), None),
-                    Err(e) => return Err(ProviderError::Failed(describe(&e))),
-                },
+                }
                 Ok(response) => {
                     let status = response.status();
                     let retry_after = retry_after(response.headers());
@@ -175,9 +178,56 @@ impl OpenAiProvider {
 impl Provider for OpenAiProvider {
     async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
         let (body, shape) = request_body(&call);
-        let answer = self.post(&body).await?;
+        let answer = self
+            .post(&body, answer_limit(call.max_output_bytes))
+            .await?;
         parse_answer(&answer, shape)
     }
+}
+
+/// The longest answer body read for an output limit: the output arrives as a JSON string
+/// inside the answer's JSON, where escaping can make each byte up to six (`\u0000`), plus
+/// the answer's own fields.
+fn answer_limit(max_output_bytes: usize) -> usize {
+    max_output_bytes.saturating_mul(6).saturating_add(64 * 1024)
+}
+
+enum ReadError {
+    TooLarge,
+    Http(reqwest::Error),
+}
+
+/// The body, chunk by chunk, stopping past `limit` bytes.
+async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, ReadError> {
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(ReadError::TooLarge);
+    }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(ReadError::Http)? {
+        if bytes.len() + chunk.len() > limit {
+            return Err(ReadError::TooLarge);
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+/// Parses an answer body off the async runtime (it may be megabytes).
+async fn parse_json_body(bytes: Vec<u8>) -> Result<Value, ProviderError> {
+    crate::cpu::run(None, move |_| {
+        serde_json::from_slice::<Value>(&bytes).map_err(|e| {
+            ProviderError::Failed(format!(
+                "the provider's answer is not JSON ({e}): {}",
+                excerpt(&String::from_utf8_lossy(
+                    &bytes[..bytes.len().min(4 * MAX_BODY_EXCERPT)]
+                ))
+            ))
+        })
+    })
+    .await
+    .map_err(|panic| {
+        ProviderError::Failed(format!("reading the provider's answer failed: {panic}"))
+    })?
 }
 
 /// How the answer's content becomes the output.
@@ -509,6 +559,7 @@ mod tests {
             request: &request,
             output_schema: &schema,
             previous_error: Some("label `eggs` is not one of the labels"),
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
         };
         let (body, shape) = request_body(&call);
         assert_eq!(shape, AnswerShape::Json);
@@ -541,6 +592,7 @@ mod tests {
             request: &request,
             output_schema: &schema,
             previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
         };
         let (body, shape) = request_body(&call);
         assert_eq!(shape, AnswerShape::WrappedJson);
