@@ -87,6 +87,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tollgate = Tollgate::open(&config.database.url, config.engine.clone())
         .await
         .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
+    if metrics.is_some() {
+        // Every series from the first scrape, with its HELP and TYPE (SPEC §11 /metrics).
+        tollgate_engine::metrics::describe();
+        let models = tollgate.models();
+        let providers: Vec<String> = models
+            .ids()
+            .iter()
+            .filter_map(|id| models.resolve(Some(id)).ok())
+            .map(|m| m.model_ref.provider.clone())
+            .collect();
+        tollgate_engine::metrics::register(providers.iter().map(String::as_str));
+    }
     let workers = config.engine.workers.concurrency;
     let engine = if workers > 0 {
         Some(tollgate.start().await.context("cannot start the workers")?)
@@ -121,12 +133,21 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tollgate: tollgate.clone(),
         auth,
         max_wait: config.server.max_wait,
+        body_read_timeout: config.server.body_read_timeout,
         metrics,
     };
-    axum::serve(listener, tollgate_server::router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("the HTTP server failed")?;
+    let timeouts = tollgate_server::ConnectionTimeouts {
+        header_read: config.server.header_read_timeout,
+        idle: config.server.idle_timeout,
+    };
+    tollgate_server::serve(
+        listener,
+        tollgate_server::router(state),
+        timeouts,
+        shutdown_signal(),
+    )
+    .await
+    .context("the HTTP server failed")?;
     println!(
         "shutting down: no new tasks are claimed; in-flight tasks get {}",
         humantime::format_duration(config.server.shutdown_grace)

@@ -57,9 +57,91 @@ pub(crate) fn router(state: AppState) -> Router {
                 "this route does not take that method",
             )
         })
+        .layer(axum::middleware::from_fn(require_json))
+        .layer(axum::middleware::map_response(envelope_errors))
         // Bodies are read by `read_body` with each route's own limit.
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
+}
+
+/// 415 for a `POST` whose `Content-Type` says its body is not JSON (every body the API
+/// takes is JSON; a request without the header is read as JSON).
+async fn require_json(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if request.method() == axum::http::Method::POST
+        && let Some(value) = request.headers().get(header::CONTENT_TYPE)
+    {
+        let json = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.split(';').next())
+            .map(|m| m.trim().to_ascii_lowercase())
+            .is_some_and(|m| m == "application/json" || m.ends_with("+json"));
+        if !json {
+            return ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "request bodies are JSON: send Content-Type: application/json",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// The code of an error answer that was not made by [`ApiError`] (axum's extractor
+/// rejections and the like).
+fn code_for(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "malformed_request",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::REQUEST_TIMEOUT => "request_timeout",
+        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+        StatusCode::URI_TOO_LONG => "uri_too_long",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UNPROCESSABLE_ENTITY => "invalid_request",
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "request_header_fields_too_large",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        s if s.is_server_error() => "internal",
+        _ => "client_error",
+    }
+}
+
+/// Gives every error answer the JSON envelope: one that is not JSON already (an axum
+/// extractor rejection's plain text, an empty body) keeps its status and headers, and its
+/// text becomes the message.
+async fn envelope_errors(response: Response) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let message = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .ok()
+        .and_then(|b| String::from_utf8(b.to_vec()).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
+    let mut enveloped = ApiError::new(status, code_for(status), message).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            enveloped
+                .headers_mut()
+                .entry(name)
+                .or_insert_with(|| value.clone());
+        }
+    }
+    enveloped
 }
 
 /// Largest body a client may keep sending after it went over its limit: it is read and
@@ -69,34 +151,62 @@ const DRAIN_LIMIT: usize = 64 << 20;
 /// Bodies of the small endpoints (release, runs, pipeline definitions).
 const SMALL_BODY_LIMIT: usize = 1 << 20;
 
-/// Reads a body of at most `limit` bytes. A longer one is drained (up to [`DRAIN_LIMIT`])
-/// and answered 413, so nothing of it is kept in memory.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    let mut stream = body.into_data_stream();
-    let mut buf = Vec::new();
-    let mut total = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::malformed(format!("cannot read the body: {e}")))?;
-        total = total.saturating_add(chunk.len());
-        if total > limit {
-            if total > DRAIN_LIMIT {
-                break;
-            }
-            continue;
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    if total > limit {
+/// Reads a body of at most `limit` bytes within `s.body_read_timeout`. A body whose
+/// `Content-Length` is over the limit is refused before a byte of it is read (so a client
+/// that sent `Expect: 100-continue` gets 413, never `100 Continue`); a longer chunked one
+/// is drained (up to [`DRAIN_LIMIT`]) and answered 413, so nothing of it is kept in
+/// memory. A body still unfinished at the deadline is answered 408.
+async fn read_body(s: &AppState, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    use http_body::Body as _;
+    if body.size_hint().lower() > limit as u64 {
         return Err(ApiError::too_large(format!(
             "the HTTP body is larger than {limit} bytes"
         )));
     }
-    Ok(Bytes::from(buf))
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut buf = Vec::new();
+        let mut total = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let chunk =
+                chunk.map_err(|e| ApiError::malformed(format!("cannot read the body: {e}")))?;
+            total = total.saturating_add(chunk.len());
+            if total > limit {
+                if total > DRAIN_LIMIT {
+                    break;
+                }
+                continue;
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        if total > limit {
+            return Err(ApiError::too_large(format!(
+                "the HTTP body is larger than {limit} bytes"
+            )));
+        }
+        Ok(Bytes::from(buf))
+    };
+    tokio::time::timeout(s.body_read_timeout, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the request body did not arrive within {}",
+                    humantime::format_duration(s.body_read_timeout)
+                ),
+            ))
+        })
 }
 
 /// Reads a JSON body: 413 beyond `limit`, 400 for anything not the shape.
-async fn json_body<T: DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
-    let bytes = read_body(body, limit).await?;
+async fn json_body<T: DeserializeOwned>(
+    s: &AppState,
+    body: Body,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let bytes = read_body(s, body, limit).await?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::malformed(format!("invalid JSON body: {e}")))
 }
@@ -278,7 +388,7 @@ pub(crate) async fn submit(
     let q = query(q)?;
     let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
     let body: SubmitBody =
-        json_body(body, body_limit(s.tollgate.config().max_request_bytes)).await?;
+        json_body(&s, body, body_limit(s.tollgate.config().max_request_bytes)).await?;
     let header_key = match headers.get("idempotency-key") {
         Some(v) => Some(
             v.to_str()
@@ -310,7 +420,7 @@ pub(crate) async fn submit_batch(
     body: Body,
 ) -> Result<Json<BatchAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: BatchBody = json_body(body, BATCH_BODY_LIMIT).await?;
+    let body: BatchBody = json_body(&s, body, BATCH_BODY_LIMIT).await?;
     if body.tasks.len() > tollgate_engine::MAX_BATCH {
         return Err(ApiError::invalid(format!(
             "a batch holds at most {} tasks, got {}",
@@ -441,7 +551,7 @@ pub(crate) async fn release(
     body: Body,
 ) -> Result<Json<ReleaseAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: ReleaseBody = json_body(body, SMALL_BODY_LIMIT).await?;
+    let body: ReleaseBody = json_body(&s, body, SMALL_BODY_LIMIT).await?;
     let scope = ScopeId::new(body.scope)?;
     let key = EffectKey::new(body.effect_key)?;
     if s.tollgate.release(&caller.app, &scope, &key).await? {
@@ -536,7 +646,7 @@ pub(crate) async fn create_run(
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: RunBody = json_body(body, SMALL_BODY_LIMIT).await?;
+    let body: RunBody = json_body(&s, body, SMALL_BODY_LIMIT).await?;
     let run = s
         .tollgate
         .create_run(tollgate_core::NewRun {
@@ -612,7 +722,7 @@ pub(crate) async fn register_pipeline(
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: PipelineBody = json_body(body, SMALL_BODY_LIMIT).await?;
+    let body: PipelineBody = json_body(&s, body, SMALL_BODY_LIMIT).await?;
     let name = PipelineName::new(body.name)?;
     let (stored, created) = s
         .tollgate
@@ -685,7 +795,7 @@ pub(crate) async fn start_pipeline_run(
         None => None,
     };
     let body: PipelineRunBody =
-        json_body(body, body_limit(s.tollgate.config().max_request_bytes)).await?;
+        json_body(&s, body, body_limit(s.tollgate.config().max_request_bytes)).await?;
     let name = pipeline_name(name)?;
     let scope = ScopeId::new(body.scope)?;
     let started = s
