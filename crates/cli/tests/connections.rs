@@ -373,3 +373,50 @@ async fn metrics_lists_every_series_from_the_first_scrape() {
         assert!(text.contains(series), "{series}:\n{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_input_is_an_object_and_wait_has_one_syntax() {
+    let s = start();
+    let post = |body: Value| {
+        s.http
+            .post(format!("{}/v1/runs", s.base))
+            .bearer_auth(KEY)
+            .json(&body)
+            .send()
+    };
+    let run: Value = post(serde_json::json!({"scope": "s"}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(run["input"], serde_json::json!({}), "{run}");
+    for input in [serde_json::json!([1]), serde_json::json!("x"), Value::Null] {
+        let r = post(serde_json::json!({"scope": "s", "input": input}))
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400, "input {input}");
+    }
+    let id = run["id"].as_str().unwrap();
+    for (wait, status) in [
+        ("0", 200),
+        ("250ms", 200),
+        ("1s", 200),
+        ("1m30s", 400),
+        ("", 400),
+        ("1 s", 400),
+        ("1234567890", 400),
+        ("-1", 400),
+    ] {
+        let r = s
+            .http
+            .get(format!("{}/v1/runs/{id}", s.base))
+            .query(&[("wait", wait)])
+            .bearer_auth(KEY)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "wait={wait:?}");
+    }
+}

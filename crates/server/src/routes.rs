@@ -216,18 +216,29 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         .map_err(|e| ApiError::malformed(e.body_text()))
 }
 
-/// `?wait=` as `30s`, `500ms` or plain seconds, capped at the server's maximum.
+/// `?wait=`: a number of seconds (`30`) or a number with a unit, `ms`, `s`, `m` or `h`
+/// (`500ms`, `30s`, `2m`), at most nine digits; capped at the server's maximum. The
+/// OpenAPI document declares exactly this syntax as the parameter's pattern.
 fn parse_wait(text: Option<&str>, max: Duration) -> Result<Option<Duration>, ApiError> {
     let Some(text) = text else {
         return Ok(None);
     };
-    let d = match text.parse::<u64>() {
-        Ok(secs) => Duration::from_secs(secs),
-        Err(_) => humantime::parse_duration(text).map_err(|e| {
-            ApiError::malformed(format!("wait={text:?} is not a duration like 30s: {e}"))
-        })?,
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    let millis_per = match unit {
+        "ms" => Some(1),
+        "" | "s" => Some(1_000),
+        "m" => Some(60_000),
+        "h" => Some(3_600_000),
+        _ => None,
     };
-    Ok(Some(d.min(max)))
+    let (Some(per), Ok(n), 1..=9) = (millis_per, number.parse::<u64>(), digits) else {
+        return Err(ApiError::malformed(format!(
+            "wait={text:?} is not a duration like 30s: give a number of seconds, or a number \
+             (at most nine digits) with ms, s, m or h"
+        )));
+    };
+    Ok(Some(Duration::from_millis(n * per).min(max)))
 }
 
 fn task_id(text: &str) -> Result<TaskId, ApiError> {
@@ -370,13 +381,13 @@ pub(crate) struct WaitQuery {
 }
 
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
-    params(("Idempotency-Key" = Option<String>, Header, description = "the effect key"),
-           ("wait" = Option<String>, Query, description = "wait for a terminal state, e.g. 30s")),
+    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the effect key (or the body's `effect_key`; one of them is required, and they must agree)"),
+           ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for a terminal state: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
     request_body = SubmitBody,
     responses((status = 201, body = TaskView, description = "created and queued"),
               (status = 200, body = TaskView, description = "existing task, or served from cache"),
-              (status = 409, body = crate::error::ErrorBody), (status = 413, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
+              (status = 404, body = crate::error::ErrorBody, description = "`run_id` names no run of the caller's app"),
+              (status = 409, body = crate::error::ErrorBody, description = "the effect key names a task with another request")),
     security(("api_key" = [])))]
 pub(crate) async fn submit(
     State(s): State<AppState>,
@@ -413,7 +424,8 @@ pub(crate) async fn submit(
 }
 
 #[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks", request_body = BatchBody,
-    responses((status = 200, body = BatchAnswer)), security(("api_key" = [])))]
+    responses((status = 200, body = BatchAnswer, description = "one result per item, in order")),
+    security(("api_key" = [])))]
 pub(crate) async fn submit_batch(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -488,7 +500,7 @@ pub(crate) struct EffectKeyQuery {
 
 #[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
     params(("effect_key" = String, Query, description = "the task's effect key")),
-    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
+    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody, description = "no task with that effect key in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_by_effect_key(
     State(s): State<AppState>,
@@ -509,7 +521,8 @@ pub(crate) async fn get_by_effect_key(
 }
 
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
-    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
+    params(("id" = String, Path, description = "the task id")),
+    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody, description = "no such task in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_task(
     State(s): State<AppState>,
@@ -526,7 +539,8 @@ pub(crate) async fn get_task(
 }
 
 #[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
-    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
+    params(("id" = String, Path, description = "the task id")),
+    responses((status = 200, body = TaskView, description = "the task, canceled unless it had ended"), (status = 404, body = crate::error::ErrorBody, description = "no such task in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn cancel_task(
     State(s): State<AppState>,
@@ -543,7 +557,7 @@ pub(crate) async fn cancel_task(
 }
 
 #[utoipa::path(post, path = "/v1/tasks/release", tag = "tasks", request_body = ReleaseBody,
-    responses((status = 200, body = ReleaseAnswer), (status = 404, body = crate::error::ErrorBody)),
+    responses((status = 200, body = ReleaseAnswer), (status = 404, body = crate::error::ErrorBody, description = "no application task with that effect key in that scope")),
     security(("api_key" = [])))]
 pub(crate) async fn release(
     State(s): State<AppState>,
@@ -570,8 +584,9 @@ pub(crate) struct UnreleasedParams {
 }
 
 #[utoipa::path(get, path = "/v1/scopes/{scope}/unreleased-sources", tag = "scopes",
-    params(("step" = Option<String>, Query, description = "only tasks of this step"),
-           ("after" = Option<String>, Query, description = "the `next` of the previous page")),
+    params(("scope" = String, Path, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the scope"),
+           ("step" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only tasks of this step"),
+           ("after" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the `next` of the previous page")),
     responses((status = 200, body = UnreleasedPageView)), security(("api_key" = [])))]
 pub(crate) async fn unreleased_sources(
     State(s): State<AppState>,
@@ -619,7 +634,8 @@ pub(crate) struct DeleteParams {
 }
 
 #[utoipa::path(delete, path = "/v1/scopes/{scope}/tasks", tag = "scopes",
-    params(("source" = Option<String>, Query, description = "only this source's tasks")),
+    params(("scope" = String, Path, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the scope"),
+           ("source" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only this source's tasks")),
     responses((status = 200, body = DeletedAnswer)), security(("api_key" = [])))]
 pub(crate) async fn delete_owner_data(
     State(s): State<AppState>,
@@ -653,16 +669,17 @@ pub(crate) async fn create_run(
             app: caller.app,
             scope: ScopeId::new(body.scope)?,
             subject: caller.subject,
-            input: body.input,
+            input: Value::Object(body.input),
         })
         .await?;
     Ok((StatusCode::CREATED, Json(RunView::from(&run))).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs",
-    params(("wait" = Option<String>, Query, description = "wait for a terminal state, e.g. 30s")),
+    params(("id" = String, Path, description = "the run id"),
+           ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for a terminal state: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
     responses((status = 200, body = RunView, description = "the run; a pipeline run shows its steps under `pipeline`"),
-              (status = 404, body = crate::error::ErrorBody)),
+              (status = 404, body = crate::error::ErrorBody, description = "no such run in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_run(
     State(s): State<AppState>,
@@ -688,7 +705,8 @@ async fn run_view(s: &AppState, run: &Run) -> Result<RunView, ApiError> {
 }
 
 #[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs",
-    responses((status = 200, body = RunView), (status = 404, body = crate::error::ErrorBody)),
+    params(("id" = String, Path, description = "the run id")),
+    responses((status = 200, body = RunView), (status = 404, body = crate::error::ErrorBody, description = "no such run in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn cancel_run(
     State(s): State<AppState>,
@@ -712,8 +730,6 @@ fn pipeline_name(text: String) -> Result<PipelineName, ApiError> {
 #[utoipa::path(post, path = "/v1/pipelines", tag = "pipelines", request_body = PipelineBody,
     responses((status = 201, body = PipelineView, description = "a new version was registered"),
               (status = 200, body = PipelineView, description = "the app had this version already"),
-              (status = 400, body = crate::error::ErrorBody, description = "not JSON, or not the body's shape"),
-              (status = 413, body = crate::error::ErrorBody),
               (status = 422, body = crate::error::ErrorBody, description = "an invalid definition: the message names the field and the reason; nothing is stored")),
     security(("api_key" = [])))]
 pub(crate) async fn register_pipeline(
@@ -742,8 +758,9 @@ pub(crate) struct VersionQuery {
 }
 
 #[utoipa::path(get, path = "/v1/pipelines/{name}", tag = "pipelines",
-    params(("version" = Option<String>, Query, description = "a version (default: the newest)")),
-    responses((status = 200, body = PipelineView), (status = 404, body = crate::error::ErrorBody)),
+    params(("name" = String, Path, description = "the pipeline's name"),
+           ("version" = Option<String>, Query, description = "a version (default: the newest)")),
+    responses((status = 200, body = PipelineView), (status = 404, body = crate::error::ErrorBody, description = "no such pipeline (or version) in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_pipeline(
     State(s): State<AppState>,
@@ -770,8 +787,9 @@ fn not_found_pipeline(version: Option<&str>) -> &'static str {
 }
 
 #[utoipa::path(post, path = "/v1/pipelines/{name}/runs", tag = "pipelines",
-    params(("Idempotency-Key" = Option<String>, Header, description = "starts the run once per key: a retried start answers the run it started"),
-           ("wait" = Option<String>, Query, description = "wait for the run to end, e.g. 30s")),
+    params(("name" = String, Path, description = "the pipeline's name"),
+           ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "starts the run once per key: a retried start answers the run it started"),
+           ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for the run to end: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
     request_body = PipelineRunBody,
     responses((status = 201, body = RunView, description = "the run was started; `pipeline` shows its steps"),
               (status = 200, body = RunView, description = "the run this Idempotency-Key started earlier"),
