@@ -151,14 +151,25 @@ const DRAIN_LIMIT: usize = 64 << 20;
 /// Bodies of the small endpoints (release, runs, pipeline definitions).
 const SMALL_BODY_LIMIT: usize = 1 << 20;
 
-/// Reads a body of at most `limit` bytes within `s.body_read_timeout`. A body whose
-/// `Content-Length` is over the limit is refused before a byte of it is read (so a client
-/// that sent `Expect: 100-continue` gets 413, never `100 Continue`); a longer chunked one
-/// is drained (up to [`DRAIN_LIMIT`]) and answered 413, so nothing of it is kept in
-/// memory. A body still unfinished at the deadline is answered 408.
-async fn read_body(s: &AppState, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads a body of at most `limit` bytes within `s.body_read_timeout`. A longer one is
+/// drained (up to [`DRAIN_LIMIT`]) and answered 413, so nothing of it is kept in memory
+/// and the client, still sending, gets a clean answer rather than a reset connection.
+/// A client that sent `Expect: 100-continue` is waiting for leave to send: a
+/// `Content-Length` over the limit is answered 413 before a byte is read (never
+/// `100 Continue`), and so is one over the drain limit. A body still unfinished at the
+/// deadline is answered 408.
+async fn read_body(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     use http_body::Body as _;
-    if body.size_hint().lower() > limit as u64 {
+    let expects_continue = headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let declared = body.size_hint().lower();
+    if declared > DRAIN_LIMIT as u64 || (expects_continue && declared > limit as u64) {
         return Err(ApiError::too_large(format!(
             "the HTTP body is larger than {limit} bytes"
         )));
@@ -203,10 +214,11 @@ async fn read_body(s: &AppState, body: Body, limit: usize) -> Result<Bytes, ApiE
 /// Reads a JSON body: 413 beyond `limit`, 400 for anything not the shape.
 async fn json_body<T: DeserializeOwned>(
     s: &AppState,
+    headers: &HeaderMap,
     body: Body,
     limit: usize,
 ) -> Result<T, ApiError> {
-    let bytes = read_body(s, body, limit).await?;
+    let bytes = read_body(s, headers, body, limit).await?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::malformed(format!("invalid JSON body: {e}")))
 }
@@ -398,8 +410,13 @@ pub(crate) async fn submit(
     let caller = s.auth.authenticate(&headers)?;
     let q = query(q)?;
     let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
-    let body: SubmitBody =
-        json_body(&s, body, body_limit(s.tollgate.config().max_request_bytes)).await?;
+    let body: SubmitBody = json_body(
+        &s,
+        &headers,
+        body,
+        body_limit(s.tollgate.config().max_request_bytes),
+    )
+    .await?;
     let header_key = match headers.get("idempotency-key") {
         Some(v) => Some(
             v.to_str()
@@ -432,7 +449,7 @@ pub(crate) async fn submit_batch(
     body: Body,
 ) -> Result<Json<BatchAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: BatchBody = json_body(&s, body, BATCH_BODY_LIMIT).await?;
+    let body: BatchBody = json_body(&s, &headers, body, BATCH_BODY_LIMIT).await?;
     if body.tasks.len() > tollgate_engine::MAX_BATCH {
         return Err(ApiError::invalid(format!(
             "a batch holds at most {} tasks, got {}",
@@ -565,7 +582,7 @@ pub(crate) async fn release(
     body: Body,
 ) -> Result<Json<ReleaseAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: ReleaseBody = json_body(&s, body, SMALL_BODY_LIMIT).await?;
+    let body: ReleaseBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
     let scope = ScopeId::new(body.scope)?;
     let key = EffectKey::new(body.effect_key)?;
     if s.tollgate.release(&caller.app, &scope, &key).await? {
@@ -662,7 +679,7 @@ pub(crate) async fn create_run(
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: RunBody = json_body(&s, body, SMALL_BODY_LIMIT).await?;
+    let body: RunBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
     let run = s
         .tollgate
         .create_run(tollgate_core::NewRun {
@@ -738,7 +755,7 @@ pub(crate) async fn register_pipeline(
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: PipelineBody = json_body(&s, body, SMALL_BODY_LIMIT).await?;
+    let body: PipelineBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
     let name = PipelineName::new(body.name)?;
     let (stored, created) = s
         .tollgate
@@ -812,8 +829,13 @@ pub(crate) async fn start_pipeline_run(
         })?)?),
         None => None,
     };
-    let body: PipelineRunBody =
-        json_body(&s, body, body_limit(s.tollgate.config().max_request_bytes)).await?;
+    let body: PipelineRunBody = json_body(
+        &s,
+        &headers,
+        body,
+        body_limit(s.tollgate.config().max_request_bytes),
+    )
+    .await?;
     let name = pipeline_name(name)?;
     let scope = ScopeId::new(body.scope)?;
     let started = s
