@@ -3,7 +3,6 @@
 use crate::{DatabaseArgs, ServeArgs, WorkerArgs};
 use anyhow::{Context, bail};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use std::future::IntoFuture;
 use tollgate_core::AppId;
 use tollgate_engine::Tollgate;
 use tollgate_server::{AppState, Auth, KeyConfig, TollgateConfig};
@@ -88,6 +87,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tollgate = Tollgate::open(&config.database.url, config.engine.clone())
         .await
         .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
+    if metrics.is_some() {
+        // Every series from the first scrape, with its HELP and TYPE (SPEC §11 /metrics).
+        tollgate_engine::metrics::describe();
+        let models = tollgate.models();
+        let providers: Vec<String> = models
+            .ids()
+            .iter()
+            .filter_map(|id| models.resolve(Some(id)).ok())
+            .map(|m| m.model_ref.provider.clone())
+            .collect();
+        tollgate_engine::metrics::register(providers.iter().map(String::as_str));
+    }
     let workers = config.engine.workers.concurrency;
     // Always: an API-only replica runs no tasks but still sweeps (SPEC §6: every replica
     // sweeps), and drives pipeline runs when `[pipelines] drive_without_workers` says so.
@@ -120,17 +131,23 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tollgate: tollgate.clone(),
         auth,
         max_wait: config.server.max_wait,
+        body_read_timeout: config.server.body_read_timeout,
         metrics,
     };
     let grace = config.server.shutdown_grace;
+    let timeouts = tollgate_server::ConnectionTimeouts {
+        header_read: config.server.header_read_timeout,
+        idle: config.server.idle_timeout,
+    };
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut http = tokio::spawn(
-        axum::serve(listener, tollgate_server::router(state))
-            .with_graceful_shutdown(async move {
-                let _ = http_stopped.await;
-            })
-            .into_future(),
-    );
+    let mut http = tokio::spawn(tollgate_server::serve(
+        listener,
+        tollgate_server::router(state),
+        timeouts,
+        async move {
+            let _ = http_stopped.await;
+        },
+    ));
     tokio::select! {
         () = shutdown_signal() => {}
         served = &mut http => {

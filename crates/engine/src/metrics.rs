@@ -141,3 +141,103 @@ pub fn describe() {
         "Notifications published, received and dropped."
     );
 }
+
+/// Creates every series above with the installed recorder, so an exporter shows each one
+/// (with its description) from the first scrape: counters at 0, the in-flight gauge at 0,
+/// histograms with no samples. Labelled series are created for every label value known
+/// up front: each kind, each outcome, each admission rejection code, and each provider
+/// name in `providers` (the configured models' providers). Call once after [`describe`].
+pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
+    use metrics::{counter, gauge, histogram};
+    use tollgate_core::{ErrorCode, TaskKind};
+
+    let providers: Vec<String> = {
+        let mut p: Vec<String> = providers.into_iter().map(str::to_string).collect();
+        p.sort();
+        p.dedup();
+        p
+    };
+    for kind in TaskKind::ALL {
+        let kind = kind.as_str();
+        for outcome in ["created", "existing", "cached", "rejected", "invalid"] {
+            counter!(SUBMITS_TOTAL, "kind" => kind, "outcome" => outcome).absolute(0);
+        }
+        counter!(CACHE_HITS_TOTAL, "kind" => kind).absolute(0);
+        counter!(OUTPUT_REASKS_TOTAL, "kind" => kind).absolute(0);
+        let _ = histogram!(TASK_EXECUTION_SECONDS, "kind" => kind);
+    }
+    let rejections = [
+        ErrorCode::SourceBudget,
+        ErrorCode::DailyBudget,
+        ErrorCode::Capacity,
+        ErrorCode::RateLimit,
+    ];
+    counter!(ADMISSIONS_TOTAL, "outcome" => "admitted").absolute(0);
+    for code in rejections {
+        counter!(ADMISSIONS_TOTAL, "outcome" => code.as_str()).absolute(0);
+    }
+    for provider in &providers {
+        for outcome in ["ok", "invalid_output", "error"] {
+            counter!(PROVIDER_CALLS_TOTAL, "provider" => provider.clone(), "outcome" => outcome)
+                .absolute(0);
+        }
+        for direction in ["input", "output"] {
+            counter!(PROVIDER_TOKENS_TOTAL, "provider" => provider.clone(), "direction" => direction)
+                .absolute(0);
+        }
+        counter!(PROVIDER_RETRIES_TOTAL, "provider" => provider.clone()).absolute(0);
+        let _ = histogram!(PROVIDER_LATENCY_SECONDS, "provider" => provider.clone());
+    }
+    // The error codes of failed executions are open-ended; the outcomes without one are
+    // created here, the rest appear when they first happen.
+    for outcome in ["succeeded", "aborted", "refused"] {
+        counter!(TASK_OUTCOMES_TOTAL, "outcome" => outcome, "code" => "none").absolute(0);
+    }
+    gauge!(TASKS_IN_FLIGHT).set(0.0);
+    for via in ["hint", "poll"] {
+        counter!(CLAIMS_TOTAL, "via" => via).absolute(0);
+    }
+    counter!(HEARTBEAT_STOPS_TOTAL).absolute(0);
+    for item in [
+        "queue_timed_out",
+        "interrupted",
+        "canceled",
+        "runs_repaired",
+        "admissions_pruned",
+        "tasks_deleted",
+    ] {
+        counter!(SWEEP_ROWS_TOTAL, "item" => item).absolute(0);
+    }
+    for direction in ["published", "received", "dropped"] {
+        counter!(NOTIFICATIONS_TOTAL, "direction" => direction).absolute(0);
+    }
+    for outcome in ["succeeded", "failed"] {
+        counter!(PIPELINE_RUNS_FINISHED_TOTAL, "outcome" => outcome).absolute(0);
+    }
+    for outcome in ["created", "existing"] {
+        counter!(PIPELINE_STEPS_SUBMITTED_TOTAL, "outcome" => outcome).absolute(0);
+    }
+    counter!(PIPELINE_ADMISSION_WAITS_TOTAL).absolute(0);
+}
+
+/// Every series name above, for checks that an exporter lists them all.
+pub const ALL: [&str; 18] = [
+    SUBMITS_TOTAL,
+    ADMISSIONS_TOTAL,
+    CACHE_HITS_TOTAL,
+    PROVIDER_CALLS_TOTAL,
+    PROVIDER_LATENCY_SECONDS,
+    PROVIDER_TOKENS_TOTAL,
+    PROVIDER_RETRIES_TOTAL,
+    OUTPUT_REASKS_TOTAL,
+    TASK_OUTCOMES_TOTAL,
+    TASK_EXECUTION_SECONDS,
+    TASKS_IN_FLIGHT,
+    CLAIMS_TOTAL,
+    HEARTBEAT_STOPS_TOTAL,
+    SWEEP_ROWS_TOTAL,
+    NOTIFICATIONS_TOTAL,
+    PIPELINE_RUNS_FINISHED_TOTAL,
+    PIPELINE_STEPS_SUBMITTED_TOTAL,
+    PIPELINE_ADMISSION_WAITS_TOTAL,
+];

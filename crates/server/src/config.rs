@@ -54,6 +54,20 @@ pub struct ServerSection {
     /// How long a shutdown lets in-flight tasks finish.
     #[serde(with = "humantime_serde_compat")]
     pub shutdown_grace: Duration,
+    /// Longest a connection may take to send a request's head (request line and
+    /// headers), counted from when the server starts waiting for it: after accepting the
+    /// connection, or after answering the previous request on it.
+    #[serde(with = "humantime_serde_compat")]
+    pub header_read_timeout: Duration,
+    /// Longest a request's whole body may take to arrive once the handler starts reading
+    /// it; a slower one is answered 408 and its connection closed.
+    #[serde(with = "humantime_serde_compat")]
+    pub body_read_timeout: Duration,
+    /// Longest a connection may stay open without sending a byte while no request on it
+    /// is being answered (a kept-alive connection between requests, or one stalled
+    /// half-way through its headers).
+    #[serde(with = "humantime_serde_compat")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServerSection {
@@ -63,6 +77,9 @@ impl Default for ServerSection {
             max_request_bytes: None,
             max_wait: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -181,8 +198,15 @@ impl TollgateConfig {
                 "apps are configured but none has an API key (leave [apps] out to run the development app)",
             ));
         }
-        if server.max_wait.is_zero() {
-            return Err(ConfigError::at("server.max_wait", "must be longer than 0"));
+        for (key, value) in [
+            ("server.max_wait", server.max_wait),
+            ("server.header_read_timeout", server.header_read_timeout),
+            ("server.body_read_timeout", server.body_read_timeout),
+            ("server.idle_timeout", server.idle_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::at(key, "must be longer than 0"));
+            }
         }
         Auth::new(&api_keys).map_err(|e| {
             let key = e.split(':').next().unwrap_or("apps").to_string();
@@ -262,6 +286,20 @@ mod tests {
         assert!(err.to_string().contains("apps.beta.api_keys"), "{err}");
         let err = TollgateConfig::from_value(json!({"apps": {"acme": {}}})).unwrap_err();
         assert!(err.to_string().contains("apps.acme.api_keys"), "{err}");
+    }
+
+    #[test]
+    fn connection_timeouts_have_defaults_and_refuse_zero() {
+        let c = TollgateConfig::from_value(json!({})).unwrap();
+        assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.server.body_read_timeout, Duration::from_secs(30));
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(5));
+        let c =
+            TollgateConfig::from_value(json!({"server": {"body_read_timeout": "250ms"}})).unwrap();
+        assert_eq!(c.server.body_read_timeout, Duration::from_millis(250));
+        let err =
+            TollgateConfig::from_value(json!({"server": {"idle_timeout": "0s"}})).unwrap_err();
+        assert!(err.to_string().contains("server.idle_timeout"), "{err}");
     }
 
     #[test]

@@ -7,35 +7,211 @@ use tollgate_engine::{PipelineRunInfo, StepInfo};
 use tollgate_store::StoredPipeline;
 use utoipa::ToSchema;
 
+/// Any JSON value the service stores and hashes: numbers within ±(2^53 − 1), nested at
+/// most 64 levels deep (the depth is not expressible in the schema). Schema only.
+#[derive(Debug)]
+pub struct HashableJson;
+
+/// The largest integer a double holds exactly, 2^53 − 1.
+const MAX_SAFE: f64 = 9_007_199_254_740_991.0;
+
+impl utoipa::PartialSchema for HashableJson {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{
+            AdditionalProperties, AnyOfBuilder, ArrayBuilder, ObjectBuilder, SchemaType, Type,
+        };
+        let this = || utoipa::openapi::Ref::from_schema_name("HashableJson");
+        AnyOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(SchemaType::from_iter([
+                Type::Null,
+                Type::Boolean,
+                Type::String,
+            ])))
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Number)
+                    .minimum(Some(-MAX_SAFE))
+                    .maximum(Some(MAX_SAFE)),
+            )
+            .item(ArrayBuilder::new().items(this()))
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .additional_properties(Some(AdditionalProperties::RefOr(this().into()))),
+            )
+            .description(Some(
+                "Any JSON value with numbers within ±(2^53 − 1), nested at most 64 levels deep.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for HashableJson {}
+
+/// A JSON object of [`HashableJson`] values. Schema only.
+#[derive(Debug)]
+pub struct HashableObject;
+
+impl utoipa::PartialSchema for HashableObject {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .additional_properties(Some(AdditionalProperties::RefOr(
+                utoipa::openapi::Ref::from_schema_name("HashableJson").into(),
+            )))
+            .description(Some(
+                "A JSON object; numbers within ±(2^53 − 1), nested at most 64 levels deep.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for HashableObject {}
+
+/// A pipeline definition's outline (the full rules are in docs/pipelines.md). Schema
+/// only.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct DefinitionOutline {
+    /// What the pipeline is for.
+    #[serde(default)]
+    description: Option<String>,
+    /// The steps, each `{key, kind, request, model?, source?, budget?, depends_on?,
+    /// retries?}`.
+    #[schema(value_type = Vec<Object>, min_items = 1)]
+    steps: Vec<Value>,
+    /// The run's output: name → JSON Pointer (`/steps/<key>/output…` or `/input…`).
+    output: std::collections::BTreeMap<String, String>,
+}
+
+/// A task kind.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum KindName {
+    /// `generate_text`.
+    GenerateText,
+    /// `classify`.
+    Classify,
+    /// `classify_many`.
+    ClassifyMany,
+    /// `extract_data`.
+    ExtractData,
+}
+
+/// A task's status.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum TaskStatusName {
+    /// Waiting for a worker.
+    Queued,
+    /// Being executed.
+    Running,
+    /// Done, with an output.
+    Succeeded,
+    /// Done, with an error.
+    Failed,
+    /// Canceled.
+    Canceled,
+}
+
+/// A run's state.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum RunStateName {
+    /// Going.
+    Running,
+    /// A step waits on a task.
+    Waiting,
+    /// Done, with an output.
+    Succeeded,
+    /// Done, with an error.
+    Failed,
+    /// Canceled.
+    Canceled,
+}
+
+/// A pipeline step's status.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum StepStatusName {
+    /// Waiting for its dependencies, admission or a retry.
+    Pending,
+    /// Its task is queued.
+    Queued,
+    /// Its task runs.
+    Running,
+    /// Done, with an output.
+    Succeeded,
+    /// Done, with an error.
+    Failed,
+    /// Canceled.
+    Canceled,
+}
+
 /// `POST /v1/tasks` body.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitBody {
     /// `generate_text`, `classify`, `classify_many` or `extract_data`.
+    #[schema(value_type = KindName)]
     pub kind: String,
-    /// Model id; defaults to the configured default model.
+    /// Model id (one of `GET /v1/models`); defaults to the configured default model.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub model: Option<String>,
     /// The caller's name for the step; defaults to the kind.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub step: Option<String>,
-    /// The kind's request object (see `GET /v1/kinds`).
-    #[schema(value_type = Object)]
+    /// The kind's request object (its schema per kind: `GET /v1/kinds`).
+    #[schema(value_type = HashableObject)]
     pub request: Value,
     /// Application owner's scope. Exactly one of `scope` and `run_id`.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub scope: Option<String>,
     /// Owning workflow run. Exactly one of `scope` and `run_id`.
     #[serde(default)]
+    #[schema(
+        pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
     pub run_id: Option<String>,
     /// Makes the task scoped: cache and admission apply.
     #[serde(default)]
     pub source: Option<SourceBody>,
     /// Budget policy name; defaults to the app's default policy.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub budget: Option<String>,
     /// The effect key, when not sent as the `Idempotency-Key` header.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub effect_key: Option<String>,
 }
 
@@ -44,8 +220,18 @@ pub struct SubmitBody {
 #[serde(deny_unknown_fields)]
 pub struct SourceBody {
     /// Source id.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub id: String,
     /// Source revision.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub revision: String,
     /// Skip the cache and count as a new step.
     #[serde(default)]
@@ -56,7 +242,9 @@ pub struct SourceBody {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchBody {
-    /// Up to 1,000 submissions, each with its own `effect_key`.
+    /// Up to 1,000 submissions, each with its own `effect_key`. Each item is answered
+    /// in place: one that is not a valid submission gets its error in its result.
+    #[schema(value_type = Vec<Value>, max_items = 1000)]
     pub tasks: Vec<Value>,
 }
 
@@ -64,12 +252,15 @@ pub struct BatchBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BatchItem {
     /// HTTP status this item would have had on its own.
+    #[schema(minimum = 200, maximum = 599)]
     pub status: u16,
     /// The task, when submitted.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub task: Option<TaskView>,
     /// The error, when refused.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub error: Option<crate::error::ErrorDetail>,
 }
 
@@ -116,6 +307,7 @@ pub struct UsageView {
     pub output_tokens: u64,
     /// Cost in US dollars, where known.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub cost_usd: Option<f64>,
 }
 
@@ -137,16 +329,20 @@ pub struct TaskView {
     /// The effect key.
     pub effect_key: String,
     /// The kind.
+    #[schema(value_type = KindName)]
     pub kind: String,
     /// The step name.
     pub step: String,
     /// `queued`, `running`, `succeeded`, `failed` or `canceled`.
+    #[schema(value_type = TaskStatusName)]
     pub status: String,
     /// The scope (the run's scope for run-owned tasks).
     pub scope: String,
     /// The owning run, if any.
+    #[schema(required = true)]
     pub run_id: Option<String>,
     /// The source, for scoped tasks.
+    #[schema(required = true)]
     pub source: Option<SourceView>,
     /// The model id asked for.
     pub model: String,
@@ -155,16 +351,20 @@ pub struct TaskView {
     pub created: bool,
     /// Served from the cache.
     pub cached: bool,
-    /// The kind's output, once succeeded.
-    #[schema(value_type = Option<Object>)]
+    /// The kind's output, once succeeded (its shape is the kind's output schema, see
+    /// `GET /v1/kinds`).
+    #[schema(value_type = Option<Value>, required = true)]
     pub output: Option<Value>,
     /// Usage, once succeeded.
+    #[schema(required = true)]
     pub usage: Option<UsageView>,
     /// `{code, message}` once failed or canceled.
+    #[schema(required = true)]
     pub error: Option<TaskErrorView>,
     /// Creation time (RFC 3339, UTC).
     pub created_at: String,
     /// Completion time, once terminal.
+    #[schema(required = true)]
     pub completed_at: Option<String>,
 }
 
@@ -203,8 +403,18 @@ impl TaskView {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseBody {
     /// The task's effect key.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub effect_key: String,
     /// The task's scope.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub scope: String,
 }
 
@@ -231,6 +441,7 @@ pub struct UnreleasedPageView {
     pub sources: Vec<UnreleasedSourceView>,
     /// Pass as `after` for the next page; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub next: Option<String>,
 }
 
@@ -246,11 +457,16 @@ pub struct DeletedAnswer {
 #[serde(deny_unknown_fields)]
 pub struct RunBody {
     /// The scope the run's tasks are admitted and cached in.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub scope: String,
-    /// The run's input.
+    /// The run's input: a JSON object (default `{}`).
     #[serde(default)]
-    #[schema(value_type = Object)]
-    pub input: Value,
+    #[schema(value_type = HashableObject)]
+    pub input: serde_json::Map<String, Value>,
 }
 
 /// A workflow run (SPEC §7).
@@ -261,18 +477,21 @@ pub struct RunView {
     /// Scope.
     pub scope: String,
     /// `running`, `waiting`, `succeeded`, `failed` or `canceled`.
+    #[schema(value_type = RunStateName)]
     pub state: String,
     /// Whether cancellation was requested.
     pub cancel_requested: bool,
-    /// The run's input.
-    #[schema(value_type = Object)]
+    /// The run's input (a JSON object).
+    #[schema(value_type = HashableObject)]
     pub input: Value,
     /// The output, once succeeded.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>, required = true)]
     pub output: Option<Value>,
     /// The error, once failed or canceled.
+    #[schema(required = true)]
     pub error: Option<TaskErrorView>,
     /// The task a waiting step waits on.
+    #[schema(required = true)]
     pub waiting_on: Option<String>,
     /// Creation time.
     pub created_at: String,
@@ -281,6 +500,7 @@ pub struct RunView {
     /// For a run of a pipeline: its version and where each step stands (absent for
     /// other runs).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub pipeline: Option<PipelineProgressView>,
 }
 
@@ -315,12 +535,13 @@ impl From<&Run> for RunView {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineBody {
-    /// The pipeline's name (letters, digits, `_`, `-`, `.`): new versions are registered
-    /// under the same name.
+    /// The pipeline's name (letters, digits, `_`, `-`, `.`; not starting with `.`; at
+    /// most 128 bytes): new versions are registered under the same name.
+    #[schema(pattern = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")]
     pub name: String,
     /// The definition: `{"description"?, "steps": [...], "output": {...}}` (see
     /// docs/pipelines.md).
-    #[schema(value_type = Object)]
+    #[schema(value_type = DefinitionOutline)]
     pub definition: Value,
 }
 
@@ -359,18 +580,33 @@ fn empty_object() -> Value {
     Value::Object(Default::default())
 }
 
+/// A JSON object (anything else is refused as not the body's shape).
+fn object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+    serde_json::Map::<String, Value>::deserialize(d).map(Value::Object)
+}
+
 /// `POST /v1/pipelines/{name}/runs` body.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineRunBody {
     /// The scope the run's tasks are admitted and cached in.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub scope: String,
     /// The run's input: what the steps' `/input…` references read (default `{}`).
-    #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
+    #[serde(default = "empty_object", deserialize_with = "object")]
+    #[schema(value_type = HashableObject)]
     pub input: Value,
     /// The version to run (default: the newest).
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub version: Option<String>,
 }
 
@@ -380,18 +616,22 @@ pub struct StepView {
     /// The step's key.
     pub key: String,
     /// The step's task kind.
+    #[schema(value_type = KindName)]
     pub kind: String,
     /// `pending` (waiting for dependencies, admission or a retry), `queued`, `running`,
     /// `succeeded`, `failed` or `canceled`.
+    #[schema(value_type = StepStatusName)]
     pub status: String,
     /// Attempts submitted so far.
     pub attempts: u32,
     /// The latest attempt's task.
+    #[schema(required = true)]
     pub task_id: Option<String>,
     /// The step's output, once succeeded.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>, required = true)]
     pub output: Option<Value>,
     /// The latest attempt's error, once failed or canceled.
+    #[schema(required = true)]
     pub error: Option<TaskErrorView>,
 }
 
@@ -434,6 +674,7 @@ impl From<&PipelineRunInfo> for PipelineProgressView {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct KindView {
     /// The kind.
+    #[schema(value_type = KindName)]
     pub kind: String,
     /// JSON Schema of its request object.
     #[schema(value_type = Object)]

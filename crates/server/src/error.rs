@@ -24,12 +24,15 @@ pub struct ErrorDetail {
     /// Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
     /// own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
     /// `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
+    /// `subject_not_allowed`, `method_not_allowed`, `request_timeout`, `uri_too_long`,
+    /// `unsupported_media_type`, `request_header_fields_too_large`,
     /// `database_unavailable`, `internal`).
     pub code: String,
     /// Human-readable explanation.
     pub message: String,
     /// Seconds until a retry may succeed, where known (admission rate limit).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, minimum = 1)]
     pub retry_after_s: Option<u64>,
 }
 

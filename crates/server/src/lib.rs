@@ -11,11 +11,13 @@ pub mod dto;
 pub mod error;
 mod openapi;
 mod routes;
+mod serve;
 
 pub use auth::{Auth, Caller, KeyConfig};
 pub use config::TollgateConfig;
 pub use error::ApiError;
 pub use openapi::openapi_json;
+pub use serve::{ConnectionTimeouts, serve};
 
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -41,6 +43,8 @@ pub struct AppState {
     pub auth: Auth,
     /// Longest `?wait=`.
     pub max_wait: Duration,
+    /// Longest a request body may take to arrive (`[server] body_read_timeout`).
+    pub body_read_timeout: Duration,
     /// Prometheus renderer for `/metrics`, when a recorder is installed.
     pub metrics: Option<PrometheusHandle>,
 }

@@ -2,7 +2,10 @@
 
 use crate::dto::*;
 use crate::error::{ErrorBody, ErrorDetail};
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::path::HttpMethod;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
@@ -35,9 +38,10 @@ use utoipa::{Modify, OpenApi};
         TaskErrorView, UsageView, ReleaseBody, ReleaseAnswer, UnreleasedSourceView,
         UnreleasedPageView, DeletedAnswer, RunBody, RunView, KindView, KindsAnswer, ModelView,
         ModelsAnswer, PipelineBody, PipelineView, PipelineRunBody, StepView,
-        PipelineProgressView, ErrorBody, ErrorDetail
+        PipelineProgressView, ErrorBody, ErrorDetail, KindName, TaskStatusName, RunStateName,
+        StepStatusName, HashableJson, HashableObject, DefinitionOutline
     )),
-    modifiers(&ApiKeyAuth)
+    modifiers(&ApiKeyAuth, &ErrorAnswers)
 )]
 struct ApiDoc;
 
@@ -55,6 +59,146 @@ impl Modify for ApiKeyAuth {
                     .build(),
             ),
         );
+    }
+}
+
+/// What every authenticated route can answer besides its own answers: a malformed query
+/// or header (400), no or an unknown key (401), a subject the key may not assert (403),
+/// a server fault (500).
+const EVERY_ROUTE: &[u16] = &[400, 401, 403, 500];
+/// The error answers each operation can give beyond [`EVERY_ROUTE`] (404 and 409 are
+/// declared on the handlers, with what they mean there). A route reading a JSON body adds
+/// 408 (it did not arrive in time), 413 (over its limit), 415 (not JSON) and 422
+/// (invalid); 503: the database is unreachable; 429: admission refused (`Retry-After` on
+/// a rate limit).
+const ROUTE_ERRORS: &[(&str, HttpMethod, &[u16])] = &[
+    (
+        "/v1/tasks",
+        HttpMethod::Post,
+        &[408, 413, 415, 422, 429, 503],
+    ),
+    ("/v1/tasks", HttpMethod::Get, &[503]),
+    (
+        "/v1/tasks/batch",
+        HttpMethod::Post,
+        &[408, 413, 415, 422, 503],
+    ),
+    (
+        "/v1/tasks/release",
+        HttpMethod::Post,
+        &[408, 413, 415, 422, 503],
+    ),
+    ("/v1/tasks/{id}", HttpMethod::Get, &[503]),
+    ("/v1/tasks/{id}/cancel", HttpMethod::Post, &[409, 503]),
+    (
+        "/v1/scopes/{scope}/unreleased-sources",
+        HttpMethod::Get,
+        &[422, 503],
+    ),
+    ("/v1/scopes/{scope}/tasks", HttpMethod::Delete, &[422, 503]),
+    ("/v1/runs", HttpMethod::Post, &[408, 413, 415, 422, 503]),
+    ("/v1/runs/{id}", HttpMethod::Get, &[503]),
+    ("/v1/runs/{id}/cancel", HttpMethod::Post, &[409, 503]),
+    (
+        "/v1/pipelines",
+        HttpMethod::Post,
+        &[408, 413, 415, 422, 503],
+    ),
+    ("/v1/pipelines/{name}", HttpMethod::Get, &[503]),
+    (
+        "/v1/pipelines/{name}/runs",
+        HttpMethod::Post,
+        &[408, 413, 415, 422, 429, 503],
+    ),
+    ("/v1/kinds", HttpMethod::Get, &[]),
+    ("/v1/models", HttpMethod::Get, &[]),
+];
+
+fn error_description(status: u16) -> &'static str {
+    match status {
+        400 => "malformed: not JSON or not the body's shape, a bad query parameter or header",
+        401 => "no API key, or an unknown one",
+        403 => "the key may not assert the X-Tollgate-Subject it sent",
+        404 => "not found, or not the caller's",
+        408 => "the request body did not arrive within the server's body_read_timeout",
+        409 => "conflicts with the current state",
+        413 => "the body is over the size limit",
+        415 => "the body is not JSON (Content-Type)",
+        422 => "well-formed but invalid: the message names the field and the reason",
+        429 => "refused by admission: the code says which limit; Retry-After on a rate limit",
+        500 => "a server fault (the message carries no internal detail)",
+        503 => "the database is unavailable; retry",
+        _ => "error",
+    }
+}
+
+/// Declares on every operation the error answers it can give, each with the error
+/// envelope; 429 with its `Retry-After` header.
+struct ErrorAnswers;
+
+impl Modify for ErrorAnswers {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, method, extra) in ROUTE_ERRORS {
+            let Some(item) = openapi.paths.paths.get_mut(*path) else {
+                panic!("ROUTE_ERRORS names {path}, which is not documented");
+            };
+            let operation = match method {
+                HttpMethod::Get => item.get.as_mut(),
+                HttpMethod::Post => item.post.as_mut(),
+                HttpMethod::Delete => item.delete.as_mut(),
+                _ => None,
+            };
+            let Some(operation) = operation else {
+                panic!("ROUTE_ERRORS names a method of {path} that is not documented");
+            };
+            for status in EVERY_ROUTE.iter().chain(extra.iter()) {
+                let key = status.to_string();
+                if operation.responses.responses.contains_key(&key) {
+                    continue;
+                }
+                let mut response = ResponseBuilder::new()
+                    .description(error_description(*status))
+                    .content(
+                        "application/json",
+                        ContentBuilder::new()
+                            .schema(Some(Ref::from_schema_name("ErrorBody")))
+                            .build(),
+                    );
+                if *status == 429 {
+                    response = response.header(
+                        "Retry-After",
+                        HeaderBuilder::new()
+                            .schema(
+                                utoipa::openapi::ObjectBuilder::new()
+                                    .schema_type(utoipa::openapi::schema::Type::Integer)
+                                    .minimum(Some(1)),
+                            )
+                            .description(Some(
+                                "seconds until the rate limit admits again (rate limit only)",
+                            ))
+                            .build(),
+                    );
+                }
+                operation
+                    .responses
+                    .responses
+                    .insert(key, RefOr::T(response.build()));
+            }
+        }
+        for (path, item) in &openapi.paths.paths {
+            for (method, operation) in [
+                ("get", &item.get),
+                ("post", &item.post),
+                ("delete", &item.delete),
+            ] {
+                if let Some(op) = operation {
+                    assert!(
+                        op.responses.responses.contains_key("401"),
+                        "{method} {path} is missing from ROUTE_ERRORS"
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -57,9 +57,91 @@ pub(crate) fn router(state: AppState) -> Router {
                 "this route does not take that method",
             )
         })
+        .layer(axum::middleware::from_fn(require_json))
+        .layer(axum::middleware::map_response(envelope_errors))
         // Bodies are read by `read_body` with each route's own limit.
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
+}
+
+/// 415 for a `POST` whose `Content-Type` says its body is not JSON (every body the API
+/// takes is JSON; a request without the header is read as JSON).
+async fn require_json(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if request.method() == axum::http::Method::POST
+        && let Some(value) = request.headers().get(header::CONTENT_TYPE)
+    {
+        let json = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.split(';').next())
+            .map(|m| m.trim().to_ascii_lowercase())
+            .is_some_and(|m| m == "application/json" || m.ends_with("+json"));
+        if !json {
+            return ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "request bodies are JSON: send Content-Type: application/json",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// The code of an error answer that was not made by [`ApiError`] (axum's extractor
+/// rejections and the like).
+fn code_for(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "malformed_request",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::REQUEST_TIMEOUT => "request_timeout",
+        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+        StatusCode::URI_TOO_LONG => "uri_too_long",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UNPROCESSABLE_ENTITY => "invalid_request",
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "request_header_fields_too_large",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        s if s.is_server_error() => "internal",
+        _ => "client_error",
+    }
+}
+
+/// Gives every error answer the JSON envelope: one that is not JSON already (an axum
+/// extractor rejection's plain text, an empty body) keeps its status and headers, and its
+/// text becomes the message.
+async fn envelope_errors(response: Response) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let message = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .ok()
+        .and_then(|b| String::from_utf8(b.to_vec()).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
+    let mut enveloped = ApiError::new(status, code_for(status), message).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            enveloped
+                .headers_mut()
+                .entry(name)
+                .or_insert_with(|| value.clone());
+        }
+    }
+    enveloped
 }
 
 /// Largest body a client may keep sending after it went over its limit: it is read and
@@ -69,34 +151,74 @@ const DRAIN_LIMIT: usize = 64 << 20;
 /// Bodies of the small endpoints (release, runs, pipeline definitions).
 const SMALL_BODY_LIMIT: usize = 1 << 20;
 
-/// Reads a body of at most `limit` bytes. A longer one is drained (up to [`DRAIN_LIMIT`])
-/// and answered 413, so nothing of it is kept in memory.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    let mut stream = body.into_data_stream();
-    let mut buf = Vec::new();
-    let mut total = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::malformed(format!("cannot read the body: {e}")))?;
-        total = total.saturating_add(chunk.len());
-        if total > limit {
-            if total > DRAIN_LIMIT {
-                break;
-            }
-            continue;
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    if total > limit {
+/// Reads a body of at most `limit` bytes within `s.body_read_timeout`. A longer one is
+/// drained (up to [`DRAIN_LIMIT`]) and answered 413, so nothing of it is kept in memory
+/// and the client, still sending, gets a clean answer rather than a reset connection.
+/// A client that sent `Expect: 100-continue` is waiting for leave to send: a
+/// `Content-Length` over the limit is answered 413 before a byte is read (never
+/// `100 Continue`), and so is one over the drain limit. A body still unfinished at the
+/// deadline is answered 408.
+async fn read_body(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    use http_body::Body as _;
+    let expects_continue = headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let declared = body.size_hint().lower();
+    if declared > DRAIN_LIMIT as u64 || (expects_continue && declared > limit as u64) {
         return Err(ApiError::too_large(format!(
             "the HTTP body is larger than {limit} bytes"
         )));
     }
-    Ok(Bytes::from(buf))
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut buf = Vec::new();
+        let mut total = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let chunk =
+                chunk.map_err(|e| ApiError::malformed(format!("cannot read the body: {e}")))?;
+            total = total.saturating_add(chunk.len());
+            if total > limit {
+                if total > DRAIN_LIMIT {
+                    break;
+                }
+                continue;
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        if total > limit {
+            return Err(ApiError::too_large(format!(
+                "the HTTP body is larger than {limit} bytes"
+            )));
+        }
+        Ok(Bytes::from(buf))
+    };
+    tokio::time::timeout(s.body_read_timeout, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the request body did not arrive within {}",
+                    humantime::format_duration(s.body_read_timeout)
+                ),
+            ))
+        })
 }
 
 /// Reads a JSON body: 413 beyond `limit`, 400 for anything not the shape.
-async fn json_body<T: DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
-    let bytes = read_body(body, limit).await?;
+async fn json_body<T: DeserializeOwned>(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let bytes = read_body(s, headers, body, limit).await?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::malformed(format!("invalid JSON body: {e}")))
 }
@@ -106,18 +228,29 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         .map_err(|e| ApiError::malformed(e.body_text()))
 }
 
-/// `?wait=` as `30s`, `500ms` or plain seconds, capped at the server's maximum.
+/// `?wait=`: a number of seconds (`30`) or a number with a unit, `ms`, `s`, `m` or `h`
+/// (`500ms`, `30s`, `2m`), at most nine digits; capped at the server's maximum. The
+/// OpenAPI document declares exactly this syntax as the parameter's pattern.
 fn parse_wait(text: Option<&str>, max: Duration) -> Result<Option<Duration>, ApiError> {
     let Some(text) = text else {
         return Ok(None);
     };
-    let d = match text.parse::<u64>() {
-        Ok(secs) => Duration::from_secs(secs),
-        Err(_) => humantime::parse_duration(text).map_err(|e| {
-            ApiError::malformed(format!("wait={text:?} is not a duration like 30s: {e}"))
-        })?,
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    let millis_per = match unit {
+        "ms" => Some(1),
+        "" | "s" => Some(1_000),
+        "m" => Some(60_000),
+        "h" => Some(3_600_000),
+        _ => None,
     };
-    Ok(Some(d.min(max)))
+    let (Some(per), Ok(n), 1..=9) = (millis_per, number.parse::<u64>(), digits) else {
+        return Err(ApiError::malformed(format!(
+            "wait={text:?} is not a duration like 30s: give a number of seconds, or a number \
+             (at most nine digits) with ms, s, m or h"
+        )));
+    };
+    Ok(Some(Duration::from_millis(n * per).min(max)))
 }
 
 fn task_id(text: &str) -> Result<TaskId, ApiError> {
@@ -260,13 +393,13 @@ pub(crate) struct WaitQuery {
 }
 
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
-    params(("Idempotency-Key" = Option<String>, Header, description = "the effect key"),
-           ("wait" = Option<String>, Query, description = "wait for a terminal state, e.g. 30s")),
+    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the effect key (or the body's `effect_key`; one of them is required, and they must agree)"),
+           ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for a terminal state: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
     request_body = SubmitBody,
     responses((status = 201, body = TaskView, description = "created and queued"),
               (status = 200, body = TaskView, description = "existing task, or served from cache"),
-              (status = 409, body = crate::error::ErrorBody), (status = 413, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
+              (status = 404, body = crate::error::ErrorBody, description = "`run_id` names no run of the caller's app"),
+              (status = 409, body = crate::error::ErrorBody, description = "the effect key names a task with another request")),
     security(("api_key" = [])))]
 pub(crate) async fn submit(
     State(s): State<AppState>,
@@ -277,8 +410,13 @@ pub(crate) async fn submit(
     let caller = s.auth.authenticate(&headers)?;
     let q = query(q)?;
     let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
-    let body: SubmitBody =
-        json_body(body, body_limit(s.tollgate.config().max_request_bytes)).await?;
+    let body: SubmitBody = json_body(
+        &s,
+        &headers,
+        body,
+        body_limit(s.tollgate.config().max_request_bytes),
+    )
+    .await?;
     let header_key = match headers.get("idempotency-key") {
         Some(v) => Some(
             v.to_str()
@@ -303,14 +441,15 @@ pub(crate) async fn submit(
 }
 
 #[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks", request_body = BatchBody,
-    responses((status = 200, body = BatchAnswer)), security(("api_key" = [])))]
+    responses((status = 200, body = BatchAnswer, description = "one result per item, in order")),
+    security(("api_key" = [])))]
 pub(crate) async fn submit_batch(
     State(s): State<AppState>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<BatchAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: BatchBody = json_body(body, BATCH_BODY_LIMIT).await?;
+    let body: BatchBody = json_body(&s, &headers, body, BATCH_BODY_LIMIT).await?;
     if body.tasks.len() > tollgate_engine::MAX_BATCH {
         return Err(ApiError::invalid(format!(
             "a batch holds at most {} tasks, got {}",
@@ -378,7 +517,7 @@ pub(crate) struct EffectKeyQuery {
 
 #[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
     params(("effect_key" = String, Query, description = "the task's effect key")),
-    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
+    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody, description = "no task with that effect key in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_by_effect_key(
     State(s): State<AppState>,
@@ -399,7 +538,8 @@ pub(crate) async fn get_by_effect_key(
 }
 
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
-    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
+    params(("id" = String, Path, description = "the task id")),
+    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody, description = "no such task in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_task(
     State(s): State<AppState>,
@@ -416,7 +556,8 @@ pub(crate) async fn get_task(
 }
 
 #[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
-    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
+    params(("id" = String, Path, description = "the task id")),
+    responses((status = 200, body = TaskView, description = "the task, canceled unless it had ended"), (status = 404, body = crate::error::ErrorBody, description = "no such task in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn cancel_task(
     State(s): State<AppState>,
@@ -433,7 +574,7 @@ pub(crate) async fn cancel_task(
 }
 
 #[utoipa::path(post, path = "/v1/tasks/release", tag = "tasks", request_body = ReleaseBody,
-    responses((status = 200, body = ReleaseAnswer), (status = 404, body = crate::error::ErrorBody)),
+    responses((status = 200, body = ReleaseAnswer), (status = 404, body = crate::error::ErrorBody, description = "no application task with that effect key in that scope")),
     security(("api_key" = [])))]
 pub(crate) async fn release(
     State(s): State<AppState>,
@@ -441,7 +582,7 @@ pub(crate) async fn release(
     body: Body,
 ) -> Result<Json<ReleaseAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: ReleaseBody = json_body(body, SMALL_BODY_LIMIT).await?;
+    let body: ReleaseBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
     let scope = ScopeId::new(body.scope)?;
     let key = EffectKey::new(body.effect_key)?;
     if s.tollgate.release(&caller.app, &scope, &key).await? {
@@ -460,8 +601,9 @@ pub(crate) struct UnreleasedParams {
 }
 
 #[utoipa::path(get, path = "/v1/scopes/{scope}/unreleased-sources", tag = "scopes",
-    params(("step" = Option<String>, Query, description = "only tasks of this step"),
-           ("after" = Option<String>, Query, description = "the `next` of the previous page")),
+    params(("scope" = String, Path, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the scope"),
+           ("step" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only tasks of this step"),
+           ("after" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the `next` of the previous page")),
     responses((status = 200, body = UnreleasedPageView)), security(("api_key" = [])))]
 pub(crate) async fn unreleased_sources(
     State(s): State<AppState>,
@@ -509,7 +651,8 @@ pub(crate) struct DeleteParams {
 }
 
 #[utoipa::path(delete, path = "/v1/scopes/{scope}/tasks", tag = "scopes",
-    params(("source" = Option<String>, Query, description = "only this source's tasks")),
+    params(("scope" = String, Path, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the scope"),
+           ("source" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only this source's tasks")),
     responses((status = 200, body = DeletedAnswer)), security(("api_key" = [])))]
 pub(crate) async fn delete_owner_data(
     State(s): State<AppState>,
@@ -536,23 +679,24 @@ pub(crate) async fn create_run(
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: RunBody = json_body(body, SMALL_BODY_LIMIT).await?;
+    let body: RunBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
     let run = s
         .tollgate
         .create_run(tollgate_core::NewRun {
             app: caller.app,
             scope: ScopeId::new(body.scope)?,
             subject: caller.subject,
-            input: body.input,
+            input: Value::Object(body.input),
         })
         .await?;
     Ok((StatusCode::CREATED, Json(RunView::from(&run))).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs",
-    params(("wait" = Option<String>, Query, description = "wait for a terminal state, e.g. 30s")),
+    params(("id" = String, Path, description = "the run id"),
+           ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for a terminal state: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
     responses((status = 200, body = RunView, description = "the run; a pipeline run shows its steps under `pipeline`"),
-              (status = 404, body = crate::error::ErrorBody)),
+              (status = 404, body = crate::error::ErrorBody, description = "no such run in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_run(
     State(s): State<AppState>,
@@ -578,7 +722,8 @@ async fn run_view(s: &AppState, run: &Run) -> Result<RunView, ApiError> {
 }
 
 #[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs",
-    responses((status = 200, body = RunView), (status = 404, body = crate::error::ErrorBody)),
+    params(("id" = String, Path, description = "the run id")),
+    responses((status = 200, body = RunView), (status = 404, body = crate::error::ErrorBody, description = "no such run in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn cancel_run(
     State(s): State<AppState>,
@@ -602,8 +747,6 @@ fn pipeline_name(text: String) -> Result<PipelineName, ApiError> {
 #[utoipa::path(post, path = "/v1/pipelines", tag = "pipelines", request_body = PipelineBody,
     responses((status = 201, body = PipelineView, description = "a new version was registered"),
               (status = 200, body = PipelineView, description = "the app had this version already"),
-              (status = 400, body = crate::error::ErrorBody, description = "not JSON, or not the body's shape"),
-              (status = 413, body = crate::error::ErrorBody),
               (status = 422, body = crate::error::ErrorBody, description = "an invalid definition: the message names the field and the reason; nothing is stored")),
     security(("api_key" = [])))]
 pub(crate) async fn register_pipeline(
@@ -612,7 +755,7 @@ pub(crate) async fn register_pipeline(
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let body: PipelineBody = json_body(body, SMALL_BODY_LIMIT).await?;
+    let body: PipelineBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
     let name = PipelineName::new(body.name)?;
     let (stored, created) = s
         .tollgate
@@ -632,8 +775,9 @@ pub(crate) struct VersionQuery {
 }
 
 #[utoipa::path(get, path = "/v1/pipelines/{name}", tag = "pipelines",
-    params(("version" = Option<String>, Query, description = "a version (default: the newest)")),
-    responses((status = 200, body = PipelineView), (status = 404, body = crate::error::ErrorBody)),
+    params(("name" = String, Path, description = "the pipeline's name"),
+           ("version" = Option<String>, Query, description = "a version (default: the newest)")),
+    responses((status = 200, body = PipelineView), (status = 404, body = crate::error::ErrorBody, description = "no such pipeline (or version) in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_pipeline(
     State(s): State<AppState>,
@@ -660,8 +804,9 @@ fn not_found_pipeline(version: Option<&str>) -> &'static str {
 }
 
 #[utoipa::path(post, path = "/v1/pipelines/{name}/runs", tag = "pipelines",
-    params(("Idempotency-Key" = Option<String>, Header, description = "starts the run once per key: a retried start answers the run it started"),
-           ("wait" = Option<String>, Query, description = "wait for the run to end, e.g. 30s")),
+    params(("name" = String, Path, description = "the pipeline's name"),
+           ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "starts the run once per key: a retried start answers the run it started"),
+           ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for the run to end: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
     request_body = PipelineRunBody,
     responses((status = 201, body = RunView, description = "the run was started; `pipeline` shows its steps"),
               (status = 200, body = RunView, description = "the run this Idempotency-Key started earlier"),
@@ -684,8 +829,13 @@ pub(crate) async fn start_pipeline_run(
         })?)?),
         None => None,
     };
-    let body: PipelineRunBody =
-        json_body(body, body_limit(s.tollgate.config().max_request_bytes)).await?;
+    let body: PipelineRunBody = json_body(
+        &s,
+        &headers,
+        body,
+        body_limit(s.tollgate.config().max_request_bytes),
+    )
+    .await?;
     let name = pipeline_name(name)?;
     let scope = ScopeId::new(body.scope)?;
     let started = s

@@ -130,6 +130,7 @@ async fn a_lost_database_is_503_until_it_returns() {
         tollgate,
         auth: Auth::new(&[(app, vec![KeyConfig::Plain(KEY.into())])]).unwrap(),
         max_wait: Duration::from_secs(5),
+        body_read_timeout: Duration::from_secs(5),
         metrics: None,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
