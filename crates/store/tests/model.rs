@@ -1591,6 +1591,7 @@ impl Harness {
                                     .map(|s| StepKey::new(STEPS[usize::from(s)]).expect("step")),
                                 after: after.clone(),
                                 limit: u32::from(*limit),
+                                subject: None,
                             },
                         )
                         .await
