@@ -39,6 +39,7 @@
 
 #![warn(missing_docs)]
 
+mod access;
 pub mod config;
 mod driver;
 mod error;
@@ -51,6 +52,7 @@ mod registry;
 mod sweeper;
 mod worker;
 
+pub use access::CallerView;
 pub use config::{ConfigError, EngineConfig};
 pub use error::EngineError;
 pub use facade::{

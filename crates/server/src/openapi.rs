@@ -35,7 +35,7 @@ use utoipa::{Modify, OpenApi};
         TaskErrorView, UsageView, ReleaseBody, ReleaseAnswer, UnreleasedSourceView,
         UnreleasedPageView, DeletedAnswer, RunBody, RunView, KindView, KindsAnswer, ModelView,
         ModelsAnswer, PipelineBody, PipelineView, PipelineRunBody, StepView,
-        PipelineProgressView, ErrorBody, ErrorDetail
+        PipelineProgressView, SubjectView, ErrorBody, ErrorDetail
     )),
     modifiers(&ApiKeyAuth)
 )]

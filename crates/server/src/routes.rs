@@ -1,7 +1,7 @@
 //! The routes. Each handler authenticates, turns JSON into engine calls, and turns the
 //! answer (or the typed error) into JSON.
 
-use crate::auth::Caller;
+use crate::auth::{Caller, single_header};
 use crate::dto::*;
 use crate::error::ApiError;
 use crate::{AppState, BATCH_BODY_LIMIT, body_limit};
@@ -19,10 +19,12 @@ use serde_json::Value;
 use std::time::Duration;
 use tollgate_core::kinds::{output_schema, request_schema};
 use tollgate_core::{
-    AppId, BudgetName, EffectKey, ModelId, PipelineName, Run, RunId, ScopeId, SourceId,
-    SourceRevision, StepKey, Task, TaskId, TaskKind, TaskOwner, ValidatedRequest,
+    BudgetName, EffectKey, ModelId, PipelineName, Run, RunId, ScopeId, SourceId, SourceRevision,
+    StepKey, Task, TaskId, TaskKind, TaskOwner, ValidatedRequest,
 };
-use tollgate_engine::{PipelineStart, SourceSpec, Submission, SubmissionOwner, Submitted};
+use tollgate_engine::{
+    CallerView, PipelineStart, SourceSpec, Submission, SubmissionOwner, Submitted,
+};
 use tollgate_store::{ScopedSource, UnreleasedQuery};
 
 pub(crate) fn router(state: AppState) -> Router {
@@ -59,6 +61,7 @@ pub(crate) fn router(state: AppState) -> Router {
         })
         // Bodies are read by `read_body` with each route's own limit.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(crate::request_id::layer))
         .with_state(state)
 }
 
@@ -94,16 +97,44 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     Ok(Bytes::from(buf))
 }
 
-/// Reads a JSON body: 413 beyond `limit`, 400 for anything not the shape.
+/// Reads a JSON body: 413 beyond `limit`, 400 for anything not the shape and for a
+/// key named twice in one object, at any depth (`ambiguous_request`).
 async fn json_body<T: DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
     let bytes = read_body(body, limit).await?;
-    serde_json::from_slice(&bytes)
+    let value = tollgate_core::json::parse_unambiguous(&bytes).map_err(|e| {
+        if e.is_data() {
+            ApiError::ambiguous(format!("invalid JSON body: {e}"))
+        } else {
+            ApiError::malformed(format!("invalid JSON body: {e}"))
+        }
+    })?;
+    serde_json::from_value(value)
         .map_err(|e| ApiError::malformed(format!("invalid JSON body: {e}")))
 }
 
+/// The query parameters of a route (each route's struct refuses unknown and repeated
+/// parameters: 400 naming them).
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(v)| v)
         .map_err(|e| ApiError::malformed(e.body_text()))
+}
+
+/// The query of a route that takes no parameters: any parameter is refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NoParams {}
+
+/// The engine as the caller sees it (its app, and its subject's share of it).
+fn view(s: &AppState, caller: &Caller) -> CallerView {
+    s.tollgate
+        .as_caller(caller.app.clone(), caller.visibility.clone())
+}
+
+/// The `Idempotency-Key` header: once, UTF-8, and an identifier like every other.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<EffectKey>, ApiError> {
+    Ok(single_header(headers, "idempotency-key")?
+        .map(|k| EffectKey::new(k).map_err(|e| e.for_field("Idempotency-Key")))
+        .transpose()?)
 }
 
 /// `?wait=` as `30s`, `500ms` or plain seconds, capped at the server's maximum.
@@ -133,7 +164,7 @@ fn run_id(text: &str) -> Result<RunId, ApiError> {
 fn submission(
     caller: &Caller,
     body: SubmitBody,
-    header_key: Option<&str>,
+    header_key: Option<&EffectKey>,
 ) -> Result<Submission, ApiError> {
     let kind = TaskKind::parse(&body.kind).ok_or_else(|| {
         ApiError::invalid(format!(
@@ -161,12 +192,13 @@ fn submission(
         }
     };
     let key = match (header_key, body.effect_key.as_deref()) {
-        (Some(h), Some(b)) if h != b => {
+        (Some(h), Some(b)) if h.as_str() != b => {
             return Err(ApiError::invalid(
                 "the Idempotency-Key header and the effect_key field differ",
             ));
         }
-        (Some(k), _) | (None, Some(k)) => EffectKey::new(k)?,
+        (Some(k), _) => k.clone(),
+        (None, Some(k)) => EffectKey::new(k)?,
         (None, None) => {
             return Err(ApiError::invalid(
                 "an effect key is required: send the Idempotency-Key header or an effect_key field",
@@ -255,6 +287,7 @@ fn submit_status(submitted: &Submitted) -> StatusCode {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct WaitQuery {
     wait: Option<String>,
 }
@@ -277,29 +310,32 @@ pub(crate) async fn submit(
     let caller = s.auth.authenticate(&headers)?;
     let q = query(q)?;
     let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
+    let header_key = idempotency_key(&headers)?;
     let body: SubmitBody =
         json_body(body, body_limit(s.tollgate.config().max_request_bytes)).await?;
-    let header_key = match headers.get("idempotency-key") {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| ApiError::malformed("the Idempotency-Key header is not text"))?,
-        ),
-        None => None,
-    };
-    let sub = submission(&caller, body, header_key)?;
-    let submitted = s.tollgate.submit(sub.clone()).await?;
+    let sub = submission(&caller, body, header_key.as_ref())?;
+    let view = view(&s, &caller);
+    let submitted = view.submit(sub.clone()).await?;
     if !submitted.created {
         check_same_submission(&s, &sub, &submitted.task)?;
     }
     let status = submit_status(&submitted);
-    let mut task = submitted.task;
-    if let Some(wait) = wait
-        && !task.status.is_terminal()
-        && let Some(now) = s.tollgate.wait(&caller.app, task.id, wait).await?
-    {
-        task = now;
-    }
+    let task = waited_task(&view, submitted.task, wait).await?;
     Ok((status, Json(TaskView::of(&task, submitted.created))).into_response())
+}
+
+/// The task after waiting up to `wait` for it to end (as it was if it vanished meanwhile).
+async fn waited_task(
+    view: &CallerView,
+    task: Task,
+    wait: Option<Duration>,
+) -> Result<Task, ApiError> {
+    match wait {
+        Some(wait) if !task.status.is_terminal() => {
+            Ok(view.wait(task.id, wait).await?.unwrap_or(task))
+        }
+        _ => Ok(task),
+    }
 }
 
 #[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks", request_body = BatchBody,
@@ -307,9 +343,16 @@ pub(crate) async fn submit(
 pub(crate) async fn submit_batch(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
     body: Body,
 ) -> Result<Json<BatchAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
+    if headers.contains_key("idempotency-key") {
+        return Err(ApiError::ambiguous(
+            "a batch takes each item's effect_key, not an Idempotency-Key header",
+        ));
+    }
     let body: BatchBody = json_body(body, BATCH_BODY_LIMIT).await?;
     if body.tasks.len() > tollgate_engine::MAX_BATCH {
         return Err(ApiError::invalid(format!(
@@ -330,7 +373,10 @@ pub(crate) async fn submit_batch(
         .iter()
         .filter_map(|p| p.as_ref().ok().cloned())
         .collect();
-    let mut answers = s.tollgate.submit_many(valid.clone()).await?.into_iter();
+    let mut answers = view(&s, &caller)
+        .submit_many(valid.clone())
+        .await?
+        .into_iter();
     let mut valid = valid.into_iter();
     let mut results = Vec::with_capacity(prepared.len());
     for p in prepared {
@@ -347,7 +393,7 @@ pub(crate) async fn submit_batch(
                         }
                     }
                     (Some(Err(e)), _) => Err(ApiError::from(e)),
-                    _ => Err(ApiError::new(
+                    _ => Err(ApiError::internal(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         "internal",
                         "a batch item got no answer",
@@ -372,6 +418,7 @@ pub(crate) async fn submit_batch(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct EffectKeyQuery {
     effect_key: Option<String>,
 }
@@ -390,28 +437,31 @@ pub(crate) async fn get_by_effect_key(
         .effect_key
         .ok_or_else(|| ApiError::malformed("give ?effect_key=… (or GET /v1/tasks/{id})"))?;
     let key = EffectKey::new(key).map_err(|_| ApiError::not_found("task"))?;
-    let task = s
-        .tollgate
-        .get_by_effect_key(&caller.app, &key)
+    let task = view(&s, &caller)
+        .get_by_effect_key(&key)
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
     Ok(Json(TaskView::of(&task, false)))
 }
 
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
+    params(("wait" = Option<String>, Query, description = "long-poll: answer once the task is terminal or this long passed (e.g. 30s, 500ms or plain seconds; capped at the server's max_wait), like submit's wait")),
     responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
     security(("api_key" = [])))]
 pub(crate) async fn get_task(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<WaitQuery>, QueryRejection>,
 ) -> Result<Json<TaskView>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let task = s
-        .tollgate
-        .get(&caller.app, task_id(&id)?)
+    let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
+    let view = view(&s, &caller);
+    let task = view
+        .get(task_id(&id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
+    let task = waited_task(&view, task, wait).await?;
     Ok(Json(TaskView::of(&task, false)))
 }
 
@@ -422,11 +472,12 @@ pub(crate) async fn cancel_task(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<NoParams>, QueryRejection>,
 ) -> Result<Json<TaskView>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let task = s
-        .tollgate
-        .cancel(&caller.app, task_id(&id)?)
+    query(q)?;
+    let task = view(&s, &caller)
+        .cancel(task_id(&id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
     Ok(Json(TaskView::of(&task, false)))
@@ -438,13 +489,15 @@ pub(crate) async fn cancel_task(
 pub(crate) async fn release(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
     body: Body,
 ) -> Result<Json<ReleaseAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
     let body: ReleaseBody = json_body(body, SMALL_BODY_LIMIT).await?;
     let scope = ScopeId::new(body.scope)?;
     let key = EffectKey::new(body.effect_key)?;
-    if s.tollgate.release(&caller.app, &scope, &key).await? {
+    if view(&s, &caller).release(&scope, &key).await? {
         Ok(Json(ReleaseAnswer { released: true }))
     } else {
         Err(ApiError::not_found(
@@ -454,6 +507,7 @@ pub(crate) async fn release(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct UnreleasedParams {
     step: Option<String>,
     after: Option<String>,
@@ -485,11 +539,9 @@ pub(crate) async fn unreleased_sources(
             })
             .transpose()?,
         limit: 0,
+        subject: None,
     };
-    let page = s
-        .tollgate
-        .list_unreleased_sources(&caller.app, &query)
-        .await?;
+    let page = view(&s, &caller).list_unreleased_sources(&query).await?;
     Ok(Json(UnreleasedPageView {
         sources: page
             .sources
@@ -504,6 +556,7 @@ pub(crate) async fn unreleased_sources(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct DeleteParams {
     source: Option<String>,
 }
@@ -521,9 +574,8 @@ pub(crate) async fn delete_owner_data(
     let q = query(q)?;
     let scope = ScopeId::new(scope)?;
     let source = q.source.map(SourceId::new).transpose()?;
-    let deleted = s
-        .tollgate
-        .delete_owner_data(&caller.app, &scope, source.as_ref())
+    let deleted = view(&s, &caller)
+        .delete_owner_data(&scope, source.as_ref())
         .await?;
     Ok(Json(DeletedAnswer { deleted }))
 }
@@ -533,9 +585,11 @@ pub(crate) async fn delete_owner_data(
 pub(crate) async fn create_run(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
     let body: RunBody = json_body(body, SMALL_BODY_LIMIT).await?;
     let run = s
         .tollgate
@@ -563,17 +617,18 @@ pub(crate) async fn get_run(
     let caller = s.auth.authenticate(&headers)?;
     let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
     let id = run_id(&id)?;
+    let view = view(&s, &caller);
     let run = match wait {
-        Some(wait) => s.tollgate.wait_run(&caller.app, id, wait).await?,
-        None => s.tollgate.get_run(&caller.app, id).await?,
+        Some(wait) => view.wait_run(id, wait).await?,
+        None => view.get_run(id).await?,
     }
     .ok_or_else(|| ApiError::not_found("run"))?;
-    Ok(Json(run_view(&s, &run).await?))
+    Ok(Json(run_view(&view, &run).await?))
 }
 
 /// A run's view, with its steps when it is a pipeline run.
-async fn run_view(s: &AppState, run: &Run) -> Result<RunView, ApiError> {
-    let pipeline = s.tollgate.pipeline_run(run).await?;
+async fn run_view(view: &CallerView, run: &Run) -> Result<RunView, ApiError> {
+    let pipeline = view.pipeline_run(run).await?;
     Ok(RunView::with_pipeline(run, pipeline.as_ref()))
 }
 
@@ -584,14 +639,16 @@ pub(crate) async fn cancel_run(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<NoParams>, QueryRejection>,
 ) -> Result<Json<RunView>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let cancel = s
-        .tollgate
-        .cancel_run(&caller.app, run_id(&id)?)
+    query(q)?;
+    let view = view(&s, &caller);
+    let cancel = view
+        .cancel_run(run_id(&id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("run"))?;
-    Ok(Json(run_view(&s, &cancel.run).await?))
+    Ok(Json(run_view(&view, &cancel.run).await?))
 }
 
 /// A pipeline name from a path: one that cannot exist is reported like a missing one.
@@ -609,9 +666,11 @@ fn pipeline_name(text: String) -> Result<PipelineName, ApiError> {
 pub(crate) async fn register_pipeline(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
     let body: PipelineBody = json_body(body, SMALL_BODY_LIMIT).await?;
     let name = PipelineName::new(body.name)?;
     let (stored, created) = s
@@ -627,6 +686,7 @@ pub(crate) async fn register_pipeline(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct VersionQuery {
     version: Option<String>,
 }
@@ -678,18 +738,13 @@ pub(crate) async fn start_pipeline_run(
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
     let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
-    let start_key = match headers.get("idempotency-key") {
-        Some(v) => Some(EffectKey::new(v.to_str().map_err(|_| {
-            ApiError::malformed("the Idempotency-Key header is not text")
-        })?)?),
-        None => None,
-    };
+    let start_key = idempotency_key(&headers)?;
     let body: PipelineRunBody =
         json_body(body, body_limit(s.tollgate.config().max_request_bytes)).await?;
     let name = pipeline_name(name)?;
     let scope = ScopeId::new(body.scope)?;
-    let started = s
-        .tollgate
+    let view = view(&s, &caller);
+    let started = view
         .start_pipeline(PipelineStart {
             app: caller.app.clone(),
             subject: caller.subject.clone(),
@@ -717,8 +772,8 @@ pub(crate) async fn start_pipeline_run(
     } else {
         StatusCode::OK
     };
-    let run = waited(&s, &caller.app, started.run, wait).await?;
-    Ok((status, Json(run_view(&s, &run).await?)).into_response())
+    let run = waited(&view, started.run, wait).await?;
+    Ok((status, Json(run_view(&view, &run).await?)).into_response())
 }
 
 /// Equal as stored: the canonical forms (key order and number spelling aside).
@@ -760,16 +815,11 @@ async fn check_same_start(
 }
 
 /// The run after waiting up to `wait` for it to end (as it was if it vanished meanwhile).
-async fn waited(
-    s: &AppState,
-    app: &AppId,
-    run: Run,
-    wait: Option<Duration>,
-) -> Result<Run, ApiError> {
+async fn waited(view: &CallerView, run: Run, wait: Option<Duration>) -> Result<Run, ApiError> {
     let Some(wait) = wait else {
         return Ok(run);
     };
-    Ok(s.tollgate.wait_run(app, run.id, wait).await?.unwrap_or(run))
+    Ok(view.wait_run(run.id, wait).await?.unwrap_or(run))
 }
 
 #[utoipa::path(get, path = "/v1/kinds", tag = "discovery",
@@ -777,8 +827,10 @@ async fn waited(
 pub(crate) async fn kinds(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
 ) -> Result<Json<KindsAnswer>, ApiError> {
     s.auth.authenticate(&headers)?;
+    query(q)?;
     Ok(Json(KindsAnswer {
         kinds: TaskKind::ALL
             .into_iter()
@@ -796,8 +848,10 @@ pub(crate) async fn kinds(
 pub(crate) async fn models(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
 ) -> Result<Json<ModelsAnswer>, ApiError> {
     s.auth.authenticate(&headers)?;
+    query(q)?;
     let registry = s.tollgate.models();
     let mut models = Vec::new();
     for id in registry.ids() {
@@ -813,7 +867,10 @@ pub(crate) async fn models(
     Ok(Json(ModelsAnswer { models }))
 }
 
-pub(crate) async fn openapi() -> Response {
+pub(crate) async fn openapi(q: Result<Query<NoParams>, QueryRejection>) -> Response {
+    if let Err(e) = query(q) {
+        return e.into_response();
+    }
     (
         [(header::CONTENT_TYPE, "application/json")],
         crate::openapi::openapi_json(),
@@ -821,20 +878,34 @@ pub(crate) async fn openapi() -> Response {
         .into_response()
 }
 
-pub(crate) async fn healthz() -> Json<Value> {
-    Json(serde_json::json!({"status": "ok"}))
+pub(crate) async fn healthz(q: Result<Query<NoParams>, QueryRejection>) -> Response {
+    if let Err(e) = query(q) {
+        return e.into_response();
+    }
+    Json(serde_json::json!({"status": "ok"})).into_response()
 }
 
 /// Longest `/readyz` waits for the database: a probe must get an answer, not a hang.
 const READY_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
 
-pub(crate) async fn readyz(State(s): State<AppState>) -> Response {
+pub(crate) async fn readyz(
+    State(s): State<AppState>,
+    q: Result<Query<NoParams>, QueryRejection>,
+) -> Response {
+    if let Err(e) = query(q) {
+        return e.into_response();
+    }
     let unavailable = |why: String| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", why).into_response()
     };
     match tokio::time::timeout(READY_BOUND, s.tollgate.store().ping()).await {
         Ok(Ok(())) => Json(serde_json::json!({"status": "ready"})).into_response(),
-        Ok(Err(e)) => unavailable(format!("the database does not answer: {e}")),
+        Ok(Err(e)) => ApiError::internal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_unavailable",
+            format!("the database does not answer: {e}"),
+        )
+        .into_response(),
         Err(_) => unavailable(format!(
             "the database did not answer within {}s",
             READY_BOUND.as_secs()
@@ -842,7 +913,13 @@ pub(crate) async fn readyz(State(s): State<AppState>) -> Response {
     }
 }
 
-pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
+pub(crate) async fn metrics(
+    State(s): State<AppState>,
+    q: Result<Query<NoParams>, QueryRejection>,
+) -> Response {
+    if let Err(e) = query(q) {
+        return e.into_response();
+    }
     let text = s.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
