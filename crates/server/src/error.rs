@@ -214,3 +214,24 @@ impl From<EngineError> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_failures_never_show_their_details() {
+        let secret = "error returned from database: relation \"tasks\" does not exist";
+        for e in [
+            ApiError::from(StoreError::Database(secret.into())),
+            ApiError::from(StoreError::Corrupt(secret.into())),
+            ApiError::from(StoreError::Unavailable(secret.into())),
+            ApiError::from(EngineError::Notify(secret.into())),
+        ] {
+            assert!(e.status().is_server_error(), "{e:?}");
+            let body = e.body().error;
+            assert!(!body.message.contains("relation"), "{}", body.message);
+            assert!(body.message.contains("request id"), "{}", body.message);
+        }
+    }
+}
