@@ -216,7 +216,7 @@ pub async fn unreleased_sources_last_full_page_has_no_next(b: &dyn Backend) {
                 &format!("src{i:03}"),
                 unlimited(),
             );
-            with_subject(t, (i % 2 == 0).then(|| user("alice")))
+            with_subject(t, i.is_multiple_of(2).then(|| user("alice")))
         })
         .collect();
     for t in news {
@@ -269,7 +269,7 @@ pub async fn unreleased_sources_last_full_page_has_no_next(b: &dyn Backend) {
     assert!(
         alice.sources.iter().all(|p| {
             let n: u32 = p.source.as_str()[3..].parse().unwrap();
-            n % 2 == 0
+            n.is_multiple_of(2)
         }),
         "only pairs with alice's tasks"
     );
