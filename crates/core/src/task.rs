@@ -344,12 +344,14 @@ impl TaskError {
 }
 
 /// Cuts a message to [`MAX_ERROR_MESSAGE_CHARS`] characters (not bytes: never splits a
-/// character).
+/// character), with any NUL replaced by U+FFFD: messages can quote provider or model
+/// text, and a NUL could not be stored in PostgreSQL text (both backends keep the same).
 pub fn truncate_message(message: &str) -> String {
-    match message.char_indices().nth(MAX_ERROR_MESSAGE_CHARS) {
-        Some((cut, _)) => message[..cut].to_string(),
-        None => message.to_string(),
-    }
+    let cut = match message.char_indices().nth(MAX_ERROR_MESSAGE_CHARS) {
+        Some((cut, _)) => &message[..cut],
+        None => message,
+    };
+    cut.replace('\0', "\u{FFFD}")
 }
 
 /// Who owns a stored task.
@@ -582,6 +584,7 @@ mod tests {
         let cut = truncate_message(&long);
         assert_eq!(cut.chars().count(), 2_000);
         assert_eq!(truncate_message("short"), "short");
+        assert_eq!(truncate_message("a\0b"), "a\u{FFFD}b");
     }
 
     #[test]
