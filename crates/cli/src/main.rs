@@ -1,7 +1,6 @@
 //! `tollgate`: run the service (`serve`, `worker`, `migrate`), talk to a running one
 //! (`submit`, `task`, `run`, `pipeline`), see it work (`demo`), measure it (`bench`).
 
-mod bench;
 mod client;
 mod demo;
 mod serve;
@@ -44,7 +43,8 @@ enum Command {
     /// Walk through Tollgate's guarantees on an embedded instance in a temporary folder.
     Demo,
     /// Measure Tollgate against baselines on a fresh database (see docs/benchmarks.md).
-    Bench(Box<bench::BenchArgs>),
+    #[cfg(feature = "bench")]
+    Bench(Box<tollgate_bench::BenchArgs>),
 }
 
 /// Where configuration and the database come from.
@@ -86,10 +86,10 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // A benchmark loads the database on purpose: sqlx's slow-statement and slow-acquire
     // warnings would bury the progress line.
-    init_tracing(if matches!(cli.command, Command::Bench(_)) {
-        "warn,sqlx=error"
-    } else {
-        "warn"
+    init_tracing(match cli.command {
+        #[cfg(feature = "bench")]
+        Command::Bench(_) => "warn,sqlx=error",
+        _ => "warn",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -111,7 +111,8 @@ fn main() -> std::process::ExitCode {
             Command::Run(cmd) => client::run(cmd).await,
             Command::Pipeline(cmd) => client::pipeline(cmd).await,
             Command::Demo => demo::demo().await,
-            Command::Bench(args) => bench::bench(*args).await,
+            #[cfg(feature = "bench")]
+            Command::Bench(args) => tollgate_bench::bench(*args).await,
         }
     });
     match result {

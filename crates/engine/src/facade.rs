@@ -23,7 +23,9 @@ use tollgate_core::{
     ScopeId, SourceId, SourceRevision, StepKey, Subject, Task, TaskId, TaskKind, TaskScope,
     TaskStatus, ValidatedRequest,
 };
+#[cfg(feature = "postgres")]
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
+#[cfg(feature = "sqlite")]
 use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
 use tollgate_store::{
     Created, RunCancel, RunResult, Store, StoreError, SweepReport, Transition, UnreleasedPage,
@@ -301,34 +303,13 @@ impl Tollgate {
     /// missing). The notifier follows `[notifications] transport`.
     pub async fn open(database_url: &str, config: EngineConfig) -> Result<Tollgate, EngineError> {
         config.validate()?;
-        let transport = config.notifications.transport;
-        let (store, notifier): (Arc<dyn Store>, Notifier) =
-            if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")
-            {
-                let store = PostgresStore::open(PostgresOptions::new(database_url)).await?;
-                let notifier = match transport {
-                    TransportKind::Postgres => Notifier::postgres(&store).await?,
-                    _ => notifier_for(&config).await?,
-                };
-                (Arc::new(store), notifier)
-            } else {
-                if transport == TransportKind::Postgres {
-                    return Err(crate::config::ConfigError::at(
-                        "notifications.transport",
-                        "`postgres` needs a PostgreSQL database",
-                    )
-                    .into());
-                }
-                let path = database_url
-                    .strip_prefix("sqlite://")
-                    .or_else(|| database_url.strip_prefix("sqlite:"))
-                    .unwrap_or(database_url);
-                if path.is_empty() {
-                    return Err(InvalidInput::field("database_url", "names no file").into());
-                }
-                let store = SqliteStore::open(SqliteOptions::new(path)).await?;
-                (Arc::new(store), notifier_for(&config).await?)
-            };
+        let (store, notifier) = if database_url.starts_with("postgres://")
+            || database_url.starts_with("postgresql://")
+        {
+            open_postgres(database_url, &config).await?
+        } else {
+            open_sqlite(database_url, &config).await?
+        };
         Tollgate::builder(store, config).notifier(notifier).build()
     }
 
@@ -739,6 +720,63 @@ fn copy_store_error(e: &StoreError) -> StoreError {
     match e {
         StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
         other => StoreError::Database(other.to_string()),
+    }
+}
+
+/// A store and its notifier, as [`Tollgate::open`] builds them.
+type Opened = (Arc<dyn Store>, Notifier);
+
+/// The PostgreSQL database at `database_url`, with the configured notifier (which may be
+/// the database's own `LISTEN/NOTIFY`).
+#[cfg(feature = "postgres")]
+async fn open_postgres(database_url: &str, config: &EngineConfig) -> Result<Opened, EngineError> {
+    let store = PostgresStore::open(PostgresOptions::new(database_url)).await?;
+    let notifier = match config.notifications.transport {
+        TransportKind::Postgres => Notifier::postgres(&store).await?,
+        _ => notifier_for(config).await?,
+    };
+    Ok((Arc::new(store), notifier))
+}
+
+/// A build without the `postgres` feature cannot open PostgreSQL.
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_database_url: &str, _config: &EngineConfig) -> Result<Opened, EngineError> {
+    Err(InvalidInput::field(
+        "database_url",
+        "is PostgreSQL, but this build has no PostgreSQL backend (cargo feature `postgres`)",
+    )
+    .into())
+}
+
+/// The SQLite file `database_url` names (`sqlite://path`, `sqlite:path` or a plain path),
+/// created if missing, with the configured notifier.
+async fn open_sqlite(database_url: &str, config: &EngineConfig) -> Result<Opened, EngineError> {
+    if config.notifications.transport == TransportKind::Postgres {
+        return Err(crate::config::ConfigError::at(
+            "notifications.transport",
+            "`postgres` needs a PostgreSQL database",
+        )
+        .into());
+    }
+    let path = database_url
+        .strip_prefix("sqlite://")
+        .or_else(|| database_url.strip_prefix("sqlite:"))
+        .unwrap_or(database_url);
+    if path.is_empty() {
+        return Err(InvalidInput::field("database_url", "names no file").into());
+    }
+    #[cfg(feature = "sqlite")]
+    {
+        let store = SqliteStore::open(SqliteOptions::new(path)).await?;
+        Ok((Arc::new(store), notifier_for(config).await?))
+    }
+    #[cfg(not(feature = "sqlite"))]
+    {
+        Err(InvalidInput::field(
+            "database_url",
+            "is SQLite, but this build has no SQLite backend (cargo feature `sqlite`)",
+        )
+        .into())
     }
 }
 

@@ -136,6 +136,7 @@ impl Notifier {
     }
 
     /// PostgreSQL `LISTEN/NOTIFY` on the channel of the store's schema.
+    #[cfg(feature = "postgres")]
     pub async fn postgres(
         store: &tollgate_store::postgres::PostgresStore,
     ) -> Result<Notifier, EngineError> {
@@ -317,11 +318,13 @@ impl Transport for NatsTransport {
 }
 
 /// PostgreSQL `LISTEN/NOTIFY` through the store crate (SQL lives there).
+#[cfg(feature = "postgres")]
 #[derive(Debug)]
 pub struct PostgresTransport {
     channel: tollgate_store::postgres::notify::PgNotifications,
 }
 
+#[cfg(feature = "postgres")]
 #[async_trait]
 impl Transport for PostgresTransport {
     fn name(&self) -> &'static str {

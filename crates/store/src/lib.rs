@@ -1,18 +1,21 @@
 //! Tollgate's durable store.
 //!
 //! [`Store`] is the one interface every backend implements: SPEC §3–8 whole, each
-//! operation one short transaction that is never held during inference. Backends:
-//! [`sqlite::SqliteStore`] (embedded, the default) and [`postgres::PostgresStore`]
-//! (scale-out) when it lands. [`conformance`] is the suite every backend runs to prove
-//! it behaves exactly as the SPEC says.
+//! operation one short transaction that is never held during inference. Backends, each
+//! behind the cargo feature of its name (both on by default): `sqlite::SqliteStore`
+//! (embedded, the default) and `postgres::PostgresStore` (scale-out). `conformance`
+//! (feature `conformance`, off by default) is the suite every backend's tests run to
+//! prove it behaves exactly as the SPEC says; normal builds never compile it.
 
 #![warn(missing_docs)]
 
-pub mod baseline;
+#[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 mod rows;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod types;
 

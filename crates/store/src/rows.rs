@@ -22,6 +22,7 @@ macro_rules! task_columns {
 pub(crate) use task_columns;
 
 /// [`task_columns`] qualified with the `tasks.` table name, for statements that join.
+#[cfg(feature = "postgres")]
 macro_rules! task_columns_qualified {
     () => {
         "tasks.id, tasks.app, tasks.effect_key, tasks.kind, tasks.step, tasks.run_id, \
@@ -33,6 +34,7 @@ macro_rules! task_columns_qualified {
          tasks.claimed_at, tasks.heartbeat_at, tasks.completed_at, tasks.released_at"
     };
 }
+#[cfg(feature = "postgres")]
 pub(crate) use task_columns_qualified;
 
 /// The columns every run query selects, as a literal for `concat!`.

@@ -12,11 +12,11 @@ use super::report::ScenarioReport;
 use super::{
     Ctx, Scenario, scope_ids, stored_classify, submit_all, unscoped, wait_for, wall_clock,
 };
+use crate::baseline::Baseline;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
-use tollgate_store::baseline::Baseline;
 
 /// Scopes the submissions spread over: the facade's batch call runs one group per owner,
 /// up to 8 at once.

@@ -16,11 +16,11 @@
 use super::measure::{Op, Phase, run_timed};
 use super::report::ScenarioReport;
 use super::{Ctx, Scenario, bench_budget, scoped, wall_clock};
+use crate::baseline::WindowSeed;
 use std::sync::Arc;
 use std::time::Instant;
 use tollgate_core::ScopeId;
 use tollgate_engine::Tollgate;
-use tollgate_store::baseline::WindowSeed;
 
 /// Seeded records (steps) per source.
 const STEPS_PER_SOURCE: u64 = 10;

@@ -11,8 +11,8 @@
 use super::measure::{Op, Phase, run_timed};
 use super::report::ScenarioReport;
 use super::{Ctx, Scenario, bench_budget, scope_ids, scoped, wall_clock};
+use crate::baseline::{Baseline, ReferenceOutcome};
 use std::sync::Arc;
-use tollgate_store::baseline::{Baseline, ReferenceOutcome};
 
 /// Sources per scope the submissions cycle through.
 const SOURCES_PER_SCOPE: u64 = 16;

@@ -3,12 +3,16 @@
 //!
 //! Every scenario creates a fresh database (SQLite: a temporary folder; PostgreSQL:
 //! `CREATE DATABASE` with a random name) and drops it at the end. Tollgate's side goes
-//! through the public facade ([`Tollgate`]); the baselines are the SQL of
-//! [`tollgate_store::baseline`]. Sides alternate in rounds, so a burst of noise from the
-//! rest of the machine hits both. `docs/benchmarks.md` explains every scenario and keeps
-//! the latest figures.
+//! through the public facade ([`Tollgate`]); the baselines are the SQL of [`baseline`].
+//! Sides alternate in rounds, so a burst of noise from the rest of the machine hits both.
+//! `docs/benchmarks.md` explains every scenario and keeps the latest figures.
+//!
+//! This crate is the whole benchmark: the `tollgate bench` command of the `tollgate`
+//! binary only parses [`BenchArgs`] and calls [`bench`]. Nothing here is linked into the
+//! store or the engine.
 
 mod admission;
+pub mod baseline;
 mod burn_down;
 mod cache;
 mod counting;
@@ -18,6 +22,7 @@ mod measure;
 mod report;
 mod window;
 
+use crate::baseline::{Baseline, create_postgres_database, drop_postgres_database};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use counting::CountingStore;
@@ -37,7 +42,6 @@ use tollgate_engine::{
     Tollgate,
 };
 use tollgate_store::Store;
-use tollgate_store::baseline::{Baseline, create_postgres_database, drop_postgres_database};
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
 use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
 

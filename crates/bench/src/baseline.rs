@@ -1,6 +1,7 @@
 //! Baselines for `tollgate bench`: the designs Tollgate is measured against, run in the
-//! same database as Tollgate itself so a ratio holds on a noisy machine. SQL lives here
-//! because SQL lives only in this crate; the benchmark driver only times these calls.
+//! same database as Tollgate itself so a ratio holds on a noisy machine. Tollgate's own
+//! SQL lives only in `tollgate-store`; this SQL is the one exception, kept beside the
+//! benchmark so no build of the store carries it. The scenarios only time these calls.
 //!
 //! - [`Baseline::reference_admit`]: the reference design's admission, faithfully — its
 //!   statements one round trip each (prune the scope's old admission records, count
@@ -20,12 +21,12 @@
 //! [`create_postgres_database`] / [`drop_postgres_database`] give a benchmark its own
 //! fresh database.
 
-use crate::postgres::PostgresStore;
-use crate::sqlite::SqliteStore;
-use crate::{StoreError, StoreResult};
 use sqlx::{PgPool, SqlitePool};
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::{Budget, TaskId, Timestamp};
+use tollgate_store::postgres::PostgresStore;
+use tollgate_store::sqlite::SqliteStore;
+use tollgate_store::{StoreError, StoreResult};
 
 /// The one database-wide advisory lock of the reference design.
 const REFERENCE_GLOBAL_LOCK: i64 = 7_233_001;
