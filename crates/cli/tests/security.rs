@@ -718,3 +718,503 @@ async fn tenant_isolation_matrix_covers_every_route() {
         "nothing acme sees changed"
     );
 }
+
+mod common;
+
+const ALICE: &str = "alice-key-0123456789abcdef";
+const BOB: &str = "bob-key-0123456789abcdef";
+const SERVICE: &str = "service-key-0123456789abcdef";
+
+/// `serve` with one app and four kinds of key: the app's own (no subject), two bound to a
+/// user each, and a service that may assert subjects; no workers, so rows change only
+/// when a call changes them.
+fn start_subjects(backend: &str) -> Option<common::Server> {
+    common::start(backend, "subjects", |db| {
+        format!(
+            r#"
+[database]
+url = "{db}"
+
+[apps.acme]
+api_keys = [
+  "{ACME}",
+  {{ key = "{ALICE}", subject = "user:alice" }},
+  {{ key = "{BOB}", subject = "user:bob" }},
+  {{ key = "{SERVICE}", subject = "service:backend", may_assert_subject = true }},
+]
+
+[workers]
+concurrency = 0
+"#
+        )
+    })
+}
+
+async fn scall(
+    s: &common::Server,
+    method: Method,
+    path: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut rb = s
+        .http
+        .request(method, format!("{}{path}", s.base))
+        .bearer_auth(key);
+    for (k, v) in headers {
+        rb = rb.header(*k, *v);
+    }
+    if let Some(b) = body {
+        rb = rb.json(&b);
+    }
+    let r = rb.send().await.expect("the server answers");
+    let status = r.status();
+    let text = r.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// What alice can see of her rows; must be identical before and after bob's calls.
+async fn alice_view(s: &common::Server, tasks: &[&str], run: &str) -> Vec<Value> {
+    let mut view = Vec::new();
+    for id in tasks {
+        view.push(
+            scall(s, Method::GET, &format!("/v1/tasks/{id}"), ALICE, &[], None)
+                .await
+                .1,
+        );
+    }
+    view.push(
+        scall(s, Method::GET, &format!("/v1/runs/{run}"), ALICE, &[], None)
+            .await
+            .1,
+    );
+    view.push(
+        scall(
+            s,
+            Method::GET,
+            "/v1/scopes/s/unreleased-sources",
+            ALICE,
+            &[],
+            None,
+        )
+        .await
+        .1,
+    );
+    view
+}
+
+/// Subjects (issue 11 item 11): a key bound to a subject sees only that subject's tasks
+/// and runs — every route of the router, another subject's rows answer 404 (or an empty
+/// page, or 409 without details for a replayed key, or 403 for scope deletion) and change
+/// nothing — while the app's own key and a service key that may assert subjects see the
+/// whole app's. The task and the run say whose they are.
+async fn subject_isolation_matrix(backend: &str) {
+    let Some(s) = start_subjects(backend) else {
+        return;
+    };
+    let alice_subject = json!({"type": "user", "id": "alice"});
+    let task = |key: &str, source: &str| {
+        json!({"kind": "classify", "scope": "s", "effect_key": key,
+               "source": {"id": source, "revision": "v1"},
+               "request": {"input": key, "labels": ["a", "b"]}})
+    };
+    let (st, q) = scall(
+        &s,
+        Method::POST,
+        "/v1/tasks",
+        ALICE,
+        &[],
+        Some(task("alice-q", "doc-a")),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{q}");
+    assert_eq!(q["subject"], alice_subject, "the task says whose it is");
+    let q = q["id"].as_str().unwrap().to_string();
+    let (st, run) = scall(
+        &s,
+        Method::POST,
+        "/v1/runs",
+        ALICE,
+        &[],
+        Some(json!({"scope": "wf"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{run}");
+    assert_eq!(run["subject"], alice_subject, "the run says whose it is");
+    let r = run["id"].as_str().unwrap().to_string();
+    let (st, rt) = scall(
+        &s,
+        Method::POST,
+        "/v1/tasks",
+        ALICE,
+        &[],
+        Some(
+            json!({"kind": "generate_text", "run_id": r, "effect_key": "alice-r",
+                    "request": {"prompt": "p"}}),
+        ),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{rt}");
+    assert_eq!(
+        rt["subject"], alice_subject,
+        "a run's task is its run's subject's"
+    );
+    let rt = rt["id"].as_str().unwrap().to_string();
+    let (st, app_task) = scall(
+        &s,
+        Method::POST,
+        "/v1/tasks",
+        ACME,
+        &[],
+        Some(task("app-q", "doc-z")),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    assert_eq!(app_task["subject"], Value::Null, "no subject: null");
+    let pipeline = json!({"name": "pipe", "definition": {
+        "steps": [{"key": "label", "kind": "classify",
+                   "request": {"input": {"$from": "/input/text"}, "labels": ["a", "b"]}}],
+        "output": {"label": "/steps/label/output"}}});
+    let (st, _) = scall(
+        &s,
+        Method::POST,
+        "/v1/pipelines",
+        ALICE,
+        &[],
+        Some(pipeline.clone()),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let start = json!({"scope": "wf", "input": {"text": "x"}});
+    let (st, prun) = scall(
+        &s,
+        Method::POST,
+        "/v1/pipelines/pipe/runs",
+        ALICE,
+        &[("idempotency-key", "alice-start")],
+        Some(start.clone()),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{prun}");
+    let prun = prun["id"].as_str().unwrap().to_string();
+    let tasks = [q.as_str(), rt.as_str()];
+    let before = alice_view(&s, &tasks, &r).await;
+    // (Not `r`: bob names alice's run himself below, and may see his own words again.)
+    let secrets = [q.as_str(), rt.as_str(), prun.as_str(), "doc-a", "alice"];
+    let reveals = |v: &Value| {
+        let text = v.to_string();
+        secrets
+            .iter()
+            .find(|x| text.contains(**x))
+            .map(|x| x.to_string())
+    };
+
+    let mut covered: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut cover = |m: &Method, p: &str| covered.insert((m.to_string(), p.to_string()));
+    for id in tasks {
+        for path in [format!("/v1/tasks/{id}"), format!("/v1/tasks/{id}?wait=1s")] {
+            let (st, e) = scall(&s, Method::GET, &path, BOB, &[], None).await;
+            assert_eq!(
+                (st, is_json_error(&e)),
+                (StatusCode::NOT_FOUND, true),
+                "{path}: {e}"
+            );
+        }
+        let (st, e) = scall(
+            &s,
+            Method::POST,
+            &format!("/v1/tasks/{id}/cancel"),
+            BOB,
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "cancel {id}: {e}");
+    }
+    cover(&Method::GET, "/v1/tasks/{id}");
+    cover(&Method::POST, "/v1/tasks/{id}/cancel");
+    for path in [
+        format!("/v1/runs/{r}"),
+        format!("/v1/runs/{r}?wait=1s"),
+        format!("/v1/runs/{prun}"),
+    ] {
+        let (st, e) = scall(&s, Method::GET, &path, BOB, &[], None).await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{path}: {e}");
+    }
+    let (st, _) = scall(
+        &s,
+        Method::POST,
+        &format!("/v1/runs/{r}/cancel"),
+        BOB,
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    cover(&Method::GET, "/v1/runs/{id}");
+    cover(&Method::POST, "/v1/runs/{id}/cancel");
+    for key in ["alice-q", "alice-r"] {
+        let (st, _) = scall(
+            &s,
+            Method::GET,
+            &format!("/v1/tasks?effect_key={key}"),
+            BOB,
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{key}");
+    }
+    let (st, _) = scall(
+        &s,
+        Method::POST,
+        "/v1/tasks/release",
+        BOB,
+        &[],
+        Some(json!({"effect_key": "alice-q", "scope": "s"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "release alice's task");
+    cover(&Method::GET, "/v1/tasks");
+    cover(&Method::POST, "/v1/tasks/release");
+    // Replaying alice's effect key, even with her exact body, shows nothing of her task.
+    let (st, e) = scall(
+        &s,
+        Method::POST,
+        "/v1/tasks",
+        BOB,
+        &[],
+        Some(task("alice-q", "doc-a")),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{e}");
+    assert_eq!(reveals(&e), None, "{e}");
+    let (st, e) = scall(
+        &s,
+        Method::POST,
+        "/v1/tasks",
+        BOB,
+        &[],
+        Some(
+            json!({"kind": "generate_text", "run_id": r, "effect_key": "bob-in-alice-run",
+                    "request": {"prompt": "p"}}),
+        ),
+    )
+    .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "a task in alice's run: {e}");
+    cover(&Method::POST, "/v1/tasks");
+    let (st, b) = scall(
+        &s,
+        Method::POST,
+        "/v1/tasks/batch",
+        BOB,
+        &[],
+        Some(json!({"tasks": [
+            task("alice-q", "doc-a"),
+            {"kind": "generate_text", "run_id": r, "effect_key": "bob-b1", "request": {"prompt": "p"}},
+            task("bob-own", "doc-b"),
+        ]})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    assert_eq!(b["results"][0]["status"], json!(409), "{b}");
+    assert_eq!(b["results"][1]["status"], json!(404), "{b}");
+    assert_eq!(b["results"][2]["status"], json!(201), "{b}");
+    assert_eq!(reveals(&b), None, "{b}");
+    cover(&Method::POST, "/v1/tasks/batch");
+    let (st, u) = scall(
+        &s,
+        Method::GET,
+        "/v1/scopes/s/unreleased-sources",
+        BOB,
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (st, u["sources"].clone()),
+        (StatusCode::OK, json!([{"scope": "s", "source": "doc-b"}]))
+    );
+    let (st, u) = scall(
+        &s,
+        Method::GET,
+        "/v1/scopes/s/unreleased-sources",
+        ALICE,
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (st, u["sources"].clone()),
+        (StatusCode::OK, json!([{"scope": "s", "source": "doc-a"}]))
+    );
+    cover(&Method::GET, "/v1/scopes/{scope}/unreleased-sources");
+    let (st, e) = scall(&s, Method::DELETE, "/v1/scopes/s/tasks", BOB, &[], None).await;
+    assert_eq!(
+        (st, e["error"]["code"].clone()),
+        (StatusCode::FORBIDDEN, json!("subject_not_allowed")),
+        "{e}"
+    );
+    cover(&Method::DELETE, "/v1/scopes/{scope}/tasks");
+    let (st, own) = scall(
+        &s,
+        Method::POST,
+        "/v1/runs",
+        BOB,
+        &[],
+        Some(json!({"scope": "wf"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    assert_eq!(own["subject"], json!({"type": "user", "id": "bob"}));
+    cover(&Method::POST, "/v1/runs");
+    // Pipeline definitions belong to the app; runs to their subject.
+    let (st, _) = scall(&s, Method::POST, "/v1/pipelines", BOB, &[], Some(pipeline)).await;
+    assert_eq!(st, StatusCode::OK, "the app has this version already");
+    let (st, _) = scall(&s, Method::GET, "/v1/pipelines/pipe", BOB, &[], None).await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, e) = scall(
+        &s,
+        Method::POST,
+        "/v1/pipelines/pipe/runs",
+        BOB,
+        &[("idempotency-key", "alice-start")],
+        Some(start),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{e}");
+    assert_eq!(reveals(&e), None, "{e}");
+    cover(&Method::POST, "/v1/pipelines");
+    cover(&Method::GET, "/v1/pipelines/{name}");
+    cover(&Method::POST, "/v1/pipelines/{name}/runs");
+    for path in [
+        "/v1/kinds",
+        "/v1/models",
+        "/openapi.json",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ] {
+        let (st, body) = scall(&s, Method::GET, path, BOB, &[], None).await;
+        assert_eq!(st, StatusCode::OK, "{path}");
+        let text = body.to_string();
+        for secret in [q.as_str(), rt.as_str(), r.as_str(), "doc-a"] {
+            assert!(!text.contains(secret), "{path} shows alice's {secret}");
+        }
+        cover(&Method::GET, path);
+    }
+    let routes = routes_in_router();
+    let missing: Vec<_> = routes.difference(&covered).cloned().collect();
+    assert!(
+        missing.is_empty(),
+        "routes the subject matrix misses: {missing:?}"
+    );
+    assert_eq!(
+        alice_view(&s, &tasks, &r).await,
+        before,
+        "nothing alice sees changed"
+    );
+
+    // The app's key and a service key (even asserting bob) see the whole app's.
+    for (key, headers) in [
+        (ACME, vec![]),
+        (SERVICE, vec![]),
+        (SERVICE, vec![("x-tollgate-subject", "user:bob")]),
+    ] {
+        let (st, t) = scall(
+            &s,
+            Method::GET,
+            &format!("/v1/tasks/{q}"),
+            key,
+            &headers,
+            None,
+        )
+        .await;
+        assert_eq!((st, &t["subject"]), (StatusCode::OK, &alice_subject), "{t}");
+        let (st, _) = scall(
+            &s,
+            Method::GET,
+            "/v1/tasks?effect_key=alice-r",
+            key,
+            &headers,
+            None,
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK);
+        let (st, _) = scall(
+            &s,
+            Method::GET,
+            &format!("/v1/runs/{r}"),
+            key,
+            &headers,
+            None,
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK);
+        let (st, u) = scall(
+            &s,
+            Method::GET,
+            "/v1/scopes/s/unreleased-sources",
+            key,
+            &headers,
+            None,
+        )
+        .await;
+        assert_eq!(
+            (st, u["sources"].as_array().unwrap().len()),
+            (StatusCode::OK, 3),
+            "{u}"
+        );
+    }
+    let (st, _) = scall(
+        &s,
+        Method::GET,
+        "/v1/tasks?effect_key=app-q",
+        ALICE,
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        st,
+        StatusCode::NOT_FOUND,
+        "a subject's key does not see the app's own tasks"
+    );
+    // Alice can still act on her own rows.
+    let (st, t) = scall(
+        &s,
+        Method::POST,
+        &format!("/v1/tasks/{q}/cancel"),
+        ALICE,
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!((st, &t["status"]), (StatusCode::OK, &json!("canceled")));
+    let (st, _) = scall(
+        &s,
+        Method::POST,
+        "/v1/tasks/release",
+        ALICE,
+        &[],
+        Some(json!({"effect_key": "alice-q", "scope": "s"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, d) = scall(&s, Method::DELETE, "/v1/scopes/s/tasks", SERVICE, &[], None).await;
+    assert_eq!((st, d["deleted"].clone()), (StatusCode::OK, json!(3)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subject_isolation_matrix_sqlite() {
+    subject_isolation_matrix("sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subject_isolation_matrix_postgres() {
+    subject_isolation_matrix("postgres").await;
+}

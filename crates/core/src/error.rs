@@ -156,6 +156,18 @@ impl InvalidInput {
         }
     }
 
+    /// The same error about a field of another name (an identifier that arrived in a
+    /// header rather than a body field, say).
+    pub fn for_field(self, name: &str) -> Self {
+        match self {
+            InvalidInput::Field { reason, .. } => InvalidInput::Field {
+                field: name.to_string(),
+                reason,
+            },
+            other => other,
+        }
+    }
+
     /// Prefixes the field path (used when validating nested values).
     pub fn within(self, prefix: &str) -> Self {
         match self {

@@ -5,23 +5,69 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::fmt;
 use uuid::Uuid;
 
-/// Longest text identifier accepted, in bytes.
+/// Longest text identifier accepted, in bytes (UTF-8).
 pub const MAX_ID_BYTES: usize = 256;
 
-fn check_text_id(what: &str, s: &str) -> Result<(), InvalidInput> {
+/// Whether `c` may not appear anywhere in an identifier: control characters (Cc, which
+/// includes NUL), format characters (Cf: bidi controls U+202A–202E and U+2066–2069,
+/// zero-width U+200B–200F, U+2060–2064, U+FEFF and the rest of the category) and the
+/// line and paragraph separators U+2028/U+2029.
+fn forbidden_in_id(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{0600}'..='\u{0605}'
+                | '\u{061C}'
+                | '\u{06DD}'
+                | '\u{070F}'
+                | '\u{0890}'..='\u{0891}'
+                | '\u{08E2}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+                | '\u{110BD}'
+                | '\u{110CD}'
+                | '\u{13430}'..='\u{1343F}'
+                | '\u{1BCA0}'..='\u{1BCA3}'
+                | '\u{1D173}'..='\u{1D17A}'
+                | '\u{E0001}'
+                | '\u{E0020}'..='\u{E007F}'
+        )
+}
+
+/// The one identifier rule (docs/api.md, "Identifiers"), for every text identifier of
+/// the API whichever way it arrives (JSON body, header, path or query): UTF-8 text of 1
+/// to [`MAX_ID_BYTES`] bytes, without leading or trailing whitespace (so never
+/// whitespace only), and without control, format (bidi, zero-width, BOM) or line/paragraph
+/// separator characters anywhere. Errors name `field`.
+pub fn check_identifier(field: &str, s: &str) -> Result<(), InvalidInput> {
     if s.is_empty() {
-        return Err(InvalidInput::field(what, "must not be empty"));
+        return Err(InvalidInput::field(field, "must not be empty"));
     }
     if s.len() > MAX_ID_BYTES {
         return Err(InvalidInput::field(
-            what,
+            field,
             format!("must be at most {MAX_ID_BYTES} bytes, got {}", s.len()),
         ));
     }
-    if s.chars().any(char::is_control) {
+    if let Some(c) = s.chars().find(|&c| forbidden_in_id(c)) {
         return Err(InvalidInput::field(
-            what,
-            "must not contain control characters",
+            field,
+            format!(
+                "must not contain control, bidi, zero-width or other invisible format characters (found U+{:04X})",
+                c as u32
+            ),
+        ));
+    }
+    if s.trim() != s {
+        return Err(InvalidInput::field(
+            field,
+            "must not start or end with whitespace",
         ));
     }
     Ok(())
@@ -35,10 +81,10 @@ macro_rules! text_id {
         pub struct $name(String);
 
         impl $name {
-            /// Validates and wraps: non-empty, at most 256 bytes, no control characters.
+            /// Validates ([`check_identifier`]) and wraps.
             pub fn new(value: impl Into<String>) -> Result<Self, InvalidInput> {
                 let value = value.into();
-                check_text_id($what, &value)?;
+                check_identifier($what, &value)?;
                 Ok(Self(value))
             }
 
@@ -131,6 +177,11 @@ text_id!(
     PipelineName,
     "pipeline"
 );
+text_id!(
+    /// A version of a registered pipeline (the hash of its definition).
+    PipelineVersion,
+    "version"
+);
 
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident) => {
@@ -191,6 +242,49 @@ mod tests {
         assert!(AppId::new("a\nb").is_err());
         assert_eq!(AppId::new("acme").unwrap().as_str(), "acme");
         assert!(serde_json::from_str::<ScopeId>("\"\"").is_err());
+    }
+
+    #[test]
+    fn one_identifier_rule() {
+        for ok in [
+            "acme",
+            "a b",
+            "ключ-1",
+            "é",
+            "日本語",
+            "x".repeat(256).as_str(),
+        ] {
+            assert!(check_identifier("scope", ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "",
+            " ",
+            "\t",
+            " a",
+            "a ",
+            "a\u{0}b",
+            "a\nb",
+            "\u{7f}",
+            "a\u{202E}b",
+            "a\u{2066}",
+            "\u{200B}",
+            "a\u{200F}",
+            "\u{FEFF}a",
+            "a\u{2060}",
+            "a\u{00AD}b",
+            "a\u{2028}b",
+            "a\u{E0041}",
+            "\u{3000}a",
+        ] {
+            let e = check_identifier("scope", bad).unwrap_err();
+            assert!(e.to_string().starts_with("invalid scope:"), "{bad:?}: {e}");
+        }
+        assert!(
+            check_identifier("step", &"é".repeat(129)).is_err(),
+            "258 bytes"
+        );
+        assert!(EffectKey::new("k\u{202E}").is_err());
+        assert!(PipelineVersion::new("\u{0}").is_err());
     }
 
     #[test]

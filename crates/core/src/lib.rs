@@ -9,6 +9,7 @@ pub mod budget;
 pub mod canonical;
 pub mod error;
 pub mod ids;
+pub mod json;
 pub mod kinds;
 pub mod model;
 pub mod pipeline;
@@ -19,8 +20,8 @@ pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
 pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};
 pub use ids::{
-    AppId, BudgetName, EffectKey, ModelId, PipelineName, RunId, ScopeId, SourceId, SourceRevision,
-    StepKey, TaskId, WorkerId,
+    AppId, BudgetName, EffectKey, MAX_ID_BYTES, ModelId, PipelineName, PipelineVersion, RunId,
+    ScopeId, SourceId, SourceRevision, StepKey, TaskId, WorkerId, check_identifier,
 };
 pub use kinds::{TaskKind, TaskRequest, check_output_fits, check_output_size, validate_output};
 pub use model::{ConfigHash, ModelRef};

@@ -62,6 +62,47 @@ pub struct Subject {
     pub id: String,
 }
 
+impl Subject {
+    /// A subject whose id follows the identifier rule ([`crate::ids::check_identifier`]).
+    pub fn new(kind: SubjectKind, id: impl Into<String>) -> Result<Subject, InvalidInput> {
+        let id = id.into();
+        crate::ids::check_identifier("subject.id", &id)?;
+        Ok(Subject { kind, id })
+    }
+
+    /// Parses `user:<id>` or `service:<id>`; the id follows the identifier rule.
+    pub fn parse(text: &str) -> Result<Subject, InvalidInput> {
+        let (kind, id) = text.split_once(':').ok_or_else(|| {
+            InvalidInput::field("subject", "must look like user:<id> or service:<id>")
+        })?;
+        let kind = SubjectKind::parse(kind).ok_or_else(|| {
+            InvalidInput::field("subject.type", format!("{kind:?} must be user or service"))
+        })?;
+        Subject::new(kind, id)
+    }
+}
+
+/// Who a caller may see inside its app (docs/api.md, "Subjects"): a caller bound to one
+/// subject sees only the tasks and runs done for that subject; any other caller (a key
+/// without a subject, or one allowed to assert subjects) sees the whole app's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Visibility {
+    /// Every task and run of the app.
+    App,
+    /// Only tasks and runs whose subject is this one.
+    Subject(Subject),
+}
+
+impl Visibility {
+    /// Whether a task or run done for `subject` is visible.
+    pub fn sees(&self, subject: Option<&Subject>) -> bool {
+        match self {
+            Visibility::App => true,
+            Visibility::Subject(own) => subject == Some(own),
+        }
+    }
+}
+
 /// Who a task belongs to: exactly one of a workflow run or an application owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Owner {
@@ -307,12 +348,14 @@ impl TaskError {
 }
 
 /// Cuts a message to [`MAX_ERROR_MESSAGE_CHARS`] characters (not bytes: never splits a
-/// character).
+/// character), with any NUL replaced by U+FFFD: messages can quote provider or model
+/// text, and a NUL could not be stored in PostgreSQL text (both backends keep the same).
 pub fn truncate_message(message: &str) -> String {
-    match message.char_indices().nth(MAX_ERROR_MESSAGE_CHARS) {
-        Some((cut, _)) => message[..cut].to_string(),
-        None => message.to_string(),
-    }
+    let cut = match message.char_indices().nth(MAX_ERROR_MESSAGE_CHARS) {
+        Some((cut, _)) => &message[..cut],
+        None => message,
+    };
+    cut.replace('\0', "\u{FFFD}")
 }
 
 /// Who owns a stored task.
@@ -545,6 +588,7 @@ mod tests {
         let cut = truncate_message(&long);
         assert_eq!(cut.chars().count(), 2_000);
         assert_eq!(truncate_message("short"), "short");
+        assert_eq!(truncate_message("a\0b"), "a\u{FFFD}b");
     }
 
     #[test]

@@ -42,6 +42,15 @@ pub enum EngineError {
     /// A notification transport could not be set up (NATS unreachable, …).
     #[error("notifications: {0}")]
     Notify(String),
+    /// The effect key (or start key) names a task or run of the app that the caller may
+    /// not see (another subject's): nothing of it is shown, and nothing was created.
+    #[error(
+        "this effect key is already used in the app by a task or run this key may not see: use another key"
+    )]
+    EffectKeyTaken,
+    /// The call acts on every subject's tasks, and the caller is bound to one subject.
+    #[error("{0}")]
+    SubjectNotAllowed(&'static str),
 }
 
 impl EngineError {
@@ -52,7 +61,10 @@ impl EngineError {
             EngineError::Invalid(e) => Some(e.code()),
             EngineError::UnknownModel { .. } => Some(ErrorCode::UnknownModel),
             EngineError::BudgetNotAllowed { .. } => Some(ErrorCode::BudgetNotAllowed),
-            EngineError::Config(_) | EngineError::Notify(_) => None,
+            EngineError::Config(_)
+            | EngineError::Notify(_)
+            | EngineError::EffectKeyTaken
+            | EngineError::SubjectNotAllowed(_) => None,
         }
     }
 

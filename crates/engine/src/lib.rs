@@ -39,6 +39,7 @@
 
 #![warn(missing_docs)]
 
+mod access;
 pub mod config;
 mod cpu;
 mod driver;
@@ -52,6 +53,7 @@ mod registry;
 mod sweeper;
 mod worker;
 
+pub use access::CallerView;
 pub use config::{ConfigError, EngineConfig};
 pub use error::EngineError;
 pub use facade::{

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tollgate_core::pipeline::{Pipeline, Step, check_pipeline_name, has_references};
 use tollgate_core::{
-    AppId, BudgetName, EffectKey, InvalidInput, NewRun, PipelineName, Run, RunId, ScopeId, StepKey,
-    Subject, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus,
+    AppId, BudgetName, EffectKey, InvalidInput, NewRun, PipelineName, PipelineVersion, Run, RunId,
+    ScopeId, StepKey, Subject, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus,
 };
 use tollgate_store::{PipelineRef, StoredPipeline};
 
@@ -406,6 +406,9 @@ impl Tollgate {
         name: &PipelineName,
         version: Option<&str>,
     ) -> Result<Option<StoredPipeline>, EngineError> {
+        if let Some(v) = version {
+            PipelineVersion::new(v)?;
+        }
         Ok(self.inner.store.get_pipeline(app, name, version).await?)
     }
 
@@ -446,6 +449,9 @@ impl Tollgate {
         start: PipelineStart,
     ) -> Result<Option<StartedRun>, EngineError> {
         let inner = &self.inner;
+        if let Some(v) = &start.version {
+            PipelineVersion::new(v.as_str())?;
+        }
         let Some(stored) = inner
             .store
             .get_pipeline(&start.app, &start.name, start.version.as_deref())

@@ -27,6 +27,7 @@ on_both_backends!(
     runs_are_woken_when_their_task_finishes,
     release_and_unreleased_sources,
     the_sweeper_expires_queued_tasks_and_wakes_waiters,
+    a_caller_bound_to_a_subject_sees_only_its_subject,
 );
 
 fn source(id: &str) -> (SourceId, SourceRevision) {
@@ -674,4 +675,109 @@ async fn open_picks_the_backend_from_the_url() {
         .id;
     assert_eq!(finished(&engine, id).await.status, TaskStatus::Succeeded);
     handle.shutdown(Duration::from_secs(5)).await;
+}
+
+/// docs/api.md "Subjects": through a [`CallerView`] bound to a subject, another subject's
+/// task and run do not exist (get, effect key, wait, cancel, release, listing, run reads,
+/// a task into the run), a replayed effect key shows nothing of the other task, and
+/// deleting a scope is refused; an app-wide view sees everything.
+async fn a_caller_bound_to_a_subject_sees_only_its_subject(db: TestDb) {
+    use tollgate_core::{Subject, Visibility};
+    let engine = db.engine(fast_config()).await;
+    let alice = Subject::parse("user:alice").unwrap();
+    let bob = Subject::parse("user:bob").unwrap();
+    let as_alice = engine.as_caller(app(), Visibility::Subject(alice.clone()));
+    let as_bob = engine.as_caller(app(), Visibility::Subject(bob.clone()));
+    let as_app = engine.as_caller(app(), Visibility::App);
+    let (id, rev) = source("doc-a");
+    let sub = classify("alice-1", "x")
+        .with_source(id, rev)
+        .with_subject(alice.clone());
+    let task = as_alice.submit(sub.clone()).await.unwrap().task;
+    assert_eq!(task.subject.as_ref(), Some(&alice));
+    let run = engine
+        .create_run(NewRun {
+            app: app(),
+            scope: scope(),
+            subject: Some(alice.clone()),
+            input: json!({}),
+        })
+        .await
+        .unwrap();
+
+    assert_eq!(as_bob.get(task.id).await.unwrap(), None);
+    assert_eq!(
+        as_bob.get_by_effect_key(&key("alice-1")).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        as_bob
+            .wait(task.id, Duration::from_millis(50))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(as_bob.cancel(task.id).await.unwrap(), None);
+    assert!(!as_bob.release(&scope(), &key("alice-1")).await.unwrap());
+    let page = as_bob
+        .list_unreleased_sources(&UnreleasedQuery::default())
+        .await
+        .unwrap();
+    assert!(page.sources.is_empty(), "{page:?}");
+    assert_eq!(as_bob.get_run(run.id).await.unwrap(), None);
+    assert!(as_bob.cancel_run(run.id).await.unwrap().is_none());
+    let replay = as_bob
+        .submit(sub.clone().with_subject(bob.clone()))
+        .await
+        .unwrap_err();
+    assert!(matches!(replay, EngineError::EffectKeyTaken), "{replay:?}");
+    assert!(!replay.to_string().contains(&task.id.to_string()));
+    let into_run = Submission::for_run(
+        app(),
+        run.id,
+        key("bob-in-run"),
+        TaskKind::GenerateText,
+        json!({"prompt": "p"}),
+    );
+    let e = as_bob.submit(into_run.clone()).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::Store(tollgate_store::StoreError::RunNotFound(_))
+        ),
+        "{e:?}"
+    );
+    let answers = as_bob
+        .submit_many(vec![sub.clone(), into_run.clone()])
+        .await
+        .unwrap();
+    assert!(matches!(answers[0], Err(EngineError::EffectKeyTaken)));
+    assert!(matches!(answers[1], Err(EngineError::Store(_))));
+    let e = as_bob.delete_owner_data(&scope(), None).await.unwrap_err();
+    assert!(matches!(e, EngineError::SubjectNotAllowed(_)), "{e:?}");
+    assert_eq!(
+        engine.get(&app(), task.id).await.unwrap().unwrap().status,
+        TaskStatus::Queued,
+        "bob changed nothing"
+    );
+
+    for view in [&as_alice, &as_app] {
+        assert_eq!(
+            view.get(task.id).await.unwrap().map(|t| t.id),
+            Some(task.id)
+        );
+        assert!(view.get_run(run.id).await.unwrap().is_some());
+        assert_eq!(view.submit(sub.clone()).await.unwrap().task.id, task.id);
+    }
+    assert_eq!(
+        as_alice
+            .list_unreleased_sources(&UnreleasedQuery::default())
+            .await
+            .unwrap()
+            .sources
+            .len(),
+        1
+    );
+    assert!(as_alice.submit(into_run).await.unwrap().created);
+    assert_eq!(as_app.delete_owner_data(&scope(), None).await.unwrap(), 1);
 }

@@ -6,7 +6,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use tollgate_core::{AppId, Subject, SubjectKind};
+#[cfg(test)]
+use tollgate_core::SubjectKind;
+use tollgate_core::{AppId, Subject, Visibility};
 
 /// Header a key allowed to do so uses to name the subject it acts for.
 pub const SUBJECT_HEADER: &str = "x-tollgate-subject";
@@ -38,6 +40,9 @@ pub struct Caller {
     pub app: AppId,
     /// The subject the call acts for.
     pub subject: Option<Subject>,
+    /// What the caller may see in its app: a key bound to a subject (that may not assert
+    /// others) sees only that subject's tasks and runs; any other key the app's.
+    pub visibility: Visibility,
 }
 
 #[derive(Debug, Clone)]
@@ -54,23 +59,27 @@ pub struct Auth {
     keys: HashMap<[u8; 32], KeyEntry>,
 }
 
-/// Parses `user:<id>` or `service:<id>`.
+/// Parses `user:<id>` or `service:<id>`; the id follows the identifier rule
+/// ([`tollgate_core::check_identifier`]).
 pub fn parse_subject(text: &str) -> Result<Subject, String> {
-    let (kind, id) = text
-        .split_once(':')
-        .ok_or_else(|| format!("subject {text:?} must look like user:<id> or service:<id>"))?;
-    let kind = SubjectKind::parse(kind.trim())
-        .ok_or_else(|| format!("subject type {kind:?} must be user or service"))?;
-    let id = id.trim();
-    if id.is_empty() || id.len() > 256 || id.chars().any(char::is_control) {
-        return Err(format!(
-            "subject id in {text:?} must be 1 to 256 printable characters"
-        ));
+    Subject::parse(text).map_err(|e| e.to_string())
+}
+
+/// The one value of a header, UTF-8 decoded (`None` when absent). Two of it are refused
+/// (which one would count is ambiguous), and so are bytes that are not UTF-8.
+pub fn single_header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, ApiError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::ambiguous(format!(
+            "two {name} headers: send it once"
+        )));
     }
-    Ok(Subject {
-        kind,
-        id: id.to_string(),
-    })
+    std::str::from_utf8(value.as_bytes())
+        .map(Some)
+        .map_err(|_| ApiError::malformed(format!("the {name} header is not UTF-8 text")))
 }
 
 fn digest(key: &str) -> [u8; 32] {
@@ -127,12 +136,12 @@ impl Auth {
     /// The caller of a request, or 401 (no key, unknown key) / 403 (a subject the key
     /// may not assert) / 400 (a malformed subject).
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        let value = headers
-            .get(header::AUTHORIZATION)
+        let text = single_header(headers, header::AUTHORIZATION.as_str())
+            .map_err(|e| match e.status() {
+                StatusCode::BAD_REQUEST if e.body().error.code == "ambiguous_request" => e,
+                _ => ApiError::unauthorized("the Authorization header is not text"),
+            })?
             .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <api key>"))?;
-        let text = value
-            .to_str()
-            .map_err(|_| ApiError::unauthorized("the Authorization header is not text"))?;
         let key = text
             .strip_prefix("Bearer ")
             .or_else(|| text.strip_prefix("bearer "))
@@ -142,9 +151,9 @@ impl Auth {
             .keys
             .get(&digest(key))
             .ok_or_else(|| ApiError::unauthorized("unknown API key"))?;
-        let subject = match headers.get(SUBJECT_HEADER) {
+        let subject = match single_header(headers, SUBJECT_HEADER)? {
             None => entry.subject.clone(),
-            Some(v) => {
+            Some(text) => {
                 if !entry.may_assert_subject {
                     return Err(ApiError::new(
                         StatusCode::FORBIDDEN,
@@ -152,15 +161,17 @@ impl Auth {
                         "this API key may not assert a subject (X-Tollgate-Subject)",
                     ));
                 }
-                let text = v
-                    .to_str()
-                    .map_err(|_| ApiError::malformed("X-Tollgate-Subject is not text"))?;
                 Some(parse_subject(text).map_err(ApiError::malformed)?)
             }
+        };
+        let visibility = match &entry.subject {
+            Some(own) if !entry.may_assert_subject => Visibility::Subject(own.clone()),
+            _ => Visibility::App,
         };
         Ok(Caller {
             app: entry.app.clone(),
             subject,
+            visibility,
         })
     }
 }
@@ -218,6 +229,67 @@ mod tests {
             ]))
             .unwrap();
         assert_eq!(c.subject.unwrap().kind, SubjectKind::User);
+    }
+
+    #[test]
+    fn visibility_follows_the_key() {
+        let a = Auth::new(&[(
+            AppId::new("acme").unwrap(),
+            vec![
+                KeyConfig::Plain("acme-key-0123456789".into()),
+                KeyConfig::Detailed {
+                    key: "alice-key-0123456789".into(),
+                    subject: Some("user:alice".into()),
+                    may_assert_subject: false,
+                },
+                KeyConfig::Detailed {
+                    key: "svc-key-0123456789".into(),
+                    subject: Some("service:svc".into()),
+                    may_assert_subject: true,
+                },
+            ],
+        )])
+        .unwrap();
+        let of = |key: &str| {
+            a.authenticate(&headers(&[("authorization", &format!("Bearer {key}"))]))
+                .unwrap()
+                .visibility
+        };
+        assert_eq!(of("acme-key-0123456789"), Visibility::App);
+        assert_eq!(
+            of("alice-key-0123456789"),
+            Visibility::Subject(Subject::parse("user:alice").unwrap())
+        );
+        assert_eq!(of("svc-key-0123456789"), Visibility::App);
+    }
+
+    #[test]
+    fn repeated_headers_are_ambiguous_and_headers_are_utf8() {
+        let a = auth();
+        let mut h = HeaderMap::new();
+        for _ in 0..2 {
+            h.append(
+                header::AUTHORIZATION,
+                HeaderValue::from_static("Bearer acme-key-0123456789"),
+            );
+        }
+        let e = a.authenticate(&h).unwrap_err();
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert!(e.body().error.message.contains("authorization"), "{e:?}");
+        let mut h = headers(&[("authorization", "Bearer beta-key-0123456789")]);
+        h.insert(
+            SUBJECT_HEADER,
+            HeaderValue::from_bytes("user:zoë".as_bytes()).unwrap(),
+        );
+        assert_eq!(a.authenticate(&h).unwrap().subject.unwrap().id, "zoë");
+        h.insert(
+            SUBJECT_HEADER,
+            HeaderValue::from_bytes("user:a\u{202E}b".as_bytes()).unwrap(),
+        );
+        assert_eq!(
+            a.authenticate(&h).unwrap_err().status(),
+            StatusCode::BAD_REQUEST
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tollgate_core::{Run, Task, TaskError, TaskOwner, Usage};
+use tollgate_core::{Run, Subject, Task, TaskError, TaskOwner, Usage};
 use tollgate_engine::{PipelineRunInfo, StepInfo};
 use tollgate_store::StoredPipeline;
 use utoipa::ToSchema;
@@ -280,6 +280,25 @@ pub struct SourceView {
     pub revision: String,
 }
 
+/// The subject a task or run is done for, as shown.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SubjectView {
+    /// `user` or `service`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The subject's id.
+    pub id: String,
+}
+
+impl SubjectView {
+    fn of(subject: Option<&Subject>) -> Option<SubjectView> {
+        subject.map(|s| SubjectView {
+            kind: s.kind.as_str().to_string(),
+            id: s.id.clone(),
+        })
+    }
+}
+
 /// A task error, as shown.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TaskErrorView {
@@ -344,6 +363,9 @@ pub struct TaskView {
     /// The source, for scoped tasks.
     #[schema(required = true)]
     pub source: Option<SourceView>,
+    /// The subject the task is done for (`null`: none). A key bound to a subject sees only
+    /// that subject's tasks.
+    pub subject: Option<SubjectView>,
     /// The model id asked for.
     pub model: String,
     /// Whether this call created the task (false when the effect key named an existing
@@ -386,6 +408,7 @@ impl TaskView {
                 id: s.id.to_string(),
                 revision: s.revision.to_string(),
             }),
+            subject: SubjectView::of(task.subject.as_ref()),
             model: task.model.to_string(),
             created,
             cached: task.cached(),
@@ -479,6 +502,8 @@ pub struct RunView {
     /// `running`, `waiting`, `succeeded`, `failed` or `canceled`.
     #[schema(value_type = RunStateName)]
     pub state: String,
+    /// The subject the run's tasks are done for (`null`: none).
+    pub subject: Option<SubjectView>,
     /// Whether cancellation was requested.
     pub cancel_requested: bool,
     /// The run's input (a JSON object).
@@ -519,6 +544,7 @@ impl From<&Run> for RunView {
             id: r.id.to_string(),
             scope: r.scope.to_string(),
             state: r.state.as_str().to_string(),
+            subject: SubjectView::of(r.subject.as_ref()),
             cancel_requested: r.cancel_requested,
             input: r.input.clone(),
             output: r.output.clone(),

@@ -24,9 +24,11 @@ pub struct ErrorDetail {
     /// Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
     /// own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
     /// `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
-    /// `subject_not_allowed`, `method_not_allowed`, `request_timeout`, `uri_too_long`,
-    /// `unsupported_media_type`, `request_header_fields_too_large`,
-    /// `database_unavailable`, `internal`).
+    /// `ambiguous_request`, `subject_not_allowed`, `method_not_allowed`, `request_timeout`,
+    /// `uri_too_long`, `unsupported_media_type`, `request_header_fields_too_large`,
+    /// `database_unavailable`, `internal`). A 5xx message never carries details: it names
+    /// the request id (also in the `x-request-id` header) under which the server logged
+    /// them.
     pub code: String,
     /// Human-readable explanation.
     pub message: String,
@@ -54,6 +56,24 @@ impl ApiError {
             message: message.into(),
             retry_after: None,
         }
+    }
+
+    /// A failure of the server itself (database, corrupt row, …): the details go to the
+    /// log under the request id; the caller gets a generic message naming that id, never
+    /// the details (they can hold database text).
+    pub fn internal(status: StatusCode, code: &str, detail: impl std::fmt::Display) -> Self {
+        let id = crate::request_id::current();
+        tracing::error!(request_id = %id, code, detail = %detail, "request failed");
+        Self::new(
+            status,
+            code,
+            format!("internal error: the server's log has the details under request id {id}"),
+        )
+    }
+
+    /// 400: two values where one is expected (headers, JSON keys, query parameters).
+    pub fn ambiguous(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "ambiguous_request", message)
     }
 
     /// 400: the body is not the JSON the endpoint takes.
@@ -116,7 +136,8 @@ fn retry_seconds(d: Duration) -> u64 {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
-            tracing::error!(code = %self.code, message = %self.message, "request failed");
+            let id = crate::request_id::current();
+            tracing::error!(request_id = %id, code = %self.code, message = %self.message, "request failed");
         }
         let retry = self.retry_after.map(retry_seconds);
         let mut response = (self.status, Json(self.body())).into_response();
@@ -157,13 +178,11 @@ impl From<StoreError> for ApiError {
                 e.to_string(),
             ),
             StoreError::InvalidOutput(_) => ApiError::invalid(e.to_string()),
-            StoreError::Unavailable(_) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "database_unavailable",
-                e.to_string(),
-            ),
+            StoreError::Unavailable(_) => {
+                ApiError::internal(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", e)
+            }
             StoreError::SchemaTooNew { .. } | StoreError::Corrupt(_) | StoreError::Database(_) => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                ApiError::internal(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)
             }
         }
     }
@@ -174,6 +193,10 @@ impl From<EngineError> for ApiError {
         match e {
             EngineError::Store(s) => s.into(),
             EngineError::Invalid(i) => i.into(),
+            EngineError::EffectKeyTaken => ApiError::idempotency_conflict(e.to_string()),
+            EngineError::SubjectNotAllowed(why) => {
+                ApiError::new(StatusCode::FORBIDDEN, "subject_not_allowed", why)
+            }
             other => {
                 let code = other.code().map_or("internal", ErrorCode::as_str);
                 let status = match other.code() {
@@ -186,8 +209,32 @@ impl From<EngineError> for ApiError {
                     _ if other.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
                     _ => StatusCode::INTERNAL_SERVER_ERROR,
                 };
+                if status.is_server_error() {
+                    return ApiError::internal(status, code, other);
+                }
                 ApiError::new(status, code, other.to_string())
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_failures_never_show_their_details() {
+        let secret = "error returned from database: relation \"tasks\" does not exist";
+        for e in [
+            ApiError::from(StoreError::Database(secret.into())),
+            ApiError::from(StoreError::Corrupt(secret.into())),
+            ApiError::from(StoreError::Unavailable(secret.into())),
+            ApiError::from(EngineError::Notify(secret.into())),
+        ] {
+            assert!(e.status().is_server_error(), "{e:?}");
+            let body = e.body().error;
+            assert!(!body.message.contains("relation"), "{}", body.message);
+            assert!(body.message.contains("request id"), "{}", body.message);
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod dto;
 pub mod error;
 mod openapi;
+pub mod request_id;
 mod routes;
 mod serve;
 

@@ -39,7 +39,7 @@ use utoipa::{Modify, OpenApi};
         UnreleasedPageView, DeletedAnswer, RunBody, RunView, KindView, KindsAnswer, ModelView,
         ModelsAnswer, PipelineBody, PipelineView, PipelineRunBody, StepView,
         PipelineProgressView, ErrorBody, ErrorDetail, KindName, TaskStatusName, RunStateName,
-        StepStatusName, HashableJson, HashableObject, DefinitionOutline
+        StepStatusName, HashableJson, HashableObject, DefinitionOutline, SubjectView
     )),
     modifiers(&ApiKeyAuth, &ErrorAnswers)
 )]

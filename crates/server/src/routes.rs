@@ -1,7 +1,7 @@
 //! The routes. Each handler authenticates, turns JSON into engine calls, and turns the
 //! answer (or the typed error) into JSON.
 
-use crate::auth::Caller;
+use crate::auth::{Caller, single_header};
 use crate::dto::*;
 use crate::error::ApiError;
 use crate::{AppState, BATCH_BODY_LIMIT, body_limit};
@@ -19,10 +19,12 @@ use serde_json::Value;
 use std::time::Duration;
 use tollgate_core::kinds::{output_schema, request_schema};
 use tollgate_core::{
-    AppId, BudgetName, EffectKey, ModelId, PipelineName, Run, RunId, ScopeId, SourceId,
-    SourceRevision, StepKey, Task, TaskId, TaskKind, TaskOwner, ValidatedRequest,
+    BudgetName, EffectKey, ModelId, PipelineName, Run, RunId, ScopeId, SourceId, SourceRevision,
+    StepKey, Task, TaskId, TaskKind, TaskOwner, ValidatedRequest,
 };
-use tollgate_engine::{PipelineStart, SourceSpec, Submission, SubmissionOwner, Submitted};
+use tollgate_engine::{
+    CallerView, PipelineStart, SourceSpec, Submission, SubmissionOwner, Submitted,
+};
 use tollgate_store::{ScopedSource, UnreleasedQuery};
 
 pub(crate) fn router(state: AppState) -> Router {
@@ -61,6 +63,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .layer(axum::middleware::map_response(envelope_errors))
         // Bodies are read by `read_body` with each route's own limit.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(crate::request_id::layer))
         .with_state(state)
 }
 
@@ -211,7 +214,8 @@ async fn read_body(
         })
 }
 
-/// Reads a JSON body: 413 beyond `limit`, 400 for anything not the shape.
+/// Reads a JSON body: 413 beyond `limit`, 400 for anything not the shape and for a
+/// key named twice in one object, at any depth (`ambiguous_request`).
 async fn json_body<T: DeserializeOwned>(
     s: &AppState,
     headers: &HeaderMap,
@@ -219,13 +223,40 @@ async fn json_body<T: DeserializeOwned>(
     limit: usize,
 ) -> Result<T, ApiError> {
     let bytes = read_body(s, headers, body, limit).await?;
-    serde_json::from_slice(&bytes)
+    let value = tollgate_core::json::parse_unambiguous(&bytes).map_err(|e| {
+        if e.is_data() {
+            ApiError::ambiguous(format!("invalid JSON body: {e}"))
+        } else {
+            ApiError::malformed(format!("invalid JSON body: {e}"))
+        }
+    })?;
+    serde_json::from_value(value)
         .map_err(|e| ApiError::malformed(format!("invalid JSON body: {e}")))
 }
 
+/// The query parameters of a route (each route's struct refuses unknown and repeated
+/// parameters: 400 naming them).
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(v)| v)
         .map_err(|e| ApiError::malformed(e.body_text()))
+}
+
+/// The query of a route that takes no parameters: any parameter is refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NoParams {}
+
+/// The engine as the caller sees it (its app, and its subject's share of it).
+fn view(s: &AppState, caller: &Caller) -> CallerView {
+    s.tollgate
+        .as_caller(caller.app.clone(), caller.visibility.clone())
+}
+
+/// The `Idempotency-Key` header: once, UTF-8, and an identifier like every other.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<EffectKey>, ApiError> {
+    Ok(single_header(headers, "idempotency-key")?
+        .map(|k| EffectKey::new(k).map_err(|e| e.for_field("Idempotency-Key")))
+        .transpose()?)
 }
 
 /// `?wait=`: a number of seconds (`30`) or a number with a unit, `ms`, `s`, `m` or `h`
@@ -266,7 +297,7 @@ fn run_id(text: &str) -> Result<RunId, ApiError> {
 fn submission(
     caller: &Caller,
     body: SubmitBody,
-    header_key: Option<&str>,
+    header_key: Option<&EffectKey>,
 ) -> Result<Submission, ApiError> {
     let kind = TaskKind::parse(&body.kind).ok_or_else(|| {
         ApiError::invalid(format!(
@@ -294,12 +325,13 @@ fn submission(
         }
     };
     let key = match (header_key, body.effect_key.as_deref()) {
-        (Some(h), Some(b)) if h != b => {
+        (Some(h), Some(b)) if h.as_str() != b => {
             return Err(ApiError::invalid(
                 "the Idempotency-Key header and the effect_key field differ",
             ));
         }
-        (Some(k), _) | (None, Some(k)) => EffectKey::new(k)?,
+        (Some(k), _) => k.clone(),
+        (None, Some(k)) => EffectKey::new(k)?,
         (None, None) => {
             return Err(ApiError::invalid(
                 "an effect key is required: send the Idempotency-Key header or an effect_key field",
@@ -388,6 +420,7 @@ fn submit_status(submitted: &Submitted) -> StatusCode {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct WaitQuery {
     wait: Option<String>,
 }
@@ -410,6 +443,7 @@ pub(crate) async fn submit(
     let caller = s.auth.authenticate(&headers)?;
     let q = query(q)?;
     let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
+    let header_key = idempotency_key(&headers)?;
     let body: SubmitBody = json_body(
         &s,
         &headers,
@@ -417,27 +451,29 @@ pub(crate) async fn submit(
         body_limit(s.tollgate.config().max_request_bytes),
     )
     .await?;
-    let header_key = match headers.get("idempotency-key") {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| ApiError::malformed("the Idempotency-Key header is not text"))?,
-        ),
-        None => None,
-    };
-    let sub = submission(&caller, body, header_key)?;
-    let submitted = s.tollgate.submit(sub.clone()).await?;
+    let sub = submission(&caller, body, header_key.as_ref())?;
+    let view = view(&s, &caller);
+    let submitted = view.submit(sub.clone()).await?;
     if !submitted.created {
         check_same_submission(&s, &sub, &submitted.task)?;
     }
     let status = submit_status(&submitted);
-    let mut task = submitted.task;
-    if let Some(wait) = wait
-        && !task.status.is_terminal()
-        && let Some(now) = s.tollgate.wait(&caller.app, task.id, wait).await?
-    {
-        task = now;
-    }
+    let task = waited_task(&view, submitted.task, wait).await?;
     Ok((status, Json(TaskView::of(&task, submitted.created))).into_response())
+}
+
+/// The task after waiting up to `wait` for it to end (as it was if it vanished meanwhile).
+async fn waited_task(
+    view: &CallerView,
+    task: Task,
+    wait: Option<Duration>,
+) -> Result<Task, ApiError> {
+    match wait {
+        Some(wait) if !task.status.is_terminal() => {
+            Ok(view.wait(task.id, wait).await?.unwrap_or(task))
+        }
+        _ => Ok(task),
+    }
 }
 
 #[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks", request_body = BatchBody,
@@ -446,9 +482,16 @@ pub(crate) async fn submit(
 pub(crate) async fn submit_batch(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
     body: Body,
 ) -> Result<Json<BatchAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
+    if headers.contains_key("idempotency-key") {
+        return Err(ApiError::ambiguous(
+            "a batch takes each item's effect_key, not an Idempotency-Key header",
+        ));
+    }
     let body: BatchBody = json_body(&s, &headers, body, BATCH_BODY_LIMIT).await?;
     if body.tasks.len() > tollgate_engine::MAX_BATCH {
         return Err(ApiError::invalid(format!(
@@ -469,7 +512,10 @@ pub(crate) async fn submit_batch(
         .iter()
         .filter_map(|p| p.as_ref().ok().cloned())
         .collect();
-    let mut answers = s.tollgate.submit_many(valid.clone()).await?.into_iter();
+    let mut answers = view(&s, &caller)
+        .submit_many(valid.clone())
+        .await?
+        .into_iter();
     let mut valid = valid.into_iter();
     let mut results = Vec::with_capacity(prepared.len());
     for p in prepared {
@@ -486,7 +532,7 @@ pub(crate) async fn submit_batch(
                         }
                     }
                     (Some(Err(e)), _) => Err(ApiError::from(e)),
-                    _ => Err(ApiError::new(
+                    _ => Err(ApiError::internal(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         "internal",
                         "a batch item got no answer",
@@ -511,6 +557,7 @@ pub(crate) async fn submit_batch(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct EffectKeyQuery {
     effect_key: Option<String>,
 }
@@ -529,29 +576,32 @@ pub(crate) async fn get_by_effect_key(
         .effect_key
         .ok_or_else(|| ApiError::malformed("give ?effect_key=… (or GET /v1/tasks/{id})"))?;
     let key = EffectKey::new(key).map_err(|_| ApiError::not_found("task"))?;
-    let task = s
-        .tollgate
-        .get_by_effect_key(&caller.app, &key)
+    let task = view(&s, &caller)
+        .get_by_effect_key(&key)
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
     Ok(Json(TaskView::of(&task, false)))
 }
 
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
-    params(("id" = String, Path, description = "the task id")),
+    params(("id" = String, Path, description = "the task id"),
+        ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "long-poll: answer once the task is terminal or this long passed: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`), like submit's wait")),
     responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody, description = "no such task in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_task(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<WaitQuery>, QueryRejection>,
 ) -> Result<Json<TaskView>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let task = s
-        .tollgate
-        .get(&caller.app, task_id(&id)?)
+    let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
+    let view = view(&s, &caller);
+    let task = view
+        .get(task_id(&id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
+    let task = waited_task(&view, task, wait).await?;
     Ok(Json(TaskView::of(&task, false)))
 }
 
@@ -563,11 +613,12 @@ pub(crate) async fn cancel_task(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<NoParams>, QueryRejection>,
 ) -> Result<Json<TaskView>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let task = s
-        .tollgate
-        .cancel(&caller.app, task_id(&id)?)
+    query(q)?;
+    let task = view(&s, &caller)
+        .cancel(task_id(&id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
     Ok(Json(TaskView::of(&task, false)))
@@ -579,13 +630,15 @@ pub(crate) async fn cancel_task(
 pub(crate) async fn release(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
     body: Body,
 ) -> Result<Json<ReleaseAnswer>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
     let body: ReleaseBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
     let scope = ScopeId::new(body.scope)?;
     let key = EffectKey::new(body.effect_key)?;
-    if s.tollgate.release(&caller.app, &scope, &key).await? {
+    if view(&s, &caller).release(&scope, &key).await? {
         Ok(Json(ReleaseAnswer { released: true }))
     } else {
         Err(ApiError::not_found(
@@ -595,6 +648,7 @@ pub(crate) async fn release(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct UnreleasedParams {
     step: Option<String>,
     after: Option<String>,
@@ -627,11 +681,9 @@ pub(crate) async fn unreleased_sources(
             })
             .transpose()?,
         limit: 0,
+        subject: None,
     };
-    let page = s
-        .tollgate
-        .list_unreleased_sources(&caller.app, &query)
-        .await?;
+    let page = view(&s, &caller).list_unreleased_sources(&query).await?;
     Ok(Json(UnreleasedPageView {
         sources: page
             .sources
@@ -646,6 +698,7 @@ pub(crate) async fn unreleased_sources(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct DeleteParams {
     source: Option<String>,
 }
@@ -664,9 +717,8 @@ pub(crate) async fn delete_owner_data(
     let q = query(q)?;
     let scope = ScopeId::new(scope)?;
     let source = q.source.map(SourceId::new).transpose()?;
-    let deleted = s
-        .tollgate
-        .delete_owner_data(&caller.app, &scope, source.as_ref())
+    let deleted = view(&s, &caller)
+        .delete_owner_data(&scope, source.as_ref())
         .await?;
     Ok(Json(DeletedAnswer { deleted }))
 }
@@ -676,9 +728,11 @@ pub(crate) async fn delete_owner_data(
 pub(crate) async fn create_run(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
     let body: RunBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
     let run = s
         .tollgate
@@ -707,17 +761,18 @@ pub(crate) async fn get_run(
     let caller = s.auth.authenticate(&headers)?;
     let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
     let id = run_id(&id)?;
+    let view = view(&s, &caller);
     let run = match wait {
-        Some(wait) => s.tollgate.wait_run(&caller.app, id, wait).await?,
-        None => s.tollgate.get_run(&caller.app, id).await?,
+        Some(wait) => view.wait_run(id, wait).await?,
+        None => view.get_run(id).await?,
     }
     .ok_or_else(|| ApiError::not_found("run"))?;
-    Ok(Json(run_view(&s, &run).await?))
+    Ok(Json(run_view(&view, &run).await?))
 }
 
 /// A run's view, with its steps when it is a pipeline run.
-async fn run_view(s: &AppState, run: &Run) -> Result<RunView, ApiError> {
-    let pipeline = s.tollgate.pipeline_run(run).await?;
+async fn run_view(view: &CallerView, run: &Run) -> Result<RunView, ApiError> {
+    let pipeline = view.pipeline_run(run).await?;
     Ok(RunView::with_pipeline(run, pipeline.as_ref()))
 }
 
@@ -729,14 +784,16 @@ pub(crate) async fn cancel_run(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<NoParams>, QueryRejection>,
 ) -> Result<Json<RunView>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let cancel = s
-        .tollgate
-        .cancel_run(&caller.app, run_id(&id)?)
+    query(q)?;
+    let view = view(&s, &caller);
+    let cancel = view
+        .cancel_run(run_id(&id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("run"))?;
-    Ok(Json(run_view(&s, &cancel.run).await?))
+    Ok(Json(run_view(&view, &cancel.run).await?))
 }
 
 /// A pipeline name from a path: one that cannot exist is reported like a missing one.
@@ -752,9 +809,11 @@ fn pipeline_name(text: String) -> Result<PipelineName, ApiError> {
 pub(crate) async fn register_pipeline(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
     let body: PipelineBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
     let name = PipelineName::new(body.name)?;
     let (stored, created) = s
@@ -770,6 +829,7 @@ pub(crate) async fn register_pipeline(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct VersionQuery {
     version: Option<String>,
 }
@@ -823,12 +883,7 @@ pub(crate) async fn start_pipeline_run(
 ) -> Result<Response, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
     let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
-    let start_key = match headers.get("idempotency-key") {
-        Some(v) => Some(EffectKey::new(v.to_str().map_err(|_| {
-            ApiError::malformed("the Idempotency-Key header is not text")
-        })?)?),
-        None => None,
-    };
+    let start_key = idempotency_key(&headers)?;
     let body: PipelineRunBody = json_body(
         &s,
         &headers,
@@ -838,8 +893,8 @@ pub(crate) async fn start_pipeline_run(
     .await?;
     let name = pipeline_name(name)?;
     let scope = ScopeId::new(body.scope)?;
-    let started = s
-        .tollgate
+    let view = view(&s, &caller);
+    let started = view
         .start_pipeline(PipelineStart {
             app: caller.app.clone(),
             subject: caller.subject.clone(),
@@ -867,8 +922,8 @@ pub(crate) async fn start_pipeline_run(
     } else {
         StatusCode::OK
     };
-    let run = waited(&s, &caller.app, started.run, wait).await?;
-    Ok((status, Json(run_view(&s, &run).await?)).into_response())
+    let run = waited(&view, started.run, wait).await?;
+    Ok((status, Json(run_view(&view, &run).await?)).into_response())
 }
 
 /// Equal as stored: the canonical forms (key order and number spelling aside).
@@ -910,16 +965,11 @@ async fn check_same_start(
 }
 
 /// The run after waiting up to `wait` for it to end (as it was if it vanished meanwhile).
-async fn waited(
-    s: &AppState,
-    app: &AppId,
-    run: Run,
-    wait: Option<Duration>,
-) -> Result<Run, ApiError> {
+async fn waited(view: &CallerView, run: Run, wait: Option<Duration>) -> Result<Run, ApiError> {
     let Some(wait) = wait else {
         return Ok(run);
     };
-    Ok(s.tollgate.wait_run(app, run.id, wait).await?.unwrap_or(run))
+    Ok(view.wait_run(run.id, wait).await?.unwrap_or(run))
 }
 
 #[utoipa::path(get, path = "/v1/kinds", tag = "discovery",
@@ -927,8 +977,10 @@ async fn waited(
 pub(crate) async fn kinds(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
 ) -> Result<Json<KindsAnswer>, ApiError> {
     s.auth.authenticate(&headers)?;
+    query(q)?;
     Ok(Json(KindsAnswer {
         kinds: TaskKind::ALL
             .into_iter()
@@ -946,8 +998,10 @@ pub(crate) async fn kinds(
 pub(crate) async fn models(
     State(s): State<AppState>,
     headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
 ) -> Result<Json<ModelsAnswer>, ApiError> {
     s.auth.authenticate(&headers)?;
+    query(q)?;
     let registry = s.tollgate.models();
     let mut models = Vec::new();
     for id in registry.ids() {
@@ -963,7 +1017,10 @@ pub(crate) async fn models(
     Ok(Json(ModelsAnswer { models }))
 }
 
-pub(crate) async fn openapi() -> Response {
+pub(crate) async fn openapi(q: Result<Query<NoParams>, QueryRejection>) -> Response {
+    if let Err(e) = query(q) {
+        return e.into_response();
+    }
     (
         [(header::CONTENT_TYPE, "application/json")],
         crate::openapi::openapi_json(),
@@ -971,20 +1028,34 @@ pub(crate) async fn openapi() -> Response {
         .into_response()
 }
 
-pub(crate) async fn healthz() -> Json<Value> {
-    Json(serde_json::json!({"status": "ok"}))
+pub(crate) async fn healthz(q: Result<Query<NoParams>, QueryRejection>) -> Response {
+    if let Err(e) = query(q) {
+        return e.into_response();
+    }
+    Json(serde_json::json!({"status": "ok"})).into_response()
 }
 
 /// Longest `/readyz` waits for the database: a probe must get an answer, not a hang.
 const READY_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
 
-pub(crate) async fn readyz(State(s): State<AppState>) -> Response {
+pub(crate) async fn readyz(
+    State(s): State<AppState>,
+    q: Result<Query<NoParams>, QueryRejection>,
+) -> Response {
+    if let Err(e) = query(q) {
+        return e.into_response();
+    }
     let unavailable = |why: String| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", why).into_response()
     };
     match tokio::time::timeout(READY_BOUND, s.tollgate.store().ping()).await {
         Ok(Ok(())) => Json(serde_json::json!({"status": "ready"})).into_response(),
-        Ok(Err(e)) => unavailable(format!("the database does not answer: {e}")),
+        Ok(Err(e)) => ApiError::internal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_unavailable",
+            format!("the database does not answer: {e}"),
+        )
+        .into_response(),
         Err(_) => unavailable(format!(
             "the database did not answer within {}s",
             READY_BOUND.as_secs()
@@ -992,7 +1063,13 @@ pub(crate) async fn readyz(State(s): State<AppState>) -> Response {
     }
 }
 
-pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
+pub(crate) async fn metrics(
+    State(s): State<AppState>,
+    q: Result<Query<NoParams>, QueryRejection>,
+) -> Response {
+    if let Err(e) = query(q) {
+        return e.into_response();
+    }
     let text = s.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

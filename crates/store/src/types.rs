@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 use tollgate_core::{
-    AppId, PipelineName, Run, RunId, ScopeId, SourceId, StepKey, Task, TaskError, TaskId,
+    AppId, PipelineName, Run, RunId, ScopeId, SourceId, StepKey, Subject, Task, TaskError, TaskId,
     Timestamp, Usage, WorkerId,
 };
 
@@ -15,6 +15,25 @@ pub fn page_size(requested: u32) -> u32 {
         MAX_PAGE
     } else {
         requested.min(MAX_PAGE)
+    }
+}
+
+/// Rows a keyset listing fetches for a page of `limit`: one more, so the page knows
+/// whether anything follows it.
+pub fn keyset_fetch(limit: u32) -> i64 {
+    i64::from(limit) + 1
+}
+
+/// A keyset page from the `keyset_fetch(limit)` rows a listing read: at most `limit` rows,
+/// and the cursor (the last row shown) only when a further row exists.
+pub fn keyset_page<T: Clone>(mut rows: Vec<T>, limit: u32) -> (Vec<T>, Option<T>) {
+    let limit = limit as usize;
+    if rows.len() > limit {
+        rows.truncate(limit);
+        let next = rows.last().cloned();
+        (rows, next)
+    } else {
+        (rows, None)
     }
 }
 
@@ -82,6 +101,9 @@ pub struct UnreleasedQuery {
     pub after: Option<ScopedSource>,
     /// Page size (capped at [`MAX_PAGE`]; 0 means [`MAX_PAGE`]).
     pub limit: u32,
+    /// Only pairs with tasks done for this subject (a caller bound to a subject sees only
+    /// its own tasks).
+    pub subject: Option<Subject>,
 }
 
 /// A page of `list_unreleased_sources`.
@@ -89,7 +111,7 @@ pub struct UnreleasedQuery {
 pub struct UnreleasedPage {
     /// Pairs in (scope, source) order.
     pub sources: Vec<ScopedSource>,
-    /// Cursor for the next page, when there may be one.
+    /// Cursor for the next page; `None` on the last page.
     pub next: Option<ScopedSource>,
 }
 

@@ -1060,14 +1060,13 @@ impl Model {
                     .collect::<BTreeSet<_>>()
                     .into_iter()
                     .collect();
-                // Pages of `limit`; a full page always has a next cursor, so the last
-                // page is empty when the count divides evenly.
+                // Pages of `limit`; a page has a next cursor only when more follows, so
+                // there is never a trailing empty page (one empty page when none match).
                 let mut pages = Vec::new();
                 loop {
                     let page: Vec<_> = all.drain(..all.len().min(usize::from(*limit))).collect();
-                    let full = page.len() == usize::from(*limit);
                     pages.push(page);
-                    if !full {
+                    if all.is_empty() {
                         break;
                     }
                 }
@@ -1591,6 +1590,7 @@ impl Harness {
                                     .map(|s| StepKey::new(STEPS[usize::from(s)]).expect("step")),
                                 after: after.clone(),
                                 limit: u32::from(*limit),
+                                subject: None,
                             },
                         )
                         .await

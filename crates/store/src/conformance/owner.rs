@@ -200,6 +200,81 @@ pub async fn unreleased_sources_page_with_a_keyset_cursor(b: &dyn Backend) {
     }));
 }
 
+/// Keyset paging says "more" only when there is more: with exactly two full pages of
+/// pairs, the second page has no `next` (each page reads one row beyond its size to know),
+/// and a page size of exactly the row count answers one page without `next`. A subject
+/// filter lists only the pairs with tasks done for that subject.
+pub async fn unreleased_sources_last_full_page_has_no_next(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    let news: Vec<NewTask> = (0..2 * MAX_PAGE)
+        .map(|i| {
+            let t = new_scoped_task(
+                "acme",
+                "s",
+                &format!("k{i}"),
+                &format!("src{i:03}"),
+                unlimited(),
+            );
+            with_subject(t, i.is_multiple_of(2).then(|| user("alice")))
+        })
+        .collect();
+    for t in news {
+        create_new(&*s, t).await;
+    }
+    let first = s
+        .list_unreleased_sources(&acme, &UnreleasedQuery::default())
+        .await
+        .expect("page 1");
+    assert_eq!(first.sources.len(), MAX_PAGE as usize);
+    let cursor = first.next.clone().expect("a second page follows");
+    assert_eq!(Some(&cursor), first.sources.last());
+    let second = s
+        .list_unreleased_sources(
+            &acme,
+            &UnreleasedQuery {
+                after: Some(cursor),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("page 2");
+    assert_eq!(second.sources.len(), MAX_PAGE as usize);
+    assert_eq!(second.next, None, "the last page has no next");
+    let exact = s
+        .list_unreleased_sources(
+            &acme,
+            &UnreleasedQuery {
+                scope: Some(scope("s")),
+                step: None,
+                after: Some(second.sources[MAX_PAGE as usize - 31].clone()),
+                limit: 30,
+                subject: None,
+            },
+        )
+        .await
+        .expect("a page of exactly the rest");
+    assert_eq!((exact.sources.len(), exact.next), (30, None));
+    let alice = s
+        .list_unreleased_sources(
+            &acme,
+            &UnreleasedQuery {
+                subject: Some(user("alice")),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("alice's pairs");
+    assert_eq!((alice.sources.len(), alice.next), (MAX_PAGE as usize, None));
+    assert!(
+        alice.sources.iter().all(|p| {
+            let n: u32 = p.source.as_str()[3..].parse().unwrap();
+            n.is_multiple_of(2)
+        }),
+        "only pairs with alice's tasks"
+    );
+}
+
 async fn collect_pages(
     s: &dyn crate::Store,
     app_id: &tollgate_core::AppId,

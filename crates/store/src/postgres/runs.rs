@@ -6,7 +6,7 @@ use super::{PostgresStore, fetch_task};
 use crate::rows::{FinishedRow, RunRow, run_columns, task_id};
 use crate::{RunCancel, RunResult, StoreError, StoreResult, WaitOutcome};
 use tollgate_core::canonical::canonical_json as canonical_json_text;
-use tollgate_core::{AppId, ErrorCode, NewRun, Run, RunId, RunState, TaskId};
+use tollgate_core::{AppId, ErrorCode, NewRun, Run, RunId, RunState, TaskId, truncate_message};
 
 pub(super) async fn get_run(
     exec: impl sqlx::PgExecutor<'_>,
@@ -195,7 +195,7 @@ pub(super) async fn finish_run(
             RunState::Failed,
             None,
             Some(err.code.as_str()),
-            Some(err.message.clone()),
+            Some(truncate_message(&err.message)),
         ),
     };
     sqlx::query(

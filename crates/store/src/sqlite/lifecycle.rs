@@ -7,7 +7,7 @@ use crate::rows::{
 };
 use crate::{
     HeartbeatReport, MAX_PAGE, ScopedSource, StoreError, StoreResult, Transition, UnreleasedPage,
-    UnreleasedQuery, page_size,
+    UnreleasedQuery, keyset_fetch, keyset_page, page_size,
 };
 use std::collections::HashSet;
 use tollgate_core::{
@@ -389,6 +389,7 @@ pub(super) async fn list_unreleased_sources(
          WHERE app = ?1 AND run_id IS NULL AND released_at IS NULL AND source_id IS NOT NULL \
          AND (?2 IS NULL OR scope = ?2) AND (?3 IS NULL OR step = ?3) \
          AND (?4 IS NULL OR (scope, source_id) > (?4, ?5)) \
+         AND (?7 IS NULL OR (subject_type = ?7 AND subject_id = ?8)) \
          ORDER BY scope, source_id LIMIT ?6",
     )
     .bind(app.as_str())
@@ -396,7 +397,9 @@ pub(super) async fn list_unreleased_sources(
     .bind(query.step.as_ref().map(|s| s.as_str()))
     .bind(after_scope)
     .bind(after_source)
-    .bind(i64::from(limit))
+    .bind(keyset_fetch(limit))
+    .bind(query.subject.as_ref().map(|s| s.kind.as_str()))
+    .bind(query.subject.as_ref().map(|s| s.id.as_str()))
     .fetch_all(&store.reader)
     .await?;
     let sources = rows
@@ -408,11 +411,7 @@ pub(super) async fn list_unreleased_sources(
             })
         })
         .collect::<StoreResult<Vec<_>>>()?;
-    let next = if sources.len() as u32 == limit {
-        sources.last().cloned()
-    } else {
-        None
-    };
+    let (sources, next) = keyset_page(sources, limit);
     Ok(UnreleasedPage { sources, next })
 }
 

@@ -1,0 +1,233 @@
+//! What one caller may see and touch inside its app (docs/api.md, "Subjects"). A caller
+//! bound to one subject ([`Visibility::Subject`]) sees only the tasks and runs done for
+//! that subject: everything else of the app answers as if it did not exist (`None`, a run
+//! not found, `false`, an empty page). Any other caller ([`Visibility::App`]) sees the
+//! whole app's. Servers call the engine through a [`CallerView`], so the rule is applied
+//! here once, not in each handler.
+
+use crate::error::EngineError;
+use crate::facade::{Submission, SubmissionOwner, Submitted, Tollgate};
+use crate::pipelines::{PipelineRunInfo, PipelineStart, StartedRun};
+use std::time::Duration;
+use tollgate_core::{AppId, EffectKey, InvalidInput, Run, RunId, ScopeId, SourceId, Task, TaskId};
+use tollgate_core::{Subject, Visibility};
+use tollgate_store::{RunCancel, StoreError, UnreleasedPage, UnreleasedQuery};
+
+/// The engine as one authenticated caller sees it: its app, and within it what its
+/// [`Visibility`] allows.
+#[derive(Debug, Clone)]
+pub struct CallerView {
+    tollgate: Tollgate,
+    app: AppId,
+    visibility: Visibility,
+}
+
+impl Tollgate {
+    /// The engine as a caller of `app` with `visibility` sees it.
+    pub fn as_caller(&self, app: AppId, visibility: Visibility) -> CallerView {
+        CallerView {
+            tollgate: self.clone(),
+            app,
+            visibility,
+        }
+    }
+}
+
+impl CallerView {
+    /// The caller's app.
+    pub fn app(&self) -> &AppId {
+        &self.app
+    }
+
+    /// What the caller may see.
+    pub fn visibility(&self) -> &Visibility {
+        &self.visibility
+    }
+
+    fn sees(&self, subject: Option<&Subject>) -> bool {
+        self.visibility.sees(subject)
+    }
+
+    fn visible_task(&self, task: Option<Task>) -> Option<Task> {
+        task.filter(|t| self.sees(t.subject.as_ref()))
+    }
+
+    fn visible_run(&self, run: Option<Run>) -> Option<Run> {
+        run.filter(|r| self.sees(r.subject.as_ref()))
+    }
+
+    /// A replay answers an existing task only when the caller may see it; otherwise the
+    /// effect key is taken by something the caller cannot see (and nothing of it shows).
+    fn replay(&self, submitted: Submitted) -> Result<Submitted, EngineError> {
+        if submitted.created || self.sees(submitted.task.subject.as_ref()) {
+            Ok(submitted)
+        } else {
+            Err(EngineError::EffectKeyTaken)
+        }
+    }
+
+    /// A task submitted into a run the caller cannot see is refused like a missing run.
+    async fn check_owner(&self, submission: &Submission) -> Result<(), EngineError> {
+        if let SubmissionOwner::Run(run) = submission.owner
+            && matches!(self.visibility, Visibility::Subject(_))
+            && self.get_run(run).await?.is_none()
+        {
+            return Err(StoreError::RunNotFound(run.to_string()).into());
+        }
+        Ok(())
+    }
+
+    /// [`Tollgate::submit`] in the caller's app; a replayed effect key of a task the
+    /// caller cannot see is [`EngineError::EffectKeyTaken`].
+    pub async fn submit(&self, mut submission: Submission) -> Result<Submitted, EngineError> {
+        submission.app = self.app.clone();
+        self.check_owner(&submission).await?;
+        let submitted = self.tollgate.submit(submission).await?;
+        self.replay(submitted)
+    }
+
+    /// [`Tollgate::submit_many`], each item judged like [`CallerView::submit`].
+    pub async fn submit_many(
+        &self,
+        submissions: Vec<Submission>,
+    ) -> Result<Vec<Result<Submitted, EngineError>>, EngineError> {
+        let mut allowed = Vec::with_capacity(submissions.len());
+        let mut refused = Vec::with_capacity(submissions.len());
+        for mut s in submissions {
+            s.app = self.app.clone();
+            match self.check_owner(&s).await {
+                Ok(()) => {
+                    refused.push(None);
+                    allowed.push(s);
+                }
+                Err(e) => refused.push(Some(e)),
+            }
+        }
+        let mut answers = self.tollgate.submit_many(allowed).await?.into_iter();
+        Ok(refused
+            .into_iter()
+            .map(|r| match r {
+                Some(e) => Err(e),
+                None => answers
+                    .next()
+                    .unwrap_or_else(|| {
+                        Err(InvalidInput::field("tasks", "an item got no answer").into())
+                    })
+                    .and_then(|s| self.replay(s)),
+            })
+            .collect())
+    }
+
+    /// A visible task by id.
+    pub async fn get(&self, id: TaskId) -> Result<Option<Task>, EngineError> {
+        Ok(self.visible_task(self.tollgate.get(&self.app, id).await?))
+    }
+
+    /// A visible task by effect key.
+    pub async fn get_by_effect_key(&self, key: &EffectKey) -> Result<Option<Task>, EngineError> {
+        Ok(self.visible_task(self.tollgate.get_by_effect_key(&self.app, key).await?))
+    }
+
+    /// [`Tollgate::wait`] on a visible task (a task's subject never changes).
+    pub async fn wait(&self, id: TaskId, timeout: Duration) -> Result<Option<Task>, EngineError> {
+        if self.get(id).await?.is_none() {
+            return Ok(None);
+        }
+        Ok(self.visible_task(self.tollgate.wait(&self.app, id, timeout).await?))
+    }
+
+    /// [`Tollgate::cancel`] of a visible task.
+    pub async fn cancel(&self, id: TaskId) -> Result<Option<Task>, EngineError> {
+        if self.get(id).await?.is_none() {
+            return Ok(None);
+        }
+        self.tollgate.cancel(&self.app, id).await
+    }
+
+    /// [`Tollgate::release`] of a visible application task.
+    pub async fn release(&self, scope: &ScopeId, key: &EffectKey) -> Result<bool, EngineError> {
+        if matches!(self.visibility, Visibility::Subject(_))
+            && self.get_by_effect_key(key).await?.is_none()
+        {
+            return Ok(false);
+        }
+        self.tollgate.release(&self.app, scope, key).await
+    }
+
+    /// [`Tollgate::list_unreleased_sources`]: a caller bound to a subject sees only the
+    /// pairs with tasks done for it.
+    pub async fn list_unreleased_sources(
+        &self,
+        query: &UnreleasedQuery,
+    ) -> Result<UnreleasedPage, EngineError> {
+        let mut query = query.clone();
+        if let Visibility::Subject(s) = &self.visibility {
+            query.subject = Some(s.clone());
+        }
+        self.tollgate
+            .list_unreleased_sources(&self.app, &query)
+            .await
+    }
+
+    /// [`Tollgate::delete_owner_data`]: deleting a scope's data acts on every subject's
+    /// tasks, so a caller bound to one subject may not ([`EngineError::SubjectNotAllowed`]).
+    pub async fn delete_owner_data(
+        &self,
+        scope: &ScopeId,
+        source: Option<&SourceId>,
+    ) -> Result<u64, EngineError> {
+        if matches!(self.visibility, Visibility::Subject(_)) {
+            return Err(EngineError::SubjectNotAllowed(
+                "a key bound to a subject may not delete a scope's tasks: use a key of the app",
+            ));
+        }
+        self.tollgate
+            .delete_owner_data(&self.app, scope, source)
+            .await
+    }
+
+    /// A visible run by id.
+    pub async fn get_run(&self, id: RunId) -> Result<Option<Run>, EngineError> {
+        Ok(self.visible_run(self.tollgate.get_run(&self.app, id).await?))
+    }
+
+    /// [`Tollgate::wait_run`] on a visible run.
+    pub async fn wait_run(&self, id: RunId, timeout: Duration) -> Result<Option<Run>, EngineError> {
+        if self.get_run(id).await?.is_none() {
+            return Ok(None);
+        }
+        Ok(self.visible_run(self.tollgate.wait_run(&self.app, id, timeout).await?))
+    }
+
+    /// [`Tollgate::cancel_run`] of a visible run.
+    pub async fn cancel_run(&self, id: RunId) -> Result<Option<RunCancel>, EngineError> {
+        if self.get_run(id).await?.is_none() {
+            return Ok(None);
+        }
+        self.tollgate.cancel_run(&self.app, id).await
+    }
+
+    /// [`Tollgate::pipeline_run`] of a visible run.
+    pub async fn pipeline_run(&self, run: &Run) -> Result<Option<PipelineRunInfo>, EngineError> {
+        if run.app != self.app || !self.sees(run.subject.as_ref()) {
+            return Ok(None);
+        }
+        self.tollgate.pipeline_run(run).await
+    }
+
+    /// [`Tollgate::start_pipeline`] in the caller's app; a replayed start key of a run the
+    /// caller cannot see is [`EngineError::EffectKeyTaken`].
+    pub async fn start_pipeline(
+        &self,
+        mut start: PipelineStart,
+    ) -> Result<Option<StartedRun>, EngineError> {
+        start.app = self.app.clone();
+        let started = self.tollgate.start_pipeline(start).await?;
+        match started {
+            Some(s) if !s.created && !self.sees(s.run.subject.as_ref()) => {
+                Err(EngineError::EffectKeyTaken)
+            }
+            other => Ok(other),
+        }
+    }
+}
