@@ -399,19 +399,23 @@ pub(crate) async fn get_by_effect_key(
 }
 
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
+    params(("wait" = Option<String>, Query, description = "wait for a terminal state, e.g. 30s (at most server.max_wait); the answer is the task as it is then")),
     responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody)),
     security(("api_key" = [])))]
 pub(crate) async fn get_task(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<WaitQuery>, QueryRejection>,
 ) -> Result<Json<TaskView>, ApiError> {
     let caller = s.auth.authenticate(&headers)?;
-    let task = s
-        .tollgate
-        .get(&caller.app, task_id(&id)?)
-        .await?
-        .ok_or_else(|| ApiError::not_found("task"))?;
+    let wait = parse_wait(query(q)?.wait.as_deref(), s.max_wait)?;
+    let id = task_id(&id)?;
+    let task = match wait {
+        Some(wait) => s.tollgate.wait(&caller.app, id, wait).await?,
+        None => s.tollgate.get(&caller.app, id).await?,
+    }
+    .ok_or_else(|| ApiError::not_found("task"))?;
     Ok(Json(TaskView::of(&task, false)))
 }
 
