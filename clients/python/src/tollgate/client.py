@@ -261,6 +261,7 @@ class Tollgate(_Base):
         idempotency_key: str | None = None,
         timeout: float | None = None,
         retry_admission: bool | None = None,
+        deadline: float | None = None,
     ) -> TaskView:
         """Submits and waits for the end (:meth:`submit` then :meth:`wait`, one ``timeout``)."""
         started = time.monotonic()
@@ -268,6 +269,7 @@ class Tollgate(_Base):
         task = self.submit(
             kind, request, scope=scope, run_id=run_id, source=source, step=step, model=model,
             budget=budget, idempotency_key=idempotency_key, wait=first, retry_admission=retry_admission,
+            deadline=deadline,
         )  # fmt: skip
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return self.wait(task, timeout=left)
@@ -510,6 +512,7 @@ class AsyncTollgate(_Base):
         idempotency_key: str | None = None,
         timeout: float | None = None,
         retry_admission: bool | None = None,
+        deadline: float | None = None,
     ) -> TaskView:
         """See :meth:`Tollgate.run`."""
         started = time.monotonic()
@@ -517,6 +520,7 @@ class AsyncTollgate(_Base):
         task = await self.submit(
             kind, request, scope=scope, run_id=run_id, source=source, step=step, model=model,
             budget=budget, idempotency_key=idempotency_key, wait=first, retry_admission=retry_admission,
+            deadline=deadline,
         )  # fmt: skip
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return await self.wait(task, timeout=left)
