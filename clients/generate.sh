@@ -32,11 +32,17 @@ codegen="$here/python/.venv/bin/datamodel-codegen"
 
 tmp="$(mktemp -d)"
 pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+cleanup() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; rm -rf "$tmp"; }
 trap cleanup EXIT
 
 # No API keys configured: serve runs the development app and prints its key.
-(cd "$tmp" && env -u TOLLGATE_DATABASE__URL "$bin" serve --addr 127.0.0.1:0 --workers 0 \
+# The caller's TOLLGATE_* settings (keys, database) stay out of it.
+unset_args=()
+for v in $(compgen -e); do
+  case "$v" in TOLLGATE_LOG) ;; TOLLGATE_*) unset_args+=(-u "$v") ;; esac
+done
+# `exec`: $pid is the server itself, so the cleanup stops it.
+(cd "$tmp" && exec env "${unset_args[@]}" "$bin" serve --addr 127.0.0.1:0 --workers 0 \
   --database-url "sqlite://$tmp/tollgate.db" >"$tmp/serve.log" 2>&1) &
 pid=$!
 base="" key=""
