@@ -706,6 +706,57 @@ async fn bad_input(backend: &str) {
     assert_eq!(e["error"]["retry_after_s"], json!(retry));
 }
 
+/// `GET /v1/tasks/{id}?wait=`: the long-poll the clients' `wait` loops on.
+async fn wait_on_a_task(backend: &str) {
+    let Some(s) = start(backend).await else {
+        return;
+    };
+    // A task that takes 30 s: the wait ends after the given time, with the task unfinished.
+    let slow = json!({"kind": "generate_text", "scope": "w", "model": "slow", "request": {"prompt": "slow"}});
+    let (st, t) = s.post("/v1/tasks", ACME, Some("wait-slow"), &slow).await;
+    assert_eq!(st, StatusCode::CREATED, "{t}");
+    let id = t["id"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    let (st, t) = s.get(&format!("/v1/tasks/{id}?wait=1s"), ACME).await;
+    let waited = started.elapsed();
+    assert_eq!(st, StatusCode::OK, "{t}");
+    assert!(
+        matches!(t["status"].as_str(), Some("queued" | "running")),
+        "{t}"
+    );
+    assert!(
+        waited >= Duration::from_millis(900),
+        "answered after {waited:?}"
+    );
+    // Another app's key, and a wait that is not a duration.
+    let (st, e) = s.get(&format!("/v1/tasks/{id}?wait=1s"), BETA).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{e}");
+    let (st, e) = s.get(&format!("/v1/tasks/{id}?wait=soon"), ACME).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{e}");
+    assert_eq!(e["error"]["code"], json!("malformed_request"));
+    // A cancellation ends the wait at once.
+    let (st, _) = s
+        .post(&format!("/v1/tasks/{id}/cancel"), ACME, None, &json!({}))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (_, t) = s.get(&format!("/v1/tasks/{id}?wait=10s"), ACME).await;
+    assert_eq!(t["status"], json!("canceled"), "{t}");
+
+    // A quick task: the wait answers as soon as it is terminal.
+    let quick = json!({"kind": "generate_text", "scope": "w", "request": {"prompt": "quick"}});
+    let (_, t) = s.post("/v1/tasks", ACME, Some("wait-quick"), &quick).await;
+    let id = t["id"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    let (st, t) = s.get(&format!("/v1/tasks/{id}?wait=15s"), ACME).await;
+    assert_eq!(st, StatusCode::OK, "{t}");
+    assert_eq!(t["status"], json!("succeeded"), "{t}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -717,7 +768,7 @@ macro_rules! on_both_backends {
     };
 }
 
-on_both_backends!(lifecycle, isolation, bad_input);
+on_both_backends!(lifecycle, isolation, bad_input, wait_on_a_task);
 
 #[test]
 fn serve_without_keys_refuses_other_addresses() {

@@ -1,0 +1,83 @@
+"""The official Python client for Tollgate, the durable budgeted AI task service.
+
+``Tollgate`` (sync) and ``AsyncTollgate`` (asyncio/trio) cover the whole HTTP API; the
+request, task, run and error shapes are TypedDicts generated from the server's
+``/openapi.json`` and ``GET /v1/kinds`` (``tollgate._generated``, made by
+``clients/generate.sh``).
+"""
+
+from ._calls import new_idempotency_key
+from ._generated import (
+    BatchAnswer,
+    BatchItem,
+    ChatMessage,
+    ClassifyManyOutput,
+    ClassifyManyRequest,
+    ClassifyOutput,
+    ClassifyRequest,
+    DeletedAnswer,
+    ErrorDetail,
+    ExtractDataOutput,
+    ExtractDataRequest,
+    GenerateTextOutput,
+    GenerateTextRequest,
+    Kind,
+    KindView,
+    Label,
+    ModelView,
+    PipelineProgressView,
+    PipelineView,
+    ReleaseAnswer,
+    RunView,
+    SourceBody,
+    StepView,
+    TaskErrorView,
+    TaskView,
+    UnreleasedPageView,
+    UnreleasedSourceView,
+    UsageView,
+)
+from .client import AsyncTollgate, KindRequest, Tollgate, batch_item
+from .errors import (
+    AdmissionError,
+    BadRequestError,
+    ConflictError,
+    ConnectionError,
+    ForbiddenError,
+    InvalidRequestError,
+    NotFoundError,
+    RequestTooLargeError,
+    ServerError,
+    TollgateError,
+    UnauthorizedError,
+    UnavailableError,
+    WaitTimeoutError,
+    error_for,
+)
+
+#: A task (SPEC §11).
+Task = TaskView
+#: A workflow run; a pipeline run has ``pipeline`` with its steps.
+Run = RunView
+#: A registered pipeline version.
+Pipeline = PipelineView
+
+
+def batch_item_error(item: BatchItem) -> TollgateError | None:
+    """The typed error of a refused batch item (``None`` for a submitted one)."""
+    error = item.get("error")
+    return None if error is None else error_for(item["status"], error, None)
+
+
+__all__ = [
+    "AdmissionError", "AsyncTollgate", "BadRequestError", "BatchAnswer", "BatchItem",
+    "ChatMessage", "ClassifyManyOutput", "ClassifyManyRequest", "ClassifyOutput",
+    "ClassifyRequest", "ConflictError", "ConnectionError", "DeletedAnswer", "ErrorDetail",
+    "ExtractDataOutput", "ExtractDataRequest", "ForbiddenError", "GenerateTextOutput",
+    "GenerateTextRequest", "InvalidRequestError", "Kind", "KindRequest", "KindView", "Label",
+    "ModelView", "NotFoundError", "Pipeline", "PipelineProgressView", "PipelineView",
+    "ReleaseAnswer", "RequestTooLargeError", "Run", "RunView", "ServerError", "SourceBody",
+    "StepView", "Task", "TaskErrorView", "TaskView", "Tollgate", "TollgateError",
+    "UnauthorizedError", "UnavailableError", "UnreleasedPageView", "UnreleasedSourceView",
+    "UsageView", "WaitTimeoutError", "batch_item", "batch_item_error", "new_idempotency_key",
+]

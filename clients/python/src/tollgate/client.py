@@ -1,0 +1,621 @@
+"""The sync (:class:`Tollgate`) and async (:class:`AsyncTollgate`) clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar, Union
+
+import anyio
+import httpx
+
+from . import _api
+from ._calls import (
+    TERMINAL_RUN_STATES,
+    TERMINAL_TASK_STATUSES,
+    Attempts,
+    Call,
+    RetryPolicy,
+    answer,
+    request_args,
+)
+from ._generated import (
+    BatchAnswer,
+    ClassifyManyRequest,
+    ClassifyRequest,
+    DeletedAnswer,
+    ExtractDataRequest,
+    GenerateTextRequest,
+    Kind,
+    KindView,
+    ModelView,
+    PipelineView,
+    ReleaseAnswer,
+    RunView,
+    SourceBody,
+    TaskView,
+    UnreleasedPageView,
+    UnreleasedSourceView,
+)
+from .errors import ConnectionError, TollgateError, WaitTimeoutError
+
+T = TypeVar("T")
+
+#: Any kind's request object (``GET /v1/kinds`` has their JSON Schemas).
+KindRequest = Union[GenerateTextRequest, ClassifyRequest, ClassifyManyRequest, ExtractDataRequest]
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8080"
+#: Longest single ``?wait=`` a ``wait`` sends (the server caps it at ``server.max_wait``).
+DEFAULT_LONG_POLL = 30.0
+
+
+class _Base:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        subject: str | None,
+        max_retries: int,
+        retry_base_delay: float,
+        retry_max_delay: float,
+        retry_admission: bool,
+        deadline: float,
+        long_poll: float,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._subject = subject
+        self._policy = RetryPolicy(
+            max_retries=max_retries,
+            base_delay=retry_base_delay,
+            max_delay=retry_max_delay,
+            retry_admission=retry_admission,
+            deadline=deadline,
+        )
+        self._long_poll = long_poll
+
+
+def _submit_call(
+    kind: Kind | str,
+    request: Mapping[str, Any],
+    scope: str | None,
+    run_id: str | None,
+    source: SourceBody | None,
+    step: str | None,
+    model: str | None,
+    budget: str | None,
+    idempotency_key: str | None,
+    wait: float | None,
+) -> Call[TaskView]:
+    body = _api.submission_body(
+        kind, request, scope=scope, run_id=run_id, source=source, step=step, model=model, budget=budget
+    )
+    return _api.submit(body, idempotency_key, wait)
+
+
+def batch_item(
+    kind: Kind | str,
+    request: Mapping[str, Any],
+    *,
+    scope: str | None = None,
+    run_id: str | None = None,
+    source: SourceBody | None = None,
+    step: str | None = None,
+    model: str | None = None,
+    budget: str | None = None,
+    effect_key: str | None = None,
+) -> dict[str, Any]:
+    """One item of :meth:`Tollgate.submit_batch` (a ``POST /v1/tasks`` body)."""
+    return _api.submission_body(
+        kind,
+        request,
+        scope=scope,
+        run_id=run_id,
+        source=source,
+        step=step,
+        model=model,
+        budget=budget,
+        effect_key=effect_key,
+    )
+
+
+
+class Tollgate(_Base):
+    """The Tollgate HTTP API, whole, over a blocking ``httpx.Client``.
+
+    503s and connection errors of idempotent calls are retried with backoff; 429 admission
+    refusals are raised as :class:`~tollgate.AdmissionError`, or retried after their
+    ``Retry-After`` when ``retry_admission`` is on — within ``deadline`` seconds per call.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        api_key: str | None = None,
+        *,
+        subject: str | None = None,
+        max_retries: int = 4,
+        retry_base_delay: float = 0.2,
+        retry_max_delay: float = 5.0,
+        retry_admission: bool = False,
+        deadline: float = 60.0,
+        long_poll: float = DEFAULT_LONG_POLL,
+        timeout: float = 30.0,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, api_key, subject, max_retries, retry_base_delay, retry_max_delay,
+            retry_admission, deadline, long_poll,
+        )  # fmt: skip
+        self._http = http_client or httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Tollgate:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _send(
+        self, call: Call[T], retry_admission: bool | None = None, deadline: float | None = None
+    ) -> T:
+        attempts = Attempts(self._policy, call, retry_admission, deadline)
+        args = request_args(call, self._api_key, self._subject)
+        while True:
+            try:
+                response = self._http.request(**args)
+            except httpx.TransportError as e:
+                delay = attempts.after_connection_error(
+                    ConnectionError(f"cannot reach {self.base_url}: {e!r}")
+                )
+                time.sleep(delay)
+                continue
+            try:
+                return answer(call, response)
+            except TollgateError as error:
+                delay = attempts.after_error(error)  # raises it when it is not retried
+            time.sleep(delay)
+
+    # ---- tasks ----
+
+    def submit(
+        self,
+        kind: Kind,
+        request: KindRequest,
+        *,
+        scope: str | None = None,
+        run_id: str | None = None,
+        source: SourceBody | None = None,
+        step: str | None = None,
+        model: str | None = None,
+        budget: str | None = None,
+        idempotency_key: str | None = None,
+        wait: float | None = None,
+        retry_admission: bool | None = None,
+        deadline: float | None = None,
+    ) -> TaskView:
+        """``POST /v1/tasks``. Without ``idempotency_key`` one is made and kept across this
+        call's retries, so a retry never creates a second task. ``wait`` (seconds) holds the
+        answer until the task is terminal (``?wait=``)."""
+        call = _submit_call(kind, request, scope, run_id, source, step, model, budget, idempotency_key, wait)
+        return self._send(call, retry_admission, deadline)
+
+    def submit_batch(self, items: Sequence[Mapping[str, Any]]) -> BatchAnswer:
+        """``POST /v1/tasks/batch``: up to 1,000 items (see :func:`tollgate.batch_item`), each
+        admitted or refused on its own; items without ``effect_key`` get one."""
+        return self._send(_api.submit_batch(items), retry_admission=False)
+
+    def get_task(self, task_id: str, *, wait: float | None = None) -> TaskView:
+        """``GET /v1/tasks/{id}`` (``wait``: ``?wait=``); :class:`~tollgate.NotFoundError` for a
+        missing task or another app's."""
+        return self._send(_api.get_task(task_id, wait))
+
+    def get_task_by_effect_key(self, effect_key: str) -> TaskView:
+        """``GET /v1/tasks?effect_key=…``."""
+        return self._send(_api.get_task_by_effect_key(effect_key))
+
+    def wait(self, task: TaskView | str, *, timeout: float | None = None) -> TaskView:
+        """Waits until the task is terminal, looping over the server's ``?wait=`` long-poll.
+        Past ``timeout`` seconds it raises :class:`~tollgate.WaitTimeoutError` (the task goes
+        on; ``last`` holds it as last seen)."""
+        task_id = task if isinstance(task, str) else task["id"]
+        last = None if isinstance(task, str) else task
+        if last is not None and last["status"] in TERMINAL_TASK_STATUSES:
+            return last
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = self._long_poll if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                last = last or self.get_task(task_id)
+                if last["status"] in TERMINAL_TASK_STATUSES:
+                    return last
+                raise WaitTimeoutError(
+                    f"task {task_id} is still {last['status']} after {timeout} s", last
+                )
+            started = time.monotonic()
+            last = self.get_task(task_id, wait=min(remaining, self._long_poll))
+            if last["status"] in TERMINAL_TASK_STATUSES:
+                return last
+            if time.monotonic() - started < 0.05:  # a server without ?wait= on this route
+                time.sleep(min(0.25, max(0.0, remaining)))
+
+    def run(
+        self,
+        kind: Kind,
+        request: KindRequest,
+        *,
+        scope: str | None = None,
+        run_id: str | None = None,
+        source: SourceBody | None = None,
+        step: str | None = None,
+        model: str | None = None,
+        budget: str | None = None,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+        retry_admission: bool | None = None,
+        deadline: float | None = None,
+    ) -> TaskView:
+        """Submits and waits for the end (:meth:`submit` then :meth:`wait`, one ``timeout``)."""
+        started = time.monotonic()
+        first = min(timeout, self._long_poll) if timeout is not None else self._long_poll
+        task = self.submit(
+            kind, request, scope=scope, run_id=run_id, source=source, step=step, model=model,
+            budget=budget, idempotency_key=idempotency_key, wait=first, retry_admission=retry_admission,
+            deadline=deadline,
+        )  # fmt: skip
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        return self.wait(task, timeout=left)
+
+    def cancel(self, task_id: str) -> TaskView:
+        """``POST /v1/tasks/{id}/cancel``: a queued or running task becomes ``canceled``."""
+        return self._send(_api.cancel(task_id))
+
+    def release(self, effect_key: str, scope: str) -> ReleaseAnswer:
+        """``POST /v1/tasks/release``: the application stored (or discarded) that task's result."""
+        return self._send(_api.release(effect_key, scope))
+
+    # ---- scopes ----
+
+    def unreleased_sources(
+        self, scope: str, *, step: str | None = None, after: str | None = None
+    ) -> UnreleasedPageView:
+        """One page of the scope's sources with unreleased application tasks."""
+        return self._send(_api.unreleased_sources(scope, step, after))
+
+    def iter_unreleased_sources(
+        self, scope: str, *, step: str | None = None
+    ) -> Iterator[UnreleasedSourceView]:
+        """Every unreleased source of the scope, page after page."""
+        after: str | None = None
+        while True:
+            page = self.unreleased_sources(scope, step=step, after=after)
+            yield from page["sources"]
+            after = page.get("next")
+            if not after:
+                return
+
+    def delete_owner_data(self, scope: str, *, source: str | None = None) -> DeletedAnswer:
+        """``DELETE /v1/scopes/{scope}/tasks``: deletes the owner's data (of one source)."""
+        return self._send(_api.delete_owner_data(scope, source))
+
+    # ---- runs ----
+
+    def create_run(self, scope: str, input: Any = None) -> RunView:
+        """``POST /v1/runs`` (not idempotent: only a 503 is retried)."""
+        return self._send(_api.create_run(scope, input))
+
+    def get_run(self, run_id: str, *, wait: float | None = None) -> RunView:
+        """``GET /v1/runs/{id}`` (``wait``: ``?wait=``)."""
+        return self._send(_api.get_run(run_id, wait))
+
+    def wait_run(self, run: RunView | str, *, timeout: float | None = None) -> RunView:
+        """Waits until the run is terminal; like :meth:`wait`."""
+        run_id = run if isinstance(run, str) else run["id"]
+        last = None if isinstance(run, str) else run
+        if last is not None and last["state"] in TERMINAL_RUN_STATES:
+            return last
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = self._long_poll if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                last = last or self.get_run(run_id)
+                if last["state"] in TERMINAL_RUN_STATES:
+                    return last
+                raise WaitTimeoutError(f"run {run_id} is still {last['state']} after {timeout} s", last)
+            started = time.monotonic()
+            last = self.get_run(run_id, wait=min(remaining, self._long_poll))
+            if last["state"] in TERMINAL_RUN_STATES:
+                return last
+            if time.monotonic() - started < 0.05:
+                time.sleep(min(0.25, max(0.0, remaining)))
+
+    def cancel_run(self, run_id: str) -> RunView:
+        """``POST /v1/runs/{id}/cancel``: cancels the run and its queued and running tasks."""
+        return self._send(_api.cancel_run(run_id))
+
+    # ---- pipelines ----
+
+    def register_pipeline(self, name: str, definition: Mapping[str, Any]) -> PipelineView:
+        """``POST /v1/pipelines`` (``created`` false when the app had this definition)."""
+        return self._send(_api.register_pipeline(name, definition))
+
+    def get_pipeline(self, name: str, *, version: str | None = None) -> PipelineView:
+        """``GET /v1/pipelines/{name}``: the newest version, or ``version``."""
+        return self._send(_api.get_pipeline(name, version))
+
+    def start_pipeline(
+        self,
+        name: str,
+        scope: str,
+        input: Any = None,
+        *,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+        wait: float | None = None,
+    ) -> RunView:
+        """``POST /v1/pipelines/{name}/runs``: starts a run once per ``idempotency_key`` (made
+        up when absent and kept across retries)."""
+        return self._send(_api.start_pipeline(name, scope, input, version, idempotency_key, wait))
+
+    # ---- discovery and operations ----
+
+    def kinds(self) -> list[KindView]:
+        """``GET /v1/kinds``: each kind's request and output JSON Schemas."""
+        return self._send(_api.kinds())
+
+    def models(self) -> list[ModelView]:
+        """``GET /v1/models``."""
+        return self._send(_api.models())
+
+    def healthz(self) -> dict[str, str]:
+        """``GET /healthz``."""
+        return self._send(_api.healthz())
+
+    def readyz(self) -> dict[str, str]:
+        """``GET /readyz`` (:class:`~tollgate.UnavailableError` at once when not ready)."""
+        return self._send(_api.readyz())
+
+
+class AsyncTollgate(_Base):
+    """The same API over ``httpx.AsyncClient`` (asyncio or trio). Cancelling a coroutine
+    (``asyncio`` task cancellation, a timeout scope) stops the call or wait, never the task."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        api_key: str | None = None,
+        *,
+        subject: str | None = None,
+        max_retries: int = 4,
+        retry_base_delay: float = 0.2,
+        retry_max_delay: float = 5.0,
+        retry_admission: bool = False,
+        deadline: float = 60.0,
+        long_poll: float = DEFAULT_LONG_POLL,
+        timeout: float = 30.0,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, api_key, subject, max_retries, retry_base_delay, retry_max_delay,
+            retry_admission, deadline, long_poll,
+        )  # fmt: skip
+        self._http = http_client or httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncTollgate:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _send(
+        self, call: Call[T], retry_admission: bool | None = None, deadline: float | None = None
+    ) -> T:
+        attempts = Attempts(self._policy, call, retry_admission, deadline)
+        args = request_args(call, self._api_key, self._subject)
+        while True:
+            try:
+                response = await self._http.request(**args)
+            except httpx.TransportError as e:
+                delay = attempts.after_connection_error(
+                    ConnectionError(f"cannot reach {self.base_url}: {e!r}")
+                )
+                await anyio.sleep(delay)
+                continue
+            try:
+                return answer(call, response)
+            except TollgateError as error:
+                delay = attempts.after_error(error)  # raises it when it is not retried
+            await anyio.sleep(delay)
+
+    # ---- tasks ----
+
+    async def submit(
+        self,
+        kind: Kind,
+        request: KindRequest,
+        *,
+        scope: str | None = None,
+        run_id: str | None = None,
+        source: SourceBody | None = None,
+        step: str | None = None,
+        model: str | None = None,
+        budget: str | None = None,
+        idempotency_key: str | None = None,
+        wait: float | None = None,
+        retry_admission: bool | None = None,
+        deadline: float | None = None,
+    ) -> TaskView:
+        """See :meth:`Tollgate.submit`."""
+        call = _submit_call(kind, request, scope, run_id, source, step, model, budget, idempotency_key, wait)
+        return await self._send(call, retry_admission, deadline)
+
+    async def submit_batch(self, items: Sequence[Mapping[str, Any]]) -> BatchAnswer:
+        """See :meth:`Tollgate.submit_batch`."""
+        return await self._send(_api.submit_batch(items), retry_admission=False)
+
+    async def get_task(self, task_id: str, *, wait: float | None = None) -> TaskView:
+        return await self._send(_api.get_task(task_id, wait))
+
+    async def get_task_by_effect_key(self, effect_key: str) -> TaskView:
+        return await self._send(_api.get_task_by_effect_key(effect_key))
+
+    async def wait(self, task: TaskView | str, *, timeout: float | None = None) -> TaskView:
+        """See :meth:`Tollgate.wait`; cancelling the awaiting coroutine stops the wait only."""
+        task_id = task if isinstance(task, str) else task["id"]
+        last = None if isinstance(task, str) else task
+        if last is not None and last["status"] in TERMINAL_TASK_STATUSES:
+            return last
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = self._long_poll if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                last = last or await self.get_task(task_id)
+                if last["status"] in TERMINAL_TASK_STATUSES:
+                    return last
+                raise WaitTimeoutError(
+                    f"task {task_id} is still {last['status']} after {timeout} s", last
+                )
+            started = time.monotonic()
+            last = await self.get_task(task_id, wait=min(remaining, self._long_poll))
+            if last["status"] in TERMINAL_TASK_STATUSES:
+                return last
+            if time.monotonic() - started < 0.05:
+                await anyio.sleep(min(0.25, max(0.0, remaining)))
+
+    async def run(
+        self,
+        kind: Kind,
+        request: KindRequest,
+        *,
+        scope: str | None = None,
+        run_id: str | None = None,
+        source: SourceBody | None = None,
+        step: str | None = None,
+        model: str | None = None,
+        budget: str | None = None,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+        retry_admission: bool | None = None,
+        deadline: float | None = None,
+    ) -> TaskView:
+        """See :meth:`Tollgate.run`."""
+        started = time.monotonic()
+        first = min(timeout, self._long_poll) if timeout is not None else self._long_poll
+        task = await self.submit(
+            kind, request, scope=scope, run_id=run_id, source=source, step=step, model=model,
+            budget=budget, idempotency_key=idempotency_key, wait=first, retry_admission=retry_admission,
+            deadline=deadline,
+        )  # fmt: skip
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        return await self.wait(task, timeout=left)
+
+    async def cancel(self, task_id: str) -> TaskView:
+        return await self._send(_api.cancel(task_id))
+
+    async def release(self, effect_key: str, scope: str) -> ReleaseAnswer:
+        return await self._send(_api.release(effect_key, scope))
+
+    # ---- scopes ----
+
+    async def unreleased_sources(
+        self, scope: str, *, step: str | None = None, after: str | None = None
+    ) -> UnreleasedPageView:
+        return await self._send(_api.unreleased_sources(scope, step, after))
+
+    async def iter_unreleased_sources(
+        self, scope: str, *, step: str | None = None
+    ) -> AsyncIterator[UnreleasedSourceView]:
+        after: str | None = None
+        while True:
+            page = await self.unreleased_sources(scope, step=step, after=after)
+            for source in page["sources"]:
+                yield source
+            after = page.get("next")
+            if not after:
+                return
+
+    async def delete_owner_data(self, scope: str, *, source: str | None = None) -> DeletedAnswer:
+        return await self._send(_api.delete_owner_data(scope, source))
+
+    # ---- runs ----
+
+    async def create_run(self, scope: str, input: Any = None) -> RunView:
+        return await self._send(_api.create_run(scope, input))
+
+    async def get_run(self, run_id: str, *, wait: float | None = None) -> RunView:
+        return await self._send(_api.get_run(run_id, wait))
+
+    async def wait_run(self, run: RunView | str, *, timeout: float | None = None) -> RunView:
+        run_id = run if isinstance(run, str) else run["id"]
+        last = None if isinstance(run, str) else run
+        if last is not None and last["state"] in TERMINAL_RUN_STATES:
+            return last
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = self._long_poll if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                last = last or await self.get_run(run_id)
+                if last["state"] in TERMINAL_RUN_STATES:
+                    return last
+                raise WaitTimeoutError(f"run {run_id} is still {last['state']} after {timeout} s", last)
+            started = time.monotonic()
+            last = await self.get_run(run_id, wait=min(remaining, self._long_poll))
+            if last["state"] in TERMINAL_RUN_STATES:
+                return last
+            if time.monotonic() - started < 0.05:
+                await anyio.sleep(min(0.25, max(0.0, remaining)))
+
+    async def cancel_run(self, run_id: str) -> RunView:
+        return await self._send(_api.cancel_run(run_id))
+
+    # ---- pipelines ----
+
+    async def register_pipeline(self, name: str, definition: Mapping[str, Any]) -> PipelineView:
+        return await self._send(_api.register_pipeline(name, definition))
+
+    async def get_pipeline(self, name: str, *, version: str | None = None) -> PipelineView:
+        return await self._send(_api.get_pipeline(name, version))
+
+    async def start_pipeline(
+        self,
+        name: str,
+        scope: str,
+        input: Any = None,
+        *,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+        wait: float | None = None,
+    ) -> RunView:
+        return await self._send(
+            _api.start_pipeline(name, scope, input, version, idempotency_key, wait)
+        )
+
+    # ---- discovery and operations ----
+
+    async def kinds(self) -> list[KindView]:
+        return await self._send(_api.kinds())
+
+    async def models(self) -> list[ModelView]:
+        return await self._send(_api.models())
+
+    async def healthz(self) -> dict[str, str]:
+        return await self._send(_api.healthz())
+
+    async def readyz(self) -> dict[str, str]:
+        return await self._send(_api.readyz())

@@ -1,0 +1,146 @@
+"""Starts a real ``tollgate serve`` for the tests: SQLite in a temporary folder, a free
+127.0.0.1 port (``--addr 127.0.0.1:0``; the server prints the one it got), two apps with
+keys, the built-in dev provider, and a tight budget policy."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+ACME_KEY = "acme-key-py-0123456789abcdef"
+BETA_KEY = "beta-key-py-0123456789abcdef"
+#: Requests above this many stored bytes are refused with 413.
+MAX_REQUEST_BYTES = 20000
+
+CONFIG = """
+[server]
+max_request_bytes = {max_request_bytes}
+max_wait = "20s"
+
+[database]
+url = "{database_url}"
+
+[models.default]
+provider = "dev"
+model = "dev-1"
+
+# Each call takes 30 s: for waits that time out and for cancellations.
+[models.slow]
+provider = "dev"
+model = "dev-1"
+params = {{ latency_ms = 30000 }}
+
+[budgets.standard]
+max_steps_per_source = 50
+sources_per_24_hours = 1000
+scope_concurrent = 50
+burst = 100
+tasks_per_minute = 6000
+
+# One scoped task at once, then one a second.
+[budgets.tight]
+max_steps_per_source = 50
+sources_per_24_hours = 1000
+scope_concurrent = 50
+burst = 1
+tasks_per_minute = 60
+
+[apps.acme]
+api_keys = ["{acme}"]
+default_budget = "standard"
+allowed_budgets = ["standard", "tight"]
+
+[apps.beta]
+api_keys = ["{beta}"]
+default_budget = "standard"
+allowed_budgets = ["standard"]
+
+[workers]
+concurrency = 4
+heartbeat_interval = "200ms"
+
+[sweeper]
+interval = "500ms"
+
+[pipelines]
+poll_interval = "200ms"
+"""
+
+
+def tollgate_bin() -> str:
+    candidates = [
+        os.environ.get("TOLLGATE_BIN"),
+        os.path.join(os.environ["CARGO_TARGET_DIR"], "debug", "tollgate")
+        if os.environ.get("CARGO_TARGET_DIR")
+        else None,
+        str(REPO_ROOT / "target" / "debug" / "tollgate"),
+    ]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise RuntimeError(
+        f"no tollgate binary (tried {candidates}): run cargo build -p tollgate or set TOLLGATE_BIN"
+    )
+
+
+@dataclass
+class Server:
+    base_url: str
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    folder = tempfile.mkdtemp(prefix="tollgate-py-")
+    config = Path(folder) / "tollgate.toml"
+    config.write_text(
+        CONFIG.format(
+            max_request_bytes=MAX_REQUEST_BYTES,
+            database_url=f"sqlite://{folder}/tollgate.db",
+            acme=ACME_KEY,
+            beta=BETA_KEY,
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_") or k == "TOLLGATE_LOG"}
+    child = subprocess.Popen(
+        [tollgate_bin(), "serve", "--addr", "127.0.0.1:0", "--config", str(config)],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    base_url = None
+    try:
+        while base_url is None:
+            line = lines.get(timeout=60)
+            match = re.match(r"Tollgate listening on (\S+)", line)
+            if match:
+                base_url = match.group(1)
+        yield Server(base_url)
+    finally:
+        child.kill()
+        child.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

@@ -1,0 +1,349 @@
+"""The sync client, end to end against a real ``tollgate serve`` (conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import ACME_KEY, BETA_KEY, MAX_REQUEST_BYTES, REPO_ROOT, Server
+from tollgate import (
+    AdmissionError,
+    ConflictError,
+    ConnectionError,
+    InvalidRequestError,
+    NotFoundError,
+    RequestTooLargeError,
+    SourceBody,
+    Tollgate,
+    UnauthorizedError,
+    UnavailableError,
+    WaitTimeoutError,
+    batch_item,
+    batch_item_error,
+)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def invoice_file() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((REPO_ROOT / "docs/examples/invoice-pipeline.json").read_text())
+    return data
+
+
+@pytest.fixture
+def acme(server: Server) -> Iterator[Tollgate]:
+    with Tollgate(server.base_url, ACME_KEY) as client:
+        yield client
+
+
+@pytest.fixture
+def beta(server: Server) -> Iterator[Tollgate]:
+    with Tollgate(server.base_url, BETA_KEY) as client:
+        yield client
+
+
+def test_health_kinds_models(acme: Tollgate, server: Server) -> None:
+    assert acme.healthz() == {"status": "ok"}
+    assert acme.readyz() == {"status": "ready"}
+    kinds = acme.kinds()
+    assert sorted(k["kind"] for k in kinds) == ["classify", "classify_many", "extract_data", "generate_text"]
+    models = {m["id"]: m for m in acme.models()}
+    assert sorted(models) == ["default", "slow"]
+    assert models["default"]["default"] is True
+    with Tollgate(server.base_url, "nobody-0123456789abcdef") as stranger:
+        with pytest.raises(UnauthorizedError) as e:
+            stranger.kinds()
+        assert e.value.status == 401 and e.value.code == "unauthorized"
+
+
+def test_four_kinds_complete(acme: Tollgate) -> None:
+    scope = unique("kinds")
+    source: SourceBody = {"id": "msg-981", "revision": "v1"}
+    classify = acme.run(
+        "classify",
+        {"input": "Win a free cruise!", "labels": ["spam", "ham"]},
+        scope=scope,
+        step="label-email",
+        source=source,
+        timeout=20,
+    )
+    assert classify["status"] == "succeeded"
+    assert classify["output"] and classify["output"]["label"] in ("spam", "ham")
+    text = acme.run("generate_text", {"prompt": "Write a one-line welcome.", "max_output_tokens": 50}, scope=scope, timeout=20)
+    assert text["status"] == "succeeded" and text["output"] and isinstance(text["output"]["text"], str)
+    many = acme.run(
+        "classify_many",
+        {"items": [{"id": "a", "input": "refund please"}, {"id": "b", "input": "love it"}], "labels": ["complaint", "praise"]},
+        scope=scope,
+        timeout=20,
+    )
+    assert many["status"] == "succeeded" and many["output"]
+    assert [r["id"] for r in many["output"]["results"]] == ["a", "b"]
+    extracted = acme.run(
+        "extract_data",
+        {
+            "input": "Invoice 88, total 120.50 EUR",
+            "schema": {"type": "object", "required": ["number", "total"],
+                       "properties": {"number": {"type": "integer"}, "total": {"type": "number"}}},
+        },
+        scope=scope,
+        timeout=20,
+    )
+    assert extracted["status"] == "succeeded" and extracted["output"]
+    assert isinstance(extracted["output"]["number"], int)
+
+
+def test_idempotency_replay_and_conflict(acme: Tollgate) -> None:
+    scope = unique("idem")
+    key = unique("label")
+    first = acme.submit("classify", {"input": "hello", "labels": ["a", "b"]}, scope=scope, idempotency_key=key)
+    assert first["created"] is True and first["effect_key"] == key
+    again = acme.submit("classify", {"input": "hello", "labels": ["a", "b"]}, scope=scope, idempotency_key=key)
+    assert again["id"] == first["id"] and again["created"] is False
+    with pytest.raises(ConflictError) as e:
+        acme.submit("classify", {"input": "changed", "labels": ["a", "b"]}, scope=scope, idempotency_key=key)
+    assert e.value.status == 409 and e.value.code == "idempotency_key_conflict" and "request" in e.value.message
+
+
+class LoseFirstAnswer(httpx.BaseTransport):
+    """Sends every request; the first one's answer is lost (as if the connection dropped)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.keys: list[str | None] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.keys.append(request.headers.get("idempotency-key"))
+        response = self.inner.handle_request(request)
+        if len(self.keys) == 1:
+            response.read()
+            raise httpx.ReadError("connection reset", request=request)
+        return response
+
+
+def test_generated_key_kept_across_retries(server: Server, acme: Tollgate) -> None:
+    transport = LoseFirstAnswer()
+    http = httpx.Client(base_url=server.base_url, transport=transport)
+    with Tollgate(server.base_url, ACME_KEY, http_client=http, retry_base_delay=0.01) as client:
+        task = client.submit("generate_text", {"prompt": "hi"}, scope=unique("retry"))
+    assert len(transport.keys) == 2 and transport.keys[0] == transport.keys[1] == task["effect_key"]
+    assert task["created"] is False  # the first attempt created it; the retry found it
+    assert acme.get_task_by_effect_key(task["effect_key"])["id"] == task["id"]
+
+
+def test_503_retried_then_raised(server: Server) -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            return httpx.Response(503, json={"error": {"code": "database_unavailable", "message": "down"}})
+        return httpx.Response(200, json={"kinds": []})
+
+    http = httpx.Client(base_url=server.base_url, transport=httpx.MockTransport(handler))
+    with Tollgate(server.base_url, ACME_KEY, http_client=http, retry_base_delay=0.01) as client:
+        assert client.kinds() == []
+    assert calls == 3
+
+    always = httpx.Client(
+        base_url=server.base_url,
+        transport=httpx.MockTransport(
+            lambda r: httpx.Response(503, json={"error": {"code": "database_unavailable", "message": "the database is down"}})
+        ),
+    )
+    with Tollgate(server.base_url, ACME_KEY, http_client=always, max_retries=1, retry_base_delay=0.01) as client:
+        with pytest.raises(UnavailableError) as e:
+            client.models()
+    assert e.value.code == "database_unavailable" and e.value.message == "the database is down"
+
+
+def test_unreachable_is_connection_error() -> None:
+    with Tollgate("http://127.0.0.1:9", ACME_KEY, max_retries=2, retry_base_delay=0.01) as client:
+        with pytest.raises(ConnectionError):
+            client.healthz()
+
+
+def tight(client: Tollgate, scope: str, n: int, **kw: Any) -> Any:
+    return client.submit(
+        "classify",
+        {"input": f"document {n}", "labels": ["a", "b"]},
+        scope=scope,
+        budget="tight",
+        source={"id": f"doc-{n}", "revision": "v1"},
+        **kw,
+    )
+
+
+def test_admission_refusal_and_opt_in_retry(acme: Tollgate, server: Server) -> None:
+    scope = unique("tight")
+    tight(acme, scope, 1)
+    with pytest.raises(AdmissionError) as e:
+        tight(acme, scope, 2)
+    assert e.value.status == 429 and e.value.code == "WORKFLOW_AI_RATE_LIMIT"
+    assert e.value.retry_after is not None and e.value.retry_after >= 1
+
+    started = time.monotonic()
+    with pytest.raises(AdmissionError):
+        tight(acme, scope, 3, retry_admission=True, deadline=0.2)
+    assert time.monotonic() - started < 1
+
+    key = unique("after-refill")
+    task = tight(acme, scope, 4, retry_admission=True, deadline=10, idempotency_key=key)
+    assert task["effect_key"] == key and task["created"] is True
+    assert acme.get_task_by_effect_key(key)["id"] == task["id"]
+
+    with Tollgate(server.base_url, ACME_KEY, retry_admission=True, deadline=10) as patient:
+        scope = unique("tight")
+        a, b = tight(patient, scope, 1), tight(patient, scope, 2)
+        assert a["id"] != b["id"]
+
+
+def test_wait_times_out_cleanly_and_cancel(acme: Tollgate) -> None:
+    task = acme.submit("generate_text", {"prompt": "take your time"}, scope=unique("slow"), model="slow")
+    started = time.monotonic()
+    with pytest.raises(WaitTimeoutError) as e:
+        acme.wait(task, timeout=1.2)
+    elapsed = time.monotonic() - started
+    assert 1.1 <= elapsed < 5, elapsed
+    assert e.value.last["id"] == task["id"] and e.value.last["status"] in ("queued", "running")
+    assert acme.get_task(task["id"])["status"] in ("queued", "running")
+    canceled = acme.cancel(task["id"])
+    assert canceled["status"] == "canceled"
+    assert canceled["error"] and canceled["error"]["code"] == "WORKFLOW_AI_CANCELED"
+    assert acme.wait(task["id"], timeout=5)["status"] == "canceled"
+
+
+def test_wait_until_done(acme: Tollgate) -> None:
+    task = acme.submit("generate_text", {"prompt": "quick"}, scope=unique("wait"))
+    assert acme.wait(task, timeout=20)["status"] == "succeeded"
+    assert acme.get_task(task["id"], wait=1)["status"] == "succeeded"
+
+
+def test_batch(acme: Tollgate) -> None:
+    scope = unique("batch")
+    answer = acme.submit_batch([
+        batch_item("classify", {"input": "one", "labels": ["x", "y"]}, scope=scope),
+        batch_item("generate_text", {"prompt": "two"}, scope=scope, effect_key=f"own-{scope}"),
+        batch_item("classify", {"input": "three", "labels": []}, scope=scope),
+    ])
+    results = answer["results"]
+    assert [r["status"] for r in results] == [201, 201, 422]
+    second = results[1].get("task")
+    assert second and second["effect_key"] == f"own-{scope}"
+    assert batch_item_error(results[0]) is None
+    error = batch_item_error(results[2])
+    assert isinstance(error, InvalidRequestError) and error.code == "invalid_request"
+    first = results[0].get("task")
+    assert first and acme.wait(first, timeout=20)["status"] == "succeeded"
+
+
+def test_reads_release_scopes(acme: Tollgate) -> None:
+    scope = unique("scope")
+    tasks = [
+        acme.run("classify", {"input": s, "labels": ["p", "q"]}, scope=scope, idempotency_key=f"{scope}-{s}",
+                 source={"id": s, "revision": "v1"}, timeout=20)
+        for s in ("s1", "s2", "s3")
+    ]
+    assert acme.get_task(tasks[0]["id"])["effect_key"] == f"{scope}-s1"
+    assert acme.get_task_by_effect_key(f"{scope}-s2")["id"] == tasks[1]["id"]
+    assert [s["source"] for s in acme.unreleased_sources(scope)["sources"]] == ["s1", "s2", "s3"]
+    assert acme.release(f"{scope}-s1", scope) == {"released": True}
+    assert [s["source"] for s in acme.iter_unreleased_sources(scope)] == ["s2", "s3"]
+    with pytest.raises(NotFoundError):
+        acme.release("no-such-key", scope)
+    assert acme.delete_owner_data(scope, source="s2") == {"deleted": 1}
+    with pytest.raises(NotFoundError):
+        acme.get_task(tasks[1]["id"])
+    assert acme.delete_owner_data(scope) == {"deleted": 2}
+    with pytest.raises(NotFoundError) as e:
+        acme.get_task_by_effect_key(f"{scope}-s3")
+    assert e.value.code == "not_found"
+
+
+def test_422_and_413(acme: Tollgate) -> None:
+    scope = unique("bad")
+    with pytest.raises(InvalidRequestError) as e:
+        acme.submit("classify", {"input": "x", "labels": ["a"]}, scope=scope, model="nope")
+    assert e.value.status == 422 and e.value.code == "unknown_model" and e.value.message
+    with pytest.raises(InvalidRequestError) as e:
+        acme.submit("summarize", {"input": "x", "labels": ["a"]}, scope=scope)  # type: ignore[arg-type]
+    assert e.value.code == "invalid_request" and "summarize" in e.value.message
+    with pytest.raises(RequestTooLargeError) as too_large:
+        acme.submit("generate_text", {"prompt": "x" * (MAX_REQUEST_BYTES + 10)}, scope=scope)
+    assert too_large.value.status == 413 and too_large.value.code == "request_too_large"
+
+
+def test_workflow_run(acme: Tollgate) -> None:
+    scope = unique("run")
+    run = acme.create_run(scope, {"order": 7})
+    assert run["scope"] == scope and run["input"] == {"order": 7}
+    child = acme.submit("generate_text", {"prompt": "in a run"}, run_id=run["id"], model="slow")
+    assert child.get("run_id") == run["id"]
+    assert acme.get_run(run["id"])["id"] == run["id"]
+    assert acme.cancel_run(run["id"])["state"] == "canceled"
+    assert acme.wait_run(run["id"], timeout=5)["state"] == "canceled"
+    assert acme.wait(child["id"], timeout=5)["status"] == "canceled"
+
+
+def test_invoice_pipeline(acme: Tollgate) -> None:
+    file = invoice_file()
+    registered = acme.register_pipeline(file["name"], file["definition"])
+    again = acme.register_pipeline(file["name"], file["definition"])
+    assert again["version"] == registered["version"] and again["created"] is False
+    assert acme.get_pipeline("invoice")["version"] == registered["version"]
+    assert acme.get_pipeline("invoice", version=registered["version"])["name"] == "invoice"
+
+    scope = unique("pipe")
+    data = {"invoice_id": "inv-117", "revision": "v1", "text": "INVOICE 2026-117 from Nimbus Cloud GmbH. Total due: 1,234.50 EUR."}
+    key = unique("intake")
+    run = acme.start_pipeline("invoice", scope, data, idempotency_key=key)
+    assert acme.start_pipeline("invoice", scope, data, idempotency_key=key)["id"] == run["id"]
+    with pytest.raises(ConflictError):
+        acme.start_pipeline("invoice", scope, {**data, "revision": "v2"}, idempotency_key=key)
+    done = acme.wait_run(run, timeout=30)
+    assert done["state"] == "succeeded", done
+    output = done.get("output")
+    assert output and sorted(output) == ["category", "currency", "summary", "total", "vendor"]
+    pipeline = done.get("pipeline")
+    assert pipeline and [(s["key"], s["status"]) for s in pipeline["steps"]] == [
+        ("extract", "succeeded"), ("category", "succeeded"), ("summary", "succeeded"),
+    ]
+    assert acme.start_pipeline("invoice", unique("pipe"), data, wait=20)["state"] == "succeeded"
+    with pytest.raises(NotFoundError):
+        acme.get_pipeline("no-such-pipeline")
+    with pytest.raises(InvalidRequestError) as e:
+        acme.start_pipeline("invoice", scope, {"text": "no id"})
+    assert "invoice_id" in e.value.message
+
+
+def test_another_apps_key_gets_not_found(acme: Tollgate, beta: Tollgate) -> None:
+    scope = unique("tenant")
+    key = unique("acme-only")
+    task = acme.submit("generate_text", {"prompt": "private"}, scope=scope, idempotency_key=key)
+    run = acme.create_run(scope)
+    file = invoice_file()
+    acme.register_pipeline(file["name"], file["definition"])
+    for attempt in (
+        lambda: beta.get_task(task["id"]),
+        lambda: beta.get_task_by_effect_key(key),
+        lambda: beta.wait(task["id"], timeout=1),
+        lambda: beta.cancel(task["id"]),
+        lambda: beta.release(key, scope),
+        lambda: beta.get_run(run["id"]),
+        lambda: beta.cancel_run(run["id"]),
+        lambda: beta.get_pipeline("invoice"),
+    ):
+        with pytest.raises(NotFoundError) as e:
+            attempt()
+        assert e.value.status == 404
+    assert beta.delete_owner_data(scope) == {"deleted": 0}
+    assert acme.get_task(task["id"])["id"] == task["id"]

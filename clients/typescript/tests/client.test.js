@@ -1,0 +1,431 @@
+// End to end against a real `tollgate serve` (see server.js): every method of the client.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+
+import {
+  AdmissionError,
+  ConflictError,
+  ConnectionError,
+  InvalidRequestError,
+  NotFoundError,
+  RequestTooLargeError,
+  Tollgate,
+  UnauthorizedError,
+  UnavailableError,
+  WaitTimeoutError,
+  batchItemError,
+} from "../dist/index.js";
+import { ACME_KEY, BETA_KEY, MAX_REQUEST_BYTES, repoRoot, startServer } from "./server.js";
+
+let server;
+let acme;
+let beta;
+const unique = (prefix) => `${prefix}-${Math.random().toString(36).slice(2, 10)}`;
+
+before(async () => {
+  server = await startServer();
+  acme = new Tollgate({ baseUrl: server.baseUrl, apiKey: ACME_KEY });
+  beta = new Tollgate({ baseUrl: server.baseUrl, apiKey: BETA_KEY });
+});
+
+after(async () => {
+  await server?.stop();
+});
+
+describe("discovery and health", () => {
+  test("healthz and readyz", async () => {
+    assert.deepEqual(await acme.healthz(), { status: "ok" });
+    assert.deepEqual(await acme.readyz(), { status: "ready" });
+  });
+
+  test("kinds lists the four kinds with their schemas", async () => {
+    const kinds = await acme.kinds();
+    assert.deepEqual(kinds.map((k) => k.kind).sort(), ["classify", "classify_many", "extract_data", "generate_text"]);
+    for (const k of kinds) {
+      assert.equal(typeof k.request_schema, "object");
+      assert.equal(typeof k.output_schema, "object");
+    }
+  });
+
+  test("models lists the configured models", async () => {
+    const models = await acme.models();
+    const ids = models.map((m) => m.id).sort();
+    assert.deepEqual(ids, ["default", "slow"]);
+    assert.equal(models.find((m) => m.id === "default").default, true);
+    assert.equal(models.find((m) => m.id === "default").provider, "dev");
+  });
+
+  test("an unknown key is UnauthorizedError", async () => {
+    const stranger = new Tollgate({ baseUrl: server.baseUrl, apiKey: "nobody-0123456789abcdef" });
+    await assert.rejects(stranger.kinds(), (e) => e instanceof UnauthorizedError && e.status === 401 && e.code === "unauthorized");
+  });
+});
+
+describe("the four kinds complete", () => {
+  const scope = unique("kinds");
+
+  test("classify", async () => {
+    const task = await acme.run(
+      {
+        kind: "classify",
+        scope,
+        step: "label-email",
+        source: { id: "msg-981", revision: "v1" },
+        request: { input: "Win a free cruise!", labels: ["spam", "ham"] },
+      },
+      { timeoutMs: 20_000 },
+    );
+    assert.equal(task.status, "succeeded");
+    assert.equal(task.kind, "classify");
+    assert.ok(["spam", "ham"].includes(task.output.label));
+    assert.equal(task.source.id, "msg-981");
+  });
+
+  test("generate_text", async () => {
+    const task = await acme.run(
+      { kind: "generate_text", scope, request: { prompt: "Write a one-line welcome.", max_output_tokens: 50 } },
+      { timeoutMs: 20_000 },
+    );
+    assert.equal(task.status, "succeeded");
+    assert.equal(typeof task.output.text, "string");
+    assert.ok(task.usage.output_tokens >= 0);
+  });
+
+  test("classify_many", async () => {
+    const task = await acme.run(
+      {
+        kind: "classify_many",
+        scope,
+        request: {
+          items: [
+            { id: "a", input: "refund please" },
+            { id: "b", input: "love it" },
+          ],
+          labels: ["complaint", "praise"],
+        },
+      },
+      { timeoutMs: 20_000 },
+    );
+    assert.equal(task.status, "succeeded");
+    assert.deepEqual(task.output.results.map((r) => r.id), ["a", "b"]);
+    for (const r of task.output.results) assert.ok(["complaint", "praise"].includes(r.label));
+  });
+
+  test("extract_data", async () => {
+    const task = await acme.run(
+      {
+        kind: "extract_data",
+        scope,
+        request: {
+          input: "Invoice 88, total 120.50 EUR",
+          schema: {
+            type: "object",
+            required: ["number", "total"],
+            properties: { number: { type: "integer" }, total: { type: "number" } },
+          },
+        },
+      },
+      { timeoutMs: 20_000 },
+    );
+    assert.equal(task.status, "succeeded");
+    assert.equal(typeof task.output.number, "number");
+    assert.equal(typeof task.output.total, "number");
+  });
+});
+
+describe("idempotency", () => {
+  test("the same key and request replays the same task", async () => {
+    const scope = unique("idem");
+    const key = unique("email-label");
+    const submission = { kind: "classify", scope, effect_key: key, request: { input: "hello", labels: ["a", "b"] } };
+    const first = await acme.submit(submission);
+    assert.equal(first.created, true);
+    assert.equal(first.effect_key, key);
+    const again = await acme.submit(submission);
+    assert.equal(again.id, first.id);
+    assert.equal(again.created, false);
+  });
+
+  test("a different request under the same key is ConflictError", async () => {
+    const scope = unique("idem");
+    const key = unique("conflict");
+    await acme.submit({ kind: "classify", scope, effect_key: key, request: { input: "hello", labels: ["a", "b"] } });
+    await assert.rejects(
+      acme.submit({ kind: "classify", scope, effect_key: key, request: { input: "changed", labels: ["a", "b"] } }),
+      (e) => e instanceof ConflictError && e.status === 409 && e.code === "idempotency_key_conflict" && e.message.includes("request"),
+    );
+  });
+
+  test("a generated key is kept across the client's retries: a lost answer creates no second task", async () => {
+    const scope = unique("retry");
+    const keys = [];
+    let calls = 0;
+    const flaky = async (url, init) => {
+      calls += 1;
+      keys.push(init.headers["Idempotency-Key"]);
+      const response = await fetch(url, init);
+      if (calls === 1) throw new TypeError("fetch failed (the answer was lost)");
+      return response;
+    };
+    const client = new Tollgate({ baseUrl: server.baseUrl, apiKey: ACME_KEY, fetch: flaky, retryBaseDelayMs: 10 });
+    const task = await client.submit({ kind: "generate_text", scope, request: { prompt: "hi" } });
+    assert.equal(calls, 2);
+    assert.equal(keys[0], keys[1]);
+    assert.equal(task.effect_key, keys[0]);
+    // The first attempt created the task; the retry found it.
+    assert.equal(task.created, false);
+    assert.equal((await acme.getTaskByEffectKey(keys[0])).id, task.id);
+  });
+
+  test("a 503 is retried with backoff, then thrown as UnavailableError", async () => {
+    let calls = 0;
+    const unavailable = async (url, init) => {
+      calls += 1;
+      if (calls <= 2) {
+        return new Response(JSON.stringify({ error: { code: "database_unavailable", message: "down" } }), {
+          status: 503,
+          headers: { "content-type": "application/json" },
+        });
+      }
+      return fetch(url, init);
+    };
+    const client = new Tollgate({ baseUrl: server.baseUrl, apiKey: ACME_KEY, fetch: unavailable, retryBaseDelayMs: 10 });
+    assert.equal((await client.kinds()).length, 4);
+    assert.equal(calls, 3);
+
+    const never = new Tollgate({
+      baseUrl: server.baseUrl,
+      apiKey: ACME_KEY,
+      maxRetries: 1,
+      retryBaseDelayMs: 10,
+      fetch: async () => new Response(JSON.stringify({ error: { code: "database_unavailable", message: "the database is down" } }), { status: 503 }),
+    });
+    await assert.rejects(never.models(), (e) => e instanceof UnavailableError && e.code === "database_unavailable" && e.message === "the database is down");
+  });
+
+  test("an unreachable server is ConnectionError after the retries", async () => {
+    const client = new Tollgate({ baseUrl: "http://127.0.0.1:9", apiKey: ACME_KEY, maxRetries: 2, retryBaseDelayMs: 10 });
+    await assert.rejects(client.healthz(), (e) => e instanceof ConnectionError && e.status === 0);
+  });
+});
+
+describe("admission", () => {
+  const tight = (scope, n) => ({
+    kind: "classify",
+    scope,
+    budget: "tight",
+    source: { id: `doc-${n}`, revision: "v1" },
+    request: { input: `document ${n}`, labels: ["a", "b"] },
+  });
+
+  test("a tight budget refuses with AdmissionError and retry_after; opt-in retry succeeds after the refill", async () => {
+    const scope = unique("tight");
+    await acme.submit(tight(scope, 1));
+    const refusal = await acme.submit(tight(scope, 2)).then(
+      () => assert.fail("the second task should be refused"),
+      (e) => e,
+    );
+    assert.ok(refusal instanceof AdmissionError, `got ${refusal}`);
+    assert.equal(refusal.status, 429);
+    assert.equal(refusal.code, "WORKFLOW_AI_RATE_LIMIT");
+    assert.ok(refusal.retryAfter >= 1, `retryAfter ${refusal.retryAfter}`);
+
+    // Within a deadline shorter than Retry-After the refusal is thrown at once.
+    const started = Date.now();
+    await assert.rejects(acme.submit(tight(scope, 3), { retryAdmission: true, deadlineMs: 200 }), AdmissionError);
+    assert.ok(Date.now() - started < 1000);
+
+    // Opted in: waits for the next token and succeeds, under one key.
+    const key = unique("after-refill");
+    const task = await acme.submit({ ...tight(scope, 4), effect_key: key }, { retryAdmission: true, deadlineMs: 10_000 });
+    assert.equal(task.effect_key, key);
+    assert.equal(task.created, true);
+    assert.equal((await acme.getTaskByEffectKey(key)).id, task.id);
+  });
+
+  test("retryAdmission can be the client's default", async () => {
+    const scope = unique("tight");
+    const patient = new Tollgate({ baseUrl: server.baseUrl, apiKey: ACME_KEY, retryAdmission: true, deadlineMs: 10_000 });
+    const a = await patient.submit(tight(scope, 1));
+    const b = await patient.submit(tight(scope, 2));
+    assert.notEqual(a.id, b.id);
+  });
+});
+
+describe("waiting and cancellation", () => {
+  test("wait times out cleanly with WaitTimeoutError; the task goes on; cancel cancels it", async () => {
+    const scope = unique("slow");
+    const task = await acme.submit({ kind: "generate_text", scope, model: "slow", request: { prompt: "take your time" } });
+    const started = Date.now();
+    const timeout = await acme.wait(task, { timeoutMs: 1200 }).then(
+      () => assert.fail("a 30 s task cannot finish in 1.2 s"),
+      (e) => e,
+    );
+    const elapsed = Date.now() - started;
+    assert.ok(timeout instanceof WaitTimeoutError, `got ${timeout}`);
+    assert.ok(elapsed >= 1100 && elapsed < 5000, `waited ${elapsed} ms`);
+    assert.equal(timeout.last.id, task.id);
+    assert.ok(["queued", "running"].includes(timeout.last.status));
+
+    // Aborting the caller's wait stops the wait, not the task.
+    const controller = new AbortController();
+    setTimeout(() => controller.abort(), 300);
+    await assert.rejects(acme.wait(task.id, { signal: controller.signal }), (e) => e.name === "AbortError");
+    assert.ok(["queued", "running"].includes((await acme.getTask(task.id)).status));
+
+    const canceled = await acme.cancel(task.id);
+    assert.equal(canceled.status, "canceled");
+    assert.equal(canceled.error.code, "WORKFLOW_AI_CANCELED");
+    assert.equal((await acme.wait(task.id, { timeoutMs: 5000 })).status, "canceled");
+  });
+
+  test("wait returns a finished task, looping over long-polls", async () => {
+    const scope = unique("wait");
+    const task = await acme.submit({ kind: "generate_text", scope, request: { prompt: "quick" } });
+    const done = await acme.wait(task, { timeoutMs: 20_000 });
+    assert.equal(done.status, "succeeded");
+    assert.equal(done.id, task.id);
+    assert.equal((await acme.getTask(task.id, { waitMs: 1000 })).status, "succeeded");
+  });
+});
+
+describe("tasks: batch, reads, release, scopes", () => {
+  test("batch: each item admitted or refused on its own", async () => {
+    const scope = unique("batch");
+    const answer = await acme.submitBatch([
+      { kind: "classify", scope, request: { input: "one", labels: ["x", "y"] } },
+      { kind: "generate_text", scope, effect_key: "batch-own-key-" + scope, request: { prompt: "two" } },
+      { kind: "classify", scope, request: { input: "three", labels: [] } },
+    ]);
+    assert.deepEqual(answer.results.map((r) => r.status), [201, 201, 422]);
+    assert.equal(answer.results[1].task.effect_key, "batch-own-key-" + scope);
+    assert.equal(batchItemError(answer.results[0]), undefined);
+    const error = batchItemError(answer.results[2]);
+    assert.ok(error instanceof InvalidRequestError);
+    assert.equal(error.code, "invalid_request");
+    const done = await acme.wait(answer.results[0].task, { timeoutMs: 20_000 });
+    assert.equal(done.status, "succeeded");
+  });
+
+  test("get, get by effect key, release, unreleased sources and owner deletion", async () => {
+    const scope = unique("scope");
+    const tasks = [];
+    for (const source of ["s1", "s2", "s3"]) {
+      tasks.push(
+        await acme.run(
+          { kind: "classify", scope, effect_key: `${scope}-${source}`, source: { id: source, revision: "v1" }, request: { input: source, labels: ["p", "q"] } },
+          { timeoutMs: 20_000 },
+        ),
+      );
+    }
+    assert.equal((await acme.getTask(tasks[0].id)).effect_key, `${scope}-s1`);
+    assert.equal((await acme.getTaskByEffectKey(`${scope}-s2`)).id, tasks[1].id);
+
+    const page = await acme.unreleasedSources(scope);
+    assert.deepEqual(page.sources.map((s) => s.source), ["s1", "s2", "s3"]);
+    assert.deepEqual(await acme.release({ effect_key: `${scope}-s1`, scope }), { released: true });
+    const all = [];
+    for await (const s of acme.allUnreleasedSources(scope)) all.push(s.source);
+    assert.deepEqual(all, ["s2", "s3"]);
+    await assert.rejects(acme.release({ effect_key: "no-such-key", scope }), NotFoundError);
+
+    assert.deepEqual(await acme.deleteOwnerData(scope, { source: "s2" }), { deleted: 1 });
+    await assert.rejects(acme.getTask(tasks[1].id), NotFoundError);
+    assert.deepEqual(await acme.deleteOwnerData(scope), { deleted: 2 });
+    await assert.rejects(acme.getTaskByEffectKey(`${scope}-s3`), (e) => e instanceof NotFoundError && e.code === "not_found");
+  });
+
+  test("422 and 413 are distinct classes carrying the server's message", async () => {
+    const scope = unique("bad");
+    await assert.rejects(
+      acme.submit({ kind: "classify", scope, model: "nope", request: { input: "x", labels: ["a"] } }),
+      (e) => e instanceof InvalidRequestError && e.status === 422 && e.code === "unknown_model" && e.message.length > 0,
+    );
+    await assert.rejects(
+      acme.submit({ kind: "summarize", scope, request: {} }),
+      (e) => e instanceof InvalidRequestError && e.code === "invalid_request" && e.message.includes("summarize"),
+    );
+    await assert.rejects(
+      acme.submit({ kind: "generate_text", scope, request: { prompt: "x".repeat(MAX_REQUEST_BYTES + 10) } }),
+      (e) => e instanceof RequestTooLargeError && e.status === 413 && e.code === "request_too_large",
+    );
+  });
+});
+
+describe("runs and pipelines", () => {
+  test("a workflow run: create, get, cancel", async () => {
+    const scope = unique("run");
+    const run = await acme.createRun({ scope, input: { order: 7 } });
+    assert.equal(run.scope, scope);
+    assert.deepEqual(run.input, { order: 7 });
+    const child = await acme.submit({ kind: "generate_text", run_id: run.id, model: "slow", request: { prompt: "in a run" } });
+    assert.equal(child.run_id, run.id);
+    assert.equal((await acme.getRun(run.id)).id, run.id);
+    const canceled = await acme.cancelRun(run.id);
+    assert.equal(canceled.state, "canceled");
+    assert.equal((await acme.waitRun(run.id, { timeoutMs: 5000 })).state, "canceled");
+    assert.equal((await acme.wait(child.id, { timeoutMs: 5000 })).status, "canceled");
+  });
+
+  test("the invoice pipeline: register, get, start once per key, run to the end", async () => {
+    const file = JSON.parse(readFileSync(join(repoRoot, "docs/examples/invoice-pipeline.json"), "utf8"));
+    const registered = await acme.registerPipeline(file);
+    assert.equal(registered.name, "invoice");
+    const again = await acme.registerPipeline(file.name, file.definition);
+    assert.equal(again.version, registered.version);
+    assert.equal(again.created, false);
+    const read = await acme.getPipeline("invoice");
+    assert.equal(read.version, registered.version);
+    assert.equal((await acme.getPipeline("invoice", { version: registered.version })).version, registered.version);
+
+    const scope = unique("pipe");
+    const input = { invoice_id: "inv-117", revision: "v1", text: "INVOICE 2026-117 from Nimbus Cloud GmbH. Total due: 1,234.50 EUR." };
+    const key = unique("inv-117-intake");
+    const run = await acme.startPipeline("invoice", { scope, input, idempotencyKey: key });
+    assert.equal(run.pipeline.name, "invoice");
+    const replay = await acme.startPipeline("invoice", { scope, input, idempotencyKey: key });
+    assert.equal(replay.id, run.id);
+    await assert.rejects(acme.startPipeline("invoice", { scope, input: { ...input, revision: "v2" }, idempotencyKey: key }), ConflictError);
+
+    const done = await acme.waitRun(run, { timeoutMs: 30_000 });
+    assert.equal(done.state, "succeeded", JSON.stringify(done));
+    assert.deepEqual(Object.keys(done.output).sort(), ["category", "currency", "summary", "total", "vendor"]);
+    assert.deepEqual(done.pipeline.steps.map((s) => [s.key, s.status]), [
+      ["extract", "succeeded"],
+      ["category", "succeeded"],
+      ["summary", "succeeded"],
+    ]);
+
+    const waited = await acme.startPipeline("invoice", { scope: unique("pipe"), input, waitMs: 20_000 });
+    assert.equal(waited.state, "succeeded");
+
+    await assert.rejects(acme.getPipeline("no-such-pipeline"), NotFoundError);
+    await assert.rejects(
+      acme.startPipeline("invoice", { scope, input: { text: "no id" } }),
+      (e) => e instanceof InvalidRequestError && e.message.includes("invoice_id"),
+    );
+  });
+});
+
+describe("tenancy", () => {
+  test("another app's key gets NotFoundError for tasks, runs and pipelines", async () => {
+    const scope = unique("tenant");
+    const key = unique("acme-only");
+    const task = await acme.submit({ kind: "generate_text", scope, effect_key: key, request: { prompt: "private" } });
+    const run = await acme.createRun({ scope });
+    await acme.registerPipeline(JSON.parse(readFileSync(join(repoRoot, "docs/examples/invoice-pipeline.json"), "utf8")));
+
+    await assert.rejects(beta.getTask(task.id), (e) => e instanceof NotFoundError && e.status === 404);
+    await assert.rejects(beta.getTaskByEffectKey(key), NotFoundError);
+    await assert.rejects(beta.wait(task.id, { timeoutMs: 1000 }), NotFoundError);
+    await assert.rejects(beta.cancel(task.id), NotFoundError);
+    await assert.rejects(beta.release({ effect_key: key, scope }), NotFoundError);
+    await assert.rejects(beta.getRun(run.id), NotFoundError);
+    await assert.rejects(beta.cancelRun(run.id), NotFoundError);
+    await assert.rejects(beta.getPipeline("invoice"), NotFoundError);
+    assert.deepEqual(await beta.deleteOwnerData(scope), { deleted: 0 });
+    assert.equal((await acme.getTask(task.id)).id, task.id);
+  });
+});
