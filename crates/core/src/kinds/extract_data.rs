@@ -19,6 +19,8 @@ pub struct ExtractDataRequest {
     /// The text to extract from.
     pub input: String,
     /// The JSON Schema (object or boolean) the output must satisfy; only local `$ref`s.
+    /// Its validation cost is capped at submit: see
+    /// [`check_schema_cost`](super::check_schema_cost).
     pub schema: Value,
     /// Extra instructions for the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -12,7 +12,8 @@
 //! hold each kind's request type and parser (`extract_data` also the checks on a caller's
 //! schema), `labels` the label type shared by both classifications, `parse` and
 //! `messages` the field and message helpers, `schemas` the published JSON Schemas,
-//! `validate` [`validate_output`], and `output_size` the output size rules.
+//! `validate` [`validate_output`], `output_size` the output size rules and `schema_cost`
+//! the cost rule for a caller's schema.
 
 use std::fmt;
 
@@ -29,6 +30,7 @@ mod labels;
 mod messages;
 mod output_size;
 mod parse;
+mod schema_cost;
 mod schemas;
 #[cfg(test)]
 mod test_support;
@@ -40,6 +42,9 @@ pub use extract_data::ExtractDataRequest;
 pub use generate_text::{ChatMessage, ChatRole, GenerateTextRequest};
 pub use labels::Label;
 pub use output_size::{check_output_fits, check_output_size};
+pub use schema_cost::{
+    MAX_SCHEMA_DEPTH, MAX_SCHEMA_EXPANSION, MAX_SCHEMA_NODES, check_schema_cost,
+};
 pub use schemas::{output_schema, request_schema};
 pub use validate::validate_output;
 
