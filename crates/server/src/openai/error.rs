@@ -48,8 +48,10 @@ impl OpenAiError {
         OpenAiError::new(StatusCode::BAD_REQUEST, "unsupported_parameter", message).param(param)
     }
 
+    /// Names the parameter at fault (`""`: the body as a whole, `param: null`).
     pub(crate) fn param(mut self, param: impl Into<String>) -> Self {
-        self.param = Some(param.into());
+        let param = param.into();
+        self.param = (!param.is_empty()).then_some(param);
         self
     }
 
@@ -136,7 +138,7 @@ fn request_param(field: &str) -> String {
     match rest {
         "max_output_tokens" => "max_tokens".to_string(),
         "schema" => "response_format.json_schema.schema".to_string(),
-        "" => "messages".to_string(),
+        "" => String::new(),
         other => other.to_string(),
     }
 }
@@ -185,7 +187,7 @@ mod tests {
         assert_eq!(request_param("request.max_output_tokens"), "max_tokens");
         assert_eq!(request_param("request.messages[1]"), "messages[1]");
         assert_eq!(request_param("request.top_p"), "top_p");
-        assert_eq!(request_param("request"), "messages");
+        assert_eq!(request_param("request"), "");
     }
 
     #[test]
