@@ -60,8 +60,14 @@ impl FakeProvider {
 
 /// `json_schema` → a person; `json_object` → `{"ok": true}`; text → an echo of the last
 /// message. Always 11 prompt and 7 completion tokens.
-async fn fake_completion(State(seen): State<Arc<Mutex<Seen>>>, Json(body): Json<Value>) -> Json<Value> {
-    let content = match body.pointer("/response_format/type").and_then(Value::as_str) {
+async fn fake_completion(
+    State(seen): State<Arc<Mutex<Seen>>>,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    let content = match body
+        .pointer("/response_format/type")
+        .and_then(Value::as_str)
+    {
         Some("json_schema") => r#"{"name": "Ada Lovelace", "year": 1815}"#.to_string(),
         Some("json_object") => r#"{"ok": true}"#.to_string(),
         _ => {
@@ -198,7 +204,10 @@ fn assert_openai_error(body: &Value, ty: &str, param: Option<&str>, code: &str) 
     let e = &body["error"];
     let keys: Vec<&String> = e.as_object().expect("an error object").keys().collect();
     assert_eq!(keys.len(), 4, "{body}");
-    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
     assert_eq!(e["type"], ty, "{body}");
     assert_eq!(e["param"].as_str(), param, "{body}");
     assert_eq!(e["code"], code, "{body}");
@@ -243,22 +252,58 @@ async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend:
     };
     let user = |content: Value| json!([{"role": "user", "content": content}]);
     let cases: Vec<(Value, Option<&str>, &str)> = vec![
-        (with(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})), Some("tools"), "unsupported_parameter"),
-        (with(json!({"tool_choice": "auto"})), Some("tool_choice"), "unsupported_parameter"),
-        (with(json!({"functions": [{"name": "f"}]})), Some("functions"), "unsupported_parameter"),
-        (with(json!({"audio": {"voice": "alloy", "format": "wav"}})), Some("audio"), "unsupported_parameter"),
-        (with(json!({"modalities": ["text", "audio"]})), Some("modalities"), "unsupported_parameter"),
-        (with(json!({"n": 2})), Some("n"), "unsupported_parameter"),
-        (with(json!({"logprobs": true})), Some("logprobs"), "unsupported_parameter"),
-        (with(json!({"top_logprobs": 2})), Some("top_logprobs"), "unsupported_parameter"),
-        (with(json!({"frobnicate": 1})), Some("frobnicate"), "unsupported_parameter"),
         (
-            with(json!({"messages": user(json!([{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]))})),
+            with(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
+            Some("tools"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"tool_choice": "auto"})),
+            Some("tool_choice"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"functions": [{"name": "f"}]})),
+            Some("functions"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"audio": {"voice": "alloy", "format": "wav"}})),
+            Some("audio"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"modalities": ["text", "audio"]})),
+            Some("modalities"),
+            "unsupported_parameter",
+        ),
+        (with(json!({"n": 2})), Some("n"), "unsupported_parameter"),
+        (
+            with(json!({"logprobs": true})),
+            Some("logprobs"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"top_logprobs": 2})),
+            Some("top_logprobs"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"frobnicate": 1})),
+            Some("frobnicate"),
+            "unsupported_parameter",
+        ),
+        (
+            with(
+                json!({"messages": user(json!([{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]))}),
+            ),
             Some("messages[0].content[0]"),
             "unsupported_parameter",
         ),
         (
-            with(json!({"messages": user(json!([{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]))})),
+            with(
+                json!({"messages": user(json!([{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]))}),
+            ),
             Some("messages[0].content[0]"),
             "unsupported_parameter",
         ),
@@ -268,7 +313,9 @@ async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend:
             "unsupported_parameter",
         ),
         (
-            with(json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c1"}]}]})),
+            with(
+                json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c1"}]}]}),
+            ),
             Some("messages[0].tool_calls"),
             "unsupported_parameter",
         ),
@@ -277,32 +324,76 @@ async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend:
             Some("messages[0].name"),
             "unsupported_parameter",
         ),
-        (json!({"model": "default"}), Some("messages"), "invalid_request"),
-        (with(json!({"messages": []})), Some("messages"), "invalid_request"),
-        (with(json!({"temperature": 5})), Some("temperature"), "invalid_request"),
-        (with(json!({"top_p": 0})), Some("top_p"), "invalid_request"),
-        (with(json!({"stop": ["a", "b", "c", "d", "e"]})), Some("stop"), "invalid_request"),
-        (with(json!({"max_tokens": 0})), Some("max_tokens"), "invalid_request"),
-        (with(json!({"seed": "seven"})), Some("seed"), "invalid_request"),
-        (with(json!({"stream_options": {"include_usage": true}})), Some("stream_options"), "invalid_request"),
         (
-            with(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}})),
+            json!({"model": "default"}),
+            Some("messages"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"messages": []})),
+            Some("messages"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"temperature": 5})),
+            Some("temperature"),
+            "invalid_request",
+        ),
+        (with(json!({"top_p": 0})), Some("top_p"), "invalid_request"),
+        (
+            with(json!({"stop": ["a", "b", "c", "d", "e"]})),
+            Some("stop"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"max_tokens": 0})),
+            Some("max_tokens"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"seed": "seven"})),
+            Some("seed"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"stream_options": {"include_usage": true}})),
+            Some("stream_options"),
+            "invalid_request",
+        ),
+        (
+            with(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}),
+            ),
             Some("response_format.json_schema.name"),
             "invalid_request",
         ),
         (
-            with(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}})),
+            with(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}),
+            ),
             Some("response_format.json_schema.schema"),
             "invalid_request",
         ),
-        (with(json!({"response_format": {"type": "yaml"}})), Some("response_format.type"), "invalid_request"),
-        (with(json!({"metadata": {"k": 1}})), Some("metadata.k"), "invalid_request"),
+        (
+            with(json!({"response_format": {"type": "yaml"}})),
+            Some("response_format.type"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"metadata": {"k": 1}})),
+            Some("metadata.k"),
+            "invalid_request",
+        ),
         (json!(["not", "an", "object"]), None, "invalid_request"),
     ];
     for (i, (body, param, code)) in cases.iter().enumerate() {
         let key = format!("bad-{i}");
         let (status, _, answer) = server
-            .chat(Some(ACME), &[("idempotency-key", &key)], serde_json::to_vec(body).unwrap())
+            .chat(
+                Some(ACME),
+                &[("idempotency-key", &key)],
+                serde_json::to_vec(body).unwrap(),
+            )
             .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {answer}");
         assert_openai_error(&answer, "invalid_request_error", *param, code);
@@ -318,19 +409,34 @@ async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend:
     assert_openai_error(&answer, "invalid_request_error", None, "invalid_request");
     // An unknown model is OpenAI's 404, an unknown key its 401, both in the same shape.
     let (status, _, answer) = server
-        .chat(Some(ACME), &[("idempotency-key", "bad-model")], serde_json::to_vec(&json!({"model": "gpt-9", "messages": chat()})).unwrap())
+        .chat(
+            Some(ACME),
+            &[("idempotency-key", "bad-model")],
+            serde_json::to_vec(&json!({"model": "gpt-9", "messages": chat()})).unwrap(),
+        )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
     assert_openai_error(&answer, "not_found_error", Some("model"), "model_not_found");
-    assert_eq!(server.task_by_key("openai-bad-model").await, StatusCode::NOT_FOUND);
+    assert_eq!(
+        server.task_by_key("openai-bad-model").await,
+        StatusCode::NOT_FOUND
+    );
     let (status, _, answer) = server
-        .chat(Some("nobody-0123456789abcdef"), &[], serde_json::to_vec(&with(json!({}))).unwrap())
+        .chat(
+            Some("nobody-0123456789abcdef"),
+            &[],
+            serde_json::to_vec(&with(json!({}))).unwrap(),
+        )
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_openai_error(&answer, "authentication_error", None, "unauthorized");
     // A budget policy the app may not use, from the header.
     let (status, _, answer) = server
-        .chat(Some(BETA), &[("x-tollgate-budget", "tight")], serde_json::to_vec(&with(json!({}))).unwrap())
+        .chat(
+            Some(BETA),
+            &[("x-tollgate-budget", "tight")],
+            serde_json::to_vec(&with(json!({}))).unwrap(),
+        )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert_eq!(answer["error"]["code"], "budget_not_allowed");
@@ -348,13 +454,26 @@ async fn a_call_answers_a_chat_completion_backed_by_a_task(backend: &str) {
     })))
     .unwrap();
     let (status, headers, answer) = server
-        .chat(Some(ACME), &[("idempotency-key", "hello-1"), ("x-tollgate-scope", "customer-7")], body.clone())
+        .chat(
+            Some(ACME),
+            &[
+                ("idempotency-key", "hello-1"),
+                ("x-tollgate-scope", "customer-7"),
+            ],
+            body.clone(),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     let task_id = headers["x-tollgate-task-id"].to_str().unwrap().to_string();
     assert_eq!(answer["id"], format!("chatcmpl-{task_id}"));
-    assert_eq!(answer["choices"][0]["message"]["content"], "fake answer to: Hello, door");
-    assert_eq!(answer["usage"], json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}));
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        "fake answer to: Hello, door"
+    );
+    assert_eq!(
+        answer["usage"],
+        json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})
+    );
     // The task behind it, seen through Tollgate's own API.
     let task: Value = server
         .http
@@ -371,28 +490,53 @@ async fn a_call_answers_a_chat_completion_backed_by_a_task(backend: &str) {
     assert_eq!(task["step"], "openai-chat");
     assert_eq!(task["scope"], "customer-7");
     assert_eq!(task["status"], "succeeded");
-    assert!(task["source"]["id"].as_str().unwrap().starts_with("openai-call-"), "{task}");
+    assert!(
+        task["source"]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("openai-call-"),
+        "{task}"
+    );
     // Replayed: the same answer, no second provider call.
     let (status, _, again) = server
-        .chat(Some(ACME), &[("idempotency-key", "hello-1"), ("x-tollgate-scope", "customer-7")], body)
+        .chat(
+            Some(ACME),
+            &[
+                ("idempotency-key", "hello-1"),
+                ("x-tollgate-scope", "customer-7"),
+            ],
+            body,
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(again, answer);
     assert_eq!(fake.count(), 1);
     // The same key from another app is another app's call.
     let (status, headers, other) = server
-        .chat(Some(BETA), &[("idempotency-key", "hello-1")], serde_json::to_vec(&with(json!({}))).unwrap())
+        .chat(
+            Some(BETA),
+            &[("idempotency-key", "hello-1")],
+            serde_json::to_vec(&with(json!({}))).unwrap(),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{other}");
     assert_ne!(headers["x-tollgate-task-id"].to_str().unwrap(), task_id);
     assert_eq!(fake.count(), 2);
     // json_object runs as extract_data: JSON mode at the provider, an object back.
     let (status, _, json_answer) = server
-        .chat(Some(ACME), &[], serde_json::to_vec(&with(json!({"response_format": {"type": "json_object"}}))).unwrap())
+        .chat(
+            Some(ACME),
+            &[],
+            serde_json::to_vec(&with(json!({"response_format": {"type": "json_object"}}))).unwrap(),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{json_answer}");
-    let content: Value =
-        serde_json::from_str(json_answer["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    let content: Value = serde_json::from_str(
+        json_answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(content, json!({"ok": true}));
     // Streaming: the chunks and [DONE], as server-sent events.
     let response = server
@@ -405,7 +549,10 @@ async fn a_call_answers_a_chat_completion_backed_by_a_task(backend: &str) {
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert!(
-        response.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"),
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"),
         "{:?}",
         response.headers()
     );
@@ -421,7 +568,10 @@ async fn a_call_answers_a_chat_completion_backed_by_a_task(backend: &str) {
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .collect();
     assert_eq!(streamed, "fake answer to: hi");
-    assert!(chunks.iter().all(|c| c.get("usage").is_none()), "no usage unless asked");
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "no usage unless asked"
+    );
 }
 
 async fn a_call_longer_than_the_longest_wait_names_its_task(backend: &str) {
@@ -436,7 +586,12 @@ async fn a_call_longer_than_the_longest_wait_names_its_task(backend: &str) {
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{answer}");
     assert_openai_error(&answer, "timeout_error", None, "task_pending");
     let task_id = headers["x-tollgate-task-id"].to_str().unwrap().to_string();
-    assert!(answer["error"]["message"].as_str().unwrap().contains(&task_id));
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&task_id)
+    );
     // With a key, the SDKs' own retry picks the same task up again.
     assert_eq!(headers["x-should-retry"], "true");
     let canceled = server
@@ -452,7 +607,12 @@ async fn a_call_longer_than_the_longest_wait_names_its_task(backend: &str) {
         .chat(Some(ACME), &[("idempotency-key", "slow-1")], body)
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{answer}");
-    assert_openai_error(&answer, "invalid_request_error", None, "WORKFLOW_AI_CANCELED");
+    assert_openai_error(
+        &answer,
+        "invalid_request_error",
+        None,
+        "WORKFLOW_AI_CANCELED",
+    );
     assert_eq!(headers["x-tollgate-task-id"].to_str().unwrap(), task_id);
     assert_eq!(headers["x-should-retry"], "false");
 }
@@ -480,7 +640,10 @@ fn runner_available(what: &str, probe: &mut Command) -> bool {
 async fn run_sdk_tests(server: &Server, fake: &FakeProvider, what: &str, mut command: Command) {
     command
         .current_dir(sdk_dir())
-        .env("TOLLGATE_OPENAI_BASE_URL", format!("{}/openai/v1", server.base))
+        .env(
+            "TOLLGATE_OPENAI_BASE_URL",
+            format!("{}/openai/v1", server.base),
+        )
         .env("TOLLGATE_ACME_KEY", ACME)
         .env("TOLLGATE_BETA_KEY", BETA)
         .env("TOLLGATE_FAKE_PROVIDER_URL", &fake.url)
@@ -495,7 +658,10 @@ async fn run_sdk_tests(server: &Server, fake: &FakeProvider, what: &str, mut com
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("{what}:\n{stdout}\n{stderr}");
-    assert!(output.status.success(), "{what} failed:\n{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "{what} failed:\n{stdout}\n{stderr}"
+    );
 }
 
 async fn the_official_sdks_work_unchanged(backend: &str) {
@@ -518,7 +684,14 @@ async fn the_official_sdks_work_unchanged(backend: &str) {
     };
     if python {
         let mut pytest = Command::new("python3");
-        pytest.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_openai_sdk.py"]);
+        pytest.args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "test_openai_sdk.py",
+        ]);
         run_sdk_tests(&server, &fake, "pytest (openai Python SDK)", pytest).await;
     }
     if node {

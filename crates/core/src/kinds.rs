@@ -1794,12 +1794,37 @@ mod tests {
             accepts(kind, with("stop", json!(["\n\n", "END"])));
             accepts(kind, with("seed", json!(-42)));
             rejects(kind, with("top_p", json!(0)), "request.top_p", "above 0");
-            rejects(kind, with("top_p", json!(1.5)), "request.top_p", "at most 1");
+            rejects(
+                kind,
+                with("top_p", json!(1.5)),
+                "request.top_p",
+                "at most 1",
+            );
             rejects(kind, with("stop", json!([])), "request.stop", "1 to 4");
-            rejects(kind, with("stop", json!(["a", "b", "c", "d", "e"])), "request.stop", "1 to 4");
-            rejects(kind, with("stop", json!(["a", ""])), "request.stop[1]", "empty");
-            rejects(kind, with("seed", json!(1_i64 << 54)), "request.seed", "2^53");
-            rejects(kind, with("temperature", json!(3)), "request.temperature", "from 0 to 2");
+            rejects(
+                kind,
+                with("stop", json!(["a", "b", "c", "d", "e"])),
+                "request.stop",
+                "1 to 4",
+            );
+            rejects(
+                kind,
+                with("stop", json!(["a", ""])),
+                "request.stop[1]",
+                "empty",
+            );
+            rejects(
+                kind,
+                with("seed", json!(1_i64 << 54)),
+                "request.seed",
+                "2^53",
+            );
+            rejects(
+                kind,
+                with("temperature", json!(3)),
+                "request.temperature",
+                "from 0 to 2",
+            );
         }
         // Unset, they are absent from the stored request, so older hashes hold.
         let r = accepts(TaskKind::ExtractData, json!({ "input": "x", "schema": {} }));

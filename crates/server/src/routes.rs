@@ -363,7 +363,11 @@ fn submission(
 
 /// SPEC §3 step 2 answers the existing task for a taken effect key; over HTTP that is
 /// only right when the submission is the same one (409 otherwise).
-pub(crate) fn check_same_submission(s: &AppState, sub: &Submission, task: &Task) -> Result<(), ApiError> {
+pub(crate) fn check_same_submission(
+    s: &AppState,
+    sub: &Submission,
+    task: &Task,
+) -> Result<(), ApiError> {
     let conflict = |what: &str| {
         Err(ApiError::idempotency_conflict(format!(
             "effect key {:?} already names task {} with a different {what}",

@@ -324,7 +324,8 @@ pub fn request_body(call: &ProviderCall<'_>) -> (Value, AnswerShape) {
                         schema
                     );
                     messages.push(json!({"role": "system", "content": system}));
-                    messages.push(json!({"role": "user", "content": input.as_deref().unwrap_or("")}));
+                    messages
+                        .push(json!({"role": "user", "content": input.as_deref().unwrap_or("")}));
                 }
             }
             let format = if schema == json!({"type": "object"}) {
@@ -671,6 +672,64 @@ mod tests {
         assert_eq!(parsed.output, json!([1, 2]));
         assert_eq!(parsed.usage.input_tokens, 7);
         assert_eq!(parsed.usage.output_tokens, 3);
+    }
+
+    #[test]
+    fn a_chat_extract_is_sent_as_given_with_its_sampling() {
+        let schema = json!({
+            "type": "object", "properties": {"a": {"type": "integer"}},
+            "required": ["a"], "additionalProperties": false
+        });
+        let (request, output_schema) = call_for(
+            TaskKind::ExtractData,
+            json!({
+                "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                "schema": schema, "top_p": 0.5, "stop": ["END"], "seed": 9,
+                "max_output_tokens": 20, "temperature": 0.1
+            }),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &output_schema,
+            previous_error: None,
+        };
+        let (body, shape) = request_body(&call);
+        assert_eq!(shape, AnswerShape::Json);
+        assert_eq!(
+            body["messages"],
+            json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+        );
+        assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
+        assert_eq!(body["response_format"]["json_schema"]["strict"], true);
+        assert_eq!(
+            (
+                &body["top_p"],
+                &body["stop"],
+                &body["seed"],
+                &body["max_tokens"]
+            ),
+            (&json!(0.5), &json!(["END"]), &json!(9), &json!(20))
+        );
+        assert_eq!(body["temperature"], 0.1);
+    }
+
+    #[test]
+    fn any_object_is_json_mode() {
+        let (request, output_schema) = call_for(
+            TaskKind::ExtractData,
+            json!({"messages": [{"role": "user", "content": "u"}], "schema": {"type": "object"}}),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &output_schema,
+            previous_error: None,
+        };
+        let (body, _) = request_body(&call);
+        assert_eq!(body["response_format"], json!({"type": "json_object"}));
     }
 
     #[test]

@@ -108,7 +108,7 @@ fn submission(
     let scope = header_id(SCOPE_HEADER, scope, ScopeId::new)?;
     let client_key = header(headers, IDEMPOTENCY_HEADER)?;
     let effect_key = match client_key {
-        Some(k) if k.is_empty() => {
+        Some("") => {
             return Err(OpenAiError::invalid(
                 IDEMPOTENCY_HEADER,
                 "the Idempotency-Key header is empty",
@@ -139,7 +139,11 @@ fn submission(
         // Each call is its own source: admitted under the budget, never a cache hit.
         None => SourceSpec {
             id: header_id(SOURCE_HEADER, &call_source(&effect_key), SourceId::new)?,
-            revision: header_id(REVISION_HEADER, DEFAULT_SOURCE_REVISION, SourceRevision::new)?,
+            revision: header_id(
+                REVISION_HEADER,
+                DEFAULT_SOURCE_REVISION,
+                SourceRevision::new,
+            )?,
             recompute: false,
         },
     };

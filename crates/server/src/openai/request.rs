@@ -43,12 +43,21 @@ const REFUSED: [(&str, &str); 21] = [
     ("prediction", "predicted outputs are not supported"),
     ("reasoning_effort", "reasoning options are not supported"),
     ("service_tier", "service tiers are not supported"),
-    ("store", "Tollgate stores every call as a task; OpenAI's stored completions are not supported"),
+    (
+        "store",
+        "Tollgate stores every call as a task; OpenAI's stored completions are not supported",
+    ),
     ("web_search_options", "web search is not supported"),
     ("verbosity", "verbosity is not supported"),
-    ("prompt_cache_key", "use X-Tollgate-Source for Tollgate's cache"),
+    (
+        "prompt_cache_key",
+        "use X-Tollgate-Source for Tollgate's cache",
+    ),
     ("safety_identifier", "safety identifiers are not supported"),
-    ("stream_options.include_obfuscation", "stream obfuscation is not supported"),
+    (
+        "stream_options.include_obfuscation",
+        "stream obfuscation is not supported",
+    ),
 ];
 
 /// Most `metadata` pairs, and their lengths (OpenAI's limits).
@@ -259,7 +268,10 @@ pub(crate) fn parse(body: &Value) -> Result<ChatRequest, OpenAiError> {
 
 /// `user` and `metadata` are accepted (OpenAI's shapes) and kept out of the task: they
 /// neither reach the provider nor change the cache key.
-fn check_user_and_metadata(user: Option<&Value>, metadata: Option<&Value>) -> Result<(), OpenAiError> {
+fn check_user_and_metadata(
+    user: Option<&Value>,
+    metadata: Option<&Value>,
+) -> Result<(), OpenAiError> {
     match user {
         None => {}
         Some(Value::String(u)) if u.chars().count() <= MAX_USER_CHARS => {}
@@ -316,7 +328,12 @@ fn message(i: usize, m: &Value) -> Result<Value, OpenAiError> {
     let role = match map.get("role") {
         Some(Value::String(r)) => r.as_str(),
         Some(other) => return Err(wrong_type(&format!("{at}.role"), "a string", other)),
-        None => return Err(OpenAiError::invalid(format!("{at}.role"), "a message needs a `role`")),
+        None => {
+            return Err(OpenAiError::invalid(
+                format!("{at}.role"),
+                "a message needs a `role`",
+            ));
+        }
     };
     let role = match role {
         "system" | "user" | "assistant" => role,
@@ -446,7 +463,11 @@ fn response_format(
             let spec = match format.get("json_schema") {
                 Some(Value::Object(spec)) => spec,
                 Some(other) => {
-                    return Err(wrong_type("response_format.json_schema", "an object", other));
+                    return Err(wrong_type(
+                        "response_format.json_schema",
+                        "an object",
+                        other,
+                    ));
                 }
                 None => {
                     return Err(OpenAiError::invalid(
@@ -467,7 +488,8 @@ fn response_format(
                 Some(Value::String(n))
                     if !n.is_empty()
                         && n.len() <= 64
-                        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') => {}
+                        && n.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') => {}
                 _ => {
                     return Err(OpenAiError::invalid(
                         "response_format.json_schema.name",
@@ -478,7 +500,11 @@ fn response_format(
             match spec.get("strict") {
                 None | Some(Value::Null | Value::Bool(_)) => {}
                 Some(other) => {
-                    return Err(wrong_type("response_format.json_schema.strict", "a boolean", other));
+                    return Err(wrong_type(
+                        "response_format.json_schema.strict",
+                        "a boolean",
+                        other,
+                    ));
                 }
             }
             let schema = spec.get("schema").cloned().unwrap_or(json!({}));
@@ -552,34 +578,58 @@ mod tests {
 
     #[test]
     fn json_formats_become_extract_data() {
-        let r = ok(json!({"model": "m", "messages": chat(), "response_format": {"type": "json_object"}}));
+        let r = ok(
+            json!({"model": "m", "messages": chat(), "response_format": {"type": "json_object"}}),
+        );
         assert_eq!(r.kind, TaskKind::ExtractData);
         assert_eq!(r.request["schema"], json!({"type": "object"}));
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
-        let r = ok(json!({"model": "m", "messages": chat(), "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "thing", "schema": schema, "strict": true, "description": "d"}
-        }}));
+        let r = ok(
+            json!({"model": "m", "messages": chat(), "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "thing", "schema": schema, "strict": true, "description": "d"}
+            }}),
+        );
         assert_eq!(r.request["schema"], schema);
         assert_eq!(r.request["instructions"], "d");
     }
 
     #[test]
     fn unsupported_and_unknown_fields_are_refused_by_name() {
-        refused(json!({"model": "m", "messages": chat(), "tools": []}), "tools");
+        refused(
+            json!({"model": "m", "messages": chat(), "tools": []}),
+            "tools",
+        );
         refused(json!({"model": "m", "messages": chat(), "n": 2}), "n");
-        refused(json!({"model": "m", "messages": chat(), "logprobs": true}), "logprobs");
-        refused(json!({"model": "m", "messages": chat(), "frobnicate": 1}), "frobnicate");
+        refused(
+            json!({"model": "m", "messages": chat(), "logprobs": true}),
+            "logprobs",
+        );
+        refused(
+            json!({"model": "m", "messages": chat(), "frobnicate": 1}),
+            "frobnicate",
+        );
         refused(
             json!({"model": "m", "messages": [{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "x"}}]}]}),
             "messages[0].content[0]",
         );
-        refused(json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}), "messages[0].role");
-        refused(json!({"model": "m", "messages": chat(), "stream_options": {"include_usage": true}}), "stream_options");
+        refused(
+            json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].role",
+        );
+        refused(
+            json!({"model": "m", "messages": chat(), "stream_options": {"include_usage": true}}),
+            "stream_options",
+        );
         refused(json!({"messages": chat()}), "model");
-        refused(json!({"model": "m", "messages": chat(), "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}), "response_format.json_schema.name");
+        refused(
+            json!({"model": "m", "messages": chat(), "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+            "response_format.json_schema.name",
+        );
         // Values that ask for nothing are not refused.
-        ok(json!({"model": "m", "messages": chat(), "logprobs": false, "tools": null, "presence_penalty": 0}));
+        ok(
+            json!({"model": "m", "messages": chat(), "logprobs": false, "tools": null, "presence_penalty": 0}),
+        );
     }
 }
