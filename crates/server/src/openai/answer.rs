@@ -41,15 +41,14 @@ impl Completion {
             Some(cap) if !task.cached() && completion >= cap => "length",
             _ => "stop",
         };
-        let mut usage = json!({
+        // A cache hit's recorded usage is zero: no provider call, nothing spent. The
+        // provider's own prompt-cache counts are not recorded, so no
+        // `prompt_tokens_details` is claimed.
+        let usage = json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         });
-        if task.cached() {
-            // Served from Tollgate's cache: no provider call, no tokens spent.
-            usage["prompt_tokens_details"] = json!({ "cached_tokens": prompt });
-        }
         Completion {
             id: format!("chatcmpl-{}", task.id),
             created: task.created_at.millis().div_euclid(1000),
