@@ -440,6 +440,18 @@ async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend:
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert_eq!(answer["error"]["code"], "budget_not_allowed");
+    // A path the door does not have.
+    let response = server
+        .http
+        .post(format!("{}/openai/v1/embeddings", server.base))
+        .bearer_auth(ACME)
+        .json(&json!({"model": "default", "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let answer: Value = response.json().await.unwrap();
+    assert_openai_error(&answer, "not_found_error", None, "not_found");
     assert_eq!(fake.count(), 0, "no refused call reached the provider");
 }
 
@@ -538,6 +550,24 @@ async fn a_call_answers_a_chat_completion_backed_by_a_task(backend: &str) {
     )
     .unwrap();
     assert_eq!(content, json!({"ok": true}));
+    // A json_schema answer that breaks the schema is asked again, a bounded number of
+    // times, and never answered as a success.
+    let before = fake.count();
+    let strict = json!({"type": "json_schema", "json_schema": {"name": "place", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"], "additionalProperties": false
+    }}});
+    let (status, headers, failed) = server
+        .chat(
+            Some(ACME),
+            &[("idempotency-key", "place-1")],
+            serde_json::to_vec(&with(json!({"response_format": strict}))).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
+    assert_openai_error(&failed, "server_error", None, "invalid_model_output");
+    assert_eq!(headers["x-should-retry"], "false");
+    assert_eq!(fake.count(), before + 3, "one call and two re-asks");
     // Streaming: the chunks and [DONE], as server-sent events.
     let response = server
         .http

@@ -256,14 +256,19 @@ async fn chat_completions(
                 ErrorCode::Canceled => StatusCode::CONFLICT,
                 _ => StatusCode::BAD_GATEWAY,
             };
-            return Err(OpenAiError::new(
+            let error = OpenAiError::new(
                 status,
                 code.as_str(),
                 format!("task {} {}: {message}", task.id, task.status.as_str()),
             )
-            // A finished task answers the same error to every replay of its key.
-            .should_retry(!keyed && status == StatusCode::SERVICE_UNAVAILABLE)
-            .task(task.id));
+            .task(task.id);
+            // A finished task answers the same error to every replay of its key; without
+            // a key a retry is a new call, and the SDK's own rules apply.
+            return Err(if keyed {
+                error.should_retry(false)
+            } else {
+                error
+            });
         }
     }
     let completion = answer::Completion::of(&task, chat.max_tokens);
