@@ -101,6 +101,18 @@ test("a retried call with the same Idempotency-Key runs once", async () => {
   assert.equal(await count(), before + 1, "the replay never reached the provider");
 });
 
+test("the SDK's own retry of a slow call waits for the same task", async () => {
+  // The fake takes longer than the server's longest wait: the first attempt is a 504
+  // (x-should-retry: true, as the call has a key); the SDK retries with the same headers.
+  const before = await count();
+  const r = await client(ACME, { maxRetries: 2 }).chat.completions.create(
+    { model: "default", messages: hello(`slow: ${RUN}`) },
+    { headers: { "Idempotency-Key": `${RUN}-slow` } },
+  );
+  assert.equal(r.choices[0].message.content, `fake answer to: slow: ${RUN}`);
+  assert.equal(await count(), before + 1, "the task ran once across the SDK's attempts");
+});
+
 test("a budget refusal is a RateLimitError", async () => {
   const headers = { "X-Tollgate-Scope": `${RUN}-tight`, "X-Tollgate-Budget": "tight" };
   const c = client(ACME, { maxRetries: 0 });

@@ -134,6 +134,21 @@ def test_a_retried_call_with_the_same_idempotency_key_runs_once():
     assert e.value.code == "idempotency_key_conflict"
 
 
+def test_the_sdks_own_retry_of_a_slow_call_waits_for_the_same_task():
+    # The fake takes longer than the server's longest wait: the first attempt is a 504
+    # (x-should-retry: true, as the call has a key), the SDK retries by itself with the
+    # same headers, and the retry answers the same task.
+    before = count()
+    raw = client(max_retries=2).chat.completions.with_raw_response.create(
+        model="default",
+        messages=hello(f"slow: {RUN}"),
+        extra_headers={"Idempotency-Key": f"{RUN}-slow"},
+    )
+    assert raw.retries_taken >= 1
+    assert raw.parse().choices[0].message.content == f"fake answer to: slow: {RUN}"
+    assert count() == before + 1, "the task ran once across the SDK's attempts"
+
+
 def test_a_budget_refusal_is_a_rate_limit_error():
     headers = {"X-Tollgate-Scope": f"{RUN}-tight", "X-Tollgate-Budget": "tight"}
     c = client(max_retries=0)

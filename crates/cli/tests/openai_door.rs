@@ -58,8 +58,13 @@ impl FakeProvider {
     }
 }
 
+/// How long the fake takes for a last message starting with `slow:`: longer than the
+/// server's `max_wait` (6 s), so the first wait of such a call times out.
+const SLOW_ANSWER: std::time::Duration = std::time::Duration::from_secs(8);
+
 /// `json_schema` → a person; `json_object` → `{"ok": true}`; text → an echo of the last
-/// message. Always 11 prompt and 7 completion tokens.
+/// message (after [`SLOW_ANSWER`] for `slow:` messages). Always 11 prompt and 7
+/// completion tokens.
 async fn fake_completion(
     State(seen): State<Arc<Mutex<Seen>>>,
     Json(body): Json<Value>,
@@ -79,6 +84,14 @@ async fn fake_completion(
             format!("fake answer to: {last}")
         }
     };
+    let slow = body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .is_some_and(|c| c.starts_with("slow:"));
+    if slow {
+        tokio::time::sleep(SLOW_ANSWER).await;
+    }
     {
         let mut s = seen.lock().unwrap();
         s.count += 1;
