@@ -694,6 +694,7 @@ mod tests {
             request: &request,
             output_schema: &output_schema,
             previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
         };
         let (body, shape) = request_body(&call);
         assert_eq!(shape, AnswerShape::Json);
@@ -727,6 +728,7 @@ mod tests {
             request: &request,
             output_schema: &output_schema,
             previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
         };
         let (body, _) = request_body(&call);
         assert_eq!(body["response_format"], json!({"type": "json_object"}));
