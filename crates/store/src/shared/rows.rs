@@ -1,12 +1,17 @@
-//! Row shapes shared by both backends and their conversion into domain types. Both
-//! schemas use the same column names and portable types (TEXT ids, BIGINT milliseconds).
+//! Row shapes shared by both backends and their conversion into domain types: named
+//! `sqlx::FromRow` structs, never positional tuples. Both schemas use the same column
+//! names and portable types (TEXT ids, BIGINT milliseconds).
 
-use crate::StoreError;
+use crate::{
+    HeartbeatReport, PipelineRef, ScopedSource, StoreError, StoredPipeline, UnreleasedPage,
+    keyset_page,
+};
 use serde::de::DeserializeOwned;
 use tollgate_core::{
-    AppId, ConfigHash, Dependency, EffectKey, ErrorCode, ModelId, ModelRef, Run, RunId, RunState,
-    ScopeId, SourceId, SourceRef, SourceRevision, StepKey, Subject, SubjectKind, Task, TaskError,
-    TaskId, TaskKind, TaskOwner, TaskStatus, Timestamp, WorkerId,
+    AppId, ConfigHash, Dependency, EffectKey, ErrorCode, ModelId, ModelRef, PipelineName, Run,
+    RunId, RunState, ScopeId, SourceId, SourceRef, SourceRevision, StepKey, Subject, SubjectKind,
+    Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus, Timestamp, Usage, WorkerId,
+    validate_output,
 };
 
 /// The columns every task query selects, as a literal for `concat!`.
@@ -246,31 +251,187 @@ pub(crate) struct FinishedRow {
     pub(crate) admitted: bool,
 }
 
-/// (app, scope) as stored.
-pub(crate) type ScopeKey = (String, String);
-
-/// Admitted tasks among `finished`, per (app, scope) in sorted order (the lock order for
-/// scope rows), and their total.
-pub(crate) fn admitted_per_scope(finished: &[FinishedRow]) -> (Vec<(ScopeKey, i64)>, i64) {
-    let mut per: std::collections::BTreeMap<(String, String), i64> = Default::default();
-    for f in finished.iter().filter(|f| f.admitted) {
-        *per.entry((f.app.clone(), f.scope.clone())).or_default() += 1;
-    }
-    let total = per.values().sum();
-    (per.into_iter().collect(), total)
+/// [`FinishedRow`] with the statement's "now" (`RETURNING …, clock.now AS now`).
+#[cfg(feature = "postgres")]
+#[derive(sqlx::FromRow, Debug, Clone)]
+pub(crate) struct FinishedAtRow {
+    #[sqlx(flatten)]
+    pub(crate) finished: FinishedRow,
+    pub(crate) now: i64,
 }
 
-/// Number of `global_finished` stripes.
-pub(crate) const FINISHED_STRIPES: u64 = 64;
+/// [`FinishedRow`] with the task's status before the statement moved or deleted it
+/// (`RETURNING id, app, scope, admitted, status`).
+#[derive(sqlx::FromRow, Debug, Clone)]
+pub(crate) struct EndedRow {
+    #[sqlx(flatten)]
+    pub(crate) finished: FinishedRow,
+    pub(crate) status: String,
+}
 
-/// The stripe a batch of finished tasks counts into, spread by the first task's id.
-pub(crate) fn finished_stripe(finished: &[FinishedRow]) -> i64 {
-    let h = finished
-        .first()
-        .map(|f| {
-            f.id.bytes()
-                .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+impl EndedRow {
+    /// The rows that were queued or running: what gives capacity back when deleted.
+    pub(crate) fn in_flight(rows: &[EndedRow]) -> Vec<FinishedRow> {
+        rows.iter()
+            .filter(|r| r.status == "queued" || r.status == "running")
+            .map(|r| r.finished.clone())
+            .collect()
+    }
+}
+
+/// What decides whether a worker should stop a task: the task's status and flag and its
+/// run's (`LEFT JOIN runs`).
+#[derive(sqlx::FromRow)]
+pub(crate) struct CancelStateRow {
+    status: String,
+    cancel_requested: bool,
+    run_cancel_requested: Option<bool>,
+    run_state: Option<String>,
+}
+
+/// SPEC §5: true if the task or its run is canceled or cancellation was requested, and
+/// true if the task no longer exists (it was removed with its owner: never finish it).
+pub(crate) fn cancellation_requested(row: Option<CancelStateRow>) -> bool {
+    match row {
+        None => true,
+        Some(r) => {
+            r.status == "canceled"
+                || r.cancel_requested
+                || r.run_cancel_requested == Some(true)
+                || r.run_state.as_deref() == Some("canceled")
+        }
+    }
+}
+
+/// A (scope, source) pair of `list_unreleased_sources`.
+#[derive(sqlx::FromRow, Clone)]
+pub(crate) struct ScopedSourceRow {
+    scope: String,
+    source_id: String,
+}
+
+impl ScopedSourceRow {
+    pub(crate) fn into_scoped_source(self) -> Result<ScopedSource, StoreError> {
+        Ok(ScopedSource {
+            scope: text("scope", ScopeId::new(self.scope))?,
+            source: text("source_id", SourceId::new(self.source_id))?,
         })
-        .unwrap_or(0);
-    (h % FINISHED_STRIPES) as i64
+    }
+}
+
+/// A keyset page of pairs from the `keyset_fetch(limit)` rows a listing read.
+pub(crate) fn unreleased_page(
+    rows: Vec<ScopedSourceRow>,
+    limit: u32,
+) -> Result<UnreleasedPage, StoreError> {
+    let sources = rows
+        .into_iter()
+        .map(ScopedSourceRow::into_scoped_source)
+        .collect::<Result<Vec<_>, _>>()?;
+    let (sources, next) = keyset_page(sources, limit);
+    Ok(UnreleasedPage { sources, next })
+}
+
+/// One version of a pipeline definition.
+#[derive(sqlx::FromRow)]
+pub(crate) struct PipelineRow {
+    version: String,
+    definition: String,
+    created_at: i64,
+}
+
+impl PipelineRow {
+    pub(crate) fn into_stored(
+        self,
+        app: &AppId,
+        name: &PipelineName,
+    ) -> Result<StoredPipeline, StoreError> {
+        Ok(StoredPipeline {
+            app: app.clone(),
+            name: name.clone(),
+            version: self.version,
+            definition: json("pipeline definition", &self.definition)?,
+            created_at: Timestamp(self.created_at),
+        })
+    }
+}
+
+/// The pipeline version of a pipeline run.
+#[derive(sqlx::FromRow)]
+pub(crate) struct PipelineRefRow {
+    pipeline: String,
+    version: String,
+}
+
+impl PipelineRefRow {
+    pub(crate) fn into_ref(self) -> Result<PipelineRef, StoreError> {
+        Ok(PipelineRef {
+            name: text("pipeline", PipelineName::new(self.pipeline))?,
+            version: self.version,
+        })
+    }
+}
+
+/// (app, scope) of a deleted row.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ScopeRow {
+    pub(crate) app: String,
+    pub(crate) scope: String,
+}
+
+/// The newest cached success of a cache key.
+#[cfg(feature = "sqlite")]
+#[derive(sqlx::FromRow)]
+pub(crate) struct CacheHitRow {
+    pub(crate) id: String,
+    pub(crate) output: String,
+}
+
+/// The parsed form of a stored run id (`pipeline_runs.run_id`).
+pub(crate) fn pipeline_run_id(s: &str) -> Result<RunId, StoreError> {
+    RunId::parse(s).map_err(|e| corrupt(&format!("pipeline run id {s:?}"), e))
+}
+
+/// Parses a stored subject (both columns or neither).
+#[cfg(feature = "postgres")]
+pub(crate) fn stored_subject(
+    kind: Option<String>,
+    id: Option<String>,
+) -> Result<Option<Subject>, StoreError> {
+    subject(kind, id)
+}
+
+/// A completion's output (checked against the task's contract, SPEC §5) and usage, as
+/// stored. The request never changes, so the check needs no lock.
+pub(crate) fn encode_completion(
+    task: &Task,
+    output: &serde_json::Value,
+    usage: &Usage,
+) -> Result<(String, String), StoreError> {
+    let request = task.parsed_request()?;
+    let output = validate_output(request.request(), output)?;
+    let output = serde_json::to_string(&output)
+        .map_err(|e| StoreError::Database(format!("cannot encode output: {e}")))?;
+    let usage = serde_json::to_string(usage)
+        .map_err(|e| StoreError::Database(format!("cannot encode usage: {e}")))?;
+    Ok((output, usage))
+}
+
+/// SPEC §5 heartbeat's answer: of the ids asked about, those the statement kept alive
+/// (`RETURNING id`) and the rest, which the worker must stop.
+pub(crate) fn heartbeat_report(
+    ids: &[TaskId],
+    alive: &[String],
+) -> Result<HeartbeatReport, StoreError> {
+    let alive: std::collections::HashSet<TaskId> =
+        alive.iter().map(|s| task_id(s)).collect::<Result<_, _>>()?;
+    let mut report = HeartbeatReport::default();
+    for id in ids {
+        if alive.contains(id) {
+            report.alive.push(*id);
+        } else {
+            report.stop.push(*id);
+        }
+    }
+    Ok(report)
 }
