@@ -6,18 +6,37 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::ChatMessage;
 use super::messages::{clip, clip_long, describe};
-use super::parse::{ROOT, de, object, optional, required};
+use super::parse::{ROOT, object, optional, parse_messages, required};
+use super::sampling::{Sampling, check_sampling};
 use crate::error::InvalidInput;
 
-const EXTRACT_DATA_FIELDS: [&str; 3] = ["input", "schema", "instructions"];
+const EXTRACT_DATA_FIELDS: [&str; 9] = [
+    "input",
+    "messages",
+    "schema",
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+];
 
-/// An `extract_data` request: a JSON value valid against `schema`, drawn from `input`.
+/// An `extract_data` request: a JSON value valid against `schema`, drawn from `input`
+/// or answering a chat (`messages`, exactly one of the two). The sampling fields are
+/// those of [`GenerateTextRequest`](super::GenerateTextRequest); each is absent from the
+/// stored request (and so from its hash) unless set.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExtractDataRequest {
-    /// The text to extract from.
-    pub input: String,
+    /// The text to extract from; exclusive with `messages`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// A chat whose answer is the JSON value (non-empty); exclusive with `input`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<ChatMessage>>,
     /// The JSON Schema (object or boolean) the output must satisfy; only local `$ref`s.
     /// Its validation cost is capped at submit: see
     /// [`check_schema_cost`](super::check_schema_cost).
@@ -25,19 +44,61 @@ pub struct ExtractDataRequest {
     /// Extra instructions for the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// Cap on generated tokens (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
+    /// Sampling temperature, finite, in `[0, 2]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling, in `(0, 1]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Up to [`MAX_STOP_SEQUENCES`](super::MAX_STOP_SEQUENCES) non-empty stop sequences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+    /// A sampling seed (within ±2^53).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
 }
 
 pub(super) fn parse_extract_data(value: &Value) -> Result<ExtractDataRequest, InvalidInput> {
     let map = object(value, ROOT, &EXTRACT_DATA_FIELDS)?;
-    let (input, input_path) = required(map, "input", ROOT)?;
-    let input = de(input, &input_path)?;
+    let input: Option<String> = optional(map, "input", ROOT)?;
+    let messages = match map.get("messages") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(parse_messages(v, "request.messages")?),
+    };
+    match (&input, &messages) {
+        (Some(_), Some(_)) => {
+            return Err(InvalidInput::field(
+                ROOT,
+                "give exactly one of `input` or `messages`, not both",
+            ));
+        }
+        (None, None) => return Err(InvalidInput::field(ROOT, "missing field `input`")),
+        _ => {}
+    }
     let (schema, schema_path) = required(map, "schema", ROOT)?;
     check_schema(schema, &schema_path)?;
-    Ok(ExtractDataRequest {
+    let request = ExtractDataRequest {
         input,
+        messages,
         schema: schema.clone(),
         instructions: optional(map, "instructions", ROOT)?,
-    })
+        max_output_tokens: optional(map, "max_output_tokens", ROOT)?,
+        temperature: optional(map, "temperature", ROOT)?,
+        top_p: optional(map, "top_p", ROOT)?,
+        stop: optional(map, "stop", ROOT)?,
+        seed: optional(map, "seed", ROOT)?,
+    };
+    check_sampling(Sampling {
+        max_output_tokens: request.max_output_tokens,
+        temperature: request.temperature,
+        top_p: request.top_p,
+        stop: request.stop.as_deref(),
+        seed: request.seed,
+    })?;
+    Ok(request)
 }
 
 /// A retriever that refuses everything: a tenant's schema never makes the server fetch.
@@ -326,6 +387,32 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(field_of(&err), "request.schema");
+    }
+
+    #[test]
+    fn extract_data_takes_input_or_messages() {
+        let chat = json!([{ "role": "user", "content": "Ada, 36" }]);
+        let r = accepts(
+            TaskKind::ExtractData,
+            json!({ "messages": chat, "schema": { "type": "object" } }),
+        );
+        let TaskRequest::ExtractData(e) = &r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(e.messages.as_ref().map(Vec::len), Some(1));
+        assert_eq!(e.input, None);
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "messages": chat, "input": "x", "schema": {} }),
+            "request",
+            "not both",
+        );
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "messages": [], "schema": {} }),
+            "request.messages",
+            "at least one message",
+        );
     }
 
     #[test]

@@ -3,16 +3,19 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::MAX_TEMPERATURE;
 use super::parse::{ROOT, list, object, optional};
+use super::sampling::{Sampling, check_sampling};
 use crate::error::InvalidInput;
 
-const GENERATE_TEXT_FIELDS: [&str; 5] = [
+const GENERATE_TEXT_FIELDS: [&str; 8] = [
     "messages",
     "prompt",
     "system",
     "max_output_tokens",
     "temperature",
+    "top_p",
+    "stop",
+    "seed",
 ];
 
 /// A `generate_text` request: exactly one of `messages` or `prompt`.
@@ -34,6 +37,16 @@ pub struct GenerateTextRequest {
     /// Sampling temperature, finite, in `[0, 2]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// Nucleus sampling: the probability mass considered, in `(0, 1]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Up to [`MAX_STOP_SEQUENCES`](super::MAX_STOP_SEQUENCES) non-empty sequences where
+    /// generation stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+    /// A seed for providers that sample deterministically with one (within ±2^53).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
 }
 
 /// One message of a chat.
@@ -70,6 +83,9 @@ pub(super) fn parse_generate_text(value: &Value) -> Result<GenerateTextRequest, 
         system: optional(map, "system", ROOT)?,
         max_output_tokens: optional(map, "max_output_tokens", ROOT)?,
         temperature: optional(map, "temperature", ROOT)?,
+        top_p: optional(map, "top_p", ROOT)?,
+        stop: optional(map, "stop", ROOT)?,
+        seed: optional(map, "seed", ROOT)?,
     };
     match (&request.messages, &request.prompt) {
         (Some(_), Some(_)) => {
@@ -95,20 +111,13 @@ pub(super) fn parse_generate_text(value: &Value) -> Result<GenerateTextRequest, 
     if request.prompt.as_ref().is_some_and(String::is_empty) {
         return Err(InvalidInput::field("request.prompt", "must not be empty"));
     }
-    if request.max_output_tokens == Some(0) {
-        return Err(InvalidInput::field(
-            "request.max_output_tokens",
-            "must be at least 1",
-        ));
-    }
-    if let Some(t) = request.temperature
-        && !(t.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&t))
-    {
-        return Err(InvalidInput::field(
-            "request.temperature",
-            format!("must be a number from 0 to {MAX_TEMPERATURE}, got {t}"),
-        ));
-    }
+    check_sampling(Sampling {
+        max_output_tokens: request.max_output_tokens,
+        temperature: request.temperature,
+        top_p: request.top_p,
+        stop: request.stop.as_deref(),
+        seed: request.seed,
+    })?;
     Ok(request)
 }
 

@@ -10,8 +10,9 @@
 //! Layout: this module holds [`TaskKind`], [`TaskRequest`] (dispatch to each kind's parser)
 //! and the request limits; `generate_text`, `classify`, `classify_many` and `extract_data`
 //! hold each kind's request type and parser (`extract_data` also the checks on a caller's
-//! schema), `labels` the label type shared by both classifications, `parse` and
-//! `messages` the field and message helpers, `schemas` the published JSON Schemas,
+//! schema), `labels` the label type shared by both classifications, `sampling` the
+//! sampling fields `generate_text` and `extract_data` share, `parse` and `messages` the
+//! field and message helpers, `schemas` the published JSON Schemas,
 //! `validate` [`validate_output`], `output_size` the output size rules and `schema_cost`
 //! the cost rule for a caller's schema.
 
@@ -30,6 +31,7 @@ mod labels;
 mod messages;
 mod output_size;
 mod parse;
+mod sampling;
 mod schema_cost;
 mod schemas;
 #[cfg(test)]
@@ -58,6 +60,10 @@ pub const MAX_LABEL_BYTES: usize = 256;
 pub const MAX_ITEM_ID_BYTES: usize = 256;
 /// Highest accepted `temperature` (the lowest is 0).
 pub const MAX_TEMPERATURE: f64 = 2.0;
+/// Most `stop` sequences a request may have (OpenAI's limit).
+pub const MAX_STOP_SEQUENCES: usize = 4;
+/// Largest `seed` magnitude: integers beyond ±2^53 cannot be hashed exactly (canonical JSON).
+pub const MAX_SEED: i64 = 1 << 53;
 
 // ---------------------------------------------------------------------------------------
 // TaskKind
@@ -455,9 +461,16 @@ mod tests {
         );
         rejects(
             TaskKind::ExtractData,
-            json!({ "input": null, "schema": {} }),
+            json!({ "input": 7, "schema": {} }),
             "request.input",
-            "invalid type: null",
+            "invalid type: integer `7`",
+        );
+        // `input` is optional now (a chat may stand in for it): null is absent.
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "input": null, "schema": {} }),
+            "request",
+            "missing field `input`",
         );
     }
 

@@ -3,6 +3,7 @@
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::{Map, Value};
 
+use super::ChatMessage;
 use super::messages::{clip, describe};
 use crate::error::InvalidInput;
 
@@ -88,4 +89,16 @@ pub(super) fn list<T: DeserializeOwned>(
         .enumerate()
         .map(|(i, e)| de(e, &format!("{path}[{i}]")))
         .collect()
+}
+
+/// A chat list at `path`: present, non-empty.
+pub(super) fn parse_messages(value: &Value, path: &str) -> Result<Vec<ChatMessage>, InvalidInput> {
+    let messages: Vec<ChatMessage> = list(value, path, usize::MAX, "messages")?;
+    if messages.is_empty() {
+        return Err(InvalidInput::field(
+            path,
+            "must contain at least one message",
+        ));
+    }
+    Ok(messages)
 }

@@ -475,6 +475,26 @@ mod tests {
     }
 
     #[test]
+    fn a_chat_extract_is_held_to_the_same_rules() {
+        // `messages` instead of `input`: the schema is checked all the same.
+        let chat = |schema: Value| {
+            TaskRequest::parse(
+                TaskKind::ExtractData,
+                &json!({"messages": [{"role": "user", "content": "x"}], "schema": schema}),
+            )
+            .expect("the schema itself is valid")
+        };
+        let err = check_output_fits(&chat(fan_out(4, 15)), DEFAULT_MAX_OUTPUT_BYTES).unwrap_err();
+        assert!(
+            err.to_string().contains("more than 10000 subschemas"),
+            "{err}"
+        );
+        let too_big = json!({"type": "string", "minLength": DEFAULT_MAX_OUTPUT_BYTES + 1});
+        assert!(check_output_fits(&chat(too_big), DEFAULT_MAX_OUTPUT_BYTES).is_err());
+        assert!(check_output_fits(&chat(fan_out(2, 10)), DEFAULT_MAX_OUTPUT_BYTES).is_ok());
+    }
+
+    #[test]
     fn a_fan_out_within_the_bound_is_accepted() {
         // 2^11 paths to the bottom, about 6,000 subschemas expanded.
         accepted(fan_out(2, 10));

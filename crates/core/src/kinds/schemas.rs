@@ -2,7 +2,10 @@
 
 use serde_json::{Value, json};
 
-use super::{MAX_ITEM_ID_BYTES, MAX_ITEMS, MAX_LABEL_BYTES, MAX_LABELS, MAX_TEMPERATURE, TaskKind};
+use super::{
+    MAX_ITEM_ID_BYTES, MAX_ITEMS, MAX_LABEL_BYTES, MAX_LABELS, MAX_SEED, MAX_STOP_SEQUENCES,
+    MAX_TEMPERATURE, TaskKind,
+};
 
 /// The dialect of every JSON Schema this module publishes.
 const SCHEMA_DIALECT: &str = "https://json-schema.org/draft/2020-12/schema";
@@ -43,6 +46,40 @@ fn labels_schema() -> Value {
     })
 }
 
+fn chat_message_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "role": { "enum": ["system", "user", "assistant"] },
+            "content": { "type": "string" }
+        },
+        "required": ["role", "content"],
+        "additionalProperties": false
+    })
+}
+
+fn temperature_schema() -> Value {
+    json!({ "type": ["number", "null"], "minimum": 0, "maximum": MAX_TEMPERATURE })
+}
+
+fn top_p_schema() -> Value {
+    json!({ "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1 })
+}
+
+fn stop_schema() -> Value {
+    json!({
+        "type": ["array", "null"],
+        "minItems": 1,
+        "maxItems": MAX_STOP_SEQUENCES,
+        "items": { "type": "string", "minLength": 1 },
+        "description": "Sequences where generation stops."
+    })
+}
+
+fn seed_schema() -> Value {
+    json!({ "type": ["integer", "null"], "minimum": -MAX_SEED, "maximum": MAX_SEED })
+}
+
 fn instructions_schema() -> Value {
     json!({ "type": ["string", "null"], "description": "Extra instructions for the model." })
 }
@@ -75,28 +112,17 @@ pub fn request_schema(kind: TaskKind) -> Value {
                     "minimum": 1,
                     "maximum": u32::MAX
                 },
-                "temperature": {
-                    "type": ["number", "null"],
-                    "minimum": 0,
-                    "maximum": MAX_TEMPERATURE
-                }
+                "temperature": temperature_schema(),
+                "top_p": top_p_schema(),
+                "stop": stop_schema(),
+                "seed": seed_schema()
             },
             "additionalProperties": false,
             "oneOf": [
                 { "required": ["messages"], "properties": { "messages": { "type": "array" } } },
                 { "required": ["prompt"], "properties": { "prompt": { "type": "string" } } }
             ],
-            "$defs": {
-                "chat_message": {
-                    "type": "object",
-                    "properties": {
-                        "role": { "enum": ["system", "user", "assistant"] },
-                        "content": { "type": "string" }
-                    },
-                    "required": ["role", "content"],
-                    "additionalProperties": false
-                }
-            }
+            "$defs": { "chat_message": chat_message_schema() }
         }),
         TaskKind::Classify => json!({
             "$schema": SCHEMA_DIALECT,
@@ -150,17 +176,40 @@ pub fn request_schema(kind: TaskKind) -> Value {
             "title": "extract_data request",
             "type": "object",
             "properties": {
-                "input": { "type": "string", "description": "The text to extract from." },
+                "input": {
+                    "type": ["string", "null"],
+                    "description": "The text to extract from; exclusive with `messages`."
+                },
                 "schema": {
                     "type": ["object", "boolean"],
                     "description": "A JSON Schema (draft 4, 6, 7, 2019-09 or 2020-12, default \
                                     2020-12) the output must satisfy. Only local references \
                                     (`$ref` starting with \"#\"); nothing is ever fetched."
                 },
-                "instructions": instructions_schema()
+                "instructions": instructions_schema(),
+                "messages": {
+                    "type": ["array", "null"],
+                    "minItems": 1,
+                    "items": { "$ref": "#/$defs/chat_message" },
+                    "description": "A chat whose answer is the JSON value; exclusive with `input`."
+                },
+                "max_output_tokens": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": u32::MAX
+                },
+                "temperature": temperature_schema(),
+                "top_p": top_p_schema(),
+                "stop": stop_schema(),
+                "seed": seed_schema()
             },
-            "required": ["input", "schema"],
-            "additionalProperties": false
+            "required": ["schema"],
+            "additionalProperties": false,
+            "oneOf": [
+                { "required": ["input"], "properties": { "input": { "type": "string" } } },
+                { "required": ["messages"], "properties": { "messages": { "type": "array" } } }
+            ],
+            "$defs": { "chat_message": chat_message_schema() }
         }),
     }
 }
