@@ -359,7 +359,7 @@ mod tests {
                 continue;
             }
             if (c as u32) >= 0x10000
-                && (c as u32) % 7 != 0
+                && !(c as u32).is_multiple_of(7)
                 && !FORBIDDEN_IN_ID.iter().any(|&(lo, hi)| c == lo || c == hi)
             {
                 continue;
