@@ -41,16 +41,33 @@ const MAX_LISTED: usize = 10;
 /// Longest excerpt of a caller- or model-supplied string quoted in a message, in chars.
 const MAX_QUOTE_CHARS: usize = 80;
 
-const GENERATE_TEXT_FIELDS: [&str; 5] = [
+const GENERATE_TEXT_FIELDS: [&str; 8] = [
     "messages",
     "prompt",
     "system",
     "max_output_tokens",
     "temperature",
+    "top_p",
+    "stop",
+    "seed",
 ];
 const CLASSIFY_FIELDS: [&str; 3] = ["input", "labels", "instructions"];
 const CLASSIFY_MANY_FIELDS: [&str; 3] = ["items", "labels", "instructions"];
-const EXTRACT_DATA_FIELDS: [&str; 3] = ["input", "schema", "instructions"];
+const EXTRACT_DATA_FIELDS: [&str; 9] = [
+    "input",
+    "messages",
+    "schema",
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+];
+/// Most `stop` sequences a request may have (OpenAI's limit).
+pub const MAX_STOP_SEQUENCES: usize = 4;
+/// Largest `seed` magnitude: integers beyond ±2^53 cannot be hashed exactly (canonical JSON).
+pub const MAX_SEED: i64 = 1 << 53;
 
 // ---------------------------------------------------------------------------------------
 // TaskKind
@@ -124,6 +141,15 @@ pub struct GenerateTextRequest {
     /// Sampling temperature, finite, in `[0, 2]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// Nucleus sampling: the probability mass considered, in `(0, 1]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Up to [`MAX_STOP_SEQUENCES`] non-empty sequences where generation stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+    /// A seed for providers that sample deterministically with one (within ±2^53).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
 }
 
 /// One message of a chat.
@@ -184,17 +210,39 @@ pub struct ClassifyItem {
     pub input: String,
 }
 
-/// An `extract_data` request: a JSON value valid against `schema`, drawn from `input`.
+/// An `extract_data` request: a JSON value valid against `schema`, drawn from `input`
+/// or answering a chat (`messages`, exactly one of the two). The sampling fields are
+/// those of [`GenerateTextRequest`]; each is absent from the stored request (and so from
+/// its hash) unless set.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExtractDataRequest {
-    /// The text to extract from.
-    pub input: String,
+    /// The text to extract from; exclusive with `messages`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// A chat whose answer is the JSON value (non-empty); exclusive with `input`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<ChatMessage>>,
     /// The JSON Schema (object or boolean) the output must satisfy; only local `$ref`s.
     pub schema: Value,
     /// Extra instructions for the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// Cap on generated tokens (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
+    /// Sampling temperature, finite, in `[0, 2]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling, in `(0, 1]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Up to [`MAX_STOP_SEQUENCES`] non-empty stop sequences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+    /// A sampling seed (within ±2^53).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
 }
 
 /// A classification label: a plain name (`"spam"`) or `{"name": "spam", "description": "…"}`.
@@ -491,6 +539,9 @@ fn parse_generate_text(value: &Value) -> Result<GenerateTextRequest, InvalidInpu
         system: optional(map, "system", ROOT)?,
         max_output_tokens: optional(map, "max_output_tokens", ROOT)?,
         temperature: optional(map, "temperature", ROOT)?,
+        top_p: optional(map, "top_p", ROOT)?,
+        stop: optional(map, "stop", ROOT)?,
+        seed: optional(map, "seed", ROOT)?,
     };
     match (&request.messages, &request.prompt) {
         (Some(_), Some(_)) => {
@@ -516,13 +567,34 @@ fn parse_generate_text(value: &Value) -> Result<GenerateTextRequest, InvalidInpu
     if request.prompt.as_ref().is_some_and(String::is_empty) {
         return Err(InvalidInput::field("request.prompt", "must not be empty"));
     }
-    if request.max_output_tokens == Some(0) {
+    check_sampling(Sampling {
+        max_output_tokens: request.max_output_tokens,
+        temperature: request.temperature,
+        top_p: request.top_p,
+        stop: request.stop.as_deref(),
+        seed: request.seed,
+    })?;
+    Ok(request)
+}
+
+/// The sampling fields `generate_text` and `extract_data` share, borrowed for checking.
+struct Sampling<'a> {
+    max_output_tokens: Option<u32>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    stop: Option<&'a [String]>,
+    seed: Option<i64>,
+}
+
+/// The ranges of the shared sampling fields (one statement of them for both kinds).
+fn check_sampling(s: Sampling<'_>) -> Result<(), InvalidInput> {
+    if s.max_output_tokens == Some(0) {
         return Err(InvalidInput::field(
             "request.max_output_tokens",
             "must be at least 1",
         ));
     }
-    if let Some(t) = request.temperature
+    if let Some(t) = s.temperature
         && !(t.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&t))
     {
         return Err(InvalidInput::field(
@@ -530,7 +602,52 @@ fn parse_generate_text(value: &Value) -> Result<GenerateTextRequest, InvalidInpu
             format!("must be a number from 0 to {MAX_TEMPERATURE}, got {t}"),
         ));
     }
-    Ok(request)
+    if let Some(p) = s.top_p
+        && !(p.is_finite() && p > 0.0 && p <= 1.0)
+    {
+        return Err(InvalidInput::field(
+            "request.top_p",
+            format!("must be a number above 0 and at most 1, got {p}"),
+        ));
+    }
+    if let Some(stop) = s.stop {
+        if stop.is_empty() || stop.len() > MAX_STOP_SEQUENCES {
+            return Err(InvalidInput::field(
+                "request.stop",
+                format!(
+                    "must hold 1 to {MAX_STOP_SEQUENCES} sequences, got {}",
+                    stop.len()
+                ),
+            ));
+        }
+        if let Some(i) = stop.iter().position(String::is_empty) {
+            return Err(InvalidInput::field(
+                format!("request.stop[{i}]"),
+                "must not be empty",
+            ));
+        }
+    }
+    if let Some(seed) = s.seed
+        && !(-MAX_SEED..=MAX_SEED).contains(&seed)
+    {
+        return Err(InvalidInput::field(
+            "request.seed",
+            format!("must be within ±2^53, got {seed}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A chat list at `path`: present, non-empty.
+fn parse_messages(value: &Value, path: &str) -> Result<Vec<ChatMessage>, InvalidInput> {
+    let messages: Vec<ChatMessage> = list(value, path, usize::MAX, "messages")?;
+    if messages.is_empty() {
+        return Err(InvalidInput::field(
+            path,
+            "must contain at least one message",
+        ));
+    }
+    Ok(messages)
 }
 
 fn parse_labels(map: &Map<String, Value>) -> Result<Vec<Label>, InvalidInput> {
@@ -630,15 +747,42 @@ fn parse_classify_many(value: &Value) -> Result<ClassifyManyRequest, InvalidInpu
 
 fn parse_extract_data(value: &Value) -> Result<ExtractDataRequest, InvalidInput> {
     let map = object(value, ROOT, &EXTRACT_DATA_FIELDS)?;
-    let (input, input_path) = required(map, "input", ROOT)?;
-    let input = de(input, &input_path)?;
+    let input: Option<String> = optional(map, "input", ROOT)?;
+    let messages = match map.get("messages") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(parse_messages(v, "request.messages")?),
+    };
+    match (&input, &messages) {
+        (Some(_), Some(_)) => {
+            return Err(InvalidInput::field(
+                ROOT,
+                "give exactly one of `input` or `messages`, not both",
+            ));
+        }
+        (None, None) => return Err(InvalidInput::field(ROOT, "missing field `input`")),
+        _ => {}
+    }
     let (schema, schema_path) = required(map, "schema", ROOT)?;
     check_schema(schema, &schema_path)?;
-    Ok(ExtractDataRequest {
+    let request = ExtractDataRequest {
         input,
+        messages,
         schema: schema.clone(),
         instructions: optional(map, "instructions", ROOT)?,
-    })
+        max_output_tokens: optional(map, "max_output_tokens", ROOT)?,
+        temperature: optional(map, "temperature", ROOT)?,
+        top_p: optional(map, "top_p", ROOT)?,
+        stop: optional(map, "stop", ROOT)?,
+        seed: optional(map, "seed", ROOT)?,
+    };
+    check_sampling(Sampling {
+        max_output_tokens: request.max_output_tokens,
+        temperature: request.temperature,
+        top_p: request.top_p,
+        stop: request.stop.as_deref(),
+        seed: request.seed,
+    })?;
+    Ok(request)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1092,6 +1236,40 @@ fn labels_schema() -> Value {
     })
 }
 
+fn chat_message_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "role": { "enum": ["system", "user", "assistant"] },
+            "content": { "type": "string" }
+        },
+        "required": ["role", "content"],
+        "additionalProperties": false
+    })
+}
+
+fn temperature_schema() -> Value {
+    json!({ "type": ["number", "null"], "minimum": 0, "maximum": MAX_TEMPERATURE })
+}
+
+fn top_p_schema() -> Value {
+    json!({ "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1 })
+}
+
+fn stop_schema() -> Value {
+    json!({
+        "type": ["array", "null"],
+        "minItems": 1,
+        "maxItems": MAX_STOP_SEQUENCES,
+        "items": { "type": "string", "minLength": 1 },
+        "description": "Sequences where generation stops."
+    })
+}
+
+fn seed_schema() -> Value {
+    json!({ "type": ["integer", "null"], "minimum": -MAX_SEED, "maximum": MAX_SEED })
+}
+
 fn instructions_schema() -> Value {
     json!({ "type": ["string", "null"], "description": "Extra instructions for the model." })
 }
@@ -1124,28 +1302,17 @@ pub fn request_schema(kind: TaskKind) -> Value {
                     "minimum": 1,
                     "maximum": u32::MAX
                 },
-                "temperature": {
-                    "type": ["number", "null"],
-                    "minimum": 0,
-                    "maximum": MAX_TEMPERATURE
-                }
+                "temperature": temperature_schema(),
+                "top_p": top_p_schema(),
+                "stop": stop_schema(),
+                "seed": seed_schema()
             },
             "additionalProperties": false,
             "oneOf": [
                 { "required": ["messages"], "properties": { "messages": { "type": "array" } } },
                 { "required": ["prompt"], "properties": { "prompt": { "type": "string" } } }
             ],
-            "$defs": {
-                "chat_message": {
-                    "type": "object",
-                    "properties": {
-                        "role": { "enum": ["system", "user", "assistant"] },
-                        "content": { "type": "string" }
-                    },
-                    "required": ["role", "content"],
-                    "additionalProperties": false
-                }
-            }
+            "$defs": { "chat_message": chat_message_schema() }
         }),
         TaskKind::Classify => json!({
             "$schema": SCHEMA_DIALECT,
@@ -1199,17 +1366,40 @@ pub fn request_schema(kind: TaskKind) -> Value {
             "title": "extract_data request",
             "type": "object",
             "properties": {
-                "input": { "type": "string", "description": "The text to extract from." },
+                "input": {
+                    "type": ["string", "null"],
+                    "description": "The text to extract from; exclusive with `messages`."
+                },
                 "schema": {
                     "type": ["object", "boolean"],
                     "description": "A JSON Schema (draft 4, 6, 7, 2019-09 or 2020-12, default \
                                     2020-12) the output must satisfy. Only local references \
                                     (`$ref` starting with \"#\"); nothing is ever fetched."
                 },
-                "instructions": instructions_schema()
+                "instructions": instructions_schema(),
+                "messages": {
+                    "type": ["array", "null"],
+                    "minItems": 1,
+                    "items": { "$ref": "#/$defs/chat_message" },
+                    "description": "A chat whose answer is the JSON value; exclusive with `input`."
+                },
+                "max_output_tokens": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": u32::MAX
+                },
+                "temperature": temperature_schema(),
+                "top_p": top_p_schema(),
+                "stop": stop_schema(),
+                "seed": seed_schema()
             },
-            "required": ["input", "schema"],
-            "additionalProperties": false
+            "required": ["schema"],
+            "additionalProperties": false,
+            "oneOf": [
+                { "required": ["input"], "properties": { "input": { "type": "string" } } },
+                { "required": ["messages"], "properties": { "messages": { "type": "array" } } }
+            ],
+            "$defs": { "chat_message": chat_message_schema() }
         }),
     }
 }
@@ -1576,9 +1766,94 @@ mod tests {
         );
         rejects(
             TaskKind::ExtractData,
-            json!({ "input": null, "schema": {} }),
+            json!({ "input": 7, "schema": {} }),
             "request.input",
-            "invalid type: null",
+            "invalid type: integer `7`",
+        );
+        // `input` is optional now (a chat may stand in for it): null is absent.
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "input": null, "schema": {} }),
+            "request",
+            "missing field `input`",
+        );
+    }
+
+    #[test]
+    fn sampling_fields_are_checked_for_both_kinds() {
+        for (kind, base) in [
+            (TaskKind::GenerateText, json!({ "prompt": "p" })),
+            (TaskKind::ExtractData, json!({ "input": "x", "schema": {} })),
+        ] {
+            let with = |key: &str, value: Value| {
+                let mut v = base.clone();
+                v[key] = value;
+                v
+            };
+            accepts(kind, with("top_p", json!(1)));
+            accepts(kind, with("stop", json!(["\n\n", "END"])));
+            accepts(kind, with("seed", json!(-42)));
+            rejects(kind, with("top_p", json!(0)), "request.top_p", "above 0");
+            rejects(
+                kind,
+                with("top_p", json!(1.5)),
+                "request.top_p",
+                "at most 1",
+            );
+            rejects(kind, with("stop", json!([])), "request.stop", "1 to 4");
+            rejects(
+                kind,
+                with("stop", json!(["a", "b", "c", "d", "e"])),
+                "request.stop",
+                "1 to 4",
+            );
+            rejects(
+                kind,
+                with("stop", json!(["a", ""])),
+                "request.stop[1]",
+                "empty",
+            );
+            rejects(
+                kind,
+                with("seed", json!(1_i64 << 54)),
+                "request.seed",
+                "2^53",
+            );
+            rejects(
+                kind,
+                with("temperature", json!(3)),
+                "request.temperature",
+                "from 0 to 2",
+            );
+        }
+        // Unset, they are absent from the stored request, so older hashes hold.
+        let r = accepts(TaskKind::ExtractData, json!({ "input": "x", "schema": {} }));
+        assert_eq!(r.to_value(), json!({ "input": "x", "schema": {} }));
+    }
+
+    #[test]
+    fn extract_data_takes_input_or_messages() {
+        let chat = json!([{ "role": "user", "content": "Ada, 36" }]);
+        let r = accepts(
+            TaskKind::ExtractData,
+            json!({ "messages": chat, "schema": { "type": "object" } }),
+        );
+        let TaskRequest::ExtractData(e) = &r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(e.messages.as_ref().map(Vec::len), Some(1));
+        assert_eq!(e.input, None);
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "messages": chat, "input": "x", "schema": {} }),
+            "request",
+            "not both",
+        );
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "messages": [], "schema": {} }),
+            "request.messages",
+            "at least one message",
         );
     }
 

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod config;
 pub mod dto;
 pub mod error;
+mod openai;
 mod openapi;
 pub mod request_id;
 mod routes;
@@ -61,5 +62,5 @@ impl std::fmt::Debug for AppState {
 
 /// The whole HTTP API.
 pub fn router(state: AppState) -> Router {
-    routes::router(state)
+    routes::router(state.clone()).merge(openai::router(state))
 }

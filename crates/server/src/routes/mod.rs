@@ -170,21 +170,24 @@ async fn envelope_errors(response: Response) -> Response {
     enveloped
 }
 
-/// Largest body a client may keep sending after it went over its limit: it is read and
-/// thrown away so the client gets a clean 413 instead of a reset connection.
+/// Most bytes a client may keep sending after it went over its limit: they are read and
+/// thrown away so the client gets a clean 413 instead of a reset connection. Counted past
+/// each route's own limit, so a body just over the largest limit (a batch's 64 MiB) is
+/// drained too, not cut off mid-write.
 const DRAIN_LIMIT: usize = 64 << 20;
 
 /// Bodies of the small endpoints (release, runs, pipeline definitions).
 const SMALL_BODY_LIMIT: usize = 1 << 20;
 
 /// Reads a body of at most `limit` bytes within `s.body_read_timeout`. A longer one is
-/// drained (up to [`DRAIN_LIMIT`]) and answered 413, so nothing of it is kept in memory
-/// and the client, still sending, gets a clean answer rather than a reset connection.
+/// drained (up to [`DRAIN_LIMIT`] bytes past `limit`) and answered 413, so nothing of it
+/// is kept in memory and the client, still sending, gets a clean answer rather than a
+/// reset connection.
 /// A client that sent `Expect: 100-continue` is waiting for leave to send: a
 /// `Content-Length` over the limit is answered 413 before a byte is read (never
 /// `100 Continue`), and so is one over the drain limit. A body still unfinished at the
 /// deadline is answered 408.
-async fn read_body(
+pub(crate) async fn read_body(
     s: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -195,7 +198,8 @@ async fn read_body(
         .get(header::EXPECT)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let declared = body.size_hint().lower();
-    if declared > DRAIN_LIMIT as u64 || (expects_continue && declared > limit as u64) {
+    let drain = limit.saturating_add(DRAIN_LIMIT);
+    if declared > drain as u64 || (expects_continue && declared > limit as u64) {
         return Err(ApiError::too_large(format!(
             "the HTTP body is larger than {limit} bytes"
         )));
@@ -209,7 +213,7 @@ async fn read_body(
                 chunk.map_err(|e| ApiError::malformed(format!("cannot read the body: {e}")))?;
             total = total.saturating_add(chunk.len());
             if total > limit {
-                if total > DRAIN_LIMIT {
+                if total > drain {
                     break;
                 }
                 continue;
@@ -291,7 +295,7 @@ impl FromRequestParts<AppState> for Caller {
 pub(crate) struct NoParams {}
 
 /// The engine as the caller sees it (its app, and its subject's share of it).
-fn view(s: &AppState, caller: &Caller) -> CallerView {
+pub(crate) fn view(s: &AppState, caller: &Caller) -> CallerView {
     s.tollgate
         .as_caller(caller.app.clone(), caller.visibility.clone())
 }
