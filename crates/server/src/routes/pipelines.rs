@@ -41,7 +41,7 @@ pub(crate) struct VersionQuery {
 
 #[utoipa::path(get, path = "/v1/pipelines/{name}", tag = "pipelines",
     params(("name" = String, Path, description = "the pipeline's name"),
-           ("version" = Option<String>, Query, description = "a version (default: the newest)")),
+           ("version" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "a version (default: the newest); an identifier")),
     responses((status = 200, body = PipelineView), (status = 404, body = crate::error::ErrorBody, description = "no such pipeline (or version) in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_pipeline(
