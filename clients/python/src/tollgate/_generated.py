@@ -29,14 +29,14 @@ class DefinitionOutline(TypedDict, closed=True):
     """
     What the pipeline is for.
     """
+    output: dict[str, str]
+    """
+    The run's output: name → JSON Pointer (`/steps/<key>/output…` or `/input…`).
+    """
     steps: list[dict[str, Any]]
     """
     The steps, each `{key, kind, request, model?, source?, budget?, depends_on?,
     retries?}`.
-    """
-    output: dict[str, str]
-    """
-    The run's output: name → JSON Pointer (`/steps/<key>/output…` or `/input…`).
     """
 
 
@@ -106,13 +106,13 @@ class KindView(TypedDict):
     """
     The kind.
     """
-    request_schema: dict[str, Any]
-    """
-    JSON Schema of its request object.
-    """
     output_schema: dict[str, Any]
     """
     JSON Schema of its output.
+    """
+    request_schema: dict[str, Any]
+    """
+    JSON Schema of its request object.
     """
 
 
@@ -132,18 +132,6 @@ class ModelView(TypedDict):
     One configured model.
     """
 
-    id: str
-    """
-    The id callers use.
-    """
-    provider: str
-    """
-    Provider name.
-    """
-    model: str
-    """
-    Provider's model name.
-    """
     config_hash: str
     """
     Hash of the resolved configuration (changes invalidate cached results).
@@ -151,6 +139,18 @@ class ModelView(TypedDict):
     default: bool
     """
     Whether it is the default model.
+    """
+    id: str
+    """
+    The id callers use.
+    """
+    model: str
+    """
+    Provider's model name.
+    """
+    provider: str
+    """
+    Provider name.
     """
 
 
@@ -170,15 +170,15 @@ class PipelineBody(TypedDict, closed=True):
     `POST /v1/pipelines` body.
     """
 
-    name: str
-    """
-    The pipeline's name (letters, digits, `_`, `-`, `.`; not starting with `.`; at
-    most 128 bytes): new versions are registered under the same name.
-    """
     definition: DefinitionOutline
     """
     The definition: `{"description"?, "steps": [...], "output": {...}}` (see
     docs/pipelines.md).
+    """
+    name: str
+    """
+    The pipeline's name (letters, digits, `_`, `-`, `.`; not starting with `.`; at
+    most 128 bytes): new versions are registered under the same name.
     """
 
 
@@ -187,13 +187,13 @@ class PipelineRunBody(TypedDict, closed=True):
     `POST /v1/pipelines/{name}/runs` body.
     """
 
-    scope: str
-    """
-    The scope the run's tasks are admitted and cached in.
-    """
     input: NotRequired[HashableObject]
     """
     The run's input: what the steps' `/input…` references read (default `{}`).
+    """
+    scope: str
+    """
+    The scope the run's tasks are admitted and cached in.
     """
     version: NotRequired[str | None]
     """
@@ -206,6 +206,19 @@ class PipelineView(TypedDict):
     A registered pipeline version.
     """
 
+    created: bool
+    """
+    Whether this call registered the version (false: the app had it already; reads
+    say false).
+    """
+    created_at: str
+    """
+    When this version was first registered.
+    """
+    definition: dict[str, Any]
+    """
+    The definition as stored (normalized).
+    """
     name: str
     """
     The pipeline's name.
@@ -214,19 +227,6 @@ class PipelineView(TypedDict):
     """
     The version: SHA-256 of the canonical definition (the same definition always has
     the same version).
-    """
-    created: bool
-    """
-    Whether this call registered the version (false: the app had it already; reads
-    say false).
-    """
-    definition: dict[str, Any]
-    """
-    The definition as stored (normalized).
-    """
-    created_at: str
-    """
-    When this version was first registered.
     """
 
 
@@ -261,13 +261,13 @@ class RunBody(TypedDict, closed=True):
     `POST /v1/runs` body.
     """
 
-    scope: str
-    """
-    The scope the run's tasks are admitted and cached in.
-    """
     input: NotRequired[HashableObject]
     """
     The run's input: a JSON object (default `{}`).
+    """
+    scope: str
+    """
+    The scope the run's tasks are admitted and cached in.
     """
 
 
@@ -288,13 +288,13 @@ class SourceBody(TypedDict, closed=True):
     """
     Source id.
     """
-    revision: str
-    """
-    Source revision.
-    """
     recompute: NotRequired[bool]
     """
     Skip the cache and count as a new step.
+    """
+    revision: str
+    """
+    Source revision.
     """
 
 
@@ -326,13 +326,13 @@ class SubjectView(TypedDict):
     The subject a task or run is done for, as shown.
     """
 
-    type: str
-    """
-    `user` or `service`.
-    """
     id: str
     """
     The subject's id.
+    """
+    type: str
+    """
+    `user` or `service`.
     """
 
 
@@ -341,6 +341,14 @@ class SubmitBody(TypedDict, closed=True):
     `POST /v1/tasks` body.
     """
 
+    budget: NotRequired[str | None]
+    """
+    Budget policy name; defaults to the app's default policy.
+    """
+    effect_key: NotRequired[str | None]
+    """
+    The effect key, when not sent as the `Idempotency-Key` header.
+    """
     kind: KindName
     """
     `generate_text`, `classify`, `classify_many` or `extract_data`.
@@ -349,30 +357,22 @@ class SubmitBody(TypedDict, closed=True):
     """
     Model id (one of `GET /v1/models`); defaults to the configured default model.
     """
-    step: NotRequired[str | None]
-    """
-    The caller's name for the step; defaults to the kind.
-    """
     request: HashableObject
     """
     The kind's request object (its schema per kind: `GET /v1/kinds`).
-    """
-    scope: NotRequired[str | None]
-    """
-    Application owner's scope. Exactly one of `scope` and `run_id`.
     """
     run_id: NotRequired[str | None]
     """
     Owning workflow run. Exactly one of `scope` and `run_id`.
     """
+    scope: NotRequired[str | None]
+    """
+    Application owner's scope. Exactly one of `scope` and `run_id`.
+    """
     source: NotRequired[SourceBody | None]
-    budget: NotRequired[str | None]
+    step: NotRequired[str | None]
     """
-    Budget policy name; defaults to the app's default policy.
-    """
-    effect_key: NotRequired[str | None]
-    """
-    The effect key, when not sent as the `Idempotency-Key` header.
+    The caller's name for the step; defaults to the kind.
     """
 
 
@@ -419,6 +419,10 @@ class UsageView(TypedDict):
     Usage, as shown.
     """
 
+    cost_usd: NotRequired[float]
+    """
+    Cost in US dollars, where known.
+    """
     input_tokens: int
     """
     Prompt tokens.
@@ -426,10 +430,6 @@ class UsageView(TypedDict):
     output_tokens: int
     """
     Completion tokens.
-    """
-    cost_usd: NotRequired[float]
-    """
-    Cost in US dollars, where known.
     """
 
 
@@ -703,6 +703,11 @@ class StepView(TypedDict):
     One step of a pipeline run.
     """
 
+    attempts: int
+    """
+    Attempts submitted so far.
+    """
+    error: TaskErrorView | None
     key: str
     """
     The step's key.
@@ -711,24 +716,19 @@ class StepView(TypedDict):
     """
     The step's task kind.
     """
+    output: Any
+    """
+    The step's output, once succeeded.
+    """
     status: StepStatusName
     """
     `pending` (waiting for dependencies, admission or a retry), `queued`, `running`,
     `succeeded`, `failed` or `canceled`.
     """
-    attempts: int
-    """
-    Attempts submitted so far.
-    """
     task_id: str | None
     """
     The latest attempt's task.
     """
-    output: Any
-    """
-    The step's output, once succeeded.
-    """
-    error: TaskErrorView | None
 
 
 class TaskView(TypedDict):
@@ -736,64 +736,64 @@ class TaskView(TypedDict):
     The task object (SPEC §11).
     """
 
-    id: str
+    cached: bool
     """
-    Task id.
+    Served from the cache.
     """
-    effect_key: str
+    completed_at: str | None
     """
-    The effect key.
-    """
-    kind: KindName
-    """
-    The kind.
-    """
-    step: str
-    """
-    The step name.
-    """
-    status: TaskStatusName
-    """
-    `queued`, `running`, `succeeded`, `failed` or `canceled`.
-    """
-    scope: str
-    """
-    The scope (the run's scope for run-owned tasks).
-    """
-    run_id: str | None
-    """
-    The owning run, if any.
-    """
-    source: SourceView | None
-    subject: NotRequired[SubjectView | None]
-    model: str
-    """
-    The model id asked for.
+    Completion time, once terminal.
     """
     created: bool
     """
     Whether this call created the task (false when the effect key named an existing
     one; reads say false).
     """
-    cached: bool
+    created_at: str
     """
-    Served from the cache.
+    Creation time (RFC 3339, UTC).
+    """
+    effect_key: str
+    """
+    The effect key.
+    """
+    error: TaskErrorView | None
+    id: str
+    """
+    Task id.
+    """
+    kind: KindName
+    """
+    The kind.
+    """
+    model: str
+    """
+    The model id asked for.
     """
     output: Any
     """
     The kind's output, once succeeded (its shape is the kind's output schema, see
     `GET /v1/kinds`).
     """
+    run_id: str | None
+    """
+    The owning run, if any.
+    """
+    scope: str
+    """
+    The scope (the run's scope for run-owned tasks).
+    """
+    source: SourceView | None
+    status: TaskStatusName
+    """
+    `queued`, `running`, `succeeded`, `failed` or `canceled`.
+    """
+    step: str
+    """
+    The step name.
+    """
+    subject: NotRequired[SubjectView | None]
     usage: UsageView | None
-    error: TaskErrorView | None
-    created_at: str
-    """
-    Creation time (RFC 3339, UTC).
-    """
-    completed_at: str | None
-    """
-    Completion time, once terminal.
-    """
 
 
 class UnreleasedPageView(TypedDict):
@@ -801,13 +801,13 @@ class UnreleasedPageView(TypedDict):
     `GET /v1/scopes/{scope}/unreleased-sources` answer.
     """
 
-    sources: list[UnreleasedSourceView]
-    """
-    Up to 100 sources, in order.
-    """
     next: NotRequired[str]
     """
     Pass as `after` for the next page; absent on the last page.
+    """
+    sources: list[UnreleasedSourceView]
+    """
+    Up to 100 sources, in order.
     """
 
 
@@ -816,6 +816,10 @@ class BatchItem(TypedDict):
     One item of a batch answer: the task, or the error it got.
     """
 
+    error: NotRequired[ErrorDetail]
+    """
+    The error, when refused.
+    """
     status: int
     """
     HTTP status this item would have had on its own.
@@ -823,10 +827,6 @@ class BatchItem(TypedDict):
     task: NotRequired[TaskView]
     """
     The task, when submitted.
-    """
-    error: NotRequired[ErrorDetail]
-    """
-    The error, when refused.
     """
 
 
@@ -839,13 +839,13 @@ class PipelineProgressView(TypedDict):
     """
     The pipeline's name.
     """
-    version: str
-    """
-    The version the run runs.
-    """
     steps: list[StepView]
     """
     Every step, each after its dependencies.
+    """
+    version: str
+    """
+    The version the run runs.
     """
 
 
@@ -854,9 +854,31 @@ class RunView(TypedDict):
     A workflow run (SPEC §7).
     """
 
+    cancel_requested: bool
+    """
+    Whether cancellation was requested.
+    """
+    created_at: str
+    """
+    Creation time.
+    """
+    error: TaskErrorView | None
     id: str
     """
     Run id.
+    """
+    input: HashableObject
+    """
+    The run's input (a JSON object).
+    """
+    output: Any
+    """
+    The output, once succeeded.
+    """
+    pipeline: NotRequired[PipelineProgressView]
+    """
+    For a run of a pipeline: its version and where each step stands (absent for
+    other runs).
     """
     scope: str
     """
@@ -867,35 +889,13 @@ class RunView(TypedDict):
     `running`, `waiting`, `succeeded`, `failed` or `canceled`.
     """
     subject: NotRequired[SubjectView | None]
-    cancel_requested: bool
-    """
-    Whether cancellation was requested.
-    """
-    input: HashableObject
-    """
-    The run's input (a JSON object).
-    """
-    output: Any
-    """
-    The output, once succeeded.
-    """
-    error: TaskErrorView | None
-    waiting_on: str | None
-    """
-    The task a waiting step waits on.
-    """
-    created_at: str
-    """
-    Creation time.
-    """
     updated_at: str
     """
     Last change.
     """
-    pipeline: NotRequired[PipelineProgressView]
+    waiting_on: str | None
     """
-    For a run of a pipeline: its version and where each step stands (absent for
-    other runs).
+    The task a waiting step waits on.
     """
 
 

@@ -958,7 +958,7 @@ export interface operations {
     get_pipeline: {
         parameters: {
             query?: {
-                /** @description a version (default: the newest) */
+                /** @description a version (default: the newest); an identifier */
                 version?: string;
             };
             header?: never;
@@ -1007,6 +1007,15 @@ export interface operations {
             };
             /** @description no such pipeline (or version) in the caller's app */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
