@@ -103,7 +103,8 @@ async fn fake_completion(
         "created": 1,
         "model": "fake-model",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+                  "prompt_tokens_details": {"cached_tokens": 4}}
     }))
 }
 
@@ -495,9 +496,11 @@ async fn a_call_answers_a_chat_completion_backed_by_a_task(backend: &str) {
         answer["choices"][0]["message"]["content"],
         "fake answer to: Hello, door"
     );
+    // The provider's prompt-cache count is recorded and shown (cached tokens where known).
     assert_eq!(
         answer["usage"],
-        json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})
+        json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+               "prompt_tokens_details": {"cached_tokens": 4}})
     );
     // The task behind it, seen through Tollgate's own API.
     let task: Value = server

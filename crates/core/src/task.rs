@@ -326,6 +326,10 @@ pub struct Usage {
     /// Cost in US dollars, where the provider or configuration knows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
+    /// Of `input_tokens`, those the provider served from its prompt cache, where it says
+    /// (OpenAI-compatible `usage.prompt_tokens_details.cached_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_tokens: Option<u64>,
 }
 
 /// A failed or canceled task's error.

@@ -637,6 +637,10 @@ fn add_usage(total: &mut Usage, used: Usage, provider: &str) {
         (Some(a), Some(b)) => Some(a + b),
         (a, b) => a.or(b),
     };
+    total.cached_input_tokens = match (total.cached_input_tokens, used.cached_input_tokens) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
+    };
     metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "input")
         .increment(used.input_tokens);
     metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "output")

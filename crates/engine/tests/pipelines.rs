@@ -171,6 +171,7 @@ impl Provider for Scripted {
                 input_tokens: 10,
                 output_tokens: 5,
                 cost_usd: None,
+                cached_input_tokens: None,
             },
         })
     }

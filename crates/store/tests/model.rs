@@ -568,6 +568,7 @@ fn completion_usage() -> Usage {
         input_tokens: 7,
         output_tokens: 2,
         cost_usd: Some(0.25),
+        cached_input_tokens: None,
     }
 }
 

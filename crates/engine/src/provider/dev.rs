@@ -155,6 +155,7 @@ impl DevProvider {
             input_tokens: tokens(request_value.to_string().len()),
             output_tokens: tokens(size),
             cost_usd: Some(0.0),
+            cached_input_tokens: None,
         };
         Ok(ProviderAnswer { output, usage })
     }

@@ -498,6 +498,9 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
         input_tokens: tokens("prompt_tokens"),
         output_tokens: tokens("completion_tokens"),
         cost_usd: None,
+        cached_input_tokens: answer
+            .pointer("/usage/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64),
     };
     let invalid = |message: String| ProviderError::InvalidOutput { message, usage };
     let message = answer.pointer("/choices/0/message").ok_or_else(|| {

@@ -33,22 +33,23 @@ impl Completion {
                 .to_string(),
             other => other.to_string(),
         };
-        let (prompt, completion) = task
-            .usage
-            .as_ref()
-            .map_or((0, 0), |u| (u.input_tokens, u.output_tokens));
+        let (prompt, completion, cached) = task.usage.as_ref().map_or((0, 0, None), |u| {
+            (u.input_tokens, u.output_tokens, u.cached_input_tokens)
+        });
         let finish_reason = match max_tokens {
             Some(cap) if !task.cached() && completion >= cap => "length",
             _ => "stop",
         };
         // A cache hit's recorded usage is zero: no provider call, nothing spent. The
-        // provider's own prompt-cache counts are not recorded, so no
-        // `prompt_tokens_details` is claimed.
-        let usage = json!({
+        // provider's prompt-cache count is shown where it reported one.
+        let mut usage = json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         });
+        if let Some(cached) = cached {
+            usage["prompt_tokens_details"] = json!({ "cached_tokens": cached });
+        }
         Completion {
             id: format!("chatcmpl-{}", task.id),
             created: task.created_at.millis().div_euclid(1000),

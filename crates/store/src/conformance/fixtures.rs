@@ -91,6 +91,7 @@ pub fn usage() -> Usage {
         input_tokens: 12,
         output_tokens: 3,
         cost_usd: Some(0.0005),
+        cached_input_tokens: None,
     }
 }
 
