@@ -45,6 +45,7 @@ mod cpu;
 mod driver;
 mod error;
 mod facade;
+mod list;
 pub mod metrics;
 pub mod notify;
 mod pipelines;
@@ -59,6 +60,7 @@ pub use error::EngineError;
 pub use facade::{
     MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, Tollgate, TollgateBuilder,
 };
+pub use list::{STATS_WINDOW, ScopeCost, ScopeState, TaskStats};
 pub use notify::{Event, Notifier};
 pub use pipelines::{
     PipelineRunInfo, PipelineStart, StartedRun, StepInfo, StepStatus, step_effect_key,

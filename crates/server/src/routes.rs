@@ -29,7 +29,10 @@ use tollgate_store::{ScopedSource, UnreleasedQuery};
 
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
-        .route("/v1/tasks", post(submit).get(get_by_effect_key))
+        .route(
+            "/v1/tasks",
+            post(submit).get(crate::list_routes::list_tasks),
+        )
         .route("/v1/tasks/batch", post(submit_batch))
         .route("/v1/tasks/release", post(release))
         .route("/v1/tasks/{id}", get(get_task))
@@ -51,6 +54,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(crate::list_routes::routes())
+        .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -556,33 +561,6 @@ pub(crate) async fn submit_batch(
     Ok(Json(BatchAnswer { results }))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct EffectKeyQuery {
-    effect_key: Option<String>,
-}
-
-#[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
-    params(("effect_key" = String, Query, description = "the task's effect key")),
-    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody, description = "no task with that effect key in the caller's app")),
-    security(("api_key" = [])))]
-pub(crate) async fn get_by_effect_key(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    q: Result<Query<EffectKeyQuery>, QueryRejection>,
-) -> Result<Json<TaskView>, ApiError> {
-    let caller = s.auth.authenticate(&headers)?;
-    let key = query(q)?
-        .effect_key
-        .ok_or_else(|| ApiError::malformed("give ?effect_key=… (or GET /v1/tasks/{id})"))?;
-    let key = EffectKey::new(key).map_err(|_| ApiError::not_found("task"))?;
-    let task = view(&s, &caller)
-        .get_by_effect_key(&key)
-        .await?
-        .ok_or_else(|| ApiError::not_found("task"))?;
-    Ok(Json(TaskView::of(&task, false)))
-}
-
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
     params(("id" = String, Path, description = "the task id"),
         ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "long-poll: answer once the task is terminal or this long passed: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`), like submit's wait")),
@@ -602,7 +580,7 @@ pub(crate) async fn get_task(
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
     let task = waited_task(&view, task, wait).await?;
-    Ok(Json(TaskView::of(&task, false)))
+    Ok(Json(TaskView::detail(&task)))
 }
 
 #[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks",

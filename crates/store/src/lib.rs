@@ -12,6 +12,7 @@
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+pub mod list;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod rows;
@@ -20,6 +21,7 @@ pub mod sqlite;
 mod types;
 
 pub use error::StoreError;
+pub use list::ListStore;
 pub use types::*;
 
 use async_trait::async_trait;
@@ -37,7 +39,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// app's row behaves exactly as a missing one. Worker-side methods (claim, heartbeat,
 /// complete, fail) address tasks by id, since workers serve every app.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: ListStore + Send + Sync + 'static {
     /// Which backend this is (`"sqlite"`, `"postgres"`).
     fn backend(&self) -> &'static str;
 

@@ -34,6 +34,7 @@
 
 mod admission;
 mod lifecycle;
+mod list;
 pub mod notify;
 mod pipelines;
 mod runs;

@@ -10,6 +10,7 @@
 
 mod admission;
 mod lifecycle;
+mod list;
 mod pipelines;
 mod runs;
 mod sweep;
