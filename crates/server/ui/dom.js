@@ -70,13 +70,15 @@ export function ago(text) {
   return `${Math.floor(s / 86400)}d ago`;
 }
 
-/** A gauge: label, "used / limit" and a bar; `value` null shows "not configured". */
-export function gauge(label, value, limit, note) {
+/** A gauge: label, "used / limit" and a bar; `value` null shows "not configured". With
+ * `reserve`, the value is what is left (a token bucket): low is the warning sign. */
+export function gauge(label, value, limit, note, reserve = false) {
   const configured = value !== null && value !== undefined;
   const ratio = configured && limit > 0 ? Math.min(value / limit, 1) : 0;
   const fill = h("span", { class: "fill" });
   fill.style.width = `${(ratio * 100).toFixed(1)}%`;
-  const level = ratio >= 0.9 ? "high" : ratio >= 0.6 ? "mid" : "low";
+  const pressure = reserve ? 1 - ratio : ratio;
+  const level = pressure >= 0.9 ? "high" : pressure >= 0.6 ? "mid" : "low";
   return h(
     "div",
     { class: `gauge ${configured ? level : "off"}`, dataset: { gauge: label } },

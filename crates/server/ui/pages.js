@@ -313,7 +313,7 @@ export async function run(page, [id]) {
 function scopeGauges(s) {
   const p = s.policy;
   return h("div", { class: "gauges" },
-    gauge("Bucket", Math.floor(s.bucket_tokens), p.burst, `refills ${fmt(p.tasks_per_minute)}/min`),
+    gauge("Bucket", Math.floor(s.bucket_tokens), p.burst, `tokens left · refills ${fmt(p.tasks_per_minute)}/min`, true),
     gauge("Concurrency", s.active, p.scope_concurrent, "admitted tasks queued or running"),
     gauge("Sources", s.sources_in_window, p.sources_per_24_hours, "distinct sources, last 24 h"),
     gauge("Steps", s.busiest_source_steps, p.max_steps_per_source, `busiest source · ${fmt(s.steps_in_window)} steps in all`),
