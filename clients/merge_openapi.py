@@ -65,6 +65,11 @@ def main() -> None:
                 value.get("description", "") + f" The `{kind}` {part.lower()} (GET /v1/kinds)."
             ).strip()
             schemas[pascal(kind) + part] = value
+    # `HashableJson` is any JSON value (numbers within ±(2^53 − 1)): a recursive anyOf that
+    # TypeScript cannot name through an indexed access type (TS2502). For the clients'
+    # types it is what it means, an unconstrained JSON value; the server still checks it.
+    if "HashableJson" in schemas:
+        schemas["HashableJson"] = {"description": schemas["HashableJson"].get("description", "")}
     schemas["Kind"] = {
         "type": "string",
         "enum": names,

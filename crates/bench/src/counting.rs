@@ -1,22 +1,21 @@
 //! A [`Store`] that counts what the engine asks of the real one: heartbeat writes (and how
 //! long each took), claims and applied completions (with the instant of the last one).
-//! Everything else passes straight through.
+//! It writes [`WorkerStore`] itself (the calls it counts); every other concern is
+//! forwarded by `tollgate_store::wrap`, each call timed and, if it may write, counted.
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tollgate_core::{
-    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Run, RunId, ScopeId, SourceId,
-    Task, TaskId, Timestamp, Usage, WorkerId,
+use tollgate_core::{ErrorCode, Task, TaskId, Usage, WorkerId};
+use tollgate_store::wrap::{
+    Call, ForwardMaintenanceStore, ForwardPipelineStore, ForwardRunStore, ForwardTaskStore,
+    StoreWrapper,
 };
-use tollgate_store::{
-    Completion, Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreResult,
-    StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage, UnreleasedQuery,
-    WaitOutcome,
-};
+use tollgate_store::{Completion, HeartbeatReport, Store, StoreResult, Transition, WorkerStore};
 
 /// The counters of a [`CountingStore`].
 #[derive(Debug, Default)]
@@ -141,43 +140,29 @@ impl std::fmt::Debug for CountingStore {
     }
 }
 
+impl StoreWrapper for CountingStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    /// Every forwarded call is timed; one that may write counts as a write.
+    fn around<'a, T: Send + 'a>(&'a self, call: Call, run: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
+        Box::pin(async move {
+            if call.writes {
+                self.wrote();
+            }
+            self.timed(call.method, run).await
+        })
+    }
+}
+
+impl ForwardTaskStore for CountingStore {}
+impl ForwardRunStore for CountingStore {}
+impl ForwardPipelineStore for CountingStore {}
+impl ForwardMaintenanceStore for CountingStore {}
+
 #[async_trait]
-impl Store for CountingStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        self.timed("ping", self.inner.ping()).await
-    }
-
-    async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
-        self.wrote();
-        self.timed("create_task", self.inner.create_task(new)).await
-    }
-
-    async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
-        self.wrote();
-        self.timed("create_tasks", self.inner.create_tasks(news))
-            .await
-    }
-
-    async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {
-        self.timed("get_task", self.inner.get_task(app, id)).await
-    }
-
-    async fn get_task_by_effect_key(
-        &self,
-        app: &AppId,
-        key: &EffectKey,
-    ) -> StoreResult<Option<Task>> {
-        self.timed(
-            "get_task_by_effect_key",
-            self.inner.get_task_by_effect_key(app, key),
-        )
-        .await
-    }
-
+impl WorkerStore for CountingStore {
     async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>> {
         self.wrote();
         let claimed = self
@@ -259,200 +244,18 @@ impl Store for CountingStore {
         code: ErrorCode,
         message: &str,
     ) -> StoreResult<Transition> {
-        self.wrote();
-        self.timed("fail_task", self.inner.fail_task(id, code, message))
-            .await
-    }
-
-    async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>> {
-        self.wrote();
-        self.timed("request_cancel", self.inner.request_cancel(app, id))
-            .await
-    }
-
-    async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool> {
-        self.timed(
-            "is_cancellation_requested",
-            self.inner.is_cancellation_requested(id),
-        )
-        .await
+        let call = self.inner.fail_task(id, code, message);
+        self.around(Call::write("fail_task"), call).await
     }
 
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {
-        self.wrote();
-        self.timed("mark_canceled", self.inner.mark_canceled(id))
-            .await
+        let call = self.inner.mark_canceled(id);
+        self.around(Call::write("mark_canceled"), call).await
     }
 
-    async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool> {
-        self.wrote();
-        self.timed("release", self.inner.release(app, scope, key))
-            .await
-    }
-
-    async fn list_unreleased_sources(
-        &self,
-        app: &AppId,
-        query: &UnreleasedQuery,
-    ) -> StoreResult<UnreleasedPage> {
-        self.timed(
-            "list_unreleased_sources",
-            self.inner.list_unreleased_sources(app, query),
-        )
-        .await
-    }
-
-    async fn delete_owner_data(
-        &self,
-        app: &AppId,
-        scope: &ScopeId,
-        source: Option<&SourceId>,
-    ) -> StoreResult<u64> {
-        self.wrote();
-        self.timed(
-            "delete_owner_data",
-            self.inner.delete_owner_data(app, scope, source),
-        )
-        .await
-    }
-
-    async fn list_recoverable(
-        &self,
-        after: Option<TaskId>,
-        limit: u32,
-    ) -> StoreResult<Vec<TaskId>> {
-        self.timed(
-            "list_recoverable",
-            self.inner.list_recoverable(after, limit),
-        )
-        .await
-    }
-
-    async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport> {
-        self.wrote();
-        self.timed("sweep", self.inner.sweep(config)).await
-    }
-
-    async fn create_run(&self, new: NewRun) -> StoreResult<Run> {
-        self.wrote();
-        self.timed("create_run", self.inner.create_run(new)).await
-    }
-
-    async fn get_run(&self, app: &AppId, id: RunId) -> StoreResult<Option<Run>> {
-        self.timed("get_run", self.inner.get_run(app, id)).await
-    }
-
-    async fn request_run_cancel(&self, app: &AppId, id: RunId) -> StoreResult<Option<RunCancel>> {
-        self.wrote();
-        self.timed("request_run_cancel", self.inner.request_run_cancel(app, id))
-            .await
-    }
-
-    async fn wait_on_task(
-        &self,
-        app: &AppId,
-        run: RunId,
-        task: TaskId,
-    ) -> StoreResult<WaitOutcome> {
-        self.wrote();
-        self.timed("wait_on_task", self.inner.wait_on_task(app, run, task))
-            .await
-    }
-
-    async fn finish_run(
-        &self,
-        app: &AppId,
-        run: RunId,
-        result: RunResult,
-    ) -> StoreResult<Option<Run>> {
-        self.wrote();
-        self.timed("finish_run", self.inner.finish_run(app, run, result))
-            .await
-    }
-
-    async fn put_pipeline(
-        &self,
-        app: &AppId,
-        name: &PipelineName,
-        version: &str,
-        definition: &serde_json::Value,
-    ) -> StoreResult<(StoredPipeline, bool)> {
-        self.wrote();
-        self.timed(
-            "put_pipeline",
-            self.inner.put_pipeline(app, name, version, definition),
-        )
-        .await
-    }
-
-    async fn get_pipeline(
-        &self,
-        app: &AppId,
-        name: &PipelineName,
-        version: Option<&str>,
-    ) -> StoreResult<Option<StoredPipeline>> {
-        self.timed("get_pipeline", self.inner.get_pipeline(app, name, version))
-            .await
-    }
-
-    async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run> {
-        self.wrote();
-        self.timed(
-            "create_pipeline_run",
-            self.inner.create_pipeline_run(new, pipeline),
-        )
-        .await
-    }
-
-    async fn start_pipeline_run_once(
-        &self,
-        new: NewRun,
-        pipeline: &PipelineRef,
-        start_key: &EffectKey,
-    ) -> StoreResult<(Run, bool)> {
-        self.wrote();
-        self.timed(
-            "start_pipeline_run_once",
-            self.inner.start_pipeline_run_once(new, pipeline, start_key),
-        )
-        .await
-    }
-
-    async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
-        self.timed("run_pipeline", self.inner.run_pipeline(app, run))
-            .await
-    }
-
-    async fn claim_pipeline_runs(
-        &self,
-        driver: &WorkerId,
-        lease: Duration,
-        limit: u32,
-    ) -> StoreResult<Vec<Run>> {
-        self.wrote();
-        self.timed(
-            "claim_pipeline_runs",
-            self.inner.claim_pipeline_runs(driver, lease, limit),
-        )
-        .await
-    }
-
-    async fn release_pipeline_run(
-        &self,
-        run: RunId,
-        driver: &WorkerId,
-        wake_at: Option<Timestamp>,
-    ) -> StoreResult<bool> {
-        self.wrote();
-        self.timed(
-            "release_pipeline_run",
-            self.inner.release_pipeline_run(run, driver, wake_at),
-        )
-        .await
-    }
-
-    async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>> {
-        self.timed("run_tasks", self.inner.run_tasks(app, run))
+    async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool> {
+        let call = self.inner.is_cancellation_requested(id);
+        self.around(Call::read("is_cancellation_requested"), call)
             .await
     }
 }
@@ -462,7 +265,7 @@ impl Store for CountingStore {
 impl tollgate_store::ListStore for CountingStore {
     async fn list_tasks(
         &self,
-        app: &AppId,
+        app: &tollgate_core::AppId,
         query: &tollgate_store::list::TaskListQuery,
     ) -> StoreResult<tollgate_store::list::ListPage<Task>> {
         self.inner.list_tasks(app, query).await
@@ -470,7 +273,7 @@ impl tollgate_store::ListStore for CountingStore {
 
     async fn list_runs(
         &self,
-        app: &AppId,
+        app: &tollgate_core::AppId,
         query: &tollgate_store::list::RunListQuery,
     ) -> StoreResult<tollgate_store::list::ListPage<tollgate_store::list::ListedRun>> {
         self.inner.list_runs(app, query).await
@@ -478,7 +281,7 @@ impl tollgate_store::ListStore for CountingStore {
 
     async fn list_pipelines(
         &self,
-        app: &AppId,
+        app: &tollgate_core::AppId,
         after: Option<&tollgate_store::list::ListCursor>,
         limit: u32,
     ) -> StoreResult<tollgate_store::list::ListPage<tollgate_store::list::PipelineSummary>> {
@@ -487,7 +290,7 @@ impl tollgate_store::ListStore for CountingStore {
 
     async fn list_scopes(
         &self,
-        app: &AppId,
+        app: &tollgate_core::AppId,
         after: Option<&tollgate_store::list::ListCursor>,
         limit: u32,
     ) -> StoreResult<tollgate_store::list::ListPage<tollgate_store::list::ScopeSnapshot>> {
@@ -496,15 +299,15 @@ impl tollgate_store::ListStore for CountingStore {
 
     async fn scope_snapshot(
         &self,
-        app: &AppId,
-        scope: &ScopeId,
+        app: &tollgate_core::AppId,
+        scope: &tollgate_core::ScopeId,
     ) -> StoreResult<tollgate_store::list::ScopeSnapshot> {
         self.inner.scope_snapshot(app, scope).await
     }
 
     async fn task_stats(
         &self,
-        app: &AppId,
+        app: &tollgate_core::AppId,
         since: Option<tollgate_core::Timestamp>,
     ) -> StoreResult<tollgate_store::list::TaskStatsRaw> {
         self.inner.task_stats(app, since).await

@@ -609,12 +609,12 @@ async fn one_identifier_rule_for_headers_and_bodies(backend: &str) {
         let (st, e) = post(&s, "/v1/runs", &json!({"scope": v})).await;
         assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "run scope {v:?}: {e}");
     }
-    // The length cap is in bytes: 256 fit, 257 do not.
-    let (st, e) = post(&s, "/v1/tasks", &classify(&"k".repeat(256), "s")).await;
+    // The length cap is in characters (as JSON Schema's maxLength): 256 fit, 257 do not.
+    let (st, e) = post(&s, "/v1/tasks", &classify(&"é".repeat(256), "s")).await;
     assert_eq!(st, StatusCode::CREATED, "{e}");
-    let (st, e) = post(&s, "/v1/tasks", &classify(&"é".repeat(129), "s")).await;
+    let (st, e) = post(&s, "/v1/tasks", &classify(&"é".repeat(257), "s")).await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
-    assert!(message(&e).contains("256 bytes"), "{e}");
+    assert!(message(&e).contains("256 characters"), "{e}");
     // A header that is not UTF-8 is refused.
     let (st, _, e) = call(
         &s,

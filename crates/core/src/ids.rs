@@ -5,54 +5,106 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::fmt;
 use uuid::Uuid;
 
-/// Longest text identifier accepted, in bytes (UTF-8).
-pub const MAX_ID_BYTES: usize = 256;
+/// Longest text identifier accepted, in characters (Unicode scalar values, as JSON
+/// Schema's `maxLength` counts them).
+pub const MAX_ID_CHARS: usize = 256;
 
-/// Whether `c` may not appear anywhere in an identifier: control characters (Cc, which
-/// includes NUL), format characters (Cf: bidi controls U+202A–202E and U+2066–2069,
-/// zero-width U+200B–200F, U+2060–2064, U+FEFF and the rest of the category) and the
-/// line and paragraph separators U+2028/U+2029.
+/// Characters that may not appear anywhere in an identifier, as inclusive ranges: control
+/// characters (Cc, which includes NUL), format characters (Cf: bidi controls U+202A–202E
+/// and U+2066–2069, zero-width U+200B–200F, U+2060–2064, U+FEFF and the rest of the
+/// category) and the line and paragraph separators U+2028/U+2029. One table, read by
+/// [`check_identifier`] and by [`identifier_pattern`].
+const FORBIDDEN_IN_ID: &[(char, char)] = &[
+    ('\u{0000}', '\u{001F}'),
+    ('\u{007F}', '\u{009F}'),
+    ('\u{00AD}', '\u{00AD}'),
+    ('\u{0600}', '\u{0605}'),
+    ('\u{061C}', '\u{061C}'),
+    ('\u{06DD}', '\u{06DD}'),
+    ('\u{070F}', '\u{070F}'),
+    ('\u{0890}', '\u{0891}'),
+    ('\u{08E2}', '\u{08E2}'),
+    ('\u{180E}', '\u{180E}'),
+    ('\u{200B}', '\u{200F}'),
+    ('\u{2028}', '\u{202E}'),
+    ('\u{2060}', '\u{2064}'),
+    ('\u{2066}', '\u{206F}'),
+    ('\u{FEFF}', '\u{FEFF}'),
+    ('\u{FFF9}', '\u{FFFB}'),
+    ('\u{110BD}', '\u{110BD}'),
+    ('\u{110CD}', '\u{110CD}'),
+    ('\u{13430}', '\u{1343F}'),
+    ('\u{1BCA0}', '\u{1BCA3}'),
+    ('\u{1D173}', '\u{1D17A}'),
+    ('\u{E0001}', '\u{E0001}'),
+    ('\u{E0020}', '\u{E007F}'),
+];
+
+/// White space (Unicode `White_Space`, what [`str::trim`] removes) that may not start or
+/// end an identifier, as inclusive ranges.
+const WHITE_SPACE: &[(char, char)] = &[
+    ('\u{0009}', '\u{000D}'),
+    ('\u{0020}', '\u{0020}'),
+    ('\u{0085}', '\u{0085}'),
+    ('\u{00A0}', '\u{00A0}'),
+    ('\u{1680}', '\u{1680}'),
+    ('\u{2000}', '\u{200A}'),
+    ('\u{2028}', '\u{2029}'),
+    ('\u{202F}', '\u{202F}'),
+    ('\u{205F}', '\u{205F}'),
+    ('\u{3000}', '\u{3000}'),
+];
+
 fn forbidden_in_id(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{00AD}'
-                | '\u{0600}'..='\u{0605}'
-                | '\u{061C}'
-                | '\u{06DD}'
-                | '\u{070F}'
-                | '\u{0890}'..='\u{0891}'
-                | '\u{08E2}'
-                | '\u{180E}'
-                | '\u{200B}'..='\u{200F}'
-                | '\u{2028}'..='\u{202E}'
-                | '\u{2060}'..='\u{2064}'
-                | '\u{2066}'..='\u{206F}'
-                | '\u{FEFF}'
-                | '\u{FFF9}'..='\u{FFFB}'
-                | '\u{110BD}'
-                | '\u{110CD}'
-                | '\u{13430}'..='\u{1343F}'
-                | '\u{1BCA0}'..='\u{1BCA3}'
-                | '\u{1D173}'..='\u{1D17A}'
-                | '\u{E0001}'
-                | '\u{E0020}'..='\u{E007F}'
-        )
+    FORBIDDEN_IN_ID
+        .iter()
+        .any(|&(lo, hi)| (lo..=hi).contains(&c))
+}
+
+/// The identifier rule as a regular expression (the OpenAPI document's `pattern` for
+/// every identifier), built from the same tables as [`check_identifier`]: no forbidden
+/// character anywhere, no white space first or last. The length bound is separate
+/// (`maxLength` [`MAX_ID_CHARS`]). Characters beyond the Basic Multilingual Plane appear
+/// literally, which regex dialects read alike; the others as `\uXXXX`.
+pub fn identifier_pattern() -> String {
+    fn push_char(out: &mut String, c: char) {
+        if (c as u32) <= 0xFFFF {
+            out.push_str(&format!("\\u{:04X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    fn class(tables: &[&[(char, char)]]) -> String {
+        let mut out = String::from("[^");
+        for &(lo, hi) in tables.iter().flat_map(|t| t.iter()) {
+            push_char(&mut out, lo);
+            if hi != lo {
+                out.push('-');
+                push_char(&mut out, hi);
+            }
+        }
+        out.push(']');
+        out
+    }
+    let inner = class(&[FORBIDDEN_IN_ID]);
+    let edge = class(&[FORBIDDEN_IN_ID, WHITE_SPACE]);
+    format!("^{edge}(?:{inner}*{edge})?$")
 }
 
 /// The one identifier rule (docs/api.md, "Identifiers"), for every text identifier of
 /// the API whichever way it arrives (JSON body, header, path or query): UTF-8 text of 1
-/// to [`MAX_ID_BYTES`] bytes, without leading or trailing whitespace (so never
+/// to [`MAX_ID_CHARS`] characters, without leading or trailing whitespace (so never
 /// whitespace only), and without control, format (bidi, zero-width, BOM) or line/paragraph
 /// separator characters anywhere. Errors name `field`.
 pub fn check_identifier(field: &str, s: &str) -> Result<(), InvalidInput> {
     if s.is_empty() {
         return Err(InvalidInput::field(field, "must not be empty"));
     }
-    if s.len() > MAX_ID_BYTES {
+    let chars = s.chars().count();
+    if chars > MAX_ID_CHARS {
         return Err(InvalidInput::field(
             field,
-            format!("must be at most {MAX_ID_BYTES} bytes, got {}", s.len()),
+            format!("must be at most {MAX_ID_CHARS} characters, got {chars}"),
         ));
     }
     if let Some(c) = s.chars().find(|&c| forbidden_in_id(c)) {
@@ -279,12 +331,47 @@ mod tests {
             let e = check_identifier("scope", bad).unwrap_err();
             assert!(e.to_string().starts_with("invalid scope:"), "{bad:?}: {e}");
         }
-        assert!(
-            check_identifier("step", &"é".repeat(129)).is_err(),
-            "258 bytes"
-        );
+        // Characters, not bytes (as JSON Schema's maxLength counts).
+        assert!(check_identifier("step", &"é".repeat(256)).is_ok());
+        assert!(check_identifier("step", &"é".repeat(257)).is_err());
         assert!(EffectKey::new("k\u{202E}").is_err());
         assert!(PipelineVersion::new("\u{0}").is_err());
+    }
+
+    #[test]
+    fn the_pattern_states_the_same_rule() {
+        let pattern = regex::Regex::new(&identifier_pattern()).unwrap();
+        let agree = |s: &str| {
+            assert_eq!(
+                pattern.is_match(s),
+                check_identifier("id", s).is_ok(),
+                "{s:?} (U+{:04X})",
+                s.chars().next().map_or(0, |c| c as u32)
+            );
+        };
+        // Every character alone, first, in the middle and last.
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            if (c as u32) > 0x3100
+                && (c as u32) < 0x10000
+                && c as u32 != 0xFEFF
+                && !(0xFFF9..=0xFFFB).contains(&(c as u32))
+            {
+                continue;
+            }
+            if (c as u32) >= 0x10000
+                && !(c as u32).is_multiple_of(7)
+                && !FORBIDDEN_IN_ID.iter().any(|&(lo, hi)| c == lo || c == hi)
+            {
+                continue;
+            }
+            agree(&c.to_string());
+            agree(&format!("a{c}"));
+            agree(&format!("{c}a"));
+            agree(&format!("a{c}b"));
+        }
+        for s in ["acme", "a b", " a", "a ", "日本語", "x"] {
+            agree(s);
+        }
     }
 
     #[test]

@@ -20,8 +20,9 @@ pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
 pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};
 pub use ids::{
-    AppId, BudgetName, EffectKey, MAX_ID_BYTES, ModelId, PipelineName, PipelineVersion, RunId,
+    AppId, BudgetName, EffectKey, MAX_ID_CHARS, ModelId, PipelineName, PipelineVersion, RunId,
     ScopeId, SourceId, SourceRevision, StepKey, TaskId, WorkerId, check_identifier,
+    identifier_pattern,
 };
 pub use kinds::{TaskKind, TaskRequest, check_output_fits, check_output_size, validate_output};
 pub use model::{ConfigHash, ModelRef};

@@ -143,6 +143,8 @@ impl Provider for Scripted {
             TaskRequest::ExtractData(r) => {
                 let vendor = r
                     .input
+                    .as_deref()
+                    .unwrap_or_default()
                     .split("from ")
                     .nth(1)
                     .and_then(|s| s.split(',').next())

@@ -10,6 +10,7 @@ pub mod config;
 pub mod dto;
 pub mod error;
 mod list_routes;
+mod openai;
 mod openapi;
 pub mod request_id;
 mod routes;
@@ -63,5 +64,5 @@ impl std::fmt::Debug for AppState {
 
 /// The whole HTTP API.
 pub fn router(state: AppState) -> Router {
-    routes::router(state)
+    routes::router(state.clone()).merge(openai::router(state))
 }

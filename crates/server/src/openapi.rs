@@ -117,7 +117,7 @@ const ROUTE_ERRORS: &[(&str, HttpMethod, &[u16])] = &[
         HttpMethod::Post,
         &[408, 413, 415, 422, 503],
     ),
-    ("/v1/pipelines/{name}", HttpMethod::Get, &[503]),
+    ("/v1/pipelines/{name}", HttpMethod::Get, &[422, 503]),
     (
         "/v1/pipelines/{name}/runs",
         HttpMethod::Post,
@@ -220,9 +220,40 @@ impl Modify for ErrorAnswers {
     }
 }
 
+/// The `pattern` the handler and shape annotations write for an identifier (utoipa takes
+/// only string literals there). The document carries the whole identifier rule instead,
+/// generated from core's own tables ([`tollgate_core::identifier_pattern`]), so what it
+/// declares and what the server checks are one rule.
+const ID_PATTERN_IN_ANNOTATIONS: &str = r"^[^\x00-\x1F\x7F-\x9F]+$";
+
+/// Replaces every identifier pattern of the document by the whole rule.
+fn state_identifier_rule(node: &mut serde_json::Value, rule: &str) {
+    match node {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                if key == "pattern" && value.as_str() == Some(ID_PATTERN_IN_ANNOTATIONS) {
+                    *value = serde_json::Value::String(rule.to_owned());
+                } else {
+                    state_identifier_rule(value, rule);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                state_identifier_rule(item, rule);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// The OpenAPI document as pretty JSON.
 pub fn openapi_json() -> String {
-    ApiDoc::openapi()
-        .to_pretty_json()
+    let render = || -> Result<String, serde_json::Error> {
+        let mut doc = serde_json::to_value(ApiDoc::openapi())?;
+        state_identifier_rule(&mut doc, &tollgate_core::identifier_pattern());
+        serde_json::to_string_pretty(&doc)
+    };
+    render()
         .unwrap_or_else(|e| format!("{{\"error\": \"cannot render the OpenAPI document: {e}\"}}"))
 }

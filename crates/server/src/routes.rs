@@ -166,7 +166,7 @@ const SMALL_BODY_LIMIT: usize = 1 << 20;
 /// `Content-Length` over the limit is answered 413 before a byte is read (never
 /// `100 Continue`), and so is one over the drain limit. A body still unfinished at the
 /// deadline is answered 408.
-async fn read_body(
+pub(crate) async fn read_body(
     s: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -368,7 +368,11 @@ fn submission(
 
 /// SPEC §3 step 2 answers the existing task for a taken effect key; over HTTP that is
 /// only right when the submission is the same one (409 otherwise).
-fn check_same_submission(s: &AppState, sub: &Submission, task: &Task) -> Result<(), ApiError> {
+pub(crate) fn check_same_submission(
+    s: &AppState,
+    sub: &Submission,
+    task: &Task,
+) -> Result<(), ApiError> {
     let conflict = |what: &str| {
         Err(ApiError::idempotency_conflict(format!(
             "effect key {:?} already names task {} with a different {what}",

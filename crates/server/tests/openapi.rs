@@ -122,8 +122,18 @@ fn enforced_constraints_are_in_the_schemas() {
         let f = &schemas[schema]["properties"][field];
         assert_eq!(f["minLength"], 1, "{schema}.{field}");
         assert_eq!(f["maxLength"], 256, "{schema}.{field}");
-        assert!(f["pattern"].is_string(), "{schema}.{field}");
+        assert_eq!(
+            f["pattern"],
+            tollgate_core::identifier_pattern(),
+            "{schema}.{field}: the whole identifier rule"
+        );
     }
+    // No identifier keeps the short form the annotations write (`\x00-\x1F\x7F-\x9F`).
+    let text = tollgate_server::openapi_json();
+    assert!(
+        !text.contains(r"\\x00-\\x1F\\x7F-\\x9F"),
+        "an identifier pattern was left in its short annotation form"
+    );
     assert_eq!(
         schemas["SubmitBody"]["properties"]["kind"]["$ref"],
         "#/components/schemas/KindName"

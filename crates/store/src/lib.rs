@@ -1,8 +1,41 @@
 //! Tollgate's durable store.
 //!
-//! [`Store`] is the one interface every backend implements: SPEC §3–8 whole, each
-//! operation one short transaction that is never held during inference. Backends, each
-//! behind the cargo feature of its name (both on by default): `sqlite::SqliteStore`
+//! # Store shape
+//!
+//! [`Store`] is the one interface the engine holds (`Arc<dyn Store>`): SPEC §3–8 whole,
+//! each operation one short transaction that is never held during inference. It is the
+//! sum of five small traits, one per concern, and every type that implements the five is
+//! a `Store` (blanket impl):
+//!
+//! | trait | concern | backend module that implements it |
+//! | --- | --- | --- |
+//! | [`TaskStore`] | the application's side of tasks: create (admission), read, cancel, release, list, owner deletion | `tasks.rs` (creation in `admission`) |
+//! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | `lifecycle.rs` |
+//! | [`RunStore`] | workflow runs, waits and the cancel cascade | `runs.rs` |
+//! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `pipelines.rs` |
+//! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `maintenance.rs` |
+//! | [`ListStore`] | SPEC §15 listings: tasks, runs, pipelines, scopes, stats | `list.rs` (statements and cursors written once in [`list`]) |
+//!
+//! Each backend (`sqlite/`, `postgres/`) implements every trait directly in the module of
+//! its concern; there is no forwarding layer. A wrapper of another store (the bench's
+//! counting store) implements [`wrap::StoreWrapper`] and the traits it does not change are
+//! forwarded for it, one marker trait per concern ([`wrap`]).
+//!
+//! # One rule, one place
+//!
+//! Dialect-free code both backends call lives in `shared` (crate-private): row decoding
+//! into domain types (named `sqlx::FromRow` structs), the terminal-move plan (capacity
+//! given back in lock order, logical keys cleared, runs woken — each backend only supplies
+//! the statements, see `shared::terminal::TerminalStatements`), per-scope grouping, the
+//! stored form of default usage, and keyset pages ([`keyset_fetch`], [`keyset_page`]).
+//! Policy arithmetic (admission, cost) stays in `tollgate-core`. A new rule goes where its
+//! kind goes: arithmetic in core; what a state change does in `shared` (cost reservations
+//! are settled in the terminal-move plan); cursors and row shapes of a new listing in
+//! `shared`; only the SQL in each backend's module of that concern.
+//!
+//! # Backends
+//!
+//! Each behind the cargo feature of its name (both on by default): `sqlite::SqliteStore`
 //! (embedded, the default) and `postgres::PostgresStore` (scale-out). `conformance`
 //! (feature `conformance`, off by default) is the suite every backend's tests run to
 //! prove it behaves exactly as the SPEC says; normal builds never compile it.
@@ -15,10 +48,11 @@ mod error;
 pub mod list;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-mod rows;
+mod shared;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod types;
+pub mod wrap;
 
 pub use error::StoreError;
 pub use list::ListStore;
@@ -34,18 +68,37 @@ use tollgate_core::{
 /// Result of store calls.
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// The durable store behind Tollgate. Every method is one transaction; none is held while
-/// a model is called. Methods that take an [`AppId`] see only that app's rows: another
-/// app's row behaves exactly as a missing one. Worker-side methods (claim, heartbeat,
-/// complete, fail) address tasks by id, since workers serve every app.
+/// The durable store behind Tollgate: every concern's trait at once. Every method is one
+/// transaction; none is held while a model is called. Methods that take an [`AppId`] see
+/// only that app's rows: another app's row behaves exactly as a missing one. Worker-side
+/// methods ([`WorkerStore`]) address tasks by id, since workers serve every app.
+pub trait Store:
+    TaskStore + WorkerStore + RunStore + PipelineStore + MaintenanceStore + ListStore + 'static
+{
+}
+
+impl<T> Store for T where
+    T: TaskStore + WorkerStore + RunStore + PipelineStore + MaintenanceStore + ListStore + 'static
+{
+}
+
+/// The store traits, for callers that use a concrete backend (`use
+/// tollgate_store::prelude::*;` brings every method into scope).
+pub mod prelude {
+    pub use crate::{
+        ListStore, MaintenanceStore, PipelineStore, RunStore, Store, TaskStore, WorkerStore,
+    };
+}
+
+/// The application's side of tasks (SPEC §3, §5 cancel, §8): create (idempotency, owner
+/// check, cache, admission), read, cancel, release, list and delete an owner's data.
+///
+/// Where the next rules go: cost reservations are taken in creation (the admission
+/// snapshot and its writes) and listing queries are methods here; their dialect-free part
+/// (plans, cursors, decoding) lives in the shared module, the SQL in each backend's
+/// `tasks.rs` / `admission` module.
 #[async_trait]
-pub trait Store: ListStore + Send + Sync + 'static {
-    /// Which backend this is (`"sqlite"`, `"postgres"`).
-    fn backend(&self) -> &'static str;
-
-    /// Checks that the database answers (for readiness probes).
-    async fn ping(&self) -> StoreResult<()>;
-
+pub trait TaskStore: Send + Sync {
     /// SPEC §3: validate, idempotency, owner check, cache, admission, insert — one short
     /// transaction. Returns the existing task with `created = false` when the effect key
     /// is taken in the app, whatever its state.
@@ -77,6 +130,41 @@ pub trait Store: ListStore + Send + Sync + 'static {
         key: &EffectKey,
     ) -> StoreResult<Option<Task>>;
 
+    /// SPEC §5 request cancel: marks the task; a queued or running task becomes
+    /// `canceled` at once. `None` when the app has no such task.
+    async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>>;
+
+    /// SPEC §8 release by (app, scope, effect key) of an application-owned task. Returns
+    /// whether a task matched.
+    async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool>;
+
+    /// SPEC §8: distinct (scope, source) pairs that still have unreleased application
+    /// tasks, ordered, in keyset pages.
+    async fn list_unreleased_sources(
+        &self,
+        app: &AppId,
+        query: &UnreleasedQuery,
+    ) -> StoreResult<UnreleasedPage>;
+
+    /// SPEC §8: deletes an app's application-owned tasks of a scope (optionally one
+    /// source), serialized with task creation; keeps admission records. Returns how many.
+    async fn delete_owner_data(
+        &self,
+        app: &AppId,
+        scope: &ScopeId,
+        source: Option<&SourceId>,
+    ) -> StoreResult<u64>;
+}
+
+/// The worker's side of tasks (SPEC §5): claim, heartbeat, complete, fail, acknowledge
+/// cancellation. Methods address tasks by id, since workers serve every app.
+///
+/// Where the next rules go: fair claiming is the order `claim_next` picks in (written
+/// once as a shared ordering rule, each backend's `lifecycle.rs` turning it into its
+/// SQL); settling a cost reservation is part of the terminal-move plan in the shared
+/// module, which every move to a terminal state runs.
+#[async_trait]
+pub trait WorkerStore: Send + Sync {
     /// SPEC §5 claim: `queued → running` only if neither the task nor its run is canceled.
     /// Returns the claimed task, or `None` when it is not claimable (taken, canceled,
     /// finished, gone).
@@ -102,7 +190,7 @@ pub trait Store: ListStore + Send + Sync + 'static {
         usage: Usage,
     ) -> StoreResult<Transition>;
 
-    /// Several completions, each exactly as [`Store::complete_task`] would record it: one
+    /// Several completions, each exactly as [`complete_task`](Self::complete_task) would record it: one
     /// answer per item, in order ([`StoreError::InvalidOutput`] in an item's place when its
     /// output breaks the contract); a database failure fails the call. Backends use as few
     /// transactions as they can (PostgreSQL: one for the batch); the default runs one
@@ -134,48 +222,19 @@ pub trait Store: ListStore + Send + Sync + 'static {
         message: &str,
     ) -> StoreResult<Transition>;
 
-    /// SPEC §5 request cancel: marks the task; a queued or running task becomes
-    /// `canceled` at once. `None` when the app has no such task.
-    async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>>;
-
-    /// SPEC §5: true if the task or its run is canceled or cancellation was requested,
-    /// and true if the task no longer exists.
-    async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool>;
-
     /// A worker acknowledges cancellation: `queued/running → canceled`
     /// (`WORKFLOW_AI_CANCELED`) when cancellation was requested for the task or its run.
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition>;
 
-    /// SPEC §8 release by (app, scope, effect key) of an application-owned task. Returns
-    /// whether a task matched.
-    async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool>;
+    /// SPEC §5: true if the task or its run is canceled or cancellation was requested,
+    /// and true if the task no longer exists.
+    async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool>;
+}
 
-    /// SPEC §8: distinct (scope, source) pairs that still have unreleased application
-    /// tasks, ordered, in keyset pages.
-    async fn list_unreleased_sources(
-        &self,
-        app: &AppId,
-        query: &UnreleasedQuery,
-    ) -> StoreResult<UnreleasedPage>;
-
-    /// SPEC §8: deletes an app's application-owned tasks of a scope (optionally one
-    /// source), serialized with task creation; keeps admission records. Returns how many.
-    async fn delete_owner_data(
-        &self,
-        app: &AppId,
-        scope: &ScopeId,
-        source: Option<&SourceId>,
-    ) -> StoreResult<u64>;
-
-    /// SPEC §6.7: queued tasks to dispatch after a restart, in id order after `after`;
-    /// `limit` as [`page_size`] reads it.
-    async fn list_recoverable(&self, after: Option<TaskId>, limit: u32)
-    -> StoreResult<Vec<TaskId>>;
-
-    /// SPEC §6 items 1–6, each one bounded batch. Call again while
-    /// [`SweepReport::more`] is true.
-    async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport>;
-
+/// Workflow runs (SPEC §7): create, read, cancel with its cascade, wait on a task,
+/// finish, and the tasks of a run.
+#[async_trait]
+pub trait RunStore: Send + Sync {
     /// SPEC §7: creates a run in state `running`.
     async fn create_run(&self, new: NewRun) -> StoreResult<Run>;
 
@@ -201,6 +260,14 @@ pub trait Store: ListStore + Send + Sync + 'static {
         result: RunResult,
     ) -> StoreResult<Option<Run>>;
 
+    /// Every task of a run of the app (every attempt of every step), oldest first.
+    async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>>;
+}
+
+/// Pipelines: versioned definitions, pipeline runs (at most once per start key) and the
+/// driver leases that keep one replica driving a run at a time.
+#[async_trait]
+pub trait PipelineStore: Send + Sync {
     /// Registers a version of a pipeline definition. The same (app, name, version) again
     /// answers the stored one with `false`.
     async fn put_pipeline(
@@ -256,7 +323,24 @@ pub trait Store: ListStore + Send + Sync + 'static {
         driver: &WorkerId,
         wake_at: Option<Timestamp>,
     ) -> StoreResult<bool>;
+}
 
-    /// Every task of a run of the app (every attempt of every step), oldest first.
-    async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>>;
+/// The service's own upkeep: which backend, readiness, the background sweep (SPEC §6) and
+/// recovery after a restart (SPEC §6.7).
+#[async_trait]
+pub trait MaintenanceStore: Send + Sync {
+    /// Which backend this is (`"sqlite"`, `"postgres"`).
+    fn backend(&self) -> &'static str;
+
+    /// Checks that the database answers (for readiness probes).
+    async fn ping(&self) -> StoreResult<()>;
+
+    /// SPEC §6 items 1–6, each one bounded batch. Call again while
+    /// [`SweepReport::more`] is true.
+    async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport>;
+
+    /// SPEC §6.7: queued tasks to dispatch after a restart, in id order after `after`;
+    /// `limit` as [`page_size`] reads it.
+    async fn list_recoverable(&self, after: Option<TaskId>, limit: u32)
+    -> StoreResult<Vec<TaskId>>;
 }

@@ -367,7 +367,7 @@ pub(crate) fn tasks_sql(dialect: Dialect, app: &AppId, q: &TaskListQuery) -> Lis
         dialect,
         concat!(
             "SELECT ",
-            crate::rows::task_columns!(),
+            crate::shared::rows::task_columns!(),
             " FROM tasks WHERE app = "
         ),
     );
@@ -410,7 +410,7 @@ pub(crate) fn runs_sql(dialect: Dialect, app: &AppId, q: &RunListQuery) -> ListS
         dialect,
         concat!(
             "SELECT ",
-            crate::rows::run_columns!(),
+            crate::shared::rows::run_columns!(),
             " FROM runs WHERE app = "
         ),
     );

@@ -57,7 +57,7 @@ pub struct Transition {
     pub woken_runs: Vec<RunId>,
 }
 
-/// One item of [`Store::complete_tasks`](crate::Store::complete_tasks): what
+/// One item of [`WorkerStore::complete_tasks`](crate::WorkerStore::complete_tasks): what
 /// `complete_task` takes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {

@@ -13,7 +13,8 @@ use tollgate_core::{
 };
 use tollgate_store::conformance::START;
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
-use tollgate_store::{Store, StoreError, SweepConfig, UnreleasedQuery, WaitOutcome};
+use tollgate_store::prelude::*;
+use tollgate_store::{StoreError, SweepConfig, UnreleasedQuery, WaitOutcome};
 
 fn database_url(test: &str) -> Option<String> {
     match std::env::var("TOLLGATE_TEST_DATABASE_URL") {

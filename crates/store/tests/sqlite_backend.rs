@@ -8,8 +8,9 @@ use tollgate_core::{
     StepKey, TaskKind, ValidatedRequest,
 };
 use tollgate_store::conformance::START;
+use tollgate_store::prelude::*;
 use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
-use tollgate_store::{Store, StoreError, SweepConfig, WaitOutcome};
+use tollgate_store::{StoreError, SweepConfig, WaitOutcome};
 
 fn options(path: &std::path::Path, clock: &ManualClock) -> SqliteOptions {
     SqliteOptions::new(path).with_clock(Arc::new(clock.clone()))

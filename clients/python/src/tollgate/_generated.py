@@ -14,7 +14,29 @@ class BatchBody(TypedDict, closed=True):
 
     tasks: list[Any]
     """
-    Up to 1,000 submissions, each with its own `effect_key`.
+    Up to 1,000 submissions, each with its own `effect_key`. Each item is answered
+    in place: one that is not a valid submission gets its error in its result.
+    """
+
+
+class DefinitionOutline(TypedDict, closed=True):
+    """
+    A pipeline definition's outline (the full rules are in docs/pipelines.md). Schema
+    only.
+    """
+
+    description: NotRequired[str | None]
+    """
+    What the pipeline is for.
+    """
+    steps: list[dict[str, Any]]
+    """
+    The steps, each `{key, kind, request, model?, source?, budget?, depends_on?,
+    retries?}`.
+    """
+    output: dict[str, str]
+    """
+    The run's output: name → JSON Pointer (`/steps/<key>/output…` or `/input…`).
     """
 
 
@@ -39,16 +61,40 @@ class ErrorDetail(TypedDict):
     Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
     own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
     `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
-    `database_unavailable`, `internal`).
+    `ambiguous_request`, `subject_not_allowed`, `method_not_allowed`, `request_timeout`,
+    `uri_too_long`, `unsupported_media_type`, `request_header_fields_too_large`,
+    `database_unavailable`, `internal`). A 5xx message never carries details: it names
+    the request id (also in the `x-request-id` header) under which the server logged
+    them.
     """
     message: str
     """
     Human-readable explanation.
     """
-    retry_after_s: NotRequired[int | None]
+    retry_after_s: NotRequired[int]
     """
     Seconds until a retry may succeed, where known (admission rate limit).
     """
+
+
+HashableJson: TypeAlias = Any
+"""
+Any JSON value with numbers within ±(2^53 − 1), nested at most 64 levels deep.
+"""
+
+
+HashableObject: TypeAlias = dict[str, HashableJson]
+"""
+A JSON object; numbers within ±(2^53 − 1), nested at most 64 levels deep.
+"""
+
+
+KindName: TypeAlias = Literal[
+    'generate_text', 'classify', 'classify_many', 'extract_data'
+]
+"""
+A task kind.
+"""
 
 
 class KindView(TypedDict):
@@ -56,7 +102,7 @@ class KindView(TypedDict):
     One kind's published schemas.
     """
 
-    kind: str
+    kind: KindName
     """
     The kind.
     """
@@ -126,10 +172,10 @@ class PipelineBody(TypedDict, closed=True):
 
     name: str
     """
-    The pipeline's name (letters, digits, `_`, `-`, `.`): new versions are registered
-    under the same name.
+    The pipeline's name (letters, digits, `_`, `-`, `.`; not starting with `.`; at
+    most 128 bytes): new versions are registered under the same name.
     """
-    definition: dict[str, Any]
+    definition: DefinitionOutline
     """
     The definition: `{"description"?, "steps": [...], "output": {...}}` (see
     docs/pipelines.md).
@@ -145,7 +191,7 @@ class PipelineRunBody(TypedDict, closed=True):
     """
     The scope the run's tasks are admitted and cached in.
     """
-    input: NotRequired[dict[str, Any]]
+    input: NotRequired[HashableObject]
     """
     The run's input: what the steps' `/input…` references read (default `{}`).
     """
@@ -219,10 +265,18 @@ class RunBody(TypedDict, closed=True):
     """
     The scope the run's tasks are admitted and cached in.
     """
-    input: NotRequired[dict[str, Any]]
+    input: NotRequired[HashableObject]
     """
-    The run's input.
+    The run's input: a JSON object (default `{}`).
     """
+
+
+RunStateName: TypeAlias = Literal[
+    'running', 'waiting', 'succeeded', 'failed', 'canceled'
+]
+"""
+A run's state.
+"""
 
 
 class SourceBody(TypedDict, closed=True):
@@ -259,26 +313,49 @@ class SourceView(TypedDict):
     """
 
 
+StepStatusName: TypeAlias = Literal[
+    'pending', 'queued', 'running', 'succeeded', 'failed', 'canceled'
+]
+"""
+A pipeline step's status.
+"""
+
+
+class SubjectView(TypedDict):
+    """
+    The subject a task or run is done for, as shown.
+    """
+
+    type: str
+    """
+    `user` or `service`.
+    """
+    id: str
+    """
+    The subject's id.
+    """
+
+
 class SubmitBody(TypedDict, closed=True):
     """
     `POST /v1/tasks` body.
     """
 
-    kind: str
+    kind: KindName
     """
     `generate_text`, `classify`, `classify_many` or `extract_data`.
     """
     model: NotRequired[str | None]
     """
-    Model id; defaults to the configured default model.
+    Model id (one of `GET /v1/models`); defaults to the configured default model.
     """
     step: NotRequired[str | None]
     """
     The caller's name for the step; defaults to the kind.
     """
-    request: dict[str, Any]
+    request: HashableObject
     """
-    The kind's request object (see `GET /v1/kinds`).
+    The kind's request object (its schema per kind: `GET /v1/kinds`).
     """
     scope: NotRequired[str | None]
     """
@@ -314,6 +391,14 @@ class TaskErrorView(TypedDict):
     """
 
 
+TaskStatusName: TypeAlias = Literal[
+    'queued', 'running', 'succeeded', 'failed', 'canceled'
+]
+"""
+A task's status.
+"""
+
+
 class UnreleasedSourceView(TypedDict):
     """
     A (scope, source) pair with unreleased application tasks.
@@ -342,7 +427,7 @@ class UsageView(TypedDict):
     """
     Completion tokens.
     """
-    cost_usd: NotRequired[float | None]
+    cost_usd: NotRequired[float]
     """
     Cost in US dollars, where known.
     """
@@ -351,6 +436,9 @@ class UsageView(TypedDict):
 class ChatMessage(TypedDict, closed=True):
     content: str
     role: Literal['system', 'user', 'assistant']
+
+
+StopItem: TypeAlias = str
 
 
 class GenerateTextRequest1(TypedDict, closed=True):
@@ -367,11 +455,17 @@ class GenerateTextRequest1(TypedDict, closed=True):
     """
     A single user prompt; exclusive with `messages`.
     """
+    seed: NotRequired[int | None]
+    stop: NotRequired[list[StopItem] | None]
+    """
+    Sequences where generation stops.
+    """
     system: NotRequired[str | None]
     """
     A system prompt.
     """
     temperature: NotRequired[float | None]
+    top_p: NotRequired[float | None]
 
 
 class GenerateTextRequest2(TypedDict, closed=True):
@@ -388,11 +482,17 @@ class GenerateTextRequest2(TypedDict, closed=True):
     """
     A single user prompt; exclusive with `messages`.
     """
+    seed: NotRequired[int | None]
+    stop: NotRequired[list[StopItem] | None]
+    """
+    Sequences where generation stops.
+    """
     system: NotRequired[str | None]
     """
     A system prompt.
     """
     temperature: NotRequired[float | None]
+    top_p: NotRequired[float | None]
 
 
 GenerateTextRequest: TypeAlias = GenerateTextRequest1 | GenerateTextRequest2
@@ -507,23 +607,72 @@ class ClassifyManyOutput(TypedDict, closed=True):
     """
 
 
-class ExtractDataRequest(TypedDict, closed=True):
+class ExtractDataRequest1(TypedDict, closed=True):
     """
     The `extract_data` request (GET /v1/kinds).
     """
 
     input: str
     """
-    The text to extract from.
+    The text to extract from; exclusive with `messages`.
     """
     instructions: NotRequired[str | None]
     """
     Extra instructions for the model.
     """
+    max_output_tokens: NotRequired[int | None]
+    messages: NotRequired[list[ChatMessage] | None]
+    """
+    A chat whose answer is the JSON value; exclusive with `input`.
+    """
     schema: dict[str, Any] | bool
     """
     A JSON Schema (draft 4, 6, 7, 2019-09 or 2020-12, default 2020-12) the output must satisfy. Only local references (`$ref` starting with "#"); nothing is ever fetched.
     """
+    seed: NotRequired[int | None]
+    stop: NotRequired[list[StopItem] | None]
+    """
+    Sequences where generation stops.
+    """
+    temperature: NotRequired[float | None]
+    top_p: NotRequired[float | None]
+
+
+class ExtractDataRequest2(TypedDict, closed=True):
+    """
+    The `extract_data` request (GET /v1/kinds).
+    """
+
+    input: NotRequired[str | None]
+    """
+    The text to extract from; exclusive with `messages`.
+    """
+    instructions: NotRequired[str | None]
+    """
+    Extra instructions for the model.
+    """
+    max_output_tokens: NotRequired[int | None]
+    messages: list[ChatMessage]
+    """
+    A chat whose answer is the JSON value; exclusive with `input`.
+    """
+    schema: dict[str, Any] | bool
+    """
+    A JSON Schema (draft 4, 6, 7, 2019-09 or 2020-12, default 2020-12) the output must satisfy. Only local references (`$ref` starting with "#"); nothing is ever fetched.
+    """
+    seed: NotRequired[int | None]
+    stop: NotRequired[list[StopItem] | None]
+    """
+    Sequences where generation stops.
+    """
+    temperature: NotRequired[float | None]
+    top_p: NotRequired[float | None]
+
+
+ExtractDataRequest: TypeAlias = ExtractDataRequest1 | ExtractDataRequest2
+"""
+The `extract_data` request (GET /v1/kinds).
+"""
 
 
 ExtractDataOutput: TypeAlias = Any
@@ -558,11 +707,11 @@ class StepView(TypedDict):
     """
     The step's key.
     """
-    kind: str
+    kind: KindName
     """
     The step's task kind.
     """
-    status: str
+    status: StepStatusName
     """
     `pending` (waiting for dependencies, admission or a retry), `queued`, `running`,
     `succeeded`, `failed` or `canceled`.
@@ -571,15 +720,15 @@ class StepView(TypedDict):
     """
     Attempts submitted so far.
     """
-    task_id: NotRequired[str | None]
+    task_id: str | None
     """
     The latest attempt's task.
     """
-    output: NotRequired[dict[str, Any] | None]
+    output: Any
     """
     The step's output, once succeeded.
     """
-    error: NotRequired[TaskErrorView | None]
+    error: TaskErrorView | None
 
 
 class TaskView(TypedDict):
@@ -595,7 +744,7 @@ class TaskView(TypedDict):
     """
     The effect key.
     """
-    kind: str
+    kind: KindName
     """
     The kind.
     """
@@ -603,7 +752,7 @@ class TaskView(TypedDict):
     """
     The step name.
     """
-    status: str
+    status: TaskStatusName
     """
     `queued`, `running`, `succeeded`, `failed` or `canceled`.
     """
@@ -611,11 +760,12 @@ class TaskView(TypedDict):
     """
     The scope (the run's scope for run-owned tasks).
     """
-    run_id: NotRequired[str | None]
+    run_id: str | None
     """
     The owning run, if any.
     """
-    source: NotRequired[SourceView | None]
+    source: SourceView | None
+    subject: NotRequired[SubjectView | None]
     model: str
     """
     The model id asked for.
@@ -629,17 +779,18 @@ class TaskView(TypedDict):
     """
     Served from the cache.
     """
-    output: NotRequired[dict[str, Any] | None]
+    output: Any
     """
-    The kind's output, once succeeded.
+    The kind's output, once succeeded (its shape is the kind's output schema, see
+    `GET /v1/kinds`).
     """
-    usage: NotRequired[UsageView | None]
-    error: NotRequired[TaskErrorView | None]
+    usage: UsageView | None
+    error: TaskErrorView | None
     created_at: str
     """
     Creation time (RFC 3339, UTC).
     """
-    completed_at: NotRequired[str | None]
+    completed_at: str | None
     """
     Completion time, once terminal.
     """
@@ -654,7 +805,7 @@ class UnreleasedPageView(TypedDict):
     """
     Up to 100 sources, in order.
     """
-    next: NotRequired[str | None]
+    next: NotRequired[str]
     """
     Pass as `after` for the next page; absent on the last page.
     """
@@ -669,8 +820,14 @@ class BatchItem(TypedDict):
     """
     HTTP status this item would have had on its own.
     """
-    task: NotRequired[TaskView | None]
-    error: NotRequired[ErrorDetail | None]
+    task: NotRequired[TaskView]
+    """
+    The task, when submitted.
+    """
+    error: NotRequired[ErrorDetail]
+    """
+    The error, when refused.
+    """
 
 
 class PipelineProgressView(TypedDict):
@@ -705,24 +862,25 @@ class RunView(TypedDict):
     """
     Scope.
     """
-    state: str
+    state: RunStateName
     """
     `running`, `waiting`, `succeeded`, `failed` or `canceled`.
     """
+    subject: NotRequired[SubjectView | None]
     cancel_requested: bool
     """
     Whether cancellation was requested.
     """
-    input: dict[str, Any]
+    input: HashableObject
     """
-    The run's input.
+    The run's input (a JSON object).
     """
-    output: NotRequired[dict[str, Any] | None]
+    output: Any
     """
     The output, once succeeded.
     """
-    error: NotRequired[TaskErrorView | None]
-    waiting_on: NotRequired[str | None]
+    error: TaskErrorView | None
+    waiting_on: str | None
     """
     The task a waiting step waits on.
     """
@@ -734,7 +892,11 @@ class RunView(TypedDict):
     """
     Last change.
     """
-    pipeline: NotRequired[PipelineProgressView | None]
+    pipeline: NotRequired[PipelineProgressView]
+    """
+    For a run of a pipeline: its version and where each step stands (absent for
+    other runs).
+    """
 
 
 class BatchAnswer(TypedDict):

@@ -254,18 +254,23 @@ export interface components {
         };
         /** @description `POST /v1/tasks/batch` body. */
         BatchBody: {
-            /** @description Up to 1,000 submissions, each with its own `effect_key`. */
+            /**
+             * @description Up to 1,000 submissions, each with its own `effect_key`. Each item is answered
+             *     in place: one that is not a valid submission gets its error in its result.
+             */
             tasks: unknown[];
         };
         /** @description One item of a batch answer: the task, or the error it got. */
         BatchItem: {
-            error?: null | components["schemas"]["ErrorDetail"];
+            /** @description The error, when refused. */
+            error?: components["schemas"]["ErrorDetail"];
             /**
              * Format: int32
              * @description HTTP status this item would have had on its own.
              */
             status: number;
-            task?: null | components["schemas"]["TaskView"];
+            /** @description The task, when submitted. */
+            task?: components["schemas"]["TaskView"];
         };
         ChatMessage: {
             content: string;
@@ -310,6 +315,23 @@ export interface components {
             /** @description The labels to choose from; names are unique. */
             labels: components["schemas"]["Label"][];
         };
+        /**
+         * @description A pipeline definition's outline (the full rules are in docs/pipelines.md). Schema
+         *     only.
+         */
+        DefinitionOutline: {
+            /** @description What the pipeline is for. */
+            description?: string | null;
+            /** @description The run's output: name → JSON Pointer (`/steps/<key>/output…` or `/input…`). */
+            output: {
+                [key: string]: string;
+            };
+            /**
+             * @description The steps, each `{key, kind, request, model?, source?, budget?, depends_on?,
+             *     retries?}`.
+             */
+            steps: Record<string, never>[];
+        };
         /** @description `DELETE /v1/scopes/{scope}/tasks` answer. */
         DeletedAnswer: {
             /**
@@ -329,7 +351,11 @@ export interface components {
              * @description Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
              *     own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
              *     `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
-             *     `database_unavailable`, `internal`).
+             *     `ambiguous_request`, `subject_not_allowed`, `method_not_allowed`, `request_timeout`,
+             *     `uri_too_long`, `unsupported_media_type`, `request_header_fields_too_large`,
+             *     `database_unavailable`, `internal`). A 5xx message never carries details: it names
+             *     the request id (also in the `x-request-id` header) under which the server logged
+             *     them.
              */
             code: string;
             /** @description Human-readable explanation. */
@@ -338,19 +364,31 @@ export interface components {
              * Format: int64
              * @description Seconds until a retry may succeed, where known (admission rate limit).
              */
-            retry_after_s?: number | null;
+            retry_after_s?: number;
         };
         /** @description Any JSON value valid against the request's `schema`. The `extract_data` output (GET /v1/kinds). */
         ExtractDataOutput: unknown;
         /** @description The `extract_data` request (GET /v1/kinds). */
         ExtractDataRequest: {
-            /** @description The text to extract from. */
-            input: string;
+            /** @description The text to extract from; exclusive with `messages`. */
+            input?: string | null;
             /** @description Extra instructions for the model. */
             instructions?: string | null;
+            max_output_tokens?: number | null;
+            /** @description A chat whose answer is the JSON value; exclusive with `input`. */
+            messages?: components["schemas"]["ChatMessage"][] | null;
             /** @description A JSON Schema (draft 4, 6, 7, 2019-09 or 2020-12, default 2020-12) the output must satisfy. Only local references (`$ref` starting with "#"); nothing is ever fetched. */
             schema: Record<string, never> | boolean;
-        };
+            seed?: number | null;
+            /** @description Sequences where generation stops. */
+            stop?: string[] | null;
+            temperature?: number | null;
+            top_p?: number | null;
+        } & ({
+            input: string;
+        } | {
+            messages: unknown[];
+        });
         /** @description The `generate_text` output (GET /v1/kinds). */
         GenerateTextOutput: {
             text: string;
@@ -362,19 +400,34 @@ export interface components {
             messages?: components["schemas"]["ChatMessage"][] | null;
             /** @description A single user prompt; exclusive with `messages`. */
             prompt?: string | null;
+            seed?: number | null;
+            /** @description Sequences where generation stops. */
+            stop?: string[] | null;
             /** @description A system prompt. */
             system?: string | null;
             temperature?: number | null;
+            top_p?: number | null;
         } & ({
             messages: unknown[];
         } | {
             prompt: string;
         });
+        /** @description Any JSON value with numbers within ±(2^53 − 1), nested at most 64 levels deep. */
+        HashableJson: unknown;
+        /** @description A JSON object; numbers within ±(2^53 − 1), nested at most 64 levels deep. */
+        HashableObject: {
+            [key: string]: components["schemas"]["HashableJson"];
+        };
         /**
          * @description The four task kinds (GET /v1/kinds).
          * @enum {string}
          */
         Kind: "generate_text" | "classify" | "classify_many" | "extract_data";
+        /**
+         * @description A task kind.
+         * @enum {string}
+         */
+        KindName: "generate_text" | "classify" | "classify_many" | "extract_data";
         /** @description `GET /v1/kinds` answer. */
         KindsAnswer: {
             /** @description The four kinds. */
@@ -383,7 +436,7 @@ export interface components {
         /** @description One kind's published schemas. */
         KindView: {
             /** @description The kind. */
-            kind: string;
+            kind: components["schemas"]["KindName"];
             /** @description JSON Schema of its output. */
             output_schema: Record<string, never>;
             /** @description JSON Schema of its request object. */
@@ -419,10 +472,10 @@ export interface components {
              * @description The definition: `{"description"?, "steps": [...], "output": {...}}` (see
              *     docs/pipelines.md).
              */
-            definition: Record<string, never>;
+            definition: components["schemas"]["DefinitionOutline"];
             /**
-             * @description The pipeline's name (letters, digits, `_`, `-`, `.`): new versions are registered
-             *     under the same name.
+             * @description The pipeline's name (letters, digits, `_`, `-`, `.`; not starting with `.`; at
+             *     most 128 bytes): new versions are registered under the same name.
              */
             name: string;
         };
@@ -438,7 +491,7 @@ export interface components {
         /** @description `POST /v1/pipelines/{name}/runs` body. */
         PipelineRunBody: {
             /** @description The run's input: what the steps' `/input…` references read (default `{}`). */
-            input?: Record<string, never>;
+            input?: components["schemas"]["HashableObject"];
             /** @description The scope the run's tasks are admitted and cached in. */
             scope: string;
             /** @description The version to run (default: the newest). */
@@ -477,33 +530,43 @@ export interface components {
         };
         /** @description `POST /v1/runs` body. */
         RunBody: {
-            /** @description The run's input. */
-            input?: Record<string, never>;
+            /** @description The run's input: a JSON object (default `{}`). */
+            input?: components["schemas"]["HashableObject"];
             /** @description The scope the run's tasks are admitted and cached in. */
             scope: string;
         };
+        /**
+         * @description A run's state.
+         * @enum {string}
+         */
+        RunStateName: "running" | "waiting" | "succeeded" | "failed" | "canceled";
         /** @description A workflow run (SPEC §7). */
         RunView: {
             /** @description Whether cancellation was requested. */
             cancel_requested: boolean;
             /** @description Creation time. */
             created_at: string;
-            error?: null | components["schemas"]["TaskErrorView"];
+            error: null | components["schemas"]["TaskErrorView"];
             /** @description Run id. */
             id: string;
-            /** @description The run's input. */
-            input: Record<string, never>;
+            /** @description The run's input (a JSON object). */
+            input: components["schemas"]["HashableObject"];
             /** @description The output, once succeeded. */
-            output?: Record<string, never> | null;
-            pipeline?: null | components["schemas"]["PipelineProgressView"];
+            output: unknown;
+            /**
+             * @description For a run of a pipeline: its version and where each step stands (absent for
+             *     other runs).
+             */
+            pipeline?: components["schemas"]["PipelineProgressView"];
             /** @description Scope. */
             scope: string;
             /** @description `running`, `waiting`, `succeeded`, `failed` or `canceled`. */
-            state: string;
+            state: components["schemas"]["RunStateName"];
+            subject?: null | components["schemas"]["SubjectView"];
             /** @description Last change. */
             updated_at: string;
             /** @description The task a waiting step waits on. */
-            waiting_on?: string | null;
+            waiting_on: string | null;
         };
         /** @description The source a scoped task is about. */
         SourceBody: {
@@ -521,6 +584,11 @@ export interface components {
             /** @description Source revision. */
             revision: string;
         };
+        /**
+         * @description A pipeline step's status.
+         * @enum {string}
+         */
+        StepStatusName: "pending" | "queued" | "running" | "succeeded" | "failed" | "canceled";
         /** @description One step of a pipeline run. */
         StepView: {
             /**
@@ -528,20 +596,27 @@ export interface components {
              * @description Attempts submitted so far.
              */
             attempts: number;
-            error?: null | components["schemas"]["TaskErrorView"];
+            error: null | components["schemas"]["TaskErrorView"];
             /** @description The step's key. */
             key: string;
             /** @description The step's task kind. */
-            kind: string;
+            kind: components["schemas"]["KindName"];
             /** @description The step's output, once succeeded. */
-            output?: Record<string, never> | null;
+            output: unknown;
             /**
              * @description `pending` (waiting for dependencies, admission or a retry), `queued`, `running`,
              *     `succeeded`, `failed` or `canceled`.
              */
-            status: string;
+            status: components["schemas"]["StepStatusName"];
             /** @description The latest attempt's task. */
-            task_id?: string | null;
+            task_id: string | null;
+        };
+        /** @description The subject a task or run is done for, as shown. */
+        SubjectView: {
+            /** @description The subject's id. */
+            id: string;
+            /** @description `user` or `service`. */
+            type: string;
         };
         /** @description `POST /v1/tasks` body. */
         SubmitBody: {
@@ -550,11 +625,11 @@ export interface components {
             /** @description The effect key, when not sent as the `Idempotency-Key` header. */
             effect_key?: string | null;
             /** @description `generate_text`, `classify`, `classify_many` or `extract_data`. */
-            kind: string;
-            /** @description Model id; defaults to the configured default model. */
+            kind: components["schemas"]["KindName"];
+            /** @description Model id (one of `GET /v1/models`); defaults to the configured default model. */
             model?: string | null;
-            /** @description The kind's request object (see `GET /v1/kinds`). */
-            request: Record<string, never>;
+            /** @description The kind's request object (its schema per kind: `GET /v1/kinds`). */
+            request: components["schemas"]["HashableObject"];
             /** @description Owning workflow run. Exactly one of `scope` and `run_id`. */
             run_id?: string | null;
             /** @description Application owner's scope. Exactly one of `scope` and `run_id`. */
@@ -570,12 +645,17 @@ export interface components {
             /** @description Message (at most 2,000 characters). */
             message: string;
         };
+        /**
+         * @description A task's status.
+         * @enum {string}
+         */
+        TaskStatusName: "queued" | "running" | "succeeded" | "failed" | "canceled";
         /** @description The task object (SPEC §11). */
         TaskView: {
             /** @description Served from the cache. */
             cached: boolean;
             /** @description Completion time, once terminal. */
-            completed_at?: string | null;
+            completed_at: string | null;
             /**
              * @description Whether this call created the task (false when the effect key named an existing
              *     one; reads say false).
@@ -585,30 +665,34 @@ export interface components {
             created_at: string;
             /** @description The effect key. */
             effect_key: string;
-            error?: null | components["schemas"]["TaskErrorView"];
+            error: null | components["schemas"]["TaskErrorView"];
             /** @description Task id. */
             id: string;
             /** @description The kind. */
-            kind: string;
+            kind: components["schemas"]["KindName"];
             /** @description The model id asked for. */
             model: string;
-            /** @description The kind's output, once succeeded. */
-            output?: Record<string, never> | null;
+            /**
+             * @description The kind's output, once succeeded (its shape is the kind's output schema, see
+             *     `GET /v1/kinds`).
+             */
+            output: unknown;
             /** @description The owning run, if any. */
-            run_id?: string | null;
+            run_id: string | null;
             /** @description The scope (the run's scope for run-owned tasks). */
             scope: string;
-            source?: null | components["schemas"]["SourceView"];
+            source: null | components["schemas"]["SourceView"];
             /** @description `queued`, `running`, `succeeded`, `failed` or `canceled`. */
-            status: string;
+            status: components["schemas"]["TaskStatusName"];
             /** @description The step name. */
             step: string;
-            usage?: null | components["schemas"]["UsageView"];
+            subject?: null | components["schemas"]["SubjectView"];
+            usage: null | components["schemas"]["UsageView"];
         };
         /** @description `GET /v1/scopes/{scope}/unreleased-sources` answer. */
         UnreleasedPageView: {
             /** @description Pass as `after` for the next page; absent on the last page. */
-            next?: string | null;
+            next?: string;
             /** @description Up to 100 sources, in order. */
             sources: components["schemas"]["UnreleasedSourceView"][];
         };
@@ -625,7 +709,7 @@ export interface components {
              * Format: double
              * @description Cost in US dollars, where known.
              */
-            cost_usd?: number | null;
+            cost_usd?: number;
             /**
              * Format: int64
              * @description Prompt tokens.
@@ -663,6 +747,42 @@ export interface operations {
                     "application/json": components["schemas"]["KindsAnswer"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     models: {
@@ -680,6 +800,42 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ModelsAnswer"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
         };
@@ -715,7 +871,7 @@ export interface operations {
                     "application/json": components["schemas"]["PipelineView"];
                 };
             };
-            /** @description not JSON, or not the body's shape */
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -724,7 +880,44 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the request body did not arrive within the server's body_read_timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is over the size limit */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is not JSON (Content-Type) */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -741,6 +934,24 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     get_pipeline: {
@@ -750,7 +961,10 @@ export interface operations {
                 version?: string;
             };
             header?: never;
-            path?: never;
+            path: {
+                /** @description the pipeline's name */
+                name: string;
+            };
             cookie?: never;
         };
         requestBody?: never;
@@ -763,7 +977,53 @@ export interface operations {
                     "application/json": components["schemas"]["PipelineView"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such pipeline (or version) in the caller's app */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -776,14 +1036,17 @@ export interface operations {
     start_pipeline_run: {
         parameters: {
             query?: {
-                /** @description wait for the run to end, e.g. 30s */
+                /** @description wait up to this long for the run to end: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`) */
                 wait?: string;
             };
             header?: {
                 /** @description starts the run once per key: a retried start answers the run it started */
                 "Idempotency-Key"?: string | null;
             };
-            path?: never;
+            path: {
+                /** @description the pipeline's name */
+                name: string;
+            };
             cookie?: never;
         };
         requestBody: {
@@ -810,8 +1073,44 @@ export interface operations {
                     "application/json": components["schemas"]["RunView"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no such pipeline (or version) in the caller's app */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the request body did not arrive within the server's body_read_timeout */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -828,8 +1127,55 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description the body is over the size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is not JSON (Content-Type) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description the input lacks what a step reads, or an invalid scope */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description refused by admission: the code says which limit; Retry-After on a rate limit */
+            429: {
+                headers: {
+                    /** @description seconds until the rate limit admits again (rate limit only) */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -860,16 +1206,100 @@ export interface operations {
                     "application/json": components["schemas"]["RunView"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the request body did not arrive within the server's body_read_timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is over the size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is not JSON (Content-Type) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     get_run: {
         parameters: {
             query?: {
-                /** @description wait for a terminal state, e.g. 30s */
+                /** @description wait up to this long for a terminal state: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`) */
                 wait?: string;
             };
             header?: never;
-            path?: never;
+            path: {
+                /** @description the run id */
+                id: string;
+            };
             cookie?: never;
         };
         requestBody?: never;
@@ -883,7 +1313,53 @@ export interface operations {
                     "application/json": components["schemas"]["RunView"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such run in the caller's app */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -897,7 +1373,10 @@ export interface operations {
         parameters: {
             query?: never;
             header?: never;
-            path?: never;
+            path: {
+                /** @description the run id */
+                id: string;
+            };
             cookie?: never;
         };
         requestBody?: never;
@@ -910,7 +1389,62 @@ export interface operations {
                     "application/json": components["schemas"]["RunView"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such run in the caller's app */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description conflicts with the current state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -927,7 +1461,10 @@ export interface operations {
                 source?: string;
             };
             header?: never;
-            path?: never;
+            path: {
+                /** @description the scope */
+                scope: string;
+            };
             cookie?: never;
         };
         requestBody?: never;
@@ -938,6 +1475,60 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["DeletedAnswer"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
         };
@@ -951,7 +1542,10 @@ export interface operations {
                 step?: string;
             };
             header?: never;
-            path?: never;
+            path: {
+                /** @description the scope */
+                scope: string;
+            };
             cookie?: never;
         };
         requestBody?: never;
@@ -962,6 +1556,60 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UnreleasedPageView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
         };
@@ -986,7 +1634,53 @@ export interface operations {
                     "application/json": components["schemas"]["TaskView"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no task with that effect key in the caller's app */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -999,11 +1693,11 @@ export interface operations {
     submit: {
         parameters: {
             query?: {
-                /** @description wait for a terminal state, e.g. 30s */
+                /** @description wait up to this long for a terminal state: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`) */
                 wait?: string;
             };
             header?: {
-                /** @description the effect key */
+                /** @description the effect key (or the body's `effect_key`; one of them is required, and they must agree) */
                 "Idempotency-Key"?: string | null;
             };
             path?: never;
@@ -1033,6 +1727,52 @@ export interface operations {
                     "application/json": components["schemas"]["TaskView"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `run_id` names no run of the caller's app */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the request body did not arrive within the server's body_read_timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the effect key names a task with another request */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1041,6 +1781,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description the body is over the size limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -1049,6 +1790,16 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description the body is not JSON (Content-Type) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -1057,7 +1808,28 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description refused by admission: the code says which limit; Retry-After on a rate limit */
             429: {
+                headers: {
+                    /** @description seconds until the rate limit admits again (rate limit only) */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1070,11 +1842,14 @@ export interface operations {
     get_task: {
         parameters: {
             query?: {
-                /** @description wait for a terminal state, e.g. 30s (at most server.max_wait); the answer is the task as it is then */
+                /** @description long-poll: answer once the task is terminal or this long passed: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`), like submit's wait */
                 wait?: string;
             };
             header?: never;
-            path?: never;
+            path: {
+                /** @description the task id */
+                id: string;
+            };
             cookie?: never;
         };
         requestBody?: never;
@@ -1087,7 +1862,53 @@ export interface operations {
                     "application/json": components["schemas"]["TaskView"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such task in the caller's app */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1101,11 +1922,15 @@ export interface operations {
         parameters: {
             query?: never;
             header?: never;
-            path?: never;
+            path: {
+                /** @description the task id */
+                id: string;
+            };
             cookie?: never;
         };
         requestBody?: never;
         responses: {
+            /** @description the task, canceled unless it had ended */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1114,7 +1939,62 @@ export interface operations {
                     "application/json": components["schemas"]["TaskView"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such task in the caller's app */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description conflicts with the current state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1137,12 +2017,94 @@ export interface operations {
             };
         };
         responses: {
+            /** @description one result per item, in order */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["BatchAnswer"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the request body did not arrive within the server's body_read_timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is over the size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is not JSON (Content-Type) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
         };
@@ -1168,7 +2130,89 @@ export interface operations {
                     "application/json": components["schemas"]["ReleaseAnswer"];
                 };
             };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no application task with that effect key in that scope */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the request body did not arrive within the server's body_read_timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is over the size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is not JSON (Content-Type) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -8,7 +8,7 @@
 //! (each subschema once, `$ref`s followed once and memoized), so its cost is proportional
 //! to the schema's size, never to the numbers written in it.
 
-use super::{ClassifyManyRequest, TaskRequest};
+use super::{ClassifyManyRequest, TaskRequest, check_schema_cost};
 use crate::error::{InvalidInput, OutputTooLarge};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -33,6 +33,11 @@ pub fn check_output_size(output: &Value, max_output_bytes: usize) -> Result<usiz
 /// Refuses (`invalid_request`, naming the keywords) a request whose smallest valid output
 /// is larger than `max_output_bytes`: such a task could never succeed, and building or
 /// storing its output would cost far more than the limit allows.
+///
+/// For `extract_data` it first applies [`check_schema_cost`]: a schema whose validation
+/// could take unbounded time (over [`MAX_SCHEMA_EXPANSION`](super::MAX_SCHEMA_EXPANSION)
+/// subschemas with its `$ref`s followed, and the other caps named there) is refused
+/// before anything walks it.
 pub fn check_output_fits(
     request: &TaskRequest,
     max_output_bytes: usize,
@@ -62,6 +67,7 @@ pub fn check_output_fits(
             ),
         ),
         TaskRequest::ExtractData(r) => {
+            check_schema_cost(&r.schema)?;
             let mut walk = Walk::new(&r.schema);
             let Some(floor) = walk.floor(&r.schema, "", 0) else {
                 // No value satisfies the schema: not a size question.

@@ -9,9 +9,13 @@
 //!   rules (every property required, no additional properties), which the built-in
 //!   classify schemas always do.
 //! - `generate_text` sends the chat as given and returns `{"text": <content>}`.
+//! - An `extract_data` request given as a chat (`messages`, what the OpenAI-compatible
+//!   door sends for `response_format: json_schema`) is sent as given, the schema only in
+//!   `response_format`; the schema `{"type": "object"}` (the door's `json_object`) is
+//!   sent as `response_format: {"type": "json_object"}`.
 //! - The model's `params` are merged into the request body (`temperature`, `top_p`,
-//!   `seed`, …); the request's own `temperature` and `max_output_tokens` (sent as
-//!   `max_tokens`) take precedence.
+//!   `seed`, …); the request's own `temperature`, `top_p`, `stop`, `seed` and
+//!   `max_output_tokens` (sent as `max_tokens`) take precedence.
 //! - Failures are retried a bounded number of times (`max_retries`) with exponential
 //!   backoff and jitter, on HTTP 408, 409, 429 and 5xx, timeouts and connection errors.
 //!   `retry-after-ms` and `Retry-After` (seconds) are honoured; a wait longer than
@@ -260,12 +264,16 @@ pub fn request_body(call: &ProviderCall<'_>) -> (Value, AnswerShape) {
             if let Some(prompt) = &r.prompt {
                 messages.push(json!({"role": "user", "content": prompt}));
             }
-            if let Some(t) = r.temperature {
-                body.insert("temperature".into(), json!(t));
-            }
-            if let Some(n) = r.max_output_tokens {
-                body.insert("max_tokens".into(), json!(n));
-            }
+            insert_sampling(
+                &mut body,
+                Sampling {
+                    max_output_tokens: r.max_output_tokens,
+                    temperature: r.temperature,
+                    top_p: r.top_p,
+                    stop: r.stop.as_deref(),
+                    seed: r.seed,
+                },
+            );
             AnswerShape::Text
         }
         TaskRequest::Classify(r) => {
@@ -297,17 +305,45 @@ pub fn request_body(call: &ProviderCall<'_>) -> (Value, AnswerShape) {
             } else {
                 (wrap_schema(call.output_schema), AnswerShape::WrappedJson)
             };
-            let system = format!(
-                "{}\nJSON Schema of the answer:\n{}",
-                task_instructions(call.request),
-                schema
-            );
-            messages.push(json!({"role": "system", "content": system}));
-            messages.push(json!({"role": "user", "content": r.input}));
-            let strict = is_strict_compatible(&schema);
-            body.insert(
-                "response_format".into(),
-                response_format("extract_data", &schema, strict),
+            match (&r.messages, &r.input) {
+                // A chat (the OpenAI-compatible door's `json_schema`): sent as given, the
+                // schema travels in `response_format` only.
+                (Some(chat), _) => {
+                    if let Some(extra) = &r.instructions {
+                        messages.push(json!({"role": "system", "content": extra}));
+                    }
+                    messages.extend(
+                        chat.iter()
+                            .map(|m| json!({"role": m.role, "content": m.content})),
+                    );
+                }
+                (None, input) => {
+                    let system = format!(
+                        "{}\nJSON Schema of the answer:\n{}",
+                        task_instructions(call.request),
+                        schema
+                    );
+                    messages.push(json!({"role": "system", "content": system}));
+                    messages
+                        .push(json!({"role": "user", "content": input.as_deref().unwrap_or("")}));
+                }
+            }
+            let format = if schema == json!({"type": "object"}) {
+                // Any object: JSON mode says exactly that, and more servers know it.
+                json!({"type": "json_object"})
+            } else {
+                response_format("extract_data", &schema, is_strict_compatible(&schema))
+            };
+            body.insert("response_format".into(), format);
+            insert_sampling(
+                &mut body,
+                Sampling {
+                    max_output_tokens: r.max_output_tokens,
+                    temperature: r.temperature,
+                    top_p: r.top_p,
+                    stop: r.stop.as_deref(),
+                    seed: r.seed,
+                },
             );
             shape
         }
@@ -323,6 +359,35 @@ pub fn request_body(call: &ProviderCall<'_>) -> (Value, AnswerShape) {
     }
     body.insert("messages".into(), Value::Array(messages));
     (Value::Object(body), shape)
+}
+
+/// The request's own sampling fields, borrowed.
+struct Sampling<'a> {
+    max_output_tokens: Option<u32>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    stop: Option<&'a [String]>,
+    seed: Option<i64>,
+}
+
+/// The request's sampling fields win over the model's `params`; `max_output_tokens` is
+/// sent as `max_tokens` (what every OpenAI-compatible server reads).
+fn insert_sampling(body: &mut Map<String, Value>, s: Sampling<'_>) {
+    if let Some(t) = s.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(n) = s.max_output_tokens {
+        body.insert("max_tokens".into(), json!(n));
+    }
+    if let Some(p) = s.top_p {
+        body.insert("top_p".into(), json!(p));
+    }
+    if let Some(stop) = s.stop {
+        body.insert("stop".into(), json!(stop));
+    }
+    if let Some(seed) = s.seed {
+        body.insert("seed".into(), json!(seed));
+    }
 }
 
 fn response_format(name: &str, schema: &Value, strict: bool) -> Value {
@@ -607,6 +672,66 @@ mod tests {
         assert_eq!(parsed.output, json!([1, 2]));
         assert_eq!(parsed.usage.input_tokens, 7);
         assert_eq!(parsed.usage.output_tokens, 3);
+    }
+
+    #[test]
+    fn a_chat_extract_is_sent_as_given_with_its_sampling() {
+        let schema = json!({
+            "type": "object", "properties": {"a": {"type": "integer"}},
+            "required": ["a"], "additionalProperties": false
+        });
+        let (request, output_schema) = call_for(
+            TaskKind::ExtractData,
+            json!({
+                "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                "schema": schema, "top_p": 0.5, "stop": ["END"], "seed": 9,
+                "max_output_tokens": 20, "temperature": 0.1
+            }),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &output_schema,
+            previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        let (body, shape) = request_body(&call);
+        assert_eq!(shape, AnswerShape::Json);
+        assert_eq!(
+            body["messages"],
+            json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+        );
+        assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
+        assert_eq!(body["response_format"]["json_schema"]["strict"], true);
+        assert_eq!(
+            (
+                &body["top_p"],
+                &body["stop"],
+                &body["seed"],
+                &body["max_tokens"]
+            ),
+            (&json!(0.5), &json!(["END"]), &json!(9), &json!(20))
+        );
+        assert_eq!(body["temperature"], 0.1);
+    }
+
+    #[test]
+    fn any_object_is_json_mode() {
+        let (request, output_schema) = call_for(
+            TaskKind::ExtractData,
+            json!({"messages": [{"role": "user", "content": "u"}], "schema": {"type": "object"}}),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &output_schema,
+            previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        let (body, _) = request_body(&call);
+        assert_eq!(body["response_format"], json!({"type": "json_object"}));
     }
 
     #[test]

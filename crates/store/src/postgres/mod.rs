@@ -13,7 +13,7 @@
 //! | `runs` row, `FOR SHARE` | run-owned creation | a run canceled concurrently either sees the new task in its cascade or the creation sees the cancel |
 //! | `scope_state` row | admission (upsert), tasks leaving queued/running (decrement) | the scope's counters; row lock only, same-scope traffic only |
 //! | one `global_slots` stripe | the **last** statement of an admission, until its commit | the global concurrency cap: a conditional increment within the stripe's allowance, held for one statement and the commit, never across the admission's reads |
-//! | every `global_slots` stripe, in order | an admission retried after its stripe's allowance ran out | the exact recount and fresh allowances (`admission::take_slot_rebalancing`) |
+//! | every `global_slots` stripe, in order | an admission retried after its stripe's allowance ran out | the exact recount and fresh allowances (`admission::slots::take_slot_rebalancing`) |
 //! | `global_finished` stripe rows | tasks leaving queued/running | the other half of the global count; 64 stripes, so finishing never contends with admitting |
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
 //!
@@ -35,27 +35,20 @@
 mod admission;
 mod lifecycle;
 mod list;
+mod maintenance;
 pub mod notify;
 mod pipelines;
 mod runs;
-mod sweep;
+mod tasks;
 
-use crate::rows::{TaskRow, task_columns};
-use crate::{
-    Completion, Created, HeartbeatReport, PipelineRef, RunCancel, RunResult, Store, StoreError,
-    StoreResult, StoredPipeline, SweepConfig, SweepReport, Transition, UnreleasedPage,
-    UnreleasedQuery, WaitOutcome,
-};
-use async_trait::async_trait;
+use crate::shared::rows::{TaskRow, task_columns};
+use crate::{StoreError, StoreResult};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{
-    AppId, Clock, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Run, RunId, ScopeId,
-    SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
-};
+use tollgate_core::{Clock, Task, Timestamp};
 
 /// SQL for "now" in epoch milliseconds inside one statement: parameter `$n` (the
 /// [`PostgresStore::fixed_now`] clock) when bound, else the database's clock.
@@ -246,224 +239,4 @@ async fn fetch_task(exec: impl sqlx::PgExecutor<'_>, id: &str) -> StoreResult<Op
     .fetch_optional(exec)
     .await?;
     row.map(TaskRow::into_task).transpose()
-}
-
-#[async_trait]
-impl Store for PostgresStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
-        admission::create_task(self, new).await
-    }
-
-    async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
-        admission::create_tasks(self, news).await
-    }
-
-    async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {
-        let row: Option<TaskRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            task_columns!(),
-            " FROM tasks WHERE id = $1 AND app = $2"
-        ))
-        .bind(id.to_string())
-        .bind(app.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(TaskRow::into_task).transpose()
-    }
-
-    async fn get_task_by_effect_key(
-        &self,
-        app: &AppId,
-        key: &EffectKey,
-    ) -> StoreResult<Option<Task>> {
-        let row: Option<TaskRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            task_columns!(),
-            " FROM tasks WHERE app = $1 AND effect_key = $2"
-        ))
-        .bind(app.as_str())
-        .bind(key.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(TaskRow::into_task).transpose()
-    }
-
-    async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>> {
-        lifecycle::claim_task(self, id, worker).await
-    }
-
-    async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>> {
-        lifecycle::claim_next(self, worker, limit).await
-    }
-
-    async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport> {
-        lifecycle::heartbeat(self, worker, ids).await
-    }
-
-    async fn complete_task(
-        &self,
-        id: TaskId,
-        worker: &WorkerId,
-        output: serde_json::Value,
-        usage: Usage,
-    ) -> StoreResult<Transition> {
-        lifecycle::complete_task(self, id, worker, output, usage).await
-    }
-
-    async fn complete_tasks(
-        &self,
-        items: Vec<Completion>,
-    ) -> StoreResult<Vec<StoreResult<Transition>>> {
-        lifecycle::complete_tasks(self, items).await
-    }
-
-    async fn fail_task(
-        &self,
-        id: TaskId,
-        code: ErrorCode,
-        message: &str,
-    ) -> StoreResult<Transition> {
-        lifecycle::fail_task(self, id, code, message).await
-    }
-
-    async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>> {
-        lifecycle::request_cancel(self, app, id).await
-    }
-
-    async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool> {
-        lifecycle::is_cancellation_requested(self, id).await
-    }
-
-    async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {
-        lifecycle::mark_canceled(self, id).await
-    }
-
-    async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool> {
-        lifecycle::release(self, app, scope, key).await
-    }
-
-    async fn list_unreleased_sources(
-        &self,
-        app: &AppId,
-        query: &UnreleasedQuery,
-    ) -> StoreResult<UnreleasedPage> {
-        lifecycle::list_unreleased_sources(self, app, query).await
-    }
-
-    async fn delete_owner_data(
-        &self,
-        app: &AppId,
-        scope: &ScopeId,
-        source: Option<&SourceId>,
-    ) -> StoreResult<u64> {
-        lifecycle::delete_owner_data(self, app, scope, source).await
-    }
-
-    async fn list_recoverable(
-        &self,
-        after: Option<TaskId>,
-        limit: u32,
-    ) -> StoreResult<Vec<TaskId>> {
-        lifecycle::list_recoverable(self, after, limit).await
-    }
-
-    async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport> {
-        sweep::sweep(self, config).await
-    }
-
-    async fn create_run(&self, new: NewRun) -> StoreResult<Run> {
-        runs::create_run(self, new).await
-    }
-
-    async fn get_run(&self, app: &AppId, id: RunId) -> StoreResult<Option<Run>> {
-        runs::get_run(&self.pool, app, id).await
-    }
-
-    async fn request_run_cancel(&self, app: &AppId, id: RunId) -> StoreResult<Option<RunCancel>> {
-        runs::request_run_cancel(self, app, id).await
-    }
-
-    async fn wait_on_task(
-        &self,
-        app: &AppId,
-        run: RunId,
-        task: TaskId,
-    ) -> StoreResult<WaitOutcome> {
-        runs::wait_on_task(self, app, run, task).await
-    }
-
-    async fn finish_run(
-        &self,
-        app: &AppId,
-        run: RunId,
-        result: RunResult,
-    ) -> StoreResult<Option<Run>> {
-        runs::finish_run(self, app, run, result).await
-    }
-    async fn put_pipeline(
-        &self,
-        app: &AppId,
-        name: &PipelineName,
-        version: &str,
-        definition: &serde_json::Value,
-    ) -> StoreResult<(StoredPipeline, bool)> {
-        pipelines::put_pipeline(self, app, name, version, definition).await
-    }
-
-    async fn get_pipeline(
-        &self,
-        app: &AppId,
-        name: &PipelineName,
-        version: Option<&str>,
-    ) -> StoreResult<Option<StoredPipeline>> {
-        pipelines::get_pipeline(self, app, name, version).await
-    }
-
-    async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run> {
-        pipelines::create_pipeline_run(self, new, pipeline).await
-    }
-
-    async fn start_pipeline_run_once(
-        &self,
-        new: NewRun,
-        pipeline: &PipelineRef,
-        start_key: &EffectKey,
-    ) -> StoreResult<(Run, bool)> {
-        pipelines::start_pipeline_run_once(self, new, pipeline, start_key).await
-    }
-
-    async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
-        pipelines::run_pipeline(self, app, run).await
-    }
-
-    async fn claim_pipeline_runs(
-        &self,
-        driver: &WorkerId,
-        lease: Duration,
-        limit: u32,
-    ) -> StoreResult<Vec<Run>> {
-        pipelines::claim_pipeline_runs(self, driver, lease, limit).await
-    }
-
-    async fn release_pipeline_run(
-        &self,
-        run: RunId,
-        driver: &WorkerId,
-        wake_at: Option<Timestamp>,
-    ) -> StoreResult<bool> {
-        pipelines::release_pipeline_run(self, run, driver, wake_at).await
-    }
-
-    async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>> {
-        pipelines::run_tasks(self, app, run).await
-    }
 }

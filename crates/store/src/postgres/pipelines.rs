@@ -2,119 +2,13 @@
 //! skip rows other replicas hold, so two replicas never drive one run at once.
 
 use super::PostgresStore;
-use super::runs::{get_run, insert_run};
-use crate::rows::{RunRow, TaskRow, run_columns, task_columns, tasks};
-use crate::{MAX_PAGE, PipelineRef, StoreError, StoreResult, StoredPipeline};
+use super::runs::{fetch_run, insert_run};
+use crate::shared::rows::{PipelineRefRow, PipelineRow, RunRow, pipeline_run_id, run_columns};
+use crate::{MAX_PAGE, PipelineRef, PipelineStore, StoreError, StoreResult, StoredPipeline};
+use async_trait::async_trait;
 use std::time::Duration;
 use tollgate_core::canonical::canonical_json;
-use tollgate_core::{
-    AppId, EffectKey, NewRun, PipelineName, Run, RunId, Task, Timestamp, WorkerId,
-};
-
-fn stored(
-    app: &AppId,
-    name: &PipelineName,
-    (version, definition, created_at): (String, String, i64),
-) -> StoreResult<StoredPipeline> {
-    Ok(StoredPipeline {
-        app: app.clone(),
-        name: name.clone(),
-        version,
-        definition: serde_json::from_str(&definition)
-            .map_err(|e| StoreError::Corrupt(format!("pipeline definition: {e}")))?,
-        created_at: Timestamp(created_at),
-    })
-}
-
-pub(super) async fn put_pipeline(
-    store: &PostgresStore,
-    app: &AppId,
-    name: &PipelineName,
-    version: &str,
-    definition: &serde_json::Value,
-) -> StoreResult<(StoredPipeline, bool)> {
-    let text = canonical_json(definition).map_err(|e| e.within("definition"))?;
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
-    let created = sqlx::query(
-        "INSERT INTO pipelines (app, name, version, definition, created_at) \
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (app, name, version) DO NOTHING",
-    )
-    .bind(app.as_str())
-    .bind(name.as_str())
-    .bind(version)
-    .bind(&text)
-    .bind(now.0)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
-    let row: (String, String, i64) = sqlx::query_as(
-        "SELECT version, definition, created_at FROM pipelines \
-         WHERE app = $1 AND name = $2 AND version = $3",
-    )
-    .bind(app.as_str())
-    .bind(name.as_str())
-    .bind(version)
-    .fetch_one(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok((stored(app, name, row)?, created))
-}
-
-pub(super) async fn get_pipeline(
-    store: &PostgresStore,
-    app: &AppId,
-    name: &PipelineName,
-    version: Option<&str>,
-) -> StoreResult<Option<StoredPipeline>> {
-    let row: Option<(String, String, i64)> = sqlx::query_as(
-        "SELECT version, definition, created_at FROM pipelines \
-         WHERE app = $1 AND name = $2 AND ($3::TEXT IS NULL OR version = $3) \
-         ORDER BY created_at DESC, version DESC LIMIT 1",
-    )
-    .bind(app.as_str())
-    .bind(name.as_str())
-    .bind(version)
-    .fetch_optional(&store.pool)
-    .await?;
-    row.map(|r| stored(app, name, r)).transpose()
-}
-
-pub(super) async fn create_pipeline_run(
-    store: &PostgresStore,
-    new: NewRun,
-    pipeline: &PipelineRef,
-) -> StoreResult<Run> {
-    insert_pipeline_run(store, &new, pipeline, None)
-        .await?
-        .ok_or_else(|| StoreError::Database("inserted run vanished".into()))
-}
-
-/// Inserts under the key; when another transaction holds or committed the key (the
-/// unique index makes a concurrent insert wait, then do nothing), this one rolls back
-/// and answers the run that has it.
-pub(super) async fn start_pipeline_run_once(
-    store: &PostgresStore,
-    new: NewRun,
-    pipeline: &PipelineRef,
-    start_key: &EffectKey,
-) -> StoreResult<(Run, bool)> {
-    if let Some(run) = keyed_run(store, &new.app, start_key).await? {
-        return Ok((run, false));
-    }
-    if let Some(run) = insert_pipeline_run(store, &new, pipeline, Some(start_key)).await? {
-        return Ok((run, true));
-    }
-    keyed_run(store, &new.app, start_key)
-        .await?
-        .map(|run| (run, false))
-        .ok_or_else(|| {
-            StoreError::Database(format!(
-                "pipeline run key {start_key} was taken, yet no run has it"
-            ))
-        })
-}
+use tollgate_core::{AppId, EffectKey, NewRun, PipelineName, Run, RunId, Timestamp, WorkerId};
 
 async fn keyed_run(
     store: &PostgresStore,
@@ -131,9 +25,8 @@ async fn keyed_run(
     let Some(id) = existing else {
         return Ok(None);
     };
-    let id = RunId::parse(&id)
-        .map_err(|e| StoreError::Corrupt(format!("pipeline run id {id:?}: {e}")))?;
-    let run = get_run(&mut *tx, app, id).await?;
+    let id = pipeline_run_id(&id)?;
+    let run = fetch_run(&mut *tx, app, id).await?;
     tx.commit().await?;
     run.map(Some)
         .ok_or_else(|| StoreError::Corrupt(format!("pipeline run {id} has no run row")))
@@ -180,111 +73,173 @@ async fn insert_pipeline_run(
         // Dropping the transaction rolls the run row back.
         return Ok(None);
     }
-    let run = get_run(&mut *tx, &new.app, id).await?;
+    let run = fetch_run(&mut *tx, &new.app, id).await?;
     tx.commit().await?;
     Ok(run)
 }
 
-pub(super) async fn run_pipeline(
-    store: &PostgresStore,
-    app: &AppId,
-    run: RunId,
-) -> StoreResult<Option<PipelineRef>> {
-    let row: Option<(String, String)> = sqlx::query_as(
-        "SELECT pipeline, version FROM pipeline_runs WHERE run_id = $1 AND app = $2",
-    )
-    .bind(run.to_string())
-    .bind(app.as_str())
-    .fetch_optional(&store.pool)
-    .await?;
-    row.map(|(name, version)| {
-        Ok(PipelineRef {
-            name: PipelineName::new(name).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            version,
-        })
-    })
-    .transpose()
-}
-
-pub(super) async fn claim_pipeline_runs(
-    store: &PostgresStore,
-    driver: &WorkerId,
-    lease: Duration,
-    limit: u32,
-) -> StoreResult<Vec<Run>> {
-    if limit == 0 {
-        return Ok(Vec::new());
-    }
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
-    let ids: Vec<String> = sqlx::query_scalar(
-        "WITH picked AS MATERIALIZED (SELECT p.run_id FROM pipeline_runs p \
-         JOIN runs r ON r.id = p.run_id \
-         WHERE NOT p.done AND p.wake_at <= $3 AND (p.lease_until IS NULL OR p.lease_until < $3) \
-         AND r.state = 'running' ORDER BY p.wake_at LIMIT $4 FOR UPDATE OF p SKIP LOCKED) \
-         UPDATE pipeline_runs SET driver = $1, lease_until = $2 FROM picked \
-         WHERE pipeline_runs.run_id = picked.run_id RETURNING pipeline_runs.run_id",
-    )
-    .bind(driver.as_str())
-    .bind(now.plus(lease).0)
-    .bind(now.0)
-    .bind(i64::from(limit.min(MAX_PAGE)))
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut runs = Vec::with_capacity(ids.len());
-    for id in &ids {
-        let row: Option<RunRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            run_columns!(),
-            " FROM runs WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&mut *tx)
+#[async_trait]
+impl PipelineStore for PostgresStore {
+    async fn put_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: &str,
+        definition: &serde_json::Value,
+    ) -> StoreResult<(StoredPipeline, bool)> {
+        let text = canonical_json(definition).map_err(|e| e.within("definition"))?;
+        let mut tx = self.begin().await?;
+        let now = self.now(&mut tx).await?;
+        let created = sqlx::query(
+            "INSERT INTO pipelines (app, name, version, definition, created_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (app, name, version) DO NOTHING",
+        )
+        .bind(app.as_str())
+        .bind(name.as_str())
+        .bind(version)
+        .bind(&text)
+        .bind(now.0)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        let row: PipelineRow = sqlx::query_as(
+            "SELECT version, definition, created_at FROM pipelines \
+             WHERE app = $1 AND name = $2 AND version = $3",
+        )
+        .bind(app.as_str())
+        .bind(name.as_str())
+        .bind(version)
+        .fetch_one(&mut *tx)
         .await?;
-        if let Some(r) = row {
-            runs.push(r.into_run()?);
-        }
+        tx.commit().await?;
+        Ok((row.into_stored(app, name)?, created))
     }
-    tx.commit().await?;
-    Ok(runs)
-}
 
-pub(super) async fn release_pipeline_run(
-    store: &PostgresStore,
-    run: RunId,
-    driver: &WorkerId,
-    wake_at: Option<Timestamp>,
-) -> StoreResult<bool> {
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
-    let released = sqlx::query(
-        "UPDATE pipeline_runs SET driver = NULL, lease_until = NULL, wake_at = $1 \
-         WHERE run_id = $2 AND driver = $3",
-    )
-    .bind(wake_at.unwrap_or(now).0)
-    .bind(run.to_string())
-    .bind(driver.as_str())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
-    tx.commit().await?;
-    Ok(released)
-}
+    async fn get_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: Option<&str>,
+    ) -> StoreResult<Option<StoredPipeline>> {
+        let row: Option<PipelineRow> = sqlx::query_as(
+            "SELECT version, definition, created_at FROM pipelines \
+             WHERE app = $1 AND name = $2 AND ($3::TEXT IS NULL OR version = $3) \
+             ORDER BY created_at DESC, version DESC LIMIT 1",
+        )
+        .bind(app.as_str())
+        .bind(name.as_str())
+        .bind(version)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| r.into_stored(app, name)).transpose()
+    }
 
-pub(super) async fn run_tasks(
-    store: &PostgresStore,
-    app: &AppId,
-    run: RunId,
-) -> StoreResult<Vec<Task>> {
-    let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        " FROM tasks WHERE run_id = $1 AND app = $2 ORDER BY created_at, id"
-    ))
-    .bind(run.to_string())
-    .bind(app.as_str())
-    .fetch_all(&store.pool)
-    .await?;
-    tasks(rows)
+    async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run> {
+        insert_pipeline_run(self, &new, pipeline, None)
+            .await?
+            .ok_or_else(|| StoreError::Database("inserted run vanished".into()))
+    }
+
+    /// Inserts under the key; when another transaction holds or committed the key (the
+    /// unique index makes a concurrent insert wait, then do nothing), this one rolls back
+    /// and answers the run that has it.
+    async fn start_pipeline_run_once(
+        &self,
+        new: NewRun,
+        pipeline: &PipelineRef,
+        start_key: &EffectKey,
+    ) -> StoreResult<(Run, bool)> {
+        if let Some(run) = keyed_run(self, &new.app, start_key).await? {
+            return Ok((run, false));
+        }
+        if let Some(run) = insert_pipeline_run(self, &new, pipeline, Some(start_key)).await? {
+            return Ok((run, true));
+        }
+        keyed_run(self, &new.app, start_key)
+            .await?
+            .map(|run| (run, false))
+            .ok_or_else(|| {
+                StoreError::Database(format!(
+                    "pipeline run key {start_key} was taken, yet no run has it"
+                ))
+            })
+    }
+
+    async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
+        let row: Option<PipelineRefRow> = sqlx::query_as(
+            "SELECT pipeline, version FROM pipeline_runs WHERE run_id = $1 AND app = $2",
+        )
+        .bind(run.to_string())
+        .bind(app.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(PipelineRefRow::into_ref).transpose()
+    }
+
+    async fn claim_pipeline_runs(
+        &self,
+        driver: &WorkerId,
+        lease: Duration,
+        limit: u32,
+    ) -> StoreResult<Vec<Run>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin().await?;
+        let now = self.now(&mut tx).await?;
+        let ids: Vec<String> = sqlx::query_scalar(
+            "WITH picked AS MATERIALIZED (SELECT p.run_id FROM pipeline_runs p \
+             JOIN runs r ON r.id = p.run_id \
+             WHERE NOT p.done AND p.wake_at <= $3 AND (p.lease_until IS NULL OR p.lease_until < $3) \
+             AND r.state = 'running' ORDER BY p.wake_at LIMIT $4 FOR UPDATE OF p SKIP LOCKED) \
+             UPDATE pipeline_runs SET driver = $1, lease_until = $2 FROM picked \
+             WHERE pipeline_runs.run_id = picked.run_id RETURNING pipeline_runs.run_id",
+        )
+        .bind(driver.as_str())
+        .bind(now.plus(lease).0)
+        .bind(now.0)
+        .bind(i64::from(limit.min(MAX_PAGE)))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut runs = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let row: Option<RunRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                run_columns!(),
+                " FROM runs WHERE id = $1"
+            ))
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(r) = row {
+                runs.push(r.into_run()?);
+            }
+        }
+        tx.commit().await?;
+        Ok(runs)
+    }
+
+    async fn release_pipeline_run(
+        &self,
+        run: RunId,
+        driver: &WorkerId,
+        wake_at: Option<Timestamp>,
+    ) -> StoreResult<bool> {
+        let mut tx = self.begin().await?;
+        let now = self.now(&mut tx).await?;
+        let released = sqlx::query(
+            "UPDATE pipeline_runs SET driver = NULL, lease_until = NULL, wake_at = $1 \
+             WHERE run_id = $2 AND driver = $3",
+        )
+        .bind(wake_at.unwrap_or(now).0)
+        .bind(run.to_string())
+        .bind(driver.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        tx.commit().await?;
+        Ok(released)
+    }
 }

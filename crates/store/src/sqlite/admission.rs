@@ -8,13 +8,14 @@
 //! Expired sources of the scope are pruned on the way, each row once (amortized O(1)).
 
 use super::{SqliteStore, fetch_task};
-use crate::rows::{TaskRow, task_columns};
+use crate::shared::admission::{AdmissionFacts, cached_usage};
+use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
 use sqlx::SqliteConnection;
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::{
-    AdmissionRejection, AdmissionSnapshot, AppId, BucketState, Budget, NewTask, Owner, RunState,
-    ScopeId, SourceId, Subject, TaskId, Timestamp, Usage, cache_key, decide,
+    AdmissionRejection, AppId, Budget, NewTask, Owner, RunState, ScopeId, SourceId, Subject,
+    TaskId, Timestamp, cache_key,
 };
 
 /// Everything inserted for a new task, resolved from [`NewTask`] and the owner.
@@ -28,13 +29,8 @@ struct Insert<'a> {
     model_ref: String,
     cache_key: Option<String>,
     admitted: bool,
-    cached: Option<CachedResult>,
+    cached: Option<CacheHitRow>,
     now: Timestamp,
-}
-
-struct CachedResult {
-    from: String,
-    output: String,
 }
 
 pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResult<Created> {
@@ -107,7 +103,7 @@ async fn create_in(
     // Step 3: owner check; a run's scope and subject apply to its tasks.
     let (run_id, scope, subject) = match &new.owner {
         Owner::Run { run_id, .. } => {
-            let Some(run) = super::runs::get_run(&mut *conn, &app, *run_id).await? else {
+            let Some(run) = super::runs::fetch_run(&mut *conn, &app, *run_id).await? else {
                 return Err(StoreError::RunNotFound(run_id.to_string()));
             };
             if run.cancel_requested || run.state == RunState::Canceled {
@@ -145,7 +141,7 @@ async fn create_in(
         // Step 4: cache. Same app and scope; the key covers source, revision, request,
         // model config and subject.
         if !scoped.recompute {
-            let hit: Option<(String, String)> = sqlx::query_as(
+            let hit: Option<CacheHitRow> = sqlx::query_as(
                 "SELECT id, output FROM tasks \
                  WHERE app = ? AND scope = ? AND cache_key = ? AND status = 'succeeded' \
                  AND cache_key IS NOT NULL \
@@ -156,9 +152,7 @@ async fn create_in(
             .bind(&key)
             .fetch_optional(&mut *conn)
             .await?;
-            if let Some((from, output)) = hit {
-                insert.cached = Some(CachedResult { from, output });
-            }
+            insert.cached = hit;
         }
         insert.cache_key = Some(key.clone());
         if insert.cached.is_none() {
@@ -243,9 +237,9 @@ async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult
         Some(hit) => (
             "succeeded",
             Some(hit.output.clone()),
-            Some(serde_json::to_string(&Usage::default()).unwrap_or_else(|_| "{}".into())),
+            Some(cached_usage()),
             Some(i.now.0),
-            Some(hit.from.clone()),
+            Some(hit.id.clone()),
         ),
         None => ("queued", None, None, None, None),
     };
@@ -310,7 +304,7 @@ async fn admit(
     .execute(&mut *tx)
     .await?
     .rows_affected() as i64;
-    let state: Option<(i64, i64, i64, i64)> = sqlx::query_as(
+    let state: Option<ScopeStateRow> = sqlx::query_as(
         "SELECT bucket_units, bucket_at, sources_in_window, active FROM scope_state \
          WHERE app = ? AND scope = ?",
     )
@@ -318,7 +312,6 @@ async fn admit(
     .bind(scope.as_str())
     .fetch_optional(&mut *tx)
     .await?;
-    let sources_in_window = state.map_or(0, |s| s.2).saturating_sub(pruned).max(0);
     let seen: Option<i64> = sqlx::query_scalar(
         "SELECT 1 FROM scope_sources WHERE app = ? AND scope = ? AND source_id = ? \
          AND last_admitted_at > ?",
@@ -329,8 +322,9 @@ async fn admit(
     .bind(cutoff)
     .fetch_optional(&mut *tx)
     .await?;
-    let (source_steps, step_counted): (i64, i64) = sqlx::query_as(
-        "SELECT COUNT(DISTINCT logical_key), COALESCE(MAX(logical_key = ?), 0) FROM admissions \
+    let steps: SourceStepsRow = sqlx::query_as(
+        "SELECT COUNT(DISTINCT logical_key) AS steps, \
+         COALESCE(MAX(logical_key = ?), 0) AS counted FROM admissions \
          WHERE app = ? AND scope = ? AND source_id = ? AND admitted_at > ? \
          AND logical_key IS NOT NULL",
     )
@@ -347,24 +341,22 @@ async fn admit(
     )
     .fetch_one(&mut *tx)
     .await?;
-    let snapshot = AdmissionSnapshot {
-        source_steps: source_steps as u64,
-        step_already_counted: step_counted != 0,
-        sources_in_window: sources_in_window as u64,
-        source_already_seen: seen.is_some(),
-        scope_active: state.map_or(0, |s| s.3).max(0) as u64,
-        global_active: global_active as u64,
+    let facts = AdmissionFacts {
+        pruned,
+        bucket_units: state.as_ref().map(|s| s.bucket_units),
+        bucket_at: state.as_ref().map(|s| s.bucket_at),
+        sources_in_window: state.as_ref().map(|s| s.sources_in_window),
+        active: state.as_ref().map(|s| s.active),
+        seen: seen.is_some(),
+        steps: steps.steps,
+        counted: steps.counted != 0,
+        global_active,
     };
-    let bucket = state.map(|(units, at, _, _)| BucketState {
-        units,
-        at: Timestamp(at),
-    });
-    let bucket = match decide(budget, &snapshot, bucket, now) {
-        Ok(b) => b,
+    let update = match facts.decide(budget, now) {
+        Ok(update) => update,
         Err(rejection) => return Ok(Err(rejection)),
     };
-    // Relative updates: whoever deletes an expired sighting subtracts it, exactly once.
-    let sources_delta = i64::from(seen.is_none()) - pruned;
+    let (bucket, sources_delta) = (update.bucket, update.sources_delta);
     sqlx::query(
         "INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window, active) \
          VALUES (?, ?, ?, ?, MAX(?, 0), 1) \
@@ -396,4 +388,20 @@ async fn admit(
         .execute(&mut *tx)
         .await?;
     Ok(Ok(()))
+}
+
+/// A scope's counters row.
+#[derive(sqlx::FromRow)]
+struct ScopeStateRow {
+    bucket_units: i64,
+    bucket_at: i64,
+    sources_in_window: i64,
+    active: i64,
+}
+
+/// A source's distinct steps within the window, and whether this logical key is one.
+#[derive(sqlx::FromRow)]
+struct SourceStepsRow {
+    steps: i64,
+    counted: i64,
 }

@@ -6,7 +6,7 @@ use crate::list::{
     Arg, Dialect, ListCursor, ListPage, ListSql, ListStore, ListedRun, PipelineSummary,
     RunListQuery, ScopeSnapshot, TaskListQuery, TaskStatsRaw,
 };
-use crate::rows::{RunRow, TaskRow};
+use crate::shared::rows::{RunRow, TaskRow};
 use crate::{PipelineRef, StoreError, StoreResult};
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
@@ -46,7 +46,7 @@ impl SqliteStore {
 impl ListStore for SqliteStore {
     async fn list_tasks(&self, app: &AppId, query: &TaskListQuery) -> StoreResult<ListPage<Task>> {
         let rows: Vec<TaskRow> = self.rows_of(crate::list::tasks_sql(D, app, query)).await?;
-        let tasks = crate::rows::tasks(rows)?;
+        let tasks = crate::shared::rows::tasks(rows)?;
         Ok(crate::list::page_of(tasks, query.limit, |t| {
             ListCursor::Newest {
                 listing: 't',

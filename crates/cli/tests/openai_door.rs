@@ -1,0 +1,745 @@
+//! The OpenAI-compatible door end to end: the real `tollgate serve` binary, its model
+//! calls going to a scripted fake OpenAI-compatible provider in this process that counts
+//! them, on SQLite and (with `TOLLGATE_TEST_DATABASE_URL`) PostgreSQL.
+//!
+//! - Request-shape errors: each a 400 in OpenAI's error shape, with nothing stored and
+//!   no provider call.
+//! - A call that outlives the server's longest wait: a 504 naming the task.
+//! - The official SDKs (`tests/openai-sdk/`: the `openai` Python package under pytest,
+//!   the `openai` npm package under `node --test`), unchanged except for base URL and
+//!   key. With `TOLLGATE_REQUIRE_OPENAI_SDKS=1` (CI) a missing SDK fails the test;
+//!   otherwise it is skipped with a printed notice.
+
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+mod common;
+use common::Server;
+
+const ACME: &str = "acme-key-0123456789abcdef";
+const BETA: &str = "beta-key-0123456789abcdef";
+
+/// What the fake provider has seen.
+#[derive(Default)]
+struct Seen {
+    count: u64,
+    last: Option<Value>,
+}
+
+/// A scripted OpenAI-compatible chat completions server on 127.0.0.1.
+struct FakeProvider {
+    url: String,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl FakeProvider {
+    async fn start() -> FakeProvider {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let app = Router::new()
+            .route("/v1/chat/completions", post(fake_completion))
+            .route("/calls", get(fake_calls))
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeProvider { url, seen }
+    }
+
+    fn count(&self) -> u64 {
+        self.seen.lock().unwrap().count
+    }
+}
+
+/// How long the fake takes for a last message starting with `slow:`: longer than the
+/// server's `max_wait` (6 s), so the first wait of such a call times out.
+const SLOW_ANSWER: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// `json_schema` → a person; `json_object` → `{"ok": true}`; text → an echo of the last
+/// message (after [`SLOW_ANSWER`] for `slow:` messages). Always 11 prompt and 7
+/// completion tokens.
+async fn fake_completion(
+    State(seen): State<Arc<Mutex<Seen>>>,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    let content = match body
+        .pointer("/response_format/type")
+        .and_then(Value::as_str)
+    {
+        Some("json_schema") => r#"{"name": "Ada Lovelace", "year": 1815}"#.to_string(),
+        Some("json_object") => r#"{"ok": true}"#.to_string(),
+        _ => {
+            let last = body["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or_default();
+            format!("fake answer to: {last}")
+        }
+    };
+    let slow = body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .is_some_and(|c| c.starts_with("slow:"));
+    if slow {
+        tokio::time::sleep(SLOW_ANSWER).await;
+    }
+    {
+        let mut s = seen.lock().unwrap();
+        s.count += 1;
+        s.last = Some(body);
+    }
+    Json(json!({
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "fake-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    }))
+}
+
+async fn fake_calls(State(seen): State<Arc<Mutex<Seen>>>) -> Json<Value> {
+    let s = seen.lock().unwrap();
+    Json(json!({"count": s.count, "last": s.last}))
+}
+
+fn config_text(database_url: &str, provider_url: &str) -> String {
+    format!(
+        r#"
+[server]
+max_wait = "6s"
+
+[database]
+url = "{database_url}"
+
+[models.default]
+provider = "fake"
+model = "fake-model"
+
+[models.slow]
+provider = "dev"
+model = "dev-1"
+params = {{ latency_ms = 60000 }}
+
+[providers.fake]
+kind = "openai"
+base_url = "{provider_url}/v1"
+max_retries = 0
+
+[budgets.standard]
+max_steps_per_source = 50
+sources_per_24_hours = 1000
+scope_concurrent = 50
+burst = 100
+tasks_per_minute = 600
+
+[budgets.tight]
+max_steps_per_source = 50
+sources_per_24_hours = 1000
+scope_concurrent = 50
+burst = 1
+tasks_per_minute = 1
+
+[apps.acme]
+api_keys = ["{ACME}"]
+default_budget = "standard"
+allowed_budgets = ["standard", "tight"]
+
+[apps.beta]
+api_keys = ["{BETA}"]
+default_budget = "standard"
+allowed_budgets = ["standard"]
+
+[workers]
+concurrency = 4
+heartbeat_interval = "200ms"
+
+[sweeper]
+interval = "500ms"
+"#
+    )
+}
+
+async fn start(backend: &str, fake: &FakeProvider) -> Option<Server> {
+    let url = fake.url.clone();
+    common::start(backend, "openai", |db| config_text(db, &url))
+}
+
+impl Server {
+    async fn chat(
+        &self,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut rb = self
+            .http
+            .post(format!("{}/openai/v1/chat/completions", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(k) = key {
+            rb = rb.bearer_auth(k);
+        }
+        for (k, v) in headers {
+            rb = rb.header(*k, *v);
+        }
+        let response = rb.send().await.expect("the server answers");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, headers, value)
+    }
+
+    async fn task_by_key(&self, effect_key: &str) -> StatusCode {
+        self.http
+            .get(format!("{}/v1/tasks?effect_key={effect_key}", self.base))
+            .bearer_auth(ACME)
+            .send()
+            .await
+            .unwrap()
+            .status()
+    }
+}
+
+/// An error answer in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[track_caller]
+fn assert_openai_error(body: &Value, ty: &str, param: Option<&str>, code: &str) {
+    let e = &body["error"];
+    let keys: Vec<&String> = e.as_object().expect("an error object").keys().collect();
+    assert_eq!(keys.len(), 4, "{body}");
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert_eq!(e["type"], ty, "{body}");
+    assert_eq!(e["param"].as_str(), param, "{body}");
+    assert_eq!(e["code"], code, "{body}");
+}
+
+fn chat() -> Value {
+    json!([{"role": "user", "content": "hi"}])
+}
+
+fn with(extra: Value) -> Value {
+    let mut body = json!({"model": "default", "messages": chat()});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name("sqlite").await })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name("postgres").await })*
+        }
+    };
+}
+
+on_both_backends!(
+    request_shape_errors_are_400_in_openai_shape_and_store_nothing,
+    a_call_answers_a_chat_completion_backed_by_a_task,
+    a_call_longer_than_the_longest_wait_names_its_task,
+    the_official_sdks_work_unchanged,
+);
+
+async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend: &str) {
+    let fake = FakeProvider::start().await;
+    let Some(server) = start(backend, &fake).await else {
+        return;
+    };
+    let user = |content: Value| json!([{"role": "user", "content": content}]);
+    let cases: Vec<(Value, Option<&str>, &str)> = vec![
+        (
+            with(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
+            Some("tools"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"tool_choice": "auto"})),
+            Some("tool_choice"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"functions": [{"name": "f"}]})),
+            Some("functions"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"audio": {"voice": "alloy", "format": "wav"}})),
+            Some("audio"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"modalities": ["text", "audio"]})),
+            Some("modalities"),
+            "unsupported_parameter",
+        ),
+        (with(json!({"n": 2})), Some("n"), "unsupported_parameter"),
+        (
+            with(json!({"logprobs": true})),
+            Some("logprobs"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"top_logprobs": 2})),
+            Some("top_logprobs"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"frobnicate": 1})),
+            Some("frobnicate"),
+            "unsupported_parameter",
+        ),
+        (
+            with(
+                json!({"messages": user(json!([{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]))}),
+            ),
+            Some("messages[0].content[0]"),
+            "unsupported_parameter",
+        ),
+        (
+            with(
+                json!({"messages": user(json!([{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]))}),
+            ),
+            Some("messages[0].content[0]"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "42"}]})),
+            Some("messages[0].role"),
+            "unsupported_parameter",
+        ),
+        (
+            with(
+                json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c1"}]}]}),
+            ),
+            Some("messages[0].tool_calls"),
+            "unsupported_parameter",
+        ),
+        (
+            with(json!({"messages": [{"role": "user", "name": "ada", "content": "hi"}]})),
+            Some("messages[0].name"),
+            "unsupported_parameter",
+        ),
+        (
+            json!({"model": "default"}),
+            Some("messages"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"messages": []})),
+            Some("messages"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"temperature": 5})),
+            Some("temperature"),
+            "invalid_request",
+        ),
+        (with(json!({"top_p": 0})), Some("top_p"), "invalid_request"),
+        (
+            with(json!({"stop": ["a", "b", "c", "d", "e"]})),
+            Some("stop"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"max_tokens": 0})),
+            Some("max_tokens"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"seed": "seven"})),
+            Some("seed"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"stream_options": {"include_usage": true}})),
+            Some("stream_options"),
+            "invalid_request",
+        ),
+        (
+            with(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}),
+            ),
+            Some("response_format.json_schema.name"),
+            "invalid_request",
+        ),
+        (
+            with(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}),
+            ),
+            Some("response_format.json_schema.schema"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"response_format": {"type": "yaml"}})),
+            Some("response_format.type"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"metadata": {"k": 1}})),
+            Some("metadata.k"),
+            "invalid_request",
+        ),
+        (json!(["not", "an", "object"]), None, "invalid_request"),
+    ];
+    for (i, (body, param, code)) in cases.iter().enumerate() {
+        let key = format!("bad-{i}");
+        let (status, _, answer) = server
+            .chat(
+                Some(ACME),
+                &[("idempotency-key", &key)],
+                serde_json::to_vec(body).unwrap(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {answer}");
+        assert_openai_error(&answer, "invalid_request_error", *param, code);
+        assert_eq!(
+            server.task_by_key(&format!("openai-{key}")).await,
+            StatusCode::NOT_FOUND,
+            "{body} stored a task"
+        );
+    }
+    // Not JSON at all.
+    let (status, _, answer) = server.chat(Some(ACME), &[], b"{not json".to_vec()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_openai_error(&answer, "invalid_request_error", None, "invalid_request");
+    // An unknown model is OpenAI's 404, an unknown key its 401, both in the same shape.
+    let (status, _, answer) = server
+        .chat(
+            Some(ACME),
+            &[("idempotency-key", "bad-model")],
+            serde_json::to_vec(&json!({"model": "gpt-9", "messages": chat()})).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_openai_error(&answer, "not_found_error", Some("model"), "model_not_found");
+    assert_eq!(
+        server.task_by_key("openai-bad-model").await,
+        StatusCode::NOT_FOUND
+    );
+    let (status, _, answer) = server
+        .chat(
+            Some("nobody-0123456789abcdef"),
+            &[],
+            serde_json::to_vec(&with(json!({}))).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_openai_error(&answer, "authentication_error", None, "unauthorized");
+    // A budget policy the app may not use, from the header.
+    let (status, _, answer) = server
+        .chat(
+            Some(BETA),
+            &[("x-tollgate-budget", "tight")],
+            serde_json::to_vec(&with(json!({}))).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["code"], "budget_not_allowed");
+    // A path the door does not have.
+    let response = server
+        .http
+        .post(format!("{}/openai/v1/embeddings", server.base))
+        .bearer_auth(ACME)
+        .json(&json!({"model": "default", "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let answer: Value = response.json().await.unwrap();
+    assert_openai_error(&answer, "not_found_error", None, "not_found");
+    assert_eq!(fake.count(), 0, "no refused call reached the provider");
+}
+
+async fn a_call_answers_a_chat_completion_backed_by_a_task(backend: &str) {
+    let fake = FakeProvider::start().await;
+    let Some(server) = start(backend, &fake).await else {
+        return;
+    };
+    let body = serde_json::to_vec(&with(json!({
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "door"}]}],
+        "response_format": {"type": "text"}
+    })))
+    .unwrap();
+    let (status, headers, answer) = server
+        .chat(
+            Some(ACME),
+            &[
+                ("idempotency-key", "hello-1"),
+                ("x-tollgate-scope", "customer-7"),
+            ],
+            body.clone(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let task_id = headers["x-tollgate-task-id"].to_str().unwrap().to_string();
+    assert_eq!(answer["id"], format!("chatcmpl-{task_id}"));
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        "fake answer to: Hello, door"
+    );
+    assert_eq!(
+        answer["usage"],
+        json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})
+    );
+    // The task behind it, seen through Tollgate's own API.
+    let task: Value = server
+        .http
+        .get(format!("{}/v1/tasks/{task_id}", server.base))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(task["effect_key"], "openai-hello-1");
+    assert_eq!(task["kind"], "generate_text");
+    assert_eq!(task["step"], "openai-chat");
+    assert_eq!(task["scope"], "customer-7");
+    assert_eq!(task["status"], "succeeded");
+    assert!(
+        task["source"]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("openai-call-"),
+        "{task}"
+    );
+    // Replayed: the same answer, no second provider call.
+    let (status, _, again) = server
+        .chat(
+            Some(ACME),
+            &[
+                ("idempotency-key", "hello-1"),
+                ("x-tollgate-scope", "customer-7"),
+            ],
+            body,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(again, answer);
+    assert_eq!(fake.count(), 1);
+    // The same key from another app is another app's call.
+    let (status, headers, other) = server
+        .chat(
+            Some(BETA),
+            &[("idempotency-key", "hello-1")],
+            serde_json::to_vec(&with(json!({}))).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{other}");
+    assert_ne!(headers["x-tollgate-task-id"].to_str().unwrap(), task_id);
+    assert_eq!(fake.count(), 2);
+    // json_object runs as extract_data: JSON mode at the provider, an object back.
+    let (status, _, json_answer) = server
+        .chat(
+            Some(ACME),
+            &[],
+            serde_json::to_vec(&with(json!({"response_format": {"type": "json_object"}}))).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{json_answer}");
+    let content: Value = serde_json::from_str(
+        json_answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(content, json!({"ok": true}));
+    // A json_schema answer that breaks the schema is asked again, a bounded number of
+    // times, and never answered as a success.
+    let before = fake.count();
+    let strict = json!({"type": "json_schema", "json_schema": {"name": "place", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"], "additionalProperties": false
+    }}});
+    let (status, headers, failed) = server
+        .chat(
+            Some(ACME),
+            &[("idempotency-key", "place-1")],
+            serde_json::to_vec(&with(json!({"response_format": strict}))).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
+    assert_openai_error(&failed, "server_error", None, "invalid_model_output");
+    assert_eq!(headers["x-should-retry"], "false");
+    assert_eq!(fake.count(), before + 3, "one call and two re-asks");
+    // Streaming: the chunks and [DONE], as server-sent events.
+    let response = server
+        .http
+        .post(format!("{}/openai/v1/chat/completions", server.base))
+        .bearer_auth(ACME)
+        .json(&with(json!({"stream": true})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"),
+        "{:?}",
+        response.headers()
+    );
+    let text = response.text().await.unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"), "{text}");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+        .collect();
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, "fake answer to: hi");
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "no usage unless asked"
+    );
+}
+
+async fn a_call_longer_than_the_longest_wait_names_its_task(backend: &str) {
+    let fake = FakeProvider::start().await;
+    let Some(server) = start(backend, &fake).await else {
+        return;
+    };
+    let body = serde_json::to_vec(&json!({"model": "slow", "messages": chat()})).unwrap();
+    let (status, headers, answer) = server
+        .chat(Some(ACME), &[("idempotency-key", "slow-1")], body.clone())
+        .await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{answer}");
+    assert_openai_error(&answer, "timeout_error", None, "task_pending");
+    let task_id = headers["x-tollgate-task-id"].to_str().unwrap().to_string();
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&task_id)
+    );
+    // With a key, the SDKs' own retry picks the same task up again.
+    assert_eq!(headers["x-should-retry"], "true");
+    let canceled = server
+        .http
+        .post(format!("{}/v1/tasks/{task_id}/cancel", server.base))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(canceled.status(), StatusCode::OK);
+    // The replay answers the task as it ended, and says a retry cannot change it.
+    let (status, headers, answer) = server
+        .chat(Some(ACME), &[("idempotency-key", "slow-1")], body)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert_openai_error(
+        &answer,
+        "invalid_request_error",
+        None,
+        "WORKFLOW_AI_CANCELED",
+    );
+    assert_eq!(headers["x-tollgate-task-id"].to_str().unwrap(), task_id);
+    assert_eq!(headers["x-should-retry"], "false");
+}
+
+/// `tests/openai-sdk/` in the repository.
+fn sdk_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/openai-sdk")
+}
+
+/// Whether a runner is installed; without it the test fails in CI and is skipped (with a
+/// notice) elsewhere.
+fn runner_available(what: &str, probe: &mut Command) -> bool {
+    let ok = probe.output().is_ok_and(|o| o.status.success());
+    if !ok {
+        if std::env::var("TOLLGATE_REQUIRE_OPENAI_SDKS").is_ok_and(|v| v == "1") {
+            panic!(
+                "TOLLGATE_REQUIRE_OPENAI_SDKS=1 but {what} is not installed (see tests/openai-sdk/)"
+            );
+        }
+        eprintln!("skipping the {what} tests: not installed (see tests/openai-sdk/)");
+    }
+    ok
+}
+
+async fn run_sdk_tests(server: &Server, fake: &FakeProvider, what: &str, mut command: Command) {
+    command
+        .current_dir(sdk_dir())
+        .env(
+            "TOLLGATE_OPENAI_BASE_URL",
+            format!("{}/openai/v1", server.base),
+        )
+        .env("TOLLGATE_ACME_KEY", ACME)
+        .env("TOLLGATE_BETA_KEY", BETA)
+        .env("TOLLGATE_FAKE_PROVIDER_URL", &fake.url)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        // The SDKs must not pick up a real key or endpoint from the environment.
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL");
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{what} runs: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{what}:\n{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "{what} failed:\n{stdout}\n{stderr}"
+    );
+}
+
+async fn the_official_sdks_work_unchanged(backend: &str) {
+    let python = runner_available(
+        "openai Python package",
+        Command::new("python3").args(["-c", "import openai, pytest"]),
+    );
+    let node = runner_available(
+        "openai npm package",
+        Command::new("node")
+            .current_dir(sdk_dir())
+            .args(["-e", "require.resolve('openai')"]),
+    );
+    if !python && !node {
+        return;
+    }
+    let fake = FakeProvider::start().await;
+    let Some(server) = start(backend, &fake).await else {
+        return;
+    };
+    if python {
+        let mut pytest = Command::new("python3");
+        pytest.args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "test_openai_sdk.py",
+        ]);
+        run_sdk_tests(&server, &fake, "pytest (openai Python SDK)", pytest).await;
+    }
+    if node {
+        let mut node_test = Command::new("node");
+        node_test.args(["--test", "openai_sdk.test.mjs"]);
+        run_sdk_tests(&server, &fake, "node --test (openai npm SDK)", node_test).await;
+    }
+}

@@ -1,0 +1,552 @@
+//! The four task kinds (SPEC §2): their request types, request parsing and validation,
+//! the JSON Schemas of requests and outputs, and validation of model outputs.
+//!
+//! Requests are parsed field by field so every error names the exact path that is wrong
+//! (`request.labels[2].name`, `request.items[0].id`, `request.schema`, …). A caller's JSON
+//! Schema (`extract_data`) is checked without ever fetching anything: every `$ref` must be
+//! local (start with `#`), every `$schema` must name a bundled draft, and the compiler runs
+//! with a retriever that refuses all retrieval.
+//!
+//! Layout: this module holds [`TaskKind`], [`TaskRequest`] (dispatch to each kind's parser)
+//! and the request limits; `generate_text`, `classify`, `classify_many` and `extract_data`
+//! hold each kind's request type and parser (`extract_data` also the checks on a caller's
+//! schema), `labels` the label type shared by both classifications, `sampling` the
+//! sampling fields `generate_text` and `extract_data` share, `parse` and `messages` the
+//! field and message helpers, `schemas` the published JSON Schemas,
+//! `validate` [`validate_output`], `output_size` the output size rules and `schema_cost`
+//! the cost rule for a caller's schema.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::error::InvalidInput;
+
+mod classify;
+mod classify_many;
+mod extract_data;
+mod generate_text;
+mod labels;
+mod messages;
+mod output_size;
+mod parse;
+mod sampling;
+mod schema_cost;
+mod schemas;
+#[cfg(test)]
+mod test_support;
+mod validate;
+
+pub use classify::ClassifyRequest;
+pub use classify_many::{ClassifyItem, ClassifyManyRequest};
+pub use extract_data::ExtractDataRequest;
+pub use generate_text::{ChatMessage, ChatRole, GenerateTextRequest};
+pub use labels::Label;
+pub use output_size::{check_output_fits, check_output_size};
+pub use schema_cost::{
+    MAX_SCHEMA_DEPTH, MAX_SCHEMA_EXPANSION, MAX_SCHEMA_NODES, check_schema_cost,
+};
+pub use schemas::{output_schema, request_schema};
+pub use validate::validate_output;
+
+/// Most labels a `classify` / `classify_many` request may have.
+pub const MAX_LABELS: usize = 1000;
+/// Most items a `classify_many` request may have.
+pub const MAX_ITEMS: usize = 1000;
+/// Longest label name, in UTF-8 bytes.
+pub const MAX_LABEL_BYTES: usize = 256;
+/// Longest `classify_many` item id, in UTF-8 bytes.
+pub const MAX_ITEM_ID_BYTES: usize = 256;
+/// Highest accepted `temperature` (the lowest is 0).
+pub const MAX_TEMPERATURE: f64 = 2.0;
+/// Most `stop` sequences a request may have (OpenAI's limit).
+pub const MAX_STOP_SEQUENCES: usize = 4;
+/// Largest `seed` magnitude: integers beyond ±2^53 cannot be hashed exactly (canonical JSON).
+pub const MAX_SEED: i64 = 1 << 53;
+
+// ---------------------------------------------------------------------------------------
+// TaskKind
+// ---------------------------------------------------------------------------------------
+
+/// The kind of a task (SPEC §2). Its string form (`generate_text`, …) is part of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskKind {
+    /// Free text from a prompt or a chat.
+    GenerateText,
+    /// One label for one input.
+    Classify,
+    /// One label for each of many inputs.
+    ClassifyMany,
+    /// A JSON value, valid against the caller's schema, extracted from an input.
+    ExtractData,
+}
+
+impl TaskKind {
+    /// Every kind, in documentation order.
+    pub const ALL: [TaskKind; 4] = [
+        TaskKind::GenerateText,
+        TaskKind::Classify,
+        TaskKind::ClassifyMany,
+        TaskKind::ExtractData,
+    ];
+
+    /// The stable string form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskKind::GenerateText => "generate_text",
+            TaskKind::Classify => "classify",
+            TaskKind::ClassifyMany => "classify_many",
+            TaskKind::ExtractData => "extract_data",
+        }
+    }
+
+    /// Parses the stable string form.
+    pub fn parse(s: &str) -> Option<TaskKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for TaskKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A validated request of one of the four kinds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskRequest {
+    /// A `generate_text` request.
+    GenerateText(GenerateTextRequest),
+    /// A `classify` request.
+    Classify(ClassifyRequest),
+    /// A `classify_many` request.
+    ClassifyMany(ClassifyManyRequest),
+    /// An `extract_data` request.
+    ExtractData(ExtractDataRequest),
+}
+
+impl TaskRequest {
+    /// Parses and validates the request object of a kind (the JSON under "request"; it does
+    /// NOT contain "kind"). Every error names the offending field, starting with `request`.
+    /// An explicit `null` for an optional field is treated as absent.
+    pub fn parse(kind: TaskKind, value: &Value) -> Result<TaskRequest, InvalidInput> {
+        Ok(match kind {
+            TaskKind::GenerateText => {
+                TaskRequest::GenerateText(generate_text::parse_generate_text(value)?)
+            }
+            TaskKind::Classify => TaskRequest::Classify(classify::parse_classify(value)?),
+            TaskKind::ClassifyMany => {
+                TaskRequest::ClassifyMany(classify_many::parse_classify_many(value)?)
+            }
+            TaskKind::ExtractData => {
+                TaskRequest::ExtractData(extract_data::parse_extract_data(value)?)
+            }
+        })
+    }
+
+    /// The request's kind.
+    pub fn kind(&self) -> TaskKind {
+        match self {
+            TaskRequest::GenerateText(_) => TaskKind::GenerateText,
+            TaskRequest::Classify(_) => TaskKind::Classify,
+            TaskRequest::ClassifyMany(_) => TaskKind::ClassifyMany,
+            TaskRequest::ExtractData(_) => TaskKind::ExtractData,
+        }
+    }
+
+    /// The normalized request as JSON (what gets canonicalized, hashed and stored), without
+    /// "kind". Absent optional fields are omitted; labels keep the form they were given in.
+    pub fn to_value(&self) -> Value {
+        let result = match self {
+            TaskRequest::GenerateText(r) => serde_json::to_value(r),
+            TaskRequest::Classify(r) => serde_json::to_value(r),
+            TaskRequest::ClassifyMany(r) => serde_json::to_value(r),
+            TaskRequest::ExtractData(r) => serde_json::to_value(r),
+        };
+        // Cannot fail: plain structs with string keys, and a finite temperature.
+        result.expect("a task request always serializes to JSON")
+    }
+
+    /// The JSON Schema the output of THIS request must satisfy: the labels as an enum, the
+    /// item ids, or the caller's schema for `extract_data`. The first three are compatible
+    /// with OpenAI strict structured outputs (every property required, no additional
+    /// properties; `classify`'s `confidence` is therefore `number | null`, `null` meaning
+    /// "none"). The `extract_data` schema is the caller's, unchanged: it may be a boolean
+    /// or a non-object schema, which a provider needing an object root has to wrap.
+    pub fn output_schema(&self) -> Value {
+        match self {
+            TaskRequest::GenerateText(_) => json!({
+                "type": "object",
+                "properties": { "text": { "type": "string" } },
+                "required": ["text"],
+                "additionalProperties": false
+            }),
+            TaskRequest::Classify(r) => json!({
+                "type": "object",
+                "properties": {
+                    "label": { "type": "string", "enum": label_names(&r.labels) },
+                    "confidence": { "type": ["number", "null"], "minimum": 0, "maximum": 1 }
+                },
+                "required": ["label", "confidence"],
+                "additionalProperties": false
+            }),
+            TaskRequest::ClassifyMany(r) => {
+                let ids: Vec<&str> = r.items.iter().map(|i| i.id.as_str()).collect();
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "results": {
+                            "type": "array",
+                            "minItems": r.items.len(),
+                            "maxItems": r.items.len(),
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "id": { "type": "string", "enum": ids },
+                                    "label": { "type": "string", "enum": label_names(&r.labels) }
+                                },
+                                "required": ["id", "label"],
+                                "additionalProperties": false
+                            }
+                        }
+                    },
+                    "required": ["results"],
+                    "additionalProperties": false
+                })
+            }
+            TaskRequest::ExtractData(r) => r.schema.clone(),
+        }
+    }
+}
+
+pub(super) fn label_names(labels: &[Label]) -> Vec<&str> {
+    labels.iter().map(Label::name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::test_support::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn kinds_round_trip() {
+        for kind in TaskKind::ALL {
+            assert_eq!(TaskKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(kind.to_string(), kind.as_str());
+            assert_eq!(serde_json::to_value(kind).unwrap(), json!(kind.as_str()));
+            assert_eq!(
+                serde_json::from_value::<TaskKind>(json!(kind.as_str())).unwrap(),
+                kind
+            );
+        }
+        assert_eq!(TaskKind::parse("Classify"), None);
+        assert_eq!(TaskKind::parse(""), None);
+    }
+
+    #[test]
+    fn request_kind_matches() {
+        let r = accepts(TaskKind::Classify, classify(json!(["a"])));
+        assert_eq!(r.kind(), TaskKind::Classify);
+        let r = accepts(TaskKind::GenerateText, json!({ "prompt": "hi" }));
+        assert_eq!(r.kind(), TaskKind::GenerateText);
+        let r = many_request(&["1"], &["a"]);
+        assert_eq!(r.kind(), TaskKind::ClassifyMany);
+        let r = accepts(TaskKind::ExtractData, extract(json!({})));
+        assert_eq!(r.kind(), TaskKind::ExtractData);
+    }
+
+    // ---- common ----------------------------------------------------------------------
+
+    #[test]
+    fn request_must_be_an_object() {
+        for kind in TaskKind::ALL {
+            for value in [json!(null), json!([]), json!("x"), json!(1), json!(true)] {
+                rejects(kind, value, "request", "must be a JSON object");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "prompt": "hi", "kind": "generate_text" }),
+            "request",
+            "unknown field `kind`",
+        );
+        rejects(
+            TaskKind::Classify,
+            json!({ "input": "x", "labels": ["a"], "extra": 1 }),
+            "request",
+            "unknown field `extra`",
+        );
+        rejects(
+            TaskKind::ClassifyMany,
+            json!({ "items": items(&["1"]), "labels": ["a"], "input": "x" }),
+            "request",
+            "unknown field `input`",
+        );
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "input": "x", "schema": {}, "labels": [] }),
+            "request",
+            "unknown field `labels`",
+        );
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "messages": [{ "role": "user", "content": "x", "name": "bob" }] }),
+            "request.messages[0]",
+            "unknown field `name`",
+        );
+        rejects(
+            TaskKind::ClassifyMany,
+            classify_many(json!([{ "id": "1", "input": "x", "weight": 2 }])),
+            "request.items[0]",
+            "unknown field `weight`",
+        );
+        rejects(
+            TaskKind::Classify,
+            classify(json!([{ "name": "a", "color": "red" }])),
+            "request.labels[0]",
+            "unknown field `color`",
+        );
+    }
+
+    #[test]
+    fn missing_fields_are_rejected() {
+        rejects(
+            TaskKind::Classify,
+            json!({ "labels": ["a"] }),
+            "request",
+            "missing field `input`",
+        );
+        rejects(
+            TaskKind::Classify,
+            json!({ "input": "x" }),
+            "request",
+            "missing field `labels`",
+        );
+        rejects(
+            TaskKind::ClassifyMany,
+            json!({ "labels": ["a"] }),
+            "request",
+            "missing field `items`",
+        );
+        rejects(
+            TaskKind::ClassifyMany,
+            json!({ "items": items(&["1"]) }),
+            "request",
+            "missing field `labels`",
+        );
+        rejects(
+            TaskKind::ClassifyMany,
+            classify_many(json!([{ "id": "1" }])),
+            "request.items[0]",
+            "missing field `input`",
+        );
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "input": "x" }),
+            "request",
+            "missing field `schema`",
+        );
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "schema": {} }),
+            "request",
+            "missing field `input`",
+        );
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "messages": [{ "role": "user" }] }),
+            "request.messages[0]",
+            "missing field `content`",
+        );
+        rejects(
+            TaskKind::Classify,
+            classify(json!([{ "description": "d" }])),
+            "request.labels[0]",
+            "missing field `name`",
+        );
+    }
+
+    #[test]
+    fn wrong_types_carry_serde_messages() {
+        rejects(
+            TaskKind::Classify,
+            classify(json!("a")),
+            "request.labels",
+            "invalid type: string",
+        );
+        rejects(
+            TaskKind::Classify,
+            json!({ "input": 5, "labels": ["a"] }),
+            "request.input",
+            "invalid type: integer `5`, expected a string",
+        );
+        rejects(
+            TaskKind::Classify,
+            classify(json!(["a", 7])),
+            "request.labels[1]",
+            "expected a label",
+        );
+        rejects(
+            TaskKind::Classify,
+            classify(json!([{ "name": 7 }])),
+            "request.labels[0]",
+            "invalid type: integer `7`",
+        );
+        rejects(
+            TaskKind::Classify,
+            json!({ "input": "x", "labels": ["a"], "instructions": 1 }),
+            "request.instructions",
+            "invalid type",
+        );
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "prompt": ["hi"] }),
+            "request.prompt",
+            "invalid type: sequence",
+        );
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "messages": "hi" }),
+            "request.messages",
+            "invalid type: string",
+        );
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "messages": [{ "role": "bot", "content": "x" }] }),
+            "request.messages[0]",
+            "unknown variant `bot`",
+        );
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "prompt": "hi", "max_output_tokens": -1 }),
+            "request.max_output_tokens",
+            "invalid value",
+        );
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "prompt": "hi", "max_output_tokens": 1.5 }),
+            "request.max_output_tokens",
+            "invalid type",
+        );
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "prompt": "hi", "max_output_tokens": 5_000_000_000u64 }),
+            "request.max_output_tokens",
+            "invalid value",
+        );
+        rejects(
+            TaskKind::GenerateText,
+            json!({ "prompt": "hi", "temperature": "hot" }),
+            "request.temperature",
+            "invalid type",
+        );
+        rejects(
+            TaskKind::ClassifyMany,
+            classify_many(json!({ "id": "1" })),
+            "request.items",
+            "invalid type: map",
+        );
+        rejects(
+            TaskKind::ClassifyMany,
+            classify_many(json!([{ "id": 1, "input": "x" }])),
+            "request.items[0]",
+            "invalid type: integer `1`",
+        );
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "input": 7, "schema": {} }),
+            "request.input",
+            "invalid type: integer `7`",
+        );
+        // `input` is optional now (a chat may stand in for it): null is absent.
+        rejects(
+            TaskKind::ExtractData,
+            json!({ "input": null, "schema": {} }),
+            "request",
+            "missing field `input`",
+        );
+    }
+
+    #[test]
+    fn null_optional_fields_are_absent() {
+        let r = accepts(
+            TaskKind::GenerateText,
+            json!({ "prompt": "hi", "messages": null, "system": null, "temperature": null, "max_output_tokens": null }),
+        );
+        assert_eq!(r.to_value(), json!({ "prompt": "hi" }));
+        let r = accepts(
+            TaskKind::Classify,
+            json!({ "input": "x", "labels": ["a"], "instructions": null }),
+        );
+        assert_eq!(r.to_value(), json!({ "input": "x", "labels": ["a"] }));
+    }
+
+    #[test]
+    fn derived_deserialize_matches_parse() {
+        let values = [
+            (
+                TaskKind::GenerateText,
+                json!({ "prompt": "p", "temperature": 0.5, "system": "s" }),
+            ),
+            (
+                TaskKind::Classify,
+                classify(json!(["a", { "name": "b", "description": "d" }])),
+            ),
+            (TaskKind::ClassifyMany, classify_many(items(&["1", "2"]))),
+            (TaskKind::ExtractData, extract(person_schema())),
+        ];
+        for (kind, value) in values {
+            let r = accepts(kind, value.clone());
+            let back = match kind {
+                TaskKind::GenerateText => {
+                    TaskRequest::GenerateText(serde_json::from_value(r.to_value()).unwrap())
+                }
+                TaskKind::Classify => {
+                    TaskRequest::Classify(serde_json::from_value(r.to_value()).unwrap())
+                }
+                TaskKind::ClassifyMany => {
+                    TaskRequest::ClassifyMany(serde_json::from_value(r.to_value()).unwrap())
+                }
+                TaskKind::ExtractData => {
+                    TaskRequest::ExtractData(serde_json::from_value(r.to_value()).unwrap())
+                }
+            };
+            assert_eq!(back, r);
+            assert_eq!(r.to_value(), value);
+        }
+        // The derived impls refuse unknown fields too.
+        assert!(
+            serde_json::from_value::<ClassifyRequest>(
+                json!({ "input": "x", "labels": ["a"], "z": 1 })
+            )
+            .is_err()
+        );
+        assert!(
+            serde_json::from_value::<GenerateTextRequest>(json!({ "prompt": "x", "z": 1 }))
+                .is_err()
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn parse_never_panics_and_normalizes_idempotently(value in arb_json()) {
+            for kind in TaskKind::ALL {
+                if let Ok(r) = TaskRequest::parse(kind, &value) {
+                    let again = TaskRequest::parse(kind, &r.to_value()).expect("normalized request parses");
+                    prop_assert_eq!(&again, &r);
+                    prop_assert_eq!(again.to_value(), r.to_value());
+                    let _ = r.output_schema();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! A finished task in OpenAI's shapes: `chat.completion`, the `chat.completion.chunk`
+//! stream, and `model` objects.
+
+use axum::body::Body;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tollgate_core::Task;
+
+/// What an answer says, from a succeeded task. Everything comes from the stored task,
+/// so a replay of the same task answers the same id, `created` and content.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Completion {
+    id: String,
+    created: i64,
+    model: String,
+    content: String,
+    finish_reason: &'static str,
+    usage: Value,
+}
+
+impl Completion {
+    /// `max_tokens` is the call's output cap: an answer that used all of it was cut
+    /// (`finish_reason: "length"`), as far as the recorded usage tells.
+    pub(crate) fn of(task: &Task, max_tokens: Option<u64>) -> Completion {
+        let output = task.output.clone().unwrap_or(Value::Null);
+        let content = match &output {
+            // generate_text: the text itself; extract_data: the JSON value as text.
+            Value::Object(map) if task.kind == tollgate_core::TaskKind::GenerateText => map
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            other => other.to_string(),
+        };
+        let (prompt, completion) = task
+            .usage
+            .as_ref()
+            .map_or((0, 0), |u| (u.input_tokens, u.output_tokens));
+        let finish_reason = match max_tokens {
+            Some(cap) if !task.cached() && completion >= cap => "length",
+            _ => "stop",
+        };
+        // A cache hit's recorded usage is zero: no provider call, nothing spent. The
+        // provider's own prompt-cache counts are not recorded, so no
+        // `prompt_tokens_details` is claimed.
+        let usage = json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        });
+        Completion {
+            id: format!("chatcmpl-{}", task.id),
+            created: task.created_at.millis().div_euclid(1000),
+            model: task.model.to_string(),
+            content,
+            finish_reason,
+            usage,
+        }
+    }
+
+    /// The `chat.completion` object.
+    pub(crate) fn object(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": { "role": "assistant", "content": self.content, "refusal": null },
+                "logprobs": null,
+                "finish_reason": self.finish_reason,
+            }],
+            "usage": self.usage,
+        })
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<&Value>) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            chunk["usage"] = u.clone();
+        }
+        chunk
+    }
+
+    /// The stream's events, in order, without the final `[DONE]`.
+    pub(crate) fn chunks(&self, include_usage: bool) -> Vec<Value> {
+        // With include_usage every chunk carries `usage: null` but the last, as OpenAI's do.
+        let none = include_usage.then_some(Value::Null);
+        let mut chunks = vec![
+            self.chunk(
+                json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+                none.as_ref(),
+            ),
+            self.chunk(
+                json!([{"index": 0, "delta": {"content": self.content}, "logprobs": null, "finish_reason": null}]),
+                none.as_ref(),
+            ),
+            self.chunk(
+                json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": self.finish_reason}]),
+                none.as_ref(),
+            ),
+        ];
+        if include_usage {
+            chunks.push(self.chunk(json!([]), Some(&self.usage)));
+        }
+        chunks
+    }
+}
+
+/// `text/event-stream` of the chunks and `data: [DONE]`. The task has finished when
+/// this is built: the whole answer is sent at once (docs/openai.md says so).
+pub(crate) fn stream(completion: &Completion, include_usage: bool) -> Response {
+    let mut text = String::new();
+    for chunk in completion.chunks(include_usage) {
+        text.push_str("data: ");
+        text.push_str(&chunk.to_string());
+        text.push_str("\n\n");
+    }
+    text.push_str("data: [DONE]\n\n");
+    let mut response = Body::from(text).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// A `model` object. Tollgate does not know when a model was created: `created` is 0.
+pub(crate) fn model(id: &str, provider: &str) -> Value {
+    json!({ "id": id, "object": "model", "created": 0, "owned_by": provider })
+}

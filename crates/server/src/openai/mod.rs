@@ -1,0 +1,318 @@
+//! The OpenAI-compatible door under `/openai/v1`: `POST /chat/completions` and
+//! `GET /models` (`/models/{id}`) in OpenAI's shapes, so code written for the official
+//! SDKs works with only `base_url` and `api_key` changed. Each call is one durable
+//! Tollgate task, submitted through the engine like `POST /v1/tasks` (same
+//! authentication, idempotency, cache and admission) and waited for up to the server's
+//! `max_wait`. docs/openai.md says what maps to what.
+
+mod answer;
+mod error;
+mod request;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::body_limit;
+use crate::routes::{check_same_submission, read_body};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use error::OpenAiError;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tollgate_core::{
+    BudgetName, EffectKey, ErrorCode, ModelId, ScopeId, SourceId, SourceRevision, StepKey,
+    TaskStatus, ValidatedRequest,
+};
+use tollgate_engine::{SourceSpec, Submission, SubmissionOwner};
+
+/// The header naming the Tollgate task of an answer.
+pub(crate) const TASK_ID_HEADER: &str = "x-tollgate-task-id";
+/// The scope of a call without `X-Tollgate-Scope`.
+pub const DEFAULT_SCOPE: &str = "openai";
+/// The revision of a source named without `X-Tollgate-Source-Revision`.
+pub const DEFAULT_SOURCE_REVISION: &str = "1";
+/// The step name of every task of this door.
+pub const STEP: &str = "openai-chat";
+/// Prefix of the effect keys of this door (`openai-<Idempotency-Key>`), so they never
+/// collide with `POST /v1/tasks` keys.
+pub const EFFECT_KEY_PREFIX: &str = "openai-";
+
+const SCOPE_HEADER: &str = "x-tollgate-scope";
+const SOURCE_HEADER: &str = "x-tollgate-source";
+const REVISION_HEADER: &str = "x-tollgate-source-revision";
+const BUDGET_HEADER: &str = "x-tollgate-budget";
+const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+
+/// The door's routes, merged into the main router.
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/openai/v1/chat/completions", post(chat_completions))
+        .route("/openai/v1/models", get(list_models))
+        .route("/openai/v1/models/{id}", get(get_model))
+        .route(
+            "/openai/v1/{*rest}",
+            axum::routing::any(|| async {
+                OpenAiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    "Tollgate's OpenAI-compatible API has POST /openai/v1/chat/completions and \
+                     GET /openai/v1/models only",
+                )
+            }),
+        )
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+fn authenticate(s: &AppState, headers: &HeaderMap) -> Result<Caller, OpenAiError> {
+    Ok(s.auth.authenticate(headers)?)
+}
+
+/// A header's text, or a 400 naming it.
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, OpenAiError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|t| Some(t.trim()))
+            .map_err(|_| OpenAiError::invalid(name, format!("the {name} header is not text"))),
+    }
+}
+
+/// An identifier from a header, or a 400 naming the header.
+fn header_id<T>(
+    name: &str,
+    text: &str,
+    make: impl FnOnce(String) -> Result<T, tollgate_core::InvalidInput>,
+) -> Result<T, OpenAiError> {
+    make(text.to_string()).map_err(|e| {
+        let reason = match e {
+            tollgate_core::InvalidInput::Field { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        OpenAiError::invalid(name, format!("the {name} header {reason}"))
+    })
+}
+
+/// The submission of a call: the caller's app and subject, the headers' scope, source,
+/// budget and key, and the task request.
+fn submission(
+    caller: &Caller,
+    headers: &HeaderMap,
+    chat: &request::ChatRequest,
+) -> Result<(Submission, bool), OpenAiError> {
+    let scope = header(headers, SCOPE_HEADER)?.unwrap_or(DEFAULT_SCOPE);
+    let scope = header_id(SCOPE_HEADER, scope, ScopeId::new)?;
+    let client_key = header(headers, IDEMPOTENCY_HEADER)?;
+    let effect_key = match client_key {
+        Some("") => {
+            return Err(OpenAiError::invalid(
+                IDEMPOTENCY_HEADER,
+                "the Idempotency-Key header is empty",
+            ));
+        }
+        Some(k) => format!("{EFFECT_KEY_PREFIX}{k}"),
+        // No key: every call is new work; nothing is derived from the request.
+        None => format!("{EFFECT_KEY_PREFIX}call-{}", uuid::Uuid::new_v4().simple()),
+    };
+    let effect_key = header_id(IDEMPOTENCY_HEADER, &effect_key, EffectKey::new)?;
+    let revision = header(headers, REVISION_HEADER)?;
+    let source = match header(headers, SOURCE_HEADER)? {
+        Some(id) => SourceSpec {
+            id: header_id(SOURCE_HEADER, id, SourceId::new)?,
+            revision: header_id(
+                REVISION_HEADER,
+                revision.unwrap_or(DEFAULT_SOURCE_REVISION),
+                SourceRevision::new,
+            )?,
+            recompute: false,
+        },
+        None if revision.is_some() => {
+            return Err(OpenAiError::invalid(
+                REVISION_HEADER,
+                "X-Tollgate-Source-Revision needs X-Tollgate-Source",
+            ));
+        }
+        // Each call is its own source: admitted under the budget, never a cache hit.
+        None => SourceSpec {
+            id: header_id(SOURCE_HEADER, &call_source(&effect_key), SourceId::new)?,
+            revision: header_id(
+                REVISION_HEADER,
+                DEFAULT_SOURCE_REVISION,
+                SourceRevision::new,
+            )?,
+            recompute: false,
+        },
+    };
+    let budget = header(headers, BUDGET_HEADER)?
+        .map(|b| header_id(BUDGET_HEADER, b, BudgetName::new))
+        .transpose()?;
+    let model = ModelId::new(chat.model.clone()).map_err(|_| model_not_found(&chat.model))?;
+    let submission = Submission {
+        app: caller.app.clone(),
+        owner: SubmissionOwner::Application { scope },
+        subject: caller.subject.clone(),
+        step: Some(StepKey::new(STEP).map_err(OpenAiError::from)?),
+        effect_key,
+        kind: chat.kind,
+        request: chat.request.clone(),
+        model: Some(model),
+        source: Some(source),
+        budget,
+    };
+    Ok((submission, client_key.is_some()))
+}
+
+/// The source of a call that names none: derived from its effect key, so a replay of
+/// the key names the same source.
+fn call_source(key: &EffectKey) -> String {
+    let digest = Sha256::digest(key.as_str().as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("openai-call-{hex}")
+}
+
+fn model_not_found(model: &str) -> OpenAiError {
+    OpenAiError::new(
+        StatusCode::NOT_FOUND,
+        "model_not_found",
+        format!(
+            "The model `{model}` does not exist: use a Tollgate model id (GET /openai/v1/models)"
+        ),
+    )
+    .param("model")
+}
+
+async fn chat_completions(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, OpenAiError> {
+    let caller = authenticate(&s, &headers)?;
+    let max_request_bytes = s.tollgate.config().max_request_bytes;
+    let bytes = read_body(&s, &headers, body, body_limit(max_request_bytes)).await?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| OpenAiError::invalid("", format!("the body is not valid JSON: {e}")))?;
+    let chat = request::parse(&value)?;
+    let model = ModelId::new(chat.model.clone()).map_err(|_| model_not_found(&chat.model))?;
+    if s.tollgate.models().resolve(Some(&model)).is_err() {
+        return Err(model_not_found(&chat.model));
+    }
+    // Request-shape errors are 400 here and write nothing (the engine checks again).
+    ValidatedRequest::new(chat.kind, &chat.request, max_request_bytes)?;
+    let (sub, keyed) = submission(&caller, &headers, &chat)?;
+    let scope = match &sub.owner {
+        SubmissionOwner::Application { scope } => scope.clone(),
+        SubmissionOwner::Run(_) => unreachable!("the door submits application tasks"),
+    };
+    let submitted = s.tollgate.submit(sub.clone()).await?;
+    if !submitted.created {
+        check_same_submission(&s, &sub, &submitted.task)
+            .map_err(|e| OpenAiError::from(e).task(submitted.task.id))?;
+    }
+    // Nothing replays a door task after it is answered but a retried call, so it is
+    // released now: deleted `sweeper.retention` after it finishes, replayable until then.
+    s.tollgate
+        .release(&caller.app, &scope, &submitted.task.effect_key)
+        .await?;
+    let mut task = submitted.task;
+    if !task.status.is_terminal()
+        && let Some(now) = s.tollgate.wait(&caller.app, task.id, s.max_wait).await?
+    {
+        task = now;
+    }
+    match task.status {
+        TaskStatus::Succeeded => {}
+        TaskStatus::Queued | TaskStatus::Running => {
+            let retry = if keyed {
+                "retry with the same Idempotency-Key to keep waiting for it"
+            } else {
+                "send an Idempotency-Key to be able to wait for a call again"
+            };
+            return Err(OpenAiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "task_pending",
+                format!(
+                    "task {} is still {} after the server's longest wait ({} s); {retry}",
+                    task.id,
+                    task.status.as_str(),
+                    s.max_wait.as_secs()
+                ),
+            )
+            // Retrying without a key would start a second task.
+            .should_retry(keyed)
+            .task(task.id));
+        }
+        TaskStatus::Failed | TaskStatus::Canceled => {
+            let (code, message) = match &task.error {
+                Some(e) => (e.code, e.message.clone()),
+                None => (ErrorCode::ProviderError, "the task failed".to_string()),
+            };
+            let status = match code {
+                ErrorCode::QueueTimeout => StatusCode::GATEWAY_TIMEOUT,
+                ErrorCode::Interrupted => StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Canceled => StatusCode::CONFLICT,
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            let error = OpenAiError::new(
+                status,
+                code.as_str(),
+                format!("task {} {}: {message}", task.id, task.status.as_str()),
+            )
+            .task(task.id);
+            // A finished task answers the same error to every replay of its key; without
+            // a key a retry is a new call, and the SDK's own rules apply.
+            return Err(if keyed {
+                error.should_retry(false)
+            } else {
+                error
+            });
+        }
+    }
+    let completion = answer::Completion::of(&task, chat.max_tokens);
+    let mut response = if chat.stream {
+        answer::stream(&completion, chat.include_usage)
+    } else {
+        axum::Json(completion.object()).into_response()
+    };
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&task.id.to_string()) {
+        h.insert(TASK_ID_HEADER, v);
+    }
+    h.insert(
+        "x-tollgate-cached",
+        HeaderValue::from_static(if task.cached() { "true" } else { "false" }),
+    );
+    Ok(response)
+}
+
+async fn list_models(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, OpenAiError> {
+    authenticate(&s, &headers)?;
+    let registry = s.tollgate.models();
+    let mut data = Vec::new();
+    for id in registry.ids() {
+        let m = registry.resolve(Some(&id))?;
+        data.push(answer::model(id.as_str(), &m.model_ref.provider));
+    }
+    Ok(axum::Json(serde_json::json!({"object": "list", "data": data})).into_response())
+}
+
+async fn get_model(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, OpenAiError> {
+    authenticate(&s, &headers)?;
+    let model = ModelId::new(id.clone()).map_err(|_| model_not_found(&id))?;
+    let m = s
+        .tollgate
+        .models()
+        .resolve(Some(&model))
+        .map_err(|_| model_not_found(&id))?;
+    Ok(axum::Json(answer::model(model.as_str(), &m.model_ref.provider)).into_response())
+}

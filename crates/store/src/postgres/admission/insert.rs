@@ -1,0 +1,231 @@
+//! Step 6: the task insert and, for an admitted task, the admission's writes and the
+//! global slot in the same final statement.
+
+use super::super::{PostgresStore, Tx};
+use super::SlotPath;
+use super::slots::{slot_stripe, take_slot_rebalancing};
+use crate::shared::admission::{ScopeUpdate, cached_usage};
+use crate::shared::rows::{TaskRow, task_columns};
+use crate::{Created, StoreError, StoreResult};
+use sqlx::{FromRow, Row};
+use tollgate_core::{
+    AdmissionRejection, AppId, Budget, NewTask, ScopeId, SourceId, Subject, Task, TaskId, Timestamp,
+};
+
+/// The task insert (`$1`–`$25`, bound by [`bind_insert`]); a taken effect key inserts
+/// nothing (`ON CONFLICT DO NOTHING`) and returns no row.
+macro_rules! task_insert {
+    () => {
+        concat!(
+            "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
+             subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
+             model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
+             usage, created_at, completed_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+             $17, $18, $19, $20, $21, $22, $23, $24, $25) \
+             ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
+            task_columns!()
+        )
+    };
+}
+
+pub(super) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// Binds [`task_insert`]'s `$1`–`$25`.
+pub(super) fn bind_insert<'q>(q: PgQuery<'q>, i: &'q InsertRow<'_>) -> PgQuery<'q> {
+    let new = i.new;
+    let cached = i.cached_from.is_some();
+    let scoped = new.scope.as_ref();
+    let usage = cached.then(cached_usage);
+    q.bind(i.id.to_string())
+        .bind(new.owner.app().as_str())
+        .bind(new.effect_key.as_str())
+        .bind(new.request.kind().as_str())
+        .bind(new.step.as_str())
+        .bind(i.run_id.as_deref())
+        .bind(i.scope.as_str())
+        .bind(i.subject.as_ref().map(|s| s.kind.as_str()))
+        .bind(i.subject.as_ref().map(|s| s.id.as_str()))
+        .bind(scoped.map(|s| s.source_id.as_str()))
+        .bind(scoped.map(|s| s.source_revision.as_str()))
+        .bind(scoped.is_some_and(|s| s.recompute))
+        .bind(i.admitted)
+        .bind(new.model.as_str())
+        .bind(&i.model_ref)
+        .bind(&i.config_hash)
+        .bind(new.request.canonical())
+        .bind(new.request.input_hash())
+        .bind(i.cache_key.as_deref())
+        .bind(if cached { "succeeded" } else { "queued" })
+        .bind(i.cached_from.as_deref())
+        .bind(i.cached_output.as_deref())
+        .bind(usage)
+        .bind(i.now.0)
+        .bind(cached.then_some(i.now.0))
+}
+
+pub(super) struct InsertRow<'a> {
+    pub(super) id: TaskId,
+    pub(super) new: &'a NewTask,
+    pub(super) run_id: Option<String>,
+    pub(super) scope: ScopeId,
+    pub(super) subject: Option<Subject>,
+    pub(super) config_hash: String,
+    pub(super) model_ref: String,
+    pub(super) cache_key: Option<String>,
+    pub(super) admitted: bool,
+    pub(super) cached_from: Option<String>,
+    pub(super) cached_output: Option<String>,
+    pub(super) now: Timestamp,
+}
+
+pub(super) struct AdmissionRecord<'a> {
+    pub(super) source: &'a SourceId,
+    pub(super) logical_key: &'a str,
+    pub(super) budget: &'a Budget,
+    pub(super) update: ScopeUpdate,
+}
+
+/// The writes of an admission after its task insert, as CTEs of its final statement:
+/// the scope's row (bucket, sources, active), the source's sighting, and the admission
+/// record — only when the task row was inserted (`t`). Parameters follow the task
+/// insert's: `$26` source, `$27` logical key, `$28` bucket units, `$29` bucket time,
+/// `$30` sources delta (app, scope, task id and now are the insert's `$2`, `$7`, `$1`,
+/// `$24`).
+macro_rules! admission_writes {
+    () => {
+        ", st AS (INSERT INTO scope_state \
+           (app, scope, bucket_units, bucket_at, sources_in_window, active) \
+           SELECT $2, $7, $28, $29, GREATEST($30, 0), 1 FROM t \
+           ON CONFLICT (app, scope) DO UPDATE SET bucket_units = EXCLUDED.bucket_units, \
+           bucket_at = EXCLUDED.bucket_at, \
+           sources_in_window = scope_state.sources_in_window + $30, \
+           active = scope_state.active + 1), \
+         ss AS (INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) \
+           SELECT $2, $7, $26, $24 FROM t \
+           ON CONFLICT (app, scope, source_id) DO UPDATE SET \
+           last_admitted_at = GREATEST(scope_sources.last_admitted_at, \
+                                       EXCLUDED.last_admitted_at)), \
+         rec AS (INSERT INTO admissions \
+           (app, scope, source_id, task_id, logical_key, admitted_at) \
+           SELECT $2, $7, $26, $1, $27, $24 FROM t) "
+    };
+}
+
+/// Step 6: insert the task; for an admitted task, then record the admission and take the
+/// global slot in one final statement; commit.
+pub(super) async fn insert_and_commit(
+    store: &PostgresStore,
+    mut tx: Tx,
+    row: &InsertRow<'_>,
+    app: &AppId,
+    admission: Option<AdmissionRecord<'_>>,
+    path: SlotPath,
+) -> StoreResult<Option<Created>> {
+    let Some(record) = admission else {
+        let Some(task) = insert_task(&mut tx, row).await? else {
+            // Another replica inserted the same effect key first: keep nothing of ours.
+            tx.rollback().await?;
+            return lost_race(store, app, row.new).await.map(Some);
+        };
+        tx.commit().await?;
+        return Ok(Some(Created {
+            task,
+            created: true,
+        }));
+    };
+    let cap = i64::from(record.budget.global_concurrent.get());
+    let stripe = slot_stripe(row.id);
+    // The task, the admission's writes and (fast path) a slot of this stripe's
+    // allowance, in one statement that locks one stripe row only.
+    let sql = match path {
+        SlotPath::Fast => concat!(
+            "WITH t AS (",
+            task_insert!(),
+            ")",
+            admission_writes!(),
+            ", slot AS (UPDATE global_slots SET admitted = admitted + 1 \
+               WHERE stripe = $31 AND admitted < capacity AND cap_for = $32 \
+               AND EXISTS (SELECT 1 FROM t) RETURNING admitted) \
+             SELECT t.*, (SELECT admitted FROM slot) AS took FROM t"
+        ),
+        SlotPath::Rebalance => concat!(
+            "WITH t AS (",
+            task_insert!(),
+            ")",
+            admission_writes!(),
+            "SELECT t.*, 0::BIGINT AS took FROM t"
+        ),
+    };
+    let inserted = bind_insert(sqlx::query(sql), row)
+        .bind(record.source.as_str())
+        .bind(record.logical_key)
+        .bind(record.update.bucket.units)
+        .bind(record.update.bucket.at.0)
+        .bind(record.update.sources_delta)
+        .bind(stripe)
+        .bind(cap)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(inserted) = inserted else {
+        // Another replica inserted the same effect key first: keep nothing of ours.
+        tx.rollback().await?;
+        return lost_race(store, app, row.new).await.map(Some);
+    };
+    let task = TaskRow::from_row(&inserted)?.into_task()?;
+    let took = match path {
+        SlotPath::Fast => inserted.try_get::<Option<i64>, _>("took")?.is_some(),
+        SlotPath::Rebalance => take_slot_rebalancing(&mut tx, stripe, cap).await?,
+    };
+    if !took {
+        // Roll back before anything else: a failed fast path may still hold its
+        // stripe's row lock (READ COMMITTED locks a concurrently updated row before
+        // re-checking it), and the rebalancing retry locks every stripe in order.
+        tx.rollback().await?;
+        return match path {
+            SlotPath::Fast => Ok(None),
+            SlotPath::Rebalance => Err(StoreError::Admission(AdmissionRejection::GlobalCapacity {
+                limit: record.budget.global_concurrent.get(),
+            })),
+        };
+    }
+    tx.commit().await?;
+    Ok(Some(Created {
+        task,
+        created: true,
+    }))
+}
+
+pub(super) async fn lost_race(
+    store: &PostgresStore,
+    app: &AppId,
+    new: &NewTask,
+) -> StoreResult<Created> {
+    let row: Option<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE app = $1 AND effect_key = $2"
+    ))
+    .bind(app.as_str())
+    .bind(new.effect_key.as_str())
+    .fetch_optional(&store.pool)
+    .await?;
+    let task = row.map(TaskRow::into_task).transpose()?.ok_or_else(|| {
+        StoreError::Unavailable("effect key taken by a transaction that rolled back; retry".into())
+    })?;
+    Ok(Created {
+        task,
+        created: false,
+    })
+}
+
+/// Inserts the task and returns it; `None` when the effect key was taken meanwhile.
+pub(super) async fn insert_task(tx: &mut Tx, i: &InsertRow<'_>) -> StoreResult<Option<Task>> {
+    let row = bind_insert(sqlx::query(task_insert!()), i)
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.map(|r| TaskRow::from_row(&r).map_err(StoreError::from))
+        .transpose()?
+        .map(TaskRow::into_task)
+        .transpose()
+}

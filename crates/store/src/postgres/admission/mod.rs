@@ -1,0 +1,342 @@
+//! SPEC §3–4 on PostgreSQL: task creation with idempotency, owner check, cache and
+//! admission in one short transaction, correct with any number of replicas.
+//!
+//! A scoped creation holds the exclusive advisory lock of its (app, scope): admissions of
+//! one scope are serialized, different scopes run in parallel. The admission snapshot is
+//! one statement reading only bounded things (the scope's counters row, one sighting
+//! probe, this source's records, the global counters); the writes are one statement
+//! ending with the conditional global increment, so the global row is locked only from
+//! that statement to the commit.
+//!
+//! Split along the steps: this module runs the creation (SPEC §3 steps 2–6, batches);
+//! [`probe`] reads what a creation decides on (owner, scope lock, idempotency, cache);
+//! [`snapshot`] reads the admission facts and asks core; [`insert`] writes the task and
+//! the admission in one statement; [`slots`] holds the striped global cap.
+
+mod insert;
+mod probe;
+mod slots;
+mod snapshot;
+
+pub(super) use probe::{lock_scope, scope_lock_key};
+
+use super::{PostgresStore, Tx};
+use crate::shared::rows::{TaskRow, task_columns};
+use crate::{Created, StoreError, StoreResult};
+use insert::{AdmissionRecord, InsertRow, insert_and_commit, insert_task};
+use probe::{probe, run_owner};
+use snapshot::admit;
+use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskId, Timestamp, cache_key};
+
+pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
+    match attempt_create(store, &new, SlotPath::Fast).await? {
+        Some(created) => Ok(created),
+        // The fast path found its stripe without allowance and rolled back: again, with
+        // the exact recount (which always decides).
+        None => attempt_create(store, &new, SlotPath::Rebalance)
+            .await?
+            .ok_or_else(|| StoreError::Database("the rebalancing admission did not decide".into())),
+    }
+}
+
+/// How an admission takes its global slot (see [`take_slot_rebalancing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SlotPath {
+    /// One stripe's allowance; `None` from [`attempt_create`] when it has none left.
+    Fast,
+    /// Every stripe locked in order, the global count recounted exactly.
+    Rebalance,
+}
+
+/// One transaction of SPEC §3 steps 2–6. `Ok(None)`: the fast slot path found no
+/// allowance; nothing was written.
+async fn attempt_create(
+    store: &PostgresStore,
+    new: &NewTask,
+    path: SlotPath,
+) -> StoreResult<Option<Created>> {
+    let config_hash = new.model_ref.config_hash()?;
+    let model_ref = serde_json::to_string(&new.model_ref)
+        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    let app = new.owner.app().clone();
+    let mut tx = store.begin().await?;
+
+    // Step 2: idempotency, before any lock: a replay costs one indexed read.
+    if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
+        tx.rollback().await?;
+        return Ok(Some(Created {
+            task,
+            created: false,
+        }));
+    }
+
+    // Step 3: owner check; a run's scope and subject apply to its tasks. Then step 2 again
+    // under the lock (a racing creation of the same key that held the lock first has
+    // committed by now, and its replay must not be judged by admission) and step 4 (the
+    // cache: newest success first, same app and scope), read in one statement.
+    let cache_key_for = |subject: Option<&Subject>| {
+        new.scope.as_ref().map(|scoped| {
+            cache_key(
+                &scoped.source_id,
+                &scoped.source_revision,
+                &new.request,
+                &config_hash,
+                subject,
+            )
+        })
+    };
+    let probe_cache = new.scope.as_ref().is_some_and(|scoped| !scoped.recompute);
+    let (run_id, scope, subject, key, probe) = match &new.owner {
+        Owner::Run { run_id, .. } => {
+            let (scope, subject) = run_owner(&mut tx, &app, *run_id, new.scope.is_some()).await?;
+            let key = cache_key_for(subject.as_ref());
+            let probe = probe(
+                store,
+                &mut tx,
+                &app,
+                new,
+                &scope,
+                key.as_deref(),
+                probe_cache,
+                None,
+            )
+            .await?;
+            (Some(run_id.to_string()), scope, subject, key, probe)
+        }
+        Owner::Application { scope, subject, .. } => {
+            // Exclusive for admission; shared otherwise, which only keeps owner deletion
+            // (exclusive) from interleaving with this creation.
+            let key = cache_key_for(subject.as_ref());
+            let lock = (scope_lock_key(&app, scope), new.scope.is_some());
+            let probe = probe(
+                store,
+                &mut tx,
+                &app,
+                new,
+                scope,
+                key.as_deref(),
+                probe_cache,
+                Some(lock),
+            )
+            .await?;
+            (None, scope.clone(), subject.clone(), key, probe)
+        }
+    };
+    if probe.taken
+        && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?
+    {
+        tx.rollback().await?;
+        return Ok(Some(Created {
+            task,
+            created: false,
+        }));
+    }
+    let (hit_id, hit_output, now) = (probe.hit_id, probe.hit_output, Timestamp(probe.now));
+    let id = TaskId::generate();
+    let mut row = InsertRow {
+        id,
+        new,
+        run_id,
+        scope,
+        subject,
+        config_hash: config_hash.0.clone(),
+        model_ref,
+        cache_key: None,
+        admitted: false,
+        cached_from: None,
+        cached_output: None,
+        now,
+    };
+
+    let Some(scoped) = &new.scope else {
+        return insert_and_commit(store, tx, &row, &app, None, path).await;
+    };
+    let key = key.unwrap_or_default();
+    row.cache_key = Some(key.clone());
+    if let (Some(from), Some(output)) = (hit_id, hit_output) {
+        row.cached_from = Some(from);
+        row.cached_output = Some(output);
+        return insert_and_commit(store, tx, &row, &app, None, path).await;
+    }
+    // Step 5: admission.
+    let logical_key = if scoped.recompute {
+        id.to_string()
+    } else {
+        key
+    };
+    let update = admit(
+        &mut tx,
+        &app,
+        &row.scope,
+        &scoped.source_id,
+        &logical_key,
+        &scoped.budget,
+        now,
+    )
+    .await?;
+    let update = match update {
+        Ok(update) => update,
+        Err(rejection) => {
+            // A replay is never judged by admission: the probe's snapshot may predate a
+            // creation of this key that committed while this one waited for the lock.
+            let replay = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?;
+            tx.rollback().await?;
+            return match replay {
+                Some(task) => Ok(Some(Created {
+                    task,
+                    created: false,
+                })),
+                None => Err(StoreError::Admission(rejection)),
+            };
+        }
+    };
+    row.admitted = true;
+    let record = AdmissionRecord {
+        source: &scoped.source_id,
+        logical_key: &logical_key,
+        budget: &scoped.budget,
+        update,
+    };
+    insert_and_commit(store, tx, &row, &app, Some(record), path).await
+}
+
+/// Many creations with as few transactions as correctness allows: consecutive unscoped
+/// items (no cache, no admission) share one transaction; each scoped item is its own
+/// short admission transaction, so no scope or global lock is ever held across a batch.
+/// Items are processed in order, so a repeated effect key is a replay of its first
+/// occurrence.
+pub(super) async fn create_tasks(
+    store: &PostgresStore,
+    news: Vec<NewTask>,
+) -> StoreResult<Vec<StoreResult<Created>>> {
+    let mut out = Vec::with_capacity(news.len());
+    let mut pending: Vec<NewTask> = Vec::new();
+    for new in news {
+        if new.scope.is_none() {
+            pending.push(new);
+            continue;
+        }
+        if !pending.is_empty() {
+            out.extend(create_unscoped(store, std::mem::take(&mut pending)).await?);
+        }
+        match create_task(store, new).await {
+            Err(e) if !e.is_per_item() => return Err(e),
+            result => out.push(result),
+        }
+    }
+    if !pending.is_empty() {
+        out.extend(create_unscoped(store, pending).await?);
+    }
+    Ok(out)
+}
+
+/// Unscoped creations in one transaction. Every refusal of an item (invalid model
+/// configuration, missing or canceled run) happens before that item writes anything, so
+/// no savepoint is needed; a database failure fails them all with nothing written.
+async fn create_unscoped(
+    store: &PostgresStore,
+    news: Vec<NewTask>,
+) -> StoreResult<Vec<StoreResult<Created>>> {
+    let mut tx = store.begin().await?;
+    // Shared scope locks of the application owners, in key order (the lock order): owner
+    // deletion cannot interleave, and these creations never wait on each other.
+    let mut keys: Vec<i64> = news
+        .iter()
+        .filter_map(|n| match &n.owner {
+            Owner::Application { app, scope, .. } => Some(scope_lock_key(app, scope)),
+            Owner::Run { .. } => None,
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    for key in keys {
+        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let now = store.now(&mut tx).await?;
+    let mut out = Vec::with_capacity(news.len());
+    for new in &news {
+        match create_unscoped_in(&mut tx, new, now).await {
+            Err(e) if !e.is_per_item() => {
+                tx.rollback().await?;
+                return Err(e);
+            }
+            result => out.push(result),
+        }
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> StoreResult<Created> {
+    let config_hash = new.model_ref.config_hash()?;
+    let model_ref = serde_json::to_string(&new.model_ref)
+        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    let app = new.owner.app().clone();
+    // A run's task replays before its run is checked (a replay answers even once the run
+    // is canceled). An application's task needs no read first: the insert below finds a
+    // taken key itself (ON CONFLICT), so a new task costs one round trip.
+    if matches!(new.owner, Owner::Run { .. })
+        && let Some(task) = by_effect_key(tx, &app, new.effect_key.as_str()).await?
+    {
+        return Ok(Created {
+            task,
+            created: false,
+        });
+    }
+    let (run_id, scope, subject) = match &new.owner {
+        Owner::Run { run_id, .. } => {
+            let (scope, subject) = run_owner(tx, &app, *run_id, false).await?;
+            (Some(run_id.to_string()), scope, subject)
+        }
+        Owner::Application { scope, subject, .. } => (None, scope.clone(), subject.clone()),
+    };
+    let row = InsertRow {
+        id: TaskId::generate(),
+        new,
+        run_id,
+        scope,
+        subject,
+        config_hash: config_hash.0,
+        model_ref,
+        cache_key: None,
+        admitted: false,
+        cached_from: None,
+        cached_output: None,
+        now,
+    };
+    match insert_task(tx, &row).await? {
+        Some(task) => Ok(Created {
+            task,
+            created: true,
+        }),
+        // The key is taken: before this call, or by a transaction that committed
+        // meanwhile (the insert waited for it).
+        None => by_effect_key(tx, &app, new.effect_key.as_str())
+            .await?
+            .map(|task| Created {
+                task,
+                created: false,
+            })
+            .ok_or_else(|| {
+                StoreError::Unavailable(
+                    "effect key taken by a transaction that rolled back; retry".into(),
+                )
+            }),
+    }
+}
+
+async fn by_effect_key(tx: &mut Tx, app: &AppId, key: &str) -> StoreResult<Option<Task>> {
+    let row: Option<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE app = $1 AND effect_key = $2"
+    ))
+    .bind(app.as_str())
+    .bind(key)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.map(TaskRow::into_task).transpose()
+}

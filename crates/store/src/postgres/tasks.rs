@@ -1,0 +1,171 @@
+//! SPEC §3, §5 cancel and §8 on PostgreSQL, the application's side of tasks
+//! ([`TaskStore`]): creation (in [`admission`](super::admission)), reads, cancel,
+//! release, listing and owner deletion.
+
+use super::PostgresStore;
+use super::admission::{self, lock_scope};
+use super::lifecycle::{CANCELED_MESSAGE, finish, lock_run_of};
+use crate::shared::rows::{
+    EndedRow, FinishedRow, ScopedSourceRow, TaskRow, task_columns, unreleased_page,
+};
+use crate::shared::terminal::{TerminalMove, after_terminal};
+use crate::{
+    Created, StoreResult, TaskStore, Transition, UnreleasedPage, UnreleasedQuery, keyset_fetch,
+    page_size,
+};
+use async_trait::async_trait;
+use tollgate_core::{
+    AppId, EffectKey, ErrorCode, NewTask, ScopeId, SourceId, Task, TaskId, Timestamp,
+};
+#[async_trait]
+impl TaskStore for PostgresStore {
+    async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
+        admission::create_task(self, new).await
+    }
+
+    async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
+        admission::create_tasks(self, news).await
+    }
+
+    async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {
+        let row: Option<TaskRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks WHERE id = $1 AND app = $2"
+        ))
+        .bind(id.to_string())
+        .bind(app.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(TaskRow::into_task).transpose()
+    }
+
+    async fn get_task_by_effect_key(
+        &self,
+        app: &AppId,
+        key: &EffectKey,
+    ) -> StoreResult<Option<Task>> {
+        let row: Option<TaskRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks WHERE app = $1 AND effect_key = $2"
+        ))
+        .bind(app.as_str())
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(TaskRow::into_task).transpose()
+    }
+
+    async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>> {
+        let mut tx = self.begin().await?;
+        let exists: Option<String> =
+            sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1 AND app = $2")
+                .bind(id.to_string())
+                .bind(app.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+        if exists.is_none() {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let now = self.now(&mut tx).await?;
+        lock_run_of(&mut tx, id).await?;
+        // Terminal states are final: only a queued or running task is marked and canceled.
+        let done: Option<FinishedRow> = sqlx::query_as(
+            "UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
+             error_message = $2, completed_at = $3 \
+             WHERE id = $4 AND app = $5 AND status IN ('queued', 'running') \
+             RETURNING id, app, scope, admitted",
+        )
+        .bind(ErrorCode::Canceled.as_str())
+        .bind(CANCELED_MESSAGE)
+        .bind(now.0)
+        .bind(id.to_string())
+        .bind(app.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        finish(tx, id, done, TerminalMove::ENDED, now)
+            .await
+            .map(Some)
+    }
+
+    async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool> {
+        let mut tx = self.begin().await?;
+        let now = self.now(&mut tx).await?;
+        let matched = sqlx::query(
+            "UPDATE tasks SET released_at = COALESCE(released_at, $1) \
+             WHERE app = $2 AND effect_key = $3 AND scope = $4 AND run_id IS NULL",
+        )
+        .bind(now.0)
+        .bind(app.as_str())
+        .bind(key.as_str())
+        .bind(scope.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            > 0;
+        tx.commit().await?;
+        Ok(matched)
+    }
+
+    async fn list_unreleased_sources(
+        &self,
+        app: &AppId,
+        query: &UnreleasedQuery,
+    ) -> StoreResult<UnreleasedPage> {
+        let limit = page_size(query.limit);
+        let (after_scope, after_source) = match &query.after {
+            Some(c) => (Some(c.scope.as_str()), Some(c.source.as_str())),
+            None => (None, None),
+        };
+        let rows: Vec<ScopedSourceRow> = sqlx::query_as(
+            "SELECT DISTINCT scope, source_id FROM tasks \
+             WHERE app = $1 AND run_id IS NULL AND released_at IS NULL AND source_id IS NOT NULL \
+             AND ($2::TEXT IS NULL OR scope = $2) AND ($3::TEXT IS NULL OR step = $3) \
+             AND ($4::TEXT IS NULL OR (scope, source_id) > ($4, $5)) \
+             AND ($7::TEXT IS NULL OR (subject_type = $7 AND subject_id = $8)) \
+             ORDER BY scope, source_id LIMIT $6",
+        )
+        .bind(app.as_str())
+        .bind(query.scope.as_ref().map(|s| s.as_str()))
+        .bind(query.step.as_ref().map(|s| s.as_str()))
+        .bind(after_scope)
+        .bind(after_source)
+        .bind(keyset_fetch(limit))
+        .bind(query.subject.as_ref().map(|s| s.kind.as_str()))
+        .bind(query.subject.as_ref().map(|s| s.id.as_str()))
+        .fetch_all(&self.pool)
+        .await?;
+        unreleased_page(rows, limit)
+    }
+
+    async fn delete_owner_data(
+        &self,
+        app: &AppId,
+        scope: &ScopeId,
+        source: Option<&SourceId>,
+    ) -> StoreResult<u64> {
+        let mut tx = self.begin().await?;
+        // Exclusive scope lock: serialized with every creation of this owner, so no task of
+        // the owner slips in during the deletion. Admission records are kept.
+        lock_scope(&mut tx, app, scope, true).await?;
+        let deleted: Vec<EndedRow> = sqlx::query_as(
+            "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE app = $1 AND scope = $2 \
+             AND run_id IS NULL AND ($3::TEXT IS NULL OR source_id = $3) ORDER BY id FOR UPDATE) \
+             DELETE FROM tasks t USING picked WHERE t.id = picked.id \
+             RETURNING t.id, t.app, t.scope, t.admitted, t.status",
+        )
+        .bind(app.as_str())
+        .bind(scope.as_str())
+        .bind(source.map(|s| s.as_str()))
+        .fetch_all(&mut *tx)
+        .await?;
+        // Deleted in-flight tasks leave queued/running: they give back their capacity (their
+        // workers see cancellation); admission records and logical keys stay as they are.
+        let in_flight = EndedRow::in_flight(&deleted);
+        after_terminal(&mut tx, &in_flight, TerminalMove::DELETED, Timestamp(0)).await?;
+        tx.commit().await?;
+        Ok(deleted.len() as u64)
+    }
+}

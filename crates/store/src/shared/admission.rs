@@ -1,0 +1,79 @@
+//! SPEC §4 between the SQL and core's [`decide`]: the facts an admission reads (each
+//! backend reads them its own way, into [`AdmissionFacts`]), the decision, and what the
+//! admission then writes to its scope's row ([`ScopeUpdate`]). A later admission rule
+//! (cost reservations) adds its facts here and its arithmetic in core.
+
+use tollgate_core::{
+    AdmissionRejection, AdmissionSnapshot, BucketState, Budget, Timestamp, Usage, decide,
+};
+
+/// What an admission reads under its scope's lock.
+#[derive(sqlx::FromRow, Debug, Clone, Default)]
+pub(crate) struct AdmissionFacts {
+    /// The scope's expired sightings pruned on the way.
+    pub(crate) pruned: i64,
+    /// The scope's bucket (`None` for a scope never admitted to).
+    pub(crate) bucket_units: Option<i64>,
+    pub(crate) bucket_at: Option<i64>,
+    /// The scope's distinct-source count before the prune.
+    pub(crate) sources_in_window: Option<i64>,
+    /// The scope's active admitted tasks.
+    pub(crate) active: Option<i64>,
+    /// The source was admitted within the window.
+    pub(crate) seen: bool,
+    /// Distinct logical keys of the source within the window.
+    pub(crate) steps: i64,
+    /// This logical key is among them.
+    pub(crate) counted: bool,
+    /// The service's active admitted tasks.
+    pub(crate) global_active: i64,
+}
+
+/// What an admission writes to its scope's row: the bucket after taking a token and the
+/// change in distinct sources (a new source, minus the expired sightings pruned).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScopeUpdate {
+    pub(crate) bucket: BucketState,
+    pub(crate) sources_delta: i64,
+}
+
+impl AdmissionFacts {
+    /// Asks core's [`decide`].
+    pub(crate) fn decide(
+        &self,
+        budget: &Budget,
+        now: Timestamp,
+    ) -> Result<ScopeUpdate, AdmissionRejection> {
+        let snapshot = AdmissionSnapshot {
+            source_steps: self.steps.max(0) as u64,
+            step_already_counted: self.counted,
+            sources_in_window: self
+                .sources_in_window
+                .unwrap_or(0)
+                .saturating_sub(self.pruned)
+                .max(0) as u64,
+            source_already_seen: self.seen,
+            scope_active: self.active.unwrap_or(0).max(0) as u64,
+            global_active: self.global_active.max(0) as u64,
+        };
+        let bucket = match (self.bucket_units, self.bucket_at) {
+            (Some(units), Some(at)) => Some(BucketState {
+                units,
+                at: Timestamp(at),
+            }),
+            _ => None,
+        };
+        let bucket = decide(budget, &snapshot, bucket, now)?;
+        // Relative updates: whoever deletes an expired sighting subtracts it, exactly once.
+        Ok(ScopeUpdate {
+            bucket,
+            sources_delta: i64::from(!self.seen) - self.pruned,
+        })
+    }
+}
+
+/// The usage stored with a cache hit (no tokens were spent), in one form for both
+/// backends.
+pub(crate) fn cached_usage() -> String {
+    serde_json::to_string(&Usage::default()).unwrap_or_else(|_| "{}".into())
+}

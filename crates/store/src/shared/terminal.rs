@@ -1,0 +1,143 @@
+//! What every move of tasks to a terminal state does besides the rows themselves (SPEC
+//! §4–5, §7), written once: admitted tasks give back their scope's and the service's
+//! capacity (scope rows in sorted (app, scope) order, the lock order), failed, canceled
+//! and expired tasks free their logical key (their source stays seen), and runs waiting
+//! on any of the tasks are woken. Each backend supplies only the statements
+//! ([`TerminalStatements`], on its transaction type).
+//!
+//! A rule that a later issue adds to every terminal move (settling a cost reservation)
+//! is one more step of [`after_terminal`] and one more statement per backend.
+
+use super::rows::FinishedRow;
+use crate::StoreResult;
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use tollgate_core::{RunId, Timestamp};
+
+/// (app, scope) as stored.
+pub(crate) type ScopeKey = (String, String);
+
+/// How many of each (app, scope) there are, in sorted (app, scope) order (the lock order
+/// for scope rows).
+pub(crate) fn count_per_scope(keys: impl IntoIterator<Item = ScopeKey>) -> Vec<(ScopeKey, i64)> {
+    let mut per: BTreeMap<ScopeKey, i64> = BTreeMap::new();
+    for key in keys {
+        *per.entry(key).or_default() += 1;
+    }
+    per.into_iter().collect()
+}
+
+/// Number of `global_finished` stripes.
+pub(crate) const FINISHED_STRIPES: u64 = 64;
+
+/// The stripe a batch of finished tasks counts into, spread by the first task's id.
+fn finished_stripe(finished: &[FinishedRow]) -> i64 {
+    let h = finished
+        .first()
+        .map(|f| {
+            f.id.bytes()
+                .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+        })
+        .unwrap_or(0);
+    (h % FINISHED_STRIPES) as i64
+}
+
+/// Waking the runs that wait on the finished tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// No run can wait on these tasks (or they were deleted, not finished).
+    No,
+    /// Wake them, waiting for run rows other transactions hold (single-task transitions
+    /// lock the run first).
+    Waiting,
+    /// Wake them, skipping run rows other transactions hold (sweeps, which lock tasks
+    /// before runs; a skipped run is healed by the repair sweep). SQLite has no row
+    /// locks and treats this as [`Wake::Waiting`].
+    SkipLocked,
+}
+
+/// Which steps a terminal move takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TerminalMove {
+    /// Free the admission logical keys (every ending but success).
+    pub(crate) clear_logical_keys: bool,
+    /// Wake the waiting runs.
+    pub(crate) wake: Wake,
+}
+
+impl TerminalMove {
+    /// `running → succeeded`: the step stays counted.
+    pub(crate) const SUCCEEDED: TerminalMove = TerminalMove {
+        clear_logical_keys: false,
+        wake: Wake::Waiting,
+    };
+    /// Failed or canceled: the step is freed.
+    pub(crate) const ENDED: TerminalMove = TerminalMove {
+        clear_logical_keys: true,
+        wake: Wake::Waiting,
+    };
+    /// Failed or canceled by a sweep.
+    pub(crate) const SWEPT: TerminalMove = TerminalMove {
+        clear_logical_keys: true,
+        wake: Wake::SkipLocked,
+    };
+    /// In-flight tasks deleted with their owner: capacity only (admission records and
+    /// logical keys stay; no run owns them).
+    pub(crate) const DELETED: TerminalMove = TerminalMove {
+        clear_logical_keys: false,
+        wake: Wake::No,
+    };
+}
+
+/// The statements of a terminal move, in a backend's dialect, on its transaction.
+#[async_trait]
+pub(crate) trait TerminalStatements: Send {
+    /// `scope_state.active -= n` for one (app, scope).
+    async fn give_back_scope(&mut self, scope: &ScopeKey, n: i64) -> StoreResult<()>;
+    /// `global_finished.finished += n` on one stripe.
+    async fn count_finished(&mut self, stripe: i64, n: i64) -> StoreResult<()>;
+    /// Frees the admission logical keys of the tasks.
+    async fn clear_logical_keys(&mut self, ids: &[String]) -> StoreResult<()>;
+    /// Wakes the runs waiting on any of the tasks; returns them.
+    async fn wake_runs(
+        &mut self,
+        ids: &[String],
+        now: Timestamp,
+        skip_locked: bool,
+    ) -> StoreResult<Vec<RunId>>;
+}
+
+/// Runs the [`TerminalMove`] for tasks that just left queued/running (or were deleted
+/// while there). Returns the woken runs.
+pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
+    tx: &mut S,
+    finished: &[FinishedRow],
+    plan: TerminalMove,
+    now: Timestamp,
+) -> StoreResult<Vec<RunId>> {
+    if finished.is_empty() {
+        return Ok(Vec::new());
+    }
+    let per_scope = count_per_scope(
+        finished
+            .iter()
+            .filter(|f| f.admitted)
+            .map(|f| (f.app.clone(), f.scope.clone())),
+    );
+    let total: i64 = per_scope.iter().map(|(_, n)| n).sum();
+    if total > 0 {
+        for (scope, n) in &per_scope {
+            tx.give_back_scope(scope, *n).await?;
+        }
+        tx.count_finished(finished_stripe(finished), total).await?;
+    }
+    let ids: Vec<String> = finished.iter().map(|f| f.id.clone()).collect();
+    if plan.clear_logical_keys {
+        tx.clear_logical_keys(&ids).await?;
+    }
+    match plan.wake {
+        Wake::No => Ok(Vec::new()),
+        Wake::Waiting => tx.wake_runs(&ids, now, false).await,
+        Wake::SkipLocked => tx.wake_runs(&ids, now, true).await,
+    }
+}

@@ -1,0 +1,277 @@
+//! Wrapping a store: a type that holds another [`Store`] implements [`StoreWrapper`],
+//! hand-writes the traits whose calls it changes, and opts in to forwarding for the rest,
+//! one marker trait per concern ([`ForwardTaskStore`], [`ForwardWorkerStore`],
+//! [`ForwardRunStore`], [`ForwardPipelineStore`], [`ForwardMaintenanceStore`]). Every
+//! forwarded call passes through [`StoreWrapper::around`] with its [`Call`], so a wrapper
+//! that observes every call (timing, counting writes) writes that once.
+//!
+//! ```ignore
+//! impl StoreWrapper for Counting { fn inner(&self) -> &dyn Store { &*self.inner } }
+//! impl ForwardTaskStore for Counting {}
+//! impl ForwardRunStore for Counting {}
+//! impl ForwardPipelineStore for Counting {}
+//! impl ForwardMaintenanceStore for Counting {}
+//! #[async_trait] impl WorkerStore for Counting { /* the calls it counts */ }
+//! ```
+
+use crate::{
+    Completion, Created, HeartbeatReport, MaintenanceStore, PipelineRef, PipelineStore, RunCancel,
+    RunResult, RunStore, Store, StoreResult, StoredPipeline, SweepConfig, SweepReport, TaskStore,
+    Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome, WorkerStore,
+};
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use std::time::Duration;
+use tollgate_core::{
+    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Run, RunId, ScopeId, SourceId,
+    Task, TaskId, Timestamp, Usage, WorkerId,
+};
+
+/// One store call as a wrapper sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    /// The method's name (`"create_task"`).
+    pub method: &'static str,
+    /// Whether the method may write (runs a write transaction).
+    pub writes: bool,
+}
+
+impl Call {
+    /// A call of a method that only reads.
+    pub const fn read(method: &'static str) -> Call {
+        Call {
+            method,
+            writes: false,
+        }
+    }
+
+    /// A call of a method that may write.
+    pub const fn write(method: &'static str) -> Call {
+        Call {
+            method,
+            writes: true,
+        }
+    }
+}
+
+/// A store that wraps another.
+pub trait StoreWrapper: Send + Sync + 'static {
+    /// The wrapped store, which forwarded calls reach.
+    fn inner(&self) -> &dyn Store;
+
+    /// Runs one call of the wrapped store; the default just runs it.
+    fn around<'a, T: Send + 'a>(&'a self, call: Call, run: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
+        let _ = call;
+        run
+    }
+}
+
+/// Forward [`TaskStore`] to [`StoreWrapper::inner`].
+pub trait ForwardTaskStore: StoreWrapper {}
+/// Forward [`WorkerStore`] to [`StoreWrapper::inner`].
+pub trait ForwardWorkerStore: StoreWrapper {}
+/// Forward [`RunStore`] to [`StoreWrapper::inner`].
+pub trait ForwardRunStore: StoreWrapper {}
+/// Forward [`PipelineStore`] to [`StoreWrapper::inner`].
+pub trait ForwardPipelineStore: StoreWrapper {}
+/// Forward [`MaintenanceStore`] to [`StoreWrapper::inner`].
+pub trait ForwardMaintenanceStore: StoreWrapper {}
+
+/// `self.around(Call::$kind("method"), self.inner().method(args))`.
+macro_rules! forward {
+    ($self:ident, $kind:ident, $method:ident ( $($arg:expr),* )) => {
+        $self
+            .around(Call::$kind(stringify!($method)), $self.inner().$method($($arg),*))
+            .await
+    };
+}
+
+#[async_trait]
+impl<W: ForwardTaskStore> TaskStore for W {
+    async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
+        forward!(self, write, create_task(new))
+    }
+    async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
+        forward!(self, write, create_tasks(news))
+    }
+    async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {
+        forward!(self, read, get_task(app, id))
+    }
+    async fn get_task_by_effect_key(
+        &self,
+        app: &AppId,
+        key: &EffectKey,
+    ) -> StoreResult<Option<Task>> {
+        forward!(self, read, get_task_by_effect_key(app, key))
+    }
+    async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>> {
+        forward!(self, write, request_cancel(app, id))
+    }
+    async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool> {
+        forward!(self, write, release(app, scope, key))
+    }
+    async fn list_unreleased_sources(
+        &self,
+        app: &AppId,
+        query: &UnreleasedQuery,
+    ) -> StoreResult<UnreleasedPage> {
+        forward!(self, read, list_unreleased_sources(app, query))
+    }
+    async fn delete_owner_data(
+        &self,
+        app: &AppId,
+        scope: &ScopeId,
+        source: Option<&SourceId>,
+    ) -> StoreResult<u64> {
+        forward!(self, write, delete_owner_data(app, scope, source))
+    }
+}
+
+#[async_trait]
+impl<W: ForwardWorkerStore> WorkerStore for W {
+    async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>> {
+        forward!(self, write, claim_task(id, worker))
+    }
+    async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>> {
+        forward!(self, write, claim_next(worker, limit))
+    }
+    async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport> {
+        forward!(self, write, heartbeat(worker, ids))
+    }
+    async fn complete_task(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        output: serde_json::Value,
+        usage: Usage,
+    ) -> StoreResult<Transition> {
+        forward!(self, write, complete_task(id, worker, output, usage))
+    }
+    async fn complete_tasks(
+        &self,
+        items: Vec<Completion>,
+    ) -> StoreResult<Vec<StoreResult<Transition>>> {
+        forward!(self, write, complete_tasks(items))
+    }
+    async fn fail_task(
+        &self,
+        id: TaskId,
+        code: ErrorCode,
+        message: &str,
+    ) -> StoreResult<Transition> {
+        forward!(self, write, fail_task(id, code, message))
+    }
+    async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {
+        forward!(self, write, mark_canceled(id))
+    }
+    async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool> {
+        forward!(self, read, is_cancellation_requested(id))
+    }
+}
+
+#[async_trait]
+impl<W: ForwardRunStore> RunStore for W {
+    async fn create_run(&self, new: NewRun) -> StoreResult<Run> {
+        forward!(self, write, create_run(new))
+    }
+    async fn get_run(&self, app: &AppId, id: RunId) -> StoreResult<Option<Run>> {
+        forward!(self, read, get_run(app, id))
+    }
+    async fn request_run_cancel(&self, app: &AppId, id: RunId) -> StoreResult<Option<RunCancel>> {
+        forward!(self, write, request_run_cancel(app, id))
+    }
+    async fn wait_on_task(
+        &self,
+        app: &AppId,
+        run: RunId,
+        task: TaskId,
+    ) -> StoreResult<WaitOutcome> {
+        forward!(self, write, wait_on_task(app, run, task))
+    }
+    async fn finish_run(
+        &self,
+        app: &AppId,
+        run: RunId,
+        result: RunResult,
+    ) -> StoreResult<Option<Run>> {
+        forward!(self, write, finish_run(app, run, result))
+    }
+    async fn run_tasks(&self, app: &AppId, run: RunId) -> StoreResult<Vec<Task>> {
+        forward!(self, read, run_tasks(app, run))
+    }
+}
+
+#[async_trait]
+impl<W: ForwardPipelineStore> PipelineStore for W {
+    async fn put_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: &str,
+        definition: &serde_json::Value,
+    ) -> StoreResult<(StoredPipeline, bool)> {
+        forward!(self, write, put_pipeline(app, name, version, definition))
+    }
+    async fn get_pipeline(
+        &self,
+        app: &AppId,
+        name: &PipelineName,
+        version: Option<&str>,
+    ) -> StoreResult<Option<StoredPipeline>> {
+        forward!(self, read, get_pipeline(app, name, version))
+    }
+    async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run> {
+        forward!(self, write, create_pipeline_run(new, pipeline))
+    }
+    async fn start_pipeline_run_once(
+        &self,
+        new: NewRun,
+        pipeline: &PipelineRef,
+        start_key: &EffectKey,
+    ) -> StoreResult<(Run, bool)> {
+        forward!(
+            self,
+            write,
+            start_pipeline_run_once(new, pipeline, start_key)
+        )
+    }
+    async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
+        forward!(self, read, run_pipeline(app, run))
+    }
+    async fn claim_pipeline_runs(
+        &self,
+        driver: &WorkerId,
+        lease: Duration,
+        limit: u32,
+    ) -> StoreResult<Vec<Run>> {
+        forward!(self, write, claim_pipeline_runs(driver, lease, limit))
+    }
+    async fn release_pipeline_run(
+        &self,
+        run: RunId,
+        driver: &WorkerId,
+        wake_at: Option<Timestamp>,
+    ) -> StoreResult<bool> {
+        forward!(self, write, release_pipeline_run(run, driver, wake_at))
+    }
+}
+
+#[async_trait]
+impl<W: ForwardMaintenanceStore> MaintenanceStore for W {
+    fn backend(&self) -> &'static str {
+        self.inner().backend()
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        forward!(self, read, ping())
+    }
+    async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport> {
+        forward!(self, write, sweep(config))
+    }
+    async fn list_recoverable(
+        &self,
+        after: Option<TaskId>,
+        limit: u32,
+    ) -> StoreResult<Vec<TaskId>> {
+        forward!(self, read, list_recoverable(after, limit))
+    }
+}

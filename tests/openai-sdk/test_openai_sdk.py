@@ -1,0 +1,200 @@
+"""The official `openai` Python package, unchanged except for base_url and api_key,
+against a real `tollgate serve` whose model calls go to a scripted fake
+OpenAI-compatible provider that counts them. Started by crates/cli/tests/openai_sdk.rs,
+which passes the addresses and keys in the environment."""
+
+import json
+import os
+import urllib.request
+import uuid
+
+import openai
+import pytest
+from openai import OpenAI
+from pydantic import BaseModel
+
+BASE_URL = os.environ["TOLLGATE_OPENAI_BASE_URL"]
+ACME = os.environ["TOLLGATE_ACME_KEY"]
+BETA = os.environ["TOLLGATE_BETA_KEY"]
+FAKE = os.environ["TOLLGATE_FAKE_PROVIDER_URL"]
+RUN = "py-" + uuid.uuid4().hex[:12]
+
+FAKE_USAGE = (11, 7)  # what the fake provider reports for every call
+
+
+def client(key=ACME, **kw):
+    return OpenAI(base_url=BASE_URL, api_key=key, **kw)
+
+
+def provider_calls():
+    with urllib.request.urlopen(FAKE + "/calls") as r:
+        return json.load(r)
+
+
+def count():
+    return provider_calls()["count"]
+
+
+def hello(text="Hello"):
+    return [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": text},
+    ]
+
+
+def test_a_chat_completion_is_a_task_with_openai_shape():
+    before = count()
+    raw = client().chat.completions.with_raw_response.create(
+        model="default",
+        messages=hello(f"Hello {RUN}"),
+        max_tokens=50,
+        temperature=0.2,
+        top_p=0.9,
+        stop=["END"],
+        seed=7,
+        user="end-user-1",
+        metadata={"feature": "greeting"},
+    )
+    r = raw.parse()
+    task_id = raw.headers["x-tollgate-task-id"]
+    assert r.id == f"chatcmpl-{task_id}"
+    assert r.object == "chat.completion"
+    assert r.model == "default"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == f"fake answer to: Hello {RUN}"
+    assert r.choices[0].finish_reason == "stop"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == FAKE_USAGE
+    assert r.usage.total_tokens == sum(FAKE_USAGE)
+    seen = provider_calls()
+    assert seen["count"] == before + 1
+    sent = seen["last"]
+    assert sent["top_p"] == 0.9 and sent["stop"] == ["END"] and sent["seed"] == 7
+    assert sent["max_tokens"] == 50 and sent["temperature"] == 0.2
+    assert sent["messages"][-1] == {"role": "user", "content": f"Hello {RUN}"}
+    # user and metadata never reach the provider
+    assert "user" not in sent and "metadata" not in sent
+
+
+class Person(BaseModel):
+    name: str
+    year: int
+
+
+def test_json_schema_structured_output_is_parsed():
+    before = count()
+    r = client().chat.completions.parse(
+        model="default",
+        messages=[{"role": "user", "content": f"Who wrote the first program? {RUN}"}],
+        response_format=Person,
+    )
+    person = r.choices[0].message.parsed
+    assert person == Person(name="Ada Lovelace", year=1815)
+    assert count() == before + 1
+    sent = provider_calls()["last"]
+    assert sent["response_format"]["type"] == "json_schema"
+    assert sent["response_format"]["json_schema"]["schema"]["required"] == ["name", "year"]
+
+
+def test_a_streamed_completion_ends_with_usage():
+    stream = client().chat.completions.create(
+        model="default",
+        messages=hello(f"Stream {RUN}"),
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == f"fake answer to: Stream {RUN}"
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["stop"]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.total_tokens == sum(FAKE_USAGE)
+
+
+def test_a_retried_call_with_the_same_idempotency_key_runs_once():
+    key = {"Idempotency-Key": f"{RUN}-retry"}
+    before = count()
+    first = client().chat.completions.create(
+        model="default", messages=hello(f"Once {RUN}"), extra_headers=key
+    )
+    again = client().chat.completions.create(
+        model="default", messages=hello(f"Once {RUN}"), extra_headers=key
+    )
+    assert again.id == first.id
+    assert again.created == first.created
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert count() == before + 1, "the replay never reached the provider"
+    # The same key with another request is a conflict, not a silent replay.
+    with pytest.raises(openai.ConflictError) as e:
+        client(max_retries=0).chat.completions.create(
+            model="default", messages=hello(f"Other {RUN}"), extra_headers=key
+        )
+    assert e.value.code == "idempotency_key_conflict"
+
+
+def test_the_sdks_own_retry_of_a_slow_call_waits_for_the_same_task():
+    # The fake takes longer than the server's longest wait: the first attempt is a 504
+    # (x-should-retry: true, as the call has a key), the SDK retries by itself with the
+    # same headers, and the retry answers the same task.
+    before = count()
+    raw = client(max_retries=2).chat.completions.with_raw_response.create(
+        model="default",
+        messages=hello(f"slow: {RUN}"),
+        extra_headers={"Idempotency-Key": f"{RUN}-slow"},
+    )
+    assert raw.retries_taken >= 1
+    assert raw.parse().choices[0].message.content == f"fake answer to: slow: {RUN}"
+    assert count() == before + 1, "the task ran once across the SDK's attempts"
+
+
+def test_a_budget_refusal_is_a_rate_limit_error():
+    headers = {"X-Tollgate-Scope": f"{RUN}-tight", "X-Tollgate-Budget": "tight"}
+    c = client(max_retries=0)
+    c.chat.completions.create(model="default", messages=hello("one"), extra_headers=headers)
+    before = count()
+    with pytest.raises(openai.RateLimitError) as e:
+        c.chat.completions.create(model="default", messages=hello("two"), extra_headers=headers)
+    assert e.value.status_code == 429
+    assert e.value.code == "WORKFLOW_AI_RATE_LIMIT"
+    assert e.value.type == "rate_limit_error"
+    assert int(e.value.response.headers["retry-after"]) >= 1
+    assert count() == before, "a refused call never reaches the provider"
+
+
+def test_the_cache_answers_the_same_app_and_never_another():
+    headers = {"X-Tollgate-Source": f"{RUN}-doc", "X-Tollgate-Source-Revision": "v1"}
+    ask = dict(model="default", messages=hello(f"Summarize {RUN}"), extra_headers=headers)
+    before = count()
+    first = client().chat.completions.with_raw_response.create(**ask)
+    assert first.headers["x-tollgate-cached"] == "false"
+    assert count() == before + 1
+    hit = client().chat.completions.with_raw_response.create(**ask)
+    assert hit.headers["x-tollgate-cached"] == "true"
+    assert hit.parse().id != first.parse().id, "a new call is a new task"
+    assert hit.parse().choices[0].message.content == first.parse().choices[0].message.content
+    assert hit.parse().usage.total_tokens == 0, "a cache hit spends nothing"
+    assert count() == before + 1, "the cache hit never reached the provider"
+    other = client(BETA).chat.completions.with_raw_response.create(**ask)
+    assert other.headers["x-tollgate-cached"] == "false"
+    assert count() == before + 2, "another app's call runs on its own"
+
+
+def test_unsupported_parameters_are_bad_requests():
+    with pytest.raises(openai.BadRequestError) as e:
+        client(max_retries=0).chat.completions.create(
+            model="default",
+            messages=hello(),
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        )
+    assert e.value.param == "tools"
+    assert e.value.type == "invalid_request_error"
+
+
+def test_models_are_listed():
+    ids = [m.id for m in client().models.list()]
+    assert "default" in ids
+    assert client().models.retrieve("default").id == "default"
+    with pytest.raises(openai.NotFoundError):
+        client().models.retrieve("no-such-model")
