@@ -448,7 +448,7 @@ pub(crate) struct PageParams {
 #[utoipa::path(get, path = "/v1/pipelines", tag = "pipelines",
     params(
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 500, description = "page size (default 50, at most 500)"),
-        ("next" = Option<String>, Query, max_length = 259, pattern = r"^p1\.[^\x00-\x1F\x7F-\x9F\s]([^\x00-\x1F\x7F-\x9F]*[^\x00-\x1F\x7F-\x9F\s])?$", description = "the `next` of the previous page (opaque: pass it back as given)")),
+        ("next" = Option<String>, Query, max_length = 259, pattern = r"^p1\.[^\x00-\x1F\x7F-\x9F]+$", description = "the `next` of the previous page (opaque: pass it back as given)")),
     responses((status = 200, body = PipelinePageView, description = "the app's pipelines in name order, each with its versions")),
     security(("api_key" = [])))]
 pub(crate) async fn list_pipelines(
@@ -567,7 +567,7 @@ pub struct ScopePageView {
 #[utoipa::path(get, path = "/v1/scopes", tag = "scopes",
     params(
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 500, description = "page size (default 50, at most 500)"),
-        ("next" = Option<String>, Query, max_length = 259, pattern = r"^s1\.[^\x00-\x1F\x7F-\x9F\s]([^\x00-\x1F\x7F-\x9F]*[^\x00-\x1F\x7F-\x9F\s])?$", description = "the `next` of the previous page (opaque: pass it back as given)")),
+        ("next" = Option<String>, Query, max_length = 259, pattern = r"^s1\.[^\x00-\x1F\x7F-\x9F]+$", description = "the `next` of the previous page (opaque: pass it back as given)")),
     responses((status = 200, body = ScopePageView, description = "the app's scopes with admitted tasks still active or an admission in the last 24 h, in name order"),
               (status = 403, body = crate::error::ErrorBody, description = "the key is bound to a subject: scopes count every subject's work")),
     security(("api_key" = [])))]

@@ -233,6 +233,14 @@ fn state_identifier_rule(node: &mut serde_json::Value, rule: &str) {
             for (key, value) in map.iter_mut() {
                 if key == "pattern" && value.as_str() == Some(ID_PATTERN_IN_ANNOTATIONS) {
                     *value = serde_json::Value::String(rule.to_owned());
+                } else if key == "pattern"
+                    && let Some(prefix) = value
+                        .as_str()
+                        .and_then(|v| v.strip_suffix(&ID_PATTERN_IN_ANNOTATIONS[1..]))
+                        .filter(|p| p.starts_with('^') && p.ends_with(r"1\."))
+                {
+                    // A name cursor of a listing (`s1.<scope>`, `p1.<pipeline>`).
+                    *value = serde_json::Value::String(format!("{prefix}{}", &rule[1..]));
                 } else {
                     state_identifier_rule(value, rule);
                 }
