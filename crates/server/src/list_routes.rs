@@ -211,7 +211,7 @@ impl TaskListParams {
 #[serde(untagged)]
 pub enum TasksAnswer {
     /// `?effect_key=…`: the task with that effect key.
-    Task(TaskView),
+    Task(Box<TaskView>),
     /// Without `effect_key`: a page of tasks.
     Page(TaskPageView),
 }
@@ -251,7 +251,7 @@ pub(crate) async fn list_tasks(
             .get_by_effect_key(&key)
             .await?
             .ok_or_else(|| ApiError::not_found("task"))?;
-        return Ok(Json(TasksAnswer::Task(TaskView::detail(&task))));
+        return Ok(Json(TasksAnswer::Task(Box::new(TaskView::detail(&task)))));
     }
     let query = TaskListQuery {
         scope: filter("scope", q.scope, ScopeId::new)?,

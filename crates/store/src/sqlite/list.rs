@@ -182,3 +182,105 @@ impl ListStore for SqliteStore {
         Ok(crate::list::stats_of(now, &counts, rows))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! SPEC §15: every listing statement is indexed on SQLite (EXPLAIN QUERY PLAN: every
+    //! table is searched through an index, never scanned).
+    use super::*;
+    use crate::list::*;
+    use tollgate_core::{RunId, RunState, SourceId, StepKey, TaskKind, TaskStatus};
+
+    fn statements() -> Vec<ListSql> {
+        let app = AppId::new("a").unwrap();
+        let scope = ScopeId::new("s").unwrap();
+        let cursor = ListCursor::Newest {
+            listing: 't',
+            at: Timestamp(5),
+            id: "0190a0a0-0000-7000-8000-000000000000".into(),
+        };
+        let mut out = Vec::new();
+        for q in [
+            TaskListQuery::default(),
+            TaskListQuery {
+                scope: Some(scope.clone()),
+                after: Some(cursor.clone()),
+                ..Default::default()
+            },
+            TaskListQuery {
+                statuses: vec![TaskStatus::Queued, TaskStatus::Failed],
+                ..Default::default()
+            },
+            TaskListQuery {
+                kind: Some(TaskKind::Classify),
+                ..Default::default()
+            },
+            TaskListQuery {
+                step: Some(StepKey::new("x").unwrap()),
+                ..Default::default()
+            },
+            TaskListQuery {
+                source: Some(SourceId::new("d").unwrap()),
+                ..Default::default()
+            },
+            TaskListQuery {
+                run: Some(RunId::generate()),
+                ..Default::default()
+            },
+            TaskListQuery {
+                created_after: Some(Timestamp(1)),
+                created_before: Some(Timestamp(9)),
+                ..Default::default()
+            },
+        ] {
+            out.push(tasks_sql(D, &app, &q));
+        }
+        out.push(runs_sql(D, &app, &RunListQuery::default()));
+        out.push(runs_sql(
+            D,
+            &app,
+            &RunListQuery {
+                scope: Some(scope.clone()),
+                states: vec![RunState::Running],
+                pipeline: Some(PipelineName::new("p").unwrap()),
+                ..Default::default()
+            },
+        ));
+        out.push(pipeline_names_sql(D, &app, None, 10));
+        out.push(pipeline_versions_sql(D, &app, "a", "b"));
+        out.push(scopes_sql(D, &app, Timestamp(0), None, 10));
+        out.extend(scope_sqls(D, &app, &scope, Timestamp(0)));
+        out.push(scope_steps_sql(D, &app, &scope, Timestamp(0)));
+        out.push(active_counts_sql(D, &app));
+        out.push(finished_sql(D, &app, Timestamp(0)));
+        out
+    }
+
+    #[test]
+    fn every_listing_statement_searches_an_index() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let store = SqliteStore::open(crate::sqlite::SqliteOptions::new(
+                dir.path().join("plan.db"),
+            ))
+            .await
+            .unwrap();
+            for sql in statements() {
+                let mut explain = sql.clone();
+                explain.text = format!("EXPLAIN QUERY PLAN {}", sql.text);
+                let rows: Vec<(i64, i64, i64, String)> = store.rows_of(explain).await.unwrap();
+                for (_, _, _, detail) in &rows {
+                    assert!(
+                        !detail.starts_with("SCAN"),
+                        "{detail} in the plan of {}",
+                        sql.text
+                    );
+                }
+            }
+        });
+    }
+}
