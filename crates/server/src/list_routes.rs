@@ -71,14 +71,15 @@ fn cursor(next: Option<String>, listing: char) -> Result<Option<ListCursor>, Api
 }
 
 /// Values of a comma-separated list parameter (`status=queued,running`); empty items
-/// are refused.
+/// (`status=queued,`) are refused.
 fn list_of<T>(
     name: &str,
     value: Option<String>,
     parse: impl Fn(&str) -> Option<T>,
     allowed: &str,
 ) -> Result<Vec<T>, ApiError> {
-    let Some(value) = value else {
+    // An empty value is the empty list (`state=`, how an empty array is sent): no filter.
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
         return Ok(Vec::new());
     };
     value

@@ -126,7 +126,7 @@ const ROUTE_ERRORS: &[(&str, HttpMethod, &[u16])] = &[
     ("/v1/runs", HttpMethod::Get, &[503]),
     ("/v1/pipelines", HttpMethod::Get, &[503]),
     ("/v1/scopes", HttpMethod::Get, &[503]),
-    ("/v1/scopes/{scope}", HttpMethod::Get, &[503]),
+    ("/v1/scopes/{scope}", HttpMethod::Get, &[422, 503]),
     ("/v1/stats", HttpMethod::Get, &[503]),
     ("/v1/kinds", HttpMethod::Get, &[]),
     ("/v1/models", HttpMethod::Get, &[]),

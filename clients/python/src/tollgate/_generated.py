@@ -19,6 +19,21 @@ class BatchBody(TypedDict, closed=True):
     """
 
 
+class CostView(TypedDict):
+    """
+    Spend and tokens of a scope (SPEC §13).
+    """
+
+    spent_micros: int
+    """
+    Spend in the window, in micro-units of the configured currency.
+    """
+    tokens: int
+    """
+    Tokens in the window.
+    """
+
+
 class DefinitionOutline(TypedDict, closed=True):
     """
     A pipeline definition's outline (the full rules are in docs/pipelines.md). Schema
@@ -29,14 +44,14 @@ class DefinitionOutline(TypedDict, closed=True):
     """
     What the pipeline is for.
     """
+    output: dict[str, str]
+    """
+    The run's output: name → JSON Pointer (`/steps/<key>/output…` or `/input…`).
+    """
     steps: list[dict[str, Any]]
     """
     The steps, each `{key, kind, request, model?, source?, budget?, depends_on?,
     retries?}`.
-    """
-    output: dict[str, str]
-    """
-    The run's output: name → JSON Pointer (`/steps/<key>/output…` or `/input…`).
     """
 
 
@@ -77,6 +92,21 @@ class ErrorDetail(TypedDict):
     """
 
 
+class FailureCount(TypedDict):
+    """
+    Failures of one error code.
+    """
+
+    code: str
+    """
+    The error code.
+    """
+    count: int
+    """
+    How many tasks ended with it.
+    """
+
+
 HashableJson: TypeAlias = Any
 """
 Any JSON value with numbers within ±(2^53 − 1), nested at most 64 levels deep.
@@ -106,13 +136,13 @@ class KindView(TypedDict):
     """
     The kind.
     """
-    request_schema: dict[str, Any]
-    """
-    JSON Schema of its request object.
-    """
     output_schema: dict[str, Any]
     """
     JSON Schema of its output.
+    """
+    request_schema: dict[str, Any]
+    """
+    JSON Schema of its request object.
     """
 
 
@@ -127,23 +157,30 @@ class KindsAnswer(TypedDict):
     """
 
 
+class LatencyView(TypedDict):
+    """
+    Claimed → finished times, in milliseconds.
+    """
+
+    p50: int
+    """
+    Median.
+    """
+    p90: int
+    """
+    90th percentile.
+    """
+    p99: int
+    """
+    99th percentile.
+    """
+
+
 class ModelView(TypedDict):
     """
     One configured model.
     """
 
-    id: str
-    """
-    The id callers use.
-    """
-    provider: str
-    """
-    Provider name.
-    """
-    model: str
-    """
-    Provider's model name.
-    """
     config_hash: str
     """
     Hash of the resolved configuration (changes invalidate cached results).
@@ -151,6 +188,18 @@ class ModelView(TypedDict):
     default: bool
     """
     Whether it is the default model.
+    """
+    id: str
+    """
+    The id callers use.
+    """
+    model: str
+    """
+    Provider's model name.
+    """
+    provider: str
+    """
+    Provider name.
     """
 
 
@@ -170,15 +219,15 @@ class PipelineBody(TypedDict, closed=True):
     `POST /v1/pipelines` body.
     """
 
-    name: str
-    """
-    The pipeline's name (letters, digits, `_`, `-`, `.`; not starting with `.`; at
-    most 128 bytes): new versions are registered under the same name.
-    """
     definition: DefinitionOutline
     """
     The definition: `{"description"?, "steps": [...], "output": {...}}` (see
     docs/pipelines.md).
+    """
+    name: str
+    """
+    The pipeline's name (letters, digits, `_`, `-`, `.`; not starting with `.`; at
+    most 128 bytes): new versions are registered under the same name.
     """
 
 
@@ -187,17 +236,32 @@ class PipelineRunBody(TypedDict, closed=True):
     `POST /v1/pipelines/{name}/runs` body.
     """
 
-    scope: str
-    """
-    The scope the run's tasks are admitted and cached in.
-    """
     input: NotRequired[HashableObject]
     """
     The run's input: what the steps' `/input…` references read (default `{}`).
     """
+    scope: str
+    """
+    The scope the run's tasks are admitted and cached in.
+    """
     version: NotRequired[str | None]
     """
     The version to run (default: the newest).
+    """
+
+
+class PipelineVersionView(TypedDict):
+    """
+    One version of a pipeline.
+    """
+
+    created_at: str
+    """
+    When it was registered.
+    """
+    version: str
+    """
+    Content hash.
     """
 
 
@@ -206,6 +270,19 @@ class PipelineView(TypedDict):
     A registered pipeline version.
     """
 
+    created: bool
+    """
+    Whether this call registered the version (false: the app had it already; reads
+    say false).
+    """
+    created_at: str
+    """
+    When this version was first registered.
+    """
+    definition: dict[str, Any]
+    """
+    The definition as stored (normalized).
+    """
     name: str
     """
     The pipeline's name.
@@ -215,18 +292,40 @@ class PipelineView(TypedDict):
     The version: SHA-256 of the canonical definition (the same definition always has
     the same version).
     """
-    created: bool
+
+
+class PolicyView(TypedDict):
     """
-    Whether this call registered the version (false: the app had it already; reads
-    say false).
+    The budget policy in force for a scope (SPEC §10): the app's default policy.
     """
-    definition: dict[str, Any]
+
+    burst: int
     """
-    The definition as stored (normalized).
+    Token-bucket capacity.
     """
-    created_at: str
+    global_concurrent: int
     """
-    When this version was first registered.
+    Admitted tasks of the whole server that may be queued or running at once.
+    """
+    max_steps_per_source: int
+    """
+    Distinct logical steps one source may have admitted in 24 h.
+    """
+    name: str
+    """
+    The policy's name.
+    """
+    scope_concurrent: int
+    """
+    Admitted tasks of the scope that may be queued or running at once.
+    """
+    sources_per_24_hours: int
+    """
+    Distinct sources the scope may have admitted in 24 h.
+    """
+    tasks_per_minute: int
+    """
+    Token-bucket refill, tasks per minute.
     """
 
 
@@ -261,13 +360,28 @@ class RunBody(TypedDict, closed=True):
     `POST /v1/runs` body.
     """
 
+    input: NotRequired[HashableObject]
+    """
+    The run's input: a JSON object (default `{}`).
+    """
     scope: str
     """
     The scope the run's tasks are admitted and cached in.
     """
-    input: NotRequired[HashableObject]
+
+
+class RunPipelineRef(TypedDict):
     """
-    The run's input: a JSON object (default `{}`).
+    A pipeline name and version, for runs of a pipeline.
+    """
+
+    name: str
+    """
+    The pipeline's name.
+    """
+    version: str
+    """
+    The version the run runs.
     """
 
 
@@ -279,6 +393,51 @@ A run's state.
 """
 
 
+class ScopeView(TypedDict):
+    """
+    A scope's policy and live admission state (SPEC §4, §15).
+    """
+
+    active: int
+    """
+    Admitted tasks queued or running now, against `policy.scope_concurrent`.
+    """
+    admissions_in_window: int
+    """
+    Admissions in the window.
+    """
+    bucket_tokens: float
+    """
+    Tokens in the bucket now, out of `policy.burst` (fractions refill continuously).
+    """
+    busiest_source_steps: int
+    """
+    The most distinct steps any one source has in the window, against
+    `policy.max_steps_per_source`.
+    """
+    cost: CostView | None
+    last_admitted_at: str | None
+    """
+    The newest admission in the window.
+    """
+    policy: PolicyView
+    """
+    The policy in force (the app's default; a task may name another allowed one).
+    """
+    scope: str
+    """
+    The scope.
+    """
+    sources_in_window: int
+    """
+    Distinct sources admitted in the 24 h window, against `policy.sources_per_24_hours`.
+    """
+    steps_in_window: int
+    """
+    Distinct steps admitted in the window, all sources together.
+    """
+
+
 class SourceBody(TypedDict, closed=True):
     """
     The source a scoped task is about.
@@ -288,13 +447,13 @@ class SourceBody(TypedDict, closed=True):
     """
     Source id.
     """
-    revision: str
-    """
-    Source revision.
-    """
     recompute: NotRequired[bool]
     """
     Skip the cache and count as a new step.
+    """
+    revision: str
+    """
+    Source revision.
     """
 
 
@@ -313,6 +472,68 @@ class SourceView(TypedDict):
     """
 
 
+class StatsView(TypedDict):
+    """
+    `GET /v1/stats` answer: the app's tasks now and over the last hour, computed from the
+    database (per app, unlike `/metrics`, which counts the whole server).
+    """
+
+    cache_hit_rate: float | None
+    """
+    `cache_hits / succeeded` (`null` when nothing succeeded).
+    """
+    cache_hits: int
+    """
+    Succeeded tasks of the window served from the cache.
+    """
+    canceled: int
+    """
+    Tasks canceled in the window.
+    """
+    failed: int
+    """
+    Tasks that failed in the window.
+    """
+    failures_by_code: list[FailureCount]
+    """
+    Failed and canceled tasks of the window by error code, most frequent first.
+    """
+    latency_ms: LatencyView | None
+    queued: int
+    """
+    Tasks queued now.
+    """
+    running: int
+    """
+    Tasks running now.
+    """
+    sampled: bool
+    """
+    True when the window held more than 10,000 finished tasks: the figures are of the
+    newest 10,000.
+    """
+    since: str
+    """
+    The window's start (RFC 3339).
+    """
+    source: str
+    """
+    Always `database`: where these numbers come from.
+    """
+    succeeded: int
+    """
+    Tasks that succeeded in the window.
+    """
+    throughput_per_minute: float
+    """
+    Tasks finished per minute over the window.
+    """
+    window_seconds: int
+    """
+    The window's length, in seconds (3600).
+    """
+
+
 StepStatusName: TypeAlias = Literal[
     'pending', 'queued', 'running', 'succeeded', 'failed', 'canceled'
 ]
@@ -326,13 +547,13 @@ class SubjectView(TypedDict):
     The subject a task or run is done for, as shown.
     """
 
-    type: str
-    """
-    `user` or `service`.
-    """
     id: str
     """
     The subject's id.
+    """
+    type: str
+    """
+    `user` or `service`.
     """
 
 
@@ -341,6 +562,14 @@ class SubmitBody(TypedDict, closed=True):
     `POST /v1/tasks` body.
     """
 
+    budget: NotRequired[str | None]
+    """
+    Budget policy name; defaults to the app's default policy.
+    """
+    effect_key: NotRequired[str | None]
+    """
+    The effect key, when not sent as the `Idempotency-Key` header.
+    """
     kind: KindName
     """
     `generate_text`, `classify`, `classify_many` or `extract_data`.
@@ -349,30 +578,22 @@ class SubmitBody(TypedDict, closed=True):
     """
     Model id (one of `GET /v1/models`); defaults to the configured default model.
     """
-    step: NotRequired[str | None]
-    """
-    The caller's name for the step; defaults to the kind.
-    """
     request: HashableObject
     """
     The kind's request object (its schema per kind: `GET /v1/kinds`).
-    """
-    scope: NotRequired[str | None]
-    """
-    Application owner's scope. Exactly one of `scope` and `run_id`.
     """
     run_id: NotRequired[str | None]
     """
     Owning workflow run. Exactly one of `scope` and `run_id`.
     """
+    scope: NotRequired[str | None]
+    """
+    Application owner's scope. Exactly one of `scope` and `run_id`.
+    """
     source: NotRequired[SourceBody | None]
-    budget: NotRequired[str | None]
+    step: NotRequired[str | None]
     """
-    Budget policy name; defaults to the app's default policy.
-    """
-    effect_key: NotRequired[str | None]
-    """
-    The effect key, when not sent as the `Idempotency-Key` header.
+    The caller's name for the step; defaults to the kind.
     """
 
 
@@ -419,6 +640,10 @@ class UsageView(TypedDict):
     Usage, as shown.
     """
 
+    cost_usd: NotRequired[float]
+    """
+    Cost in US dollars, where known.
+    """
     input_tokens: int
     """
     Prompt tokens.
@@ -426,10 +651,6 @@ class UsageView(TypedDict):
     output_tokens: int
     """
     Completion tokens.
-    """
-    cost_usd: NotRequired[float]
-    """
-    Cost in US dollars, where known.
     """
 
 
@@ -687,6 +908,35 @@ The four task kinds (GET /v1/kinds).
 """
 
 
+class AttemptView(TypedDict):
+    """
+    One attempt of a task (SPEC §15).
+    """
+
+    attempt: int
+    """
+    1 for the first attempt.
+    """
+    claimed_at: str | None
+    """
+    When it was claimed.
+    """
+    error: TaskErrorView | None
+    finished_at: str | None
+    """
+    When it ended.
+    """
+    heartbeat_at: str | None
+    """
+    Its last heartbeat.
+    """
+    usage: UsageView | None
+    worker: str | None
+    """
+    The worker that claimed it.
+    """
+
+
 class ErrorBody(TypedDict):
     """
     The body of every error answer.
@@ -698,11 +948,80 @@ class ErrorBody(TypedDict):
     """
 
 
+class PipelineSummaryView(TypedDict):
+    """
+    A pipeline with its versions.
+    """
+
+    name: str
+    """
+    The name.
+    """
+    versions: list[PipelineVersionView]
+    """
+    Versions, newest first (the first is what a run naming no version runs).
+    """
+
+
+class RunSummaryView(TypedDict):
+    """
+    A run in a listing (`GET /v1/runs/{id}` has its input, output and steps).
+    """
+
+    cancel_requested: bool
+    """
+    Whether cancellation was requested.
+    """
+    created_at: str
+    """
+    Creation time (RFC 3339, UTC).
+    """
+    error: TaskErrorView | None
+    id: str
+    """
+    Run id.
+    """
+    pipeline: RunPipelineRef | None
+    scope: str
+    """
+    Scope.
+    """
+    state: RunStateName
+    """
+    `running`, `waiting`, `succeeded`, `failed` or `canceled`.
+    """
+    subject: NotRequired[SubjectView | None]
+    updated_at: str
+    """
+    Last change.
+    """
+
+
+class ScopePageView(TypedDict):
+    """
+    `GET /v1/scopes` answer.
+    """
+
+    next: NotRequired[str]
+    """
+    Pass as `next` for the following page; absent on the last page.
+    """
+    scopes: list[ScopeView]
+    """
+    Scopes with admission activity in the 24 h window, in name order.
+    """
+
+
 class StepView(TypedDict):
     """
     One step of a pipeline run.
     """
 
+    attempts: int
+    """
+    Attempts submitted so far.
+    """
+    error: TaskErrorView | None
     key: str
     """
     The step's key.
@@ -711,24 +1030,19 @@ class StepView(TypedDict):
     """
     The step's task kind.
     """
+    output: Any
+    """
+    The step's output, once succeeded.
+    """
     status: StepStatusName
     """
     `pending` (waiting for dependencies, admission or a retry), `queued`, `running`,
     `succeeded`, `failed` or `canceled`.
     """
-    attempts: int
-    """
-    Attempts submitted so far.
-    """
     task_id: str | None
     """
     The latest attempt's task.
     """
-    output: Any
-    """
-    The step's output, once succeeded.
-    """
-    error: TaskErrorView | None
 
 
 class TaskView(TypedDict):
@@ -736,63 +1050,86 @@ class TaskView(TypedDict):
     The task object (SPEC §11).
     """
 
-    id: str
+    attempts: list[AttemptView]
     """
-    Task id.
+    Its attempts (a task runs at most once: none until claimed, then one), each with
+    its worker, times and usage.
     """
-    effect_key: str
+    cached: bool
     """
-    The effect key.
+    Served from the cache.
     """
-    kind: KindName
+    claimed_at: str | None
     """
-    The kind.
+    When a worker claimed it (SPEC §15).
     """
-    step: str
+    completed_at: str | None
     """
-    The step name.
-    """
-    status: TaskStatusName
-    """
-    `queued`, `running`, `succeeded`, `failed` or `canceled`.
-    """
-    scope: str
-    """
-    The scope (the run's scope for run-owned tasks).
-    """
-    run_id: str | None
-    """
-    The owning run, if any.
-    """
-    source: SourceView | None
-    subject: NotRequired[SubjectView | None]
-    model: str
-    """
-    The model id asked for.
+    Completion time, once terminal.
     """
     created: bool
     """
     Whether this call created the task (false when the effect key named an existing
     one; reads say false).
     """
-    cached: bool
+    created_at: str
     """
-    Served from the cache.
+    Creation time (RFC 3339, UTC).
+    """
+    effect_key: str
+    """
+    The effect key.
+    """
+    error: TaskErrorView | None
+    heartbeat_at: str | None
+    """
+    Its last heartbeat while running.
+    """
+    id: str
+    """
+    Task id.
+    """
+    kind: KindName
+    """
+    The kind.
+    """
+    model: str
+    """
+    The model id asked for.
     """
     output: Any
     """
     The kind's output, once succeeded (its shape is the kind's output schema, see
     `GET /v1/kinds`).
     """
+    request: NotRequired[dict[str, Any]]
+    """
+    The stored request (its fields plus `kind`): present on reads of one task
+    (`GET /v1/tasks/{id}`, `GET /v1/tasks?effect_key=`), absent in pages and answers
+    to submissions.
+    """
+    run_id: str | None
+    """
+    The owning run, if any.
+    """
+    scope: str
+    """
+    The scope (the run's scope for run-owned tasks).
+    """
+    source: SourceView | None
+    status: TaskStatusName
+    """
+    `queued`, `running`, `succeeded`, `failed` or `canceled`.
+    """
+    step: str
+    """
+    The step name.
+    """
+    subject: NotRequired[SubjectView | None]
     usage: UsageView | None
-    error: TaskErrorView | None
-    created_at: str
+    worker: str | None
     """
-    Creation time (RFC 3339, UTC).
-    """
-    completed_at: str | None
-    """
-    Completion time, once terminal.
+    The worker that ran it.
     """
 
 
@@ -801,13 +1138,13 @@ class UnreleasedPageView(TypedDict):
     `GET /v1/scopes/{scope}/unreleased-sources` answer.
     """
 
-    sources: list[UnreleasedSourceView]
-    """
-    Up to 100 sources, in order.
-    """
     next: NotRequired[str]
     """
     Pass as `after` for the next page; absent on the last page.
+    """
+    sources: list[UnreleasedSourceView]
+    """
+    Up to 100 sources, in order.
     """
 
 
@@ -816,6 +1153,10 @@ class BatchItem(TypedDict):
     One item of a batch answer: the task, or the error it got.
     """
 
+    error: NotRequired[ErrorDetail]
+    """
+    The error, when refused.
+    """
     status: int
     """
     HTTP status this item would have had on its own.
@@ -824,9 +1165,20 @@ class BatchItem(TypedDict):
     """
     The task, when submitted.
     """
-    error: NotRequired[ErrorDetail]
+
+
+class PipelinePageView(TypedDict):
     """
-    The error, when refused.
+    `GET /v1/pipelines` answer.
+    """
+
+    next: NotRequired[str]
+    """
+    Pass as `next` for the following page; absent on the last page.
+    """
+    pipelines: list[PipelineSummaryView]
+    """
+    Pipelines in name order.
     """
 
 
@@ -839,13 +1191,28 @@ class PipelineProgressView(TypedDict):
     """
     The pipeline's name.
     """
+    steps: list[StepView]
+    """
+    Every step, each after its dependencies.
+    """
     version: str
     """
     The version the run runs.
     """
-    steps: list[StepView]
+
+
+class RunPageView(TypedDict):
     """
-    Every step, each after its dependencies.
+    `GET /v1/runs` answer.
+    """
+
+    next: NotRequired[str]
+    """
+    Pass as `next` for the following page; absent on the last page.
+    """
+    runs: list[RunSummaryView]
+    """
+    Runs, newest first.
     """
 
 
@@ -854,9 +1221,31 @@ class RunView(TypedDict):
     A workflow run (SPEC §7).
     """
 
+    cancel_requested: bool
+    """
+    Whether cancellation was requested.
+    """
+    created_at: str
+    """
+    Creation time.
+    """
+    error: TaskErrorView | None
     id: str
     """
     Run id.
+    """
+    input: HashableObject
+    """
+    The run's input (a JSON object).
+    """
+    output: Any
+    """
+    The output, once succeeded.
+    """
+    pipeline: NotRequired[PipelineProgressView]
+    """
+    For a run of a pipeline: its version and where each step stands (absent for
+    other runs).
     """
     scope: str
     """
@@ -867,36 +1256,35 @@ class RunView(TypedDict):
     `running`, `waiting`, `succeeded`, `failed` or `canceled`.
     """
     subject: NotRequired[SubjectView | None]
-    cancel_requested: bool
-    """
-    Whether cancellation was requested.
-    """
-    input: HashableObject
-    """
-    The run's input (a JSON object).
-    """
-    output: Any
-    """
-    The output, once succeeded.
-    """
-    error: TaskErrorView | None
-    waiting_on: str | None
-    """
-    The task a waiting step waits on.
-    """
-    created_at: str
-    """
-    Creation time.
-    """
     updated_at: str
     """
     Last change.
     """
-    pipeline: NotRequired[PipelineProgressView]
+    waiting_on: str | None
     """
-    For a run of a pipeline: its version and where each step stands (absent for
-    other runs).
+    The task a waiting step waits on.
     """
+
+
+class TaskPageView(TypedDict):
+    """
+    A page of `GET /v1/tasks`.
+    """
+
+    next: NotRequired[str]
+    """
+    Pass as `next` for the following page; absent on the last page.
+    """
+    tasks: list[TaskView]
+    """
+    Tasks, newest first.
+    """
+
+
+TasksAnswer: TypeAlias = TaskView | TaskPageView
+"""
+The `GET /v1/tasks` answer: one task for `?effect_key=`, a page otherwise.
+"""
 
 
 class BatchAnswer(TypedDict):
