@@ -185,7 +185,9 @@ pub async fn task(cmd: TaskCommand) -> anyhow::Result<()> {
             print(&send(conn.request(reqwest::Method::GET, &format!("/v1/tasks/{id}"))?).await?);
         }
         TaskCommand::Wait { conn, id, timeout } => {
-            let timeout = humantime::parse_duration(&timeout).context("--timeout")?;
+            let timeout =
+                tollgate_core::parse_duration(&timeout, tollgate_core::DurationSyntax::Config)
+                    .context("--timeout")?;
             let deadline = Instant::now() + timeout;
             loop {
                 let t =
@@ -263,7 +265,8 @@ pub async fn run(cmd: RunCommand) -> anyhow::Result<()> {
         RunCommand::Get { conn, id, wait } => {
             let mut path = format!("/v1/runs/{}", encode(&id));
             if let Some(w) = wait {
-                humantime::parse_duration(&w).context("--wait takes a duration like 30s")?;
+                tollgate_core::parse_duration(&w, tollgate_core::DurationSyntax::Config)
+                    .context("--wait takes a duration like 30s")?;
                 path.push_str(&format!("?wait={}", encode(&w)));
             }
             print(&send(conn.request(reqwest::Method::GET, &path)?).await?);
@@ -395,7 +398,8 @@ pub async fn pipeline(cmd: PipelineCommand) -> anyhow::Result<()> {
             }
             let mut path = format!("/v1/pipelines/{}/runs", encode(&name));
             if let Some(w) = wait {
-                humantime::parse_duration(&w).context("--wait takes a duration like 30s")?;
+                tollgate_core::parse_duration(&w, tollgate_core::DurationSyntax::Config)
+                    .context("--wait takes a duration like 30s")?;
                 path.push_str(&format!("?wait={}", encode(&w)));
             }
             let mut rb = conn.request(reqwest::Method::POST, &path)?.json(&body);

@@ -9,7 +9,6 @@ use tollgate_core::{
 };
 use tollgate_engine::config::{BudgetPolicy, Limit, ModelConfig};
 use tollgate_engine::{EngineConfig, EngineError, Submission, Tollgate};
-use tollgate_store::StoreError;
 
 fn step(n: u32, title: &str) {
     println!("\n{n}. {title}");
@@ -133,7 +132,7 @@ pub async fn demo() -> anyhow::Result<()> {
         )?;
         match tollgate.submit(s).await {
             Ok(t) => println!("   email-{i}: admitted ({})", t.task.status.as_str()),
-            Err(EngineError::Store(StoreError::Admission(r))) => {
+            Err(EngineError::Admission(r)) => {
                 println!(
                     "   email-{i}: refused {} - retry after {} ms",
                     r.code(),
@@ -192,7 +191,7 @@ pub async fn demo() -> anyhow::Result<()> {
         .submit(classify(&app, "email-after", "hello", "msg-after")?)
         .await;
     match after {
-        Err(EngineError::Store(StoreError::Admission(r))) => println!(
+        Err(EngineError::Admission(r)) => println!(
             "   a new task right after is still refused ({}): deletion never resets the rate",
             r.code()
         ),

@@ -116,7 +116,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         } else {
             workers.to_string()
         },
-        tollgate.store().backend()
+        tollgate.backend()
     );
     if let Some(key) = &dev_key {
         println!("  no API keys configured: development app `{DEV_APP}` (127.0.0.1 only)");
@@ -213,11 +213,11 @@ pub async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
     let tollgate = Tollgate::open(&config.database.url, config.engine.clone())
         .await
         .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
-    tollgate.store().ping().await?;
+    tollgate.ping().await?;
     println!(
         "{} is migrated ({} backend)",
         redact(&config.database.url),
-        tollgate.store().backend()
+        tollgate.backend()
     );
     Ok(())
 }

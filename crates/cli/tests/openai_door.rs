@@ -536,6 +536,35 @@ async fn a_call_answers_a_chat_completion_backed_by_a_task(backend: &str) {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(again, answer);
     assert_eq!(fake.count(), 1);
+    // The same key with another request: the engine's conflict, in OpenAI's shape, naming
+    // the key's task, and no provider call.
+    let (status, headers, conflict) = server
+        .chat(
+            Some(ACME),
+            &[
+                ("idempotency-key", "hello-1"),
+                ("x-tollgate-scope", "customer-7"),
+            ],
+            serde_json::to_vec(&with(json!({}))).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{conflict}");
+    assert_openai_error(
+        &conflict,
+        "invalid_request_error",
+        None,
+        "idempotency_key_conflict",
+    );
+    assert!(
+        conflict["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("different request"),
+        "{conflict}"
+    );
+    assert_eq!(headers["x-tollgate-task-id"].to_str().unwrap(), task_id);
+    assert_eq!(headers["x-should-retry"], "false");
+    assert_eq!(fake.count(), 1);
     // The same key from another app is another app's call.
     let (status, headers, other) = server
         .chat(

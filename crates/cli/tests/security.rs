@@ -5,7 +5,7 @@
 //! - every other body-taking route refuses malformed, mistyped and oversized bodies with
 //!   a 4xx JSON error and stores nothing;
 //! - integers beyond ±2^53 anywhere in a request are refused;
-//! - the tenant isolation matrix: every route of `crates/server/src/routes.rs` (the test
+//! - the tenant isolation matrix: every route of `crates/server/src/routes/mod.rs` (the test
 //!   reads the router to be sure none is missed) called with another app's key on real
 //!   rows of the first app answers 404 (or an empty/zero answer for collection routes)
 //!   and changes nothing the first app can see.
@@ -454,7 +454,7 @@ fn invalid_limits_are_refused_at_start_naming_the_setting() {
 /// Every (method, path) the router serves, read from its source so a new route cannot
 /// be forgotten by the matrix below.
 fn routes_in_router() -> BTreeSet<(String, String)> {
-    let source = include_str!("../../server/src/routes.rs");
+    let source = include_str!("../../server/src/routes/mod.rs");
     let mut routers =
         vec![&source[source.find("Router::new()").unwrap()..source.find(".fallback(").unwrap()]];
     // The modules the router merges (listings, dashboard): each one's `Router::new()`.

@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod budget;
 pub mod canonical;
+pub mod duration;
 pub mod error;
 pub mod ids;
 pub mod json;
@@ -18,6 +19,7 @@ pub mod time;
 
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
+pub use duration::{DurationError, DurationSyntax, parse_duration};
 pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};
 pub use ids::{
     AppId, BudgetName, EffectKey, MAX_ID_CHARS, ModelId, PipelineName, PipelineVersion, RunId,

@@ -7,11 +7,11 @@
 
 use crate::error::EngineError;
 use crate::facade::{Submission, SubmissionOwner, Submitted, Tollgate};
-use crate::pipelines::{PipelineRunInfo, PipelineStart, StartedRun};
+use crate::pipelines::{PipelineProgress, PipelineStart, StartedRun};
 use std::time::Duration;
 use tollgate_core::{AppId, EffectKey, InvalidInput, Run, RunId, ScopeId, SourceId, Task, TaskId};
 use tollgate_core::{Subject, Visibility};
-use tollgate_store::{RunCancel, StoreError, UnreleasedPage, UnreleasedQuery};
+use tollgate_store::{RunCancel, UnreleasedPage, UnreleasedQuery};
 
 /// The engine as one authenticated caller sees it: its app, and within it what its
 /// [`Visibility`] allows.
@@ -61,14 +61,23 @@ impl CallerView {
         run.filter(|r| self.sees(r.subject.as_ref()))
     }
 
-    /// A replay answers an existing task only when the caller may see it; otherwise the
-    /// effect key is taken by something the caller cannot see (and nothing of it shows).
-    fn replay(&self, submitted: Submitted) -> Result<Submitted, EngineError> {
-        if submitted.created || self.sees(submitted.task.subject.as_ref()) {
-            Ok(submitted)
-        } else {
-            Err(EngineError::EffectKeyTaken)
+    /// A replay answers an existing task only when the caller may see it (otherwise the
+    /// effect key is taken by something the caller cannot see, and nothing of it shows),
+    /// and only for the same submission.
+    fn replay(
+        &self,
+        submission: &Submission,
+        submitted: Submitted,
+    ) -> Result<Submitted, EngineError> {
+        if submitted.created {
+            return Ok(submitted);
         }
+        if !self.sees(submitted.task.subject.as_ref()) {
+            return Err(EngineError::EffectKeyTaken);
+        }
+        self.tollgate
+            .check_same_submission(submission, &submitted.task)?;
+        Ok(submitted)
     }
 
     /// A task submitted into a run the caller cannot see is refused like a missing run.
@@ -77,18 +86,19 @@ impl CallerView {
             && matches!(self.visibility, Visibility::Subject(_))
             && self.get_run(run).await?.is_none()
         {
-            return Err(StoreError::RunNotFound(run.to_string()).into());
+            return Err(EngineError::RunNotFound(run.to_string()));
         }
         Ok(())
     }
 
     /// [`Tollgate::submit`] in the caller's app; a replayed effect key of a task the
-    /// caller cannot see is [`EngineError::EffectKeyTaken`].
+    /// caller cannot see is [`EngineError::EffectKeyTaken`], and one of a visible task
+    /// that differs from this submission is [`EngineError::TaskConflict`] naming the field.
     pub async fn submit(&self, mut submission: Submission) -> Result<Submitted, EngineError> {
         submission.app = self.app.clone();
         self.check_owner(&submission).await?;
-        let submitted = self.tollgate.submit(submission).await?;
-        self.replay(submitted)
+        let submitted = self.tollgate.submit(submission.clone()).await?;
+        self.replay(&submission, submitted)
     }
 
     /// [`Tollgate::submit_many`], each item judged like [`CallerView::submit`].
@@ -108,17 +118,20 @@ impl CallerView {
                 Err(e) => refused.push(Some(e)),
             }
         }
-        let mut answers = self.tollgate.submit_many(allowed).await?.into_iter();
+        let mut answers = self
+            .tollgate
+            .submit_many(allowed.clone())
+            .await?
+            .into_iter()
+            .zip(allowed);
         Ok(refused
             .into_iter()
             .map(|r| match r {
                 Some(e) => Err(e),
-                None => answers
-                    .next()
-                    .unwrap_or_else(|| {
-                        Err(InvalidInput::field("tasks", "an item got no answer").into())
-                    })
-                    .and_then(|s| self.replay(s)),
+                None => match answers.next() {
+                    Some((answer, submission)) => answer.and_then(|s| self.replay(&submission, s)),
+                    None => Err(InvalidInput::field("tasks", "an item got no answer").into()),
+                },
             })
             .collect())
     }
@@ -213,7 +226,7 @@ impl CallerView {
     }
 
     /// [`Tollgate::pipeline_run`] of a visible run.
-    pub async fn pipeline_run(&self, run: &Run) -> Result<Option<PipelineRunInfo>, EngineError> {
+    pub async fn pipeline_run(&self, run: &Run) -> Result<Option<PipelineProgress>, EngineError> {
         if run.app != self.app || !self.sees(run.subject.as_ref()) {
             return Ok(None);
         }
@@ -221,16 +234,21 @@ impl CallerView {
     }
 
     /// [`Tollgate::start_pipeline`] in the caller's app; a replayed start key of a run the
-    /// caller cannot see is [`EngineError::EffectKeyTaken`].
+    /// caller cannot see is [`EngineError::EffectKeyTaken`], and one of a visible run
+    /// started differently is [`EngineError::RunConflict`] naming the field.
     pub async fn start_pipeline(
         &self,
         mut start: PipelineStart,
     ) -> Result<Option<StartedRun>, EngineError> {
         start.app = self.app.clone();
-        let started = self.tollgate.start_pipeline(start).await?;
+        let started = self.tollgate.start_pipeline(start.clone()).await?;
         match started {
-            Some(s) if !s.created && !self.sees(s.run.subject.as_ref()) => {
-                Err(EngineError::EffectKeyTaken)
+            Some(s) if !s.created => {
+                if !self.sees(s.run.subject.as_ref()) {
+                    return Err(EngineError::EffectKeyTaken);
+                }
+                self.tollgate.check_same_start(&start, &s.run).await?;
+                Ok(Some(s))
             }
             other => Ok(other),
         }

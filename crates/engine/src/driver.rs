@@ -366,7 +366,7 @@ impl Driver {
                     .increment(1);
                 Ok(task)
             }
-            Err(EngineError::Store(StoreError::Admission(rejection))) => {
+            Err(EngineError::Admission(rejection)) => {
                 let config = &self.inner.config.pipelines;
                 if config.admission_retry {
                     Err(Refused::Defer(
@@ -378,19 +378,12 @@ impl Driver {
                     Err(fail(rejection.code(), rejection.to_string()))
                 }
             }
-            Err(EngineError::Store(
-                StoreError::RunCanceled(_)
-                | StoreError::RunNotFound(_)
-                | StoreError::InvalidState(_),
-            )) => Err(Refused::Stop),
             Err(
-                e @ EngineError::Store(
-                    StoreError::Unavailable(_)
-                    | StoreError::Database(_)
-                    | StoreError::Corrupt(_)
-                    | StoreError::SchemaTooNew { .. },
-                ),
-            ) => Err(Refused::Store(e)),
+                EngineError::RunCanceled(_)
+                | EngineError::RunNotFound(_)
+                | EngineError::InvalidState(_),
+            ) => Err(Refused::Stop),
+            Err(e) if e.is_database() => Err(Refused::Store(e)),
             Err(e) => {
                 let code = e.code().unwrap_or(ErrorCode::InvalidRequest);
                 Err(fail(code, e.to_string()))

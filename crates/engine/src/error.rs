@@ -1,20 +1,132 @@
 //! The engine's typed errors, each with a stable [`ErrorCode`] where one applies.
+//!
+//! Flat on purpose: a caller matches `EngineError::RunNotFound(_)` or
+//! `EngineError::Admission(r)` directly. The store's errors are mapped here, once
+//! ([`From<StoreError>`]); nothing else in the engine translates them.
 
 use crate::config::ConfigError;
+use std::fmt;
 use std::time::Duration;
-use tollgate_core::{ErrorCode, InvalidInput};
+use tollgate_core::{
+    AdmissionRejection, EffectKey, ErrorCode, InvalidInput, OutputViolation, RunId, TaskId,
+};
 use tollgate_store::StoreError;
+
+/// The field in which a replayed submission (or pipeline start) differs from what its
+/// idempotency key already names. SPEC §3 step 2: the key decides; over HTTP a replay
+/// that differs is refused with 409 naming this field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConflictField {
+    /// The task's kind.
+    Kind,
+    /// The step name (default: the kind's name).
+    Step,
+    /// The model id (default: the configured default model).
+    Model,
+    /// The owner: another scope, another run, or run versus application.
+    Owner,
+    /// The source, its revision or `recompute`.
+    Source,
+    /// The request (compared by its canonical hash).
+    Request,
+    /// The pipeline a run was started from.
+    Pipeline,
+    /// The pipeline version a run was started from.
+    Version,
+    /// The run's scope.
+    Scope,
+    /// The run's input (compared in canonical form).
+    Input,
+}
+
+impl ConflictField {
+    /// The field's name as messages spell it (`kind`, `step`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConflictField::Kind => "kind",
+            ConflictField::Step => "step",
+            ConflictField::Model => "model",
+            ConflictField::Owner => "owner",
+            ConflictField::Source => "source",
+            ConflictField::Request => "request",
+            ConflictField::Pipeline => "pipeline",
+            ConflictField::Version => "version",
+            ConflictField::Scope => "scope",
+            ConflictField::Input => "input",
+        }
+    }
+}
+
+impl fmt::Display for ConflictField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// What a [`Tollgate`](crate::Tollgate) call can fail with. A failed submission wrote
 /// nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// The store refused or failed (admission, run not found, database unavailable, …).
-    #[error(transparent)]
-    Store(#[from] StoreError),
     /// The input is invalid or too large (SPEC §3 step 1).
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
+    /// Admission refused the task (SPEC §4): rate limit, budget, concurrency, …
+    #[error(transparent)]
+    Admission(#[from] AdmissionRejection),
+    /// The run does not exist in the caller's app (or the caller may not see it).
+    #[error("run {0} not found")]
+    RunNotFound(String),
+    /// The run a task names is canceled.
+    #[error("run {0} is canceled")]
+    RunCanceled(String),
+    /// The task does not exist in the caller's app.
+    #[error("task {0} not found")]
+    TaskNotFound(String),
+    /// The operation is not allowed in the row's current state.
+    #[error("{0}")]
+    InvalidState(String),
+    /// A completion carried an output that violates the kind's contract.
+    #[error(transparent)]
+    InvalidOutput(#[from] OutputViolation),
+    /// The effect key already names a task of the caller's that differs in `field`
+    /// (raised by [`CallerView::submit`](crate::CallerView::submit)); nothing was created.
+    #[error("effect key {:?} already names task {task} with a different {field}", effect_key.as_str())]
+    TaskConflict {
+        /// The key replayed.
+        effect_key: EffectKey,
+        /// The task it names.
+        task: TaskId,
+        /// The first field that differs.
+        field: ConflictField,
+    },
+    /// The start key already started a run of the caller's that differs in `field`
+    /// (raised by [`CallerView::start_pipeline`](crate::CallerView::start_pipeline)).
+    #[error("the Idempotency-Key already started run {run} with a different {field}")]
+    RunConflict {
+        /// The run the key started.
+        run: RunId,
+        /// The first field that differs.
+        field: ConflictField,
+    },
+    /// The database cannot be reached right now; retrying later is safe.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// The database holds a schema newer than this binary knows.
+    #[error(
+        "the database schema is at version {found}, newer than the {known} this binary knows; upgrade Tollgate"
+    )]
+    SchemaTooNew {
+        /// Highest migration applied in the database.
+        found: i64,
+        /// Highest migration this binary ships.
+        known: i64,
+    },
+    /// A stored row could not be read back (corruption or a foreign writer).
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    /// Any other database error.
+    #[error("database error: {0}")]
+    Database(String),
     /// The model id is not configured.
     #[error("unknown model `{model}` (configured models: {})", quoted(known))]
     UnknownModel {
@@ -53,15 +165,45 @@ pub enum EngineError {
     SubjectNotAllowed(&'static str),
 }
 
+/// The one translation of the store's errors.
+impl From<StoreError> for EngineError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Invalid(i) => EngineError::Invalid(i),
+            StoreError::Admission(r) => EngineError::Admission(r),
+            StoreError::RunNotFound(r) => EngineError::RunNotFound(r),
+            StoreError::RunCanceled(r) => EngineError::RunCanceled(r),
+            StoreError::TaskNotFound(t) => EngineError::TaskNotFound(t),
+            StoreError::InvalidState(m) => EngineError::InvalidState(m),
+            StoreError::InvalidOutput(v) => EngineError::InvalidOutput(v),
+            StoreError::Unavailable(m) => EngineError::Unavailable(m),
+            StoreError::SchemaTooNew { found, known } => EngineError::SchemaTooNew { found, known },
+            StoreError::Corrupt(m) => EngineError::Corrupt(m),
+            StoreError::Database(m) => EngineError::Database(m),
+        }
+    }
+}
+
 impl EngineError {
     /// The stable error code, where one applies (`None` for infrastructure failures).
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            EngineError::Store(e) => e.code(),
             EngineError::Invalid(e) => Some(e.code()),
+            EngineError::Admission(r) => Some(r.code()),
+            EngineError::RunNotFound(_) => Some(ErrorCode::RunNotFound),
+            EngineError::RunCanceled(_) => Some(ErrorCode::RunCanceled),
+            EngineError::InvalidOutput(_) => Some(ErrorCode::InvalidModelOutput),
+            EngineError::InvalidState(_) => Some(ErrorCode::InvalidState),
             EngineError::UnknownModel { .. } => Some(ErrorCode::UnknownModel),
             EngineError::BudgetNotAllowed { .. } => Some(ErrorCode::BudgetNotAllowed),
-            EngineError::Config(_)
+            EngineError::TaskNotFound(_)
+            | EngineError::TaskConflict { .. }
+            | EngineError::RunConflict { .. }
+            | EngineError::Unavailable(_)
+            | EngineError::SchemaTooNew { .. }
+            | EngineError::Corrupt(_)
+            | EngineError::Database(_)
+            | EngineError::Config(_)
             | EngineError::Notify(_)
             | EngineError::EffectKeyTaken
             | EngineError::SubjectNotAllowed(_) => None,
@@ -71,14 +213,34 @@ impl EngineError {
     /// When to retry, where known (admission rate limit: when the next token arrives).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            EngineError::Store(StoreError::Admission(r)) => r.retry_after(),
+            EngineError::Admission(r) => r.retry_after(),
             _ => None,
         }
     }
 
     /// Whether the same call may succeed later unchanged (database unavailable).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, EngineError::Store(e) if e.is_retryable())
+        matches!(self, EngineError::Unavailable(_))
+    }
+
+    /// Whether the database failed (rather than the call's input, owner or admission).
+    pub fn is_database(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Unavailable(_)
+                | EngineError::Database(_)
+                | EngineError::Corrupt(_)
+                | EngineError::SchemaTooNew { .. }
+        )
+    }
+
+    /// The same failure for another item of a batch (errors are not `Clone`): an
+    /// unavailable database stays retryable, anything else keeps its message.
+    pub(crate) fn copy_for_item(&self) -> EngineError {
+        match self {
+            EngineError::Unavailable(m) => EngineError::Unavailable(m.clone()),
+            other => EngineError::Database(other.to_string()),
+        }
     }
 }
 

@@ -11,27 +11,40 @@
 //! a process and across replicas (NATS or PostgreSQL `LISTEN/NOTIFY`); the database stays
 //! the truth.
 //!
+//! ## Embedding
+//!
+//! `tollgate-engine` is the one crate an embedding program needs: [`prelude`] names the
+//! engine's types and the core and store types its signatures use (ids, owners, kinds and
+//! their typed requests, tasks, usage, errors, configuration).
+//!
 //! ```no_run
-//! use serde_json::json;
 //! use std::time::Duration;
-//! use tollgate_core::{AppId, EffectKey, ScopeId, TaskKind};
-//! use tollgate_engine::{EngineConfig, Submission, Tollgate};
+//! use tollgate_engine::prelude::*;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let tollgate = Tollgate::open("sqlite://tollgate.db", EngineConfig::default()).await?;
 //! let workers = tollgate.start().await?;
 //! let app = AppId::new("acme")?;
-//! let submitted = tollgate
-//!     .submit(Submission::application(
-//!         app.clone(),
-//!         ScopeId::new("customer-42")?,
-//!         EffectKey::new("label-email-981")?,
-//!         TaskKind::Classify,
-//!         json!({"input": "Win a free cruise!", "labels": ["spam", "ham"]}),
-//!     ))
-//!     .await?;
-//! let done = tollgate.wait(&app, submitted.task.id, Duration::from_secs(30)).await?;
-//! println!("{:?}", done.and_then(|t| t.output));
+//! let request = ClassifyRequest {
+//!     input: "Win a free cruise!".into(),
+//!     labels: vec![Label::Name("spam".into()), Label::Name("ham".into())],
+//!     instructions: None,
+//! };
+//! let submission = Submission::classify(
+//!     app.clone(),
+//!     ScopeId::new("customer-42")?,
+//!     EffectKey::new("label-email-981")?,
+//!     request,
+//! );
+//! match tollgate.submit(submission).await {
+//!     Ok(submitted) => {
+//!         let done = tollgate.wait(&app, submitted.task.id, Duration::from_secs(30)).await?;
+//!         println!("{:?}", done.and_then(|t| t.output));
+//!     }
+//!     // Errors are flat: match the case you handle.
+//!     Err(EngineError::Admission(rejection)) => println!("retry after {:?}", rejection.retry_after()),
+//!     Err(other) => return Err(other.into()),
+//! }
 //! workers.shutdown(Duration::from_secs(10)).await;
 //! # Ok(())
 //! # }
@@ -49,22 +62,30 @@ mod list;
 pub mod metrics;
 pub mod notify;
 mod pipelines;
+pub mod prelude;
 pub mod provider;
 mod registry;
+mod replay;
 mod sweeper;
 mod worker;
 
 pub use access::CallerView;
 pub use config::{ConfigError, EngineConfig};
-pub use error::EngineError;
+pub use error::{ConflictField, EngineError};
 pub use facade::{
     MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, Tollgate, TollgateBuilder,
 };
 pub use list::{STATS_WINDOW, ScopeCost, ScopeState, TaskStats};
 pub use notify::{Event, Notifier};
 pub use pipelines::{
-    PipelineRunInfo, PipelineStart, StartedRun, StepInfo, StepStatus, step_effect_key,
+    PipelineProgress, PipelineStart, PipelineStep, StartedRun, StepStatus, step_effect_key,
 };
 pub use provider::{Provider, ProviderAnswer, ProviderCall, ProviderError};
 pub use registry::{BudgetPolicies, ModelRegistry, ResolvedModel};
 pub use worker::{EngineHandle, ShutdownReport};
+
+/// The pure rules crate, for what the [`prelude`] does not name.
+pub use tollgate_core as core;
+/// The store crate (backends, the `Store` traits), for embedders that open stores
+/// themselves and pass them to [`Tollgate::new`].
+pub use tollgate_store as store;

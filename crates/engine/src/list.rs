@@ -5,7 +5,6 @@
 
 use crate::access::CallerView;
 use crate::error::EngineError;
-use crate::registry::BudgetPolicies;
 use std::time::Duration;
 use tollgate_core::admission::{BucketState, TOKEN_UNITS};
 use tollgate_core::{Budget, BudgetName, ErrorCode, ScopeId, Task, TaskStatus, Timestamp};
@@ -109,7 +108,8 @@ impl CallerView {
         }
         Ok(self
             .tollgate()
-            .store()
+            .inner
+            .store
             .list_tasks(self.app(), &query)
             .await?)
     }
@@ -125,7 +125,8 @@ impl CallerView {
         }
         Ok(self
             .tollgate()
-            .store()
+            .inner
+            .store
             .list_runs(self.app(), &query)
             .await?)
     }
@@ -138,7 +139,8 @@ impl CallerView {
     ) -> Result<ListPage<PipelineSummary>, EngineError> {
         Ok(self
             .tollgate()
-            .store()
+            .inner
+            .store
             .list_pipelines(self.app(), after, limit)
             .await?)
     }
@@ -148,8 +150,7 @@ impl CallerView {
         snapshot: ScopeSnapshot,
         scope: ScopeId,
     ) -> Result<ScopeState, EngineError> {
-        let policies = BudgetPolicies::from_config(self.tollgate().config())?;
-        let (policy_name, policy) = policies.resolve(self.app(), None)?;
+        let (policy_name, policy) = self.tollgate().inner.budgets.resolve(self.app(), None)?;
         let now = snapshot_now(&snapshot);
         let burst = policy.burst.get();
         let bucket = snapshot
@@ -183,7 +184,8 @@ impl CallerView {
         )?;
         let page = self
             .tollgate()
-            .store()
+            .inner
+            .store
             .list_scopes(self.app(), after, limit)
             .await?;
         let mut items = Vec::with_capacity(page.items.len());
@@ -206,7 +208,8 @@ impl CallerView {
         )?;
         let snapshot = self
             .tollgate()
-            .store()
+            .inner
+            .store
             .scope_snapshot(self.app(), scope)
             .await?;
         self.scope_state(snapshot, scope.clone())
@@ -218,7 +221,12 @@ impl CallerView {
         self.no_subject(
             "a key bound to a subject may not read the app's stats: use a key of the app",
         )?;
-        let raw = self.tollgate().store().task_stats(self.app(), None).await?;
+        let raw = self
+            .tollgate()
+            .inner
+            .store
+            .task_stats(self.app(), None)
+            .await?;
         let now = raw
             .now
             .unwrap_or_else(|| tollgate_core::Clock::now(&SystemClock));

@@ -315,7 +315,7 @@ impl StepStatus {
 
 /// One step of a pipeline run, as shown.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StepInfo {
+pub struct PipelineStep {
     /// The step's key.
     pub key: StepKey,
     /// The step's task kind.
@@ -334,13 +334,13 @@ pub struct StepInfo {
 
 /// The pipeline side of a run: the version it runs and where each step stands.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PipelineRunInfo {
+pub struct PipelineProgress {
     /// The pipeline's name.
     pub name: PipelineName,
     /// The version (content hash) the run runs.
     pub version: String,
     /// Every step, in an order where each comes after its dependencies.
-    pub steps: Vec<StepInfo>,
+    pub steps: Vec<PipelineStep>,
 }
 
 impl Tollgate {
@@ -507,13 +507,13 @@ impl Tollgate {
 
     /// The pipeline side of a run the caller has read (so of their app): its pipeline
     /// version and where each step stands. `None` for a run that is not a pipeline run.
-    pub async fn pipeline_run(&self, run: &Run) -> Result<Option<PipelineRunInfo>, EngineError> {
+    pub async fn pipeline_run(&self, run: &Run) -> Result<Option<PipelineProgress>, EngineError> {
         let inner = &self.inner;
         let Some(pref) = inner.store.run_pipeline(&run.app, run.id).await? else {
             return Ok(None);
         };
         let Some(pipeline) = load_pipeline(inner, &run.app, &pref).await? else {
-            return Ok(Some(PipelineRunInfo {
+            return Ok(Some(PipelineProgress {
                 name: pref.name,
                 version: pref.version,
                 steps: Vec::new(),
@@ -540,7 +540,7 @@ impl Tollgate {
                         TaskStatus::Canceled => StepStatus::Canceled,
                     },
                 };
-                StepInfo {
+                PipelineStep {
                     key: p.step.key.clone(),
                     kind: p.step.kind,
                     status,
@@ -551,7 +551,7 @@ impl Tollgate {
                 }
             })
             .collect();
-        Ok(Some(PipelineRunInfo {
+        Ok(Some(PipelineProgress {
             name: pref.name,
             version: pref.version,
             steps,

@@ -637,7 +637,7 @@ async fn open_picks_the_backend_from_the_url() {
         format!("sqlite://{}", dir.path().join("prefixed.db").display()),
     ] {
         let engine = Tollgate::open(&url, fast_config()).await.unwrap();
-        assert_eq!(engine.store().backend(), "sqlite", "{url}");
+        assert_eq!(engine.backend(), "sqlite", "{url}");
         assert_eq!(engine.notifier().transport(), "local");
         let handle = engine.start().await.unwrap();
         let id = engine.submit(classify("open", "x")).await.unwrap().task.id;
@@ -664,7 +664,7 @@ async fn open_picks_the_backend_from_the_url() {
     let mut config = fast_config();
     config.notifications.transport = tollgate_engine::config::TransportKind::Postgres;
     let engine = Tollgate::open(&url, config).await.unwrap();
-    assert_eq!(engine.store().backend(), "postgres");
+    assert_eq!(engine.backend(), "postgres");
     assert_eq!(engine.notifier().transport(), "postgres");
     let handle = engine.start().await.unwrap();
     let id = engine
@@ -740,19 +740,13 @@ async fn a_caller_bound_to_a_subject_sees_only_its_subject(db: TestDb) {
         json!({"prompt": "p"}),
     );
     let e = as_bob.submit(into_run.clone()).await.unwrap_err();
-    assert!(
-        matches!(
-            e,
-            EngineError::Store(tollgate_store::StoreError::RunNotFound(_))
-        ),
-        "{e:?}"
-    );
+    assert!(matches!(e, EngineError::RunNotFound(_)), "{e:?}");
     let answers = as_bob
         .submit_many(vec![sub.clone(), into_run.clone()])
         .await
         .unwrap();
     assert!(matches!(answers[0], Err(EngineError::EffectKeyTaken)));
-    assert!(matches!(answers[1], Err(EngineError::Store(_))));
+    assert!(matches!(answers[1], Err(EngineError::RunNotFound(_))));
     let e = as_bob.delete_owner_data(&scope(), None).await.unwrap_err();
     assert!(matches!(e, EngineError::SubjectNotAllowed(_)), "{e:?}");
     assert_eq!(

@@ -19,7 +19,7 @@ use tollgate_core::{
 };
 use tollgate_engine::config::{BudgetPolicy, Limit, ModelConfig};
 use tollgate_engine::{
-    EngineConfig, EngineError, PipelineRunInfo, PipelineStart, Provider, ProviderAnswer,
+    EngineConfig, EngineError, PipelineProgress, PipelineStart, Provider, ProviderAnswer,
     ProviderCall, ProviderError, StepStatus, Submission, Tollgate,
 };
 
@@ -353,7 +353,7 @@ async fn run_finished(engine: &Tollgate, run: &Run) -> Run {
     }
 }
 
-async fn info(engine: &Tollgate, run: &Run) -> PipelineRunInfo {
+async fn info(engine: &Tollgate, run: &Run) -> PipelineProgress {
     let run = engine.get_run(&app(), run.id).await.unwrap().expect("run");
     engine
         .pipeline_run(&run)
@@ -362,7 +362,7 @@ async fn info(engine: &Tollgate, run: &Run) -> PipelineRunInfo {
         .expect("a pipeline run")
 }
 
-fn step<'a>(info: &'a PipelineRunInfo, key: &str) -> &'a tollgate_engine::StepInfo {
+fn step<'a>(info: &'a PipelineProgress, key: &str) -> &'a tollgate_engine::PipelineStep {
     info.steps
         .iter()
         .find(|s| s.key.as_str() == key)

@@ -49,24 +49,24 @@ pub struct ServerSection {
     /// Largest request accepted, in bytes of its stored (canonical) form.
     pub max_request_bytes: Option<usize>,
     /// Longest `?wait=` a submission may ask for.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(deserialize_with = "tollgate_engine::config::duration_text::deserialize")]
     pub max_wait: Duration,
     /// How long a shutdown lets in-flight tasks finish.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(deserialize_with = "tollgate_engine::config::duration_text::deserialize")]
     pub shutdown_grace: Duration,
     /// Longest a connection may take to send a request's head (request line and
     /// headers), counted from when the server starts waiting for it: after accepting the
     /// connection, or after answering the previous request on it.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(deserialize_with = "tollgate_engine::config::duration_text::deserialize")]
     pub header_read_timeout: Duration,
     /// Longest a request's whole body may take to arrive once the handler starts reading
     /// it; a slower one is answered 408 and its connection closed.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(deserialize_with = "tollgate_engine::config::duration_text::deserialize")]
     pub body_read_timeout: Duration,
     /// Longest a connection may stay open without sending a byte while no request on it
     /// is being answered (a kept-alive connection between requests, or one stalled
     /// half-way through its headers).
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(deserialize_with = "tollgate_engine::config::duration_text::deserialize")]
     pub idle_timeout: Duration,
 }
 
@@ -81,18 +81,6 @@ impl Default for ServerSection {
             body_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(5),
         }
-    }
-}
-
-/// Durations as text (`"200ms"`, `"2s"`, `"1h"`).
-mod humantime_serde_compat {
-    use serde::{Deserialize, Deserializer};
-    use std::time::Duration;
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text)
-            .map_err(|e| serde::de::Error::custom(format!("invalid duration {text:?}: {e}")))
     }
 }
 

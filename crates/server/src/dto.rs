@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tollgate_core::{Run, Subject, Task, TaskError, TaskOwner, Usage};
-use tollgate_engine::{PipelineRunInfo, StepInfo};
+use tollgate_engine::{PipelineProgress, PipelineStep};
 use tollgate_store::StoredPipeline;
 use utoipa::ToSchema;
 
@@ -596,7 +596,7 @@ pub struct RunView {
 
 impl RunView {
     /// The view of a run with its pipeline progress, if it is a pipeline run.
-    pub fn with_pipeline(run: &Run, pipeline: Option<&PipelineRunInfo>) -> RunView {
+    pub fn with_pipeline(run: &Run, pipeline: Option<&PipelineProgress>) -> RunView {
         let mut view = RunView::from(run);
         view.pipeline = pipeline.map(PipelineProgressView::from);
         view
@@ -726,8 +726,8 @@ pub struct StepView {
     pub error: Option<TaskErrorView>,
 }
 
-impl From<&StepInfo> for StepView {
-    fn from(s: &StepInfo) -> Self {
+impl From<&PipelineStep> for StepView {
+    fn from(s: &PipelineStep) -> Self {
         StepView {
             key: s.key.to_string(),
             kind: s.kind.as_str().to_string(),
@@ -751,8 +751,8 @@ pub struct PipelineProgressView {
     pub steps: Vec<StepView>,
 }
 
-impl From<&PipelineRunInfo> for PipelineProgressView {
-    fn from(p: &PipelineRunInfo) -> Self {
+impl From<&PipelineProgress> for PipelineProgressView {
+    fn from(p: &PipelineProgress) -> Self {
         PipelineProgressView {
             name: p.name.to_string(),
             version: p.version.clone(),

@@ -161,58 +161,49 @@ impl From<InvalidInput> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
+        EngineError::from(e).into()
+    }
+}
+
+/// The one mapping from the engine's errors to statuses and codes.
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
         match e {
-            StoreError::Invalid(i) => i.into(),
-            StoreError::Admission(r) => ApiError {
+            EngineError::Invalid(i) => i.into(),
+            EngineError::Admission(r) => ApiError {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 code: r.code().as_str().to_string(),
                 message: r.to_string(),
                 retry_after: r.retry_after(),
             },
-            StoreError::RunNotFound(_) | StoreError::TaskNotFound(_) => {
+            EngineError::RunNotFound(_) | EngineError::TaskNotFound(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
             }
-            StoreError::RunCanceled(_) | StoreError::InvalidState(_) => ApiError::new(
+            EngineError::RunCanceled(_) | EngineError::InvalidState(_) => ApiError::new(
                 StatusCode::CONFLICT,
                 e.code().map_or("conflict", ErrorCode::as_str),
                 e.to_string(),
             ),
-            StoreError::InvalidOutput(_) => ApiError::invalid(e.to_string()),
-            StoreError::Unavailable(_) => {
-                ApiError::internal(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", e)
-            }
-            StoreError::SchemaTooNew { .. } | StoreError::Corrupt(_) | StoreError::Database(_) => {
-                ApiError::internal(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)
-            }
-        }
-    }
-}
-
-impl From<EngineError> for ApiError {
-    fn from(e: EngineError) -> Self {
-        match e {
-            EngineError::Store(s) => s.into(),
-            EngineError::Invalid(i) => i.into(),
-            EngineError::EffectKeyTaken => ApiError::idempotency_conflict(e.to_string()),
+            EngineError::InvalidOutput(_) => ApiError::invalid(e.to_string()),
+            EngineError::TaskConflict { .. }
+            | EngineError::RunConflict { .. }
+            | EngineError::EffectKeyTaken => ApiError::idempotency_conflict(e.to_string()),
             EngineError::SubjectNotAllowed(why) => {
                 ApiError::new(StatusCode::FORBIDDEN, "subject_not_allowed", why)
             }
-            other => {
-                let code = other.code().map_or("internal", ErrorCode::as_str);
-                let status = match other.code() {
-                    Some(
-                        ErrorCode::UnknownModel
-                        | ErrorCode::BudgetNotAllowed
-                        | ErrorCode::InvalidRequest,
-                    ) => StatusCode::UNPROCESSABLE_ENTITY,
-                    Some(ErrorCode::RequestTooLarge) => StatusCode::PAYLOAD_TOO_LARGE,
-                    _ if other.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
-                    _ => StatusCode::INTERNAL_SERVER_ERROR,
-                };
-                if status.is_server_error() {
-                    return ApiError::internal(status, code, other);
-                }
-                ApiError::new(status, code, other.to_string())
+            EngineError::UnknownModel { .. } | EngineError::BudgetNotAllowed { .. } => {
+                let code = e.code().map_or("invalid_request", ErrorCode::as_str);
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
+            }
+            EngineError::Unavailable(_) => {
+                ApiError::internal(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", e)
+            }
+            EngineError::SchemaTooNew { .. }
+            | EngineError::Corrupt(_)
+            | EngineError::Database(_)
+            | EngineError::Config(_)
+            | EngineError::Notify(_) => {
+                ApiError::internal(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)
             }
         }
     }

@@ -10,6 +10,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tollgate_core::InvalidInput;
+use tollgate_engine::EngineError;
 
 /// An error answer of the door.
 #[derive(Debug)]
@@ -110,9 +111,20 @@ impl From<ApiError> for OpenAiError {
     }
 }
 
-impl From<tollgate_engine::EngineError> for OpenAiError {
-    fn from(e: tollgate_engine::EngineError) -> Self {
-        ApiError::from(e).into()
+/// The one mapping of the engine's errors to the door's answers: the status and code
+/// [`ApiError`] gives them, in OpenAI's shape; a conflicting replay of a key names the
+/// caller's task the key already names.
+impl From<EngineError> for OpenAiError {
+    fn from(e: EngineError) -> Self {
+        let task = match &e {
+            EngineError::TaskConflict { task, .. } => Some(*task),
+            _ => None,
+        };
+        let error = OpenAiError::from(ApiError::from(e));
+        match task {
+            Some(id) => error.task(id),
+            None => error,
+        }
     }
 }
 

@@ -12,10 +12,11 @@ mod request;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::body_limit;
-use crate::routes::{check_same_submission, read_body};
+use crate::routes::{read_body, view};
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -67,8 +68,19 @@ pub(crate) fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-fn authenticate(s: &AppState, headers: &HeaderMap) -> Result<Caller, OpenAiError> {
-    Ok(s.auth.authenticate(headers)?)
+/// The authenticated caller of a door route: the API's [`Caller`] extractor, its 401 in
+/// OpenAI's shape.
+struct DoorCaller(Caller);
+
+impl FromRequestParts<AppState> for DoorCaller {
+    type Rejection = OpenAiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(DoorCaller(Caller::from_request_parts(parts, state).await?))
+    }
 }
 
 /// A header's text, or a 400 naming it.
@@ -187,10 +199,11 @@ fn model_not_found(model: &str) -> OpenAiError {
 
 async fn chat_completions(
     State(s): State<AppState>,
+    caller: DoorCaller,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, OpenAiError> {
-    let caller = authenticate(&s, &headers)?;
+    let view = view(&s, &caller.0);
     let max_request_bytes = s.tollgate.config().max_request_bytes;
     let bytes = read_body(&s, &headers, body, body_limit(max_request_bytes)).await?;
     let value: Value = serde_json::from_slice(&bytes)
@@ -202,24 +215,21 @@ async fn chat_completions(
     }
     // Request-shape errors are 400 here and write nothing (the engine checks again).
     ValidatedRequest::new(chat.kind, &chat.request, max_request_bytes)?;
-    let (sub, keyed) = submission(&caller, &headers, &chat)?;
+    let (sub, keyed) = submission(&caller.0, &headers, &chat)?;
     let scope = match &sub.owner {
         SubmissionOwner::Application { scope } => scope.clone(),
         SubmissionOwner::Run(_) => unreachable!("the door submits application tasks"),
     };
-    let submitted = s.tollgate.submit(sub.clone()).await?;
-    if !submitted.created {
-        check_same_submission(&s, &sub, &submitted.task)
-            .map_err(|e| OpenAiError::from(e).task(submitted.task.id))?;
-    }
+    // The engine judges a replayed key: the same call answers its task, another request
+    // is `TaskConflict` (409 naming the task), a key of a task the caller cannot see is
+    // `EffectKeyTaken` (409 naming nothing).
+    let submitted = view.submit(sub).await?;
     // Nothing replays a door task after it is answered but a retried call, so it is
     // released now: deleted `sweeper.retention` after it finishes, replayable until then.
-    s.tollgate
-        .release(&caller.app, &scope, &submitted.task.effect_key)
-        .await?;
+    view.release(&scope, &submitted.task.effect_key).await?;
     let mut task = submitted.task;
     if !task.status.is_terminal()
-        && let Some(now) = s.tollgate.wait(&caller.app, task.id, s.max_wait).await?
+        && let Some(now) = view.wait(task.id, s.max_wait).await?
     {
         task = now;
     }
@@ -288,11 +298,7 @@ async fn chat_completions(
     Ok(response)
 }
 
-async fn list_models(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, OpenAiError> {
-    authenticate(&s, &headers)?;
+async fn list_models(State(s): State<AppState>, _: DoorCaller) -> Result<Response, OpenAiError> {
     let registry = s.tollgate.models();
     let mut data = Vec::new();
     for id in registry.ids() {
@@ -304,10 +310,9 @@ async fn list_models(
 
 async fn get_model(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    _: DoorCaller,
     Path(id): Path<String>,
 ) -> Result<Response, OpenAiError> {
-    authenticate(&s, &headers)?;
     let model = ModelId::new(id.clone()).map_err(|_| model_not_found(&id))?;
     let m = s
         .tollgate

@@ -1,0 +1,144 @@
+//! `[budgets]`, `[apps]` and `[admission]`: budget policies and who may use them (SPEC §10).
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use std::fmt;
+use std::num::NonZeroU32;
+
+/// A budget number as written in configuration. [`EngineConfig::validate`] requires a
+/// positive integer below 2^32; anything else is reported with its key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Limit {
+    /// An integer (valid when positive and below 2^32).
+    Integer(i64),
+    /// A number written with a fraction or exponent (valid only when it is a whole
+    /// positive number).
+    Float(f64),
+}
+
+impl Limit {
+    /// The positive 32-bit value, or why it is not one.
+    pub fn positive(self) -> Result<NonZeroU32, String> {
+        let whole = match self {
+            Limit::Integer(n) => n,
+            Limit::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e15 => f as i64,
+            Limit::Float(f) => return Err(format!("must be a positive integer, got {f}")),
+        };
+        u32::try_from(whole)
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or_else(|| format!("must be a positive integer below 2^32, got {whole}"))
+    }
+}
+
+impl From<u32> for Limit {
+    fn from(n: u32) -> Limit {
+        Limit::Integer(i64::from(n))
+    }
+}
+
+impl Serialize for Limit {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Limit::Integer(n) => s.serialize_i64(*n),
+            Limit::Float(f) => s.serialize_f64(*f),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Limit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Limit, D::Error> {
+        struct LimitVisitor;
+        impl Visitor<'_> for LimitVisitor {
+            type Value = Limit;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a positive integer")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Limit, E> {
+                Ok(Limit::Integer(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Limit, E> {
+                Ok(i64::try_from(v).map_or(Limit::Float(v as f64), Limit::Integer))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Limit, E> {
+                Ok(Limit::Float(v))
+            }
+        }
+        d.deserialize_any(LimitVisitor)
+    }
+}
+
+/// `[budgets.<name>]`: the five per-scope admission limits of SPEC §4 (the sixth,
+/// `global_concurrent`, is the server-wide `[admission]` setting).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetPolicy {
+    /// Distinct logical steps admitted for one source in 24 h.
+    pub max_steps_per_source: Limit,
+    /// Distinct sources admitted in the scope in 24 h.
+    pub sources_per_24_hours: Limit,
+    /// Scoped tasks of the scope that are queued or running.
+    pub scope_concurrent: Limit,
+    /// Token-bucket capacity per (app, scope).
+    pub burst: Limit,
+    /// Token-bucket refill in tasks per minute.
+    pub tasks_per_minute: Limit,
+}
+
+impl Default for BudgetPolicy {
+    fn default() -> Self {
+        BudgetPolicy {
+            max_steps_per_source: Limit::Integer(50),
+            sources_per_24_hours: Limit::Integer(10_000),
+            scope_concurrent: Limit::Integer(50),
+            burst: Limit::Integer(60),
+            tasks_per_minute: Limit::Integer(600),
+        }
+    }
+}
+
+impl BudgetPolicy {
+    pub(super) fn fields(&self) -> [(&'static str, Limit); 5] {
+        [
+            ("max_steps_per_source", self.max_steps_per_source),
+            ("sources_per_24_hours", self.sources_per_24_hours),
+            ("scope_concurrent", self.scope_concurrent),
+            ("burst", self.burst),
+            ("tasks_per_minute", self.tasks_per_minute),
+        ]
+    }
+}
+
+/// `[apps.<app>]`: which budget policies an app uses.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppConfig {
+    /// The policy of the app's scoped tasks that name none (default: the top-level
+    /// `default_budget`).
+    #[serde(default)]
+    pub default_budget: Option<String>,
+    /// The policies a request of the app may name (default: only its default).
+    #[serde(default)]
+    pub allowed_budgets: Option<Vec<String>>,
+    /// The app's API keys. They belong to the HTTP server's configuration; the engine
+    /// accepts and ignores them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_keys: Option<Value>,
+}
+
+/// `[admission]`: server-wide admission settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionConfig {
+    /// Scoped tasks of all apps and scopes that may be queued or running at once.
+    pub global_concurrent: Limit,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            global_concurrent: Limit::Integer(1000),
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The engine's configuration: models, providers, budget policies, apps, workers, the
+//! sweeper and notifications.
+//!
+//! [`EngineConfig::default`] works with no setup at all: one model `default` served by the
+//! built-in offline `dev` provider, one budget policy `standard`, in-process
+//! notifications. The shape is the TOML file the CLI loads (with figment: defaults < file
+//! < `TOLLGATE_*` environment):
+//!
+//! ```toml
+//! default_model = "default"
+//! default_budget = "standard"
+//! max_request_bytes = 262144
+//! max_output_bytes = 1048576              # stored output; bigger fails with output_too_large
+//!
+//! [models.default]
+//! provider = "openai"
+//! model = "gpt-4o-mini"
+//! params = { temperature = 0 }
+//!
+//! [providers.openai]
+//! kind = "openai"                       # or "dev"
+//! base_url = "https://api.openai.com/v1"
+//! api_key_env = "OPENAI_API_KEY"
+//! timeout = "60s"
+//! max_retries = 2
+//!
+//! [budgets.standard]
+//! max_steps_per_source = 50
+//! sources_per_24_hours = 10000
+//! scope_concurrent = 50
+//! burst = 60
+//! tasks_per_minute = 600
+//!
+//! [apps.acme]
+//! default_budget = "standard"
+//! allowed_budgets = ["standard"]
+//!
+//! [admission]
+//! global_concurrent = 1000
+//!
+//! [workers]
+//! concurrency = 8                       # 0: this process runs no tasks (API only)
+//! heartbeat_interval = "5s"
+//! max_output_retries = 2
+//!
+//! [sweeper]
+//! interval = "10s"
+//! queue_timeout = "1h"
+//! liveness_timeout = "30s"
+//! retention = "24h"
+//! batch_size = 100
+//!
+//! [notifications]
+//! transport = "local"                   # or "nats", "postgres"
+//! nats_url = "nats://127.0.0.1:4222"
+//! subject_prefix = "tollgate"
+//! poll_interval = "1s"
+//!
+//! [pipelines]
+//! concurrency = 8                       # runs driven at once; 0: this process drives none
+//! lease = "30s"
+//! poll_interval = "1s"
+//! admission_retry = true                # false: an admission rejection fails the run
+//! admission_default_delay = "5s"
+//! error_delay = "1s"
+//! interrupted_retries = 3               # attempts cut short by a crash, tried again
+//! drive_without_workers = false         # true: an API-only replica drives runs too
+//! ```
+//!
+//! Durations are strings: `"200ms"`, `"2s"`, `"1h"`, `"1h 30m"`.
+//! [`EngineConfig::validate`] names the exact key of every problem.
+//!
+//! One module per section: [`models`] (`[models]`, `[providers]`), [`budgets`]
+//! (`[budgets]`, `[apps]`, `[admission]`), [`workers`] (`[workers]`, `[sweeper]`),
+//! [`notifications`], [`pipelines`], and [`validate`] (the checks and their errors).
+
+mod budgets;
+mod models;
+mod notifications;
+mod pipelines;
+mod validate;
+mod workers;
+
+pub use budgets::*;
+pub use models::*;
+pub use notifications::*;
+pub use pipelines::*;
+pub use validate::*;
+pub use workers::*;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Map;
+use std::collections::BTreeMap;
+use tollgate_core::{DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_REQUEST_BYTES};
+
+/// The model id used when a submission names none, in the default configuration.
+pub const DEFAULT_MODEL: &str = "default";
+/// The name of the built-in offline provider; always available unless configured otherwise.
+pub const DEV_PROVIDER: &str = "dev";
+/// The budget policy of the default configuration.
+pub const STANDARD_BUDGET: &str = "standard";
+/// The OpenAI API, used when an `openai` provider gives no `base_url`.
+pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// The whole engine configuration. Unknown keys are errors (a typo must not be ignored).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// The model id used when a submission names none.
+    pub default_model: String,
+    /// The budget policy of apps that are not listed under `[apps]`, and the default of
+    /// listed apps that name none.
+    pub default_budget: String,
+    /// Largest request accepted, in bytes of its stored (canonical) form.
+    pub max_request_bytes: usize,
+    /// Largest output stored, in bytes of its JSON. A request whose smallest valid output
+    /// is larger is refused at submit; an output over it fails its task with
+    /// `output_too_large`, and the `dev` provider stops building an output past it.
+    pub max_output_bytes: usize,
+    /// Model ids callers may ask for.
+    pub models: BTreeMap<String, ModelConfig>,
+    /// Providers the models use, by name.
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// Named budget policies (SPEC §10).
+    pub budgets: BTreeMap<String, BudgetPolicy>,
+    /// Per-app budget choices.
+    pub apps: BTreeMap<String, AppConfig>,
+    /// Server-wide admission settings.
+    pub admission: AdmissionConfig,
+    /// The worker pool of this process.
+    pub workers: WorkerConfig,
+    /// The background sweeper of this process (SPEC §6).
+    pub sweeper: SweeperConfig,
+    /// How replicas hint each other.
+    pub notifications: NotificationConfig,
+    /// The pipeline driver of this process.
+    pub pipelines: PipelineConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        let mut models = BTreeMap::new();
+        models.insert(
+            DEFAULT_MODEL.to_string(),
+            ModelConfig {
+                provider: DEV_PROVIDER.to_string(),
+                model: "dev-1".to_string(),
+                params: Map::new(),
+            },
+        );
+        let mut providers = BTreeMap::new();
+        providers.insert(DEV_PROVIDER.to_string(), ProviderConfig::dev());
+        let mut budgets = BTreeMap::new();
+        budgets.insert(STANDARD_BUDGET.to_string(), BudgetPolicy::default());
+        EngineConfig {
+            default_model: DEFAULT_MODEL.to_string(),
+            default_budget: STANDARD_BUDGET.to_string(),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+            models,
+            providers,
+            budgets,
+            apps: BTreeMap::new(),
+            admission: AdmissionConfig::default(),
+            workers: WorkerConfig::default(),
+            sweeper: SweeperConfig::default(),
+            notifications: NotificationConfig::default(),
+            pipelines: PipelineConfig::default(),
+        }
+    }
+}
+
+/// Durations as human-readable strings (`"200ms"`, `"2s"`, `"1h 30m"`), for serde.
+pub mod duration_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    /// Writes `"1m 30s"`-style text.
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    /// Reads `"200ms"`, `"2s"`, `"1h"`, `"1h 30m"`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        parse(&text).map_err(serde::de::Error::custom)
+    }
+
+    /// Parses a duration, with a message that shows the expected form: the configuration
+    /// syntax of [`tollgate_core::parse_duration`], the one duration parser.
+    pub fn parse(text: &str) -> Result<Duration, String> {
+        tollgate_core::parse_duration(text, tollgate_core::DurationSyntax::Config)
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_default_configuration_is_valid() {
+        EngineConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn limits_accept_whole_numbers_only() {
+        assert_eq!(Limit::Integer(5).positive().unwrap().get(), 5);
+        assert_eq!(Limit::Float(5.0).positive().unwrap().get(), 5);
+        assert!(Limit::Float(1.5).positive().is_err());
+        assert!(Limit::Integer(0).positive().is_err());
+        assert!(Limit::Integer(-1).positive().is_err());
+        assert!(Limit::Integer(1 << 40).positive().is_err());
+    }
+
+    #[test]
+    fn durations_read_human_text() {
+        assert_eq!(
+            duration_text::parse("200ms").unwrap(),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            duration_text::parse("1h").unwrap(),
+            Duration::from_secs(3600)
+        );
+        assert!(duration_text::parse("soon").unwrap_err().contains("soon"));
+    }
+}

@@ -1,0 +1,111 @@
+//! `[models]` and `[providers]`: what a model id resolves to and who calls it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::time::Duration;
+use tollgate_core::ModelRef;
+
+use super::*;
+
+/// `[models.<id>]`: what a model id resolves to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// A provider name from `[providers]` (or the built-in `dev`).
+    pub provider: String,
+    /// The provider's own model name.
+    pub model: String,
+    /// Provider parameters. The `openai` provider merges them into the request body
+    /// (`temperature`, `top_p`, `seed`, …); the `dev` provider reads `latency_ms` and
+    /// `time_limit_ms`.
+    /// Changing any of them changes the model config hash, so old cache entries stop
+    /// matching.
+    #[serde(default)]
+    pub params: Map<String, Value>,
+}
+
+impl ModelConfig {
+    /// The resolved model reference.
+    pub fn model_ref(&self) -> ModelRef {
+        ModelRef {
+            provider: self.provider.clone(),
+            model: self.model.clone(),
+            params: self.params.clone(),
+        }
+    }
+}
+
+/// Which provider implementation a `[providers.<name>]` entry uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// An OpenAI-compatible chat completions API (OpenAI, vLLM, Ollama, llama.cpp server).
+    Openai,
+    /// The built-in offline, deterministic development and test provider.
+    Dev,
+}
+
+/// `[providers.<name>]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// The implementation.
+    pub kind: ProviderKind,
+    /// `openai`: the API root, e.g. `https://api.openai.com/v1` or `http://127.0.0.1:11434/v1`.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// `openai`: the environment variable holding the API key (none: no `Authorization`).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// `openai`: timeout of one HTTP request, including reading the answer.
+    #[serde(default = "default_provider_timeout", with = "duration_text")]
+    pub timeout: Duration,
+    /// `openai`: retries after the first attempt on 408/409/429/5xx, timeouts and
+    /// connection errors.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    /// `openai`: the first retry's backoff; doubled on every retry, with jitter.
+    #[serde(default = "default_retry_backoff", with = "duration_text")]
+    pub retry_backoff: Duration,
+    /// `openai`: the longest wait before a retry. A `Retry-After` longer than this fails
+    /// the call at once instead of holding a worker.
+    #[serde(default = "default_max_retry_delay", with = "duration_text")]
+    pub max_retry_delay: Duration,
+}
+
+fn default_provider_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_max_retries() -> u32 {
+    2
+}
+fn default_retry_backoff() -> Duration {
+    Duration::from_millis(500)
+}
+fn default_max_retry_delay() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl ProviderConfig {
+    /// The built-in dev provider's entry.
+    pub fn dev() -> ProviderConfig {
+        ProviderConfig {
+            kind: ProviderKind::Dev,
+            base_url: None,
+            api_key_env: None,
+            timeout: default_provider_timeout(),
+            max_retries: default_max_retries(),
+            retry_backoff: default_retry_backoff(),
+            max_retry_delay: default_max_retry_delay(),
+        }
+    }
+
+    /// An OpenAI-compatible provider at `base_url` with default retry settings.
+    pub fn openai(base_url: impl Into<String>) -> ProviderConfig {
+        ProviderConfig {
+            kind: ProviderKind::Openai,
+            base_url: Some(base_url.into()),
+            ..ProviderConfig::dev()
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! [`EngineConfig::validate`]: every problem of a configuration, each at its key.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+use tollgate_core::{AppId, BudgetName, ModelId};
+
+use super::*;
+
+/// One configuration problem, at one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// The dotted key, e.g. `budgets.standard.burst` or `apps.acme.allowed_budgets[1]`.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// Every problem [`EngineConfig::validate`] found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {}", self.problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ConfigError {
+    /// The problems, in key order of discovery.
+    pub problems: Vec<ConfigProblem>,
+}
+
+impl ConfigError {
+    /// One problem.
+    pub fn at(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            problems: vec![ConfigProblem {
+                key: key.into(),
+                message: message.into(),
+            }],
+        }
+    }
+
+    /// Whether some problem is at `key`.
+    pub fn mentions(&self, key: &str) -> bool {
+        self.problems.iter().any(|p| p.key == key)
+    }
+}
+
+struct Problems(Vec<ConfigProblem>);
+
+impl Problems {
+    fn add(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigProblem {
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+
+    fn positive_duration(&mut self, key: &str, d: Duration) {
+        if d.is_zero() {
+            self.add(key, "must be longer than 0");
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks the whole configuration and reports every problem with its exact key:
+    /// unknown providers, models, budgets; budget numbers that are not positive integers;
+    /// app defaults outside their allowed lists; zero intervals; a liveness timeout not
+    /// longer than the heartbeat interval; and so on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_with_providers(&[])
+    }
+
+    /// [`validate`](Self::validate), counting `extra_providers` (registered in code) as
+    /// configured.
+    pub fn validate_with_providers(&self, extra_providers: &[&str]) -> Result<(), ConfigError> {
+        let mut p = Problems(Vec::new());
+        self.check_models(&mut p, extra_providers);
+        self.check_providers(&mut p);
+        self.check_budgets(&mut p);
+        self.check_runtime(&mut p);
+        if p.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError { problems: p.0 })
+        }
+    }
+
+    fn has_provider(&self, name: &str, extra: &[&str]) -> bool {
+        self.providers.contains_key(name) || name == DEV_PROVIDER || extra.contains(&name)
+    }
+
+    fn check_models(&self, p: &mut Problems, extra: &[&str]) {
+        if !self.models.contains_key(&self.default_model) {
+            p.add(
+                "default_model",
+                format!(
+                    "names model `{}`, which is not under [models] (configured: {})",
+                    self.default_model,
+                    listed(self.models.keys())
+                ),
+            );
+        }
+        for (id, model) in &self.models {
+            let key = format!("models.{id}");
+            if let Err(e) = ModelId::new(id.as_str()) {
+                p.add(&key, format!("is not a valid model id: {e}"));
+            }
+            if !self.has_provider(&model.provider, extra) {
+                p.add(
+                    format!("{key}.provider"),
+                    format!(
+                        "names provider `{}`, which is not under [providers] (configured: {})",
+                        model.provider,
+                        listed(self.providers.keys())
+                    ),
+                );
+            }
+            if model.model.trim().is_empty() {
+                p.add(format!("{key}.model"), "must not be empty");
+            }
+            if let Err(e) = model.model_ref().config_hash() {
+                p.add(format!("{key}.params"), e.to_string());
+            }
+            if model.provider == DEV_PROVIDER
+                || self.providers.get(&model.provider).map(|c| c.kind) == Some(ProviderKind::Dev)
+            {
+                match model.params.get("latency_ms") {
+                    None => {}
+                    Some(v) if v.as_u64().is_some() => {}
+                    Some(_) => p.add(
+                        format!("{key}.params.latency_ms"),
+                        "must be a non-negative integer (milliseconds)",
+                    ),
+                }
+                match model.params.get("time_limit_ms") {
+                    None => {}
+                    Some(v) if v.as_u64().is_some_and(|ms| ms > 0) => {}
+                    Some(_) => p.add(
+                        format!("{key}.params.time_limit_ms"),
+                        "must be a positive integer (milliseconds)",
+                    ),
+                }
+            }
+        }
+    }
+
+    fn check_providers(&self, p: &mut Problems) {
+        for (name, provider) in &self.providers {
+            let key = format!("providers.{name}");
+            if name.trim().is_empty() {
+                p.add(&key, "a provider name must not be empty");
+            }
+            match provider.kind {
+                ProviderKind::Dev => {
+                    if provider.base_url.is_some() {
+                        p.add(
+                            format!("{key}.base_url"),
+                            "is not used by a `dev` provider; remove it or set kind = \"openai\"",
+                        );
+                    }
+                    if provider.api_key_env.is_some() {
+                        p.add(
+                            format!("{key}.api_key_env"),
+                            "is not used by a `dev` provider; remove it or set kind = \"openai\"",
+                        );
+                    }
+                }
+                ProviderKind::Openai => {
+                    let url = provider.base_url.as_deref().unwrap_or(OPENAI_BASE_URL);
+                    match reqwest::Url::parse(url) {
+                        Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+                        Ok(u) => p.add(
+                            format!("{key}.base_url"),
+                            format!("must be an http or https URL, not {}", u.scheme()),
+                        ),
+                        Err(e) => p.add(
+                            format!("{key}.base_url"),
+                            format!("is not a valid URL ({url:?}): {e}"),
+                        ),
+                    }
+                    if let Some(env) = &provider.api_key_env
+                        && (env.is_empty() || env.contains('='))
+                    {
+                        p.add(
+                            format!("{key}.api_key_env"),
+                            "must be the name of an environment variable",
+                        );
+                    }
+                    p.positive_duration(&format!("{key}.timeout"), provider.timeout);
+                    if provider.max_retries > 20 {
+                        p.add(format!("{key}.max_retries"), "must be at most 20");
+                    }
+                    p.positive_duration(&format!("{key}.retry_backoff"), provider.retry_backoff);
+                    if provider.max_retry_delay < provider.retry_backoff {
+                        p.add(
+                            format!("{key}.max_retry_delay"),
+                            "must not be shorter than retry_backoff",
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_budgets(&self, p: &mut Problems) {
+        for (name, policy) in &self.budgets {
+            if let Err(e) = BudgetName::new(name.as_str()) {
+                p.add(format!("budgets.{name}"), format!("invalid name: {e}"));
+            }
+            for (field, value) in policy.fields() {
+                if let Err(message) = value.positive() {
+                    p.add(format!("budgets.{name}.{field}"), message);
+                }
+            }
+        }
+        if let Err(message) = self.admission.global_concurrent.positive() {
+            p.add("admission.global_concurrent", message);
+        }
+        if !self.budgets.contains_key(&self.default_budget) {
+            p.add(
+                "default_budget",
+                format!(
+                    "names budget `{}`, which is not under [budgets] (configured: {})",
+                    self.default_budget,
+                    listed(self.budgets.keys())
+                ),
+            );
+        }
+        for (app, conf) in &self.apps {
+            let key = format!("apps.{app}");
+            if let Err(e) = AppId::new(app.as_str()) {
+                p.add(&key, format!("is not a valid app id: {e}"));
+            }
+            let default = conf.default_budget.as_ref().unwrap_or(&self.default_budget);
+            if let Some(name) = &conf.default_budget
+                && !self.budgets.contains_key(name)
+            {
+                p.add(
+                    format!("{key}.default_budget"),
+                    format!("names budget `{name}`, which is not under [budgets]"),
+                );
+            }
+            if let Some(allowed) = &conf.allowed_budgets {
+                if allowed.is_empty() {
+                    p.add(
+                        format!("{key}.allowed_budgets"),
+                        "must list at least the app's default budget",
+                    );
+                }
+                let mut seen = BTreeSet::new();
+                for (i, name) in allowed.iter().enumerate() {
+                    if !self.budgets.contains_key(name) {
+                        p.add(
+                            format!("{key}.allowed_budgets[{i}]"),
+                            format!("names budget `{name}`, which is not under [budgets]"),
+                        );
+                    }
+                    if !seen.insert(name) {
+                        p.add(
+                            format!("{key}.allowed_budgets[{i}]"),
+                            format!("lists `{name}` twice"),
+                        );
+                    }
+                }
+                if !allowed.is_empty() && !allowed.contains(default) {
+                    p.add(
+                        format!("{key}.default_budget"),
+                        format!(
+                            "`{default}` is not in allowed_budgets ({})",
+                            listed(allowed)
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    fn check_runtime(&self, p: &mut Problems) {
+        if self.max_request_bytes == 0 {
+            p.add("max_request_bytes", "must be at least 1");
+        }
+        if self.max_output_bytes < 64 {
+            p.add("max_output_bytes", "must be at least 64");
+        }
+        if self.workers.concurrency > 10_000 {
+            p.add("workers.concurrency", "must be from 0 to 10000");
+        }
+        p.positive_duration(
+            "workers.heartbeat_interval",
+            self.workers.heartbeat_interval,
+        );
+        if self.workers.max_output_retries > 10 {
+            p.add("workers.max_output_retries", "must be at most 10");
+        }
+        p.positive_duration("sweeper.interval", self.sweeper.interval);
+        p.positive_duration("sweeper.queue_timeout", self.sweeper.queue_timeout);
+        if self.sweeper.liveness_timeout <= self.workers.heartbeat_interval {
+            p.add(
+                "sweeper.liveness_timeout",
+                format!(
+                    "must be longer than workers.heartbeat_interval ({}), or running tasks \
+                     would expire between heartbeats",
+                    humantime::format_duration(self.workers.heartbeat_interval)
+                ),
+            );
+        }
+        if self.sweeper.batch_size == 0 || self.sweeper.batch_size > 10_000 {
+            p.add("sweeper.batch_size", "must be from 1 to 10000");
+        }
+        p.positive_duration(
+            "notifications.poll_interval",
+            self.notifications.poll_interval,
+        );
+        if self.notifications.transport == TransportKind::Nats
+            && self.notifications.nats_url.trim().is_empty()
+        {
+            p.add("notifications.nats_url", "must not be empty");
+        }
+        if self.pipelines.concurrency > 1000 {
+            p.add("pipelines.concurrency", "must be from 0 to 1000");
+        }
+        if self.pipelines.interrupted_retries > 100 {
+            p.add("pipelines.interrupted_retries", "must be from 0 to 100");
+        }
+        p.positive_duration("pipelines.lease", self.pipelines.lease);
+        p.positive_duration("pipelines.poll_interval", self.pipelines.poll_interval);
+        p.positive_duration(
+            "pipelines.admission_default_delay",
+            self.pipelines.admission_default_delay,
+        );
+        p.positive_duration("pipelines.error_delay", self.pipelines.error_delay);
+        let prefix = &self.notifications.subject_prefix;
+        if prefix.is_empty()
+            || prefix.starts_with('.')
+            || prefix.ends_with('.')
+            || prefix
+                .chars()
+                .any(|c| c.is_whitespace() || c == '*' || c == '>' || c.is_control())
+        {
+            p.add(
+                "notifications.subject_prefix",
+                "must be a NATS subject without wildcards or whitespace, e.g. `tollgate`",
+            );
+        }
+    }
+}
+
+fn listed<T: AsRef<str>>(names: impl IntoIterator<Item = T>) -> String {
+    let names: Vec<String> = names
+        .into_iter()
+        .map(|n| format!("`{}`", n.as_ref()))
+        .collect();
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    }
+}

@@ -1,0 +1,60 @@
+//! Workflow runs (SPEC §7).
+
+use crate::error::EngineError;
+use crate::notify::Event;
+use tollgate_core::{AppId, NewRun, Run, RunId, TaskId, TaskStatus};
+use tollgate_store::{RunCancel, RunResult, WaitOutcome};
+
+use super::*;
+
+impl Tollgate {
+    /// SPEC §7: creates a workflow run.
+    pub async fn create_run(&self, new: NewRun) -> Result<Run, EngineError> {
+        Ok(self.inner.store.create_run(new).await?)
+    }
+
+    /// A run of the app by id.
+    pub async fn get_run(&self, app: &AppId, id: RunId) -> Result<Option<Run>, EngineError> {
+        Ok(self.inner.store.get_run(app, id).await?)
+    }
+
+    /// SPEC §7: cancels the run and its queued and running tasks (their workers stop).
+    pub async fn cancel_run(
+        &self,
+        app: &AppId,
+        id: RunId,
+    ) -> Result<Option<RunCancel>, EngineError> {
+        let answer = self.inner.store.request_run_cancel(app, id).await?;
+        if let Some(cancel) = &answer {
+            for task in &cancel.canceled_tasks {
+                self.inner.notifier.publish(Event::TaskFinished {
+                    app: Some(app.clone()),
+                    id: *task,
+                    status: Some(TaskStatus::Canceled),
+                });
+            }
+        }
+        Ok(answer)
+    }
+
+    /// SPEC §7: the run's step waits on one of its tasks; it is woken (and a
+    /// [`Event::RunWoken`] published) when the task becomes terminal.
+    pub async fn wait_on_task(
+        &self,
+        app: &AppId,
+        run: RunId,
+        task: TaskId,
+    ) -> Result<WaitOutcome, EngineError> {
+        Ok(self.inner.store.wait_on_task(app, run, task).await?)
+    }
+
+    /// Finishes a run with its output or error.
+    pub async fn finish_run(
+        &self,
+        app: &AppId,
+        run: RunId,
+        result: RunResult,
+    ) -> Result<Option<Run>, EngineError> {
+        Ok(self.inner.store.finish_run(app, run, result).await?)
+    }
+}

@@ -1,0 +1,229 @@
+//! SPEC §3: submitting tasks, one or a batch.
+
+use crate::error::EngineError;
+use crate::metrics as m;
+use crate::notify::Event;
+use futures::StreamExt;
+use std::collections::{HashMap, HashSet};
+use tollgate_core::{AppId, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus};
+use tollgate_store::{Created, StoreError};
+
+use super::*;
+
+impl Tollgate {
+    /// SPEC §3: resolves the model and budget, validates the request, creates the task
+    /// (idempotent per effect key; served from the cache when possible; admitted under
+    /// the budget when scoped) and tells the workers. A rejection wrote nothing.
+    pub async fn submit(&self, submission: Submission) -> Result<Submitted, EngineError> {
+        let kind = submission.kind;
+        let result = match self.prepare(submission) {
+            Ok(prepared) => {
+                let scoped = prepared.scope.is_some();
+                let created = self.inner.store.create_task(prepared).await;
+                self.created(kind, scoped, created)
+            }
+            Err(e) => Err(e),
+        };
+        count_submit(kind, &result);
+        result
+    }
+
+    /// SPEC §3 step 1 and the configuration: model, budget policy, request, owner.
+    fn prepare(&self, s: Submission) -> Result<NewTask, EngineError> {
+        let inner = &self.inner;
+        let model = inner.models.resolve(s.model.as_ref())?;
+        let (_, budget) = inner.budgets.resolve(&s.app, s.budget.as_ref())?;
+        let request = inner.validate_request(s.kind, &s.request)?;
+        let step = s.resolved_step()?;
+        let owner = match s.owner {
+            SubmissionOwner::Run(run_id) => Owner::Run {
+                app: s.app.clone(),
+                run_id,
+            },
+            SubmissionOwner::Application { scope } => Owner::Application {
+                app: s.app.clone(),
+                scope,
+                subject: s.subject,
+            },
+        };
+        Ok(NewTask {
+            owner,
+            step,
+            effect_key: s.effect_key,
+            request,
+            model: model.id.clone(),
+            model_ref: model.model_ref.clone(),
+            scope: s.source.map(|source| TaskScope {
+                source_id: source.id,
+                source_revision: source.revision,
+                recompute: source.recompute,
+                budget,
+            }),
+        })
+    }
+
+    /// What the store answered for one item: metrics, and the workers told (after the
+    /// commit) about a new queued task.
+    fn created(
+        &self,
+        kind: TaskKind,
+        scoped: bool,
+        answer: Result<Created, StoreError>,
+    ) -> Result<Submitted, EngineError> {
+        let created = match answer {
+            Ok(c) => c,
+            Err(StoreError::Admission(rejection)) => {
+                metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => rejection.code().as_str())
+                    .increment(1);
+                return Err(EngineError::Admission(rejection));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let task = created.task;
+        if created.created {
+            if task.cached() {
+                metrics::counter!(m::CACHE_HITS_TOTAL, "kind" => kind.as_str()).increment(1);
+            } else if scoped {
+                metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => "admitted").increment(1);
+            }
+            if task.status == TaskStatus::Queued {
+                self.inner.notifier.publish(Event::TaskQueued {
+                    app: task.app.clone(),
+                    id: task.id,
+                });
+            }
+        }
+        Ok(Submitted {
+            task,
+            created: created.created,
+        })
+    }
+
+    /// Submits up to [`MAX_BATCH`] tasks. Each is admitted or rejected on its own; the
+    /// answers come in the order of the submissions. Items are grouped by owner (a scope,
+    /// or a run): each group goes to the store's batch creation in order (SQLite: one
+    /// transaction per group), so earlier items take a scope's budget first; groups run
+    /// concurrently (bounded). A repeated effect key within the batch is submitted after
+    /// its first occurrence, so the first one is the one that creates.
+    pub async fn submit_many(
+        &self,
+        submissions: Vec<Submission>,
+    ) -> Result<Vec<Result<Submitted, EngineError>>, EngineError> {
+        if submissions.len() > MAX_BATCH {
+            return Err(InvalidInput::field(
+                "tasks",
+                format!(
+                    "a batch holds at most {MAX_BATCH} tasks, got {}",
+                    submissions.len()
+                ),
+            )
+            .into());
+        }
+        let total = submissions.len();
+        let mut results: Vec<Option<Result<Submitted, EngineError>>> =
+            (0..total).map(|_| None).collect();
+        let mut seen = HashSet::new();
+        let mut groups: Vec<Vec<(usize, TaskKind, NewTask)>> = Vec::new();
+        let mut group_of: HashMap<(AppId, String), usize> = HashMap::new();
+        let mut repeated = Vec::new();
+        for (i, s) in submissions.into_iter().enumerate() {
+            if !seen.insert((s.app.clone(), s.effect_key.clone())) {
+                repeated.push((i, s));
+                continue;
+            }
+            let kind = s.kind;
+            let owner = match &s.owner {
+                SubmissionOwner::Run(run) => format!("run:{run}"),
+                SubmissionOwner::Application { scope } => format!("scope:{scope}"),
+            };
+            let app = s.app.clone();
+            match self.prepare(s) {
+                Ok(new) => {
+                    let next = groups.len();
+                    let g = *group_of.entry((app, owner)).or_insert(next);
+                    if g == next {
+                        groups.push(Vec::new());
+                    }
+                    groups[g].push((i, kind, new));
+                }
+                Err(e) => {
+                    let result = Err(e);
+                    count_submit(kind, &result);
+                    results[i] = Some(result);
+                }
+            }
+        }
+        let answered: Vec<Vec<(usize, Result<Submitted, EngineError>)>> =
+            futures::stream::iter(groups)
+                .map(|group| self.create_group(group))
+                .buffer_unordered(BATCH_PARALLELISM)
+                .collect()
+                .await;
+        for (i, answer) in answered.into_iter().flatten() {
+            results[i] = Some(answer);
+        }
+        for (i, s) in repeated {
+            results[i] = Some(self.submit(s).await);
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(
+                        InvalidInput::field("tasks", "internal error: an item got no answer")
+                            .into(),
+                    )
+                })
+            })
+            .collect())
+    }
+
+    /// One owner's items through the store's batch creation, in order.
+    async fn create_group(
+        &self,
+        group: Vec<(usize, TaskKind, NewTask)>,
+    ) -> Vec<(usize, Result<Submitted, EngineError>)> {
+        let meta: Vec<(usize, TaskKind, bool)> = group
+            .iter()
+            .map(|(i, kind, new)| (*i, *kind, new.scope.is_some()))
+            .collect();
+        let news: Vec<NewTask> = group.into_iter().map(|(_, _, new)| new).collect();
+        match self.inner.store.create_tasks(news).await {
+            Ok(answers) => meta
+                .into_iter()
+                .zip(answers)
+                .map(|((i, kind, scoped), answer)| {
+                    let result = self.created(kind, scoped, answer);
+                    count_submit(kind, &result);
+                    (i, result)
+                })
+                .collect(),
+            // The database failed the whole call: every item of the group reports it.
+            Err(e) => {
+                let e = EngineError::from(e);
+                meta.into_iter()
+                    .map(|(i, kind, _)| {
+                        let result = Err(e.copy_for_item());
+                        count_submit(kind, &result);
+                        (i, result)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Submissions of one batch in flight at once.
+const BATCH_PARALLELISM: usize = 8;
+
+/// Counts one submission by kind and outcome.
+fn count_submit(kind: TaskKind, result: &Result<Submitted, EngineError>) {
+    let outcome = match result {
+        Ok(s) if !s.created => "existing",
+        Ok(s) if s.task.cached() => "cached",
+        Ok(_) => "created",
+        Err(EngineError::Admission(_)) => "rejected",
+        Err(_) => "invalid",
+    };
+    metrics::counter!(m::SUBMITS_TOTAL, "kind" => kind.as_str(), "outcome" => outcome).increment(1);
+}

@@ -1,0 +1,118 @@
+//! Tasks by id or effect key: get, wait, cancel, release, unreleased sources, deletion (SPEC §5, §8).
+
+use crate::error::EngineError;
+use crate::notify::Event;
+use std::time::Duration;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+use tollgate_core::{AppId, EffectKey, ScopeId, SourceId, Task, TaskId};
+use tollgate_store::{UnreleasedPage, UnreleasedQuery};
+
+use super::*;
+
+impl Tollgate {
+    /// A task of the app by id (`None`: no such task in this app).
+    pub async fn get(&self, app: &AppId, id: TaskId) -> Result<Option<Task>, EngineError> {
+        Ok(self.inner.store.get_task(app, id).await?)
+    }
+
+    /// A task of the app by effect key.
+    pub async fn get_by_effect_key(
+        &self,
+        app: &AppId,
+        key: &EffectKey,
+    ) -> Result<Option<Task>, EngineError> {
+        Ok(self.inner.store.get_task_by_effect_key(app, key).await?)
+    }
+
+    /// Waits until the task is terminal or `timeout` passes, and returns it as it is then
+    /// (`None`: no such task, or it was deleted). Woken by notifications; looks at the
+    /// database at least every `notifications.poll_interval` whatever happens, so a lost
+    /// notification costs latency only.
+    pub async fn wait(
+        &self,
+        app: &AppId,
+        id: TaskId,
+        timeout: Duration,
+    ) -> Result<Option<Task>, EngineError> {
+        // Subscribe before the first read, so a finish between the read and the wait
+        // is not missed.
+        let mut events = self.inner.notifier.subscribe();
+        let deadline = Instant::now() + timeout;
+        let poll = self.inner.config.notifications.poll_interval;
+        loop {
+            let Some(task) = self.inner.store.get_task(app, id).await? else {
+                return Ok(None);
+            };
+            let now = Instant::now();
+            if task.status.is_terminal() || now >= deadline {
+                return Ok(Some(task));
+            }
+            let nap = tokio::time::sleep((deadline - now).min(poll));
+            tokio::pin!(nap);
+            loop {
+                tokio::select! {
+                    _ = &mut nap => break,
+                    event = events.recv() => match event {
+                        Ok(Event::TaskFinished { id: finished, .. }) if finished == id => break,
+                        Ok(_) => {}
+                        Err(RecvError::Lagged(_)) => break,
+                        Err(RecvError::Closed) => {
+                            (&mut nap).await;
+                            break;
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    /// SPEC §5 request cancel: a queued or running task becomes `canceled` at once and
+    /// its worker stops the provider call within one heartbeat interval (at once when
+    /// the worker is in this process or hears the notification). A terminal task is
+    /// returned unchanged. `None`: no such task in this app.
+    pub async fn cancel(&self, app: &AppId, id: TaskId) -> Result<Option<Task>, EngineError> {
+        let Some(transition) = self.inner.store.request_cancel(app, id).await? else {
+            return Ok(None);
+        };
+        self.inner.publish_transition(&transition);
+        Ok(transition.task)
+    }
+
+    /// SPEC §8 release: the application stored or discarded the result of the
+    /// application-owned task with this effect key. Returns whether a task matched.
+    pub async fn release(
+        &self,
+        app: &AppId,
+        scope: &ScopeId,
+        key: &EffectKey,
+    ) -> Result<bool, EngineError> {
+        Ok(self.inner.store.release(app, scope, key).await?)
+    }
+
+    /// SPEC §8: distinct (scope, source) pairs with unreleased application tasks, in
+    /// keyset pages of at most 100.
+    pub async fn list_unreleased_sources(
+        &self,
+        app: &AppId,
+        query: &UnreleasedQuery,
+    ) -> Result<UnreleasedPage, EngineError> {
+        Ok(self.inner.store.list_unreleased_sources(app, query).await?)
+    }
+
+    /// SPEC §8: deletes the app's application-owned tasks of a scope (optionally of one
+    /// source) and returns how many. In-flight ones stop: their workers' next heartbeat
+    /// reports them gone. Admission records are kept.
+    pub async fn delete_owner_data(
+        &self,
+        app: &AppId,
+        scope: &ScopeId,
+        source: Option<&SourceId>,
+    ) -> Result<u64, EngineError> {
+        Ok(self
+            .inner
+            .store
+            .delete_owner_data(app, scope, source)
+            .await?)
+    }
+}

@@ -1,0 +1,88 @@
+//! Discovery (`/v1/kinds`, `/v1/models`), `/openapi.json`, health, `/metrics`.
+
+use super::*;
+
+#[utoipa::path(get, path = "/v1/kinds", tag = "discovery",
+    responses((status = 200, body = KindsAnswer)), security(("api_key" = [])))]
+pub(crate) async fn kinds(
+    _caller: Caller,
+    StrictQuery(NoParams {}): StrictQuery<NoParams>,
+) -> Result<Json<KindsAnswer>, ApiError> {
+    Ok(Json(KindsAnswer {
+        kinds: TaskKind::ALL
+            .into_iter()
+            .map(|k| KindView {
+                kind: k.as_str().to_string(),
+                request_schema: request_schema(k),
+                output_schema: output_schema(k),
+            })
+            .collect(),
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/models", tag = "discovery",
+    responses((status = 200, body = ModelsAnswer)), security(("api_key" = [])))]
+pub(crate) async fn models(
+    State(s): State<AppState>,
+    _caller: Caller,
+    StrictQuery(NoParams {}): StrictQuery<NoParams>,
+) -> Result<Json<ModelsAnswer>, ApiError> {
+    let registry = s.tollgate.models();
+    let mut models = Vec::new();
+    for id in registry.ids() {
+        let m = registry.resolve(Some(&id))?;
+        models.push(ModelView {
+            id: id.to_string(),
+            provider: m.model_ref.provider.clone(),
+            model: m.model_ref.model.clone(),
+            config_hash: m.config_hash.as_str().to_string(),
+            default: &id == registry.default_id(),
+        });
+    }
+    Ok(Json(ModelsAnswer { models }))
+}
+
+pub(crate) async fn openapi(StrictQuery(NoParams {}): StrictQuery<NoParams>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::openapi_json(),
+    )
+        .into_response()
+}
+
+pub(crate) async fn healthz(StrictQuery(NoParams {}): StrictQuery<NoParams>) -> Response {
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+/// Longest `/readyz` waits for the database: a probe must get an answer, not a hang.
+const READY_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
+
+pub(crate) async fn readyz(
+    State(s): State<AppState>,
+    StrictQuery(NoParams {}): StrictQuery<NoParams>,
+) -> Response {
+    let unavailable = |why: String| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", why).into_response()
+    };
+    match tokio::time::timeout(READY_BOUND, s.tollgate.ping()).await {
+        Ok(Ok(())) => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Ok(Err(e)) => ApiError::internal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_unavailable",
+            format!("the database does not answer: {e}"),
+        )
+        .into_response(),
+        Err(_) => unavailable(format!(
+            "the database did not answer within {}s",
+            READY_BOUND.as_secs()
+        )),
+    }
+}
+
+pub(crate) async fn metrics(
+    State(s): State<AppState>,
+    StrictQuery(NoParams {}): StrictQuery<NoParams>,
+) -> Response {
+    let text = s.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}

@@ -1,0 +1,254 @@
+//! `/v1/tasks…`: submit (one or a batch), get, wait, cancel, release.
+
+use super::*;
+
+fn task_id(text: &str) -> Result<TaskId, ApiError> {
+    // An id that cannot exist is reported like a missing one.
+    TaskId::parse(text).map_err(|_| ApiError::not_found("task"))
+}
+
+/// A submission from its JSON body and the caller; `header_key` is `Idempotency-Key`.
+fn submission(
+    caller: &Caller,
+    body: SubmitBody,
+    header_key: Option<&EffectKey>,
+) -> Result<Submission, ApiError> {
+    let kind = TaskKind::parse(&body.kind).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "unknown kind {:?}: use generate_text, classify, classify_many or extract_data",
+            body.kind
+        ))
+    })?;
+    let owner = match (body.scope, body.run_id) {
+        (Some(scope), None) => SubmissionOwner::Application {
+            scope: ScopeId::new(scope)?,
+        },
+        (None, Some(run)) => SubmissionOwner::Run(
+            RunId::parse(&run)
+                .map_err(|_| ApiError::invalid(format!("run_id {run:?} is not a valid run id")))?,
+        ),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "give exactly one owner: `scope` (application) or `run_id` (workflow run), not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "give exactly one owner: `scope` (application) or `run_id` (workflow run)",
+            ));
+        }
+    };
+    let key = match (header_key, body.effect_key.as_deref()) {
+        (Some(h), Some(b)) if h.as_str() != b => {
+            return Err(ApiError::invalid(
+                "the Idempotency-Key header and the effect_key field differ",
+            ));
+        }
+        (Some(k), _) => k.clone(),
+        (None, Some(k)) => EffectKey::new(k)?,
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "an effect key is required: send the Idempotency-Key header or an effect_key field",
+            ));
+        }
+    };
+    Ok(Submission {
+        app: caller.app.clone(),
+        owner,
+        subject: caller.subject.clone(),
+        step: body.step.map(StepKey::new).transpose()?,
+        effect_key: key,
+        kind,
+        request: body.request,
+        model: body.model.map(ModelId::new).transpose()?,
+        source: body
+            .source
+            .map(|s| -> Result<SourceSpec, ApiError> {
+                Ok(SourceSpec {
+                    id: SourceId::new(s.id)?,
+                    revision: SourceRevision::new(s.revision)?,
+                    recompute: s.recompute,
+                })
+            })
+            .transpose()?,
+        budget: body.budget.map(BudgetName::new).transpose()?,
+    })
+}
+
+/// 201 for a new queued task; 200 for an existing one or a new one served from cache.
+fn submit_status(submitted: &Submitted) -> StatusCode {
+    if submitted.created && !submitted.task.cached() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
+}
+
+#[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
+    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the effect key (or the body's `effect_key`; one of them is required, and they must agree)"),
+           ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for a terminal state: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
+    request_body = SubmitBody,
+    responses((status = 201, body = TaskView, description = "created and queued"),
+              (status = 200, body = TaskView, description = "existing task, or served from cache"),
+              (status = 404, body = crate::error::ErrorBody, description = "`run_id` names no run of the caller's app"),
+              (status = 409, body = crate::error::ErrorBody, description = "the effect key names a task with another request")),
+    security(("api_key" = [])))]
+pub(crate) async fn submit(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    caller: Caller,
+    StrictQuery(q): StrictQuery<WaitQuery>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
+    let header_key = idempotency_key(&headers)?;
+    let body: SubmitBody = json_body(
+        &s,
+        &headers,
+        body,
+        body_limit(s.tollgate.config().max_request_bytes),
+    )
+    .await?;
+    let sub = submission(&caller, body, header_key.as_ref())?;
+    let view = view(&s, &caller);
+    let submitted = view.submit(sub).await?;
+    let status = submit_status(&submitted);
+    let task = waited_task(&view, submitted.task, wait).await?;
+    Ok((status, Json(TaskView::of(&task, submitted.created))).into_response())
+}
+
+/// The task after waiting up to `wait` for it to end (as it was if it vanished meanwhile).
+async fn waited_task(
+    view: &CallerView,
+    task: Task,
+    wait: Option<Duration>,
+) -> Result<Task, ApiError> {
+    match wait {
+        Some(wait) if !task.status.is_terminal() => {
+            Ok(view.wait(task.id, wait).await?.unwrap_or(task))
+        }
+        _ => Ok(task),
+    }
+}
+
+#[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks", request_body = BatchBody,
+    responses((status = 200, body = BatchAnswer, description = "one result per item, in order")),
+    security(("api_key" = [])))]
+pub(crate) async fn submit_batch(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    caller: Caller,
+    StrictQuery(NoParams {}): StrictQuery<NoParams>,
+    body: Body,
+) -> Result<Json<BatchAnswer>, ApiError> {
+    if headers.contains_key("idempotency-key") {
+        return Err(ApiError::ambiguous(
+            "a batch takes each item's effect_key, not an Idempotency-Key header",
+        ));
+    }
+    let body: BatchBody = json_body(&s, &headers, body, BATCH_BODY_LIMIT).await?;
+    if body.tasks.len() > tollgate_engine::MAX_BATCH {
+        return Err(ApiError::invalid(format!(
+            "a batch holds at most {} tasks, got {}",
+            tollgate_engine::MAX_BATCH,
+            body.tasks.len()
+        )));
+    }
+    let mut prepared: Vec<Result<Submission, ApiError>> = Vec::with_capacity(body.tasks.len());
+    for (i, item) in body.tasks.into_iter().enumerate() {
+        prepared.push(
+            serde_json::from_value::<SubmitBody>(item)
+                .map_err(|e| ApiError::malformed(format!("tasks[{i}]: {e}")))
+                .and_then(|b| submission(&caller, b, None)),
+        );
+    }
+    let valid: Vec<Submission> = prepared
+        .iter()
+        .filter_map(|p| p.as_ref().ok().cloned())
+        .collect();
+    let mut answers = view(&s, &caller).submit_many(valid).await?.into_iter();
+    let mut results = Vec::with_capacity(prepared.len());
+    for p in prepared {
+        let outcome = p.and_then(|_| match answers.next() {
+            Some(answer) => answer.map_err(ApiError::from),
+            None => Err(ApiError::internal(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "a batch item got no answer",
+            )),
+        });
+        results.push(match outcome {
+            Ok(submitted) => BatchItem {
+                status: submit_status(&submitted).as_u16(),
+                task: Some(TaskView::of(&submitted.task, submitted.created)),
+                error: None,
+            },
+            Err(e) => BatchItem {
+                status: e.status().as_u16(),
+                task: None,
+                error: Some(e.body().error),
+            },
+        });
+    }
+    Ok(Json(BatchAnswer { results }))
+}
+
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
+    params(("id" = String, Path, description = "the task id"),
+        ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "long-poll: answer once the task is terminal or this long passed: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`), like submit's wait")),
+    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody, description = "no such task in the caller's app")),
+    security(("api_key" = [])))]
+pub(crate) async fn get_task(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    caller: Caller,
+    StrictQuery(q): StrictQuery<WaitQuery>,
+) -> Result<Json<TaskView>, ApiError> {
+    let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
+    let view = view(&s, &caller);
+    let task = view
+        .get(task_id(&id)?)
+        .await?
+        .ok_or_else(|| ApiError::not_found("task"))?;
+    let task = waited_task(&view, task, wait).await?;
+    Ok(Json(TaskView::detail(&task)))
+}
+
+#[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
+    params(("id" = String, Path, description = "the task id")),
+    responses((status = 200, body = TaskView, description = "the task, canceled unless it had ended"), (status = 404, body = crate::error::ErrorBody, description = "no such task in the caller's app")),
+    security(("api_key" = [])))]
+pub(crate) async fn cancel_task(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    caller: Caller,
+    StrictQuery(NoParams {}): StrictQuery<NoParams>,
+) -> Result<Json<TaskView>, ApiError> {
+    let task = view(&s, &caller)
+        .cancel(task_id(&id)?)
+        .await?
+        .ok_or_else(|| ApiError::not_found("task"))?;
+    Ok(Json(TaskView::of(&task, false)))
+}
+
+#[utoipa::path(post, path = "/v1/tasks/release", tag = "tasks", request_body = ReleaseBody,
+    responses((status = 200, body = ReleaseAnswer), (status = 404, body = crate::error::ErrorBody, description = "no application task with that effect key in that scope")),
+    security(("api_key" = [])))]
+pub(crate) async fn release(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    caller: Caller,
+    StrictQuery(NoParams {}): StrictQuery<NoParams>,
+    body: Body,
+) -> Result<Json<ReleaseAnswer>, ApiError> {
+    let body: ReleaseBody = json_body(&s, &headers, body, SMALL_BODY_LIMIT).await?;
+    let scope = ScopeId::new(body.scope)?;
+    let key = EffectKey::new(body.effect_key)?;
+    if view(&s, &caller).release(&scope, &key).await? {
+        Ok(Json(ReleaseAnswer { released: true }))
+    } else {
+        Err(ApiError::not_found(
+            "application task with that effect key in that scope",
+        ))
+    }
+}
