@@ -1359,7 +1359,7 @@ export interface operations {
     get_pipeline: {
         parameters: {
             query?: {
-                /** @description a version (default: the newest) */
+                /** @description a version (default: the newest); an identifier */
                 version?: string;
             };
             header?: never;

@@ -1360,7 +1360,7 @@ export interface operations {
     get_pipeline: {
         parameters: {
             query?: {
-                /** @description a version (default: the newest) */
+                /** @description a version (default: the newest); an identifier */
                 version?: string;
             };
             header?: never;
