@@ -259,3 +259,57 @@ impl WorkerStore for CountingStore {
             .await
     }
 }
+
+/// Listings are not on any benchmarked path: forwarded uncounted.
+#[async_trait]
+impl tollgate_store::ListStore for CountingStore {
+    async fn list_tasks(
+        &self,
+        app: &tollgate_core::AppId,
+        query: &tollgate_store::list::TaskListQuery,
+    ) -> StoreResult<tollgate_store::list::ListPage<Task>> {
+        self.inner.list_tasks(app, query).await
+    }
+
+    async fn list_runs(
+        &self,
+        app: &tollgate_core::AppId,
+        query: &tollgate_store::list::RunListQuery,
+    ) -> StoreResult<tollgate_store::list::ListPage<tollgate_store::list::ListedRun>> {
+        self.inner.list_runs(app, query).await
+    }
+
+    async fn list_pipelines(
+        &self,
+        app: &tollgate_core::AppId,
+        after: Option<&tollgate_store::list::ListCursor>,
+        limit: u32,
+    ) -> StoreResult<tollgate_store::list::ListPage<tollgate_store::list::PipelineSummary>> {
+        self.inner.list_pipelines(app, after, limit).await
+    }
+
+    async fn list_scopes(
+        &self,
+        app: &tollgate_core::AppId,
+        after: Option<&tollgate_store::list::ListCursor>,
+        limit: u32,
+    ) -> StoreResult<tollgate_store::list::ListPage<tollgate_store::list::ScopeSnapshot>> {
+        self.inner.list_scopes(app, after, limit).await
+    }
+
+    async fn scope_snapshot(
+        &self,
+        app: &tollgate_core::AppId,
+        scope: &tollgate_core::ScopeId,
+    ) -> StoreResult<tollgate_store::list::ScopeSnapshot> {
+        self.inner.scope_snapshot(app, scope).await
+    }
+
+    async fn task_stats(
+        &self,
+        app: &tollgate_core::AppId,
+        since: Option<tollgate_core::Timestamp>,
+    ) -> StoreResult<tollgate_store::list::TaskStatsRaw> {
+        self.inner.task_stats(app, since).await
+    }
+}

@@ -455,9 +455,19 @@ fn invalid_limits_are_refused_at_start_naming_the_setting() {
 /// be forgotten by the matrix below.
 fn routes_in_router() -> BTreeSet<(String, String)> {
     let source = include_str!("../../server/src/routes/mod.rs");
-    let router = &source[source.find("Router::new()").unwrap()..source.find(".fallback(").unwrap()];
+    let mut routers =
+        vec![&source[source.find("Router::new()").unwrap()..source.find(".fallback(").unwrap()]];
+    // The modules the router merges (listings, dashboard): each one's `Router::new()`.
+    for source in [
+        include_str!("../../server/src/list_routes.rs"),
+        include_str!("../../server/src/ui.rs"),
+    ] {
+        let start = source.find("Router::new()").unwrap();
+        let end = start + source[start..].find("\n}\n").unwrap();
+        routers.push(&source[start..end]);
+    }
     let mut routes = BTreeSet::new();
-    for part in router.split(".route(").skip(1) {
+    for part in routers.iter().flat_map(|r| r.split(".route(").skip(1)) {
         let path = part.split('"').nth(1).unwrap().to_string();
         for method in ["get", "post", "delete", "put", "patch"] {
             let token = format!("{method}(");
@@ -687,6 +697,75 @@ async fn tenant_isolation_matrix_covers_every_route() {
     cover(&Method::POST, "/v1/pipelines");
     cover(&Method::GET, "/v1/pipelines/{name}");
     cover(&Method::POST, "/v1/pipelines/{name}/runs");
+    // Listings (SPEC §15): beta's own rows at most, never acme's, whatever the filter.
+    for path in [
+        "/v1/tasks?limit=500",
+        "/v1/tasks?scope=s",
+        "/v1/tasks?status=queued,canceled",
+        &format!("/v1/tasks?run_id={r}"),
+        "/v1/tasks?source=doc-q",
+    ] {
+        let (st, page) = s.get(path, BETA).await;
+        assert_eq!(
+            (st, page["tasks"].clone()),
+            (StatusCode::OK, json!([])),
+            "{path}"
+        );
+    }
+    let (st, runs) = s.get("/v1/runs?scope=wf", BETA).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        runs["runs"].as_array().unwrap().len(),
+        1,
+        "beta's own run: {runs}"
+    );
+    assert_eq!(runs["runs"][0]["id"], own["id"]);
+    let (st, pipes) = s.get("/v1/pipelines", BETA).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        pipes["pipelines"][0]["versions"][0]["version"],
+        beta_pipe["version"]
+    );
+    assert_eq!(
+        pipes["pipelines"][0]["versions"].as_array().unwrap().len(),
+        1,
+        "{pipes}"
+    );
+    let (st, scopes) = s.get("/v1/scopes", BETA).await;
+    assert_eq!((st, scopes["scopes"].clone()), (StatusCode::OK, json!([])));
+    let (st, scope) = s.get("/v1/scopes/s", BETA).await;
+    assert_eq!(st, StatusCode::OK, "{scope}");
+    assert_eq!(
+        (
+            scope["active"].clone(),
+            scope["sources_in_window"].clone(),
+            scope["admissions_in_window"].clone()
+        ),
+        (json!(0), json!(0), json!(0)),
+        "acme's admissions in scope s do not show: {scope}"
+    );
+    let (st, stats) = s.get("/v1/stats", BETA).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        (stats["queued"].clone(), stats["canceled"].clone()),
+        (json!(0), json!(0)),
+        "{stats}"
+    );
+    let (st, acme_scope) = s.get("/v1/scopes/s", ACME).await;
+    assert_eq!(
+        (st, acme_scope["active"].clone()),
+        (StatusCode::OK, json!(1)),
+        "{acme_scope}"
+    );
+    for path in [
+        "/v1/runs",
+        "/v1/pipelines",
+        "/v1/scopes",
+        "/v1/scopes/{scope}",
+        "/v1/stats",
+    ] {
+        cover(&Method::GET, path);
+    }
     // Routes without tenant rows: nothing of acme's shows through them.
     for path in [
         "/v1/kinds",
@@ -695,8 +774,11 @@ async fn tenant_isolation_matrix_covers_every_route() {
         "/healthz",
         "/readyz",
         "/metrics",
+        "/ui",
+        "/ui/",
+        "/ui/{file}",
     ] {
-        let (st, body) = s.get(path, BETA).await;
+        let (st, body) = s.get(&path.replace("{file}", "app.js"), BETA).await;
         assert_eq!(st, StatusCode::OK, "{path}");
         let text = body.to_string();
         for secret in [q, c, r, rt, "acme-q", "doc-q", ACME] {
@@ -1091,6 +1173,56 @@ async fn subject_isolation_matrix(backend: &str) {
     cover(&Method::POST, "/v1/pipelines");
     cover(&Method::GET, "/v1/pipelines/{name}");
     cover(&Method::POST, "/v1/pipelines/{name}/runs");
+    // Listings (SPEC §15): bob lists his own tasks and runs only; the app-wide
+    // aggregates (scopes, stats) are refused to a key bound to a subject.
+    let (st, page) = scall(&s, Method::GET, "/v1/tasks?limit=500", BOB, &[], None).await;
+    assert_eq!(st, StatusCode::OK, "{page}");
+    for t in page["tasks"].as_array().unwrap() {
+        assert_eq!(t["subject"], json!({"type": "user", "id": "bob"}), "{t}");
+    }
+    let (st, runs) = scall(&s, Method::GET, "/v1/runs", BOB, &[], None).await;
+    assert_eq!(st, StatusCode::OK, "{runs}");
+    assert!(
+        !runs["runs"].as_array().unwrap().is_empty(),
+        "bob's own run: {runs}"
+    );
+    for run in runs["runs"].as_array().unwrap() {
+        assert_eq!(
+            run["subject"],
+            json!({"type": "user", "id": "bob"}),
+            "{run}"
+        );
+    }
+    let (st, pipes) = scall(&s, Method::GET, "/v1/pipelines", BOB, &[], None).await;
+    assert_eq!(
+        (st, pipes["pipelines"][0]["name"].clone()),
+        (StatusCode::OK, json!("pipe"))
+    );
+    for path in ["/v1/scopes", "/v1/scopes/s", "/v1/stats"] {
+        let (st, e) = scall(&s, Method::GET, path, BOB, &[], None).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{path}: {e}");
+        assert_eq!(reveals(&e), None, "{e}");
+    }
+    let (st, page) = scall(&s, Method::GET, "/v1/tasks?limit=500", ALICE, &[], None).await;
+    assert_eq!(st, StatusCode::OK);
+    let ids: Vec<&str> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    assert!(ids.contains(&q.as_str()), "alice lists her own: {page}");
+    let (st, all) = scall(&s, Method::GET, "/v1/stats", ACME, &[], None).await;
+    assert_eq!(st, StatusCode::OK, "the app's key reads the stats: {all}");
+    for path in [
+        "/v1/runs",
+        "/v1/pipelines",
+        "/v1/scopes",
+        "/v1/scopes/{scope}",
+        "/v1/stats",
+    ] {
+        cover(&Method::GET, path);
+    }
     for path in [
         "/v1/kinds",
         "/v1/models",
@@ -1098,8 +1230,19 @@ async fn subject_isolation_matrix(backend: &str) {
         "/healthz",
         "/readyz",
         "/metrics",
+        "/ui",
+        "/ui/",
+        "/ui/{file}",
     ] {
-        let (st, body) = scall(&s, Method::GET, path, BOB, &[], None).await;
+        let (st, body) = scall(
+            &s,
+            Method::GET,
+            &path.replace("{file}", "pages.js"),
+            BOB,
+            &[],
+            None,
+        )
+        .await;
         assert_eq!(st, StatusCode::OK, "{path}");
         let text = body.to_string();
         for secret in [q.as_str(), rt.as_str(), r.as_str(), "doc-a"] {

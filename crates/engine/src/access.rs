@@ -44,6 +44,11 @@ impl CallerView {
         &self.visibility
     }
 
+    /// The engine behind the view.
+    pub(crate) fn tollgate(&self) -> &Tollgate {
+        &self.tollgate
+    }
+
     fn sees(&self, subject: Option<&Subject>) -> bool {
         self.visibility.sees(subject)
     }

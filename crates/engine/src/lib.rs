@@ -58,6 +58,7 @@ mod cpu;
 mod driver;
 mod error;
 mod facade;
+mod list;
 pub mod metrics;
 pub mod notify;
 mod pipelines;
@@ -74,6 +75,7 @@ pub use error::{ConflictField, EngineError};
 pub use facade::{
     MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, Tollgate, TollgateBuilder,
 };
+pub use list::{STATS_WINDOW, ScopeCost, ScopeState, TaskStats};
 pub use notify::{Event, Notifier};
 pub use pipelines::{
     PipelineProgress, PipelineStart, PipelineStep, StartedRun, StepStatus, step_effect_key,

@@ -291,7 +291,7 @@ pub struct SubjectView {
 }
 
 impl SubjectView {
-    fn of(subject: Option<&Subject>) -> Option<SubjectView> {
+    pub(crate) fn of(subject: Option<&Subject>) -> Option<SubjectView> {
         subject.map(|s| SubjectView {
             kind: s.kind.as_str().to_string(),
             id: s.id.clone(),
@@ -388,9 +388,59 @@ pub struct TaskView {
     /// Completion time, once terminal.
     #[schema(required = true)]
     pub completed_at: Option<String>,
+    /// When a worker claimed it (SPEC §15).
+    #[schema(required = true)]
+    pub claimed_at: Option<String>,
+    /// Its last heartbeat while running.
+    #[schema(required = true)]
+    pub heartbeat_at: Option<String>,
+    /// The worker that ran it.
+    #[schema(required = true)]
+    pub worker: Option<String>,
+    /// Its attempts (a task runs at most once: none until claimed, then one), each with
+    /// its worker, times and usage.
+    pub attempts: Vec<AttemptView>,
+    /// The stored request (its fields plus `kind`): present on reads of one task
+    /// (`GET /v1/tasks/{id}`, `GET /v1/tasks?effect_key=`), absent in pages and answers
+    /// to submissions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>, nullable = false)]
+    pub request: Option<Value>,
+}
+
+/// One attempt of a task (SPEC §15).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AttemptView {
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// The worker that claimed it.
+    #[schema(required = true)]
+    pub worker: Option<String>,
+    /// When it was claimed.
+    #[schema(required = true)]
+    pub claimed_at: Option<String>,
+    /// Its last heartbeat.
+    #[schema(required = true)]
+    pub heartbeat_at: Option<String>,
+    /// When it ended.
+    #[schema(required = true)]
+    pub finished_at: Option<String>,
+    /// Its usage, once succeeded.
+    #[schema(required = true)]
+    pub usage: Option<UsageView>,
+    /// Its error, once failed or canceled.
+    #[schema(required = true)]
+    pub error: Option<TaskErrorView>,
 }
 
 impl TaskView {
+    /// The view of one task read on its own: with its request.
+    pub fn detail(task: &Task) -> TaskView {
+        let mut view = TaskView::of(task, false);
+        view.request = Some(task.request.clone());
+        view
+    }
+
     /// The view of a task; `created` says whether this call created it.
     pub fn of(task: &Task, created: bool) -> TaskView {
         TaskView {
@@ -417,6 +467,21 @@ impl TaskView {
             error: task.error.as_ref().map(TaskErrorView::from),
             created_at: task.created_at.to_rfc3339(),
             completed_at: task.completed_at.map(|t| t.to_rfc3339()),
+            claimed_at: task.claimed_at.map(|t| t.to_rfc3339()),
+            heartbeat_at: task.heartbeat_at.map(|t| t.to_rfc3339()),
+            worker: task.worker.as_ref().map(ToString::to_string),
+            attempts: (1..=task.attempt)
+                .map(|attempt| AttemptView {
+                    attempt,
+                    worker: task.worker.as_ref().map(ToString::to_string),
+                    claimed_at: task.claimed_at.map(|t| t.to_rfc3339()),
+                    heartbeat_at: task.heartbeat_at.map(|t| t.to_rfc3339()),
+                    finished_at: task.completed_at.map(|t| t.to_rfc3339()),
+                    usage: task.usage.as_ref().map(UsageView::from),
+                    error: task.error.as_ref().map(TaskErrorView::from),
+                })
+                .collect(),
+            request: None,
         }
     }
 }

@@ -9,11 +9,13 @@ pub mod auth;
 pub mod config;
 pub mod dto;
 pub mod error;
+mod list_routes;
 mod openai;
 mod openapi;
 pub mod request_id;
 mod routes;
 mod serve;
+mod ui;
 
 pub use auth::{Auth, Caller, KeyConfig};
 pub use config::TollgateConfig;

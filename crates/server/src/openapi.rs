@@ -18,7 +18,7 @@ use utoipa::{Modify, OpenApi};
     paths(
         crate::routes::submit,
         crate::routes::submit_batch,
-        crate::routes::get_by_effect_key,
+        crate::list_routes::list_tasks,
         crate::routes::get_task,
         crate::routes::cancel_task,
         crate::routes::release,
@@ -32,6 +32,11 @@ use utoipa::{Modify, OpenApi};
         crate::routes::start_pipeline_run,
         crate::routes::kinds,
         crate::routes::models,
+        crate::list_routes::list_runs,
+        crate::list_routes::list_pipelines,
+        crate::list_routes::list_scopes,
+        crate::list_routes::get_scope,
+        crate::list_routes::stats,
     ),
     components(schemas(
         SubmitBody, SourceBody, BatchBody, BatchItem, BatchAnswer, TaskView, SourceView,
@@ -39,7 +44,15 @@ use utoipa::{Modify, OpenApi};
         UnreleasedPageView, DeletedAnswer, RunBody, RunView, KindView, KindsAnswer, ModelView,
         ModelsAnswer, PipelineBody, PipelineView, PipelineRunBody, StepView,
         PipelineProgressView, ErrorBody, ErrorDetail, KindName, TaskStatusName, RunStateName,
-        StepStatusName, HashableJson, HashableObject, DefinitionOutline, SubjectView
+        StepStatusName, HashableJson, HashableObject, DefinitionOutline, SubjectView, AttemptView,
+        crate::list_routes::TaskPageView, crate::list_routes::TasksAnswer,
+        crate::list_routes::RunSummaryView, crate::list_routes::RunPipelineRef,
+        crate::list_routes::RunPageView, crate::list_routes::PipelineVersionView,
+        crate::list_routes::PipelineSummaryView, crate::list_routes::PipelinePageView,
+        crate::list_routes::PolicyView, crate::list_routes::ScopeView,
+        crate::list_routes::CostView, crate::list_routes::ScopePageView,
+        crate::list_routes::FailureCount, crate::list_routes::LatencyView,
+        crate::list_routes::StatsView
     )),
     modifiers(&ApiKeyAuth, &ErrorAnswers)
 )]
@@ -110,6 +123,11 @@ const ROUTE_ERRORS: &[(&str, HttpMethod, &[u16])] = &[
         HttpMethod::Post,
         &[408, 413, 415, 422, 429, 503],
     ),
+    ("/v1/runs", HttpMethod::Get, &[503]),
+    ("/v1/pipelines", HttpMethod::Get, &[503]),
+    ("/v1/scopes", HttpMethod::Get, &[503]),
+    ("/v1/scopes/{scope}", HttpMethod::Get, &[422, 503]),
+    ("/v1/stats", HttpMethod::Get, &[503]),
     ("/v1/kinds", HttpMethod::Get, &[]),
     ("/v1/models", HttpMethod::Get, &[]),
 ];
@@ -215,6 +233,14 @@ fn state_identifier_rule(node: &mut serde_json::Value, rule: &str) {
             for (key, value) in map.iter_mut() {
                 if key == "pattern" && value.as_str() == Some(ID_PATTERN_IN_ANNOTATIONS) {
                     *value = serde_json::Value::String(rule.to_owned());
+                } else if key == "pattern"
+                    && let Some(prefix) = value
+                        .as_str()
+                        .and_then(|v| v.strip_suffix(&ID_PATTERN_IN_ANNOTATIONS[1..]))
+                        .filter(|p| p.starts_with('^') && p.ends_with(r"1\."))
+                {
+                    // A name cursor of a listing (`s1.<scope>`, `p1.<pipeline>`).
+                    *value = serde_json::Value::String(format!("{prefix}{}", &rule[1..]));
                 } else {
                     state_identifier_rule(value, rule);
                 }

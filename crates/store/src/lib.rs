@@ -14,6 +14,7 @@
 //! | [`RunStore`] | workflow runs, waits and the cancel cascade | `runs.rs` |
 //! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `pipelines.rs` |
 //! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `maintenance.rs` |
+//! | [`ListStore`] | SPEC §15 listings: tasks, runs, pipelines, scopes, stats | `list.rs` (statements and cursors written once in [`list`]) |
 //!
 //! Each backend (`sqlite/`, `postgres/`) implements every trait directly in the module of
 //! its concern; there is no forwarding layer. A wrapper of another store (the bench's
@@ -44,6 +45,7 @@
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+pub mod list;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod shared;
@@ -53,6 +55,7 @@ mod types;
 pub mod wrap;
 
 pub use error::StoreError;
+pub use list::ListStore;
 pub use types::*;
 
 use async_trait::async_trait;
@@ -70,19 +73,21 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// only that app's rows: another app's row behaves exactly as a missing one. Worker-side
 /// methods ([`WorkerStore`]) address tasks by id, since workers serve every app.
 pub trait Store:
-    TaskStore + WorkerStore + RunStore + PipelineStore + MaintenanceStore + 'static
+    TaskStore + WorkerStore + RunStore + PipelineStore + MaintenanceStore + ListStore + 'static
 {
 }
 
 impl<T> Store for T where
-    T: TaskStore + WorkerStore + RunStore + PipelineStore + MaintenanceStore + 'static
+    T: TaskStore + WorkerStore + RunStore + PipelineStore + MaintenanceStore + ListStore + 'static
 {
 }
 
 /// The store traits, for callers that use a concrete backend (`use
 /// tollgate_store::prelude::*;` brings every method into scope).
 pub mod prelude {
-    pub use crate::{MaintenanceStore, PipelineStore, RunStore, Store, TaskStore, WorkerStore};
+    pub use crate::{
+        ListStore, MaintenanceStore, PipelineStore, RunStore, Store, TaskStore, WorkerStore,
+    };
 }
 
 /// The application's side of tasks (SPEC §3, §5 cancel, §8): create (idempotency, owner

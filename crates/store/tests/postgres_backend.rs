@@ -386,6 +386,80 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         .delete_owner_data(&acme, &ScopeId::new("scope-5").unwrap(), None)
         .await
         .unwrap();
+    // SPEC §15 listings: every filter of every listing, and a second page.
+    use tollgate_store::list::{RunListQuery, TaskListQuery};
+    let queries = [
+        TaskListQuery::default(),
+        TaskListQuery {
+            scope: Some(ScopeId::new("scope-3").unwrap()),
+            ..Default::default()
+        },
+        TaskListQuery {
+            statuses: vec![
+                tollgate_core::TaskStatus::Failed,
+                tollgate_core::TaskStatus::Queued,
+            ],
+            ..Default::default()
+        },
+        TaskListQuery {
+            kind: Some(tollgate_core::TaskKind::GenerateText),
+            ..Default::default()
+        },
+        TaskListQuery {
+            step: Some(tollgate_core::StepKey::new("label").unwrap()),
+            ..Default::default()
+        },
+        TaskListQuery {
+            source: Some(SourceId::new("src-77").unwrap()),
+            ..Default::default()
+        },
+        TaskListQuery {
+            run: Some(run.id),
+            ..Default::default()
+        },
+        TaskListQuery {
+            created_after: Some(START.minus(Duration::from_secs(5))),
+            created_before: Some(START),
+            ..Default::default()
+        },
+    ];
+    for q in &queries {
+        let page = store.list_tasks(&acme, q).await.unwrap();
+        if let Some(next) = page.next {
+            let q = TaskListQuery {
+                after: Some(next),
+                ..q.clone()
+            };
+            store.list_tasks(&acme, &q).await.unwrap();
+        }
+    }
+    store
+        .list_runs(&acme, &RunListQuery::default())
+        .await
+        .unwrap();
+    store
+        .list_runs(
+            &acme,
+            &RunListQuery {
+                scope: Some(ScopeId::new("x").unwrap()),
+                states: vec![tollgate_core::RunState::Canceled],
+                pipeline: Some(tollgate_core::PipelineName::new("p").unwrap()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    store.list_pipelines(&acme, None, 10).await.unwrap();
+    store.list_scopes(&acme, None, 10).await.unwrap();
+    store
+        .scope_snapshot(&acme, &ScopeId::new("scope-7").unwrap())
+        .await
+        .unwrap();
+    store.task_stats(&acme, None).await.unwrap();
+    store
+        .task_stats(&acme, Some(START.minus(Duration::from_secs(3600))))
+        .await
+        .unwrap();
     assert!(!cached.created || cached.task.cached_from.is_none());
 
     let after = seq_scans().await;

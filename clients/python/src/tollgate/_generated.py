@@ -19,6 +19,21 @@ class BatchBody(TypedDict, closed=True):
     """
 
 
+class CostView(TypedDict):
+    """
+    Spend and tokens of a scope (SPEC §13).
+    """
+
+    spent_micros: int
+    """
+    Spend in the window, in micro-units of the configured currency.
+    """
+    tokens: int
+    """
+    Tokens in the window.
+    """
+
+
 class DefinitionOutline(TypedDict, closed=True):
     """
     A pipeline definition's outline (the full rules are in docs/pipelines.md). Schema
@@ -77,6 +92,21 @@ class ErrorDetail(TypedDict):
     """
 
 
+class FailureCount(TypedDict):
+    """
+    Failures of one error code.
+    """
+
+    code: str
+    """
+    The error code.
+    """
+    count: int
+    """
+    How many tasks ended with it.
+    """
+
+
 HashableJson: TypeAlias = Any
 """
 Any JSON value with numbers within ±(2^53 − 1), nested at most 64 levels deep.
@@ -124,6 +154,25 @@ class KindsAnswer(TypedDict):
     kinds: list[KindView]
     """
     The four kinds.
+    """
+
+
+class LatencyView(TypedDict):
+    """
+    Claimed → finished times, in milliseconds.
+    """
+
+    p50: int
+    """
+    Median.
+    """
+    p90: int
+    """
+    90th percentile.
+    """
+    p99: int
+    """
+    99th percentile.
     """
 
 
@@ -201,6 +250,21 @@ class PipelineRunBody(TypedDict, closed=True):
     """
 
 
+class PipelineVersionView(TypedDict):
+    """
+    One version of a pipeline.
+    """
+
+    created_at: str
+    """
+    When it was registered.
+    """
+    version: str
+    """
+    Content hash.
+    """
+
+
 class PipelineView(TypedDict):
     """
     A registered pipeline version.
@@ -227,6 +291,41 @@ class PipelineView(TypedDict):
     """
     The version: SHA-256 of the canonical definition (the same definition always has
     the same version).
+    """
+
+
+class PolicyView(TypedDict):
+    """
+    The budget policy in force for a scope (SPEC §10): the app's default policy.
+    """
+
+    burst: int
+    """
+    Token-bucket capacity.
+    """
+    global_concurrent: int
+    """
+    Admitted tasks of the whole server that may be queued or running at once.
+    """
+    max_steps_per_source: int
+    """
+    Distinct logical steps one source may have admitted in 24 h.
+    """
+    name: str
+    """
+    The policy's name.
+    """
+    scope_concurrent: int
+    """
+    Admitted tasks of the scope that may be queued or running at once.
+    """
+    sources_per_24_hours: int
+    """
+    Distinct sources the scope may have admitted in 24 h.
+    """
+    tasks_per_minute: int
+    """
+    Token-bucket refill, tasks per minute.
     """
 
 
@@ -271,12 +370,72 @@ class RunBody(TypedDict, closed=True):
     """
 
 
+class RunPipelineRef(TypedDict):
+    """
+    A pipeline name and version, for runs of a pipeline.
+    """
+
+    name: str
+    """
+    The pipeline's name.
+    """
+    version: str
+    """
+    The version the run runs.
+    """
+
+
 RunStateName: TypeAlias = Literal[
     'running', 'waiting', 'succeeded', 'failed', 'canceled'
 ]
 """
 A run's state.
 """
+
+
+class ScopeView(TypedDict):
+    """
+    A scope's policy and live admission state (SPEC §4, §15).
+    """
+
+    active: int
+    """
+    Admitted tasks queued or running now, against `policy.scope_concurrent`.
+    """
+    admissions_in_window: int
+    """
+    Admissions in the window.
+    """
+    bucket_tokens: float
+    """
+    Tokens in the bucket now, out of `policy.burst` (fractions refill continuously).
+    """
+    busiest_source_steps: int
+    """
+    The most distinct steps any one source has in the window, against
+    `policy.max_steps_per_source`.
+    """
+    cost: CostView | None
+    last_admitted_at: str | None
+    """
+    The newest admission in the window.
+    """
+    policy: PolicyView
+    """
+    The policy in force (the app's default; a task may name another allowed one).
+    """
+    scope: str
+    """
+    The scope.
+    """
+    sources_in_window: int
+    """
+    Distinct sources admitted in the 24 h window, against `policy.sources_per_24_hours`.
+    """
+    steps_in_window: int
+    """
+    Distinct steps admitted in the window, all sources together.
+    """
 
 
 class SourceBody(TypedDict, closed=True):
@@ -310,6 +469,68 @@ class SourceView(TypedDict):
     revision: str
     """
     Source revision.
+    """
+
+
+class StatsView(TypedDict):
+    """
+    `GET /v1/stats` answer: the app's tasks now and over the last hour, computed from the
+    database (per app, unlike `/metrics`, which counts the whole server).
+    """
+
+    cache_hit_rate: float | None
+    """
+    `cache_hits / succeeded` (`null` when nothing succeeded).
+    """
+    cache_hits: int
+    """
+    Succeeded tasks of the window served from the cache.
+    """
+    canceled: int
+    """
+    Tasks canceled in the window.
+    """
+    failed: int
+    """
+    Tasks that failed in the window.
+    """
+    failures_by_code: list[FailureCount]
+    """
+    Failed and canceled tasks of the window by error code, most frequent first.
+    """
+    latency_ms: LatencyView | None
+    queued: int
+    """
+    Tasks queued now.
+    """
+    running: int
+    """
+    Tasks running now.
+    """
+    sampled: bool
+    """
+    True when the window held more than 10,000 finished tasks: the figures are of the
+    newest 10,000.
+    """
+    since: str
+    """
+    The window's start (RFC 3339).
+    """
+    source: str
+    """
+    Always `database`: where these numbers come from.
+    """
+    succeeded: int
+    """
+    Tasks that succeeded in the window.
+    """
+    throughput_per_minute: float
+    """
+    Tasks finished per minute over the window.
+    """
+    window_seconds: int
+    """
+    The window's length, in seconds (3600).
     """
 
 
@@ -687,6 +908,35 @@ The four task kinds (GET /v1/kinds).
 """
 
 
+class AttemptView(TypedDict):
+    """
+    One attempt of a task (SPEC §15).
+    """
+
+    attempt: int
+    """
+    1 for the first attempt.
+    """
+    claimed_at: str | None
+    """
+    When it was claimed.
+    """
+    error: TaskErrorView | None
+    finished_at: str | None
+    """
+    When it ended.
+    """
+    heartbeat_at: str | None
+    """
+    Its last heartbeat.
+    """
+    usage: UsageView | None
+    worker: str | None
+    """
+    The worker that claimed it.
+    """
+
+
 class ErrorBody(TypedDict):
     """
     The body of every error answer.
@@ -695,6 +945,70 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
     """
     The error.
+    """
+
+
+class PipelineSummaryView(TypedDict):
+    """
+    A pipeline with its versions.
+    """
+
+    name: str
+    """
+    The name.
+    """
+    versions: list[PipelineVersionView]
+    """
+    Versions, newest first (the first is what a run naming no version runs).
+    """
+
+
+class RunSummaryView(TypedDict):
+    """
+    A run in a listing (`GET /v1/runs/{id}` has its input, output and steps).
+    """
+
+    cancel_requested: bool
+    """
+    Whether cancellation was requested.
+    """
+    created_at: str
+    """
+    Creation time (RFC 3339, UTC).
+    """
+    error: TaskErrorView | None
+    id: str
+    """
+    Run id.
+    """
+    pipeline: RunPipelineRef | None
+    scope: str
+    """
+    Scope.
+    """
+    state: RunStateName
+    """
+    `running`, `waiting`, `succeeded`, `failed` or `canceled`.
+    """
+    subject: NotRequired[SubjectView | None]
+    updated_at: str
+    """
+    Last change.
+    """
+
+
+class ScopePageView(TypedDict):
+    """
+    `GET /v1/scopes` answer.
+    """
+
+    next: NotRequired[str]
+    """
+    Pass as `next` for the following page; absent on the last page.
+    """
+    scopes: list[ScopeView]
+    """
+    Scopes with admission activity in the 24 h window, in name order.
     """
 
 
@@ -736,9 +1050,18 @@ class TaskView(TypedDict):
     The task object (SPEC §11).
     """
 
+    attempts: list[AttemptView]
+    """
+    Its attempts (a task runs at most once: none until claimed, then one), each with
+    its worker, times and usage.
+    """
     cached: bool
     """
     Served from the cache.
+    """
+    claimed_at: str | None
+    """
+    When a worker claimed it (SPEC §15).
     """
     completed_at: str | None
     """
@@ -758,6 +1081,10 @@ class TaskView(TypedDict):
     The effect key.
     """
     error: TaskErrorView | None
+    heartbeat_at: str | None
+    """
+    Its last heartbeat while running.
+    """
     id: str
     """
     Task id.
@@ -774,6 +1101,12 @@ class TaskView(TypedDict):
     """
     The kind's output, once succeeded (its shape is the kind's output schema, see
     `GET /v1/kinds`).
+    """
+    request: NotRequired[dict[str, Any]]
+    """
+    The stored request (its fields plus `kind`): present on reads of one task
+    (`GET /v1/tasks/{id}`, `GET /v1/tasks?effect_key=`), absent in pages and answers
+    to submissions.
     """
     run_id: str | None
     """
@@ -794,6 +1127,10 @@ class TaskView(TypedDict):
     """
     subject: NotRequired[SubjectView | None]
     usage: UsageView | None
+    worker: str | None
+    """
+    The worker that ran it.
+    """
 
 
 class UnreleasedPageView(TypedDict):
@@ -830,6 +1167,21 @@ class BatchItem(TypedDict):
     """
 
 
+class PipelinePageView(TypedDict):
+    """
+    `GET /v1/pipelines` answer.
+    """
+
+    next: NotRequired[str]
+    """
+    Pass as `next` for the following page; absent on the last page.
+    """
+    pipelines: list[PipelineSummaryView]
+    """
+    Pipelines in name order.
+    """
+
+
 class PipelineProgressView(TypedDict):
     """
     The pipeline side of a run.
@@ -846,6 +1198,21 @@ class PipelineProgressView(TypedDict):
     version: str
     """
     The version the run runs.
+    """
+
+
+class RunPageView(TypedDict):
+    """
+    `GET /v1/runs` answer.
+    """
+
+    next: NotRequired[str]
+    """
+    Pass as `next` for the following page; absent on the last page.
+    """
+    runs: list[RunSummaryView]
+    """
+    Runs, newest first.
     """
 
 
@@ -897,6 +1264,27 @@ class RunView(TypedDict):
     """
     The task a waiting step waits on.
     """
+
+
+class TaskPageView(TypedDict):
+    """
+    A page of `GET /v1/tasks`.
+    """
+
+    next: NotRequired[str]
+    """
+    Pass as `next` for the following page; absent on the last page.
+    """
+    tasks: list[TaskView]
+    """
+    Tasks, newest first.
+    """
+
+
+TasksAnswer: TypeAlias = TaskView | TaskPageView
+"""
+The `GET /v1/tasks` answer: one task for `?effect_key=`, a page otherwise.
+"""
 
 
 class BatchAnswer(TypedDict):

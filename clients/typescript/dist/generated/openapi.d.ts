@@ -42,7 +42,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        get: operations["list_pipelines"];
         put?: never;
         post: operations["register_pipeline"];
         delete?: never;
@@ -90,7 +90,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        get: operations["list_runs"];
         put?: never;
         post: operations["create_run"];
         delete?: never;
@@ -131,6 +131,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/scopes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_scopes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/scopes/{scope}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["get_scope"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/scopes/{scope}/tasks": {
         parameters: {
             query?: never;
@@ -163,6 +195,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/stats": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["stats"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tasks": {
         parameters: {
             query?: never;
@@ -170,7 +218,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["get_by_effect_key"];
+        get: operations["list_tasks"];
         put?: never;
         post: operations["submit"];
         delete?: never;
@@ -247,6 +295,24 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description One attempt of a task (SPEC §15). */
+        AttemptView: {
+            /**
+             * Format: int32
+             * @description 1 for the first attempt.
+             */
+            attempt: number;
+            /** @description When it was claimed. */
+            claimed_at: string | null;
+            error: null | components["schemas"]["TaskErrorView"];
+            /** @description When it ended. */
+            finished_at: string | null;
+            /** @description Its last heartbeat. */
+            heartbeat_at: string | null;
+            usage: null | components["schemas"]["UsageView"];
+            /** @description The worker that claimed it. */
+            worker: string | null;
+        };
         /** @description `POST /v1/tasks/batch` answer. */
         BatchAnswer: {
             /** @description One item per submission, in order. */
@@ -314,6 +380,19 @@ export interface components {
             instructions?: string | null;
             /** @description The labels to choose from; names are unique. */
             labels: components["schemas"]["Label"][];
+        };
+        /** @description Spend and tokens of a scope (SPEC §13). */
+        CostView: {
+            /**
+             * Format: int64
+             * @description Spend in the window, in micro-units of the configured currency.
+             */
+            spent_micros: number;
+            /**
+             * Format: int64
+             * @description Tokens in the window.
+             */
+            tokens: number;
         };
         /**
          * @description A pipeline definition's outline (the full rules are in docs/pipelines.md). Schema
@@ -389,6 +468,16 @@ export interface components {
         } | {
             messages: unknown[];
         });
+        /** @description Failures of one error code. */
+        FailureCount: {
+            /** @description The error code. */
+            code: string;
+            /**
+             * Format: int64
+             * @description How many tasks ended with it.
+             */
+            count: number;
+        };
         /** @description The `generate_text` output (GET /v1/kinds). */
         GenerateTextOutput: {
             text: string;
@@ -448,6 +537,24 @@ export interface components {
             /** @description Not only whitespace, at most 256 UTF-8 bytes, unique within the request. */
             name: string;
         };
+        /** @description Claimed → finished times, in milliseconds. */
+        LatencyView: {
+            /**
+             * Format: int64
+             * @description Median.
+             */
+            p50: number;
+            /**
+             * Format: int64
+             * @description 90th percentile.
+             */
+            p90: number;
+            /**
+             * Format: int64
+             * @description 99th percentile.
+             */
+            p99: number;
+        };
         /** @description `GET /v1/models` answer. */
         ModelsAnswer: {
             /** @description Configured models. */
@@ -479,6 +586,13 @@ export interface components {
              */
             name: string;
         };
+        /** @description `GET /v1/pipelines` answer. */
+        PipelinePageView: {
+            /** @description Pass as `next` for the following page; absent on the last page. */
+            next?: string;
+            /** @description Pipelines in name order. */
+            pipelines: components["schemas"]["PipelineSummaryView"][];
+        };
         /** @description The pipeline side of a run. */
         PipelineProgressView: {
             /** @description The pipeline's name. */
@@ -496,6 +610,20 @@ export interface components {
             scope: string;
             /** @description The version to run (default: the newest). */
             version?: string | null;
+        };
+        /** @description A pipeline with its versions. */
+        PipelineSummaryView: {
+            /** @description The name. */
+            name: string;
+            /** @description Versions, newest first (the first is what a run naming no version runs). */
+            versions: components["schemas"]["PipelineVersionView"][];
+        };
+        /** @description One version of a pipeline. */
+        PipelineVersionView: {
+            /** @description When it was registered. */
+            created_at: string;
+            /** @description Content hash. */
+            version: string;
         };
         /** @description A registered pipeline version. */
         PipelineView: {
@@ -516,6 +644,41 @@ export interface components {
              */
             version: string;
         };
+        /** @description The budget policy in force for a scope (SPEC §10): the app's default policy. */
+        PolicyView: {
+            /**
+             * Format: int32
+             * @description Token-bucket capacity.
+             */
+            burst: number;
+            /**
+             * Format: int32
+             * @description Admitted tasks of the whole server that may be queued or running at once.
+             */
+            global_concurrent: number;
+            /**
+             * Format: int32
+             * @description Distinct logical steps one source may have admitted in 24 h.
+             */
+            max_steps_per_source: number;
+            /** @description The policy's name. */
+            name: string;
+            /**
+             * Format: int32
+             * @description Admitted tasks of the scope that may be queued or running at once.
+             */
+            scope_concurrent: number;
+            /**
+             * Format: int32
+             * @description Distinct sources the scope may have admitted in 24 h.
+             */
+            sources_per_24_hours: number;
+            /**
+             * Format: int32
+             * @description Token-bucket refill, tasks per minute.
+             */
+            tasks_per_minute: number;
+        };
         /** @description `POST /v1/tasks/release` answer. */
         ReleaseAnswer: {
             /** @description Always true: an unmatched release answers 404. */
@@ -535,11 +698,43 @@ export interface components {
             /** @description The scope the run's tasks are admitted and cached in. */
             scope: string;
         };
+        /** @description `GET /v1/runs` answer. */
+        RunPageView: {
+            /** @description Pass as `next` for the following page; absent on the last page. */
+            next?: string;
+            /** @description Runs, newest first. */
+            runs: components["schemas"]["RunSummaryView"][];
+        };
+        /** @description A pipeline name and version, for runs of a pipeline. */
+        RunPipelineRef: {
+            /** @description The pipeline's name. */
+            name: string;
+            /** @description The version the run runs. */
+            version: string;
+        };
         /**
          * @description A run's state.
          * @enum {string}
          */
         RunStateName: "running" | "waiting" | "succeeded" | "failed" | "canceled";
+        /** @description A run in a listing (`GET /v1/runs/{id}` has its input, output and steps). */
+        RunSummaryView: {
+            /** @description Whether cancellation was requested. */
+            cancel_requested: boolean;
+            /** @description Creation time (RFC 3339, UTC). */
+            created_at: string;
+            error: null | components["schemas"]["TaskErrorView"];
+            /** @description Run id. */
+            id: string;
+            pipeline: null | components["schemas"]["RunPipelineRef"];
+            /** @description Scope. */
+            scope: string;
+            /** @description `running`, `waiting`, `succeeded`, `failed` or `canceled`. */
+            state: components["schemas"]["RunStateName"];
+            subject?: null | components["schemas"]["SubjectView"];
+            /** @description Last change. */
+            updated_at: string;
+        };
         /** @description A workflow run (SPEC §7). */
         RunView: {
             /** @description Whether cancellation was requested. */
@@ -568,6 +763,54 @@ export interface components {
             /** @description The task a waiting step waits on. */
             waiting_on: string | null;
         };
+        /** @description `GET /v1/scopes` answer. */
+        ScopePageView: {
+            /** @description Pass as `next` for the following page; absent on the last page. */
+            next?: string;
+            /** @description Scopes with admission activity in the 24 h window, in name order. */
+            scopes: components["schemas"]["ScopeView"][];
+        };
+        /** @description A scope's policy and live admission state (SPEC §4, §15). */
+        ScopeView: {
+            /**
+             * Format: int64
+             * @description Admitted tasks queued or running now, against `policy.scope_concurrent`.
+             */
+            active: number;
+            /**
+             * Format: int64
+             * @description Admissions in the window.
+             */
+            admissions_in_window: number;
+            /**
+             * Format: double
+             * @description Tokens in the bucket now, out of `policy.burst` (fractions refill continuously).
+             */
+            bucket_tokens: number;
+            /**
+             * Format: int64
+             * @description The most distinct steps any one source has in the window, against
+             *     `policy.max_steps_per_source`.
+             */
+            busiest_source_steps: number;
+            cost: null | components["schemas"]["CostView"];
+            /** @description The newest admission in the window. */
+            last_admitted_at: string | null;
+            /** @description The policy in force (the app's default; a task may name another allowed one). */
+            policy: components["schemas"]["PolicyView"];
+            /** @description The scope. */
+            scope: string;
+            /**
+             * Format: int64
+             * @description Distinct sources admitted in the 24 h window, against `policy.sources_per_24_hours`.
+             */
+            sources_in_window: number;
+            /**
+             * Format: int64
+             * @description Distinct steps admitted in the window, all sources together.
+             */
+            steps_in_window: number;
+        };
         /** @description The source a scoped task is about. */
         SourceBody: {
             /** @description Source id. */
@@ -583,6 +826,69 @@ export interface components {
             id: string;
             /** @description Source revision. */
             revision: string;
+        };
+        /**
+         * @description `GET /v1/stats` answer: the app's tasks now and over the last hour, computed from the
+         *     database (per app, unlike `/metrics`, which counts the whole server).
+         */
+        StatsView: {
+            /**
+             * Format: double
+             * @description `cache_hits / succeeded` (`null` when nothing succeeded).
+             */
+            cache_hit_rate: number | null;
+            /**
+             * Format: int64
+             * @description Succeeded tasks of the window served from the cache.
+             */
+            cache_hits: number;
+            /**
+             * Format: int64
+             * @description Tasks canceled in the window.
+             */
+            canceled: number;
+            /**
+             * Format: int64
+             * @description Tasks that failed in the window.
+             */
+            failed: number;
+            /** @description Failed and canceled tasks of the window by error code, most frequent first. */
+            failures_by_code: components["schemas"]["FailureCount"][];
+            latency_ms: null | components["schemas"]["LatencyView"];
+            /**
+             * Format: int64
+             * @description Tasks queued now.
+             */
+            queued: number;
+            /**
+             * Format: int64
+             * @description Tasks running now.
+             */
+            running: number;
+            /**
+             * @description True when the window held more than 10,000 finished tasks: the figures are of the
+             *     newest 10,000.
+             */
+            sampled: boolean;
+            /** @description The window's start (RFC 3339). */
+            since: string;
+            /** @description Always `database`: where these numbers come from. */
+            source: string;
+            /**
+             * Format: int64
+             * @description Tasks that succeeded in the window.
+             */
+            succeeded: number;
+            /**
+             * Format: double
+             * @description Tasks finished per minute over the window.
+             */
+            throughput_per_minute: number;
+            /**
+             * Format: int64
+             * @description The window's length, in seconds (3600).
+             */
+            window_seconds: number;
         };
         /**
          * @description A pipeline step's status.
@@ -645,6 +951,15 @@ export interface components {
             /** @description Message (at most 2,000 characters). */
             message: string;
         };
+        /** @description A page of `GET /v1/tasks`. */
+        TaskPageView: {
+            /** @description Pass as `next` for the following page; absent on the last page. */
+            next?: string;
+            /** @description Tasks, newest first. */
+            tasks: components["schemas"]["TaskView"][];
+        };
+        /** @description The `GET /v1/tasks` answer: one task for `?effect_key=`, a page otherwise. */
+        TasksAnswer: components["schemas"]["TaskView"] | components["schemas"]["TaskPageView"];
         /**
          * @description A task's status.
          * @enum {string}
@@ -652,8 +967,15 @@ export interface components {
         TaskStatusName: "queued" | "running" | "succeeded" | "failed" | "canceled";
         /** @description The task object (SPEC §11). */
         TaskView: {
+            /**
+             * @description Its attempts (a task runs at most once: none until claimed, then one), each with
+             *     its worker, times and usage.
+             */
+            attempts: components["schemas"]["AttemptView"][];
             /** @description Served from the cache. */
             cached: boolean;
+            /** @description When a worker claimed it (SPEC §15). */
+            claimed_at: string | null;
             /** @description Completion time, once terminal. */
             completed_at: string | null;
             /**
@@ -666,6 +988,8 @@ export interface components {
             /** @description The effect key. */
             effect_key: string;
             error: null | components["schemas"]["TaskErrorView"];
+            /** @description Its last heartbeat while running. */
+            heartbeat_at: string | null;
             /** @description Task id. */
             id: string;
             /** @description The kind. */
@@ -677,6 +1001,12 @@ export interface components {
              *     `GET /v1/kinds`).
              */
             output: unknown;
+            /**
+             * @description The stored request (its fields plus `kind`): present on reads of one task
+             *     (`GET /v1/tasks/{id}`, `GET /v1/tasks?effect_key=`), absent in pages and answers
+             *     to submissions.
+             */
+            request?: Record<string, never>;
             /** @description The owning run, if any. */
             run_id: string | null;
             /** @description The scope (the run's scope for run-owned tasks). */
@@ -688,6 +1018,8 @@ export interface components {
             step: string;
             subject?: null | components["schemas"]["SubjectView"];
             usage: null | components["schemas"]["UsageView"];
+            /** @description The worker that ran it. */
+            worker: string | null;
         };
         /** @description `GET /v1/scopes/{scope}/unreleased-sources` answer. */
         UnreleasedPageView: {
@@ -831,6 +1163,76 @@ export interface operations {
             };
             /** @description a server fault (the message carries no internal detail) */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_pipelines: {
+        parameters: {
+            query?: {
+                /** @description page size (default 50, at most 500) */
+                limit?: number;
+                /** @description the `next` of the previous page (opaque: pass it back as given) */
+                next?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the app's pipelines in name order, each with its versions */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PipelinePageView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1194,6 +1596,82 @@ export interface operations {
             };
         };
     };
+    list_runs: {
+        parameters: {
+            query?: {
+                /** @description page size (default 50, at most 500) */
+                limit?: number;
+                /** @description the `next` of the previous page (opaque: pass it back as given) */
+                next?: string;
+                /** @description only runs of this pipeline */
+                pipeline?: string;
+                /** @description only runs of this scope */
+                scope?: string;
+                /** @description only runs in one of these states, comma-separated (`running,waiting`) */
+                state?: components["schemas"]["RunStateName"][];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the app's runs, newest first */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunPageView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     create_run: {
         parameters: {
             query?: never;
@@ -1463,6 +1941,153 @@ export interface operations {
             };
         };
     };
+    list_scopes: {
+        parameters: {
+            query?: {
+                /** @description page size (default 50, at most 500) */
+                limit?: number;
+                /** @description the `next` of the previous page (opaque: pass it back as given) */
+                next?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the app's scopes with admitted tasks still active or an admission in the last 24 h, in name order */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScopePageView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key is bound to a subject: scopes count every subject's work */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_scope: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the scope */
+                scope: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the policy in force and the live state (a scope never admitted into shows a full bucket and zeros) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScopeView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key is bound to a subject: a scope's state counts every subject's work */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     delete_owner_data: {
         parameters: {
             query?: {
@@ -1623,11 +2248,96 @@ export interface operations {
             };
         };
     };
-    get_by_effect_key: {
+    stats: {
         parameters: {
-            query: {
-                /** @description the task's effect key */
-                effect_key: string;
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the app's queue, throughput, failures, cache hit rate and latency over the last hour (from the database) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StatsView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key is bound to a subject: stats count every subject's work */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_tasks: {
+        parameters: {
+            query?: {
+                /** @description only tasks created at or after this instant (RFC 3339) */
+                created_after?: string;
+                /** @description only tasks created before this instant (RFC 3339) */
+                created_before?: string;
+                /** @description the task with this effect key (answers one task, not a page; no other parameter may be given with it) */
+                effect_key?: string;
+                /** @description only tasks of this kind */
+                kind?: components["schemas"]["KindName"];
+                /** @description page size (default 50, at most 500) */
+                limit?: number;
+                /** @description the `next` of the previous page (opaque: pass it back as given) */
+                next?: string;
+                /** @description only tasks of this run */
+                run_id?: string;
+                /** @description only tasks of this scope */
+                scope?: string;
+                /** @description only tasks of this source id */
+                source?: string;
+                /** @description only tasks in one of these statuses, comma-separated (`queued,running`) */
+                status?: components["schemas"]["TaskStatusName"][];
+                /** @description only tasks of this step key */
+                step?: string;
             };
             header?: never;
             path?: never;
@@ -1635,12 +2345,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
+            /** @description with `effect_key`: that task (`TaskView`); otherwise a page of the app's tasks, newest first (`TaskPageView`) */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["TaskView"];
+                    "application/json": components["schemas"]["TasksAnswer"];
                 };
             };
             /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
@@ -1670,7 +2381,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description no task with that effect key in the caller's app */
+            /** @description `effect_key` names no task of the caller's app */
             404: {
                 headers: {
                     [name: string]: unknown;

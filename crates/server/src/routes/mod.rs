@@ -45,7 +45,7 @@ pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route(
             "/v1/tasks",
-            post(tasks::submit).get(tasks::get_by_effect_key),
+            post(tasks::submit).get(crate::list_routes::list_tasks),
         )
         .route("/v1/tasks/batch", post(tasks::submit_batch))
         .route("/v1/tasks/release", post(tasks::release))
@@ -74,6 +74,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/healthz", get(meta::healthz))
         .route("/readyz", get(meta::readyz))
         .route("/metrics", get(meta::metrics))
+        .merge(crate::list_routes::routes())
+        .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

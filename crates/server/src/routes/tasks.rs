@@ -193,32 +193,6 @@ pub(crate) async fn submit_batch(
     Ok(Json(BatchAnswer { results }))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct EffectKeyQuery {
-    effect_key: Option<String>,
-}
-
-#[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
-    params(("effect_key" = String, Query, description = "the task's effect key")),
-    responses((status = 200, body = TaskView), (status = 404, body = crate::error::ErrorBody, description = "no task with that effect key in the caller's app")),
-    security(("api_key" = [])))]
-pub(crate) async fn get_by_effect_key(
-    State(s): State<AppState>,
-    caller: Caller,
-    StrictQuery(q): StrictQuery<EffectKeyQuery>,
-) -> Result<Json<TaskView>, ApiError> {
-    let key = q
-        .effect_key
-        .ok_or_else(|| ApiError::malformed("give ?effect_key=… (or GET /v1/tasks/{id})"))?;
-    let key = EffectKey::new(key).map_err(|_| ApiError::not_found("task"))?;
-    let task = view(&s, &caller)
-        .get_by_effect_key(&key)
-        .await?
-        .ok_or_else(|| ApiError::not_found("task"))?;
-    Ok(Json(TaskView::of(&task, false)))
-}
-
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
     params(("id" = String, Path, description = "the task id"),
         ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "long-poll: answer once the task is terminal or this long passed: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`), like submit's wait")),
@@ -237,7 +211,7 @@ pub(crate) async fn get_task(
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
     let task = waited_task(&view, task, wait).await?;
-    Ok(Json(TaskView::of(&task, false)))
+    Ok(Json(TaskView::detail(&task)))
 }
 
 #[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks",

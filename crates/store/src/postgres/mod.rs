@@ -34,6 +34,7 @@
 
 mod admission;
 mod lifecycle;
+mod list;
 mod maintenance;
 pub mod notify;
 mod pipelines;

@@ -10,6 +10,7 @@
 
 mod admission;
 mod lifecycle;
+mod list;
 mod maintenance;
 mod pipelines;
 mod runs;

@@ -1,0 +1,307 @@
+//! SPEC §15: what a caller can list and see — its app's tasks, runs, pipelines, scopes
+//! with their budget state, and the app's task stats. Subject visibility applies here
+//! once: a caller bound to a subject lists only that subject's tasks and runs, and may
+//! not read the app-wide aggregates (scopes, stats), which count every subject's work.
+
+use crate::access::CallerView;
+use crate::error::EngineError;
+use std::time::Duration;
+use tollgate_core::admission::{BucketState, TOKEN_UNITS};
+use tollgate_core::{Budget, BudgetName, ErrorCode, ScopeId, Task, TaskStatus, Timestamp};
+use tollgate_core::{SystemClock, Visibility};
+use tollgate_store::list::{
+    ListCursor, ListPage, ListedRun, PipelineSummary, RunListQuery, ScopeSnapshot, TaskListQuery,
+};
+
+/// The window `GET /v1/stats` looks back over.
+pub const STATS_WINDOW: Duration = Duration::from_secs(3600);
+
+/// A scope's budget policy in force and its live state (SPEC §4, §15).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScopeState {
+    /// The scope.
+    pub scope: ScopeId,
+    /// The name of the policy the app's scoped tasks get when they name none.
+    pub policy_name: BudgetName,
+    /// Its limits.
+    pub policy: Budget,
+    /// Tokens in the bucket now (refilled to now; a full bucket before the first
+    /// admission).
+    pub bucket_tokens: f64,
+    /// Admitted tasks still queued or running.
+    pub active: u64,
+    /// Distinct sources admitted in the 24 h window.
+    pub sources_in_window: u64,
+    /// Distinct steps admitted in the window (all sources).
+    pub steps_in_window: u64,
+    /// The most distinct steps one source has in the window.
+    pub busiest_source_steps: u64,
+    /// Admission records in the window.
+    pub admissions_in_window: u64,
+    /// The newest admission in the window.
+    pub last_admitted_at: Option<Timestamp>,
+    /// Spend and tokens (SPEC §13): `None` until cost budgets exist.
+    pub cost: Option<ScopeCost>,
+}
+
+/// A scope's spend and tokens in the window (SPEC §13; not configured yet).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ScopeCost {
+    /// Spend so far, in micro-units of the configured currency.
+    pub spent_micros: u64,
+    /// Tokens so far.
+    pub tokens: u64,
+}
+
+/// Counts of an app's tasks now and over the last hour, from the database.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskStats {
+    /// Start of the window (now − 1 h).
+    pub since: Timestamp,
+    /// Tasks queued now.
+    pub queued: u64,
+    /// Tasks running now.
+    pub running: u64,
+    /// Finished in the window: succeeded.
+    pub succeeded: u64,
+    /// Finished in the window: failed.
+    pub failed: u64,
+    /// Finished in the window: canceled.
+    pub canceled: u64,
+    /// Failures and cancellations in the window by error code, most frequent first.
+    pub failures_by_code: Vec<(String, u64)>,
+    /// Succeeded tasks of the window served from the cache.
+    pub cache_hits: u64,
+    /// `cache_hits / succeeded` (`None` when nothing succeeded).
+    pub cache_hit_rate: Option<f64>,
+    /// Claimed → finished times of tasks a worker ran, in milliseconds: p50, p90, p99.
+    pub run_ms_percentiles: Option<[i64; 3]>,
+    /// Whether the window held more finished tasks than were sampled.
+    pub sampled: bool,
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+impl CallerView {
+    fn no_subject(&self, what: &'static str) -> Result<(), EngineError> {
+        match self.visibility() {
+            Visibility::App => Ok(()),
+            Visibility::Subject(_) => Err(EngineError::SubjectNotAllowed(what)),
+        }
+    }
+
+    fn subject_filter(&self) -> Option<tollgate_core::Subject> {
+        match self.visibility() {
+            Visibility::App => None,
+            Visibility::Subject(s) => Some(s.clone()),
+        }
+    }
+
+    /// The app's tasks, newest first (a caller bound to a subject: only its own).
+    pub async fn list_tasks(&self, query: &TaskListQuery) -> Result<ListPage<Task>, EngineError> {
+        let mut query = query.clone();
+        if let Some(s) = self.subject_filter() {
+            query.subject = Some(s);
+        }
+        Ok(self
+            .tollgate()
+            .inner
+            .store
+            .list_tasks(self.app(), &query)
+            .await?)
+    }
+
+    /// The app's runs, newest first (a caller bound to a subject: only its own).
+    pub async fn list_runs(
+        &self,
+        query: &RunListQuery,
+    ) -> Result<ListPage<ListedRun>, EngineError> {
+        let mut query = query.clone();
+        if let Some(s) = self.subject_filter() {
+            query.subject = Some(s);
+        }
+        Ok(self
+            .tollgate()
+            .inner
+            .store
+            .list_runs(self.app(), &query)
+            .await?)
+    }
+
+    /// The app's pipelines (definitions are the app's, whoever the caller acts for).
+    pub async fn list_pipelines(
+        &self,
+        after: Option<&ListCursor>,
+        limit: u32,
+    ) -> Result<ListPage<PipelineSummary>, EngineError> {
+        Ok(self
+            .tollgate()
+            .inner
+            .store
+            .list_pipelines(self.app(), after, limit)
+            .await?)
+    }
+
+    fn scope_state(
+        &self,
+        snapshot: ScopeSnapshot,
+        scope: ScopeId,
+    ) -> Result<ScopeState, EngineError> {
+        let (policy_name, policy) = self.tollgate().inner.budgets.resolve(self.app(), None)?;
+        let now = snapshot_now(&snapshot);
+        let burst = policy.burst.get();
+        let bucket = snapshot
+            .bucket
+            .unwrap_or_else(|| BucketState::full(burst, now))
+            .refilled(burst, policy.tasks_per_minute.get(), now);
+        Ok(ScopeState {
+            scope,
+            policy_name,
+            policy,
+            bucket_tokens: bucket.units as f64 / TOKEN_UNITS as f64,
+            active: snapshot.active,
+            sources_in_window: snapshot.sources_in_window,
+            steps_in_window: snapshot.steps_in_window,
+            busiest_source_steps: snapshot.busiest_source_steps,
+            admissions_in_window: snapshot.admissions_in_window,
+            last_admitted_at: snapshot.last_admitted_at,
+            cost: None,
+        })
+    }
+
+    /// The app's scopes with admission activity in the 24 h window, with their state.
+    /// App-wide: a caller bound to a subject is refused.
+    pub async fn list_scopes(
+        &self,
+        after: Option<&ListCursor>,
+        limit: u32,
+    ) -> Result<ListPage<ScopeState>, EngineError> {
+        self.no_subject(
+            "a key bound to a subject may not read the app's scopes: use a key of the app",
+        )?;
+        let page = self
+            .tollgate()
+            .inner
+            .store
+            .list_scopes(self.app(), after, limit)
+            .await?;
+        let mut items = Vec::with_capacity(page.items.len());
+        for snapshot in page.items {
+            let Some(scope) = snapshot.scope.clone() else {
+                continue;
+            };
+            items.push(self.scope_state(snapshot, scope)?);
+        }
+        Ok(ListPage {
+            items,
+            next: page.next,
+        })
+    }
+
+    /// One scope's policy and live state (zeros and a full bucket for a quiet scope).
+    pub async fn scope(&self, scope: &ScopeId) -> Result<ScopeState, EngineError> {
+        self.no_subject(
+            "a key bound to a subject may not read a scope's state: use a key of the app",
+        )?;
+        let snapshot = self
+            .tollgate()
+            .inner
+            .store
+            .scope_snapshot(self.app(), scope)
+            .await?;
+        self.scope_state(snapshot, scope.clone())
+    }
+
+    /// The app's task stats over the last hour, computed from the database (not the
+    /// metrics registry, which counts every app of the server together).
+    pub async fn stats(&self) -> Result<TaskStats, EngineError> {
+        self.no_subject(
+            "a key bound to a subject may not read the app's stats: use a key of the app",
+        )?;
+        let raw = self
+            .tollgate()
+            .inner
+            .store
+            .task_stats(self.app(), None)
+            .await?;
+        let now = raw
+            .now
+            .unwrap_or_else(|| tollgate_core::Clock::now(&SystemClock));
+        let mut stats = TaskStats {
+            since: now.minus(STATS_WINDOW),
+            queued: raw.queued,
+            running: raw.running,
+            succeeded: 0,
+            failed: 0,
+            canceled: 0,
+            failures_by_code: Vec::new(),
+            cache_hits: 0,
+            cache_hit_rate: None,
+            run_ms_percentiles: None,
+            sampled: raw.truncated,
+        };
+        let mut codes: std::collections::BTreeMap<String, u64> = Default::default();
+        let mut run_ms = Vec::new();
+        for f in &raw.finished {
+            match f.status {
+                TaskStatus::Succeeded => {
+                    stats.succeeded += 1;
+                    if f.cached {
+                        stats.cache_hits += 1;
+                    }
+                }
+                TaskStatus::Failed => stats.failed += 1,
+                TaskStatus::Canceled => stats.canceled += 1,
+                _ => {}
+            }
+            if matches!(f.status, TaskStatus::Failed | TaskStatus::Canceled) {
+                let code = f
+                    .error_code
+                    .clone()
+                    .unwrap_or_else(|| ErrorCode::Interrupted.as_str().to_string());
+                *codes.entry(code).or_default() += 1;
+            }
+            if let Some(ms) = f.run_ms.filter(|ms| *ms >= 0) {
+                run_ms.push(ms);
+            }
+        }
+        let mut codes: Vec<(String, u64)> = codes.into_iter().collect();
+        codes.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        stats.failures_by_code = codes;
+        stats.cache_hit_rate =
+            (stats.succeeded > 0).then(|| stats.cache_hits as f64 / stats.succeeded as f64);
+        run_ms.sort_unstable();
+        if !run_ms.is_empty() {
+            stats.run_ms_percentiles = Some([
+                percentile(&run_ms, 0.5),
+                percentile(&run_ms, 0.9),
+                percentile(&run_ms, 0.99),
+            ]);
+        }
+        Ok(stats)
+    }
+}
+
+/// "Now" for refilling a bucket: the store's clock as it read the snapshot.
+fn snapshot_now(snapshot: &ScopeSnapshot) -> Timestamp {
+    snapshot
+        .now
+        .unwrap_or_else(|| tollgate_core::Clock::now(&SystemClock))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<i64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), 50);
+        assert_eq!(percentile(&v, 0.9), 90);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&[7], 0.99), 7);
+    }
+}

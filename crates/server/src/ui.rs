@@ -1,0 +1,86 @@
+//! The dashboard (SPEC §15) at `/ui`: plain HTML, CSS and JavaScript modules with no
+//! build step, embedded in the binary (building or running it never needs Node.js). The
+//! page signs in with an API key kept in the tab's `sessionStorage` and calls the same
+//! API as any client; it renders API data with `textContent` only, and every answer
+//! carries a strict Content-Security-Policy (same-origin scripts, styles and requests;
+//! no inline code, no frames, no external fonts or CDNs).
+
+use axum::Router;
+use axum::extract::Path;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+/// The policy of every dashboard answer.
+pub const UI_CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+     frame-ancestors 'none'";
+
+/// The embedded files: (name, content type, bytes).
+const ASSETS: &[(&str, &str, &str)] = &[
+    (
+        "index.html",
+        "text/html; charset=utf-8",
+        include_str!("../ui/index.html"),
+    ),
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/app.js"),
+    ),
+    (
+        "api.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/api.js"),
+    ),
+    (
+        "dom.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/dom.js"),
+    ),
+    (
+        "pages.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/pages.js"),
+    ),
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_str!("../ui/style.css"),
+    ),
+    ("icon.svg", "image/svg+xml", include_str!("../ui/icon.svg")),
+];
+
+pub(crate) fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    Router::new()
+        .route("/ui", get(|| async { asset("index.html") }))
+        .route("/ui/", get(|| async { asset("index.html") }))
+        .route(
+            "/ui/{file}",
+            get(|Path(file): Path<String>| async move { asset(&file) }),
+        )
+}
+
+fn asset(name: &str) -> Response {
+    let Some((_, content_type, body)) = ASSETS.iter().find(|(n, _, _)| *n == name) else {
+        return crate::ApiError::not_found("file").into_response();
+    };
+    let mut response = (StatusCode::OK, *body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(UI_CSP),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
