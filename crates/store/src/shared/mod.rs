@@ -4,6 +4,7 @@
 //! checks and columns of a run's step ([`runs`]).
 
 pub(crate) mod admission;
+pub(crate) mod list;
 pub(crate) mod rows;
 pub(crate) mod runs;
 pub(crate) mod terminal;

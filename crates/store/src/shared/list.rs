@@ -1,0 +1,223 @@
+//! SPEC §15 listings, written once for both backends: a backend supplies its clock and
+//! a way to read the rows of a shared statement ([`ListRows`]); every listing's logic
+//! (pages, cursors, joins of runs to pipelines, snapshots, stats) lives here.
+
+use crate::list::{
+    Arg, Dialect, ListCursor, ListPage, ListSql, ListStore, ListedRun, PipelineSummary,
+    RunListQuery, ScopeSnapshot, TaskListQuery, TaskStatsRaw,
+};
+use crate::shared::rows::{RunRow, TaskRow};
+use crate::{PipelineRef, StoreError, StoreResult};
+use async_trait::async_trait;
+use sqlx::{Arguments, Encode, FromRow, Type};
+use tollgate_core::admission::ADMISSION_WINDOW;
+use tollgate_core::{AppId, PipelineName, ScopeId, Task, Timestamp};
+
+/// A statement's arguments, bound in order for the backend `A` belongs to.
+pub(crate) fn arguments<A>(sql: &ListSql) -> StoreResult<A>
+where
+    A: Arguments,
+    String: for<'t> Encode<'t, A::Database> + Type<A::Database>,
+    i64: for<'t> Encode<'t, A::Database> + Type<A::Database>,
+{
+    let mut a = A::default();
+    for arg in &sql.args {
+        match arg {
+            Arg::Text(s) => a.add(s.clone()),
+            Arg::Int(i) => a.add(*i),
+        }
+        .map_err(|e| StoreError::Database(e.to_string()))?;
+    }
+    Ok(a)
+}
+
+/// What a backend gives the listings. Listings decide nothing, so they read outside any
+/// transaction and take no lock.
+#[async_trait]
+pub(crate) trait ListRows: Send + Sync {
+    /// The backend's row type.
+    type Row: sqlx::Row;
+    /// Which placeholders its statements use.
+    const DIALECT: Dialect;
+
+    /// "Now" as the backend's clock has it.
+    async fn list_now(&self) -> StoreResult<Timestamp>;
+
+    /// The rows of one shared statement, its arguments bound in order.
+    async fn rows_of<T>(&self, sql: ListSql) -> StoreResult<Vec<T>>
+    where
+        T: for<'r> FromRow<'r, Self::Row> + Send + Unpin;
+}
+
+#[async_trait]
+impl<S> ListStore for S
+where
+    S: ListRows,
+    TaskRow: for<'r> FromRow<'r, S::Row>,
+    RunRow: for<'r> FromRow<'r, S::Row>,
+    (String,): for<'r> FromRow<'r, S::Row>,
+    (i64,): for<'r> FromRow<'r, S::Row>,
+    (String, i64): for<'r> FromRow<'r, S::Row>,
+    (i64, i64, i64): for<'r> FromRow<'r, S::Row>,
+    (String, String, i64): for<'r> FromRow<'r, S::Row>,
+    (String, String, String): for<'r> FromRow<'r, S::Row>,
+    (String, i64, i64, Option<i64>): for<'r> FromRow<'r, S::Row>,
+    (String, Option<String>, bool, Option<i64>): for<'r> FromRow<'r, S::Row>,
+{
+    async fn list_tasks(&self, app: &AppId, query: &TaskListQuery) -> StoreResult<ListPage<Task>> {
+        let rows: Vec<TaskRow> = self
+            .rows_of(crate::list::tasks_sql(S::DIALECT, app, query))
+            .await?;
+        let tasks = crate::shared::rows::tasks(rows)?;
+        Ok(crate::list::page_of(tasks, query.limit, |t| {
+            ListCursor::Newest {
+                listing: 't',
+                at: t.created_at,
+                id: t.id.to_string(),
+            }
+        }))
+    }
+
+    async fn list_runs(
+        &self,
+        app: &AppId,
+        query: &RunListQuery,
+    ) -> StoreResult<ListPage<ListedRun>> {
+        let rows: Vec<RunRow> = self
+            .rows_of(crate::list::runs_sql(S::DIALECT, app, query))
+            .await?;
+        let runs = rows
+            .into_iter()
+            .map(RunRow::into_run)
+            .collect::<Result<Vec<_>, _>>()?;
+        let page = crate::list::page_of(runs, query.limit, |r| ListCursor::Newest {
+            listing: 'r',
+            at: r.created_at,
+            id: r.id.to_string(),
+        });
+        let pipelines: Vec<(String, String, String)> = if page.items.is_empty() {
+            Vec::new()
+        } else {
+            self.rows_of(crate::list::run_pipelines_sql(S::DIALECT, &page.items))
+                .await?
+        };
+        Ok(ListPage {
+            next: page.next,
+            items: page
+                .items
+                .into_iter()
+                .map(|run| {
+                    let id = run.id.to_string();
+                    let pipeline = pipelines.iter().find(|p| p.0 == id).and_then(|p| {
+                        Some(PipelineRef {
+                            name: PipelineName::new(p.1.clone()).ok()?,
+                            version: p.2.clone(),
+                        })
+                    });
+                    ListedRun { run, pipeline }
+                })
+                .collect(),
+        })
+    }
+
+    async fn list_pipelines(
+        &self,
+        app: &AppId,
+        after: Option<&ListCursor>,
+        limit: u32,
+    ) -> StoreResult<ListPage<PipelineSummary>> {
+        let names: Vec<(String,)> = self
+            .rows_of(crate::list::pipeline_names_sql(
+                S::DIALECT,
+                app,
+                after,
+                limit,
+            ))
+            .await?;
+        let page = crate::list::page_of(names, limit, |n| ListCursor::Name {
+            listing: 'p',
+            name: n.0.clone(),
+        });
+        let (Some(first), Some(last)) = (page.items.first(), page.items.last()) else {
+            return Ok(ListPage {
+                items: Vec::new(),
+                next: None,
+            });
+        };
+        let versions: Vec<(String, String, i64)> = self
+            .rows_of(crate::list::pipeline_versions_sql(
+                S::DIALECT,
+                app,
+                &first.0,
+                &last.0,
+            ))
+            .await?;
+        Ok(ListPage {
+            items: crate::list::pipelines_of(&page.items, &versions),
+            next: page.next,
+        })
+    }
+
+    async fn list_scopes(
+        &self,
+        app: &AppId,
+        after: Option<&ListCursor>,
+        limit: u32,
+    ) -> StoreResult<ListPage<ScopeSnapshot>> {
+        let cutoff = self.list_now().await?.minus(ADMISSION_WINDOW);
+        let names: Vec<(String,)> = self
+            .rows_of(crate::list::scopes_sql(
+                S::DIALECT,
+                app,
+                cutoff,
+                after,
+                limit,
+            ))
+            .await?;
+        let page = crate::list::page_of(names, limit, |n| ListCursor::Name {
+            listing: 's',
+            name: n.0.clone(),
+        });
+        let mut items = Vec::with_capacity(page.items.len());
+        for (name,) in page.items {
+            let scope = ScopeId::new(name).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            items.push(self.scope_snapshot(app, &scope).await?);
+        }
+        Ok(ListPage {
+            items,
+            next: page.next,
+        })
+    }
+
+    async fn scope_snapshot(&self, app: &AppId, scope: &ScopeId) -> StoreResult<ScopeSnapshot> {
+        let now = self.list_now().await?;
+        let cutoff = now.minus(ADMISSION_WINDOW);
+        let [state, sources, per_source] = crate::list::scope_sqls(S::DIALECT, app, scope, cutoff);
+        let state: Vec<(i64, i64, i64)> = self.rows_of(state).await?;
+        let sources: Vec<(i64,)> = self.rows_of(sources).await?;
+        let per_source: Vec<(String, i64, i64, Option<i64>)> = self.rows_of(per_source).await?;
+        let steps: Vec<(i64,)> = self
+            .rows_of(crate::list::scope_steps_sql(S::DIALECT, app, scope, cutoff))
+            .await?;
+        Ok(crate::list::snapshot_of(
+            scope,
+            now,
+            state.first().copied(),
+            sources.first().map_or(0, |s| s.0),
+            &per_source,
+            steps.first().map_or(0, |s| s.0),
+        ))
+    }
+
+    async fn task_stats(&self, app: &AppId, since: Option<Timestamp>) -> StoreResult<TaskStatsRaw> {
+        let now = self.list_now().await?;
+        let since = since.unwrap_or_else(|| now.minus(std::time::Duration::from_secs(3600)));
+        let counts: Vec<(String, i64)> = self
+            .rows_of(crate::list::active_counts_sql(S::DIALECT, app))
+            .await?;
+        let rows: Vec<(String, Option<String>, bool, Option<i64>)> = self
+            .rows_of(crate::list::finished_sql(S::DIALECT, app, since))
+            .await?;
+        Ok(crate::list::stats_of(now, &counts, rows))
+    }
+}
