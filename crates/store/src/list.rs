@@ -347,42 +347,69 @@ impl ListSql {
         }
     }
 
-    /// Newest first after the cursor, one row more than the page.
-    fn newest_page(&mut self, after: Option<&ListCursor>, limit: u32) {
+    /// ` AND` older than the cursor, newest first.
+    fn after(&mut self, after: Option<&ListCursor>) {
         if let Some(ListCursor::Newest { at, id, .. }) = after {
             let a = self.bind(Arg::Int(at.0));
             let i = self.text_arg(id);
             self.push(&format!(" AND (created_at, id) < ({a}, {i})"));
         }
+    }
+
+    /// Newest first after the cursor, one row more than the page.
+    fn newest_page(&mut self, after: Option<&ListCursor>, limit: u32) {
+        self.after(after);
         let l = self.bind(Arg::Int(crate::keyset_fetch(list_page_size(limit))));
         self.push(&format!(" ORDER BY created_at DESC, id DESC LIMIT {l}"));
     }
 }
 
-/// The task listing's statement (SPEC §15). Indexed by `tasks_app_created` and, for the
-/// narrower filters, `tasks_app_scope_created`, `tasks_app_status_created`,
-/// `tasks_app_step_created`, `tasks_app_source_created` and `tasks_run`.
-pub(crate) fn tasks_sql(dialect: Dialect, app: &AppId, q: &TaskListQuery) -> ListSql {
-    let mut sql = ListSql::new(
-        dialect,
-        concat!(
-            "SELECT ",
-            crate::shared::rows::task_columns!(),
-            " FROM tasks WHERE app = "
-        ),
-    );
+/// The predicate of the partial index `tasks_app_unsucceeded`, spelled out so that both
+/// planners (SQLite only matches a partial index whose terms the query repeats) use it
+/// for a status filter that leaves `succeeded` out. Redundant with that filter.
+const UNSUCCEEDED: &str = " AND status <> 'succeeded'";
+
+/// Most tasks one page of a listing with a walked filter examines (SPEC §15: no listing
+/// reads a whole table). Kind, step, subject and a status set that includes `succeeded`
+/// have no index of their own (each index is written by every admission, migration 0005);
+/// such a page walks at most this many of the newest-first tasks its indexed filters
+/// select, so it may hold fewer than `limit` tasks and still carry `next`.
+pub const LIST_WALK: u32 = 5_000;
+
+/// Whether a task listing filters on something no index serves (see [`LIST_WALK`]).
+pub(crate) fn tasks_walked(q: &TaskListQuery) -> bool {
+    q.kind.is_some()
+        || q.step.is_some()
+        || q.subject.is_some()
+        || q.statuses.contains(&TaskStatus::Succeeded)
+}
+
+/// Where a walked page that ended short stopped: the `(created_at, id)` of the
+/// [`LIST_WALK`]th newest task its indexed filters select after the cursor (no row: fewer
+/// remain, the walk reached the end).
+pub(crate) fn task_walk_floor_sql(dialect: Dialect, app: &AppId, q: &TaskListQuery) -> ListSql {
+    let mut sql = ListSql::new(dialect, "SELECT created_at, id FROM tasks WHERE app = ");
     let p = sql.text_arg(app.as_str());
     sql.push(&p);
+    indexed_task_filters(&mut sql, q);
+    sql.after(q.after.as_ref());
+    let o = sql.bind(Arg::Int(i64::from(LIST_WALK) - 1));
+    sql.push(&format!(
+        " ORDER BY created_at DESC, id DESC LIMIT 1 OFFSET {o}"
+    ));
+    sql
+}
+
+/// The filters of a task listing that an index serves: scope, source, run, the creation
+/// range and a status set without `succeeded`.
+fn indexed_task_filters(sql: &mut ListSql, q: &TaskListQuery) {
     if let Some(scope) = &q.scope {
         sql.eq("scope", scope.as_str());
     }
-    let statuses: Vec<&str> = q.statuses.iter().map(|s| s.as_str()).collect();
-    sql.one_of("status", &statuses);
-    if let Some(kind) = q.kind {
-        sql.eq("kind", kind.as_str());
-    }
-    if let Some(step) = &q.step {
-        sql.eq("step", step.as_str());
+    if !q.statuses.is_empty() && !q.statuses.contains(&TaskStatus::Succeeded) {
+        let statuses: Vec<&str> = q.statuses.iter().map(|s| s.as_str()).collect();
+        sql.one_of("status", &statuses);
+        sql.push(UNSUCCEEDED);
     }
     if let Some(source) = &q.source {
         sql.eq("source_id", source.as_str());
@@ -398,8 +425,59 @@ pub(crate) fn tasks_sql(dialect: Dialect, app: &AppId, q: &TaskListQuery) -> Lis
         let p = sql.bind(Arg::Int(t.0));
         sql.push(&format!(" AND created_at < {p}"));
     }
+}
+
+/// The task listing's statement (SPEC §15). Indexed by `tasks_app_created` and, for the
+/// narrower filters, `tasks_app_scope_created`, `tasks_app_unsucceeded` (statuses other
+/// than `succeeded`), `tasks_app_source_created` and `tasks_run`. With a walked filter
+/// ([`tasks_walked`]) an inner select reads at most [`LIST_WALK`] tasks in index order
+/// and the outer one filters them: a LIMIT in index order is what keeps both planners
+/// on the index whatever the filter's selectivity.
+pub(crate) fn tasks_sql(dialect: Dialect, app: &AppId, q: &TaskListQuery) -> ListSql {
+    let walked = tasks_walked(q);
+    let mut sql = ListSql::new(
+        dialect,
+        if walked {
+            concat!(
+                "SELECT * FROM (SELECT ",
+                crate::shared::rows::task_columns!(),
+                " FROM tasks WHERE app = "
+            )
+        } else {
+            concat!(
+                "SELECT ",
+                crate::shared::rows::task_columns!(),
+                " FROM tasks WHERE app = "
+            )
+        },
+    );
+    let p = sql.text_arg(app.as_str());
+    sql.push(&p);
+    indexed_task_filters(&mut sql, q);
+    if walked {
+        sql.after(q.after.as_ref());
+        let w = sql.bind(Arg::Int(i64::from(LIST_WALK)));
+        sql.push(&format!(
+            " ORDER BY created_at DESC, id DESC LIMIT {w}) AS walk WHERE TRUE"
+        ));
+    }
+    if q.statuses.contains(&TaskStatus::Succeeded) {
+        let statuses: Vec<&str> = q.statuses.iter().map(|s| s.as_str()).collect();
+        sql.one_of("status", &statuses);
+    }
+    if let Some(kind) = q.kind {
+        sql.eq("kind", kind.as_str());
+    }
+    if let Some(step) = &q.step {
+        sql.eq("step", step.as_str());
+    }
     sql.subject(q.subject.as_ref());
-    sql.newest_page(q.after.as_ref(), q.limit);
+    if walked {
+        let l = sql.bind(Arg::Int(crate::keyset_fetch(list_page_size(q.limit))));
+        sql.push(&format!(" ORDER BY created_at DESC, id DESC LIMIT {l}"));
+    } else {
+        sql.newest_page(q.after.as_ref(), q.limit);
+    }
     sql
 }
 
@@ -570,12 +648,12 @@ pub(crate) fn scope_steps_sql(
     sql
 }
 
-/// Queued and running counts (`tasks_app_status_created`).
+/// Queued and running counts (`tasks_app_unsucceeded`).
 pub(crate) fn active_counts_sql(dialect: Dialect, app: &AppId) -> ListSql {
     let mut sql = ListSql::new(dialect, "SELECT status, COUNT(*) FROM tasks WHERE app = ");
     let a = sql.text_arg(app.as_str());
     sql.push(&format!(
-        "{a} AND status IN ('queued', 'running') GROUP BY status"
+        "{a} AND status IN ('queued', 'running'){UNSUCCEEDED} GROUP BY status"
     ));
     sql
 }

@@ -402,6 +402,10 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
             ..Default::default()
         },
         TaskListQuery {
+            statuses: vec![tollgate_core::TaskStatus::Succeeded],
+            ..Default::default()
+        },
+        TaskListQuery {
             kind: Some(tollgate_core::TaskKind::GenerateText),
             ..Default::default()
         },

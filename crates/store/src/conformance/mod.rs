@@ -21,6 +21,7 @@ pub mod create;
 pub mod fixtures;
 pub mod isolation;
 pub mod lifecycle;
+pub mod list;
 pub mod owner;
 pub mod pipelines;
 pub mod runs;
@@ -145,6 +146,7 @@ macro_rules! conformance_suite {
             concurrency::racing_claim_next_claims_each_task_once,
             concurrency::delete_owner_data_racing_creates_loses_no_task,
             concurrency::racing_sweeps_finish_each_task_once,
+            list::walked_filter_pages_go_on_past_the_walk,
         );
     };
 }

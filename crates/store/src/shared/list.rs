@@ -58,6 +58,7 @@ where
     (String,): for<'r> FromRow<'r, S::Row>,
     (i64,): for<'r> FromRow<'r, S::Row>,
     (String, i64): for<'r> FromRow<'r, S::Row>,
+    (i64, String): for<'r> FromRow<'r, S::Row>,
     (i64, i64, i64): for<'r> FromRow<'r, S::Row>,
     (String, String, i64): for<'r> FromRow<'r, S::Row>,
     (String, String, String): for<'r> FromRow<'r, S::Row>,
@@ -69,13 +70,24 @@ where
             .rows_of(crate::list::tasks_sql(S::DIALECT, app, query))
             .await?;
         let tasks = crate::shared::rows::tasks(rows)?;
-        Ok(crate::list::page_of(tasks, query.limit, |t| {
-            ListCursor::Newest {
+        let mut page = crate::list::page_of(tasks, query.limit, |t| ListCursor::Newest {
+            listing: 't',
+            at: t.created_at,
+            id: t.id.to_string(),
+        });
+        // A walked filter read at most LIST_WALK tasks: a page that ended short of its
+        // limit goes on from where the walk stopped, if it stopped before the end.
+        if page.next.is_none() && crate::list::tasks_walked(query) {
+            let floor: Vec<(i64, String)> = self
+                .rows_of(crate::list::task_walk_floor_sql(S::DIALECT, app, query))
+                .await?;
+            page.next = floor.into_iter().next().map(|(at, id)| ListCursor::Newest {
                 listing: 't',
-                at: t.created_at,
-                id: t.id.to_string(),
-            }
-        }))
+                at: Timestamp(at),
+                id,
+            });
+        }
+        Ok(page)
     }
 
     async fn list_runs(

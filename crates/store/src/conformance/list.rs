@@ -1,0 +1,51 @@
+//! SPEC §15: listings stay bounded. A filter no index serves (kind, step, subject, a
+//! status set with `succeeded`) walks at most [`LIST_WALK`] tasks per page; a page that
+//! ends short there still says where to go on, and following `next` finds every match.
+
+use super::Backend;
+use super::fixtures::*;
+use crate::list::{LIST_WALK, ListCursor, TaskListQuery};
+use std::time::Duration;
+use tollgate_core::NewTask;
+
+/// SPEC §15: three matching tasks older than a walk's worth of others are found by
+/// following `next` from a first page that holds none of them.
+pub async fn walked_filter_pages_go_on_past_the_walk(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    let rare = |n: usize| NewTask {
+        step: step("rare"),
+        ..new_app_task("acme", "s", &format!("rare-{n}"))
+    };
+    let made = s
+        .create_tasks((0..3).map(rare).collect())
+        .await
+        .expect("create the rare tasks");
+    assert!(made.iter().all(|c| c.is_ok()), "{made:?}");
+    b.clock().advance(Duration::from_millis(1));
+    let others: Vec<NewTask> = (0..LIST_WALK as usize + 2)
+        .map(|n| new_app_task("acme", "s", &format!("other-{n}")))
+        .collect();
+    for chunk in others.chunks(500) {
+        let made = s.create_tasks(chunk.to_vec()).await.expect("create others");
+        assert!(made.iter().all(|c| c.is_ok()));
+    }
+
+    let mut query = TaskListQuery {
+        step: Some(step("rare")),
+        limit: 10,
+        ..Default::default()
+    };
+    let first = s.list_tasks(&acme, &query).await.expect("first page");
+    assert!(
+        first.items.is_empty(),
+        "the newest {LIST_WALK} tasks hold no match"
+    );
+    let next = first.next.expect("a short walked page says where to go on");
+    assert!(matches!(next, ListCursor::Newest { .. }));
+    query.after = Some(next);
+    let second = s.list_tasks(&acme, &query).await.expect("second page");
+    assert_eq!(second.items.len(), 3, "every match, oldest last");
+    assert!(second.items.iter().all(|t| t.step.as_str() == "rare"));
+    assert!(second.next.is_none(), "the walk reached the end");
+}
