@@ -144,6 +144,9 @@ pub struct TaskScope {
     pub recompute: bool,
     /// The limits to admit under.
     pub budget: Budget,
+    /// SPEC §13: what admission reserves (the engine computes it from the request, the
+    /// tokenizer bound and the model's prices; [`Reservation::default`] reserves nothing).
+    pub reservation: crate::cost::Reservation,
 }
 
 /// A request that passed validation: parsed for its kind, canonical, within the size limit.
