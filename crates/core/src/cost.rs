@@ -195,6 +195,10 @@ pub struct Reservation {
     pub prices: Option<Prices>,
     /// Whether `tokens`/`nano_usd` are a real worst case (the task had an output bound).
     pub bounded: bool,
+    /// Whether admission took `tokens` from the scope's token bucket (set by the store):
+    /// only then does settlement give unused tokens back.
+    #[serde(default)]
+    pub from_token_bucket: bool,
 }
 
 /// SPEC §13 "Reservation": the bound's tokens over every attempt, priced at the model's
@@ -208,12 +212,14 @@ pub fn reservation(bound: Option<&TokenBound>, prices: Option<Prices>) -> Reserv
             nano_usd: 0,
             prices,
             bounded: false,
+            from_token_bucket: false,
         },
         Some(b) => Reservation {
             tokens: b.total(),
             nano_usd: prices.map_or(0, |p| p.bound_nano(b.total_input(), b.total_output())),
             prices,
             bounded: true,
+            from_token_bucket: false,
         },
     }
 }
@@ -498,7 +504,11 @@ pub fn settle(reservation: &Reservation, actual: Option<&Usage>, started: bool) 
         tokens,
         overrun_nano,
         overrun_tokens,
-        refund_tokens: reservation.tokens.saturating_sub(tokens),
+        refund_tokens: if reservation.from_token_bucket {
+            reservation.tokens.saturating_sub(tokens)
+        } else {
+            0
+        },
     }
 }
 
@@ -608,6 +618,7 @@ mod tests {
             nano_usd: 200,
             prices: None,
             bounded: true,
+            from_token_bucket: false,
         };
         let err = decide_cost(&all, &r, &snap, now).unwrap_err();
         assert_eq!(err.code(), ErrorCode::SpendBudget);
@@ -660,6 +671,7 @@ mod tests {
             nano_usd: p.bound_nano(600, 400),
             prices: Some(p),
             bounded: true,
+            from_token_bucket: true,
         };
         let down = settle(&r, Some(&usage(300, 100, None)), true);
         assert_eq!(down.nano_usd, 500_000);
@@ -703,7 +715,7 @@ mod tests {
         ) {
             let bound = TokenBound { input_tokens: input, reask_input_tokens: reask, output_tokens: output, attempts };
             let p = Prices { input: pin, output: pout, cached_input: pcached };
-            let r = reservation(Some(&bound), Some(p));
+            let r = Reservation { from_token_bucket: true, ..reservation(Some(&bound), Some(p)) };
             let used_in = (bound.total_input() as f64 * share) as u64;
             let used_out = (bound.total_output() as f64 * share) as u64;
             let cached = (used_in as f64 * cached_share) as u64;
@@ -720,7 +732,7 @@ mod tests {
             let limits = CostLimits { scope_nano_per_24_hours: NonZeroU64::new(limit), ..CostLimits::NONE };
             let mut window = 0i64;
             for nano in asks {
-                let r = Reservation { tokens: 1, nano_usd: nano, prices: None, bounded: true };
+                let r = Reservation { tokens: 1, nano_usd: nano, prices: None, bounded: true, from_token_bucket: false };
                 let snap = CostSnapshot { scope_window_nano: window, ..CostSnapshot::default() };
                 if decide_cost(&limits, &r, &snap, Timestamp(0)).is_ok() { window += nano; }
                 prop_assert!(window as u64 <= limit);

@@ -448,6 +448,8 @@ pub struct Task {
     pub completed_at: Option<Timestamp>,
     /// When the application released it.
     pub released_at: Option<Timestamp>,
+    /// SPEC §13: what admission reserved for it (admitted tasks only).
+    pub reservation: Option<crate::cost::Reservation>,
 }
 
 impl Task {

@@ -1382,6 +1382,7 @@ impl Harness {
                     .expect("revision"),
                 recompute: s.recompute,
                 budget: s.budget.budget(),
+                reservation: tollgate_core::Reservation::default(),
             }),
         }
     }
@@ -1517,6 +1518,7 @@ impl Harness {
                         self.task_ids[i],
                         ErrorCode::ProviderError,
                         "the provider broke",
+                        None,
                     )
                     .await;
                 Outcome::Transition(match answer {

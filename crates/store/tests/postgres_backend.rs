@@ -100,6 +100,7 @@ fn app_task(app: &str, scope: &str, key: &str, source: Option<&str>) -> NewTask 
             source_revision: SourceRevision::new("v1").unwrap(),
             recompute: false,
             budget: Budget::unlimited(),
+            reservation: tollgate_core::Reservation::default(),
         }),
     }
 }
@@ -319,7 +320,7 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         .await
         .unwrap();
     store
-        .fail_task(b.id, tollgate_core::ErrorCode::ProviderError, "boom")
+        .fail_task(b.id, tollgate_core::ErrorCode::ProviderError, "boom", None)
         .await
         .unwrap();
     store.is_cancellation_requested(a.id).await.unwrap();
@@ -848,7 +849,7 @@ async fn racing_replicas_never_exceed_a_limit() {
                         .expect("complete");
                 }
                 6 | 7 => {
-                    s.fail_task(id, tollgate_core::ErrorCode::ProviderError, "boom")
+                    s.fail_task(id, tollgate_core::ErrorCode::ProviderError, "boom", None)
                         .await
                         .expect("fail");
                 }

@@ -4,6 +4,7 @@
 //! checks and columns of a run's step ([`runs`]).
 
 pub(crate) mod admission;
+pub(crate) mod cost;
 pub(crate) mod rows;
 pub(crate) mod runs;
 pub(crate) mod terminal;
