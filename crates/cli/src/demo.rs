@@ -44,6 +44,8 @@ pub async fn demo() -> anyhow::Result<()> {
         provider: "dev".into(),
         model: "dev-1".into(),
         params: Default::default(),
+        prices: None,
+        max_output_tokens: None,
     };
     slow.params.insert("latency_ms".into(), json!(30_000));
     config.models.insert("slow".into(), slow);

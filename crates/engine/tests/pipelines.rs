@@ -266,6 +266,8 @@ fn pipeline_config() -> EngineConfig {
             provider: "scripted".into(),
             model: "scripted-model".into(),
             params: Default::default(),
+            prices: None,
+            max_output_tokens: None,
         },
     );
     c.pipelines.concurrency = 4;
