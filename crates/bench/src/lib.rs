@@ -390,6 +390,9 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             scope_concurrent: unlimited,
             burst: unlimited,
             tasks_per_minute: unlimited,
+            usd_per_24_hours: None,
+            tokens_per_minute: None,
+            token_burst: None,
         },
     );
     config.default_budget = BENCH_BUDGET.to_string();
@@ -400,6 +403,8 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             provider: HOLD_PROVIDER.to_string(),
             model: "hold-1".to_string(),
             params: Default::default(),
+            prices: None,
+            max_output_tokens: None,
         },
     );
     config.workers.concurrency = workers;

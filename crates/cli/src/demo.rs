@@ -38,6 +38,9 @@ pub async fn demo() -> anyhow::Result<()> {
             scope_concurrent: Limit::Integer(10),
             burst: Limit::Integer(3),
             tasks_per_minute: Limit::Integer(6),
+            usd_per_24_hours: None,
+            tokens_per_minute: None,
+            token_burst: None,
         },
     );
     let mut slow = ModelConfig {

@@ -34,7 +34,7 @@ pub const REPLY_PRIMING_TOKENS: u64 = 8;
 
 /// The longest error text a re-ask sends back to the model, in characters (the worker
 /// cuts longer ones, so the re-ask's bound holds).
-pub const MAX_REASK_ERROR_CHARS: usize = 1_000;
+pub const MAX_REASK_ERROR_CHARS: usize = 600;
 
 /// The fixed text around a re-ask's error (`openai::request_body`), in bytes, bounded.
 const REASK_FRAME_BYTES: u64 = 128;
