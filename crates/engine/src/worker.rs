@@ -474,7 +474,7 @@ impl WorkerPool {
         output: Value,
         usage: Usage,
     ) -> (&'static str, &'static str) {
-        let settled = usage.clone();
+        let settled = usage;
         let result = self
             .record_completion(Completion {
                 id: task.id,

@@ -1276,7 +1276,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
             let used = if r.prices.is_some_and(|p| {
                 p.cost_nano(&Usage {
                     output_tokens: output,
-                    ..used.clone()
+                    ..used
                 }) <= r.nano_usd
             }) {
                 Usage {
