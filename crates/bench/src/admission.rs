@@ -10,7 +10,7 @@
 
 use super::measure::{Op, Phase, run_timed};
 use super::report::ScenarioReport;
-use super::{Ctx, Scenario, bench_budget, scope_ids, scoped, wall_clock};
+use super::{Ctx, Scenario, bench_budget, scope_ids, scoped, scoped_metered, wall_clock};
 use crate::baseline::{Baseline, ReferenceOutcome};
 use std::sync::Arc;
 
@@ -24,6 +24,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let scopes = Arc::new(scope_ids("adm", sizes.scopes)?);
     let clients = sizes.clients;
     let mut ours = Phase::default();
+    let mut metered = Phase::default();
     let mut theirs = Phase::default();
     let mut finished_between = 0;
     for round in 0..sizes.rounds {
@@ -47,6 +48,28 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             })
         });
         ours.add(run_timed(&ctx.progress, clients, sizes.round_duration(), op).await?);
+
+        // SPEC §13: the same admissions under USD and token limits high enough to admit
+        // everything (reservation, spend window, token bucket, app lock-free path).
+        ctx.progress.stage(format!(
+            "tollgate {label}: {clients} clients admitting under USD and token limits"
+        ));
+        let (tg, sc) = (tollgate.clone(), scopes.clone());
+        let op: Op = Arc::new(move |client, seq| {
+            let (tg, sc) = (tg.clone(), sc.clone());
+            Box::pin(async move {
+                let (scope, source) = pick(&sc, clients, client, seq);
+                let key = format!("met-{round}-{client}-{seq}");
+                let submission = scoped_metered(&sc[scope], &source, &key, &key)?;
+                let submitted = tg.submit(submission).await?;
+                anyhow::ensure!(
+                    submitted.created && !submitted.task.cached(),
+                    "expected a new admitted task"
+                );
+                Ok(())
+            })
+        });
+        metered.add(run_timed(&ctx.progress, clients, sizes.round_duration(), op).await?);
 
         ctx.progress.stage(format!(
             "baseline {label}: {clients} clients, reference design"
@@ -79,6 +102,11 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         theirs.add(run_timed(&ctx.progress, clients, sizes.round_duration(), op).await?);
         finished_between += finish(ctx.baseline()).await?;
     }
+    let cost_ratio = if ours.per_s() > 0.0 {
+        metered.per_s() / ours.per_s()
+    } else {
+        0.0
+    };
     let mut report = ctx.report(Scenario::Admission);
     report
         .param("clients", clients as u64)
@@ -96,6 +124,17 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             theirs.percentiles(),
         )
         .ratio_at_least(5.0)
+        .row(
+            "tollgate under USD + token limits (SPEC §13)",
+            Some(metered.per_s()),
+            metered.percentiles(),
+        )
+        .extra("tollgate_cost_limits_per_s", metered.per_s())
+        .extra("cost_limits_ratio", cost_ratio)
+        .note(format!(
+            "with USD and token limits / without, same run: {cost_ratio:.2} (target ≥ 0.9: {})",
+            if cost_ratio >= 0.9 { "met" } else { "NOT met" }
+        ))
         .extra("tollgate_admitted", ours.ops)
         .extra("baseline_admitted", theirs.ops)
         .note(format!(

@@ -334,12 +334,19 @@ async fn admit(
     .execute(&mut *tx)
     .await?
     .rows_affected() as i64;
+    // The scope's spend window is read only under a USD limit, in the same statement
+    // (no scope row: never admitted into, so nothing in its buckets counts).
     let state: Option<ScopeStateRow> = sqlx::query_as(
-        "SELECT bucket_units, bucket_at, sources_in_window, active, token_units, token_at \
-         FROM scope_state WHERE app = ? AND scope = ?",
+        "SELECT bucket_units, bucket_at, sources_in_window, active, token_units, token_at, \
+         CASE WHEN ?3 THEN (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0) \
+           FROM scope_spend WHERE app = ?1 AND scope = ?2 AND bucket >= ?4) ELSE 0 END \
+           AS scope_window_nano \
+         FROM scope_state WHERE app = ?1 AND scope = ?2",
     )
     .bind(app.as_str())
     .bind(scope.as_str())
+    .bind(budget.cost.scope_nano_per_24_hours.is_some())
+    .bind(first)
     .fetch_optional(&mut *tx)
     .await?;
     let seen: Option<i64> = sqlx::query_scalar(
@@ -383,7 +390,7 @@ async fn admit(
         global_active,
         token_units: state.as_ref().and_then(|s| s.token_units),
         token_at: state.as_ref().and_then(|s| s.token_at),
-        scope_window_nano: window_sum(tx, app, Some(scope), first).await?,
+        scope_window_nano: state.as_ref().map_or(0, |s| s.scope_window_nano),
     };
     let update = match facts.decide(budget, reservation, now) {
         Ok(update) => update,
@@ -569,6 +576,7 @@ struct ScopeStateRow {
     active: i64,
     token_units: Option<i64>,
     token_at: Option<i64>,
+    scope_window_nano: i64,
 }
 
 /// A source's distinct steps within the window, and whether this logical key is one.
