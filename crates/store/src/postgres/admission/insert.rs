@@ -98,8 +98,11 @@ pub(super) struct AdmissionRecord<'a> {
 /// the scope's row (bucket, sources, active, SPEC §13 token bucket), the source's
 /// sighting, the admission record, and the reservation added to the scope's and the
 /// app's spend bucket — only when the task row was inserted (`t`). The spend upserts
-/// read from the scope row's CTE (and the app's from the scope's), so the rows are
-/// locked in the lock order: scope row, scope bucket, app bucket. Parameters follow the
+/// read from the scope row's CTE (and the app's from the scope's, and the fast path's
+/// global slot from the app's), so the rows are locked in the lock order: scope row,
+/// scope bucket, app bucket, global slot stripe. (Without that chain a statement could
+/// take its slot stripe before its app bucket while another held the app bucket and
+/// waited for the stripe: a deadlock under load.) Parameters follow the
 /// task insert's: `$27` source, `$28` logical key, `$29` bucket units, `$30` bucket
 /// time, `$31` sources delta, (`$32` stripe, `$33` cap: the slot's), `$34`–`$36` token
 /// bucket units, time and capacity (NULL: keep), `$37` spend bucket, `$38` reserved
@@ -137,7 +140,8 @@ macro_rules! admission_writes {
            SELECT $2, $37, $40, $38, $39 FROM sp \
            ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
            reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
-           reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens) "
+           reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens \
+           RETURNING 1) "
     };
 }
 
@@ -178,7 +182,7 @@ pub(super) async fn insert_and_commit(
             admission_writes!(),
             ", slot AS (UPDATE global_slots SET admitted = admitted + 1 \
                WHERE stripe = $32 AND admitted < capacity AND cap_for = $33 \
-               AND EXISTS (SELECT 1 FROM t) RETURNING admitted) \
+               AND EXISTS (SELECT 1 FROM ap) RETURNING admitted) \
              SELECT t.*, (SELECT admitted FROM slot) AS took FROM t"
         ),
         SlotPath::Rebalance => concat!(
