@@ -127,7 +127,11 @@ async fn tollgate_phase(
 ) -> anyhow::Result<Phase> {
     let clients = ctx.sizes.clients;
     let label = format!("round {}/{}", round + 1, ctx.sizes.rounds);
-    let side = if metered { "under USD and token limits" } else { "admitting" };
+    let side = if metered {
+        "under USD and token limits"
+    } else {
+        "admitting"
+    };
     ctx.progress
         .stage(format!("tollgate {label}: {clients} clients {side}"));
     let (tg, sc) = (tollgate.clone(), scopes.clone());

@@ -144,7 +144,7 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
         for (scope, n) in &per_scope {
             tx.give_back_scope(scope, *n).await?;
         }
-        tx.count_finished(finished_stripe(finished), total).await?;
+        // Spend buckets before the finished stripe: the lock order (docs/locking.md).
         if plan.settle {
             let admitted: Vec<String> = finished
                 .iter()
@@ -156,6 +156,7 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
                 tx.apply_settlement(&plan_settlement(&rows)?).await?;
             }
         }
+        tx.count_finished(finished_stripe(finished), total).await?;
     }
     let ids: Vec<String> = finished.iter().map(|f| f.id.clone()).collect();
     if plan.clear_logical_keys {
