@@ -40,16 +40,17 @@ pub struct ScopeState {
     pub admissions_in_window: u64,
     /// The newest admission in the window.
     pub last_admitted_at: Option<Timestamp>,
-    /// Spend and tokens (SPEC §13): `None` until cost budgets exist.
+    /// Spend and tokens in the window, settled plus reserved (SPEC §13).
     pub cost: Option<ScopeCost>,
 }
 
-/// A scope's spend and tokens in the window (SPEC §13; not configured yet).
+/// A scope's spend and tokens in the 24 h window, settled plus reserved (SPEC §13; the
+/// usage endpoints give the split).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScopeCost {
-    /// Spend so far, in micro-units of the configured currency.
+    /// Settled plus reserved spend, micro-dollars (US).
     pub spent_micros: u64,
-    /// Tokens so far.
+    /// Settled plus reserved model tokens.
     pub tokens: u64,
 }
 
@@ -193,7 +194,9 @@ impl CallerView {
             let Some(scope) = snapshot.scope.clone() else {
                 continue;
             };
-            items.push(self.scope_state(snapshot, scope)?);
+            let mut state = self.scope_state(snapshot, scope)?;
+            state.cost = Some(self.scope_cost(&state.scope).await?);
+            items.push(state);
         }
         Ok(ListPage {
             items,
@@ -212,7 +215,24 @@ impl CallerView {
             .store
             .scope_snapshot(self.app(), scope)
             .await?;
-        self.scope_state(snapshot, scope.clone())
+        let mut state = self.scope_state(snapshot, scope.clone())?;
+        state.cost = Some(self.scope_cost(scope).await?);
+        Ok(state)
+    }
+
+    /// SPEC §13 for a scope's state: settled plus reserved spend (micro-dollars) and
+    /// model tokens in the window, from the store's spend buckets.
+    async fn scope_cost(&self, scope: &ScopeId) -> Result<ScopeCost, EngineError> {
+        let w = self
+            .tollgate()
+            .inner
+            .store
+            .spend(self.app(), Some(scope))
+            .await?;
+        Ok(ScopeCost {
+            spent_micros: ((w.settled_nano + w.reserved_nano).max(0) / 1000) as u64,
+            tokens: (w.settled_tokens + w.reserved_tokens).max(0) as u64,
+        })
     }
 
     /// The app's task stats over the last hour, computed from the database (not the

@@ -522,8 +522,8 @@ pub struct ScopeView {
     /// The newest admission in the window.
     #[schema(required = true)]
     pub last_admitted_at: Option<String>,
-    /// Spend and tokens in the window (SPEC §13): `null` while cost budgets are not
-    /// configured.
+    /// Spend and tokens in the window, settled plus reserved (SPEC §13; see
+    /// `GET /v1/scopes/{scope}/usage` for the split).
     #[schema(required = true)]
     pub cost: Option<CostView>,
 }
@@ -531,9 +531,9 @@ pub struct ScopeView {
 /// Spend and tokens of a scope (SPEC §13).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CostView {
-    /// Spend in the window, in micro-units of the configured currency.
+    /// Settled plus reserved spend in the window, micro-dollars (US).
     pub spent_micros: u64,
-    /// Tokens in the window.
+    /// Settled plus reserved model tokens in the window.
     pub tokens: u64,
 }
 
