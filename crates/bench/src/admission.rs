@@ -10,7 +10,7 @@
 
 use super::measure::{Op, Phase, run_timed};
 use super::report::ScenarioReport;
-use super::{Ctx, Scenario, bench_budget, scope_ids, scoped, wall_clock};
+use super::{Ctx, Scenario, bench_budget, scope_ids, scoped, scoped_metered, wall_clock};
 use crate::baseline::{Baseline, ReferenceOutcome};
 use std::sync::Arc;
 
@@ -24,29 +24,23 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let scopes = Arc::new(scope_ids("adm", sizes.scopes)?);
     let clients = sizes.clients;
     let mut ours = Phase::default();
+    let mut metered = Phase::default();
     let mut theirs = Phase::default();
     let mut finished_between = 0;
     for round in 0..sizes.rounds {
         let label = format!("round {}/{}", round + 1, sizes.rounds);
 
-        ctx.progress
-            .stage(format!("tollgate {label}: {clients} clients admitting"));
-        let (tg, sc) = (tollgate.clone(), scopes.clone());
-        let op: Op = Arc::new(move |client, seq| {
-            let (tg, sc) = (tg.clone(), sc.clone());
-            Box::pin(async move {
-                let (scope, source) = pick(&sc, clients, client, seq);
-                let key = format!("adm-{round}-{client}-{seq}");
-                let submission = scoped(&sc[scope], &source, &key, &key)?;
-                let submitted = tg.submit(submission).await?;
-                anyhow::ensure!(
-                    submitted.created && !submitted.task.cached(),
-                    "expected a new admitted task"
-                );
-                Ok(())
-            })
-        });
-        ours.add(run_timed(&ctx.progress, clients, sizes.round_duration(), op).await?);
+        // Without and with SPEC §13's USD and token limits (high enough to admit
+        // everything), in alternating order so neither side always runs on the bigger
+        // table.
+        for metered_side in [round % 2 == 1, round % 2 == 0] {
+            let phase = tollgate_phase(ctx, &tollgate, &scopes, round, metered_side).await?;
+            if metered_side {
+                metered.add(phase);
+            } else {
+                ours.add(phase);
+            }
+        }
 
         ctx.progress.stage(format!(
             "baseline {label}: {clients} clients, reference design"
@@ -79,6 +73,11 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         theirs.add(run_timed(&ctx.progress, clients, sizes.round_duration(), op).await?);
         finished_between += finish(ctx.baseline()).await?;
     }
+    let cost_ratio = if ours.per_s() > 0.0 {
+        metered.per_s() / ours.per_s()
+    } else {
+        0.0
+    };
     let mut report = ctx.report(Scenario::Admission);
     report
         .param("clients", clients as u64)
@@ -96,6 +95,17 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             theirs.percentiles(),
         )
         .ratio_at_least(5.0)
+        .row(
+            "tollgate under USD + token limits (SPEC §13)",
+            Some(metered.per_s()),
+            metered.percentiles(),
+        )
+        .extra("tollgate_cost_limits_per_s", metered.per_s())
+        .extra("cost_limits_ratio", cost_ratio)
+        .note(format!(
+            "with USD and token limits / without, same run: {cost_ratio:.2} (target ≥ 0.9: {})",
+            if cost_ratio >= 0.9 { "met" } else { "NOT met" }
+        ))
         .extra("tollgate_admitted", ours.ops)
         .extra("baseline_admitted", theirs.ops)
         .note(format!(
@@ -104,6 +114,46 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         ));
     report.store_profile(&counting.counts().profile());
     Ok(report)
+}
+
+/// One timed round of Tollgate admissions, under the plain policy or (`metered`) under
+/// the one with USD and token limits.
+async fn tollgate_phase(
+    ctx: &Ctx,
+    tollgate: &tollgate_engine::Tollgate,
+    scopes: &Arc<Vec<tollgate_core::ScopeId>>,
+    round: u32,
+    metered: bool,
+) -> anyhow::Result<Phase> {
+    let clients = ctx.sizes.clients;
+    let label = format!("round {}/{}", round + 1, ctx.sizes.rounds);
+    let side = if metered {
+        "under USD and token limits"
+    } else {
+        "admitting"
+    };
+    ctx.progress
+        .stage(format!("tollgate {label}: {clients} clients {side}"));
+    let (tg, sc) = (tollgate.clone(), scopes.clone());
+    let op: Op = Arc::new(move |client, seq| {
+        let (tg, sc) = (tg.clone(), sc.clone());
+        Box::pin(async move {
+            let (scope, source) = pick(&sc, clients, client, seq);
+            let key = format!("adm-{round}-{metered}-{client}-{seq}");
+            let submission = if metered {
+                scoped_metered(&sc[scope], &source, &key, &key)?
+            } else {
+                scoped(&sc[scope], &source, &key, &key)?
+            };
+            let submitted = tg.submit(submission).await?;
+            anyhow::ensure!(
+                submitted.created && !submitted.task.cached(),
+                "expected a new admitted task"
+            );
+            Ok(())
+        })
+    });
+    run_timed(&ctx.progress, clients, ctx.sizes.round_duration(), op).await
 }
 
 /// The scope and source of a client's `seq`-th submission: clients walk the scopes

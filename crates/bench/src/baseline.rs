@@ -683,6 +683,29 @@ impl Baseline {
                 .bind(now.0)
                 .execute(&mut *tx)
                 .await?;
+                // SPEC §13: every seeded record is also a reservation (1 µ$, 100 tokens)
+                // in its hour's spend bucket, as admissions would have left them.
+                for sql in [
+                    "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens) \
+                     SELECT $1, $2, admitted_at / 3600000, COUNT(*) * 1000, COUNT(*) * 100 \
+                     FROM admissions WHERE app = $1 AND scope = $2 GROUP BY admitted_at / 3600000 \
+                     ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+                     reserved_nano = EXCLUDED.reserved_nano, \
+                     reserved_tokens = EXCLUDED.reserved_tokens",
+                    "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens) \
+                     SELECT $1, admitted_at / 3600000, $3, COUNT(*) * 1000, COUNT(*) * 100 \
+                     FROM admissions WHERE app = $1 AND scope = $2 GROUP BY admitted_at / 3600000 \
+                     ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+                     reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
+                     reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens",
+                ] {
+                    sqlx::query(sql)
+                        .bind(app)
+                        .bind(scope)
+                        .bind(tollgate_core::cost::app_spend_stripe(scope) as i32)
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 tx.commit().await?;
                 sqlx::query("ANALYZE admissions").execute(p).await?;
                 sqlx::query("ANALYZE scope_sources").execute(p).await?;
@@ -731,6 +754,29 @@ impl Baseline {
                 .bind(now.0)
                 .execute(&mut *tx)
                 .await?;
+                for sql in [
+                    "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens) \
+                     SELECT ?1, ?2, admitted_at / 3600000, COUNT(*) * 1000, COUNT(*) * 100 \
+                     FROM admissions WHERE app = ?1 AND scope = ?2 \
+                     GROUP BY admitted_at / 3600000 \
+                     ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+                     reserved_nano = excluded.reserved_nano, \
+                     reserved_tokens = excluded.reserved_tokens",
+                    "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens) \
+                     SELECT ?1, admitted_at / 3600000, ?3, COUNT(*) * 1000, COUNT(*) * 100 \
+                     FROM admissions WHERE app = ?1 AND scope = ?2 \
+                     GROUP BY admitted_at / 3600000 \
+                     ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+                     reserved_nano = reserved_nano + excluded.reserved_nano, \
+                     reserved_tokens = reserved_tokens + excluded.reserved_tokens",
+                ] {
+                    sqlx::query(sql)
+                        .bind(app)
+                        .bind(scope)
+                        .bind(tollgate_core::cost::app_spend_stripe(scope))
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 tx.commit().await?;
                 // Fold the bulk load into the database file, as SQLite's automatic
                 // checkpoints soon would (the store never ANALYZEs, so neither does this).

@@ -243,8 +243,9 @@ impl WorkerStore for CountingStore {
         id: TaskId,
         code: ErrorCode,
         message: &str,
+        usage: Option<&tollgate_core::Usage>,
     ) -> StoreResult<Transition> {
-        let call = self.inner.fail_task(id, code, message);
+        let call = self.inner.fail_task(id, code, message, usage);
         self.around(Call::write("fail_task"), call).await
     }
 

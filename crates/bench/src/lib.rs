@@ -53,6 +53,9 @@ const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const BENCH_APP: &str = "bench";
 /// The budget policy of every scoped benchmark task: limits that admit everything.
 const BENCH_BUDGET: &str = "bench";
+/// The same policy with SPEC §13's USD and token limits, set high enough to admit
+/// everything: what the cost checks add to an admission.
+const BENCH_METERED: &str = "bench-metered";
 /// The model whose answers wait until the heartbeat scenario lets them go.
 const HOLD_MODEL: &str = "hold";
 /// The provider of [`HOLD_MODEL`].
@@ -390,9 +393,43 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             scope_concurrent: unlimited,
             burst: unlimited,
             tasks_per_minute: unlimited,
+            usd_per_24_hours: None,
+            tokens_per_minute: None,
+            token_burst: None,
+        },
+    );
+    config.budgets.insert(
+        BENCH_METERED.to_string(),
+        BudgetPolicy {
+            max_steps_per_source: unlimited,
+            sources_per_24_hours: unlimited,
+            scope_concurrent: unlimited,
+            burst: unlimited,
+            tasks_per_minute: unlimited,
+            usd_per_24_hours: Some(1.0e9),
+            tokens_per_minute: Some(unlimited),
+            token_burst: Some(unlimited),
         },
     );
     config.default_budget = BENCH_BUDGET.to_string();
+    config.apps.insert(
+        BENCH_APP.to_string(),
+        tollgate_engine::config::AppConfig {
+            default_budget: Some(BENCH_BUDGET.to_string()),
+            allowed_budgets: Some(vec![BENCH_BUDGET.to_string(), BENCH_METERED.to_string()]),
+            api_keys: None,
+            usd_per_24_hours: None,
+        },
+    );
+    // Every scoped task is reserved (priced, bounded), with or without cost limits.
+    if let Some(default) = config.models.get_mut(&config.default_model) {
+        default.max_output_tokens = Some(64);
+        default.prices = Some(tollgate_engine::config::ModelPrices {
+            input_per_million: 0.15,
+            output_per_million: 0.60,
+            cached_input_per_million: None,
+        });
+    }
     config.admission.global_concurrent = unlimited;
     config.models.insert(
         HOLD_MODEL.to_string(),
@@ -400,6 +437,8 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             provider: HOLD_PROVIDER.to_string(),
             model: "hold-1".to_string(),
             params: Default::default(),
+            prices: None,
+            max_output_tokens: None,
         },
     );
     config.workers.concurrency = workers;
@@ -604,6 +643,17 @@ fn scoped(scope: &ScopeId, source: &str, key: &str, text: &str) -> anyhow::Resul
         classify(text),
     )
     .with_source(SourceId::new(source)?, SourceRevision::new("v1")?))
+}
+
+/// [`scoped`] under the [`BENCH_METERED`] policy (SPEC §13 limits that admit everything).
+fn scoped_metered(
+    scope: &ScopeId,
+    source: &str,
+    key: &str,
+    text: &str,
+) -> anyhow::Result<Submission> {
+    Ok(scoped(scope, source, key, text)?
+        .with_budget(tollgate_core::BudgetName::new(BENCH_METERED)?))
 }
 
 /// An unscoped classify submission of the benchmark app.

@@ -15,7 +15,7 @@
 
 use super::measure::{Op, Phase, run_timed};
 use super::report::ScenarioReport;
-use super::{Ctx, Scenario, bench_budget, scoped, wall_clock};
+use super::{Ctx, Scenario, bench_budget, scoped_metered, wall_clock};
 use crate::baseline::WindowSeed;
 use std::sync::Arc;
 use std::time::Instant;
@@ -165,7 +165,11 @@ async fn measure(
             } else {
                 format!("src-{}", (seq / 2 * clients as u64 + client as u64) % known)
             };
-            let submitted = tg.submit(scoped(&scope, &source, &key, &key)?).await?;
+            // Under SPEC §13's USD and token limits: every admission also reads the
+            // scope's spend window, which the seed filled with one reservation per record.
+            let submitted = tg
+                .submit(scoped_metered(&scope, &source, &key, &key)?)
+                .await?;
             anyhow::ensure!(
                 submitted.created && !submitted.task.cached(),
                 "expected a new admitted task"

@@ -213,6 +213,88 @@ pub async fn task(cmd: TaskCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `tollgate usage`: SPEC §13 spend and tokens in the 24 h window.
+#[derive(Debug, Clone, Args)]
+pub struct UsageArgs {
+    #[command(flatten)]
+    conn: Connection,
+    /// One scope (default: the whole app, all scopes).
+    #[arg(long)]
+    scope: Option<String>,
+    /// Print the server's JSON answer instead of the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
+    let path = match &args.scope {
+        Some(scope) => format!("/v1/scopes/{}/usage", percent_encode(scope)),
+        None => "/v1/usage".to_string(),
+    };
+    let report = send(args.conn.request(reqwest::Method::GET, &path)?).await?;
+    if args.json {
+        print(&report);
+        return Ok(());
+    }
+    println!("{}", usage_summary(&report));
+    Ok(())
+}
+
+/// The human summary of a usage report.
+fn usage_summary(r: &Value) -> String {
+    let num = |k: &str| r.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+    let who = match r.get("scope").and_then(Value::as_str) {
+        Some(s) => format!("scope {s}"),
+        None => "app (all scopes)".to_string(),
+    };
+    let mut out = format!(
+        "{who}, 24 h window since {}\n  spend:   ${:.6} settled + ${:.6} reserved",
+        r.get("since").and_then(Value::as_str).unwrap_or("?"),
+        num("settled_usd"),
+        num("reserved_usd"),
+    );
+    match r.get("limit_usd").and_then(Value::as_f64) {
+        Some(limit) => out.push_str(&format!(
+            " of ${limit:.6} ({:.1}% used)\n",
+            100.0 * (num("settled_usd") + num("reserved_usd")) / limit
+        )),
+        None => out.push_str(" (no USD limit)\n"),
+    }
+    out.push_str(&format!(
+        "  tokens:  {} settled + {} reserved\n",
+        num("settled_tokens"),
+        num("reserved_tokens")
+    ));
+    if let (Some(burst), Some(rate)) = (
+        r.get("token_burst").and_then(Value::as_u64),
+        r.get("tokens_per_minute").and_then(Value::as_u64),
+    ) {
+        out.push_str(&format!(
+            "  bucket:  {:.0} of {burst} tokens available, refilled {rate}/min\n",
+            num("tokens_available")
+        ));
+    }
+    out.push_str(&format!(
+        "  overrun: ${:.6}   saved by cache: ${:.6}",
+        num("overrun_usd"),
+        num("saved_usd")
+    ));
+    out
+}
+
+/// Percent-encodes a path segment.
+fn percent_encode(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// `tollgate run …`.
 #[derive(Debug, Clone, Subcommand)]
 pub enum RunCommand {

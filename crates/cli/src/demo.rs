@@ -38,12 +38,17 @@ pub async fn demo() -> anyhow::Result<()> {
             scope_concurrent: Limit::Integer(10),
             burst: Limit::Integer(3),
             tasks_per_minute: Limit::Integer(6),
+            usd_per_24_hours: None,
+            tokens_per_minute: None,
+            token_burst: None,
         },
     );
     let mut slow = ModelConfig {
         provider: "dev".into(),
         model: "dev-1".into(),
         params: Default::default(),
+        prices: None,
+        max_output_tokens: None,
     };
     slow.params.insert("latency_ms".into(), json!(30_000));
     config.models.insert("slow".into(), slow);

@@ -40,6 +40,8 @@ enum Command {
     /// Register, read and run pipelines (durable DAGs of AI steps) on a running server.
     #[command(subcommand)]
     Pipeline(client::PipelineCommand),
+    /// Show spend and tokens in the 24 h window (SPEC §13): the app's, or one scope's.
+    Usage(client::UsageArgs),
     /// Walk through Tollgate's guarantees on an embedded instance in a temporary folder.
     Demo,
     /// Measure Tollgate against baselines on a fresh database (see docs/benchmarks.md).
@@ -110,6 +112,7 @@ fn main() -> std::process::ExitCode {
             Command::Task(cmd) => client::task(cmd).await,
             Command::Run(cmd) => client::run(cmd).await,
             Command::Pipeline(cmd) => client::pipeline(cmd).await,
+            Command::Usage(args) => client::usage(args).await,
             Command::Demo => demo::demo().await,
             #[cfg(feature = "bench")]
             Command::Bench(args) => tollgate_bench::bench(*args).await,

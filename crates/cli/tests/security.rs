@@ -757,12 +757,29 @@ async fn tenant_isolation_matrix_covers_every_route() {
         (StatusCode::OK, json!(1)),
         "{acme_scope}"
     );
+    // SPEC §13 usage: acme's reservations in scope s never show in beta's reports.
+    let (st, acme_usage) = s.get("/v1/scopes/s/usage", ACME).await;
+    assert_eq!(st, StatusCode::OK, "{acme_usage}");
+    for path in ["/v1/scopes/s/usage", "/v1/usage"] {
+        let (st, usage) = s.get(path, BETA).await;
+        assert_eq!(st, StatusCode::OK, "{path}: {usage}");
+        assert_eq!(
+            (
+                usage["reserved_tokens"].clone(),
+                usage["settled_tokens"].clone()
+            ),
+            (json!(0), json!(0)),
+            "acme's spend does not show to beta at {path}: {usage}"
+        );
+    }
     for path in [
         "/v1/runs",
         "/v1/pipelines",
         "/v1/scopes",
         "/v1/scopes/{scope}",
         "/v1/stats",
+        "/v1/scopes/{scope}/usage",
+        "/v1/usage",
     ] {
         cover(&Method::GET, path);
     }
@@ -1198,7 +1215,13 @@ async fn subject_isolation_matrix(backend: &str) {
         (st, pipes["pipelines"][0]["name"].clone()),
         (StatusCode::OK, json!("pipe"))
     );
-    for path in ["/v1/scopes", "/v1/scopes/s", "/v1/stats"] {
+    for path in [
+        "/v1/scopes",
+        "/v1/scopes/s",
+        "/v1/stats",
+        "/v1/scopes/s/usage",
+        "/v1/usage",
+    ] {
         let (st, e) = scall(&s, Method::GET, path, BOB, &[], None).await;
         assert_eq!(st, StatusCode::FORBIDDEN, "{path}: {e}");
         assert_eq!(reveals(&e), None, "{e}");
@@ -1220,6 +1243,8 @@ async fn subject_isolation_matrix(backend: &str) {
         "/v1/scopes",
         "/v1/scopes/{scope}",
         "/v1/stats",
+        "/v1/scopes/{scope}/usage",
+        "/v1/usage",
     ] {
         cover(&Method::GET, path);
     }

@@ -55,17 +55,37 @@ impl BucketState {
         tasks_per_minute: u32,
         now: Timestamp,
     ) -> Result<BucketState, Duration> {
-        let refilled = self.refilled(burst, tasks_per_minute, now);
-        if refilled.units >= TOKEN_UNITS {
+        // One token never exceeds a positive burst, so a wait is always known.
+        self.take_n(burst, tasks_per_minute, 1, now)
+            .map_err(|wait| wait.unwrap_or(Duration::MAX))
+    }
+
+    /// Takes `n` tokens after refilling (SPEC §4 takes one task, SPEC §13 a task's
+    /// reserved model tokens), or says how long until `n` are there — `None` when `n`
+    /// exceeds the capacity and never will be.
+    pub fn take_n(
+        self,
+        burst: u32,
+        per_minute: u32,
+        n: u64,
+        now: Timestamp,
+    ) -> Result<BucketState, Option<Duration>> {
+        if n > u64::from(burst) {
+            return Err(None);
+        }
+        // n ≤ burst < 2^32, so n × TOKEN_UNITS fits.
+        let needed = n as i64 * TOKEN_UNITS;
+        let refilled = self.refilled(burst, per_minute, now);
+        if refilled.units >= needed {
             Ok(BucketState {
-                units: refilled.units - TOKEN_UNITS,
+                units: refilled.units - needed,
                 at: refilled.at,
             })
         } else {
-            let missing = TOKEN_UNITS - refilled.units;
-            let per_ms = i64::from(tasks_per_minute);
+            let missing = needed - refilled.units;
+            let per_ms = i64::from(per_minute);
             let wait_ms = (missing + per_ms - 1) / per_ms;
-            Err(Duration::from_millis(wait_ms as u64))
+            Err(Some(Duration::from_millis(wait_ms as u64)))
         }
     }
 }

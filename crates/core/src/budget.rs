@@ -1,10 +1,11 @@
 //! Budgets: the admission limits of a scoped task (SPEC §4, §10).
 
+use crate::cost::CostLimits;
 use crate::error::InvalidInput;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroU32;
 
-/// The six admission limits of a scoped task. Every field is a positive integer, so a
+/// The six admission limits of SPEC §4 and the optional cost limits of SPEC §13 of a scoped task. Every field is a positive integer, so a
 /// budget of zero cannot be represented.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +22,13 @@ pub struct Budget {
     pub burst: NonZeroU32,
     /// Token-bucket refill, in tasks per minute.
     pub tasks_per_minute: NonZeroU32,
+    /// SPEC §13: the optional money and model-token limits, checked after the six above.
+    #[serde(default, skip_serializing_if = "cost_limits_unset")]
+    pub cost: CostLimits,
+}
+
+fn cost_limits_unset(c: &CostLimits) -> bool {
+    *c == CostLimits::NONE
 }
 
 impl Budget {
@@ -41,6 +49,7 @@ impl Budget {
             global_concurrent: positive("global_concurrent", global_concurrent)?,
             burst: positive("burst", burst)?,
             tasks_per_minute: positive("tasks_per_minute", tasks_per_minute)?,
+            cost: CostLimits::NONE,
         })
     }
 
@@ -54,6 +63,7 @@ impl Budget {
             global_concurrent: max,
             burst: max,
             tasks_per_minute: max,
+            cost: CostLimits::NONE,
         }
     }
 }

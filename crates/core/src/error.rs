@@ -19,6 +19,16 @@ pub enum ErrorCode {
     /// SPEC §4: the scope's token bucket is empty.
     #[serde(rename = "WORKFLOW_AI_RATE_LIMIT")]
     RateLimit,
+    /// SPEC §13: a scope's or app's `usd_per_24_hours` would be exceeded.
+    #[serde(rename = "WORKFLOW_AI_SPEND_BUDGET")]
+    SpendBudget,
+    /// SPEC §13: the scope's model-token bucket lacks the task's reservation.
+    #[serde(rename = "WORKFLOW_AI_TOKEN_RATE_LIMIT")]
+    TokenRateLimit,
+    /// SPEC §13: a task under a USD or token limit has no output-token bound
+    /// (`max_output_tokens`).
+    #[serde(rename = "output_bound_required")]
+    OutputBoundRequired,
     /// SPEC §6: queued longer than the queue timeout.
     #[serde(rename = "WORKFLOW_AI_QUEUE_TIMEOUT")]
     QueueTimeout,
@@ -69,6 +79,9 @@ impl ErrorCode {
             ErrorCode::DailyBudget => "WORKFLOW_AI_DAILY_BUDGET",
             ErrorCode::Capacity => "WORKFLOW_AI_CAPACITY",
             ErrorCode::RateLimit => "WORKFLOW_AI_RATE_LIMIT",
+            ErrorCode::SpendBudget => "WORKFLOW_AI_SPEND_BUDGET",
+            ErrorCode::TokenRateLimit => "WORKFLOW_AI_TOKEN_RATE_LIMIT",
+            ErrorCode::OutputBoundRequired => "output_bound_required",
             ErrorCode::QueueTimeout => "WORKFLOW_AI_QUEUE_TIMEOUT",
             ErrorCode::Interrupted => "WORKFLOW_AI_INTERRUPTED",
             ErrorCode::Canceled => "WORKFLOW_AI_CANCELED",
@@ -86,11 +99,14 @@ impl ErrorCode {
     }
 
     /// Every code, for documentation and round-trip tests.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::SourceBudget,
         ErrorCode::DailyBudget,
         ErrorCode::Capacity,
         ErrorCode::RateLimit,
+        ErrorCode::SpendBudget,
+        ErrorCode::TokenRateLimit,
+        ErrorCode::OutputBoundRequired,
         ErrorCode::QueueTimeout,
         ErrorCode::Interrupted,
         ErrorCode::Canceled,

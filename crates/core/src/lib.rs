@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod budget;
 pub mod canonical;
+pub mod cost;
 pub mod duration;
 pub mod error;
 pub mod ids;
@@ -19,6 +20,7 @@ pub mod time;
 
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
+pub use cost::{CostLimits, CostRejection, Prices, Reservation, TokenBound, TokenRate};
 pub use duration::{DurationError, DurationSyntax, parse_duration};
 pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};
 pub use ids::{

@@ -144,6 +144,9 @@ pub struct TaskScope {
     pub recompute: bool,
     /// The limits to admit under.
     pub budget: Budget,
+    /// SPEC §13: what admission reserves (the engine computes it from the request, the
+    /// tokenizer bound and the model's prices; [`Reservation::default`] reserves nothing).
+    pub reservation: crate::cost::Reservation,
 }
 
 /// A request that passed validation: parsed for its kind, canonical, within the size limit.
@@ -445,6 +448,8 @@ pub struct Task {
     pub completed_at: Option<Timestamp>,
     /// When the application released it.
     pub released_at: Option<Timestamp>,
+    /// SPEC §13: what admission reserved for it (admitted tasks only).
+    pub reservation: Option<crate::cost::Reservation>,
 }
 
 impl Task {

@@ -20,7 +20,8 @@
 //!   any instant — before or after submitting, waiting, finishing — leaves nothing a new
 //!   driver could repeat: submitting again returns the existing task, without admission
 //!   and without spending budget (SPEC §3 step 2).
-//! - **Admission.** A step refused by admission (`WORKFLOW_AI_*`) makes the run wait
+//! - **Admission.** A step refused by admission (`WORKFLOW_AI_*`, SPEC §13's spend and
+//!   token limits too when the retry time is known) makes the run wait
 //!   until the reported retry time (or `pipelines.admission_default_delay` when none is
 //!   known) and try again; with `pipelines.admission_retry = false` the run fails with
 //!   the rejection instead.
@@ -365,6 +366,16 @@ impl Driver {
                 metrics::counter!(m::PIPELINE_STEPS_SUBMITTED_TOTAL, "outcome" => outcome)
                     .increment(1);
                 Ok(task)
+            }
+            // SPEC §13: a spend or token-rate refusal that will pass in time waits like
+            // any admission; one that never can (no output bound, a reservation above
+            // the limit itself) fails the run.
+            Err(EngineError::Cost(rejection)) => {
+                let config = &self.inner.config.pipelines;
+                match rejection.retry_after() {
+                    Some(wait) if config.admission_retry => Err(Refused::Defer(wait)),
+                    _ => Err(fail(rejection.code(), rejection.to_string())),
+                }
             }
             Err(EngineError::Admission(rejection)) => {
                 let config = &self.inner.config.pipelines;

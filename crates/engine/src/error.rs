@@ -8,7 +8,8 @@ use crate::config::ConfigError;
 use std::fmt;
 use std::time::Duration;
 use tollgate_core::{
-    AdmissionRejection, EffectKey, ErrorCode, InvalidInput, OutputViolation, RunId, TaskId,
+    AdmissionRejection, CostRejection, EffectKey, ErrorCode, InvalidInput, OutputViolation, RunId,
+    TaskId,
 };
 use tollgate_store::StoreError;
 
@@ -73,6 +74,11 @@ pub enum EngineError {
     /// Admission refused the task (SPEC §4): rate limit, budget, concurrency, …
     #[error(transparent)]
     Admission(#[from] AdmissionRejection),
+    /// SPEC §13 refused the task: a spend limit (`WORKFLOW_AI_SPEND_BUDGET`), the token
+    /// bucket (`WORKFLOW_AI_TOKEN_RATE_LIMIT`), or no output bound under a cost limit
+    /// (`output_bound_required`). Nothing was written.
+    #[error(transparent)]
+    Cost(#[from] CostRejection),
     /// The run does not exist in the caller's app (or the caller may not see it).
     #[error("run {0} not found")]
     RunNotFound(String),
@@ -171,6 +177,7 @@ impl From<StoreError> for EngineError {
         match e {
             StoreError::Invalid(i) => EngineError::Invalid(i),
             StoreError::Admission(r) => EngineError::Admission(r),
+            StoreError::Cost(r) => EngineError::Cost(r),
             StoreError::RunNotFound(r) => EngineError::RunNotFound(r),
             StoreError::RunCanceled(r) => EngineError::RunCanceled(r),
             StoreError::TaskNotFound(t) => EngineError::TaskNotFound(t),
@@ -190,6 +197,7 @@ impl EngineError {
         match self {
             EngineError::Invalid(e) => Some(e.code()),
             EngineError::Admission(r) => Some(r.code()),
+            EngineError::Cost(r) => Some(r.code()),
             EngineError::RunNotFound(_) => Some(ErrorCode::RunNotFound),
             EngineError::RunCanceled(_) => Some(ErrorCode::RunCanceled),
             EngineError::InvalidOutput(_) => Some(ErrorCode::InvalidModelOutput),
@@ -214,6 +222,7 @@ impl EngineError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             EngineError::Admission(r) => r.retry_after(),
+            EngineError::Cost(r) => r.retry_after(),
             _ => None,
         }
     }

@@ -54,6 +54,7 @@
 
 mod access;
 pub mod config;
+pub mod cost;
 mod cpu;
 mod driver;
 mod error;
@@ -75,7 +76,7 @@ pub use error::{ConflictField, EngineError};
 pub use facade::{
     MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, Tollgate, TollgateBuilder,
 };
-pub use list::{STATS_WINDOW, ScopeCost, ScopeState, TaskStats};
+pub use list::{STATS_WINDOW, ScopeCost, ScopeState, TaskStats, UsageReport};
 pub use notify::{Event, Notifier};
 pub use pipelines::{
     PipelineProgress, PipelineStart, PipelineStep, StartedRun, StepStatus, step_effect_key,

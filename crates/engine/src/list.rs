@@ -40,16 +40,17 @@ pub struct ScopeState {
     pub admissions_in_window: u64,
     /// The newest admission in the window.
     pub last_admitted_at: Option<Timestamp>,
-    /// Spend and tokens (SPEC §13): `None` until cost budgets exist.
+    /// Spend and tokens in the window, settled plus reserved (SPEC §13).
     pub cost: Option<ScopeCost>,
 }
 
-/// A scope's spend and tokens in the window (SPEC §13; not configured yet).
+/// A scope's spend and tokens in the 24 h window, settled plus reserved (SPEC §13; the
+/// usage endpoints give the split).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScopeCost {
-    /// Spend so far, in micro-units of the configured currency.
+    /// Settled plus reserved spend, micro-dollars (US).
     pub spent_micros: u64,
-    /// Tokens so far.
+    /// Settled plus reserved model tokens.
     pub tokens: u64,
 }
 
@@ -193,7 +194,9 @@ impl CallerView {
             let Some(scope) = snapshot.scope.clone() else {
                 continue;
             };
-            items.push(self.scope_state(snapshot, scope)?);
+            let mut state = self.scope_state(snapshot, scope)?;
+            state.cost = Some(self.scope_cost(&state.scope).await?);
+            items.push(state);
         }
         Ok(ListPage {
             items,
@@ -212,7 +215,24 @@ impl CallerView {
             .store
             .scope_snapshot(self.app(), scope)
             .await?;
-        self.scope_state(snapshot, scope.clone())
+        let mut state = self.scope_state(snapshot, scope.clone())?;
+        state.cost = Some(self.scope_cost(scope).await?);
+        Ok(state)
+    }
+
+    /// SPEC §13 for a scope's state: settled plus reserved spend (micro-dollars) and
+    /// model tokens in the window, from the store's spend buckets.
+    async fn scope_cost(&self, scope: &ScopeId) -> Result<ScopeCost, EngineError> {
+        let w = self
+            .tollgate()
+            .inner
+            .store
+            .spend(self.app(), Some(scope))
+            .await?;
+        Ok(ScopeCost {
+            spent_micros: ((w.settled_nano + w.reserved_nano).max(0) / 1000) as u64,
+            tokens: (w.settled_tokens + w.reserved_tokens).max(0) as u64,
+        })
     }
 
     /// The app's task stats over the last hour, computed from the database (not the
@@ -303,5 +323,86 @@ mod tests {
         assert_eq!(percentile(&v, 0.9), 90);
         assert_eq!(percentile(&v, 0.99), 99);
         assert_eq!(percentile(&[7], 0.99), 7);
+    }
+}
+
+/// SPEC §13 "Usage is visible": a scope's or the app's spend and tokens in the 24 h
+/// window, its limits, and what the cache saved. Amounts are US dollars (summed exactly
+/// in nano-dollars by the store, converted for display).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsageReport {
+    /// The scope, or `None` for the whole app.
+    pub scope: Option<ScopeId>,
+    /// Start of the oldest hourly bucket counted: the window read is 24 to 25 hours
+    /// long (spend leaves it at most an hour late, never early).
+    pub since: Timestamp,
+    /// The store's "now".
+    pub now: Timestamp,
+    /// What ended tasks cost.
+    pub settled_usd: f64,
+    /// Reserved by tasks not yet ended.
+    pub reserved_usd: f64,
+    /// Model tokens ended tasks used.
+    pub settled_tokens: u64,
+    /// Model tokens reserved by tasks not yet ended.
+    pub reserved_tokens: u64,
+    /// Settled spend above its reservation (a provider reported more than the bound).
+    pub overrun_usd: f64,
+    /// What cache hits saved.
+    pub saved_usd: f64,
+    /// The USD limit of the window: the default policy's `usd_per_24_hours` for a scope,
+    /// the app's `usd_per_24_hours` for the app.
+    pub limit_usd: Option<f64>,
+    /// The default policy's `tokens_per_minute` (scope reports).
+    pub tokens_per_minute: Option<u32>,
+    /// The default policy's `token_burst` (scope reports).
+    pub token_burst: Option<u32>,
+    /// Model tokens in the scope's bucket now (refilled to now; scope reports with a
+    /// token rate).
+    pub tokens_available: Option<f64>,
+    /// The policy the limits are of (scope reports).
+    pub policy_name: Option<BudgetName>,
+}
+
+impl CallerView {
+    /// SPEC §13: the spend and tokens of `scope` (or, `None`, of the whole app) in the
+    /// 24 h window, with the limits in force and the cache's savings.
+    pub async fn usage(&self, scope: Option<&ScopeId>) -> Result<UsageReport, EngineError> {
+        self.no_subject(
+            "a key bound to a subject may not read spend, which counts every subject's work",
+        )?;
+        let inner = &self.tollgate().inner;
+        let w = inner.store.spend(self.app(), scope).await?;
+        let usd = tollgate_core::cost::nano_to_usd;
+        let (policy_name, policy) = inner.budgets.resolve(self.app(), None)?;
+        let rate = policy.cost.token_rate.filter(|_| scope.is_some());
+        let tokens_available = rate.map(|r| {
+            let burst = r.token_burst.get();
+            w.token_bucket
+                .unwrap_or_else(|| BucketState::full(burst, w.now))
+                .refilled(burst, r.tokens_per_minute.get(), w.now)
+                .units as f64
+                / TOKEN_UNITS as f64
+        });
+        let limit = match scope {
+            Some(_) => policy.cost.scope_nano_per_24_hours,
+            None => inner.budgets.app_spend_limit(self.app()),
+        };
+        Ok(UsageReport {
+            scope: scope.cloned(),
+            since: w.since,
+            now: w.now,
+            settled_usd: usd(w.settled_nano),
+            reserved_usd: usd(w.reserved_nano),
+            settled_tokens: w.settled_tokens.max(0) as u64,
+            reserved_tokens: w.reserved_tokens.max(0) as u64,
+            overrun_usd: usd(w.overrun_nano),
+            saved_usd: usd(w.saved_nano),
+            limit_usd: limit.map(|l| usd(l.get() as i64)),
+            tokens_per_minute: rate.map(|r| r.tokens_per_minute.get()),
+            token_burst: rate.map(|r| r.token_burst.get()),
+            tokens_available,
+            policy_name: scope.map(|_| policy_name),
+        })
     }
 }

@@ -47,6 +47,17 @@ pub const PIPELINE_STEPS_SUBMITTED_TOTAL: &str = "tollgate_pipeline_steps_submit
 /// Pipeline steps refused by admission whose run waits to try again.
 pub const PIPELINE_ADMISSION_WAITS_TOTAL: &str = "tollgate_pipeline_admission_waits_total";
 
+/// SPEC §13: nano-dollars reserved at admission (a task's worst case), by `app`.
+pub const SPEND_RESERVED_TOTAL: &str = "tollgate_spend_reserved_nano_usd_total";
+/// SPEC §13: nano-dollars settled — what ended tasks actually cost, as the workers that
+/// ran them recorded it (failed and canceled attempts included), by `app`.
+pub const SPEND_SETTLED_TOTAL: &str = "tollgate_spend_settled_nano_usd_total";
+/// SPEC §13: nano-dollars settled above their reservation (a provider reported more
+/// than the bound), by `app`. Each occurrence is also logged.
+pub const SPEND_OVERRUN_TOTAL: &str = "tollgate_spend_overrun_nano_usd_total";
+/// SPEC §13: nano-dollars cache hits saved (what the copied task cost), by `app`.
+pub const SPEND_SAVED_TOTAL: &str = "tollgate_spend_saved_nano_usd_total";
+
 /// Registers descriptions and units of every metric above with the installed recorder.
 /// Call once after installing one.
 pub fn describe() {
@@ -140,6 +151,26 @@ pub fn describe() {
         Unit::Count,
         "Notifications published, received and dropped."
     );
+    describe_counter!(
+        SPEND_RESERVED_TOTAL,
+        Unit::Count,
+        "Nano-dollars reserved at admission (SPEC 13), by app."
+    );
+    describe_counter!(
+        SPEND_SETTLED_TOTAL,
+        Unit::Count,
+        "Nano-dollars ended tasks actually cost (SPEC 13), by app."
+    );
+    describe_counter!(
+        SPEND_OVERRUN_TOTAL,
+        Unit::Count,
+        "Nano-dollars settled above their reservation (SPEC 13), by app."
+    );
+    describe_counter!(
+        SPEND_SAVED_TOTAL,
+        Unit::Count,
+        "Nano-dollars saved by cache hits (SPEC 13), by app."
+    );
 }
 
 /// Creates every series above with the installed recorder, so an exporter shows each one
@@ -218,10 +249,18 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
         counter!(PIPELINE_STEPS_SUBMITTED_TOTAL, "outcome" => outcome).absolute(0);
     }
     counter!(PIPELINE_ADMISSION_WAITS_TOTAL).absolute(0);
+    for series in [
+        SPEND_RESERVED_TOTAL,
+        SPEND_SETTLED_TOTAL,
+        SPEND_OVERRUN_TOTAL,
+        SPEND_SAVED_TOTAL,
+    ] {
+        counter!(series).absolute(0);
+    }
 }
 
 /// Every series name above, for checks that an exporter lists them all.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 22] = [
     SUBMITS_TOTAL,
     ADMISSIONS_TOTAL,
     CACHE_HITS_TOTAL,
@@ -240,4 +279,8 @@ pub const ALL: [&str; 18] = [
     PIPELINE_RUNS_FINISHED_TOTAL,
     PIPELINE_STEPS_SUBMITTED_TOTAL,
     PIPELINE_ADMISSION_WAITS_TOTAL,
+    SPEND_RESERVED_TOTAL,
+    SPEND_SETTLED_TOTAL,
+    SPEND_OVERRUN_TOTAL,
+    SPEND_SAVED_TOTAL,
 ];

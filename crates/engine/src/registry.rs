@@ -5,7 +5,7 @@ use crate::config::{ConfigError, EngineConfig};
 use crate::error::EngineError;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use tollgate_core::{AppId, Budget, BudgetName, ConfigHash, ModelId, ModelRef};
+use tollgate_core::{AppId, Budget, BudgetName, ConfigHash, ModelId, ModelRef, Prices};
 
 /// A model id resolved from configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +17,8 @@ pub struct ResolvedModel {
     /// Hash of `model_ref`: changing any parameter changes it, so old cache entries stop
     /// matching.
     pub config_hash: ConfigHash,
+    /// SPEC §13: the model's prices (`None`: unpriced).
+    pub prices: Option<Prices>,
 }
 
 /// Model id → [`ResolvedModel`].
@@ -40,12 +42,19 @@ impl ModelRegistry {
             let config_hash = model_ref
                 .config_hash()
                 .map_err(|e| ConfigError::at(format!("{key}.params"), e.to_string()))?;
+            let prices = model
+                .prices
+                .as_ref()
+                .map(|p| p.to_core())
+                .transpose()
+                .map_err(|(field, m)| ConfigError::at(format!("{key}.prices.{field}"), m))?;
             models.insert(
                 id.clone(),
                 ResolvedModel {
                     id,
                     model_ref,
                     config_hash,
+                    prices,
                 },
             );
         }
@@ -87,6 +96,8 @@ impl ModelRegistry {
 struct AppPolicy {
     default: BudgetName,
     allowed: Vec<BudgetName>,
+    /// SPEC §13: the app-wide spend limit, nano-dollars.
+    usd_per_24_hours: Option<std::num::NonZeroU64>,
 }
 
 /// Budget policy names → [`Budget`]s, per app (SPEC §10). Callers never send budget
@@ -122,6 +133,9 @@ impl BudgetPolicies {
                 global_concurrent: global,
                 burst: field("burst", policy.burst)?,
                 tasks_per_minute: field("tasks_per_minute", policy.tasks_per_minute)?,
+                cost: policy
+                    .cost_limits()
+                    .map_err(|(f, m)| ConfigError::at(format!("{key}.{f}"), m))?,
             };
             let name =
                 BudgetName::new(name.as_str()).map_err(|e| ConfigError::at(&key, e.to_string()))?;
@@ -142,6 +156,7 @@ impl BudgetPolicies {
         let fallback = AppPolicy {
             default: fallback_default.clone(),
             allowed: vec![fallback_default.clone()],
+            usd_per_24_hours: None,
         };
         let mut apps = HashMap::new();
         for (app, conf) in &config.apps {
@@ -166,7 +181,19 @@ impl BudgetPolicies {
                     format!("`{default}` is not in allowed_budgets"),
                 ));
             }
-            apps.insert(app_id, AppPolicy { default, allowed });
+            let usd_per_24_hours = conf
+                .usd_per_24_hours
+                .map(|usd| tollgate_core::cost::usd_limit_from_f64("usd_per_24_hours", usd))
+                .transpose()
+                .map_err(|e| ConfigError::at(format!("{key}.usd_per_24_hours"), e.to_string()))?;
+            apps.insert(
+                app_id,
+                AppPolicy {
+                    default,
+                    allowed,
+                    usd_per_24_hours,
+                },
+            );
         }
         Ok(BudgetPolicies {
             policies,
@@ -195,7 +222,17 @@ impl BudgetPolicies {
                 budget: name.to_string(),
                 allowed: policy.allowed.iter().map(ToString::to_string).collect(),
             })?;
-        Ok((name.clone(), *budget))
+        let mut budget = *budget;
+        budget.cost.app_nano_per_24_hours = policy.usd_per_24_hours;
+        Ok((name.clone(), budget))
+    }
+
+    /// SPEC §13: the app-wide spend limit in nano-dollars, if any.
+    pub fn app_spend_limit(&self, app: &AppId) -> Option<std::num::NonZeroU64> {
+        self.apps
+            .get(app)
+            .unwrap_or(&self.fallback)
+            .usd_per_24_hours
     }
 }
 
@@ -220,6 +257,7 @@ mod tests {
                 default_budget: Some("standard".into()),
                 allowed_budgets: Some(vec!["standard".into(), "premium".into()]),
                 api_keys: None,
+                usd_per_24_hours: None,
             },
         );
         c.admission.global_concurrent = Limit::Integer(77);

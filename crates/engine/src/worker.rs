@@ -24,6 +24,7 @@
 //!   those still running then are failed with `WORKFLOW_AI_INTERRUPTED` (tasks never run
 //!   twice), and queued tasks stay queued for any replica.
 
+use crate::cost::reask_error;
 use crate::cpu;
 use crate::driver::Driver;
 use crate::error::EngineError;
@@ -74,6 +75,9 @@ struct Control {
 struct Failure {
     code: ErrorCode,
     message: String,
+    /// SPEC §13: what the attempts used, when every attempt reported it (`None`: unknown,
+    /// and a started task is then charged its whole reservation).
+    usage: Option<Usage>,
 }
 
 impl Failure {
@@ -81,7 +85,13 @@ impl Failure {
         Failure {
             code,
             message: message.into(),
+            usage: None,
         }
+    }
+
+    fn with_usage(mut self, usage: Usage) -> Failure {
+        self.usage = Some(usage);
+        self
     }
 }
 
@@ -322,7 +332,7 @@ impl WorkerPool {
             Ended::Done(Ok((output, usage))) => self.complete(&task, output, usage).await,
             Ended::Done(Err(failure)) => {
                 tracing::info!(task = %task.id, code = %failure.code, message = %failure.message, "task failed");
-                self.fail(task.id, failure).await
+                self.fail(&task, failure).await
             }
             Ended::Stopped => {
                 tracing::info!(task = %task.id, "execution stopped: task canceled, expired or deleted");
@@ -338,7 +348,7 @@ impl WorkerPool {
                     ErrorCode::Interrupted,
                     "the worker shut down before the task finished",
                 );
-                let (_, code) = self.fail(task.id, failure).await;
+                let (_, code) = self.fail(&task, failure).await;
                 ("interrupted", code)
             }
         };
@@ -388,7 +398,7 @@ impl WorkerPool {
             let (output, used) = match answer {
                 Ok(a) => (Some(a.output), a.usage),
                 Err(ProviderError::InvalidOutput { message, usage }) => {
-                    previous = Some(message);
+                    previous = Some(reask_error(message));
                     (None, usage)
                 }
                 Err(ProviderError::Failed(message)) => {
@@ -405,14 +415,15 @@ impl WorkerPool {
                 match check_output(request.request(), output, max_output_bytes).await? {
                     Ok(valid) => {
                         provider_call(provider_name, "ok");
-                        return Ok((valid, usage));
+                        return Ok((valid, self.priced(task, usage)));
                     }
-                    Err(violation) => previous = Some(violation.0),
+                    Err(violation) => previous = Some(reask_error(violation.0)),
                 }
             }
             provider_call(provider_name, "invalid_output");
             tracing::debug!(task = %task.id, attempt, error = ?previous, "invalid model output");
         }
+        // Every attempt reported its usage: a failed task is charged what it used.
         Err(Failure::new(
             ErrorCode::InvalidModelOutput,
             format!(
@@ -420,7 +431,40 @@ impl WorkerPool {
                 max_retries + 1,
                 previous.unwrap_or_default()
             ),
-        ))
+        )
+        .with_usage(self.priced(task, usage)))
+    }
+
+    /// SPEC §13: `cost_usd` of a usage at the task's prices (those it was reserved at, or
+    /// the model's for an unscoped task); an unpriced model's stays `None` (unknown).
+    fn priced(&self, task: &Task, mut usage: Usage) -> Usage {
+        let prices = task.reservation.and_then(|r| r.prices).or_else(|| {
+            self.inner
+                .models
+                .resolve(Some(&task.model))
+                .ok()
+                .and_then(|m| m.prices)
+        });
+        if let Some(p) = prices {
+            usage.cost_usd = Some(tollgate_core::cost::nano_to_usd(p.cost_nano(&usage)));
+        }
+        usage
+    }
+
+    /// SPEC §13 metrics of a recorded end: settled spend, and any overrun (logged by
+    /// the store too).
+    fn count_settlement(&self, task: &Task, usage: Option<&Usage>) {
+        let Some(r) = task.reservation else { return };
+        let charge = tollgate_core::cost::settle(&r, usage, true);
+        let app = task.app.to_string();
+        if charge.nano_usd > 0 {
+            metrics::counter!(m::SPEND_SETTLED_TOTAL, "app" => app.clone())
+                .increment(charge.nano_usd as u64);
+        }
+        if charge.overrun_nano > 0 {
+            metrics::counter!(m::SPEND_OVERRUN_TOTAL, "app" => app)
+                .increment(charge.overrun_nano as u64);
+        }
     }
 
     /// Records a success. Returns the outcome and code labels.
@@ -430,6 +474,7 @@ impl WorkerPool {
         output: Value,
         usage: Usage,
     ) -> (&'static str, &'static str) {
+        let settled = usage;
         let result = self
             .record_completion(Completion {
                 id: task.id,
@@ -441,6 +486,7 @@ impl WorkerPool {
         match result {
             Ok(t) if t.applied => {
                 self.inner.publish_transition(&t);
+                self.count_settlement(task, Some(&settled));
                 ("succeeded", "none")
             }
             Ok(_) => {
@@ -448,8 +494,8 @@ impl WorkerPool {
                 ("refused", "none")
             }
             Err(StoreError::InvalidOutput(v)) => {
-                self.fail(task.id, Failure::new(ErrorCode::InvalidModelOutput, v.0))
-                    .await
+                let failure = Failure::new(ErrorCode::InvalidModelOutput, v.0).with_usage(settled);
+                self.fail(task, failure).await
             }
             Err(e) => {
                 tracing::error!(task = %task.id, error = %e, "cannot record the completion; the sweeper will end the task");
@@ -514,13 +560,16 @@ impl WorkerPool {
     }
 
     /// Records a failure. Returns the outcome and code labels.
-    async fn fail(&self, id: TaskId, failure: Failure) -> (&'static str, &'static str) {
+    async fn fail(&self, task: &Task, failure: Failure) -> (&'static str, &'static str) {
         let store = &self.inner.store;
+        let id = task.id;
+        let usage = failure.usage.as_ref();
         let result =
-            retry_unavailable(|| store.fail_task(id, failure.code, &failure.message)).await;
+            retry_unavailable(|| store.fail_task(id, failure.code, &failure.message, usage)).await;
         match result {
             Ok(t) if t.applied => {
                 self.inner.publish_transition(&t);
+                self.count_settlement(task, usage);
                 ("failed", failure.code.as_str())
             }
             Ok(_) => ("refused", failure.code.as_str()),

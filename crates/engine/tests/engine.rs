@@ -263,6 +263,8 @@ async fn cache_hits_skip_the_provider_until_the_model_changes(db: TestDb) {
             provider: "dev".into(),
             model: "dev-1".into(),
             params: serde_json::from_value(json!({"temperature": 0.7})).unwrap(),
+            prices: None,
+            max_output_tokens: None,
         },
     );
     let engine2 = db.engine(changed).await;
@@ -341,6 +343,8 @@ fn with_slow_model(mut config: tollgate_engine::EngineConfig) -> tollgate_engine
             provider: "dev".into(),
             model: "dev-slow".into(),
             params: serde_json::from_value(json!({"latency_ms": 60_000})).unwrap(),
+            prices: None,
+            max_output_tokens: None,
         },
     );
     config
@@ -604,6 +608,7 @@ async fn apps_may_use_only_their_allowed_policies() {
             default_budget: Some("standard".into()),
             allowed_budgets: Some(vec!["standard".into(), "premium".into()]),
             api_keys: None,
+            usd_per_24_hours: None,
         },
     );
     let engine = db.engine(config).await;

@@ -207,6 +207,8 @@ fn with_model(mut config: EngineConfig, id: &str, provider: &str, params: Value)
             provider: provider.into(),
             model: format!("{id}-model"),
             params,
+            prices: None,
+            max_output_tokens: None,
         },
     );
     config

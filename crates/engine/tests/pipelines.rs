@@ -31,6 +31,7 @@ on_both_backends!(
     a_fan_out_runs_in_parallel_and_joins,
     a_failing_step_is_retried_a_bounded_number_of_times,
     an_admission_rejection_waits_and_retries,
+    a_token_rate_refusal_waits_and_retries,
     an_api_only_engine_drives_runs_only_when_configured,
 );
 
@@ -266,6 +267,8 @@ fn pipeline_config() -> EngineConfig {
             provider: "scripted".into(),
             model: "scripted-model".into(),
             params: Default::default(),
+            prices: None,
+            max_output_tokens: None,
         },
     );
     c.pipelines.concurrency = 4;
@@ -871,6 +874,75 @@ async fn an_admission_rejection_waits_and_retries(db: TestDb) {
     assert_eq!(done.error.unwrap().code, ErrorCode::Capacity);
     provider.release("blocker");
     finished(&engine, blocker.id).await;
+    handle.shutdown(Duration::from_secs(5)).await;
+}
+
+/// SPEC §13 through a pipeline: a step goes through the same reservation as any task.
+/// An application task reserves all but 5 tokens of the scope's model-token bucket
+/// (60,000 tokens, refilled 500 a second); the run's step is refused with a known retry
+/// time, waits, and goes through once the bucket has refilled. A step that can never be
+/// admitted (no output bound under a token limit) fails the run with its code instead.
+async fn a_token_rate_refusal_waits_and_retries(db: TestDb) {
+    let provider = Arc::new(Scripted::default());
+    let mut config = pipeline_config();
+    config.budgets.insert(
+        "metered".into(),
+        BudgetPolicy {
+            tokens_per_minute: Some(Limit::Integer(30_000)),
+            token_burst: Some(Limit::Integer(60_000)),
+            ..BudgetPolicy::default()
+        },
+    );
+    config.default_budget = "metered".into();
+    config.workers.max_output_retries = 0;
+    let mut bounded = config.clone();
+    if let Some(m) = bounded.models.get_mut("default") {
+        m.max_output_tokens = Some(100);
+    }
+    let engine = engine(&db, bounded, &provider).await;
+    register(&engine, "invoice", &invoice_definition()).await;
+    provider.hold("blocker");
+    let handle = engine.start().await.unwrap();
+    // Bytes are the bound here (a provider of unknown family): 8 (reply) + 4 ("user") +
+    // the prompt + 8 (message overhead) + 10 (output) = prompt + 30 tokens.
+    let prompt = format!("blocker: {}", "x".repeat(60_000 - 30 - 5 - 9));
+    let blocker = engine
+        .submit(
+            Submission::application(
+                app(),
+                scope(),
+                key("blocker"),
+                TaskKind::GenerateText,
+                json!({"prompt": prompt, "max_output_tokens": 10}),
+            )
+            .with_source(
+                SourceId::new("other-doc").unwrap(),
+                SourceRevision::new("v1").unwrap(),
+            ),
+        )
+        .await
+        .unwrap()
+        .task;
+    assert_eq!(blocker.reservation.map(|r| r.tokens), Some(60_000 - 5));
+    provider.until_in_flight("blocker", 1).await;
+    let run = start(&engine, "invoice", invoice_input("inv-21")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = info(&engine, &run).await;
+    assert_eq!(step(&waiting, "extract").status, StepStatus::Pending);
+    assert_eq!(step(&waiting, "extract").task_id, None, "refused, waiting");
+    let done = run_finished(&engine, &run).await;
+    assert_eq!(done.state, RunState::Succeeded, "{:?}", done.error);
+    provider.release("blocker");
+    finished(&engine, blocker.id).await;
+    handle.shutdown(Duration::from_secs(5)).await;
+
+    // No output bound under the token limit: the step can never be admitted.
+    let engine = self::engine(&db, config, &provider).await;
+    let handle = engine.start().await.unwrap();
+    let run = start(&engine, "invoice", invoice_input("inv-22")).await;
+    let done = run_finished(&engine, &run).await;
+    assert_eq!(done.state, RunState::Failed);
+    assert_eq!(done.error.unwrap().code, ErrorCode::OutputBoundRequired);
     handle.shutdown(Duration::from_secs(5)).await;
 }
 

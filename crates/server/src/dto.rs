@@ -328,6 +328,12 @@ pub struct UsageView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub cost_usd: Option<f64>,
+    /// Of `input_tokens`, those the provider served from its prompt cache, where it says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub cached_input_tokens: Option<u64>,
+    /// SPEC §13: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
+    pub priced: bool,
 }
 
 impl From<&Usage> for UsageView {
@@ -335,7 +341,9 @@ impl From<&Usage> for UsageView {
         UsageView {
             input_tokens: u.input_tokens,
             output_tokens: u.output_tokens,
-            cost_usd: u.cost_usd,
+            cost_usd: u.cost_usd.map(|c| (c * 1e9).round() / 1e9),
+            cached_input_tokens: u.cached_input_tokens,
+            priced: u.cost_usd.is_some(),
         }
     }
 }

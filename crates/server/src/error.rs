@@ -176,6 +176,19 @@ impl From<EngineError> for ApiError {
                 message: r.to_string(),
                 retry_after: r.retry_after(),
             },
+            // SPEC §13: spend and token limits are admission (429, Retry-After where
+            // known); a missing output bound is bad input (422).
+            EngineError::Cost(r) if r.code() == ErrorCode::OutputBoundRequired => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                r.code().as_str(),
+                r.to_string(),
+            ),
+            EngineError::Cost(r) => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                code: r.code().as_str().to_string(),
+                message: r.to_string(),
+                retry_after: r.retry_after(),
+            },
             EngineError::RunNotFound(_) | EngineError::TaskNotFound(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
             }

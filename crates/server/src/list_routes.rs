@@ -17,7 +17,7 @@ use tollgate_core::{
     EffectKey, PipelineName, RunId, RunState, ScopeId, SourceId, StepKey, TaskKind, TaskStatus,
     Timestamp,
 };
-use tollgate_engine::{CallerView, ScopeState, TaskStats};
+use tollgate_engine::{CallerView, ScopeState, TaskStats, UsageReport};
 use tollgate_store::list::{
     LIST_MAX_PAGE, ListCursor, ListedRun, PipelineSummary, RunListQuery, TaskListQuery,
 };
@@ -31,6 +31,8 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/v1/scopes", get(list_scopes))
         .route("/v1/scopes/{scope}", get(get_scope))
         .route("/v1/stats", get(stats))
+        .route("/v1/scopes/{scope}/usage", get(scope_usage))
+        .route("/v1/usage", get(app_usage))
 }
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
@@ -486,6 +488,15 @@ pub struct PolicyView {
     pub burst: u32,
     /// Token-bucket refill, tasks per minute.
     pub tasks_per_minute: u32,
+    /// SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usd_per_24_hours: Option<f64>,
+    /// SPEC §13: the scope's model-token bucket refill, tokens per minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u32>,
+    /// SPEC §13: the scope's model-token bucket capacity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_burst: Option<u32>,
 }
 
 /// A scope's policy and live admission state (SPEC §4, §15).
@@ -511,8 +522,8 @@ pub struct ScopeView {
     /// The newest admission in the window.
     #[schema(required = true)]
     pub last_admitted_at: Option<String>,
-    /// Spend and tokens in the window (SPEC §13): `null` while cost budgets are not
-    /// configured.
+    /// Spend and tokens in the window, settled plus reserved (SPEC §13; see
+    /// `GET /v1/scopes/{scope}/usage` for the split).
     #[schema(required = true)]
     pub cost: Option<CostView>,
 }
@@ -520,9 +531,9 @@ pub struct ScopeView {
 /// Spend and tokens of a scope (SPEC §13).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CostView {
-    /// Spend in the window, in micro-units of the configured currency.
+    /// Settled plus reserved spend in the window, micro-dollars (US).
     pub spent_micros: u64,
-    /// Tokens in the window.
+    /// Settled plus reserved model tokens in the window.
     pub tokens: u64,
 }
 
@@ -538,6 +549,13 @@ impl From<&ScopeState> for ScopeView {
                 global_concurrent: s.policy.global_concurrent.get(),
                 burst: s.policy.burst.get(),
                 tasks_per_minute: s.policy.tasks_per_minute.get(),
+                usd_per_24_hours: s
+                    .policy
+                    .cost
+                    .scope_nano_per_24_hours
+                    .map(|n| tollgate_core::cost::nano_to_usd(n.get() as i64)),
+                tokens_per_minute: s.policy.cost.token_rate.map(|r| r.tokens_per_minute.get()),
+                token_burst: s.policy.cost.token_rate.map(|r| r.token_burst.get()),
             },
             bucket_tokens: (s.bucket_tokens * 1000.0).round() / 1000.0,
             active: s.active,
@@ -609,6 +627,104 @@ pub(crate) async fn get_scope(
     let scope = ScopeId::new(scope)?;
     let state = view(&s, &caller).scope(&scope).await?;
     Ok(Json(ScopeView::from(&state)))
+}
+
+/// SPEC §13 `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
+/// tokens in the 24 h window (settled: what ended tasks cost; reserved: the worst case
+/// of tasks still queued or running), the limits in force, and what cache hits saved.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageReportView {
+    /// The scope (absent: the whole app).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Start of the window's oldest hourly bucket: the window read is 24 to 25 hours
+    /// long (spend leaves it up to an hour late, never early).
+    pub since: String,
+    /// The server's now.
+    pub now: String,
+    /// What ended tasks cost, USD (failed and canceled attempts included).
+    pub settled_usd: f64,
+    /// Reserved by tasks not yet ended, USD.
+    pub reserved_usd: f64,
+    /// Model tokens ended tasks used.
+    pub settled_tokens: u64,
+    /// Model tokens reserved by tasks not yet ended.
+    pub reserved_tokens: u64,
+    /// Settled spend above its reservation (a provider reported more than the bound), USD.
+    pub overrun_usd: f64,
+    /// What cache hits saved, USD.
+    pub saved_usd: f64,
+    /// The USD limit of this window: the default policy's `usd_per_24_hours` for a scope,
+    /// the app's for the app (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_usd: Option<f64>,
+    /// The default policy's `tokens_per_minute` (scope reports).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u32>,
+    /// The default policy's `token_burst` (scope reports).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_burst: Option<u32>,
+    /// Model tokens in the scope's bucket now, out of `token_burst`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_available: Option<f64>,
+    /// The policy the limits are of (scope reports).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+}
+
+impl From<UsageReport> for UsageReportView {
+    fn from(u: UsageReport) -> Self {
+        let round = |usd: f64| (usd * 1e9).round() / 1e9;
+        UsageReportView {
+            scope: u.scope.map(|s| s.to_string()),
+            since: u.since.to_rfc3339(),
+            now: u.now.to_rfc3339(),
+            settled_usd: round(u.settled_usd),
+            reserved_usd: round(u.reserved_usd),
+            settled_tokens: u.settled_tokens,
+            reserved_tokens: u.reserved_tokens,
+            overrun_usd: round(u.overrun_usd),
+            saved_usd: round(u.saved_usd),
+            limit_usd: u.limit_usd,
+            tokens_per_minute: u.tokens_per_minute,
+            token_burst: u.token_burst,
+            tokens_available: u.tokens_available.map(|t| (t * 1000.0).round() / 1000.0),
+            policy: u.policy_name.map(|p| p.to_string()),
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/v1/scopes/{scope}/usage", tag = "scopes",
+    params(("scope" = String, Path, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the scope")),
+    responses((status = 200, body = UsageReportView, description = "the scope's spend and tokens in the 24 h window (SPEC §13)"),
+              (status = 403, body = crate::error::ErrorBody, description = "the key is bound to a subject: spend counts every subject's work")),
+    security(("api_key" = [])))]
+pub(crate) async fn scope_usage(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(scope): Path<String>,
+    q: Result<Query<NoParams>, QueryRejection>,
+) -> Result<Json<UsageReportView>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
+    let scope = ScopeId::new(scope)?;
+    let report = view(&s, &caller).usage(Some(&scope)).await?;
+    Ok(Json(report.into()))
+}
+
+#[utoipa::path(get, path = "/v1/usage", tag = "discovery",
+    responses((status = 200, body = UsageReportView, description = "the app's spend and tokens in the 24 h window, all scopes (SPEC §13)"),
+              (status = 403, body = crate::error::ErrorBody, description = "the key is bound to a subject: spend counts every subject's work")),
+    security(("api_key" = [])))]
+pub(crate) async fn app_usage(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<NoParams>, QueryRejection>,
+) -> Result<Json<UsageReportView>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    query(q)?;
+    let report = view(&s, &caller).usage(None).await?;
+    Ok(Json(report.into()))
 }
 
 /// Failures of one error code.

@@ -37,6 +37,8 @@ use utoipa::{Modify, OpenApi};
         crate::list_routes::list_scopes,
         crate::list_routes::get_scope,
         crate::list_routes::stats,
+        crate::list_routes::scope_usage,
+        crate::list_routes::app_usage,
     ),
     components(schemas(
         SubmitBody, SourceBody, BatchBody, BatchItem, BatchAnswer, TaskView, SourceView,
@@ -52,7 +54,7 @@ use utoipa::{Modify, OpenApi};
         crate::list_routes::PolicyView, crate::list_routes::ScopeView,
         crate::list_routes::CostView, crate::list_routes::ScopePageView,
         crate::list_routes::FailureCount, crate::list_routes::LatencyView,
-        crate::list_routes::StatsView
+        crate::list_routes::StatsView, crate::list_routes::UsageReportView
     )),
     modifiers(&ApiKeyAuth, &ErrorAnswers)
 )]
@@ -128,6 +130,8 @@ const ROUTE_ERRORS: &[(&str, HttpMethod, &[u16])] = &[
     ("/v1/scopes", HttpMethod::Get, &[503]),
     ("/v1/scopes/{scope}", HttpMethod::Get, &[422, 503]),
     ("/v1/stats", HttpMethod::Get, &[503]),
+    ("/v1/scopes/{scope}/usage", HttpMethod::Get, &[422, 503]),
+    ("/v1/usage", HttpMethod::Get, &[503]),
     ("/v1/kinds", HttpMethod::Get, &[]),
     ("/v1/models", HttpMethod::Get, &[]),
 ];
@@ -192,7 +196,7 @@ impl Modify for ErrorAnswers {
                                     .minimum(Some(1)),
                             )
                             .description(Some(
-                                "seconds until the rate limit admits again (rate limit only)",
+                                "seconds until admission may succeed again, where known (the task rate limit, SPEC §13's token rate limit and spend budgets)",
                             ))
                             .build(),
                     );

@@ -1,6 +1,6 @@
 //! The store's typed errors.
 
-use tollgate_core::{AdmissionRejection, ErrorCode, InvalidInput, OutputViolation};
+use tollgate_core::{AdmissionRejection, CostRejection, ErrorCode, InvalidInput, OutputViolation};
 
 /// What a store call can fail with. Every variant changes nothing in the database.
 #[derive(Debug, thiserror::Error)]
@@ -11,6 +11,9 @@ pub enum StoreError {
     /// Admission refused the task (SPEC §4).
     #[error(transparent)]
     Admission(#[from] AdmissionRejection),
+    /// The cost checks refused the task (SPEC §13).
+    #[error(transparent)]
+    Cost(#[from] CostRejection),
     /// The run a task names does not exist in the caller's app.
     #[error("run {0} not found")]
     RunNotFound(String),
@@ -54,6 +57,7 @@ impl StoreError {
         match self {
             StoreError::Invalid(e) => Some(e.code()),
             StoreError::Admission(r) => Some(r.code()),
+            StoreError::Cost(r) => Some(r.code()),
             StoreError::RunNotFound(_) => Some(ErrorCode::RunNotFound),
             StoreError::RunCanceled(_) => Some(ErrorCode::RunCanceled),
             StoreError::InvalidOutput(_) => Some(ErrorCode::InvalidModelOutput),
@@ -69,6 +73,7 @@ impl StoreError {
             self,
             StoreError::Invalid(_)
                 | StoreError::Admission(_)
+                | StoreError::Cost(_)
                 | StoreError::RunNotFound(_)
                 | StoreError::RunCanceled(_)
                 | StoreError::TaskNotFound(_)

@@ -154,6 +154,11 @@ pub trait TaskStore: Send + Sync {
         scope: &ScopeId,
         source: Option<&SourceId>,
     ) -> StoreResult<u64>;
+
+    /// SPEC §13: the spend and tokens of one scope of the app (`Some`) or of the whole
+    /// app (`None`) in the 24 h window. Reads at most 25 bucket rows per scope (25 × 8
+    /// for an app).
+    async fn spend(&self, app: &AppId, scope: Option<&ScopeId>) -> StoreResult<SpendWindow>;
 }
 
 /// The worker's side of tasks (SPEC §5): claim, heartbeat, complete, fail, acknowledge
@@ -214,12 +219,16 @@ pub trait WorkerStore: Send + Sync {
     }
 
     /// SPEC §5 fail: `queued/running → failed` with a code and a message cut to 2,000
-    /// characters; clears the admission logical key.
+    /// characters; clears the admission logical key. `usage` is what the task's attempts
+    /// used (SPEC §13: tokens spent on a failed task are real money and are recorded
+    /// and settled); `None` when unknown (a running task is then charged its whole
+    /// reservation).
     async fn fail_task(
         &self,
         id: TaskId,
         code: ErrorCode,
         message: &str,
+        usage: Option<&Usage>,
     ) -> StoreResult<Transition>;
 
     /// A worker acknowledges cancellation: `queued/running → canceled`

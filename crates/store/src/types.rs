@@ -37,6 +37,33 @@ pub fn keyset_page<T: Clone>(mut rows: Vec<T>, limit: u32) -> (Vec<T>, Option<T>
     }
 }
 
+/// SPEC §13 "Usage is visible": a scope's or an app's spend and tokens in the 24 h
+/// window, read from the window's hourly buckets (`since` is the start of the oldest
+/// bucket counted, so the window read is 24 to 25 hours long: the conservative side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpendWindow {
+    /// Start of the oldest bucket counted.
+    pub since: tollgate_core::Timestamp,
+    /// The store's "now".
+    pub now: tollgate_core::Timestamp,
+    /// Reserved by tasks not yet settled, nano-dollars.
+    pub reserved_nano: i64,
+    /// Settled (what ended tasks cost), nano-dollars.
+    pub settled_nano: i64,
+    /// Model tokens reserved by tasks not yet settled.
+    pub reserved_tokens: i64,
+    /// Model tokens settled.
+    pub settled_tokens: i64,
+    /// Settled spend above its reservation (providers reporting more than the bound).
+    pub overrun_nano: i64,
+    /// What cache hits saved (the cost of the task each copied), nano-dollars.
+    pub saved_nano: i64,
+    /// The scope's model-token bucket as last stored (scope reports only).
+    pub token_bucket: Option<tollgate_core::BucketState>,
+    /// Its capacity in bucket units, as of the last admission.
+    pub token_capacity_units: Option<i64>,
+}
+
 /// Answer of `create_task`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Created {

@@ -16,8 +16,8 @@
 
 use crate::{
     Completion, Created, HeartbeatReport, MaintenanceStore, PipelineRef, PipelineStore, RunCancel,
-    RunResult, RunStore, Store, StoreResult, StoredPipeline, SweepConfig, SweepReport, TaskStore,
-    Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome, WorkerStore,
+    RunResult, RunStore, SpendWindow, Store, StoreResult, StoredPipeline, SweepConfig, SweepReport,
+    TaskStore, Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome, WorkerStore,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -125,6 +125,9 @@ impl<W: ForwardTaskStore> TaskStore for W {
     ) -> StoreResult<u64> {
         forward!(self, write, delete_owner_data(app, scope, source))
     }
+    async fn spend(&self, app: &AppId, scope: Option<&ScopeId>) -> StoreResult<SpendWindow> {
+        forward!(self, read, spend(app, scope))
+    }
 }
 
 #[async_trait]
@@ -158,8 +161,9 @@ impl<W: ForwardWorkerStore> WorkerStore for W {
         id: TaskId,
         code: ErrorCode,
         message: &str,
+        usage: Option<&Usage>,
     ) -> StoreResult<Transition> {
-        forward!(self, write, fail_task(id, code, message))
+        forward!(self, write, fail_task(id, code, message, usage))
     }
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {
         forward!(self, write, mark_canceled(id))

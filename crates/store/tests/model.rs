@@ -111,29 +111,83 @@ struct BudgetSpec {
     global: u32,
     burst: u32,
     rate: u32,
+    cost: CostSpec,
+}
+
+/// SPEC §13 limits of a budget: scope USD (nano-dollars), the token bucket (tokens per
+/// minute, burst) and the app's USD.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct CostSpec {
+    usd: Option<u64>,
+    tokens: Option<(u32, u32)>,
+    app_usd: Option<u64>,
+}
+
+impl CostSpec {
+    const NONE: CostSpec = CostSpec {
+        usd: None,
+        tokens: None,
+        app_usd: None,
+    };
+
+    fn limits(self) -> tollgate_core::CostLimits {
+        use std::num::{NonZeroU32, NonZeroU64};
+        tollgate_core::CostLimits {
+            scope_nano_per_24_hours: self.usd.and_then(NonZeroU64::new),
+            token_rate: self.tokens.map(|(rate, burst)| tollgate_core::TokenRate {
+                tokens_per_minute: NonZeroU32::new(rate).expect("positive"),
+                token_burst: NonZeroU32::new(burst).expect("positive"),
+            }),
+            app_nano_per_24_hours: self.app_usd.and_then(NonZeroU64::new),
+        }
+    }
+}
+
+/// The prices every scoped task of the model is reserved at: 1,000 / 2,000 / 500
+/// nano-dollars per input / output / cached input token.
+const PRICES: tollgate_core::Prices = tollgate_core::Prices {
+    input: 1_000_000,
+    output: 2_000_000,
+    cached_input: 500_000,
+};
+
+/// The reservation of a scoped spec: `reserve` 0 has no output bound; 1–3 reserve
+/// 30 × k input and 10 × k output tokens (50,000 × k nano-dollars).
+fn reservation_of(reserve: u8) -> tollgate_core::Reservation {
+    let k = u64::from(reserve);
+    let bound = tollgate_core::TokenBound {
+        input_tokens: 30 * k,
+        reask_input_tokens: 0,
+        output_tokens: 10 * k,
+        attempts: 1,
+    };
+    tollgate_core::cost::reservation((reserve > 0).then_some(&bound), Some(PRICES))
 }
 
 impl fmt::Debug for BudgetSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "budget(steps {}, sources {}, scope {}, global {}, burst {}, rate {}/min)",
-            self.steps, self.sources, self.scope, self.global, self.burst, self.rate
+            "budget(steps {}, sources {}, scope {}, global {}, burst {}, rate {}/min, {:?})",
+            self.steps, self.sources, self.scope, self.global, self.burst, self.rate, self.cost
         )
     }
 }
 
 impl BudgetSpec {
     fn budget(self) -> Budget {
-        Budget::new(
-            self.steps.into(),
-            self.sources.into(),
-            self.scope.into(),
-            self.global.into(),
-            self.burst.into(),
-            self.rate.into(),
-        )
-        .expect("positive budget")
+        Budget {
+            cost: self.cost.limits(),
+            ..Budget::new(
+                self.steps.into(),
+                self.sources.into(),
+                self.scope.into(),
+                self.global.into(),
+                self.burst.into(),
+                self.rate.into(),
+            )
+            .expect("positive budget")
+        }
     }
 }
 
@@ -157,6 +211,8 @@ struct ScopedSpec {
     revision: u8,
     recompute: bool,
     budget: BudgetSpec,
+    /// SPEC §13: which reservation ([`reservation_of`]).
+    reserve: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -262,15 +318,33 @@ fn budget_spec() -> impl Strategy<Value = BudgetSpec> {
         2u32..=5,
         1u32..=3,
         prop_oneof![Just(1u32), Just(60), Just(600)],
+        cost_spec(),
     )
-        .prop_map(|(steps, sources, scope, global, burst, rate)| BudgetSpec {
-            steps,
-            sources,
-            scope,
-            global,
-            burst,
-            rate,
-        })
+        .prop_map(
+            |(steps, sources, scope, global, burst, rate, cost)| BudgetSpec {
+                steps,
+                sources,
+                scope,
+                global,
+                burst,
+                rate,
+                cost,
+            },
+        )
+}
+
+/// SPEC §13 limits: none half the time; otherwise limits that one to four reservations
+/// fill.
+fn cost_spec() -> impl Strategy<Value = CostSpec> {
+    prop_oneof![
+        1 => Just(CostSpec::NONE),
+        1 => (
+            proptest::option::of(60_000u64..=200_000),
+            proptest::option::of((prop_oneof![Just(60u32), Just(600)], 40u32..=120)),
+            proptest::option::of(100_000u64..=300_000),
+        )
+            .prop_map(|(usd, tokens, app_usd)| CostSpec { usd, tokens, app_usd }),
+    ]
 }
 
 fn create_spec() -> impl Strategy<Value = CreateSpec> {
@@ -287,13 +361,17 @@ fn create_spec() -> impl Strategy<Value = CreateSpec> {
             0u8..2,
             proptest::bool::weighted(0.15),
             budget_spec(),
+            prop_oneof![1 => Just(0u8), 4 => 1u8..=3],
         )
-            .prop_map(|(source, revision, recompute, budget)| ScopedSpec {
-                source,
-                revision,
-                recompute,
-                budget,
-            }),
+            .prop_map(
+                |(source, revision, recompute, budget, reserve)| ScopedSpec {
+                    source,
+                    revision,
+                    recompute,
+                    budget,
+                    reserve,
+                },
+            ),
     );
     (0u8..2, 0..KEYS, owner, 0u8..2, 0u8..3, 0u8..2, scoped).prop_map(
         |(app, key, owner, step, input, model, scoped)| CreateSpec {
@@ -364,6 +442,9 @@ enum RRef {
 #[derive(Debug, Clone, PartialEq)]
 enum ErrKind {
     Admission(AdmissionRejection),
+    /// SPEC §13 refusals, compared by code (the retry time is core's arithmetic over the
+    /// buckets, exercised by the conformance suite).
+    Cost(ErrorCode),
     RunNotFound,
     RunCanceled,
     TaskNotFound,
@@ -376,6 +457,7 @@ impl From<&StoreError> for ErrKind {
     fn from(e: &StoreError) -> Self {
         match e {
             StoreError::Admission(r) => ErrKind::Admission(*r),
+            StoreError::Cost(r) => ErrKind::Cost(r.code()),
             StoreError::RunNotFound(_) => ErrKind::RunNotFound,
             StoreError::RunCanceled(_) => ErrKind::RunCanceled,
             StoreError::TaskNotFound(_) => ErrKind::TaskNotFound,
@@ -458,6 +540,8 @@ struct TaskView {
     request_input: String,
     model: String,
     has_cache_key: bool,
+    /// SPEC §13: the stored reservation (tokens, nano-dollars, taken from the bucket).
+    reservation: Option<(u64, i64, bool)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -513,6 +597,10 @@ struct MTask {
     completed_at: Option<i64>,
     released_at: Option<i64>,
     deleted: bool,
+    /// SPEC §13: what admission reserved, and what settlement charged (nano-dollars,
+    /// tokens).
+    reservation: Option<tollgate_core::Reservation>,
+    charged: Option<(i64, u64)>,
 }
 
 impl MTask {
@@ -551,6 +639,8 @@ struct Model {
     admissions: Vec<MAdmission>,
     /// (app, scope) → token bucket (units, at).
     buckets: HashMap<(usize, usize), (i64, i64)>,
+    /// SPEC §13: (app, scope) → model-token bucket (units, at, capacity).
+    token_buckets: HashMap<(usize, usize), (i64, i64, i64)>,
     runs: Vec<MRun>,
     now: i64,
 }
@@ -610,6 +700,18 @@ impl Model {
         t.status = status;
         t.error = error;
         t.completed_at = Some(now);
+        // SPEC §13: the reservation is replaced by what the task cost; unknown usage of a
+        // started task is its whole reservation; unused reserved tokens go back.
+        if let Some(r) = t.reservation {
+            let c = tollgate_core::cost::settle(&r, t.usage.as_ref(), t.claimed_at.is_some());
+            t.charged = Some((c.nano_usd, c.tokens));
+            if c.refund_tokens > 0
+                && let Some(b) = self.token_buckets.get_mut(&(t.app, t.scope))
+            {
+                let refunded = b.0 + c.refund_tokens as i64 * TOKEN;
+                b.0 = b.0.max(refunded.min(b.2));
+            }
+        }
         if clear_key {
             for a in self.admissions.iter_mut().filter(|a| a.task == i) {
                 a.logical = None;
@@ -709,6 +811,66 @@ impl Model {
         }
     }
 
+    /// SPEC §13 after §4, straight from its text: the spend of the window summed from
+    /// every admitted task (deleted ones too: their spend stays), each at its charge once
+    /// settled and at its reservation before; the window is the hourly buckets from the
+    /// hour of now − 24 h (docs/budgets.md); then the token bucket; then the app's spend.
+    fn admit_cost(
+        &self,
+        app: usize,
+        scope: usize,
+        c: CostSpec,
+        r: &tollgate_core::Reservation,
+    ) -> Result<Option<(i64, i64, i64)>, ErrKind> {
+        use tollgate_core::cost::{spend_bucket, window_first_bucket};
+        let now = self.now;
+        let limits = c.limits();
+        if limits.needs_bound() && !r.bounded {
+            return Err(ErrKind::Cost(ErrorCode::OutputBoundRequired));
+        }
+        let first = window_first_bucket(tollgate_core::Timestamp(START.0 + now));
+        let spend = |in_scope: &dyn Fn(&MTask) -> bool| -> i64 {
+            self.tasks
+                .iter()
+                .filter(|t| t.admitted && t.app == app && in_scope(t))
+                .filter(|t| spend_bucket(tollgate_core::Timestamp(START.0 + t.created_at)) >= first)
+                .map(|t| match (t.charged, t.reservation) {
+                    (Some((nano, _)), _) => nano,
+                    (None, Some(r)) => r.nano_usd,
+                    (None, None) => 0,
+                })
+                .sum()
+        };
+        if let Some(limit) = c.usd
+            && spend(&|t| t.scope == scope) + r.nano_usd > limit as i64
+        {
+            return Err(ErrKind::Cost(ErrorCode::SpendBudget));
+        }
+        let bucket = match c.tokens {
+            None => None,
+            Some((rate, burst)) => {
+                let capacity = i64::from(burst) * TOKEN;
+                let (units, at, _) = self
+                    .token_buckets
+                    .get(&(app, scope))
+                    .copied()
+                    .unwrap_or((capacity, now, capacity));
+                let units = (units + (now - at).max(0) * i64::from(rate)).min(capacity);
+                let needed = r.tokens as i64 * TOKEN;
+                if r.tokens > u64::from(burst) || units < needed {
+                    return Err(ErrKind::Cost(ErrorCode::TokenRateLimit));
+                }
+                Some((units - needed, at.max(now), capacity))
+            }
+        };
+        if let Some(limit) = c.app_usd
+            && spend(&|_| true) + r.nano_usd > limit as i64
+        {
+            return Err(ErrKind::Cost(ErrorCode::SpendBudget));
+        }
+        Ok(bucket)
+    }
+
     /// SPEC §3 steps 2–6.
     /// The app a creation is made by: the run's own app for a run owner, unless `foreign`.
     fn caller(&self, spec: &CreateSpec) -> usize {
@@ -774,6 +936,8 @@ impl Model {
             completed_at: None,
             released_at: None,
             deleted: false,
+            reservation: None,
+            charged: None,
         };
         if let Some(s) = &spec.scoped {
             let (source, revision) = (usize::from(s.source), usize::from(s.revision));
@@ -812,6 +976,13 @@ impl Model {
                 let bucket = self
                     .admit(app, scope, source, &logical, s.budget)
                     .map_err(ErrKind::Admission)?;
+                let mut r = reservation_of(s.reserve);
+                let tokens = self.admit_cost(app, scope, s.budget.cost, &r)?;
+                r.from_token_bucket = tokens.is_some();
+                if let Some(t) = tokens {
+                    self.token_buckets.insert((app, scope), t);
+                }
+                task.reservation = Some(r);
                 self.buckets.insert((app, scope), bucket);
                 self.admissions.push(MAdmission {
                     app,
@@ -966,6 +1137,8 @@ impl Model {
                     return Outcome::Skipped;
                 };
                 if self.tasks[i].active() {
+                    // SPEC §13: a failure records what its attempts used.
+                    self.tasks[i].usage = Some(completion_usage());
                     let woken =
                         self.finish(i, TaskStatus::Failed, Some(ErrorCode::ProviderError), true);
                     Outcome::Transition(Ok(self.transition(true, Some(i), woken)))
@@ -1246,6 +1419,9 @@ impl Model {
             request_input: INPUTS[t.input].to_string(),
             model: MODELS[t.model].to_string(),
             has_cache_key: t.cache_key.is_some(),
+            reservation: t
+                .reservation
+                .map(|r| (r.tokens, r.nano_usd, r.from_token_bucket)),
         }
     }
 
@@ -1382,6 +1558,7 @@ impl Harness {
                     .expect("revision"),
                 recompute: s.recompute,
                 budget: s.budget.budget(),
+                reservation: reservation_of(s.reserve),
             }),
         }
     }
@@ -1517,6 +1694,7 @@ impl Harness {
                         self.task_ids[i],
                         ErrorCode::ProviderError,
                         "the provider broke",
+                        Some(&completion_usage()),
                     )
                     .await;
                 Outcome::Transition(match answer {
@@ -1769,6 +1947,9 @@ impl Harness {
             request_input: t.request["input"].as_str().unwrap_or_default().to_string(),
             model: t.model_ref.model.clone(),
             has_cache_key: t.cache_key.is_some(),
+            reservation: t
+                .reservation
+                .map(|r| (r.tokens, r.nano_usd, r.from_token_bucket)),
         }
     }
 
@@ -1865,6 +2046,7 @@ fn tally(outcome: &Outcome) {
         Ok((_, true)) => "create: created".to_string(),
         Ok((_, false)) => "create: replay".to_string(),
         Err(ErrKind::Admission(a)) => format!("create: {}", a.code()),
+        Err(ErrKind::Cost(code)) => format!("create: {code}"),
         Err(e) => format!("create: {e:?}"),
     };
     let mut names = Vec::new();
@@ -2080,6 +2262,7 @@ fn the_model_follows_the_spec_on_a_known_sequence() {
         global: 5,
         burst: 3,
         rate: 1,
+        cost: CostSpec::NONE,
     };
     let create = |key, input, source| {
         Op::Create(CreateSpec {
@@ -2097,6 +2280,7 @@ fn the_model_follows_the_spec_on_a_known_sequence() {
                 revision: 0,
                 recompute: false,
                 budget: tight,
+                reserve: 1,
             }),
         })
     };

@@ -100,6 +100,7 @@ fn app_task(app: &str, scope: &str, key: &str, source: Option<&str>) -> NewTask 
             source_revision: SourceRevision::new("v1").unwrap(),
             recompute: false,
             budget: Budget::unlimited(),
+            reservation: tollgate_core::Reservation::default(),
         }),
     }
 }
@@ -258,6 +259,27 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
     .execute(&pool)
     .await
     .unwrap();
+    // SPEC §13: a day of hourly spend buckets for every scope, and for 500 apps.
+    let hour = tollgate_core::cost::spend_bucket(START);
+    sqlx::query(
+        "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano) \
+         SELECT 'bulk', 'scope-' || s, $1 - h, 10, 20 \
+         FROM generate_series(0, 999) AS s, generate_series(0, 30) AS h",
+    )
+    .bind(hour)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, settled_nano) \
+         SELECT CASE WHEN a = 0 THEN 'bulk' ELSE 'app-' || a END, $1 - h, st, 10, 20 \
+         FROM generate_series(0, 499) AS a, generate_series(0, 30) AS h, \
+              generate_series(0, 7) AS st",
+    )
+    .bind(hour)
+    .execute(&pool)
+    .await
+    .unwrap();
     sqlx::query("ANALYZE").execute(&pool).await.unwrap();
 
     let seq_scans = || {
@@ -271,7 +293,8 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
                 .unwrap();
             let rows = sqlx::query(
                 "SELECT relname::TEXT AS rel, COALESCE(seq_scan, 0) AS n FROM pg_stat_user_tables \
-                 WHERE schemaname = current_schema() AND relname IN ('tasks', 'admissions')",
+                 WHERE schemaname = current_schema() \
+                 AND relname IN ('tasks', 'admissions', 'scope_spend', 'app_spend')",
             )
             .fetch_all(&pool)
             .await
@@ -295,6 +318,38 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         .create_task(app_task("bulk", "scope-8", "new-2", Some("src-8")))
         .await
         .unwrap();
+    // SPEC §13: an admission under every cost limit, and the usage reads.
+    let mut costly = app_task("bulk", "scope-6", "new-costly", Some("src-costly"));
+    if let Some(scoped) = costly.scope.as_mut() {
+        scoped.budget.cost = tollgate_core::CostLimits {
+            scope_nano_per_24_hours: std::num::NonZeroU64::new(1_000_000_000),
+            token_rate: Some(tollgate_core::TokenRate {
+                tokens_per_minute: std::num::NonZeroU32::new(1_000_000).unwrap(),
+                token_burst: std::num::NonZeroU32::new(1_000_000).unwrap(),
+            }),
+            app_nano_per_24_hours: std::num::NonZeroU64::new(1_000_000_000_000),
+        };
+        scoped.reservation = tollgate_core::cost::reservation(
+            Some(&tollgate_core::TokenBound {
+                input_tokens: 100,
+                reask_input_tokens: 10,
+                output_tokens: 10,
+                attempts: 2,
+            }),
+            Some(tollgate_core::Prices {
+                input: 1_000,
+                output: 2_000,
+                cached_input: 500,
+            }),
+        );
+    }
+    let costly = store.create_task(costly).await.unwrap().task;
+    store.request_cancel(&acme_id(), costly.id).await.unwrap();
+    store
+        .spend(&acme_id(), Some(&ScopeId::new("scope-6").unwrap()))
+        .await
+        .unwrap();
+    store.spend(&acme_id(), None).await.unwrap();
     let b = store
         .create_task(app_task("bulk", "scope-9", "new-3", None))
         .await
@@ -319,7 +374,7 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         .await
         .unwrap();
     store
-        .fail_task(b.id, tollgate_core::ErrorCode::ProviderError, "boom")
+        .fail_task(b.id, tollgate_core::ErrorCode::ProviderError, "boom", None)
         .await
         .unwrap();
     store.is_cancellation_requested(a.id).await.unwrap();
@@ -471,6 +526,10 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         before, after,
         "a hot statement scanned a whole table (seq_scan before vs after)"
     );
+}
+
+fn acme_id() -> AppId {
+    AppId::new("bulk").unwrap()
 }
 
 /// Connection loss: PostgreSQL stopped mid-use surfaces as a retryable error, never a
@@ -852,7 +911,7 @@ async fn racing_replicas_never_exceed_a_limit() {
                         .expect("complete");
                 }
                 6 | 7 => {
-                    s.fail_task(id, tollgate_core::ErrorCode::ProviderError, "boom")
+                    s.fail_task(id, tollgate_core::ErrorCode::ProviderError, "boom", None)
                         .await
                         .expect("fail");
                 }
@@ -1038,6 +1097,364 @@ async fn racing_replicas_never_exceed_a_limit() {
         admitted > 0 && !rejections.is_empty(),
         "both outcomes must occur"
     );
+    for s in stores {
+        drop(s);
+    }
+}
+
+/// SPEC §13 "Exact … under any concurrency and any number of replicas", the long way
+/// round: 4 store instances race ≥ 10,000 admissions (`TOLLGATE_COST_RACE_ATTEMPTS`)
+/// with random token counts and prices under random scope and app USD limits and token
+/// buckets, between phases completing, failing and canceling tasks with actual usage at
+/// most their reservation and moving the clock (minutes to days). Audited afterwards from
+/// the stored rows alone: in no 24 h window of any scope or app does settled plus
+/// reserved spend exceed its limit at any instant, and the token bucket replayed from the
+/// reservations and refunds never goes below zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_replicas_never_exceed_a_cost_limit() {
+    use std::collections::BTreeMap;
+    use std::num::{NonZeroU32, NonZeroU64};
+    use tollgate_core::admission::TOKEN_UNITS;
+    use tollgate_core::cost::{CostLimits, TokenBound, TokenRate, refund_units, reservation};
+    use tollgate_core::{BucketState, Clock, Prices, Reservation, Timestamp, Usage};
+    use tollgate_store::conformance::fixtures::{new_scoped_task, spam, with_input, worker};
+
+    let Some(url) = database_url("racing_replicas_never_exceed_a_cost_limit") else {
+        return;
+    };
+    let attempts = env_number("TOLLGATE_COST_RACE_ATTEMPTS", 10_000) as usize;
+    let seed = env_number(
+        "TOLLGATE_RACE_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1,
+    );
+    eprintln!("racing cost replicas: {attempts} attempts, TOLLGATE_RACE_SEED={seed}");
+    let mut rng = Rng(seed);
+    let schema = Schema::new(&url, "cost_race");
+    let clock = ManualClock::new(START);
+    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    for _ in 0..4 {
+        let mut o = schema.options(&clock);
+        o.acquire_timeout = Duration::from_secs(60);
+        stores.push(Arc::new(PostgresStore::open(o).await.expect("open")));
+    }
+    const APPS: [&str; 2] = ["acme", "globex"];
+    const SCOPES: usize = 3;
+    let prices = [
+        Prices {
+            input: 150_000,
+            output: 600_000,
+            cached_input: 75_000,
+        },
+        Prices {
+            input: 2_500_000,
+            output: 10_000_000,
+            cached_input: 1_250_000,
+        },
+        Prices {
+            input: 1_000,
+            output: 3_000,
+            cached_input: 1_000,
+        },
+    ];
+    // A typical reservation is ~250 tokens, up to ~$0.004: limits that refuse often.
+    let app_limits: Vec<u64> = (0..APPS.len())
+        .map(|_| 20_000_000 + rng.below(60_000_000))
+        .collect();
+    let mut limits: BTreeMap<(usize, usize), (u64, u32, u32)> = BTreeMap::new();
+    for a in 0..APPS.len() {
+        for s in 0..SCOPES {
+            limits.insert(
+                (a, s),
+                (
+                    5_000_000 + rng.below(30_000_000),
+                    600 + rng.below(30_000) as u32,
+                    800 + rng.below(3_000) as u32,
+                ),
+            );
+        }
+    }
+    let budget_of = |a: usize, s: usize| {
+        let (usd, per_minute, burst) = limits[&(a, s)];
+        Budget {
+            cost: CostLimits {
+                scope_nano_per_24_hours: NonZeroU64::new(usd),
+                token_rate: Some(TokenRate {
+                    tokens_per_minute: NonZeroU32::new(per_minute).unwrap(),
+                    token_burst: NonZeroU32::new(burst).unwrap(),
+                }),
+                app_nano_per_24_hours: NonZeroU64::new(app_limits[a]),
+            },
+            ..Budget::unlimited()
+        }
+    };
+
+    let racers = 32usize;
+    let per_phase = 100usize;
+    let mut made = 0usize;
+    let mut rejections: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut admitted = 0usize;
+    let mut running: Vec<(tollgate_core::TaskId, AppId, Reservation)> = Vec::new();
+    let mut queued: Vec<(tollgate_core::TaskId, AppId)> = Vec::new();
+    while made < attempts {
+        let n = per_phase.min(attempts - made);
+        let mut batch = Vec::with_capacity(n);
+        for i in 0..n {
+            let (a, s) = (rng.below(2) as usize, rng.below(SCOPES as u64) as usize);
+            let bound = TokenBound {
+                input_tokens: 10 + rng.below(300),
+                reask_input_tokens: rng.below(50),
+                output_tokens: 5 + rng.below(150),
+                attempts: 1 + rng.below(2) as u32,
+            };
+            let r = reservation(Some(&bound), Some(prices[rng.below(3) as usize]));
+            let key = format!("k{}", made + i);
+            let mut t = with_input(
+                new_scoped_task(
+                    APPS[a],
+                    &format!("scope-{s}"),
+                    &key,
+                    &format!("doc-{}", rng.below(5)),
+                    budget_of(a, s),
+                ),
+                &key,
+            );
+            if let Some(scoped) = t.scope.as_mut() {
+                scoped.reservation = r;
+            }
+            batch.push(t);
+        }
+        made += n;
+        let batch = Arc::new(batch);
+        let mut handles = Vec::new();
+        for r in 0..racers {
+            let store = stores[r % stores.len()].clone();
+            let mine: Vec<NewTask> = batch.iter().skip(r).step_by(racers).cloned().collect();
+            handles.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                for t in mine {
+                    out.push(store.create_task(t).await);
+                }
+                out
+            }));
+        }
+        for h in handles {
+            for answer in h.await.expect("racer") {
+                match answer {
+                    Ok(c) => {
+                        assert!(c.created, "every key is new");
+                        admitted += 1;
+                        queued.push((c.task.id, c.task.app.clone()));
+                    }
+                    Err(StoreError::Cost(r)) => {
+                        *rejections.entry(r.code().as_str()).or_default() += 1
+                    }
+                    Err(e) => panic!("only the cost checks may refuse here: {e:?}"),
+                }
+            }
+        }
+        clock.advance(Duration::from_millis(1));
+        // Claim some, then end some of the running ones with usage ≤ their reservation.
+        let w = worker("finisher");
+        let claimed = stores[0].claim_next(&w, 60).await.expect("claim");
+        for t in claimed {
+            queued.retain(|(id, _)| *id != t.id);
+            running.push((t.id, t.app.clone(), t.reservation.expect("reserved")));
+        }
+        let mut still = Vec::new();
+        for (i, (id, app, r)) in running.drain(..).enumerate() {
+            let s = &stores[i % stores.len()];
+            let share = |rng: &mut Rng, n: u64| n * rng.below(101) / 100;
+            let input = share(&mut rng, r.tokens / 2);
+            let output = share(&mut rng, r.tokens - r.tokens / 2);
+            // Within the token bound, and (input priced at the dearest rate) within cost.
+            let used = Usage {
+                input_tokens: input.min(r.tokens),
+                output_tokens: 0,
+                cost_usd: None,
+                cached_input_tokens: Some(share(&mut rng, input)),
+            };
+            let used = if r.prices.is_some_and(|p| {
+                p.cost_nano(&Usage {
+                    output_tokens: output,
+                    ..used
+                }) <= r.nano_usd
+            }) {
+                Usage {
+                    output_tokens: output,
+                    ..used
+                }
+            } else {
+                used
+            };
+            match rng.below(10) {
+                0..=5 => {
+                    s.complete_task(id, &w, spam(), used)
+                        .await
+                        .expect("complete");
+                }
+                6 | 7 => {
+                    s.fail_task(
+                        id,
+                        tollgate_core::ErrorCode::ProviderError,
+                        "boom",
+                        Some(&used),
+                    )
+                    .await
+                    .expect("fail");
+                }
+                8 => {
+                    s.request_cancel(&app, id).await.expect("cancel");
+                }
+                _ => still.push((id, app, r)),
+            }
+        }
+        running = still;
+        // Cancel a few queued ones (they cost nothing).
+        for _ in 0..3 {
+            if queued.is_empty() {
+                break;
+            }
+            let (id, app) = queued.swap_remove(rng.below(queued.len() as u64) as usize);
+            stores[1].request_cancel(&app, id).await.expect("cancel");
+        }
+        let advance = match rng.below(10) {
+            0..=4 => 10 + rng.below(20_000),
+            5..=7 => 60_000 + rng.below(6 * 3_600_000),
+            _ => 12 * 3_600_000 + rng.below(14 * 3_600_000),
+        };
+        clock.advance(Duration::from_millis(advance));
+    }
+
+    // Everything below reads only the rows.
+    let pool = sqlx::PgPool::connect(&format!(
+        "{url}{}options=-c%20search_path%3D{}",
+        if url.contains('?') { '&' } else { '?' },
+        schema.name
+    ))
+    .await
+    .expect("pool");
+    struct Row3 {
+        app: String,
+        scope: String,
+        created: i64,
+        completed: Option<i64>,
+        reservation: Reservation,
+        charged_nano: Option<i64>,
+        charged_tokens: Option<i64>,
+    }
+    let rows: Vec<Row3> = sqlx::query(
+        "SELECT app, scope, created_at, completed_at, reservation, charged_nano, charged_tokens \
+         FROM tasks WHERE admitted",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("tasks")
+    .into_iter()
+    .map(|r| Row3 {
+        app: r.get(0),
+        scope: r.get(1),
+        created: r.get(2),
+        completed: r.get(3),
+        reservation: serde_json::from_str(&r.get::<String, _>(4)).expect("reservation"),
+        charged_nano: r.get(5),
+        charged_tokens: r.get(6),
+    })
+    .collect();
+    pool.close().await;
+    assert_eq!(rows.len(), admitted, "one admitted row per admission");
+    for t in &rows {
+        assert_eq!(
+            t.completed.is_some(),
+            t.charged_nano.is_some(),
+            "a task is settled exactly when it ended"
+        );
+        assert!(t.charged_nano.unwrap_or(0) <= t.reservation.nano_usd);
+    }
+
+    // The spend of a set of tasks at instant `at` over the window (at − 24 h, at].
+    let spend_at = |at: i64, of: &dyn Fn(&Row3) -> bool| -> i64 {
+        rows.iter()
+            .filter(|t| of(t) && t.created <= at && t.created > at - 24 * 3_600_000)
+            .map(|t| match (t.completed, t.charged_nano) {
+                (Some(c), Some(n)) if c <= at => n,
+                _ => t.reservation.nano_usd,
+            })
+            .sum()
+    };
+    let mut instants: Vec<i64> = rows.iter().map(|t| t.created).collect();
+    instants.sort_unstable();
+    instants.dedup();
+    let mut checked = 0u64;
+    for &at in &instants {
+        for (a, app) in APPS.iter().enumerate() {
+            let total = spend_at(at, &|t: &Row3| t.app == *app);
+            assert!(
+                total as u64 <= app_limits[a],
+                "app {app} over its usd_per_24_hours at {at}: {total} > {}",
+                app_limits[a]
+            );
+            for s in 0..SCOPES {
+                let scope = format!("scope-{s}");
+                let total = spend_at(at, &|t: &Row3| t.app == *app && t.scope == scope);
+                assert!(
+                    total as u64 <= limits[&(a, s)].0,
+                    "{app}/{scope} over its usd_per_24_hours at {at}: {total} > {}",
+                    limits[&(a, s)].0
+                );
+                checked += 1;
+            }
+        }
+    }
+    // The token bucket replayed: reservations taken at admission, unused tokens given
+    // back at settlement (capped at the burst), never below zero.
+    for (&(a, s), &(_, per_minute, burst)) in &limits {
+        let (app, scope) = (APPS[a], format!("scope-{s}"));
+        let mut events: BTreeMap<i64, (u64, u64)> = BTreeMap::new(); // at → (taken, refunded)
+        for t in rows.iter().filter(|t| t.app == app && t.scope == scope) {
+            events.entry(t.created).or_default().0 += t.reservation.tokens;
+            if let (Some(c), Some(used)) = (t.completed, t.charged_tokens) {
+                events.entry(c).or_default().1 += t.reservation.tokens.saturating_sub(used as u64);
+            }
+        }
+        let capacity = i64::from(burst) * TOKEN_UNITS;
+        let mut bucket: Option<BucketState> = None;
+        for (at, (taken, refunded)) in events {
+            let now = Timestamp(at);
+            if let Some(b) = bucket.as_mut() {
+                b.units = refund_units(b.units, refunded, capacity);
+            }
+            if taken > 0 {
+                let b = bucket
+                    .unwrap_or_else(|| BucketState::full(burst, now))
+                    .refilled(burst, per_minute, now);
+                let left = b.units - taken as i64 * TOKEN_UNITS;
+                assert!(
+                    left >= 0,
+                    "{app}/{scope} took {taken} tokens at {at} with {} (burst {burst}, {per_minute}/min)",
+                    b.units / TOKEN_UNITS
+                );
+                bucket = Some(BucketState {
+                    units: left,
+                    at: b.at,
+                });
+            }
+        }
+    }
+    eprintln!(
+        "racing cost replicas: {attempts} attempts, {admitted} admitted, refused {rejections:?}, \
+         {checked} (scope, instant) checks"
+    );
+    assert!(admitted > 0, "some admissions must succeed");
+    assert!(
+        rejections.contains_key("WORKFLOW_AI_SPEND_BUDGET")
+            && rejections.contains_key("WORKFLOW_AI_TOKEN_RATE_LIMIT"),
+        "both cost limits must refuse at some point: {rejections:?}"
+    );
+    let _ = clock.now();
     for s in stores {
         drop(s);
     }

@@ -84,6 +84,16 @@ pub struct BudgetPolicy {
     pub burst: Limit,
     /// Token-bucket refill in tasks per minute.
     pub tasks_per_minute: Limit,
+    /// SPEC §13: the scope's spend in 24 h (settled plus reserved), USD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd_per_24_hours: Option<f64>,
+    /// SPEC §13: the scope's model-token bucket refill, tokens per minute (with
+    /// `token_burst`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<Limit>,
+    /// SPEC §13: the scope's model-token bucket capacity (with `tokens_per_minute`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_burst: Option<Limit>,
 }
 
 impl Default for BudgetPolicy {
@@ -94,11 +104,44 @@ impl Default for BudgetPolicy {
             scope_concurrent: Limit::Integer(50),
             burst: Limit::Integer(60),
             tasks_per_minute: Limit::Integer(600),
+            usd_per_24_hours: None,
+            tokens_per_minute: None,
+            token_burst: None,
         }
     }
 }
 
 impl BudgetPolicy {
+    /// SPEC §13: the policy's cost limits (the app's limit is added per app), or the
+    /// first invalid field and why.
+    pub fn cost_limits(&self) -> Result<tollgate_core::CostLimits, (&'static str, String)> {
+        let scope_nano_per_24_hours = self
+            .usd_per_24_hours
+            .map(|usd| {
+                tollgate_core::cost::usd_limit_from_f64("usd_per_24_hours", usd)
+                    .map_err(|e| ("usd_per_24_hours", e.to_string()))
+            })
+            .transpose()?;
+        let token_rate = match (self.tokens_per_minute, self.token_burst) {
+            (None, None) => None,
+            (Some(rate), Some(burst)) => Some(tollgate_core::TokenRate {
+                tokens_per_minute: rate.positive().map_err(|m| ("tokens_per_minute", m))?,
+                token_burst: burst.positive().map_err(|m| ("token_burst", m))?,
+            }),
+            (Some(_), None) => {
+                return Err(("token_burst", "is required with tokens_per_minute".into()));
+            }
+            (None, Some(_)) => {
+                return Err(("tokens_per_minute", "is required with token_burst".into()));
+            }
+        };
+        Ok(tollgate_core::CostLimits {
+            scope_nano_per_24_hours,
+            token_rate,
+            app_nano_per_24_hours: None,
+        })
+    }
+
     pub(super) fn fields(&self) -> [(&'static str, Limit); 5] {
         [
             ("max_steps_per_source", self.max_steps_per_source),
@@ -125,6 +168,9 @@ pub struct AppConfig {
     /// accepts and ignores them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_keys: Option<Value>,
+    /// SPEC §13: the whole app's spend in 24 h, all scopes, USD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd_per_24_hours: Option<f64>,
 }
 
 /// `[admission]`: server-wide admission settings.

@@ -146,6 +146,8 @@ impl Default for EngineConfig {
                 provider: DEV_PROVIDER.to_string(),
                 model: "dev-1".to_string(),
                 params: Map::new(),
+                prices: None,
+                max_output_tokens: None,
             },
         );
         let mut providers = BTreeMap::new();

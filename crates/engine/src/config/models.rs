@@ -22,15 +22,66 @@ pub struct ModelConfig {
     /// matching.
     #[serde(default)]
     pub params: Map<String, Value>,
+    /// SPEC §13: what the model costs, in USD per million tokens. Without prices a task
+    /// of the model costs nothing known (`cost_usd: null`) and reserves no money.
+    /// Prices are not part of the model config hash (they change no output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<ModelPrices>,
+    /// SPEC §13: the output-token bound of a request that sets none
+    /// (`max_output_tokens`), sent to the provider as `max_tokens` (so it is part of the
+    /// model config hash) and reserved at admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
+}
+
+/// `[models.<id>.prices]` (SPEC §13), USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrices {
+    /// Per million input tokens.
+    pub input_per_million: f64,
+    /// Per million output tokens.
+    pub output_per_million: f64,
+    /// Per million input tokens served from the provider's prompt cache (default: the
+    /// input price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_per_million: Option<f64>,
+}
+
+impl ModelPrices {
+    /// The prices in core's integer unit, or the first invalid field's message.
+    pub fn to_core(&self) -> Result<tollgate_core::Prices, (&'static str, String)> {
+        let price = |field: &'static str, usd: f64| {
+            tollgate_core::cost::price_from_usd_per_million(field, usd)
+                .map_err(|e| (field, e.to_string()))
+        };
+        let input = price("input_per_million", self.input_per_million)?;
+        Ok(tollgate_core::Prices {
+            input,
+            output: price("output_per_million", self.output_per_million)?,
+            cached_input: match self.cached_input_per_million {
+                Some(usd) => price("cached_input_per_million", usd)?,
+                None => input,
+            },
+        })
+    }
 }
 
 impl ModelConfig {
-    /// The resolved model reference.
+    /// The resolved model reference. A configured `max_output_tokens` is sent as
+    /// `max_tokens` unless `params` already says.
     pub fn model_ref(&self) -> ModelRef {
+        let mut params = self.params.clone();
+        if let Some(n) = self.max_output_tokens
+            && !params.contains_key("max_tokens")
+            && !params.contains_key("max_completion_tokens")
+        {
+            params.insert("max_tokens".into(), Value::from(n));
+        }
         ModelRef {
             provider: self.provider.clone(),
             model: self.model.clone(),
-            params: self.params.clone(),
+            params,
         }
     }
 }

@@ -121,6 +121,15 @@ impl EngineConfig {
             if model.model.trim().is_empty() {
                 p.add(format!("{key}.model"), "must not be empty");
             }
+            if let Some(Err((field, message))) = model.prices.as_ref().map(|pr| pr.to_core()) {
+                p.add(format!("{key}.prices.{field}"), message);
+            }
+            if model.max_output_tokens == Some(0) {
+                p.add(
+                    format!("{key}.max_output_tokens"),
+                    "must be a positive integer",
+                );
+            }
             if let Err(e) = model.model_ref().config_hash() {
                 p.add(format!("{key}.params"), e.to_string());
             }
@@ -214,6 +223,17 @@ impl EngineConfig {
                 if let Err(message) = value.positive() {
                     p.add(format!("budgets.{name}.{field}"), message);
                 }
+            }
+            if let Err((field, message)) = policy.cost_limits() {
+                p.add(format!("budgets.{name}.{field}"), message);
+            }
+        }
+        for (app, conf) in &self.apps {
+            if let Some(Err(e)) = conf
+                .usd_per_24_hours
+                .map(|usd| tollgate_core::cost::usd_limit_from_f64("usd_per_24_hours", usd))
+            {
+                p.add(format!("apps.{app}.usd_per_24_hours"), e.to_string());
             }
         }
         if let Err(message) = self.admission.global_concurrent.positive() {

@@ -1,5 +1,6 @@
 //! SPEC §3: submitting tasks, one or a batch.
 
+use crate::cost::{TokenCounter, task_token_bound};
 use crate::error::EngineError;
 use crate::metrics as m;
 use crate::notify::Event;
@@ -20,7 +21,9 @@ impl Tollgate {
             Ok(prepared) => {
                 let scoped = prepared.scope.is_some();
                 let created = self.inner.store.create_task(prepared).await;
-                self.created(kind, scoped, created)
+                let result = self.created(kind, scoped, created);
+                self.count_savings(&result).await;
+                result
             }
             Err(e) => Err(e),
         };
@@ -46,6 +49,22 @@ impl Tollgate {
                 subject: s.subject,
             },
         };
+        // SPEC §13: the task's worst case, reserved at admission (a cache hit or a replay
+        // reserves nothing; the store decides which it is).
+        let reservation = match &s.source {
+            Some(_) => {
+                let counter = TokenCounter::for_model_ref(&inner.config, &model.model_ref);
+                let bound = task_token_bound(
+                    counter,
+                    &model.model_ref,
+                    request.request(),
+                    inner.config.workers.max_output_retries,
+                    inner.config.max_output_bytes,
+                );
+                tollgate_core::cost::reservation(bound.as_ref(), model.prices)
+            }
+            None => tollgate_core::Reservation::default(),
+        };
         Ok(NewTask {
             owner,
             step,
@@ -58,6 +77,7 @@ impl Tollgate {
                 source_revision: source.revision,
                 recompute: source.recompute,
                 budget,
+                reservation,
             }),
         })
     }
@@ -77,6 +97,11 @@ impl Tollgate {
                     .increment(1);
                 return Err(EngineError::Admission(rejection));
             }
+            Err(StoreError::Cost(rejection)) => {
+                metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => rejection.code().as_str())
+                    .increment(1);
+                return Err(EngineError::Cost(rejection));
+            }
             Err(e) => return Err(e.into()),
         };
         let task = created.task;
@@ -85,6 +110,10 @@ impl Tollgate {
                 metrics::counter!(m::CACHE_HITS_TOTAL, "kind" => kind.as_str()).increment(1);
             } else if scoped {
                 metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => "admitted").increment(1);
+                if let Some(r) = task.reservation.filter(|r| r.nano_usd > 0) {
+                    metrics::counter!(m::SPEND_RESERVED_TOTAL, "app" => task.app.to_string())
+                        .increment(r.nano_usd as u64);
+                }
             }
             if task.status == TaskStatus::Queued {
                 self.inner.notifier.publish(Event::TaskQueued {
@@ -189,15 +218,16 @@ impl Tollgate {
             .collect();
         let news: Vec<NewTask> = group.into_iter().map(|(_, _, new)| new).collect();
         match self.inner.store.create_tasks(news).await {
-            Ok(answers) => meta
-                .into_iter()
-                .zip(answers)
-                .map(|((i, kind, scoped), answer)| {
+            Ok(answers) => {
+                let mut out = Vec::with_capacity(meta.len());
+                for ((i, kind, scoped), answer) in meta.into_iter().zip(answers) {
                     let result = self.created(kind, scoped, answer);
                     count_submit(kind, &result);
-                    (i, result)
-                })
-                .collect(),
+                    self.count_savings(&result).await;
+                    out.push((i, result));
+                }
+                out
+            }
             // The database failed the whole call: every item of the group reports it.
             Err(e) => {
                 let e = EngineError::from(e);
@@ -213,6 +243,32 @@ impl Tollgate {
     }
 }
 
+impl Tollgate {
+    /// SPEC §13: a new cache hit of a priced model saved what the task it copied cost
+    /// (read from that task: one indexed read, only for priced models).
+    async fn count_savings(&self, result: &Result<Submitted, EngineError>) {
+        let Ok(s) = result else { return };
+        let Some(from) = s.task.cached_from.filter(|_| s.created) else {
+            return;
+        };
+        let priced = self
+            .inner
+            .models
+            .resolve(Some(&s.task.model))
+            .is_ok_and(|m| m.prices.is_some());
+        if !priced {
+            return;
+        }
+        if let Ok(Some(original)) = self.inner.store.get_task(&s.task.app, from).await
+            && let Some(cost) = original.usage.and_then(|u| u.cost_usd)
+        {
+            let nano = (cost * tollgate_core::cost::NANO_PER_USD as f64).round() as u64;
+            metrics::counter!(m::SPEND_SAVED_TOTAL, "app" => s.task.app.to_string())
+                .increment(nano);
+        }
+    }
+}
+
 /// Submissions of one batch in flight at once.
 const BATCH_PARALLELISM: usize = 8;
 
@@ -222,7 +278,7 @@ fn count_submit(kind: TaskKind, result: &Result<Submitted, EngineError>) {
         Ok(s) if !s.created => "existing",
         Ok(s) if s.task.cached() => "cached",
         Ok(_) => "created",
-        Err(EngineError::Admission(_)) => "rejected",
+        Err(EngineError::Admission(_) | EngineError::Cost(_)) => "rejected",
         Err(_) => "invalid",
     };
     metrics::counter!(m::SUBMITS_TOTAL, "kind" => kind.as_str(), "outcome" => outcome).increment(1);

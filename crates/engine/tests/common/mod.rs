@@ -185,6 +185,8 @@ pub fn fake_config(fake: &FakeOpenAi) -> EngineConfig {
             provider: "fake".into(),
             model: "fake-model".into(),
             params: Default::default(),
+            prices: None,
+            max_output_tokens: None,
         },
     );
     c

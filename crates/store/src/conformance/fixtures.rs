@@ -132,6 +132,7 @@ pub fn scoped(source_id: &str, budget: Budget) -> Option<TaskScope> {
         source_revision: SourceRevision::new("v1").expect("valid revision"),
         recompute: false,
         budget,
+        reservation: tollgate_core::Reservation::default(),
     })
 }
 
@@ -360,7 +361,7 @@ pub async fn succeed(s: &dyn Store, id: TaskId) -> Task {
 
 /// `fail_task`, panicking on error.
 pub async fn fail(s: &dyn Store, id: TaskId, message: &str) -> Transition {
-    s.fail_task(id, tollgate_core::ErrorCode::ProviderError, message)
+    s.fail_task(id, tollgate_core::ErrorCode::ProviderError, message, None)
         .await
         .unwrap_or_else(|e| panic!("fail_task({id}) failed: {e:?}"))
 }

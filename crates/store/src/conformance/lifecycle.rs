@@ -415,6 +415,7 @@ pub async fn fail_cuts_message_to_2000_characters(b: &dyn Backend) {
             running.id,
             ErrorCode::InvalidModelOutput,
             "label \"maybe\" is not one of the labels",
+            None,
         )
         .await
         .expect("fail_task");
@@ -447,7 +448,8 @@ pub async fn fail_refuses_terminal_tasks(b: &dyn Backend) {
     ] {
         let before = get(&*s, &acme, id).await;
         assert_refused(
-            s.fail_task(id, ErrorCode::ProviderError, "late").await,
+            s.fail_task(id, ErrorCode::ProviderError, "late", None)
+                .await,
             &format!("failing a {what} task"),
         );
         assert_eq!(
@@ -522,7 +524,9 @@ pub async fn terminal_states_are_final(b: &dyn Backend) {
             .expect("task exists");
         assert!(!tr.applied, "canceling a {what} task changes nothing");
         assert_eq!(try_claim(&*s, id, &w).await, None);
-        let _ = s.fail_task(id, ErrorCode::ProviderError, "late").await;
+        let _ = s
+            .fail_task(id, ErrorCode::ProviderError, "late", None)
+            .await;
         let _ = s.complete_task(id, &w, spam(), usage()).await;
         let _ = s.mark_canceled(id).await;
         assert_eq!(

@@ -17,6 +17,7 @@
 pub mod admission;
 pub mod cache;
 pub mod concurrency;
+pub mod cost;
 pub mod create;
 pub mod fixtures;
 pub mod isolation;
@@ -89,6 +90,15 @@ macro_rules! conformance_suite {
             admission::admission_window_slides_record_by_record,
             admission::admission_window_slides_the_same_with_sweeps,
             admission::rejections_write_nothing,
+            cost::admission_reserves_the_worst_case,
+            cost::settlement_replaces_the_reservation_up_and_down,
+            cost::failed_and_canceled_tasks_are_charged,
+            cost::cache_hits_are_free_and_report_savings,
+            cost::scope_spend_limit_counts_settled_and_reserved,
+            cost::token_bucket_reserves_model_tokens,
+            cost::app_spend_limit_spans_every_scope,
+            cost::cost_checks_follow_admission_checks_in_order,
+            cost::spend_window_slides,
             lifecycle::claim_moves_queued_to_running_once,
             lifecycle::claim_refuses_canceled_and_finished_tasks,
             lifecycle::claim_refuses_tasks_of_a_canceled_run,

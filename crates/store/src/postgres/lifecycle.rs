@@ -2,9 +2,10 @@
 //! complete, fail, acknowledge cancellation; and the statements of a terminal move.
 
 use super::{PostgresStore, Tx, fetch_task, id_array, now_sql};
+use crate::shared::cost::{SettleRow, SettlementPlan};
 use crate::shared::rows::{
     CancelStateRow, FinishedAtRow, FinishedRow, TaskRow, cancellation_requested, encode_completion,
-    heartbeat_report, run_id, task_columns, task_columns_qualified, tasks,
+    encode_usage, heartbeat_report, run_id, task_columns, task_columns_qualified, tasks,
 };
 use crate::shared::terminal::{ScopeKey, TerminalMove, TerminalStatements, Wake, after_terminal};
 use crate::{Completion, HeartbeatReport, MAX_PAGE, StoreResult, Transition, WorkerStore};
@@ -48,6 +49,95 @@ impl TerminalStatements for Tx {
             .bind(stripe)
             .execute(&mut **self)
             .await?;
+        Ok(())
+    }
+
+    async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, app, scope, created_at, claimed_at, reservation, usage FROM tasks \
+             WHERE id = ANY($1) AND reservation IS NOT NULL AND charged_nano IS NULL \
+             ORDER BY id",
+        )
+        .bind(ids)
+        .fetch_all(&mut **self)
+        .await?)
+    }
+
+    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
+        for ((app, scope), refund) in &plan.refunds {
+            let refund = i64::try_from(*refund).unwrap_or(i64::MAX);
+            sqlx::query(
+                "UPDATE scope_state SET token_units = \
+                   GREATEST(token_units, LEAST(token_units + $1 * 60000, token_capacity)) \
+                 WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
+                 AND token_capacity IS NOT NULL",
+            )
+            .bind(refund)
+            .bind(app)
+            .bind(scope)
+            .execute(&mut **self)
+            .await?;
+        }
+        // Buckets in key order, scope buckets before app buckets (the lock order).
+        for ((app, scope, bucket), d) in &plan.scope {
+            sqlx::query(
+                "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano, \
+                 reserved_tokens, settled_tokens, overrun_nano) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+                 reserved_nano = scope_spend.reserved_nano + EXCLUDED.reserved_nano, \
+                 settled_nano = scope_spend.settled_nano + EXCLUDED.settled_nano, \
+                 reserved_tokens = scope_spend.reserved_tokens + EXCLUDED.reserved_tokens, \
+                 settled_tokens = scope_spend.settled_tokens + EXCLUDED.settled_tokens, \
+                 overrun_nano = scope_spend.overrun_nano + EXCLUDED.overrun_nano",
+            )
+            .bind(app)
+            .bind(scope)
+            .bind(bucket)
+            .bind(d.reserved_nano)
+            .bind(d.settled_nano)
+            .bind(d.reserved_tokens)
+            .bind(d.settled_tokens)
+            .bind(d.overrun_nano)
+            .execute(&mut **self)
+            .await?;
+        }
+        for ((app, bucket, stripe), d) in &plan.app {
+            sqlx::query(
+                "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, settled_nano, \
+                 reserved_tokens, settled_tokens, overrun_nano) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+                 reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
+                 settled_nano = app_spend.settled_nano + EXCLUDED.settled_nano, \
+                 reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens, \
+                 settled_tokens = app_spend.settled_tokens + EXCLUDED.settled_tokens, \
+                 overrun_nano = app_spend.overrun_nano + EXCLUDED.overrun_nano",
+            )
+            .bind(app)
+            .bind(bucket)
+            .bind(*stripe as i32)
+            .bind(d.reserved_nano)
+            .bind(d.settled_nano)
+            .bind(d.reserved_tokens)
+            .bind(d.settled_tokens)
+            .bind(d.overrun_nano)
+            .execute(&mut **self)
+            .await?;
+        }
+        let ids: Vec<&str> = plan.charged.iter().map(|c| c.0.as_str()).collect();
+        let nanos: Vec<i64> = plan.charged.iter().map(|c| c.1).collect();
+        let toks: Vec<i64> = plan.charged.iter().map(|c| c.2).collect();
+        sqlx::query(
+            "UPDATE tasks SET charged_nano = c.nano, charged_tokens = c.tokens \
+             FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS c(id, nano, tokens) \
+             WHERE tasks.id = c.id",
+        )
+        .bind(&ids)
+        .bind(&nanos)
+        .bind(&toks)
+        .execute(&mut **self)
+        .await?;
         Ok(())
     }
 
@@ -250,19 +340,23 @@ impl WorkerStore for PostgresStore {
         id: TaskId,
         code: ErrorCode,
         message: &str,
+        usage: Option<&Usage>,
     ) -> StoreResult<Transition> {
+        let usage = usage.map(encode_usage).transpose()?;
         let mut tx = self.begin().await?;
         let now = self.now(&mut tx).await?;
         lock_run_of(&mut tx, id).await?;
         let done: Option<FinishedRow> = sqlx::query_as(
             "UPDATE tasks SET status = 'failed', error_code = $1, error_message = $2, \
-             completed_at = $3 WHERE id = $4 AND status IN ('queued', 'running') \
+             completed_at = $3, usage = COALESCE($5, usage) \
+             WHERE id = $4 AND status IN ('queued', 'running') \
              RETURNING id, app, scope, admitted",
         )
         .bind(code.as_str())
         .bind(truncate_message(message))
         .bind(now.0)
         .bind(id.to_string())
+        .bind(usage)
         .fetch_optional(&mut *tx)
         .await?;
         finish(tx, id, done, TerminalMove::ENDED, now).await

@@ -188,6 +188,25 @@ impl MaintenanceStore for PostgresStore {
                 .execute(&mut *tx)
                 .await?;
             }
+            // SPEC §13: spend buckets older than any window reads (the window's first
+            // bucket, minus one spare hour).
+            let stale = tollgate_core::cost::window_first_bucket(now) - 1;
+            for sql in [
+                "DELETE FROM scope_spend WHERE (app, scope, bucket) IN (SELECT app, scope, bucket \
+                 FROM scope_spend WHERE bucket < $1 ORDER BY bucket LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED)",
+                "DELETE FROM app_spend WHERE (app, bucket, stripe) IN (SELECT app, bucket, stripe \
+                 FROM app_spend WHERE bucket < $1 ORDER BY bucket LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED)",
+            ] {
+                let n = sqlx::query(sql)
+                    .bind(stale)
+                    .bind(batch)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                report.more |= n as i64 == batch;
+            }
             tx.commit().await?;
         }
 

@@ -5,15 +5,17 @@
 use super::PostgresStore;
 use super::admission::{self, lock_scope};
 use super::lifecycle::{CANCELED_MESSAGE, finish, lock_run_of};
+use crate::shared::cost::{SpendSums, TokenBucketRow, spend_sums};
 use crate::shared::rows::{
     EndedRow, FinishedRow, ScopedSourceRow, TaskRow, task_columns, unreleased_page,
 };
 use crate::shared::terminal::{TerminalMove, after_terminal};
 use crate::{
-    Created, StoreResult, TaskStore, Transition, UnreleasedPage, UnreleasedQuery, keyset_fetch,
-    page_size,
+    Created, SpendWindow, StoreResult, TaskStore, Transition, UnreleasedPage, UnreleasedQuery,
+    keyset_fetch, page_size,
 };
 use async_trait::async_trait;
+use tollgate_core::cost::window_first_bucket;
 use tollgate_core::{
     AppId, EffectKey, ErrorCode, NewTask, ScopeId, SourceId, Task, TaskId, Timestamp,
 };
@@ -167,5 +169,46 @@ impl TaskStore for PostgresStore {
         after_terminal(&mut tx, &in_flight, TerminalMove::DELETED, Timestamp(0)).await?;
         tx.commit().await?;
         Ok(deleted.len() as u64)
+    }
+
+    async fn spend(&self, app: &AppId, scope: Option<&ScopeId>) -> StoreResult<SpendWindow> {
+        let mut tx = self.begin().await?;
+        let now = self.now(&mut tx).await?;
+        let first = window_first_bucket(now);
+        let (sums, bucket): (SpendSums, Option<TokenBucketRow>) = match scope {
+            Some(scope) => {
+                let sums = sqlx::query_as(concat!(
+                    spend_sums!(),
+                    " FROM scope_spend WHERE app = $1 AND scope = $2 AND bucket >= $3"
+                ))
+                .bind(app.as_str())
+                .bind(scope.as_str())
+                .bind(first)
+                .fetch_one(&mut *tx)
+                .await?;
+                let bucket = sqlx::query_as(
+                    "SELECT token_units, token_at, token_capacity FROM scope_state \
+                     WHERE app = $1 AND scope = $2",
+                )
+                .bind(app.as_str())
+                .bind(scope.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                (sums, bucket)
+            }
+            None => {
+                let sums = sqlx::query_as(concat!(
+                    spend_sums!(),
+                    " FROM app_spend WHERE app = $1 AND bucket >= $2"
+                ))
+                .bind(app.as_str())
+                .bind(first)
+                .fetch_one(&mut *tx)
+                .await?;
+                (sums, None)
+            }
+        };
+        tx.commit().await?;
+        Ok(sums.into_window(first, now, bucket))
     }
 }

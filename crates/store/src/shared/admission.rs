@@ -3,8 +3,11 @@
 //! admission then writes to its scope's row ([`ScopeUpdate`]). A later admission rule
 //! (cost reservations) adds its facts here and its arithmetic in core.
 
+use crate::StoreError;
+use tollgate_core::cost::{CostSnapshot, decide_cost};
 use tollgate_core::{
-    AdmissionRejection, AdmissionSnapshot, BucketState, Budget, Timestamp, Usage, decide,
+    AdmissionRejection, AdmissionSnapshot, BucketState, Budget, CostRejection, Reservation,
+    Timestamp, Usage, decide,
 };
 
 /// What an admission reads under its scope's lock.
@@ -27,6 +30,29 @@ pub(crate) struct AdmissionFacts {
     pub(crate) counted: bool,
     /// The service's active admitted tasks.
     pub(crate) global_active: i64,
+    /// SPEC §13: the scope's model-token bucket (`None`: never used).
+    pub(crate) token_units: Option<i64>,
+    pub(crate) token_at: Option<i64>,
+    /// SPEC §13: the scope's settled + reserved nano-dollars in the window's buckets.
+    pub(crate) scope_window_nano: i64,
+}
+
+/// Why admission refused a task: SPEC §4's checks, then SPEC §13's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A SPEC §4 limit.
+    Admission(AdmissionRejection),
+    /// A SPEC §13 limit.
+    Cost(CostRejection),
+}
+
+impl From<Refusal> for StoreError {
+    fn from(r: Refusal) -> StoreError {
+        match r {
+            Refusal::Admission(a) => StoreError::Admission(a),
+            Refusal::Cost(c) => StoreError::Cost(c),
+        }
+    }
 }
 
 /// What an admission writes to its scope's row: the bucket after taking a token and the
@@ -35,15 +61,19 @@ pub(crate) struct AdmissionFacts {
 pub(crate) struct ScopeUpdate {
     pub(crate) bucket: BucketState,
     pub(crate) sources_delta: i64,
+    /// SPEC §13: the model-token bucket after taking the reservation, with its capacity
+    /// in units (`None`: the policy has no token rate; the stored bucket is kept).
+    pub(crate) token_bucket: Option<(BucketState, i64)>,
 }
 
 impl AdmissionFacts {
-    /// Asks core's [`decide`].
+    /// Asks core's [`decide`] (SPEC §4), then [`decide_cost`] (SPEC §13, the scope's part).
     pub(crate) fn decide(
         &self,
         budget: &Budget,
+        reservation: &Reservation,
         now: Timestamp,
-    ) -> Result<ScopeUpdate, AdmissionRejection> {
+    ) -> Result<ScopeUpdate, Refusal> {
         let snapshot = AdmissionSnapshot {
             source_steps: self.steps.max(0) as u64,
             step_already_counted: self.counted,
@@ -63,11 +93,28 @@ impl AdmissionFacts {
             }),
             _ => None,
         };
-        let bucket = decide(budget, &snapshot, bucket, now)?;
+        let bucket = decide(budget, &snapshot, bucket, now).map_err(Refusal::Admission)?;
+        let cost = CostSnapshot {
+            scope_window_nano: self.scope_window_nano,
+            token_bucket: match (self.token_units, self.token_at) {
+                (Some(units), Some(at)) => Some(BucketState {
+                    units,
+                    at: Timestamp(at),
+                }),
+                _ => None,
+            },
+            app_window_nano: 0,
+        };
+        let token_bucket =
+            decide_cost(&budget.cost, reservation, &cost, now).map_err(Refusal::Cost)?;
+        let capacity = budget.cost.token_rate.map_or(0, |r| {
+            i64::from(r.token_burst.get()) * tollgate_core::admission::TOKEN_UNITS
+        });
         // Relative updates: whoever deletes an expired sighting subtracts it, exactly once.
         Ok(ScopeUpdate {
             bucket,
             sources_delta: i64::from(!self.seen) - self.pruned,
+            token_bucket: token_bucket.map(|b| (b, capacity)),
         })
     }
 }

@@ -21,7 +21,7 @@ macro_rules! task_columns {
          source_revision, recompute, model_id, model_ref, model_config_hash, request, \
          input_hash, cache_key, status, cancel_requested, cached_from, output, usage, \
          error_code, error_message, attempt, worker, created_at, claimed_at, heartbeat_at, \
-         completed_at, released_at"
+         completed_at, released_at, reservation"
     };
 }
 pub(crate) use task_columns;
@@ -36,7 +36,8 @@ macro_rules! task_columns_qualified {
          tasks.model_config_hash, tasks.request, tasks.input_hash, tasks.cache_key, \
          tasks.status, tasks.cancel_requested, tasks.cached_from, tasks.output, tasks.usage, \
          tasks.error_code, tasks.error_message, tasks.attempt, tasks.worker, tasks.created_at, \
-         tasks.claimed_at, tasks.heartbeat_at, tasks.completed_at, tasks.released_at"
+         tasks.claimed_at, tasks.heartbeat_at, tasks.completed_at, tasks.released_at, \
+         tasks.reservation"
     };
 }
 #[cfg(feature = "postgres")]
@@ -85,6 +86,7 @@ pub(crate) struct TaskRow {
     heartbeat_at: Option<i64>,
     completed_at: Option<i64>,
     released_at: Option<i64>,
+    reservation: Option<String>,
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -184,6 +186,11 @@ impl TaskRow {
             heartbeat_at: self.heartbeat_at.map(Timestamp),
             completed_at: self.completed_at.map(Timestamp),
             released_at: self.released_at.map(Timestamp),
+            reservation: self
+                .reservation
+                .as_deref()
+                .map(|r| json("reservation", r))
+                .transpose()?,
         })
     }
 }
@@ -385,6 +392,8 @@ pub(crate) struct ScopeRow {
 pub(crate) struct CacheHitRow {
     pub(crate) id: String,
     pub(crate) output: String,
+    /// SPEC §13: what the hit's task was charged (what the hit saves).
+    pub(crate) charged_nano: Option<i64>,
 }
 
 /// The parsed form of a stored run id (`pipeline_runs.run_id`).
@@ -415,6 +424,12 @@ pub(crate) fn encode_completion(
     let usage = serde_json::to_string(usage)
         .map_err(|e| StoreError::Database(format!("cannot encode usage: {e}")))?;
     Ok((output, usage))
+}
+
+/// A usage as stored.
+pub(crate) fn encode_usage(usage: &Usage) -> Result<String, StoreError> {
+    serde_json::to_string(usage)
+        .map_err(|e| StoreError::Database(format!("cannot encode usage: {e}")))
 }
 
 /// SPEC §5 heartbeat's answer: of the ids asked about, those the statement kept alive

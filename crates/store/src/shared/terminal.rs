@@ -5,9 +5,11 @@
 //! on any of the tasks are woken. Each backend supplies only the statements
 //! ([`TerminalStatements`], on its transaction type).
 //!
-//! A rule that a later issue adds to every terminal move (settling a cost reservation)
-//! is one more step of [`after_terminal`] and one more statement per backend.
+//! SPEC §13's settlement of cost reservations is one step of [`after_terminal`]: the
+//! finished admitted tasks' reservations are read, core's `settle` says what each cost,
+//! and the backend writes the plan.
 
+use super::cost::{SettleRow, SettlementPlan, plan_settlement};
 use super::rows::FinishedRow;
 use crate::StoreResult;
 use async_trait::async_trait;
@@ -63,6 +65,10 @@ pub(crate) struct TerminalMove {
     pub(crate) clear_logical_keys: bool,
     /// Wake the waiting runs.
     pub(crate) wake: Wake,
+    /// Settle the cost reservations (SPEC §13; every move but deletion, whose rows are
+    /// gone: a deleted in-flight task keeps its reservation as spend until the window
+    /// passes, never less than it may have cost).
+    pub(crate) settle: bool,
 }
 
 impl TerminalMove {
@@ -70,22 +76,26 @@ impl TerminalMove {
     pub(crate) const SUCCEEDED: TerminalMove = TerminalMove {
         clear_logical_keys: false,
         wake: Wake::Waiting,
+        settle: true,
     };
     /// Failed or canceled: the step is freed.
     pub(crate) const ENDED: TerminalMove = TerminalMove {
         clear_logical_keys: true,
         wake: Wake::Waiting,
+        settle: true,
     };
     /// Failed or canceled by a sweep.
     pub(crate) const SWEPT: TerminalMove = TerminalMove {
         clear_logical_keys: true,
         wake: Wake::SkipLocked,
+        settle: true,
     };
     /// In-flight tasks deleted with their owner: capacity only (admission records and
     /// logical keys stay; no run owns them).
     pub(crate) const DELETED: TerminalMove = TerminalMove {
         clear_logical_keys: false,
         wake: Wake::No,
+        settle: false,
     };
 }
 
@@ -96,6 +106,11 @@ pub(crate) trait TerminalStatements: Send {
     async fn give_back_scope(&mut self, scope: &ScopeKey, n: i64) -> StoreResult<()>;
     /// `global_finished.finished += n` on one stripe.
     async fn count_finished(&mut self, stripe: i64, n: i64) -> StoreResult<()>;
+    /// SPEC §13: the reservations and usage of the tasks not yet settled.
+    async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>>;
+    /// SPEC §13: writes a settlement — spend buckets (scope, then app, in key order),
+    /// token refunds, and each task's charge (which marks it settled).
+    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()>;
     /// Frees the admission logical keys of the tasks.
     async fn clear_logical_keys(&mut self, ids: &[String]) -> StoreResult<()>;
     /// Wakes the runs waiting on any of the tasks; returns them.
@@ -128,6 +143,18 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
     if total > 0 {
         for (scope, n) in &per_scope {
             tx.give_back_scope(scope, *n).await?;
+        }
+        // Spend buckets before the finished stripe: the lock order (docs/locking.md).
+        if plan.settle {
+            let admitted: Vec<String> = finished
+                .iter()
+                .filter(|f| f.admitted)
+                .map(|f| f.id.clone())
+                .collect();
+            let rows = tx.unsettled(&admitted).await?;
+            if !rows.is_empty() {
+                tx.apply_settlement(&plan_settlement(&rows)?).await?;
+            }
         }
         tx.count_finished(finished_stripe(finished), total).await?;
     }

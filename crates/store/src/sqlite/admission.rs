@@ -8,14 +8,18 @@
 //! Expired sources of the scope are pruned on the way, each row once (amortized O(1)).
 
 use super::{SqliteStore, fetch_task};
-use crate::shared::admission::{AdmissionFacts, cached_usage};
+use crate::shared::admission::{AdmissionFacts, Refusal, cached_usage};
+use crate::shared::cost::SpendDelta;
 use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
 use sqlx::SqliteConnection;
 use tollgate_core::admission::ADMISSION_WINDOW;
+use tollgate_core::cost::{
+    app_spend_stripe, decide_app_spend, spend_bucket, spend_retry_after, window_first_bucket,
+};
 use tollgate_core::{
-    AdmissionRejection, AppId, Budget, NewTask, Owner, RunState, ScopeId, SourceId, Subject,
-    TaskId, Timestamp, cache_key,
+    AppId, Budget, CostRejection, NewTask, Owner, Reservation, RunState, ScopeId, SourceId,
+    Subject, TaskId, Timestamp, cache_key,
 };
 
 /// Everything inserted for a new task, resolved from [`NewTask`] and the owner.
@@ -31,6 +35,8 @@ struct Insert<'a> {
     admitted: bool,
     cached: Option<CacheHitRow>,
     now: Timestamp,
+    /// SPEC §13: the reservation as stored (admitted tasks only).
+    reservation: Option<String>,
 }
 
 pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResult<Created> {
@@ -127,6 +133,7 @@ async fn create_in(
         admitted: false,
         cached: None,
         now,
+        reservation: None,
     };
 
     let mut admission = None;
@@ -142,7 +149,7 @@ async fn create_in(
         // model config and subject.
         if !scoped.recompute {
             let hit: Option<CacheHitRow> = sqlx::query_as(
-                "SELECT id, output FROM tasks \
+                "SELECT id, output, charged_nano FROM tasks \
                  WHERE app = ? AND scope = ? AND cache_key = ? AND status = 'succeeded' \
                  AND cache_key IS NOT NULL \
                  ORDER BY completed_at DESC, id DESC LIMIT 1",
@@ -163,17 +170,22 @@ async fn create_in(
             } else {
                 key
             };
-            admit(
+            let reservation = admit(
                 conn,
                 &app,
                 &insert.scope,
                 &scoped.source_id,
                 &logical_key,
                 &scoped.budget,
+                &scoped.reservation,
                 now,
             )
             .await?
-            .map_err(StoreError::Admission)?;
+            .map_err(StoreError::from)?;
+            insert.reservation =
+                Some(serde_json::to_string(&reservation).map_err(|e| {
+                    StoreError::Database(format!("cannot encode reservation: {e}"))
+                })?);
             insert.admitted = true;
             admission = Some((&scoped.source_id, logical_key));
         }
@@ -189,6 +201,18 @@ async fn create_in(
                 created: false,
             })
             .ok_or_else(|| StoreError::Database("effect key conflict without a holder".into()));
+    }
+    if let Some(hit) = insert
+        .cached
+        .as_ref()
+        .filter(|h| h.charged_nano.unwrap_or(0) > 0)
+    {
+        // SPEC §13: what the hit saved, in the scope's and the app's bucket of now.
+        let delta = SpendDelta {
+            saved_nano: hit.charged_nano.unwrap_or(0),
+            ..SpendDelta::default()
+        };
+        add_spend(conn, &app, &insert.scope, now, delta).await?;
     }
     if let Some((source, logical_key)) = admission {
         sqlx::query(
@@ -248,8 +272,8 @@ async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult
         "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
          subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
          model_config_hash, request, input_hash, cache_key, status, cached_from, output, usage, \
-         created_at, completed_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         created_at, completed_at, reservation) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (app, effect_key) DO NOTHING",
     )
     .bind(i.id.to_string())
@@ -277,14 +301,18 @@ async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult
     .bind(usage)
     .bind(i.now.0)
     .bind(completed_at)
+    .bind(i.reservation.as_deref())
     .execute(&mut *conn)
     .await?;
     Ok(result.rows_affected() == 1)
 }
 
-/// SPEC §4 under the write lock: gathers the snapshot, asks core's [`decide`], and on
-/// admission stores the bucket and the source's sighting. The admission record itself is
-/// inserted by the caller once the task row exists.
+/// SPEC §4 and §13 under the write lock: gathers the snapshot, asks core's [`decide`]
+/// and cost checks (the app's spend last), and on admission stores the buckets, the
+/// reservation in the spend buckets and the source's sighting. Returns the reservation
+/// as stored. The admission record itself is inserted by the caller once the task row
+/// exists.
+#[allow(clippy::too_many_arguments)]
 async fn admit(
     tx: &mut SqliteConnection,
     app: &AppId,
@@ -292,8 +320,10 @@ async fn admit(
     source: &SourceId,
     logical_key: &str,
     budget: &Budget,
+    reservation: &Reservation,
     now: Timestamp,
-) -> StoreResult<Result<(), AdmissionRejection>> {
+) -> StoreResult<Result<Reservation, Refusal>> {
+    let first = window_first_bucket(now);
     let cutoff = now.minus(ADMISSION_WINDOW).0;
     let pruned = sqlx::query(
         "DELETE FROM scope_sources WHERE app = ? AND scope = ? AND last_admitted_at <= ?",
@@ -304,12 +334,19 @@ async fn admit(
     .execute(&mut *tx)
     .await?
     .rows_affected() as i64;
+    // The scope's spend window is read only under a USD limit, in the same statement
+    // (no scope row: never admitted into, so nothing in its buckets counts).
     let state: Option<ScopeStateRow> = sqlx::query_as(
-        "SELECT bucket_units, bucket_at, sources_in_window, active FROM scope_state \
-         WHERE app = ? AND scope = ?",
+        "SELECT bucket_units, bucket_at, sources_in_window, active, token_units, token_at, \
+         CASE WHEN ?3 THEN (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0) \
+           FROM scope_spend WHERE app = ?1 AND scope = ?2 AND bucket >= ?4) ELSE 0 END \
+           AS scope_window_nano \
+         FROM scope_state WHERE app = ?1 AND scope = ?2",
     )
     .bind(app.as_str())
     .bind(scope.as_str())
+    .bind(budget.cost.scope_nano_per_24_hours.is_some())
+    .bind(first)
     .fetch_optional(&mut *tx)
     .await?;
     let seen: Option<i64> = sqlx::query_scalar(
@@ -351,28 +388,60 @@ async fn admit(
         steps: steps.steps,
         counted: steps.counted != 0,
         global_active,
+        token_units: state.as_ref().and_then(|s| s.token_units),
+        token_at: state.as_ref().and_then(|s| s.token_at),
+        scope_window_nano: state.as_ref().map_or(0, |s| s.scope_window_nano),
     };
-    let update = match facts.decide(budget, now) {
+    let update = match facts.decide(budget, reservation, now) {
         Ok(update) => update,
-        Err(rejection) => return Ok(Err(rejection)),
+        Err(Refusal::Cost(c @ CostRejection::ScopeSpend { .. })) => {
+            let buckets = spend_buckets(tx, app, Some(scope), first).await?;
+            let wait = budget
+                .cost
+                .scope_nano_per_24_hours
+                .and_then(|l| spend_retry_after(&buckets, reservation.nano_usd, l, now));
+            return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
+        }
+        Err(refusal) => return Ok(Err(refusal)),
     };
+    if let Some(limit) = budget.cost.app_nano_per_24_hours {
+        let window = window_sum(tx, app, None, first).await?;
+        if let Err(c) = decide_app_spend(&budget.cost, reservation, window) {
+            let buckets = spend_buckets(tx, app, None, first).await?;
+            let wait = spend_retry_after(&buckets, reservation.nano_usd, limit, now);
+            return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
+        }
+    }
     let (bucket, sources_delta) = (update.bucket, update.sources_delta);
+    let token = update.token_bucket;
     sqlx::query(
-        "INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window, active) \
-         VALUES (?, ?, ?, ?, MAX(?, 0), 1) \
+        "INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window, active, \
+         token_units, token_at, token_capacity) \
+         VALUES (?, ?, ?, ?, MAX(?, 0), 1, ?, ?, ?) \
          ON CONFLICT (app, scope) DO UPDATE SET bucket_units = excluded.bucket_units, \
          bucket_at = excluded.bucket_at, \
          sources_in_window = scope_state.sources_in_window + ?, \
-         active = scope_state.active + 1",
+         active = scope_state.active + 1, \
+         token_units = COALESCE(excluded.token_units, scope_state.token_units), \
+         token_at = COALESCE(excluded.token_at, scope_state.token_at), \
+         token_capacity = COALESCE(excluded.token_capacity, scope_state.token_capacity)",
     )
     .bind(app.as_str())
     .bind(scope.as_str())
     .bind(bucket.units)
     .bind(bucket.at.0)
     .bind(sources_delta)
+    .bind(token.map(|(b, _)| b.units))
+    .bind(token.map(|(b, _)| b.at.0))
+    .bind(token.map(|(_, capacity)| capacity))
     .bind(sources_delta)
     .execute(&mut *tx)
     .await?;
+    let stored = Reservation {
+        from_token_bucket: token.is_some(),
+        ..*reservation
+    };
+    add_spend(tx, app, scope, now, SpendDelta::reserve(&stored)).await?;
     sqlx::query(
         "INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) VALUES (?, ?, ?, ?) \
          ON CONFLICT (app, scope, source_id) DO UPDATE SET \
@@ -387,7 +456,115 @@ async fn admit(
     sqlx::query("UPDATE global_admission SET admitted = admitted + 1 WHERE id = 1")
         .execute(&mut *tx)
         .await?;
-    Ok(Ok(()))
+    Ok(Ok(stored))
+}
+
+/// SPEC §13: settled + reserved nano-dollars of a scope's (or, `None`, the app's) window.
+async fn window_sum(
+    tx: &mut SqliteConnection,
+    app: &AppId,
+    scope: Option<&ScopeId>,
+    first: i64,
+) -> StoreResult<i64> {
+    let sum: i64 = match scope {
+        Some(scope) => {
+            sqlx::query_scalar(
+                "SELECT COALESCE(SUM(reserved_nano + settled_nano), 0) FROM scope_spend \
+                 WHERE app = ? AND scope = ? AND bucket >= ?",
+            )
+            .bind(app.as_str())
+            .bind(scope.as_str())
+            .bind(first)
+            .fetch_one(&mut *tx)
+            .await?
+        }
+        None => {
+            sqlx::query_scalar(
+                "SELECT COALESCE(SUM(reserved_nano + settled_nano), 0) FROM app_spend \
+                 WHERE app = ? AND bucket >= ?",
+            )
+            .bind(app.as_str())
+            .bind(first)
+            .fetch_one(&mut *tx)
+            .await?
+        }
+    };
+    Ok(sum)
+}
+
+/// A window's buckets `(bucket, settled + reserved)` of a scope or (`None`) the app.
+async fn spend_buckets(
+    tx: &mut SqliteConnection,
+    app: &AppId,
+    scope: Option<&ScopeId>,
+    first: i64,
+) -> StoreResult<Vec<(i64, i64)>> {
+    let rows: Vec<(i64, i64)> = match scope {
+        Some(scope) => {
+            sqlx::query_as(
+                "SELECT bucket, reserved_nano + settled_nano FROM scope_spend \
+                 WHERE app = ? AND scope = ? AND bucket >= ?",
+            )
+            .bind(app.as_str())
+            .bind(scope.as_str())
+            .bind(first)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+        None => {
+            sqlx::query_as(
+                "SELECT bucket, SUM(reserved_nano + settled_nano) FROM app_spend \
+                 WHERE app = ? AND bucket >= ? GROUP BY bucket",
+            )
+            .bind(app.as_str())
+            .bind(first)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+    };
+    Ok(rows)
+}
+
+/// Adds `delta` to the scope's and the app's spend bucket of `at`.
+async fn add_spend(
+    tx: &mut SqliteConnection,
+    app: &AppId,
+    scope: &ScopeId,
+    at: Timestamp,
+    d: SpendDelta,
+) -> StoreResult<()> {
+    let bucket = spend_bucket(at);
+    sqlx::query(
+        "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens, saved_nano) \
+         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+         reserved_nano = reserved_nano + excluded.reserved_nano, \
+         reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
+         saved_nano = saved_nano + excluded.saved_nano",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(bucket)
+    .bind(d.reserved_nano)
+    .bind(d.reserved_tokens)
+    .bind(d.saved_nano)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens, saved_nano) \
+         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+         reserved_nano = reserved_nano + excluded.reserved_nano, \
+         reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
+         saved_nano = saved_nano + excluded.saved_nano",
+    )
+    .bind(app.as_str())
+    .bind(bucket)
+    .bind(app_spend_stripe(scope.as_str()))
+    .bind(d.reserved_nano)
+    .bind(d.reserved_tokens)
+    .bind(d.saved_nano)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// A scope's counters row.
@@ -397,6 +574,9 @@ struct ScopeStateRow {
     bucket_at: i64,
     sources_in_window: i64,
     active: i64,
+    token_units: Option<i64>,
+    token_at: Option<i64>,
+    scope_window_nano: i64,
 }
 
 /// A source's distinct steps within the window, and whether this logical key is one.

@@ -2,8 +2,9 @@
 //! fail, acknowledge cancellation; and the statements of a terminal move.
 
 use super::{SqliteStore, Tx, fetch_task, id_list};
+use crate::shared::cost::{SettleRow, SettlementPlan};
 use crate::shared::rows::{
-    CancelStateRow, FinishedRow, TaskRow, cancellation_requested, encode_completion,
+    CancelStateRow, FinishedRow, TaskRow, cancellation_requested, encode_completion, encode_usage,
     heartbeat_report, run_id, task_columns, tasks,
 };
 use crate::shared::terminal::{ScopeKey, TerminalMove, TerminalStatements, after_terminal};
@@ -48,6 +49,87 @@ impl TerminalStatements for Tx {
             .bind(stripe)
             .execute(&mut **self)
             .await?;
+        Ok(())
+    }
+
+    async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, app, scope, created_at, claimed_at, reservation, usage FROM tasks \
+             WHERE id IN (SELECT value FROM json_each(?)) AND reservation IS NOT NULL \
+             AND charged_nano IS NULL ORDER BY id",
+        )
+        .bind(id_list(ids))
+        .fetch_all(&mut **self)
+        .await?)
+    }
+
+    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
+        for ((app, scope), refund) in &plan.refunds {
+            let refund = i64::try_from(*refund).unwrap_or(i64::MAX);
+            sqlx::query(
+                "UPDATE scope_state SET token_units = \
+                   MAX(token_units, MIN(token_units + ? * 60000, token_capacity)) \
+                 WHERE app = ? AND scope = ? AND token_units IS NOT NULL \
+                 AND token_capacity IS NOT NULL",
+            )
+            .bind(refund)
+            .bind(app)
+            .bind(scope)
+            .execute(&mut **self)
+            .await?;
+        }
+        for ((app, scope, bucket), d) in &plan.scope {
+            sqlx::query(
+                "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano, \
+                 reserved_tokens, settled_tokens, overrun_nano) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
+                 ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+                 reserved_nano = reserved_nano + excluded.reserved_nano, \
+                 settled_nano = settled_nano + excluded.settled_nano, \
+                 reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
+                 settled_tokens = settled_tokens + excluded.settled_tokens, \
+                 overrun_nano = overrun_nano + excluded.overrun_nano",
+            )
+            .bind(app)
+            .bind(scope)
+            .bind(bucket)
+            .bind(d.reserved_nano)
+            .bind(d.settled_nano)
+            .bind(d.reserved_tokens)
+            .bind(d.settled_tokens)
+            .bind(d.overrun_nano)
+            .execute(&mut **self)
+            .await?;
+        }
+        for ((app, bucket, stripe), d) in &plan.app {
+            sqlx::query(
+                "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, settled_nano, \
+                 reserved_tokens, settled_tokens, overrun_nano) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
+                 ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+                 reserved_nano = reserved_nano + excluded.reserved_nano, \
+                 settled_nano = settled_nano + excluded.settled_nano, \
+                 reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
+                 settled_tokens = settled_tokens + excluded.settled_tokens, \
+                 overrun_nano = overrun_nano + excluded.overrun_nano",
+            )
+            .bind(app)
+            .bind(bucket)
+            .bind(stripe)
+            .bind(d.reserved_nano)
+            .bind(d.settled_nano)
+            .bind(d.reserved_tokens)
+            .bind(d.settled_tokens)
+            .bind(d.overrun_nano)
+            .execute(&mut **self)
+            .await?;
+        }
+        for (id, nano, tokens) in &plan.charged {
+            sqlx::query("UPDATE tasks SET charged_nano = ?, charged_tokens = ? WHERE id = ?")
+                .bind(nano)
+                .bind(tokens)
+                .bind(id)
+                .execute(&mut **self)
+                .await?;
+        }
         Ok(())
     }
 
@@ -225,16 +307,20 @@ impl WorkerStore for SqliteStore {
         id: TaskId,
         code: ErrorCode,
         message: &str,
+        usage: Option<&Usage>,
     ) -> StoreResult<Transition> {
+        let usage = usage.map(encode_usage).transpose()?;
         let mut tx = self.begin().await?;
         let now = self.now();
         let done: Option<FinishedRow> = sqlx::query_as(
-            "UPDATE tasks SET status = 'failed', error_code = ?, error_message = ?, completed_at = ? \
+            "UPDATE tasks SET status = 'failed', error_code = ?, error_message = ?, completed_at = ?, \
+             usage = COALESCE(?, usage) \
              WHERE id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted",
         )
         .bind(code.as_str())
         .bind(truncate_message(message))
         .bind(now.0)
+        .bind(usage)
         .bind(id.to_string())
         .fetch_optional(&mut *tx)
         .await?;

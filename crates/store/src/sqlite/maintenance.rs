@@ -168,6 +168,22 @@ impl MaintenanceStore for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
             }
+            // SPEC §13: spend buckets older than any window reads.
+            let stale = tollgate_core::cost::window_first_bucket(now) - 1;
+            for sql in [
+                "DELETE FROM scope_spend WHERE rowid IN (SELECT rowid FROM scope_spend \
+                 WHERE bucket < ? ORDER BY bucket LIMIT ?)",
+                "DELETE FROM app_spend WHERE rowid IN (SELECT rowid FROM app_spend \
+                 WHERE bucket < ? ORDER BY bucket LIMIT ?)",
+            ] {
+                let n = sqlx::query(sql)
+                    .bind(stale)
+                    .bind(batch)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                report.more |= n as i64 == batch;
+            }
             tx.commit().await?;
         }
 

@@ -5,15 +5,17 @@
 use super::SqliteStore;
 use super::admission;
 use super::lifecycle::{CANCELED_MESSAGE, finish};
+use crate::shared::cost::{SpendSums, TokenBucketRow, spend_sums};
 use crate::shared::rows::{
     EndedRow, FinishedRow, ScopedSourceRow, TaskRow, task_columns, unreleased_page,
 };
 use crate::shared::terminal::{TerminalMove, after_terminal};
 use crate::{
-    Created, StoreResult, TaskStore, Transition, UnreleasedPage, UnreleasedQuery, keyset_fetch,
-    page_size,
+    Created, SpendWindow, StoreResult, TaskStore, Transition, UnreleasedPage, UnreleasedQuery,
+    keyset_fetch, page_size,
 };
 use async_trait::async_trait;
+use tollgate_core::cost::window_first_bucket;
 use tollgate_core::{
     AppId, EffectKey, ErrorCode, NewTask, ScopeId, SourceId, Task, TaskId, Timestamp,
 };
@@ -161,5 +163,44 @@ impl TaskStore for SqliteStore {
         after_terminal(&mut tx, &in_flight, TerminalMove::DELETED, Timestamp(0)).await?;
         tx.commit().await?;
         Ok(deleted.len() as u64)
+    }
+
+    async fn spend(&self, app: &AppId, scope: Option<&ScopeId>) -> StoreResult<SpendWindow> {
+        let now = self.now();
+        let first = window_first_bucket(now);
+        let (sums, bucket): (SpendSums, Option<TokenBucketRow>) = match scope {
+            Some(scope) => {
+                let sums = sqlx::query_as(concat!(
+                    spend_sums!(),
+                    " FROM scope_spend WHERE app = ? AND scope = ? AND bucket >= ?"
+                ))
+                .bind(app.as_str())
+                .bind(scope.as_str())
+                .bind(first)
+                .fetch_one(&self.reader)
+                .await?;
+                let bucket = sqlx::query_as(
+                    "SELECT token_units, token_at, token_capacity FROM scope_state \
+                     WHERE app = ? AND scope = ?",
+                )
+                .bind(app.as_str())
+                .bind(scope.as_str())
+                .fetch_optional(&self.reader)
+                .await?;
+                (sums, bucket)
+            }
+            None => {
+                let sums = sqlx::query_as(concat!(
+                    spend_sums!(),
+                    " FROM app_spend WHERE app = ? AND bucket >= ?"
+                ))
+                .bind(app.as_str())
+                .bind(first)
+                .fetch_one(&self.reader)
+                .await?;
+                (sums, None)
+            }
+        };
+        Ok(sums.into_window(first, now, bucket))
     }
 }

@@ -5,14 +5,16 @@ use super::super::{PostgresStore, Tx};
 use super::SlotPath;
 use super::slots::{slot_stripe, take_slot_rebalancing};
 use crate::shared::admission::{ScopeUpdate, cached_usage};
+use crate::shared::cost::SpendDelta;
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
 use sqlx::{FromRow, Row};
+use tollgate_core::cost::{app_spend_stripe, spend_bucket};
 use tollgate_core::{
     AdmissionRejection, AppId, Budget, NewTask, ScopeId, SourceId, Subject, Task, TaskId, Timestamp,
 };
 
-/// The task insert (`$1`–`$25`, bound by [`bind_insert`]); a taken effect key inserts
+/// The task insert (`$1`–`$26`, bound by [`bind_insert`]); a taken effect key inserts
 /// nothing (`ON CONFLICT DO NOTHING`) and returns no row.
 macro_rules! task_insert {
     () => {
@@ -20,9 +22,9 @@ macro_rules! task_insert {
             "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
              subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
              model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
-             usage, created_at, completed_at) \
+             usage, created_at, completed_at, reservation) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-             $17, $18, $19, $20, $21, $22, $23, $24, $25) \
+             $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) \
              ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
             task_columns!()
         )
@@ -31,7 +33,7 @@ macro_rules! task_insert {
 
 pub(super) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
-/// Binds [`task_insert`]'s `$1`–`$25`.
+/// Binds [`task_insert`]'s `$1`–`$26`.
 pub(super) fn bind_insert<'q>(q: PgQuery<'q>, i: &'q InsertRow<'_>) -> PgQuery<'q> {
     let new = i.new;
     let cached = i.cached_from.is_some();
@@ -62,6 +64,7 @@ pub(super) fn bind_insert<'q>(q: PgQuery<'q>, i: &'q InsertRow<'_>) -> PgQuery<'
         .bind(usage)
         .bind(i.now.0)
         .bind(cached.then_some(i.now.0))
+        .bind(i.reservation.as_deref())
 }
 
 pub(super) struct InsertRow<'a> {
@@ -77,6 +80,10 @@ pub(super) struct InsertRow<'a> {
     pub(super) cached_from: Option<String>,
     pub(super) cached_output: Option<String>,
     pub(super) now: Timestamp,
+    /// SPEC §13: the reservation as stored (admitted tasks only).
+    pub(super) reservation: Option<String>,
+    /// SPEC §13: what a cache hit saved (the copied task's charge), nano-dollars.
+    pub(super) saved_nano: i64,
 }
 
 pub(super) struct AdmissionRecord<'a> {
@@ -84,31 +91,57 @@ pub(super) struct AdmissionRecord<'a> {
     pub(super) logical_key: &'a str,
     pub(super) budget: &'a Budget,
     pub(super) update: ScopeUpdate,
+    pub(super) reserve: SpendDelta,
 }
 
 /// The writes of an admission after its task insert, as CTEs of its final statement:
-/// the scope's row (bucket, sources, active), the source's sighting, and the admission
-/// record — only when the task row was inserted (`t`). Parameters follow the task
-/// insert's: `$26` source, `$27` logical key, `$28` bucket units, `$29` bucket time,
-/// `$30` sources delta (app, scope, task id and now are the insert's `$2`, `$7`, `$1`,
-/// `$24`).
+/// the scope's row (bucket, sources, active, SPEC §13 token bucket), the source's
+/// sighting, the admission record, and the reservation added to the scope's and the
+/// app's spend bucket — only when the task row was inserted (`t`). The spend upserts
+/// read from the scope row's CTE (and the app's from the scope's, and the fast path's
+/// global slot from the app's), so the rows are locked in the lock order: scope row,
+/// scope bucket, app bucket, global slot stripe. (Without that chain a statement could
+/// take its slot stripe before its app bucket while another held the app bucket and
+/// waited for the stripe: a deadlock under load.) Parameters follow the
+/// task insert's: `$27` source, `$28` logical key, `$29` bucket units, `$30` bucket
+/// time, `$31` sources delta, (`$32` stripe, `$33` cap: the slot's), `$34`–`$36` token
+/// bucket units, time and capacity (NULL: keep), `$37` spend bucket, `$38` reserved
+/// nano-dollars, `$39` reserved tokens, `$40` app stripe (app, scope, task id and now are
+/// the insert's `$2`, `$7`, `$1`, `$24`).
 macro_rules! admission_writes {
     () => {
         ", st AS (INSERT INTO scope_state \
-           (app, scope, bucket_units, bucket_at, sources_in_window, active) \
-           SELECT $2, $7, $28, $29, GREATEST($30, 0), 1 FROM t \
+           (app, scope, bucket_units, bucket_at, sources_in_window, active, \
+            token_units, token_at, token_capacity) \
+           SELECT $2, $7, $29, $30, GREATEST($31, 0), 1, $34, $35, $36 FROM t \
            ON CONFLICT (app, scope) DO UPDATE SET bucket_units = EXCLUDED.bucket_units, \
            bucket_at = EXCLUDED.bucket_at, \
-           sources_in_window = scope_state.sources_in_window + $30, \
-           active = scope_state.active + 1), \
+           sources_in_window = scope_state.sources_in_window + $31, \
+           active = scope_state.active + 1, \
+           token_units = COALESCE(EXCLUDED.token_units, scope_state.token_units), \
+           token_at = COALESCE(EXCLUDED.token_at, scope_state.token_at), \
+           token_capacity = COALESCE(EXCLUDED.token_capacity, scope_state.token_capacity) \
+           RETURNING 1), \
          ss AS (INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) \
-           SELECT $2, $7, $26, $24 FROM t \
+           SELECT $2, $7, $27, $24 FROM t \
            ON CONFLICT (app, scope, source_id) DO UPDATE SET \
            last_admitted_at = GREATEST(scope_sources.last_admitted_at, \
                                        EXCLUDED.last_admitted_at)), \
          rec AS (INSERT INTO admissions \
            (app, scope, source_id, task_id, logical_key, admitted_at) \
-           SELECT $2, $7, $26, $1, $27, $24 FROM t) "
+           SELECT $2, $7, $27, $1, $28, $24 FROM t), \
+         sp AS (INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens) \
+           SELECT $2, $7, $37, $38, $39 FROM st \
+           ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+           reserved_nano = scope_spend.reserved_nano + EXCLUDED.reserved_nano, \
+           reserved_tokens = scope_spend.reserved_tokens + EXCLUDED.reserved_tokens \
+           RETURNING 1), \
+         ap AS (INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens) \
+           SELECT $2, $37, $40, $38, $39 FROM sp \
+           ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+           reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
+           reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens \
+           RETURNING 1) "
     };
 }
 
@@ -128,6 +161,9 @@ pub(super) async fn insert_and_commit(
             tx.rollback().await?;
             return lost_race(store, app, row.new).await.map(Some);
         };
+        if row.saved_nano > 0 {
+            record_saved(&mut tx, app, &row.scope, row.now, row.saved_nano).await?;
+        }
         tx.commit().await?;
         return Ok(Some(Created {
             task,
@@ -145,8 +181,8 @@ pub(super) async fn insert_and_commit(
             ")",
             admission_writes!(),
             ", slot AS (UPDATE global_slots SET admitted = admitted + 1 \
-               WHERE stripe = $31 AND admitted < capacity AND cap_for = $32 \
-               AND EXISTS (SELECT 1 FROM t) RETURNING admitted) \
+               WHERE stripe = $32 AND admitted < capacity AND cap_for = $33 \
+               AND EXISTS (SELECT 1 FROM ap) RETURNING admitted) \
              SELECT t.*, (SELECT admitted FROM slot) AS took FROM t"
         ),
         SlotPath::Rebalance => concat!(
@@ -157,6 +193,7 @@ pub(super) async fn insert_and_commit(
             "SELECT t.*, 0::BIGINT AS took FROM t"
         ),
     };
+    let token = record.update.token_bucket;
     let inserted = bind_insert(sqlx::query(sql), row)
         .bind(record.source.as_str())
         .bind(record.logical_key)
@@ -165,6 +202,13 @@ pub(super) async fn insert_and_commit(
         .bind(record.update.sources_delta)
         .bind(stripe)
         .bind(cap)
+        .bind(token.map(|(b, _)| b.units))
+        .bind(token.map(|(b, _)| b.at.0))
+        .bind(token.map(|(_, capacity)| capacity))
+        .bind(spend_bucket(row.now))
+        .bind(record.reserve.reserved_nano)
+        .bind(record.reserve.reserved_tokens)
+        .bind(app_spend_stripe(row.scope.as_str()) as i32)
         .fetch_optional(&mut *tx)
         .await?;
     let Some(inserted) = inserted else {
@@ -217,6 +261,33 @@ pub(super) async fn lost_race(
         task,
         created: false,
     })
+}
+
+/// SPEC §13: a cache hit's saving, added to the scope's and the app's bucket of `now`
+/// (scope bucket first: the lock order).
+async fn record_saved(
+    tx: &mut Tx,
+    app: &AppId,
+    scope: &ScopeId,
+    now: Timestamp,
+    saved: i64,
+) -> StoreResult<()> {
+    sqlx::query(
+        "WITH sp AS (INSERT INTO scope_spend (app, scope, bucket, saved_nano) \
+           VALUES ($1, $2, $3, $4) ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+           saved_nano = scope_spend.saved_nano + EXCLUDED.saved_nano RETURNING 1) \
+         INSERT INTO app_spend (app, bucket, stripe, saved_nano) \
+           SELECT $1, $3, $5, $4 FROM sp ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+           saved_nano = app_spend.saved_nano + EXCLUDED.saved_nano",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(spend_bucket(now))
+    .bind(saved)
+    .bind(app_spend_stripe(scope.as_str()) as i32)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// Inserts the task and returns it; `None` when the effect key was taken meanwhile.

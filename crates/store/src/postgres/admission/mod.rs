@@ -21,6 +21,7 @@ mod snapshot;
 pub(super) use probe::{lock_scope, scope_lock_key};
 
 use super::{PostgresStore, Tx};
+use crate::shared::cost::SpendDelta;
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
 use insert::{AdmissionRecord, InsertRow, insert_and_commit, insert_task};
@@ -132,6 +133,7 @@ async fn attempt_create(
         }));
     }
     let (hit_id, hit_output, now) = (probe.hit_id, probe.hit_output, Timestamp(probe.now));
+    let hit_charged = probe.hit_charged_nano;
     let id = TaskId::generate();
     let mut row = InsertRow {
         id,
@@ -146,6 +148,8 @@ async fn attempt_create(
         cached_from: None,
         cached_output: None,
         now,
+        reservation: None,
+        saved_nano: 0,
     };
 
     let Some(scoped) = &new.scope else {
@@ -156,6 +160,7 @@ async fn attempt_create(
     if let (Some(from), Some(output)) = (hit_id, hit_output) {
         row.cached_from = Some(from);
         row.cached_output = Some(output);
+        row.saved_nano = hit_charged.unwrap_or(0);
         return insert_and_commit(store, tx, &row, &app, None, path).await;
     }
     // Step 5: admission.
@@ -171,6 +176,7 @@ async fn attempt_create(
         &scoped.source_id,
         &logical_key,
         &scoped.budget,
+        &scoped.reservation,
         now,
     )
     .await?;
@@ -186,16 +192,25 @@ async fn attempt_create(
                     task,
                     created: false,
                 })),
-                None => Err(StoreError::Admission(rejection)),
+                None => Err(rejection.into()),
             };
         }
     };
     row.admitted = true;
+    let reservation = tollgate_core::Reservation {
+        from_token_bucket: update.token_bucket.is_some(),
+        ..scoped.reservation
+    };
+    row.reservation = Some(
+        serde_json::to_string(&reservation)
+            .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))?,
+    );
     let record = AdmissionRecord {
         source: &scoped.source_id,
         logical_key: &logical_key,
         budget: &scoped.budget,
         update,
+        reserve: SpendDelta::reserve(&reservation),
     };
     insert_and_commit(store, tx, &row, &app, Some(record), path).await
 }
@@ -306,6 +321,8 @@ async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> Store
         cached_from: None,
         cached_output: None,
         now,
+        reservation: None,
+        saved_nano: 0,
     };
     match insert_task(tx, &row).await? {
         Some(task) => Ok(Created {

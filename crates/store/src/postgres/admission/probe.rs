@@ -40,6 +40,8 @@ pub(super) struct Probe {
     pub(super) taken: bool,
     pub(super) hit_id: Option<String>,
     pub(super) hit_output: Option<String>,
+    /// SPEC §13: what the hit's task was charged (what the hit saves).
+    pub(super) hit_charged_nano: Option<i64>,
     pub(super) now: i64,
 }
 
@@ -64,11 +66,12 @@ pub(super) async fn probe(
         ($from:literal) => {
             concat!(
                 "SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2) AS taken, \
-                 hit.id AS hit_id, hit.output AS hit_output, ",
+                 hit.id AS hit_id, hit.output AS hit_output, \
+                 hit.charged_nano AS hit_charged_nano, ",
                 now_sql!("6"),
                 " AS now FROM ",
                 $from,
-                " LEFT JOIN LATERAL (SELECT id, output FROM tasks \
+                " LEFT JOIN LATERAL (SELECT id, output, charged_nano FROM tasks \
                    WHERE $5 AND app = $1 AND scope = $3 AND cache_key = $4 \
                    AND status = 'succeeded' \
                    ORDER BY completed_at DESC, id DESC LIMIT 1) AS hit ON true"

@@ -1,0 +1,191 @@
+//! SPEC §13 between the SQL and core's cost arithmetic, written once for both backends:
+//! what a settlement reads of the finished tasks ([`SettleRow`]), what it changes
+//! ([`SettlementPlan`], from core's [`settle`]), and the spend buckets' rows.
+//!
+//! Spend lives in hourly buckets per (app, scope) (`scope_spend`) and per app, striped by
+//! scope (`app_spend`); see `tollgate_core::cost`. Admission adds a task's reservation
+//! to the bucket of its admission hour; settlement moves it from reserved to settled
+//! there, whenever the task ends.
+
+use crate::{SpendWindow, StoreError, StoreResult};
+use std::collections::BTreeMap;
+use tollgate_core::cost::{app_spend_stripe, settle, spend_bucket};
+use tollgate_core::{Reservation, Timestamp, Usage};
+
+/// A finished admitted task's reservation and usage, read by the terminal move.
+#[derive(sqlx::FromRow, Debug, Clone)]
+pub(crate) struct SettleRow {
+    pub(crate) id: String,
+    pub(crate) app: String,
+    pub(crate) scope: String,
+    pub(crate) created_at: i64,
+    pub(crate) claimed_at: Option<i64>,
+    pub(crate) reservation: String,
+    pub(crate) usage: Option<String>,
+}
+
+/// Changes to one spend bucket (nano-dollars and model tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct SpendDelta {
+    pub(crate) reserved_nano: i64,
+    pub(crate) settled_nano: i64,
+    pub(crate) reserved_tokens: i64,
+    pub(crate) settled_tokens: i64,
+    pub(crate) overrun_nano: i64,
+    pub(crate) saved_nano: i64,
+}
+
+impl SpendDelta {
+    fn add(&mut self, o: SpendDelta) {
+        self.reserved_nano += o.reserved_nano;
+        self.settled_nano += o.settled_nano;
+        self.reserved_tokens += o.reserved_tokens;
+        self.settled_tokens += o.settled_tokens;
+        self.overrun_nano += o.overrun_nano;
+        self.saved_nano += o.saved_nano;
+    }
+
+    /// What admitting a task with `r` adds: its reservation.
+    pub(crate) fn reserve(r: &Reservation) -> SpendDelta {
+        SpendDelta {
+            reserved_nano: r.nano_usd,
+            reserved_tokens: tokens(r.tokens),
+            ..SpendDelta::default()
+        }
+    }
+}
+
+fn tokens(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A scope bucket's key: (app, scope, bucket).
+pub(crate) type ScopeBucket = (String, String, i64);
+/// An app bucket's key: (app, bucket, stripe).
+pub(crate) type AppBucket = (String, i64, i64);
+
+/// Everything one terminal move's settlement writes, keyed in sorted order (the lock
+/// order: scope buckets, then app buckets).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SettlementPlan {
+    pub(crate) scope: BTreeMap<ScopeBucket, SpendDelta>,
+    pub(crate) app: BTreeMap<AppBucket, SpendDelta>,
+    /// Unused reserved tokens given back to each scope's token bucket.
+    pub(crate) refunds: BTreeMap<(String, String), u64>,
+    /// Per task: (id, charged nano-dollars, charged tokens).
+    pub(crate) charged: Vec<(String, i64, i64)>,
+}
+
+/// SPEC §13 "Settlement" for the rows of one terminal move: each task's reservation
+/// leaves the bucket of its admission hour and what it cost ([`settle`]) is added to the
+/// same bucket. Usage above the reservation is recorded as overrun and logged.
+pub(crate) fn plan_settlement(rows: &[SettleRow]) -> StoreResult<SettlementPlan> {
+    let mut plan = SettlementPlan::default();
+    for row in rows {
+        let reservation: Reservation = serde_json::from_str(&row.reservation)
+            .map_err(|e| StoreError::Corrupt(format!("reservation of {}: {e}", row.id)))?;
+        let usage: Option<Usage> = row
+            .usage
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("usage of {}: {e}", row.id)))?;
+        let charge = settle(&reservation, usage.as_ref(), row.claimed_at.is_some());
+        if charge.overrun_nano > 0 || charge.overrun_tokens > 0 {
+            tracing::warn!(
+                task = %row.id, app = %row.app, scope = %row.scope,
+                overrun_nano_usd = charge.overrun_nano, overrun_tokens = charge.overrun_tokens,
+                "the provider reported more than the task's reservation (SPEC §13 overrun)"
+            );
+        }
+        let delta = SpendDelta {
+            reserved_nano: -reservation.nano_usd,
+            settled_nano: charge.nano_usd,
+            reserved_tokens: -tokens(reservation.tokens),
+            settled_tokens: tokens(charge.tokens),
+            overrun_nano: charge.overrun_nano,
+            saved_nano: 0,
+        };
+        let bucket = spend_bucket(Timestamp(row.created_at));
+        plan.scope
+            .entry((row.app.clone(), row.scope.clone(), bucket))
+            .or_default()
+            .add(delta);
+        plan.app
+            .entry((row.app.clone(), bucket, app_spend_stripe(&row.scope)))
+            .or_default()
+            .add(delta);
+        if charge.refund_tokens > 0 {
+            *plan
+                .refunds
+                .entry((row.app.clone(), row.scope.clone()))
+                .or_default() += charge.refund_tokens;
+        }
+        plan.charged
+            .push((row.id.clone(), charge.nano_usd, tokens(charge.tokens)));
+    }
+    Ok(plan)
+}
+
+/// The select list of [`SpendSums`] over spend bucket rows, for `concat!`.
+macro_rules! spend_sums {
+    () => {
+        "SELECT CAST(COALESCE(SUM(reserved_nano), 0) AS BIGINT) AS reserved_nano, \
+         CAST(COALESCE(SUM(settled_nano), 0) AS BIGINT) AS settled_nano, \
+         CAST(COALESCE(SUM(reserved_tokens), 0) AS BIGINT) AS reserved_tokens, \
+         CAST(COALESCE(SUM(settled_tokens), 0) AS BIGINT) AS settled_tokens, \
+         CAST(COALESCE(SUM(overrun_nano), 0) AS BIGINT) AS overrun_nano, \
+         CAST(COALESCE(SUM(saved_nano), 0) AS BIGINT) AS saved_nano"
+    };
+}
+pub(crate) use spend_sums;
+
+/// The sums of a window's spend buckets, as one backend reads them.
+#[derive(sqlx::FromRow, Debug, Clone, Copy, Default)]
+pub(crate) struct SpendSums {
+    pub(crate) reserved_nano: i64,
+    pub(crate) settled_nano: i64,
+    pub(crate) reserved_tokens: i64,
+    pub(crate) settled_tokens: i64,
+    pub(crate) overrun_nano: i64,
+    pub(crate) saved_nano: i64,
+}
+
+/// A scope's token bucket as stored.
+#[derive(sqlx::FromRow, Debug, Clone, Copy, Default)]
+pub(crate) struct TokenBucketRow {
+    pub(crate) token_units: Option<i64>,
+    pub(crate) token_at: Option<i64>,
+    pub(crate) token_capacity: Option<i64>,
+}
+
+impl SpendSums {
+    /// The usage report of a window starting at bucket `first` (SPEC §13 "Usage is
+    /// visible").
+    pub(crate) fn into_window(
+        self,
+        first: i64,
+        now: Timestamp,
+        bucket: Option<TokenBucketRow>,
+    ) -> SpendWindow {
+        let token_bucket = bucket.and_then(|b| match (b.token_units, b.token_at) {
+            (Some(units), Some(at)) => Some(tollgate_core::BucketState {
+                units,
+                at: Timestamp(at),
+            }),
+            _ => None,
+        });
+        SpendWindow {
+            since: Timestamp(first * tollgate_core::cost::SPEND_BUCKET_MS),
+            now,
+            reserved_nano: self.reserved_nano,
+            settled_nano: self.settled_nano,
+            reserved_tokens: self.reserved_tokens,
+            settled_tokens: self.settled_tokens,
+            overrun_nano: self.overrun_nano,
+            saved_nano: self.saved_nano,
+            token_bucket,
+            token_capacity_units: bucket.and_then(|b| b.token_capacity),
+        }
+    }
+}
