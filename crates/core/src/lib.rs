@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod budget;
 pub mod canonical;
+pub mod dispatch;
 pub mod duration;
 pub mod error;
 pub mod ids;
@@ -19,6 +20,10 @@ pub mod time;
 
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
+pub use dispatch::{
+    DEFAULT_AGEING_STEP, Dispatch, PASS_SCALE, Priority, QueueShare, Weight, allocate_claims,
+    dispatch_key, request_token_estimate, stride,
+};
 pub use duration::{DurationError, DurationSyntax, parse_duration};
 pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};
 pub use ids::{

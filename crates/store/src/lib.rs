@@ -170,8 +170,11 @@ pub trait WorkerStore: Send + Sync {
     /// finished, gone).
     async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>>;
 
-    /// Claims up to `limit` claimable queued tasks, oldest first, skipping rows other
-    /// transactions hold. An empty answer does not prove the queue is empty.
+    /// Claims up to `limit` claimable queued tasks in the store's [`ClaimOrder`], skipping
+    /// rows other transactions hold. SPEC §14 (the default, [`ClaimOrder::Fair`]): the
+    /// (app, scope) queues with the least virtual time share the batch by their weights
+    /// (stride scheduling), each queue's tasks by priority then age with ageing
+    /// (`tollgate_core::dispatch`). An empty answer does not prove the queue is empty.
     async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>>;
 
     /// SPEC §5 heartbeat for many running tasks in one write. Reports which tasks the

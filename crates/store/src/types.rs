@@ -213,3 +213,19 @@ pub struct PipelineRef {
     /// The version (content hash).
     pub version: String,
 }
+
+/// The order [`WorkerStore::claim_next`](crate::WorkerStore::claim_next) claims in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimOrder {
+    /// SPEC §14 (the default): round-robin across (app, scope) queues weighted by their
+    /// policy's weight (stride scheduling), and within a queue priority then age with
+    /// ageing (`tollgate_core::dispatch`).
+    #[default]
+    Fair,
+    /// Oldest first across everything, priority ignored: the order before SPEC §14, kept
+    /// for comparison (`tollgate bench`) and as an escape hatch.
+    Oldest,
+}
+
+/// Most queues one fair claim reads (SPEC §14): the queues with the least virtual time.
+pub const MAX_CLAIM_QUEUES: u32 = 64;

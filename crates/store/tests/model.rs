@@ -1370,6 +1370,7 @@ impl Harness {
             },
         };
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             owner,
             step: StepKey::new(STEPS[usize::from(spec.step)]).expect("step"),
             effect_key: EffectKey::new(format!("k{}", spec.key)).expect("key"),

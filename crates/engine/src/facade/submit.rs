@@ -47,6 +47,7 @@ impl Tollgate {
             },
         };
         Ok(NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             owner,
             step,
             effect_key: s.effect_key,

@@ -1,4 +1,4 @@
-//! The conformance suite: SPEC §3–8 written once against [`Store`], run by every backend.
+//! The conformance suite: SPEC §3–8 and §14 written once against [`Store`], run by every backend.
 //!
 //! A backend's test file implements [`Backend`] and calls
 //! [`conformance_suite!`](crate::conformance_suite), which expands to one
@@ -18,6 +18,7 @@ pub mod admission;
 pub mod cache;
 pub mod concurrency;
 pub mod create;
+pub mod dispatch;
 pub mod fixtures;
 pub mod isolation;
 pub mod lifecycle;
@@ -145,6 +146,12 @@ macro_rules! conformance_suite {
             concurrency::racing_claim_next_claims_each_task_once,
             concurrency::delete_owner_data_racing_creates_loses_no_task,
             concurrency::racing_sweeps_finish_each_task_once,
+            dispatch::a_backlog_never_holds_back_another_scope,
+            dispatch::weights_share_claims_in_proportion,
+            dispatch::priority_then_age_within_a_scope,
+            dispatch::ageing_lets_old_low_priority_tasks_start_before_new_high_priority_ones,
+            dispatch::racing_fair_claims_claim_each_task_once_and_lose_none,
+            dispatch::an_idle_scope_banks_no_credit,
         );
     };
 }

@@ -1,9 +1,11 @@
 //! Dialect-free code both backends call (see the crate docs, "One rule, one place"):
 //! row decoding ([`rows`]), what a terminal move does ([`terminal`]) and the admission
 //! facts a backend reads and hands to core's decision ([`admission`]), and the
-//! checks and columns of a run's step ([`runs`]).
+//! checks and columns of a run's step ([`runs`]), and the plan of a fair claim
+//! ([`dispatch`], SPEC §14).
 
 pub(crate) mod admission;
+pub(crate) mod dispatch;
 pub(crate) mod rows;
 pub(crate) mod runs;
 pub(crate) mod terminal;

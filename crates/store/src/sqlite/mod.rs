@@ -9,6 +9,7 @@
 //! the writer). `busy_timeout` makes contending writers wait instead of failing.
 
 mod admission;
+mod dispatch;
 mod lifecycle;
 mod list;
 mod maintenance;
@@ -44,6 +45,8 @@ pub struct SqliteOptions {
     /// `synchronous = FULL` (the default: a committed task survives power loss) or
     /// `NORMAL` (survives process crashes; faster).
     pub synchronous_full: bool,
+    /// The order `claim_next` claims in (SPEC §14; default fair).
+    pub claim_order: crate::ClaimOrder,
 }
 
 impl SqliteOptions {
@@ -55,6 +58,7 @@ impl SqliteOptions {
             read_connections: 4,
             busy_timeout: Duration::from_secs(10),
             synchronous_full: true,
+            claim_order: crate::ClaimOrder::Fair,
         }
     }
 
@@ -71,6 +75,7 @@ pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
     clock: Arc<dyn Clock>,
+    claim_order: crate::ClaimOrder,
 }
 
 type Tx = Transaction<'static, Sqlite>;
@@ -113,6 +118,7 @@ impl SqliteStore {
             writer,
             reader,
             clock: options.clock,
+            claim_order: options.claim_order,
         })
     }
 
