@@ -397,6 +397,8 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
     config.models.insert(
         HOLD_MODEL.to_string(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: HOLD_PROVIDER.to_string(),
             model: "hold-1".to_string(),
             params: Default::default(),

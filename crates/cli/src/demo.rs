@@ -41,6 +41,8 @@ pub async fn demo() -> anyhow::Result<()> {
         },
     );
     let mut slow = ModelConfig {
+        requests_per_minute: None,
+        tokens_per_minute: None,
         provider: "dev".into(),
         model: "dev-1".into(),
         params: Default::default(),

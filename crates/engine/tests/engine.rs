@@ -260,6 +260,8 @@ async fn cache_hits_skip_the_provider_until_the_model_changes(db: TestDb) {
     changed.models.insert(
         "default".into(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: "dev".into(),
             model: "dev-1".into(),
             params: serde_json::from_value(json!({"temperature": 0.7})).unwrap(),
@@ -338,6 +340,8 @@ fn with_slow_model(mut config: tollgate_engine::EngineConfig) -> tollgate_engine
     config.models.insert(
         "slow".into(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: "dev".into(),
             model: "dev-slow".into(),
             params: serde_json::from_value(json!({"latency_ms": 60_000})).unwrap(),

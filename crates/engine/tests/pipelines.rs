@@ -263,6 +263,8 @@ fn pipeline_config() -> EngineConfig {
     c.models.insert(
         "default".into(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: "scripted".into(),
             model: "scripted-model".into(),
             params: Default::default(),

@@ -84,6 +84,14 @@ pub struct BudgetPolicy {
     pub burst: Limit,
     /// Token-bucket refill in tasks per minute.
     pub tasks_per_minute: Limit,
+    /// SPEC §14: the scope's share of claims against other scopes (1 to 1000; default 1).
+    /// Applies to every task of a scope that uses the policy, scoped or not.
+    #[serde(default = "default_weight")]
+    pub weight: Limit,
+}
+
+fn default_weight() -> Limit {
+    Limit::Integer(1)
 }
 
 impl Default for BudgetPolicy {
@@ -94,6 +102,7 @@ impl Default for BudgetPolicy {
             scope_concurrent: Limit::Integer(50),
             burst: Limit::Integer(60),
             tasks_per_minute: Limit::Integer(600),
+            weight: default_weight(),
         }
     }
 }

@@ -5,6 +5,7 @@ use tollgate_core::kinds::{
     ClassifyManyRequest, ClassifyRequest, ExtractDataRequest, GenerateTextRequest,
 };
 use tollgate_core::{
+    Priority,
     AppId, BudgetName, EffectKey, InvalidInput, ModelId, RunId, ScopeId, SourceId, SourceRevision,
     StepKey, Subject, Task, TaskKind, TaskRequest,
 };
@@ -62,6 +63,8 @@ pub struct Submission {
     pub source: Option<SourceSpec>,
     /// A budget policy the app may use (default: the app's default policy).
     pub budget: Option<BudgetName>,
+    /// SPEC §14: priority within its scope (default [`Priority::DEFAULT`]).
+    pub priority: Option<Priority>,
 }
 
 impl Submission {
@@ -74,6 +77,7 @@ impl Submission {
         request: Value,
     ) -> Submission {
         Submission {
+            priority: None,
             app,
             owner: SubmissionOwner::Application { scope },
             subject: None,
@@ -96,6 +100,7 @@ impl Submission {
         request: Value,
     ) -> Submission {
         Submission {
+            priority: None,
             app,
             owner: SubmissionOwner::Run(run),
             subject: None,
@@ -189,6 +194,12 @@ impl Submission {
     /// Names the step.
     pub fn with_step(mut self, step: StepKey) -> Submission {
         self.step = Some(step);
+        self
+    }
+
+    /// SPEC §14: sets the priority within its scope.
+    pub fn with_priority(mut self, priority: Priority) -> Submission {
+        self.priority = Some(priority);
         self
     }
 

@@ -5,7 +5,7 @@ use crate::metrics as m;
 use crate::notify::Event;
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
-use tollgate_core::{AppId, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus};
+use tollgate_core::{AppId, Dispatch, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus};
 use tollgate_store::{Created, StoreError};
 
 use super::*;
@@ -32,7 +32,13 @@ impl Tollgate {
     fn prepare(&self, s: Submission) -> Result<NewTask, EngineError> {
         let inner = &self.inner;
         let model = inner.models.resolve(s.model.as_ref())?;
-        let (_, budget) = inner.budgets.resolve(&s.app, s.budget.as_ref())?;
+        let (policy, budget) = inner.budgets.resolve(&s.app, s.budget.as_ref())?;
+        // SPEC §14: the task's priority, its scope's weight (the policy's), the ageing.
+        let dispatch = Dispatch {
+            priority: s.priority.unwrap_or_default(),
+            weight: inner.budgets.weight(&policy),
+            ageing_step: inner.config.dispatch.ageing_step,
+        };
         let request = inner.validate_request(s.kind, &s.request)?;
         let step = s.resolved_step()?;
         let owner = match s.owner {
@@ -47,7 +53,7 @@ impl Tollgate {
             },
         };
         Ok(NewTask {
-            dispatch: tollgate_core::Dispatch::default(),
+            dispatch,
             owner,
             step,
             effect_key: s.effect_key,

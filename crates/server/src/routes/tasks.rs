@@ -53,6 +53,7 @@ fn submission(
         }
     };
     Ok(Submission {
+        priority: None,
         app: caller.app.clone(),
         owner,
         subject: caller.subject.clone(),

@@ -20,11 +20,8 @@ use super::lifecycle::run_not_canceled;
 use super::{PostgresStore, now_sql};
 use crate::shared::dispatch::{QueueRow, plan_claim};
 use crate::shared::rows::{TaskRow, task_columns_qualified};
-use crate::{MAX_CLAIM_QUEUES, StoreResult};
+use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
 use tollgate_core::WorkerId;
-
-/// Rounds one claim may take when queues run dry under it.
-const CLAIM_ROUNDS: usize = 3;
 
 /// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
 /// time, by the stride plan.
@@ -34,7 +31,7 @@ pub(super) async fn claim_fair(
     limit: u32,
 ) -> StoreResult<Vec<TaskRow>> {
     let mut claimed: Vec<TaskRow> = Vec::new();
-    for _ in 0..CLAIM_ROUNDS {
+    for _ in 0..MAX_CLAIM_ROUNDS {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
             break;

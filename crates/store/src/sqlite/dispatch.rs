@@ -6,7 +6,7 @@ use super::Tx;
 use super::lifecycle::run_not_canceled;
 use crate::shared::dispatch::{QueueRow, plan_claim};
 use crate::shared::rows::{TaskRow, task_columns};
-use crate::{MAX_CLAIM_QUEUES, StoreResult};
+use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
 use sqlx::SqliteConnection;
 use tollgate_core::{AppId, ScopeId, Timestamp, Weight, WorkerId};
 
@@ -46,9 +46,7 @@ pub(super) async fn claim_fair(
     now: Timestamp,
 ) -> StoreResult<Vec<TaskRow>> {
     let mut claimed: Vec<TaskRow> = Vec::new();
-    // Each round either fills the claim or deactivates a queue, so this ends; the bound
-    // only guards against a bug.
-    for _ in 0..=MAX_CLAIM_QUEUES {
+    for _ in 0..MAX_CLAIM_ROUNDS {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
             break;
