@@ -224,6 +224,16 @@ pub fn request_token_estimate(sent: &str, max_output_tokens: u32) -> u64 {
     sent.len() as u64 + u64::from(max_output_tokens)
 }
 
+/// SPEC §14 provider pace: how long, in microseconds, `amount` (calls or tokens) holds
+/// a schedule that allows `per_window` of them per `window` (GCRA without burst: each
+/// call moves the schedule on by this much, so no window ever holds more than the limit
+/// plus one call). Rounded up, so the pace is never exceeded by rounding.
+pub fn pace_cost_us(amount: u64, per_window: NonZeroU32, window: Duration) -> i64 {
+    let window_us = window.as_micros();
+    let cost = (u128::from(amount) * window_us).div_ceil(u128::from(per_window.get()));
+    i64::try_from(cost).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +241,21 @@ mod tests {
 
     fn w(n: i64) -> Weight {
         Weight::new(n).unwrap()
+    }
+
+    #[test]
+    fn pace_costs_spread_a_window_evenly_rounding_up() {
+        let minute = Duration::from_secs(60);
+        let n = |v| NonZeroU32::new(v).unwrap();
+        assert_eq!(pace_cost_us(1, n(60), minute), 1_000_000);
+        assert_eq!(pace_cost_us(1, n(7), minute), 8_571_429);
+        assert_eq!(pace_cost_us(500, n(1000), minute), 30_000_000);
+        assert_eq!(request_token_estimate("abcd", 10), 14);
+        assert_eq!(
+            request_token_estimate("é", 0),
+            2,
+            "UTF-8 bytes, not characters"
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
 pub use dispatch::{
     DEFAULT_AGEING_STEP, Dispatch, PASS_SCALE, Priority, QueueShare, Weight, allocate_claims,
-    dispatch_key, request_token_estimate, stride,
+    dispatch_key, pace_cost_us, request_token_estimate, stride,
 };
 pub use duration::{DurationError, DurationSyntax, parse_duration};
 pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};

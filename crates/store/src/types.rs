@@ -233,3 +233,16 @@ pub const MAX_CLAIM_QUEUES: u32 = 64;
 /// Most rounds of one fair claim (SPEC §14): a round that found a queue empty (and
 /// deactivated it) gives the slots it left to the other queues in the next round.
 pub const MAX_CLAIM_ROUNDS: usize = 3;
+
+/// One schedule a provider call takes a start from (SPEC §14 provider pace): a provider's,
+/// or one model's of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaceSlot {
+    /// The schedule's name (`provider` or `provider/model`).
+    pub key: String,
+    /// How far one call moves the request schedule, in microseconds (0: no request pace).
+    pub request_cost_us: i64,
+    /// How far this call's token bound moves the token schedule, in microseconds (0: no
+    /// token pace).
+    pub token_cost_us: i64,
+}

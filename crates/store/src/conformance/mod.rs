@@ -23,6 +23,7 @@ pub mod fixtures;
 pub mod isolation;
 pub mod lifecycle;
 pub mod owner;
+pub mod pace;
 pub mod pipelines;
 pub mod runs;
 pub mod sweep;
@@ -152,6 +153,10 @@ macro_rules! conformance_suite {
             dispatch::ageing_lets_old_low_priority_tasks_start_before_new_high_priority_ones,
             dispatch::racing_fair_claims_claim_each_task_once_and_lose_none,
             dispatch::an_idle_scope_banks_no_credit,
+            pace::pace_spaces_calls_across_replicas,
+            pace::a_call_waits_for_every_schedule_it_takes,
+            pace::token_pace_reserves_the_bound_and_settles_real_usage,
+            pace::a_pause_holds_every_replica_until_it_ends,
         );
     };
 }

@@ -40,6 +40,7 @@ mod lifecycle;
 mod list;
 mod maintenance;
 pub mod notify;
+mod pace;
 mod pipelines;
 mod runs;
 mod tasks;

@@ -13,6 +13,7 @@ mod dispatch;
 mod lifecycle;
 mod list;
 mod maintenance;
+mod pace;
 mod pipelines;
 mod runs;
 mod tasks;
