@@ -167,6 +167,13 @@ impl EngineConfig {
             p.positive_duration(&format!("{key}.pace_window"), provider.pace_window);
             match provider.kind {
                 ProviderKind::Dev => {
+                    if provider.pace().is_set() {
+                        p.add(
+                            format!("{key}.requests_per_minute"),
+                            "pace applies to `openai` providers only; the `dev` provider \
+                             calls nothing",
+                        );
+                    }
                     if provider.base_url.is_some() {
                         p.add(
                             format!("{key}.base_url"),

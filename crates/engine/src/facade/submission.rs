@@ -5,9 +5,8 @@ use tollgate_core::kinds::{
     ClassifyManyRequest, ClassifyRequest, ExtractDataRequest, GenerateTextRequest,
 };
 use tollgate_core::{
-    Priority,
-    AppId, BudgetName, EffectKey, InvalidInput, ModelId, RunId, ScopeId, SourceId, SourceRevision,
-    StepKey, Subject, Task, TaskKind, TaskRequest,
+    AppId, BudgetName, EffectKey, InvalidInput, ModelId, Priority, RunId, ScopeId, SourceId,
+    SourceRevision, StepKey, Subject, Task, TaskKind, TaskRequest,
 };
 
 /// Who a submitted task belongs to, as a caller names it.

@@ -5,7 +5,9 @@ use crate::metrics as m;
 use crate::notify::Event;
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
-use tollgate_core::{AppId, Dispatch, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus};
+use tollgate_core::{
+    AppId, Dispatch, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus,
+};
 use tollgate_store::{Created, StoreError};
 
 use super::*;
