@@ -224,6 +224,7 @@ mod tests {
         c.budgets.insert(
             "premium".into(),
             BudgetPolicy {
+                weight: Limit::Integer(1),
                 burst: Limit::Integer(500),
                 ..BudgetPolicy::default()
             },

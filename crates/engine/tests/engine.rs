@@ -175,6 +175,7 @@ async fn submit_many_answers_each_item_in_order(db: TestDb) {
     config.budgets.insert(
         "standard".into(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             burst: Limit::Integer(2),
             tasks_per_minute: Limit::Integer(1),
             ..BudgetPolicy::default()
@@ -598,6 +599,7 @@ async fn apps_may_use_only_their_allowed_policies() {
     config.budgets.insert(
         "premium".into(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             scope_concurrent: Limit::Integer(1),
             ..BudgetPolicy::default()
         },

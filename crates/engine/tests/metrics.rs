@@ -97,6 +97,7 @@ async fn submissions_admissions_cache_providers_and_outcomes_are_measured() {
     config.budgets.insert(
         "standard".into(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             burst: Limit::Integer(2),
             tasks_per_minute: Limit::Integer(1),
             ..BudgetPolicy::default()

@@ -795,6 +795,7 @@ async fn an_admission_rejection_waits_and_retries(db: TestDb) {
     config.budgets.insert(
         "tight".into(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             scope_concurrent: Limit::Integer(1),
             ..BudgetPolicy::default()
         },

@@ -129,6 +129,13 @@ pub struct PostgresStore {
 type Tx = Transaction<'static, Postgres>;
 
 impl PostgresStore {
+    /// The same store (same pool) claiming in another order (SPEC §14; benchmarks
+    /// compare fair and oldest-first claiming on one database).
+    pub fn with_claim_order(mut self, order: crate::ClaimOrder) -> PostgresStore {
+        self.claim_order = order;
+        self
+    }
+
     /// Connects, creates the schema if asked, and applies migrations (safe when several
     /// replicas start at once: the migrator holds an advisory lock). A database whose
     /// schema is newer than this binary knows is refused with [`StoreError::SchemaTooNew`].

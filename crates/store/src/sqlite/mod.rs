@@ -82,6 +82,13 @@ pub struct SqliteStore {
 type Tx = Transaction<'static, Sqlite>;
 
 impl SqliteStore {
+    /// The same store (same pool) claiming in another order (SPEC §14; benchmarks
+    /// compare fair and oldest-first claiming on one database).
+    pub fn with_claim_order(mut self, order: crate::ClaimOrder) -> SqliteStore {
+        self.claim_order = order;
+        self
+    }
+
     /// Opens (creating if needed) the database file and applies migrations. A database
     /// whose schema is newer than this binary knows is refused with
     /// [`StoreError::SchemaTooNew`].
