@@ -202,8 +202,8 @@ pub async fn racing_fair_claims_claim_each_task_once_and_lose_none(b: &dyn Backe
     let done_creating = Arc::new(AtomicBool::new(false));
     let claimed_count = Arc::new(AtomicUsize::new(0));
     let mut creators = Vec::new();
-    for c in 0..CREATORS {
-        let s = stores[c].clone();
+    for (c, s) in stores.iter().take(CREATORS).enumerate() {
+        let s = s.clone();
         creators.push(tokio::spawn(async move {
             let mut ids = Vec::new();
             for i in 0..PER_CREATOR {
@@ -232,8 +232,8 @@ pub async fn racing_fair_claims_claim_each_task_once_and_lose_none(b: &dyn Backe
         }));
     }
     let mut claimers = Vec::new();
-    for k in 0..CLAIMERS {
-        let s = stores[CREATORS + k].clone();
+    for (k, s) in stores.iter().skip(CREATORS).enumerate() {
+        let s = s.clone();
         let done = done_creating.clone();
         let count = claimed_count.clone();
         claimers.push(tokio::spawn(async move {
