@@ -18,9 +18,10 @@ use tollgate_engine::config::Limit;
 use tollgate_engine::{EngineConfig, Submission, Tollgate};
 
 /// The fake's limit: at most `per_window` calls per `window`, enforced as a token bucket
-/// of a few calls (a provider quantizing its per-minute limit to short periods, as
-/// OpenAI documents), so it tolerates a client's scheduling jitter of milliseconds but
-/// not a client faster than the limit.
+/// of 5 calls (a provider quantizing its per-minute limit to short periods, as OpenAI
+/// documents). It tolerates 200 ms of scheduling jitter (this test shares a loaded
+/// machine with three engines and the fake itself) but not a client faster than the
+/// limit: 10 % too fast drains it within two seconds.
 struct Limiter {
     per_window: f64,
     window: Duration,
@@ -45,12 +46,15 @@ impl Limiter {
     }
 }
 
+/// The two tests measure real time: they run one at a time, not beside each other.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn limited_fake(fake: &FakeOpenAi, per_window: u32, window: Duration) -> Arc<Mutex<Limiter>> {
     let limiter = Arc::new(Mutex::new(Limiter {
         per_window: f64::from(per_window),
         window,
-        capacity: 3.0,
-        tokens: 3.0,
+        capacity: 5.0,
+        tokens: 5.0,
         at: Instant::now(),
         refused: 0,
     }));
@@ -68,6 +72,10 @@ fn limited_fake(fake: &FakeOpenAi, per_window: u32, window: Duration) -> Arc<Mut
 fn paced_config(fake: &FakeOpenAi, per_window: u32, window: Duration) -> EngineConfig {
     let mut c = fake_config(fake);
     c.workers.concurrency = 8;
+    // Tasks wait for their turn while running: a loaded machine must not declare them
+    // dead (the fast test liveness timeout is 400 ms).
+    c.workers.heartbeat_interval = Duration::from_millis(200);
+    c.sweeper.liveness_timeout = Duration::from_secs(10);
     let provider = c.providers.get_mut("fake").expect("fake provider");
     provider.requests_per_minute = Some(Limit::Integer(i64::from(per_window)));
     provider.pace_window = window;
@@ -117,6 +125,7 @@ async fn engines_sharing_a_pace_never_collect_a_429_and_use_90_percent_of_it() {
     let Some(db) = TestDb::postgres("pace_shared") else {
         return;
     };
+    let _alone = ONE_AT_A_TIME.lock().await;
     const N: u32 = 25;
     const TASKS: usize = 1_000;
     let window = Duration::from_secs(1);
@@ -133,6 +142,15 @@ async fn engines_sharing_a_pace_never_collect_a_429_and_use_90_percent_of_it() {
     all_finished(&engines[0], &ids, Duration::from_secs(90)).await;
     let requests = fake.requests();
     let refused = limiter.lock().unwrap().refused;
+    if refused > 0 {
+        // Which arrivals came too close: the gaps around each refusal.
+        let times: Vec<Instant> = requests.iter().map(|(t, _)| *t).collect();
+        let gaps: Vec<u128> = times
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]).as_millis())
+            .collect();
+        eprintln!("arrival gaps (ms): {gaps:?}");
+    }
     assert_eq!(refused, 0, "the paced engines collected {refused} 429s");
     assert_eq!(requests.len(), TASKS, "one call per task");
     let first = requests.first().expect("calls").0;
@@ -166,6 +184,7 @@ async fn a_429_with_retry_after_pauses_every_engine_until_then() {
     let Some(db) = TestDb::postgres("pace_pause") else {
         return;
     };
+    let _alone = ONE_AT_A_TIME.lock().await;
     const N: u32 = 50;
     let window = Duration::from_secs(1);
     let fake = FakeOpenAi::start().await;
