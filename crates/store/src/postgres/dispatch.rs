@@ -2,7 +2,9 @@
 //! once.
 //!
 //! A claim is two short statements, each its own transaction: read the active queues
-//! with the least virtual time (no lock), then claim by the shared stride plan
+//! with the least virtual time (no lock; an instance reuses its read for
+//! [`QUEUE_VIEW_TTL`](crate::shared::dispatch::QUEUE_VIEW_TTL), moving it by its own
+//! claims, so most claims are the second statement alone), then claim by the shared stride plan
 //! ([`crate::shared::dispatch`]) in one statement — each planned queue's first tasks in
 //! dispatch-key order with `FOR UPDATE SKIP LOCKED` (replicas never wait for each
 //! other's task rows and never claim one task twice), and the queues' virtual times
@@ -31,18 +33,32 @@ pub(super) async fn claim_fair(
     limit: u32,
 ) -> StoreResult<Vec<TaskRow>> {
     let mut claimed: Vec<TaskRow> = Vec::new();
-    for _ in 0..MAX_CLAIM_ROUNDS {
+    for round in 0..MAX_CLAIM_ROUNDS {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
             break;
         }
-        let queues: Vec<QueueRow> = sqlx::query_as(
-            "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
-             ORDER BY pass, app, scope LIMIT $1",
-        )
-        .bind(i64::from(want.min(MAX_CLAIM_QUEUES)))
-        .fetch_all(&store.pool)
-        .await?;
+        let n = want.min(MAX_CLAIM_QUEUES) as usize;
+        let cached = if round == 0 {
+            store.queue_view.fresh(n)
+        } else {
+            None
+        };
+        let from_view = cached.is_some();
+        let queues = match cached {
+            Some(q) => q,
+            None => {
+                let all: Vec<QueueRow> = sqlx::query_as(
+                    "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
+                     ORDER BY pass, app, scope LIMIT $1",
+                )
+                .bind(i64::from(MAX_CLAIM_QUEUES))
+                .fetch_all(&store.pool)
+                .await?;
+                store.queue_view.keep(&all);
+                all.into_iter().take(n).collect()
+            }
+        };
         if queues.is_empty() {
             break;
         }
@@ -51,7 +67,9 @@ pub(super) async fn claim_fair(
         let scopes: Vec<&str> = plan.iter().map(|t| t.queue.scope.as_str()).collect();
         let takes: Vec<i64> = plan.iter().map(|t| i64::from(t.take)).collect();
         let strides: Vec<i64> = plan.iter().map(|t| t.queue.advance(1)).collect();
-        // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly.
+        // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly. The
+        // update finds the picked rows by id as an array: joined to the pick, the planner
+        // (which cannot know how few rows the LATERAL limits give) hashes the whole queue.
         let rows: Vec<TaskRow> = sqlx::query_as(concat!(
             "WITH clock AS (SELECT ",
             now_sql!(2),
@@ -65,8 +83,8 @@ pub(super) async fn claim_fair(
             " ORDER BY dispatch_key, id LIMIT p.take FOR UPDATE SKIP LOCKED) x), \
              claimed AS (UPDATE tasks SET status = 'running', worker = $1, \
                attempt = attempt + 1, claimed_at = clock.now, heartbeat_at = clock.now \
-               FROM picked, clock WHERE tasks.id = picked.id AND tasks.status = 'queued' \
-               RETURNING ",
+               FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) \
+               AND tasks.status = 'queued' RETURNING ",
             task_columns_qualified!(),
             "), \
              counts AS (SELECT app, scope, COUNT(*) AS n FROM claimed GROUP BY app, scope), \
@@ -87,19 +105,27 @@ pub(super) async fn claim_fair(
         .fetch_all(&store.pool)
         .await?;
         let mut emptied = false;
+        let mut short = false;
         for take in &plan {
             let got = rows
                 .iter()
                 .filter(|r| r.app() == take.queue.app && r.scope() == take.queue.scope)
                 .count() as u32;
+            store
+                .queue_view
+                .advance(&take.queue.app, &take.queue.scope, take.queue.advance(got));
             if got < take.take {
+                short = true;
                 emptied |= deactivate_if_empty(store, &take.queue.app, &take.queue.scope).await?;
             }
         }
+        if short {
+            store.queue_view.clear();
+        }
         claimed.extend(rows);
-        if !emptied {
+        if !emptied && !(short && from_view) {
             // Full, or short only because other claims hold rows: look again at the
-            // next poll rather than spin.
+            // next poll rather than spin. (Short on a cached view: look again now.)
             break;
         }
     }

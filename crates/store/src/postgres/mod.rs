@@ -124,6 +124,8 @@ pub struct PostgresStore {
     pool: PgPool,
     clock: Option<Arc<dyn Clock>>,
     claim_order: crate::ClaimOrder,
+    /// SPEC §14: this instance's recent view of the active queues.
+    queue_view: Arc<crate::shared::dispatch::QueueView>,
 }
 
 type Tx = Transaction<'static, Postgres>;
@@ -183,6 +185,7 @@ impl PostgresStore {
             pool,
             clock: options.clock,
             claim_order: options.claim_order,
+            queue_view: Arc::default(),
         })
     }
 

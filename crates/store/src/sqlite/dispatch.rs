@@ -4,7 +4,7 @@
 
 use super::Tx;
 use super::lifecycle::run_not_canceled;
-use crate::shared::dispatch::{QueueRow, plan_claim};
+use crate::shared::dispatch::{QueueRow, QueueView, plan_claim};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
 use sqlx::SqliteConnection;
@@ -40,28 +40,40 @@ pub(super) async fn activate_queue(
 /// time, by the stride plan, each queue's tasks in dispatch-key order; a queue found
 /// empty is deactivated; slots a queue could not fill go round again to the others.
 pub(super) async fn claim_fair(
+    view: &QueueView,
     tx: &mut Tx,
     worker: &WorkerId,
     limit: u32,
     now: Timestamp,
 ) -> StoreResult<Vec<TaskRow>> {
     let mut claimed: Vec<TaskRow> = Vec::new();
-    for _ in 0..MAX_CLAIM_ROUNDS {
+    for round in 0..MAX_CLAIM_ROUNDS {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
             break;
         }
-        let queues: Vec<QueueRow> = sqlx::query_as(
-            "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
-             ORDER BY pass, app, scope LIMIT ?",
-        )
-        .bind(i64::from(want.min(MAX_CLAIM_QUEUES)))
-        .fetch_all(&mut **tx)
-        .await?;
+        let n = want.min(MAX_CLAIM_QUEUES) as usize;
+        let cached = if round == 0 { view.fresh(n) } else { None };
+        let from_view = cached.is_some();
+        let queues = match cached {
+            Some(q) => q,
+            None => {
+                let all: Vec<QueueRow> = sqlx::query_as(
+                    "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
+                     ORDER BY pass, app, scope LIMIT ?",
+                )
+                .bind(i64::from(MAX_CLAIM_QUEUES))
+                .fetch_all(&mut **tx)
+                .await?;
+                view.keep(&all);
+                all.into_iter().take(n).collect()
+            }
+        };
         if queues.is_empty() {
             break;
         }
         let mut emptied = false;
+        let mut short = false;
         for take in plan_claim(queues, want) {
             let rows: Vec<TaskRow> = sqlx::query_as(concat!(
                 "UPDATE tasks SET status = 'running', worker = ?, attempt = attempt + 1, \
@@ -81,6 +93,10 @@ pub(super) async fn claim_fair(
             .fetch_all(&mut **tx)
             .await?;
             let got = rows.len() as u32;
+            view.advance(&take.queue.app, &take.queue.scope, take.queue.advance(got));
+            if got < take.take {
+                short = true;
+            }
             if got > 0 {
                 sqlx::query(
                     "UPDATE dispatch_queues SET pass = pass + ? WHERE app = ? AND scope = ?",
@@ -107,7 +123,10 @@ pub(super) async fn claim_fair(
             }
             claimed.extend(rows);
         }
-        if !emptied {
+        if short {
+            view.clear();
+        }
+        if !emptied && !(short && from_view) {
             break;
         }
     }

@@ -147,7 +147,9 @@ impl WorkerStore for SqliteStore {
         let mut tx = self.begin().await?;
         let now = self.now();
         let rows = match self.claim_order {
-            ClaimOrder::Fair => super::dispatch::claim_fair(&mut tx, worker, limit, now).await?,
+            ClaimOrder::Fair => {
+                super::dispatch::claim_fair(&self.queue_view, &mut tx, worker, limit, now).await?
+            }
             ClaimOrder::Oldest => {
                 sqlx::query_as(concat!(
                     "UPDATE tasks SET status = 'running', worker = ?, attempt = attempt + 1, \

@@ -77,6 +77,8 @@ pub struct SqliteStore {
     reader: SqlitePool,
     clock: Arc<dyn Clock>,
     claim_order: crate::ClaimOrder,
+    /// SPEC §14: this instance's recent view of the active queues.
+    queue_view: Arc<crate::shared::dispatch::QueueView>,
 }
 
 type Tx = Transaction<'static, Sqlite>;
@@ -127,6 +129,7 @@ impl SqliteStore {
             reader,
             clock: options.clock,
             claim_order: options.claim_order,
+            queue_view: Arc::default(),
         })
     }
 
