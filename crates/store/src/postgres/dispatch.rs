@@ -123,7 +123,9 @@ pub(super) async fn claim_fair(
             store.queue_view.clear();
         }
         claimed.extend(rows);
-        if !emptied && !(short && from_view) {
+        // Go round again only when a queue emptied, or a cached view may be stale.
+        let again = emptied || (short && from_view);
+        if !again {
             // Full, or short only because other claims hold rows: look again at the
             // next poll rather than spin. (Short on a cached view: look again now.)
             break;

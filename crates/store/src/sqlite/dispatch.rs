@@ -126,7 +126,9 @@ pub(super) async fn claim_fair(
         if short {
             view.clear();
         }
-        if !emptied && !(short && from_view) {
+        // Go round again only when a queue emptied, or a cached view may be stale.
+        let again = emptied || (short && from_view);
+        if !again {
             break;
         }
     }
