@@ -5,6 +5,10 @@
 //! Baseline, same database, same N and W: the raw SQL lifecycle — N inserts (8 at once,
 //! like the facade's batch groups), then W loops of a `SKIP LOCKED` claim and a complete,
 //! one transaction each.
+//!
+//! SPEC §14: Tollgate runs each round twice, with fairness on (the default; the ratio's
+//! term) and off (oldest first, priority ignored), so the cost of fair claiming is
+//! measured in the same run. Target: fairness on ≥ 90 % of fairness off.
 
 use super::counting::Counts;
 use super::measure::Phase;
@@ -29,54 +33,70 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let rounds = u64::from(sizes.rounds).min(sizes.tasks).max(1);
     let counting = ctx.counting_store();
     let tollgate = ctx.tollgate(&counting, sizes.workers, None)?;
+    let oldest_first = ctx.counting_store_oldest_first();
+    let unfair = ctx.tollgate_with(&oldest_first, sizes.workers, None, false)?;
     let scopes = scope_ids("burn", SUBMIT_SCOPES)?;
     let mut ours = Phase::default();
+    let mut ours_unfair = Phase::default();
     let mut theirs = Phase::default();
     let mut submit_time = Duration::ZERO;
     for round in 0..rounds {
         let n = sizes.tasks / rounds + u64::from(round < sizes.tasks % rounds);
         let label = format!("round {}/{rounds}", round + 1);
 
-        // Tollgate: submit everything, then start the workers.
-        ctx.progress
-            .stage(format!("tollgate {label}: submitting {n}"));
-        let submissions = (0..n)
-            .map(|i| {
-                let scope = &scopes[i as usize % SUBMIT_SCOPES];
-                unscoped(
-                    scope,
-                    &format!("burn-{round}-{i}"),
-                    &format!("burn {round} {i}"),
-                )
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let done_before = Counts::get(&counting.counts().completed);
-        let start = Instant::now();
-        submit_all(&tollgate, submissions, &ctx.progress).await?;
-        submit_time += start.elapsed();
-        ctx.progress.stage(format!(
-            "tollgate {label}: {} workers burning down",
-            sizes.workers
-        ));
-        let engine = tollgate.start().await?;
-        let counts = counting.counts().clone();
-        let waited = wait_for(
-            &ctx.progress,
-            "tollgate burn-down",
-            n,
-            timeout_for(n),
-            || Counts::get(&counts.completed) - done_before,
-        )
-        .await;
-        let end = counts.last_completion();
-        engine.shutdown(Duration::from_secs(30)).await;
-        waited?;
-        let end = end.ok_or_else(|| anyhow::anyhow!("no completion was recorded"))?;
-        ours.add(Phase {
-            ops: n,
-            elapsed: end - start,
-            latencies_us: Vec::new(),
-        });
+        // Tollgate, fairness on then off: submit everything, then start the workers.
+        for (fair, tollgate, counting) in [
+            (true, &tollgate, &counting),
+            (false, &unfair, &oldest_first),
+        ] {
+            let side = if fair { "fair" } else { "oldest-first" };
+            ctx.progress
+                .stage(format!("tollgate ({side}) {label}: submitting {n}"));
+            let submissions = (0..n)
+                .map(|i| {
+                    let scope = &scopes[i as usize % SUBMIT_SCOPES];
+                    unscoped(
+                        scope,
+                        &format!("burn-{side}-{round}-{i}"),
+                        &format!("burn {side} {round} {i}"),
+                    )
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let done_before = Counts::get(&counting.counts().completed);
+            let start = Instant::now();
+            submit_all(tollgate, submissions, &ctx.progress).await?;
+            if fair {
+                submit_time += start.elapsed();
+            }
+            ctx.progress.stage(format!(
+                "tollgate ({side}) {label}: {} workers burning down",
+                sizes.workers
+            ));
+            let engine = tollgate.start().await?;
+            let counts = counting.counts().clone();
+            let waited = wait_for(
+                &ctx.progress,
+                "tollgate burn-down",
+                n,
+                timeout_for(n),
+                || Counts::get(&counts.completed) - done_before,
+            )
+            .await;
+            let end = counts.last_completion();
+            engine.shutdown(Duration::from_secs(30)).await;
+            waited?;
+            let end = end.ok_or_else(|| anyhow::anyhow!("no completion was recorded"))?;
+            let phase = Phase {
+                ops: n,
+                elapsed: end - start,
+                latencies_us: Vec::new(),
+            };
+            if fair {
+                ours.add(phase);
+            } else {
+                ours_unfair.add(phase);
+            }
+        }
 
         // Baseline: the raw lifecycle on the same database.
         ctx.progress
@@ -89,7 +109,13 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         .param("workers", sizes.workers)
         .param("rounds", rounds)
         .tollgate("tollgate (submit_many + workers)", ours.per_s(), None)
+        .row(
+            "tollgate, fairness off (oldest first)",
+            Some(ours_unfair.per_s()),
+            None,
+        )
         .baseline("baseline (raw SQL lifecycle)", theirs.per_s(), None);
+    let fair_vs_unfair = ours.per_s() / ours_unfair.per_s().max(f64::MIN_POSITIVE);
     let target = if ctx.backend == super::BackendKind::Postgres {
         2.0
     } else {
@@ -97,9 +123,20 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     };
     report
         .ratio_at_least(target)
+        .extra("fairness_on_vs_off", fair_vs_unfair)
+        .extra("tollgate_fairness_off_per_s", ours_unfair.per_s())
         .extra("tollgate_submit_s", super::secs(submit_time))
         .extra("tollgate_elapsed_s", super::secs(ours.elapsed))
         .extra("baseline_elapsed_s", super::secs(theirs.elapsed))
+        .note(format!(
+            "SPEC §14: fairness on runs at {:.1} % of fairness off (target ≥ 90 %){}",
+            100.0 * fair_vs_unfair,
+            if fair_vs_unfair >= 0.9 {
+                ""
+            } else {
+                " — MISSED"
+            }
+        ))
         .note(format!(
             "tollgate: {:.1} s of {:.1} s submitting ({:.0} submissions/s)",
             submit_time.as_secs_f64(),

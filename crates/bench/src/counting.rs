@@ -160,6 +160,7 @@ impl ForwardTaskStore for CountingStore {}
 impl ForwardRunStore for CountingStore {}
 impl ForwardPipelineStore for CountingStore {}
 impl ForwardMaintenanceStore for CountingStore {}
+impl tollgate_store::wrap::ForwardPaceStore for CountingStore {}
 
 #[async_trait]
 impl WorkerStore for CountingStore {

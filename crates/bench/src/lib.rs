@@ -16,6 +16,7 @@ pub mod baseline;
 mod burn_down;
 mod cache;
 mod counting;
+mod fairness;
 mod heartbeat;
 mod latency;
 mod measure;
@@ -92,7 +93,8 @@ pub struct BenchArgs {
 /// machine, or a few seconds with `--quick`.
 #[derive(Debug, Clone, Default, Args)]
 pub struct SizeArgs {
-    /// burn-down: tasks per side [default: 20000; quick: 1000].
+    /// burn-down: tasks per side; fairness: scope A's backlog [default: 20000; quick:
+    /// 1000].
     #[arg(long)]
     pub tasks: Option<u64>,
     /// burn-down, latency: concurrent executions of Tollgate's worker pool and worker
@@ -139,8 +141,11 @@ pub struct SizeArgs {
 /// What to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
-    /// Submit N unscoped tasks, then W workers run them all (vs the raw SQL lifecycle).
+    /// Submit N unscoped tasks, then W workers run them all (vs the raw SQL lifecycle),
+    /// with SPEC §14 fairness on and off.
     BurnDown,
+    /// SPEC §14: scope B's 200 tasks behind scope A's backlog of N vs with no backlog.
+    Fairness,
     /// 8 clients admit scoped tasks over 64 scopes (vs the reference design's admission
     /// behind one global lock).
     Admission,
@@ -157,8 +162,9 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    const EACH: [Scenario; 6] = [
+    const EACH: [Scenario; 7] = [
         Scenario::BurnDown,
+        Scenario::Fairness,
         Scenario::Admission,
         Scenario::AdmissionWindow,
         Scenario::Cache,
@@ -170,6 +176,7 @@ impl Scenario {
     pub fn name(self) -> &'static str {
         match self {
             Scenario::BurnDown => "burn-down",
+            Scenario::Fairness => "fairness",
             Scenario::Admission => "admission",
             Scenario::AdmissionWindow => "admission-window",
             Scenario::Cache => "cache",
@@ -318,6 +325,7 @@ async fn run_scenario(
     };
     let result = match scenario {
         Scenario::BurnDown => burn_down::run(&ctx).await,
+        Scenario::Fairness => fairness::run(&ctx).await,
         Scenario::Admission => admission::run(&ctx).await,
         Scenario::AdmissionWindow => window::run(&ctx).await,
         Scenario::Cache => cache::run(&ctx).await,
@@ -352,6 +360,12 @@ impl Ctx {
         CountingStore::new(self.db.store.clone())
     }
 
+    /// Like [`counting_store`](Self::counting_store), claiming oldest first across
+    /// everything (SPEC §14 fairness off), on the same database and pool.
+    fn counting_store_oldest_first(&self) -> CountingStore {
+        CountingStore::new(self.db.store_ordered(tollgate_store::ClaimOrder::Oldest))
+    }
+
     /// The baseline on the same database.
     fn baseline(&self) -> &Baseline {
         &self.db.baseline
@@ -364,6 +378,18 @@ impl Ctx {
         workers: u32,
         hold: Option<Arc<HoldProvider>>,
     ) -> anyhow::Result<Tollgate> {
+        self.tollgate_with(store, workers, hold, true)
+    }
+
+    /// [`tollgate`](Self::tollgate) with SPEC §14 fairness on or off (`store` must claim
+    /// in the matching order).
+    fn tollgate_with(
+        &self,
+        store: &CountingStore,
+        workers: u32,
+        hold: Option<Arc<HoldProvider>>,
+        fair: bool,
+    ) -> anyhow::Result<Tollgate> {
         let store: Arc<dyn Store> = Arc::new(store.clone());
         // Engines that hold nothing still know the hold model, answering it at once.
         let hold = hold.unwrap_or_else(|| {
@@ -371,11 +397,11 @@ impl Ctx {
             released.release();
             Arc::new(released)
         });
-        Ok(
-            Tollgate::builder(store, engine_config(workers, &self.sizes))
-                .provider(HOLD_PROVIDER, hold)
-                .build()?,
-        )
+        let mut config = engine_config(workers, &self.sizes);
+        config.dispatch.fairness = fair;
+        Ok(Tollgate::builder(store, config)
+            .provider(HOLD_PROVIDER, hold)
+            .build()?)
     }
 }
 
@@ -388,6 +414,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
     config.budgets.insert(
         BENCH_BUDGET.to_string(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             max_steps_per_source: unlimited,
             sources_per_24_hours: unlimited,
             scope_concurrent: unlimited,
@@ -409,6 +436,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             usd_per_24_hours: Some(1.0e9),
             tokens_per_minute: Some(unlimited),
             token_burst: Some(unlimited),
+            weight: Limit::Integer(1),
         },
     );
     config.default_budget = BENCH_BUDGET.to_string();
@@ -434,6 +462,8 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
     config.models.insert(
         HOLD_MODEL.to_string(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: HOLD_PROVIDER.to_string(),
             model: "hold-1".to_string(),
             params: Default::default(),
@@ -561,6 +591,14 @@ impl BenchDb {
                 }
                 Ok(db)
             }
+        }
+    }
+
+    /// The same database (same pool) through a store claiming in `order`.
+    fn store_ordered(&self, order: tollgate_store::ClaimOrder) -> Arc<dyn Store> {
+        match &self.place {
+            Place::Sqlite { store, .. } => Arc::new(store.clone().with_claim_order(order)),
+            Place::Postgres { store, .. } => Arc::new(store.clone().with_claim_order(order)),
         }
     }
 

@@ -93,6 +93,9 @@ pub struct SubmitArgs {
     /// Budget policy.
     #[arg(long)]
     budget: Option<String>,
+    /// Priority within the scope, 0 (lowest) to 9 (highest); default 5 (SPEC §14).
+    #[arg(long, value_parser = clap::value_parser!(i64).range(0..=9))]
+    priority: Option<i64>,
     /// Wait for a terminal state, e.g. 30s.
     #[arg(long)]
     wait: Option<String>,
@@ -130,6 +133,9 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         if let Some(v) = v {
             obj.insert(k.into(), json!(v));
         }
+    }
+    if let Some(p) = args.priority {
+        obj.insert("priority".into(), json!(p));
     }
     if let (Some(id), Some(rev)) = (&args.source_id, &args.source_revision) {
         obj.insert(

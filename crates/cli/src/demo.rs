@@ -33,6 +33,7 @@ pub async fn demo() -> anyhow::Result<()> {
     config.budgets.insert(
         "demo".into(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             max_steps_per_source: Limit::Integer(10),
             sources_per_24_hours: Limit::Integer(100),
             scope_concurrent: Limit::Integer(10),
@@ -44,6 +45,8 @@ pub async fn demo() -> anyhow::Result<()> {
         },
     );
     let mut slow = ModelConfig {
+        requests_per_minute: None,
+        tokens_per_minute: None,
         provider: "dev".into(),
         model: "dev-1".into(),
         params: Default::default(),

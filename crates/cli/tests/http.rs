@@ -634,6 +634,9 @@ async fn bad_input(backend: &str) {
         ("invalid-schema", serde_json::to_vec(&json!({"kind": "extract_data", "scope": "s", "request": {"input": "p", "schema": {"type": "no-such-type"}}})).unwrap(), StatusCode::UNPROCESSABLE_ENTITY),
         ("remote-ref", serde_json::to_vec(&json!({"kind": "extract_data", "scope": "s", "request": {"input": "p", "schema": {"$ref": "http://127.0.0.1:9/schema.json"}}})).unwrap(), StatusCode::UNPROCESSABLE_ENTITY),
         ("empty-effect-key", serde_json::to_vec(&json!({"kind": "classify", "scope": "s", "effect_key": "", "request": classify("x")})).unwrap(), StatusCode::UNPROCESSABLE_ENTITY),
+        ("priority-too-high", serde_json::to_vec(&json!({"kind": "classify", "scope": "s", "priority": 10, "request": classify("x")})).unwrap(), StatusCode::UNPROCESSABLE_ENTITY),
+        ("priority-negative", serde_json::to_vec(&json!({"kind": "classify", "scope": "s", "priority": -1, "request": classify("x")})).unwrap(), StatusCode::UNPROCESSABLE_ENTITY),
+        ("priority-not-a-number", serde_json::to_vec(&json!({"kind": "classify", "scope": "s", "priority": "high", "request": classify("x")})).unwrap(), StatusCode::BAD_REQUEST),
     ];
     for (name, body, expected) in cases {
         let key = format!("bad-{name}");
@@ -768,7 +771,65 @@ macro_rules! on_both_backends {
     };
 }
 
-on_both_backends!(lifecycle, isolation, bad_input, wait_on_a_task);
+/// SPEC §14 over HTTP: a task carries its priority (default 5) in submissions, batches
+/// and reads; an out-of-range one is refused naming the field and stores nothing.
+async fn priority(backend: &str) {
+    let Some(s) = start(backend).await else {
+        return;
+    };
+    let mut body = json!({"kind": "classify", "scope": "p", "request": classify("urgent")});
+    body["priority"] = json!(8);
+    let (st, t) = s.post("/v1/tasks", ACME, Some("prio-8"), &body).await;
+    assert_eq!(st, StatusCode::CREATED, "{t}");
+    assert_eq!(t["priority"], json!(8));
+    let plain = json!({"kind": "classify", "scope": "p", "request": classify("whenever")});
+    let (_, t) = s
+        .post("/v1/tasks", ACME, Some("prio-default"), &plain)
+        .await;
+    assert_eq!(t["priority"], json!(5), "the default priority is 5");
+    let batch = json!({"tasks": [
+        {"kind": "classify", "scope": "p", "effect_key": "b-1", "priority": 0, "request": classify("low")},
+        {"kind": "classify", "scope": "p", "effect_key": "b-2", "priority": 42, "request": classify("bad")},
+    ]});
+    let (st, answer) = s.post("/v1/tasks/batch", ACME, None, &batch).await;
+    assert!(st.is_success(), "{answer}");
+    let results = answer["results"].as_array().expect("results");
+    assert_eq!(results[0]["task"]["priority"], json!(0), "{answer}");
+    assert_eq!(results[1]["status"], json!(422), "{answer}");
+    let message = results[1]["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("priority"),
+        "the error names the field: {answer}"
+    );
+    let (st, _) = s.get("/v1/tasks?effect_key=b-2", ACME).await;
+    assert_eq!(
+        st,
+        StatusCode::NOT_FOUND,
+        "nothing stored for the refused item"
+    );
+    let (st, _, e) = s
+        .call(
+            reqwest::Method::POST,
+            "/v1/tasks",
+            Some(ACME),
+            &[("idempotency-key", "prio-bad")],
+            Some(
+                serde_json::to_vec(&json!({"kind": "classify", "scope": "p", "priority": 10, "request": classify("x")}))
+                    .unwrap(),
+            ),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("priority"),
+        "{e}"
+    );
+}
+
+on_both_backends!(lifecycle, isolation, bad_input, wait_on_a_task, priority);
 
 #[test]
 fn serve_without_keys_refuses_other_addresses() {

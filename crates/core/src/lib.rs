@@ -8,6 +8,7 @@ pub mod admission;
 pub mod budget;
 pub mod canonical;
 pub mod cost;
+pub mod dispatch;
 pub mod duration;
 pub mod error;
 pub mod ids;
@@ -21,6 +22,10 @@ pub mod time;
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
 pub use cost::{CostLimits, CostRejection, Prices, Reservation, TokenBound, TokenRate};
+pub use dispatch::{
+    DEFAULT_AGEING_STEP, Dispatch, PASS_SCALE, Priority, QueueShare, Weight, allocate_claims,
+    dispatch_key, pace_cost_us, stride,
+};
 pub use duration::{DurationError, DurationSyntax, parse_duration};
 pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};
 pub use ids::{

@@ -124,6 +124,9 @@ pub struct StepDefinition {
     /// Budget policy name for the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<String>,
+    /// SPEC §14: the priority of the step's tasks within their scope (0–9; default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
     /// Steps whose outputs this one needs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<String>,
@@ -160,6 +163,8 @@ pub struct Step {
     pub source: Option<Value>,
     /// Budget policy.
     pub budget: Option<String>,
+    /// SPEC §14 priority of its tasks.
+    pub priority: Option<crate::dispatch::Priority>,
     /// Direct dependencies.
     pub depends_on: Vec<StepKey>,
     /// Retries after a failure.
@@ -296,6 +301,11 @@ impl Pipeline {
                 request: s.request.clone(),
                 source: s.source.clone(),
                 budget: s.budget.clone(),
+                priority: s
+                    .priority
+                    .map(crate::dispatch::Priority::new)
+                    .transpose()
+                    .map_err(|e| err(format!("{at}.priority"), e.to_string()))?,
                 depends_on,
                 retries: s.retries,
             });
@@ -731,6 +741,21 @@ mod tests {
             e.contains("definition.steps[0] (summary): missing field `kind`"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_step_may_carry_a_priority_in_range() {
+        let mut d = invoice();
+        d["steps"][0]["priority"] = json!(8);
+        let p = Pipeline::parse(&d).unwrap();
+        assert!(
+            p.steps
+                .iter()
+                .any(|s| s.priority.map(|p| p.get()) == Some(8))
+        );
+        d["steps"][0]["priority"] = json!(12);
+        let e = Pipeline::parse(&d).unwrap_err().to_string();
+        assert!(e.contains("steps[0]") && e.contains("priority"), "{e}");
     }
 
     #[test]

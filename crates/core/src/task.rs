@@ -247,6 +247,8 @@ pub struct NewTask {
     pub model_ref: ModelRef,
     /// Present for scoped tasks: cache and admission apply.
     pub scope: Option<TaskScope>,
+    /// SPEC §14: priority, its scope's weight and the ageing step.
+    pub dispatch: crate::dispatch::Dispatch,
 }
 
 /// SPEC §3 step 4: the cache key, a hash of source, revision, request, model config hash
@@ -438,6 +440,8 @@ pub struct Task {
     pub attempt: u32,
     /// The worker that claimed it.
     pub worker: Option<WorkerId>,
+    /// SPEC §14: its priority within its scope.
+    pub priority: crate::dispatch::Priority,
     /// When it was created.
     pub created_at: Timestamp,
     /// When a worker claimed it.

@@ -123,6 +123,22 @@ pub fn task_token_bound(
         max_output_bytes,
     };
     let (body, _) = openai::request_body(&call);
+    let input = body_input_tokens(counter, &body);
+    let reask = REASK_FRAME_BYTES + 4 * MAX_REASK_ERROR_CHARS as u64 + MESSAGE_OVERHEAD_TOKENS;
+    Some(TokenBound {
+        input_tokens: input,
+        reask_input_tokens: reask,
+        output_tokens,
+        attempts: max_reasks.saturating_add(1),
+    })
+}
+
+/// SPEC §13/§14: the input-token bound of one chat-completions body as it is sent:
+/// every message's role and content counted by `counter` plus the template's overhead,
+/// the reply's priming, and the `response_format` (schema) in bytes. The reservation
+/// ([`task_token_bound`]) and the provider pace (per call, re-asks included) both count
+/// with it.
+pub fn body_input_tokens(counter: TokenCounter, body: &Value) -> u64 {
     let mut input = REPLY_PRIMING_TOKENS;
     if let Some(messages) = body.get("messages").and_then(Value::as_array) {
         for m in messages {
@@ -134,13 +150,7 @@ pub fn task_token_bound(
     if let Some(format) = body.get("response_format") {
         input += format.to_string().len() as u64;
     }
-    let reask = REASK_FRAME_BYTES + 4 * MAX_REASK_ERROR_CHARS as u64 + MESSAGE_OVERHEAD_TOKENS;
-    Some(TokenBound {
-        input_tokens: input,
-        reask_input_tokens: reask,
-        output_tokens,
-        attempts: max_reasks.saturating_add(1),
-    })
+    input
 }
 
 /// Cuts a re-ask's error text to [`MAX_REASK_ERROR_CHARS`] characters.

@@ -329,6 +329,7 @@ impl Driver {
             .transpose()
             .map_err(|e| fail(ErrorCode::InvalidRequest, e.to_string()))?;
         let submission = Submission {
+            priority: step.priority,
             app: run.app.clone(),
             owner: SubmissionOwner::Run(run.id),
             subject: None,

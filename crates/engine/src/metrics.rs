@@ -39,6 +39,18 @@ pub const SWEEP_ROWS_TOTAL: &str = "tollgate_sweep_rows_total";
 /// Notifications by `direction` (`published`, `received`, `dropped`).
 pub const NOTIFICATIONS_TOTAL: &str = "tollgate_notifications_total";
 
+/// SPEC §14: seconds a task waited from creation to its claim, by `app` and `scope`
+/// (one series per scope: mind the cardinality with many scopes).
+pub const QUEUE_WAIT_SECONDS: &str = "tollgate_queue_wait_seconds";
+/// SPEC §14: tasks this process claimed, by `app` and `scope`.
+pub const SCOPE_CLAIMS_TOTAL: &str = "tollgate_scope_claims_total";
+/// SPEC §14: provider calls that waited for pace capacity (or a pause), by `provider`.
+pub const PACE_WAITS_TOTAL: &str = "tollgate_provider_pace_waits_total";
+/// SPEC §14: seconds provider calls waited for pace capacity, by `provider`.
+pub const PACE_WAIT_SECONDS: &str = "tollgate_provider_pace_wait_seconds";
+/// SPEC §14: 429 answers from providers, by `provider`.
+pub const PROVIDER_429S_TOTAL: &str = "tollgate_provider_429s_total";
+
 /// Pipeline runs this process finished, by `outcome` (`succeeded`, `failed`).
 pub const PIPELINE_RUNS_FINISHED_TOTAL: &str = "tollgate_pipeline_runs_finished_total";
 /// Pipeline step attempts submitted by drivers, by `outcome` (`created`, or `existing`
@@ -61,6 +73,31 @@ pub const SPEND_SAVED_TOTAL: &str = "tollgate_spend_saved_nano_usd_total";
 /// Registers descriptions and units of every metric above with the installed recorder.
 /// Call once after installing one.
 pub fn describe() {
+    describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time from a task's creation to its claim, by app and scope."
+    );
+    describe_counter!(
+        SCOPE_CLAIMS_TOTAL,
+        Unit::Count,
+        "Tasks claimed by this process, by app and scope."
+    );
+    describe_counter!(
+        PACE_WAITS_TOTAL,
+        Unit::Count,
+        "Provider calls that waited for pace capacity or a pause."
+    );
+    describe_histogram!(
+        PACE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time provider calls waited for pace capacity or a pause."
+    );
+    describe_counter!(
+        PROVIDER_429S_TOTAL,
+        Unit::Count,
+        "429 answers from providers."
+    );
     describe_counter!(
         SUBMITS_TOTAL,
         Unit::Count,

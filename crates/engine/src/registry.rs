@@ -5,7 +5,7 @@ use crate::config::{ConfigError, EngineConfig};
 use crate::error::EngineError;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use tollgate_core::{AppId, Budget, BudgetName, ConfigHash, ModelId, ModelRef, Prices};
+use tollgate_core::{AppId, Budget, BudgetName, ConfigHash, ModelId, ModelRef, Prices, Weight};
 
 /// A model id resolved from configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +105,8 @@ struct AppPolicy {
 #[derive(Debug, Clone)]
 pub struct BudgetPolicies {
     policies: HashMap<BudgetName, Budget>,
+    /// SPEC §14: each policy's dispatch weight.
+    weights: HashMap<BudgetName, Weight>,
     apps: HashMap<AppId, AppPolicy>,
     fallback: AppPolicy,
 }
@@ -119,6 +121,7 @@ impl BudgetPolicies {
             .positive()
             .map_err(|m| ConfigError::at("admission.global_concurrent", m))?;
         let mut policies = HashMap::new();
+        let mut weights = HashMap::new();
         for (name, policy) in &config.budgets {
             let key = format!("budgets.{name}");
             let field = |field: &str, value: crate::config::Limit| {
@@ -137,8 +140,13 @@ impl BudgetPolicies {
                     .cost_limits()
                     .map_err(|(f, m)| ConfigError::at(format!("{key}.{f}"), m))?,
             };
+            let weight = field("weight", policy.weight).and_then(|w| {
+                Weight::new(i64::from(w.get()))
+                    .map_err(|e| ConfigError::at(format!("{key}.weight"), e.to_string()))
+            })?;
             let name =
                 BudgetName::new(name.as_str()).map_err(|e| ConfigError::at(&key, e.to_string()))?;
+            weights.insert(name.clone(), weight);
             policies.insert(name, budget);
         }
         let known = |key: &str, name: &str| -> Result<BudgetName, ConfigError> {
@@ -197,9 +205,15 @@ impl BudgetPolicies {
         }
         Ok(BudgetPolicies {
             policies,
+            weights,
             apps,
             fallback,
         })
+    }
+
+    /// SPEC §14: the dispatch weight of a policy (1 for a name that is not one).
+    pub fn weight(&self, name: &BudgetName) -> Weight {
+        self.weights.get(name).copied().unwrap_or_default()
     }
 
     /// The budget of a scoped task of `app` that names `requested` (or none: the app's
@@ -247,6 +261,7 @@ mod tests {
         c.budgets.insert(
             "premium".into(),
             BudgetPolicy {
+                weight: Limit::Integer(1),
                 burst: Limit::Integer(500),
                 ..BudgetPolicy::default()
             },

@@ -211,6 +211,7 @@ impl WorkerPool {
         let stop = self.control.stop_claiming.clone();
         let crash = self.control.crash.clone();
         let mut pending: VecDeque<TaskId> = VecDeque::new();
+        let fair = self.inner.config.dispatch.fairness;
         loop {
             if stop.is_cancelled() || crash.is_cancelled() {
                 return;
@@ -236,10 +237,12 @@ impl WorkerPool {
             }
             let mut claimed: Vec<(Task, &'static str)> = Vec::new();
             let mut failed = false;
-            if pending.len() > 1 {
+            if pending.len() > 1 || fair {
                 // Several hints at once (a batch submit, start-up recovery): one batched
-                // `claim_next` below (oldest first, any queued task) serves them with one
-                // transaction instead of one claim per id. Hints are only hints.
+                // `claim_next` below (in dispatch order, any queued task) serves them with
+                // one transaction instead of one claim per id. Under SPEC §14 fairness
+                // every hint is only a wake-up: claiming a hinted task by id would let it
+                // pass the fair order. Hints are only hints.
                 pending.clear();
             }
             while claimed.len() < free {
@@ -273,6 +276,7 @@ impl WorkerPool {
             }
             for (task, via) in claimed {
                 metrics::counter!(m::CLAIMS_TOTAL, "via" => via).increment(1);
+                record_claim(&task);
                 // Slots are only taken here, so one is free for every claimed task.
                 let permit = match self.slots.clone().acquire_owned().await {
                     Ok(p) => p,
@@ -801,4 +805,15 @@ impl Drop for EngineHandle {
         control.stop_background.cancel();
         control.crash.cancel();
     }
+}
+
+/// SPEC §14 metrics of one claim: the task's wait in the queue and its scope's claims.
+fn record_claim(task: &Task) {
+    let (app, scope) = (task.app.to_string(), task.scope.to_string());
+    if let Some(claimed) = task.claimed_at {
+        let waited = (claimed.0 - task.created_at.0).max(0) as f64 / 1000.0;
+        metrics::histogram!(m::QUEUE_WAIT_SECONDS, "app" => app.clone(), "scope" => scope.clone())
+            .record(waited);
+    }
+    metrics::counter!(m::SCOPE_CLAIMS_TOTAL, "app" => app, "scope" => scope).increment(1);
 }

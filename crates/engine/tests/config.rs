@@ -238,3 +238,65 @@ fn environment_variables_override_the_file() {
         Ok(())
     });
 }
+
+/// SPEC §14 keys: the pace of a provider and of a model, the pace window, a policy's
+/// weight and `[dispatch]`; bad values are reported at their key.
+#[test]
+fn dispatch_and_pace_keys_are_configuration() {
+    let toml = r#"
+        [providers.fake]
+        kind = "openai"
+        base_url = "http://127.0.0.1:1/v1"
+        requests_per_minute = 500
+        tokens_per_minute = 200000
+        pace_window = "10s"
+
+        [models.default]
+        provider = "fake"
+        model = "m"
+        requests_per_minute = 100
+
+        [budgets.standard]
+        max_steps_per_source = 50
+        sources_per_24_hours = 10000
+        scope_concurrent = 50
+        burst = 60
+        tasks_per_minute = 600
+        weight = 3
+
+        [dispatch]
+        fairness = false
+        ageing_step = "30s"
+    "#;
+    let config = load(toml).expect("parses");
+    config.validate().expect("valid");
+    let p = &config.providers["fake"];
+    assert_eq!(p.requests_per_minute, Some(Limit::Integer(500)));
+    assert_eq!(p.tokens_per_minute, Some(Limit::Integer(200_000)));
+    assert_eq!(p.pace_window, Duration::from_secs(10));
+    assert_eq!(
+        config.models["default"].requests_per_minute,
+        Some(Limit::Integer(100))
+    );
+    assert_eq!(config.budgets["standard"].weight, Limit::Integer(3));
+    assert!(!config.dispatch.fairness);
+    assert_eq!(config.dispatch.ageing_step, Duration::from_secs(30));
+    for (from, to, key) in [
+        (
+            "requests_per_minute = 500",
+            "requests_per_minute = 0",
+            "providers.fake.requests_per_minute",
+        ),
+        ("weight = 3", "weight = 1001", "budgets.standard.weight"),
+        ("weight = 3", "weight = 0", "budgets.standard.weight"),
+        (
+            "ageing_step = \"30s\"",
+            "ageing_step = \"0s\"",
+            "dispatch.ageing_step",
+        ),
+    ] {
+        let bad = load(&toml.replace(from, to)).expect("parses");
+        let e = bad.validate().unwrap_err();
+        assert!(e.mentions(key), "{to}: {e}");
+    }
+}

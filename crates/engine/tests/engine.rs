@@ -175,6 +175,7 @@ async fn submit_many_answers_each_item_in_order(db: TestDb) {
     config.budgets.insert(
         "standard".into(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             burst: Limit::Integer(2),
             tasks_per_minute: Limit::Integer(1),
             ..BudgetPolicy::default()
@@ -260,6 +261,8 @@ async fn cache_hits_skip_the_provider_until_the_model_changes(db: TestDb) {
     changed.models.insert(
         "default".into(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: "dev".into(),
             model: "dev-1".into(),
             params: serde_json::from_value(json!({"temperature": 0.7})).unwrap(),
@@ -340,6 +343,8 @@ fn with_slow_model(mut config: tollgate_engine::EngineConfig) -> tollgate_engine
     config.models.insert(
         "slow".into(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: "dev".into(),
             model: "dev-slow".into(),
             params: serde_json::from_value(json!({"latency_ms": 60_000})).unwrap(),
@@ -598,6 +603,7 @@ async fn apps_may_use_only_their_allowed_policies() {
     config.budgets.insert(
         "premium".into(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             scope_concurrent: Limit::Integer(1),
             ..BudgetPolicy::default()
         },

@@ -204,6 +204,8 @@ fn with_model(mut config: EngineConfig, id: &str, provider: &str, params: Value)
     config.models.insert(
         id.into(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: provider.into(),
             model: format!("{id}-model"),
             params,

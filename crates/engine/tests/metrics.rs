@@ -97,6 +97,7 @@ async fn submissions_admissions_cache_providers_and_outcomes_are_measured() {
     config.budgets.insert(
         "standard".into(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             burst: Limit::Integer(2),
             tasks_per_minute: Limit::Integer(1),
             ..BudgetPolicy::default()
@@ -149,7 +150,10 @@ async fn submissions_admissions_cache_providers_and_outcomes_are_measured() {
         "tollgate_task_outcomes_total{code=none,outcome=succeeded}",
         "tollgate_task_outcomes_total{code=provider_error,outcome=failed}",
         "tollgate_task_execution_seconds{kind=classify}",
-        "tollgate_claims_total{via=hint}",
+        // SPEC §14: with fairness on, a hint only wakes the dispatcher's fair claim.
+        "tollgate_claims_total{via=poll}",
+        "tollgate_scope_claims_total{app=acme,scope=customer-42}",
+        "tollgate_queue_wait_seconds{app=acme,scope=customer-42}",
         "tollgate_notifications_total{direction=published}",
     ];
     for key in expect {

@@ -264,6 +264,8 @@ fn pipeline_config() -> EngineConfig {
     c.models.insert(
         "default".into(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: "scripted".into(),
             model: "scripted-model".into(),
             params: Default::default(),
@@ -796,6 +798,7 @@ async fn an_admission_rejection_waits_and_retries(db: TestDb) {
     config.budgets.insert(
         "tight".into(),
         BudgetPolicy {
+            weight: Limit::Integer(1),
             scope_concurrent: Limit::Integer(1),
             ..BudgetPolicy::default()
         },

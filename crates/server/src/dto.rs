@@ -213,6 +213,12 @@ pub struct SubmitBody {
         pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
     )]
     pub effect_key: Option<String>,
+    /// SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
+    /// level counts as one ageing step (default 60 s) of waiting, so low priority is
+    /// never starved. Not compared on a replay of the effect key.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 9)]
+    pub priority: Option<i64>,
 }
 
 /// The source a scoped task is about.
@@ -405,6 +411,9 @@ pub struct TaskView {
     /// The worker that ran it.
     #[schema(required = true)]
     pub worker: Option<String>,
+    /// SPEC §14: its priority within its scope (0–9, higher starts first).
+    #[schema(minimum = 0, maximum = 9)]
+    pub priority: u8,
     /// Its attempts (a task runs at most once: none until claimed, then one), each with
     /// its worker, times and usage.
     pub attempts: Vec<AttemptView>,
@@ -478,6 +487,7 @@ impl TaskView {
             claimed_at: task.claimed_at.map(|t| t.to_rfc3339()),
             heartbeat_at: task.heartbeat_at.map(|t| t.to_rfc3339()),
             worker: task.worker.as_ref().map(ToString::to_string),
+            priority: task.priority.get(),
             attempts: (1..=task.attempt)
                 .map(|attempt| AttemptView {
                     attempt,

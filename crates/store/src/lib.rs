@@ -4,7 +4,7 @@
 //!
 //! [`Store`] is the one interface the engine holds (`Arc<dyn Store>`): SPEC §3–8 whole,
 //! each operation one short transaction that is never held during inference. It is the
-//! sum of five small traits, one per concern, and every type that implements the five is
+//! sum of small traits, one per concern, and every type that implements them all is
 //! a `Store` (blanket impl):
 //!
 //! | trait | concern | backend module that implements it |
@@ -14,6 +14,7 @@
 //! | [`RunStore`] | workflow runs, waits and the cancel cascade | `runs.rs` |
 //! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `pipelines.rs` |
 //! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `maintenance.rs` |
+//! | [`PaceStore`] | SPEC §14 provider pace: call and token schedules, pauses | `pace.rs` |
 //! | [`ListStore`] | SPEC §15 listings: tasks, runs, pipelines, scopes, stats | `list.rs` (statements and cursors written once in [`list`]) |
 //!
 //! Each backend (`sqlite/`, `postgres/`) implements every trait directly in the module of
@@ -73,12 +74,26 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// only that app's rows: another app's row behaves exactly as a missing one. Worker-side
 /// methods ([`WorkerStore`]) address tasks by id, since workers serve every app.
 pub trait Store:
-    TaskStore + WorkerStore + RunStore + PipelineStore + MaintenanceStore + ListStore + 'static
+    TaskStore
+    + WorkerStore
+    + RunStore
+    + PipelineStore
+    + MaintenanceStore
+    + ListStore
+    + PaceStore
+    + 'static
 {
 }
 
 impl<T> Store for T where
-    T: TaskStore + WorkerStore + RunStore + PipelineStore + MaintenanceStore + ListStore + 'static
+    T: TaskStore
+        + WorkerStore
+        + RunStore
+        + PipelineStore
+        + MaintenanceStore
+        + ListStore
+        + PaceStore
+        + 'static
 {
 }
 
@@ -86,7 +101,8 @@ impl<T> Store for T where
 /// tollgate_store::prelude::*;` brings every method into scope).
 pub mod prelude {
     pub use crate::{
-        ListStore, MaintenanceStore, PipelineStore, RunStore, Store, TaskStore, WorkerStore,
+        ListStore, MaintenanceStore, PaceStore, PipelineStore, RunStore, Store, TaskStore,
+        WorkerStore,
     };
 }
 
@@ -175,8 +191,11 @@ pub trait WorkerStore: Send + Sync {
     /// finished, gone).
     async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>>;
 
-    /// Claims up to `limit` claimable queued tasks, oldest first, skipping rows other
-    /// transactions hold. An empty answer does not prove the queue is empty.
+    /// Claims up to `limit` claimable queued tasks in the store's [`ClaimOrder`], skipping
+    /// rows other transactions hold. SPEC §14 (the default, [`ClaimOrder::Fair`]): the
+    /// (app, scope) queues with the least virtual time share the batch by their weights
+    /// (stride scheduling), each queue's tasks by priority then age with ageing
+    /// (`tollgate_core::dispatch`). An empty answer does not prove the queue is empty.
     async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>>;
 
     /// SPEC §5 heartbeat for many running tasks in one write. Reports which tasks the
@@ -332,6 +351,33 @@ pub trait PipelineStore: Send + Sync {
         driver: &WorkerId,
         wake_at: Option<Timestamp>,
     ) -> StoreResult<bool>;
+}
+
+/// SPEC §14 provider pace shared by every replica: schedules of calls and tokens per
+/// provider (and model), and pauses after a 429. Time is the store's clock (the
+/// database's on PostgreSQL), so replicas' own clocks never matter: answers are waits
+/// from now.
+///
+/// Each schedule is one row; a call moves it on by its cost (GCRA without burst), so the
+/// calls of all replicas together never exceed the pace. Each call of these methods is
+/// one short statement on one or two rows.
+#[async_trait]
+pub trait PaceStore: Send + Sync {
+    /// Takes the next start of a call on every schedule of `slots` at once and says how
+    /// long from now the call must wait for it (the latest of the schedules, after any
+    /// pause). The start is reserved: a caller that does not call gives it up.
+    async fn reserve_pace(&self, slots: &[PaceSlot]) -> StoreResult<Duration>;
+
+    /// Moves a token schedule by `delta_us` once a call's real usage is known (negative:
+    /// it used less than its bound). The schedule never moves before now.
+    async fn settle_pace(&self, key: &str, delta_us: i64) -> StoreResult<()>;
+
+    /// A 429 with `Retry-After`: no call on this schedule starts before now + `pause`
+    /// (an earlier pause is never shortened).
+    async fn pause_pace(&self, key: &str, pause: Duration) -> StoreResult<()>;
+
+    /// How long the longest pause of these schedules still lasts (zero: none).
+    async fn pace_pause_left(&self, keys: &[String]) -> StoreResult<Duration>;
 }
 
 /// The service's own upkeep: which backend, readiness, the background sweep (SPEC §6) and

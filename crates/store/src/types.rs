@@ -240,3 +240,36 @@ pub struct PipelineRef {
     /// The version (content hash).
     pub version: String,
 }
+
+/// The order [`WorkerStore::claim_next`](crate::WorkerStore::claim_next) claims in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimOrder {
+    /// SPEC §14 (the default): round-robin across (app, scope) queues weighted by their
+    /// policy's weight (stride scheduling), and within a queue priority then age with
+    /// ageing (`tollgate_core::dispatch`).
+    #[default]
+    Fair,
+    /// Oldest first across everything, priority ignored: the order before SPEC §14, kept
+    /// for comparison (`tollgate bench`) and as an escape hatch.
+    Oldest,
+}
+
+/// Most queues one fair claim reads (SPEC §14): the queues with the least virtual time.
+pub const MAX_CLAIM_QUEUES: u32 = 64;
+
+/// Most rounds of one fair claim (SPEC §14): a round that found a queue empty (and
+/// deactivated it) gives the slots it left to the other queues in the next round.
+pub const MAX_CLAIM_ROUNDS: usize = 3;
+
+/// One schedule a provider call takes a start from (SPEC §14 provider pace): a provider's,
+/// or one model's of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaceSlot {
+    /// The schedule's name (`provider` or `provider/model`).
+    pub key: String,
+    /// How far one call moves the request schedule, in microseconds (0: no request pace).
+    pub request_cost_us: i64,
+    /// How far this call's token bound moves the token schedule, in microseconds (0: no
+    /// token pace).
+    pub token_cost_us: i64,
+}

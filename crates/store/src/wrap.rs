@@ -1,7 +1,8 @@
 //! Wrapping a store: a type that holds another [`Store`] implements [`StoreWrapper`],
 //! hand-writes the traits whose calls it changes, and opts in to forwarding for the rest,
 //! one marker trait per concern ([`ForwardTaskStore`], [`ForwardWorkerStore`],
-//! [`ForwardRunStore`], [`ForwardPipelineStore`], [`ForwardMaintenanceStore`]). Every
+//! [`ForwardRunStore`], [`ForwardPipelineStore`], [`ForwardMaintenanceStore`],
+//! [`ForwardPaceStore`]). Every
 //! forwarded call passes through [`StoreWrapper::around`] with its [`Call`], so a wrapper
 //! that observes every call (timing, counting writes) writes that once.
 //!
@@ -15,9 +16,10 @@
 //! ```
 
 use crate::{
-    Completion, Created, HeartbeatReport, MaintenanceStore, PipelineRef, PipelineStore, RunCancel,
-    RunResult, RunStore, SpendWindow, Store, StoreResult, StoredPipeline, SweepConfig, SweepReport,
-    TaskStore, Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome, WorkerStore,
+    Completion, Created, HeartbeatReport, MaintenanceStore, PaceSlot, PaceStore, PipelineRef,
+    PipelineStore, RunCancel, RunResult, RunStore, SpendWindow, Store, StoreResult, StoredPipeline,
+    SweepConfig, SweepReport, TaskStore, Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome,
+    WorkerStore,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -76,6 +78,8 @@ pub trait ForwardRunStore: StoreWrapper {}
 pub trait ForwardPipelineStore: StoreWrapper {}
 /// Forward [`MaintenanceStore`] to [`StoreWrapper::inner`].
 pub trait ForwardMaintenanceStore: StoreWrapper {}
+/// Forward [`PaceStore`] to [`StoreWrapper::inner`].
+pub trait ForwardPaceStore: StoreWrapper {}
 
 /// `self.around(Call::$kind("method"), self.inner().method(args))`.
 macro_rules! forward {
@@ -277,5 +281,21 @@ impl<W: ForwardMaintenanceStore> MaintenanceStore for W {
         limit: u32,
     ) -> StoreResult<Vec<TaskId>> {
         forward!(self, read, list_recoverable(after, limit))
+    }
+}
+
+#[async_trait]
+impl<W: ForwardPaceStore> PaceStore for W {
+    async fn reserve_pace(&self, slots: &[PaceSlot]) -> StoreResult<Duration> {
+        forward!(self, write, reserve_pace(slots))
+    }
+    async fn settle_pace(&self, key: &str, delta_us: i64) -> StoreResult<()> {
+        forward!(self, write, settle_pace(key, delta_us))
+    }
+    async fn pause_pace(&self, key: &str, pause: Duration) -> StoreResult<()> {
+        forward!(self, write, pause_pace(key, pause))
+    }
+    async fn pace_pause_left(&self, keys: &[String]) -> StoreResult<Duration> {
+        forward!(self, read, pace_pause_left(keys))
     }
 }

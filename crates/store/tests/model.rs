@@ -28,15 +28,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{
     AdmissionRejection, AppId, Budget, EffectKey, ErrorCode, ManualClock, ModelId, ModelRef,
-    NewRun, NewTask, Owner, RunId, RunState, ScopeId, SourceId, SourceRevision, StepKey, Subject,
-    SubjectKind, Task, TaskId, TaskKind, TaskScope, TaskStatus, Usage, ValidatedRequest, WorkerId,
-    validate_output,
+    NewRun, NewTask, Owner, QueueShare, RunId, RunState, ScopeId, SourceId, SourceRevision,
+    StepKey, Subject, SubjectKind, Task, TaskId, TaskKind, TaskScope, TaskStatus, Usage,
+    ValidatedRequest, Weight, WorkerId, allocate_claims, stride, validate_output,
 };
 use tollgate_store::conformance::START;
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
 use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
 use tollgate_store::{
-    RunResult, ScopedSource, Store, StoreError, SweepConfig, UnreleasedQuery, WaitOutcome,
+    MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, RunResult, ScopedSource, Store, StoreError, SweepConfig,
+    UnreleasedQuery, WaitOutcome,
 };
 
 const APPS: [&str; 2] = ["acme", "globex"];
@@ -643,6 +644,8 @@ struct Model {
     token_buckets: HashMap<(usize, usize), (i64, i64, i64)>,
     runs: Vec<MRun>,
     now: i64,
+    /// SPEC §14 dispatch queues: (app, scope) → (pass, active).
+    queues: HashMap<(usize, usize), (i64, bool)>,
 }
 
 fn valid_output(pick: u8) -> Value {
@@ -996,8 +999,98 @@ impl Model {
                 task.admitted = true;
             }
         }
+        if task.status == TaskStatus::Queued {
+            self.activate_queue(app, scope);
+        }
         self.tasks.push(task);
         Ok((TRef::Known(idx), true))
+    }
+
+    /// SPEC §14: a queued task activates its queue; a new or idle one starts at the least
+    /// pass of the active queues (of all queues when none is active).
+    fn activate_queue(&mut self, app: usize, scope: usize) {
+        let start = self
+            .queues
+            .values()
+            .filter(|(_, active)| *active)
+            .map(|(pass, _)| *pass)
+            .min()
+            .or_else(|| self.queues.values().map(|(pass, _)| *pass).max())
+            .unwrap_or(0);
+        let entry = self.queues.entry((app, scope)).or_insert((start, false));
+        if !entry.1 {
+            entry.0 = entry.0.max(start);
+            entry.1 = true;
+        }
+    }
+
+    /// SPEC §14 fair claim, as the store runs it: rounds of the stride plan over the
+    /// active queues with the least pass (then app and scope names).
+    fn claim_fair(&mut self, worker: usize, limit: usize) -> Vec<usize> {
+        let mut claimed: Vec<usize> = Vec::new();
+        for _ in 0..MAX_CLAIM_ROUNDS {
+            let want = limit - claimed.len();
+            if want == 0 {
+                break;
+            }
+            let mut active: Vec<((usize, usize), i64)> = self
+                .queues
+                .iter()
+                .filter(|(_, (_, a))| *a)
+                .map(|(k, (p, _))| (*k, *p))
+                .collect();
+            active.sort_by_key(|((a, s), p)| (*p, APPS[*a], SCOPES[*s]));
+            active.truncate(want.min(MAX_CLAIM_QUEUES as usize));
+            if active.is_empty() {
+                break;
+            }
+            let shares: Vec<QueueShare> = active
+                .iter()
+                .map(|(_, p)| QueueShare {
+                    pass: *p,
+                    weight: Weight::default(),
+                })
+                .collect();
+            let plan = allocate_claims(&shares, want as u32);
+            let mut emptied = false;
+            for ((q, _), take) in active.into_iter().zip(plan) {
+                if take == 0 {
+                    continue;
+                }
+                let mut order: Vec<usize> = (0..self.tasks.len())
+                    .filter(|i| {
+                        let t = &self.tasks[*i];
+                        (t.app, t.scope) == q && self.claimable(t)
+                    })
+                    .collect();
+                order.sort_by_key(|i| (self.tasks[*i].created_at, *i));
+                order.truncate(take as usize);
+                for i in &order {
+                    self.claim(*i, worker);
+                }
+                let got = order.len() as u32;
+                if let Some(entry) = self.queues.get_mut(&q) {
+                    entry.0 += i64::from(got) * stride(Weight::default());
+                }
+                if got < take {
+                    let queued = self.tasks.iter().any(|t| {
+                        !t.deleted && (t.app, t.scope) == q && t.status == TaskStatus::Queued
+                    });
+                    if !queued {
+                        if let Some(entry) = self.queues.get_mut(&q) {
+                            entry.1 = false;
+                        }
+                        emptied = true;
+                    }
+                }
+                claimed.extend(order);
+            }
+            if !emptied {
+                break;
+            }
+        }
+        claimed.sort_by_key(|i| (self.tasks[*i].created_at, *i));
+        claimed
     }
 
     /// The run and task of a wait: with `own`, a run-owned task and its run (when there
@@ -1072,14 +1165,7 @@ impl Model {
                 )
             }
             Op::ClaimNext { worker, limit } => {
-                let mut order: Vec<usize> = (0..self.tasks.len())
-                    .filter(|i| self.claimable(&self.tasks[*i]))
-                    .collect();
-                order.sort_by_key(|i| (self.tasks[*i].created_at, *i));
-                order.truncate(usize::from(*limit));
-                for i in &order {
-                    self.claim(*i, usize::from(*worker));
-                }
+                let order = self.claim_fair(usize::from(*worker), usize::from(*limit));
                 Outcome::ClaimedNext(order.into_iter().map(TRef::Known).collect())
             }
             Op::Heartbeat { worker, tasks } => {
@@ -1546,6 +1632,7 @@ impl Harness {
             },
         };
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             owner,
             step: StepKey::new(STEPS[usize::from(spec.step)]).expect("step"),
             effect_key: EffectKey::new(format!("k{}", spec.key)).expect("key"),

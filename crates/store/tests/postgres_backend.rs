@@ -85,6 +85,7 @@ fn classify(input: &str) -> ValidatedRequest {
 
 fn app_task(app: &str, scope: &str, key: &str, source: Option<&str>) -> NewTask {
     NewTask {
+        dispatch: tollgate_core::Dispatch::default(),
         owner: Owner::Application {
             app: AppId::new(app).unwrap(),
             scope: ScopeId::new(scope).unwrap(),

@@ -94,6 +94,14 @@ pub struct BudgetPolicy {
     /// SPEC §13: the scope's model-token bucket capacity (with `tokens_per_minute`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_burst: Option<Limit>,
+    /// SPEC §14: the scope's share of claims against other scopes (1 to 1000; default 1).
+    /// Applies to every task of a scope that uses the policy, scoped or not.
+    #[serde(default = "default_weight")]
+    pub weight: Limit,
+}
+
+fn default_weight() -> Limit {
+    Limit::Integer(1)
 }
 
 impl Default for BudgetPolicy {
@@ -107,6 +115,7 @@ impl Default for BudgetPolicy {
             usd_per_24_hours: None,
             tokens_per_minute: None,
             token_burst: None,
+            weight: default_weight(),
         }
     }
 }

@@ -24,12 +24,21 @@
 //! timeout = "60s"
 //! max_retries = 2
 //!
+//! requests_per_minute = 500             # SPEC §14 pace across all replicas (optional)
+//! tokens_per_minute = 200000            # (optional; per model too, under [models.<id>])
+//! pace_window = "60s"                   # the window the per-minute limits count over
+//!
 //! [budgets.standard]
 //! max_steps_per_source = 50
 //! sources_per_24_hours = 10000
 //! scope_concurrent = 50
 //! burst = 60
 //! tasks_per_minute = 600
+//! weight = 1                            # SPEC §14 share of claims against other scopes
+//!
+//! [dispatch]
+//! fairness = true                       # false: oldest first across everything
+//! ageing_step = "60s"                   # one priority level is worth this much waiting
 //!
 //! [apps.acme]
 //! default_budget = "standard"
@@ -75,6 +84,7 @@
 //! [`notifications`], [`pipelines`], and [`validate`] (the checks and their errors).
 
 mod budgets;
+mod dispatch;
 mod models;
 mod notifications;
 mod pipelines;
@@ -82,6 +92,7 @@ mod validate;
 mod workers;
 
 pub use budgets::*;
+pub use dispatch::*;
 pub use models::*;
 pub use notifications::*;
 pub use pipelines::*;
@@ -135,6 +146,8 @@ pub struct EngineConfig {
     pub notifications: NotificationConfig,
     /// The pipeline driver of this process.
     pub pipelines: PipelineConfig,
+    /// The order workers start queued tasks in (SPEC §14).
+    pub dispatch: DispatchConfig,
 }
 
 impl Default for EngineConfig {
@@ -143,6 +156,8 @@ impl Default for EngineConfig {
         models.insert(
             DEFAULT_MODEL.to_string(),
             ModelConfig {
+                requests_per_minute: None,
+                tokens_per_minute: None,
                 provider: DEV_PROVIDER.to_string(),
                 model: "dev-1".to_string(),
                 params: Map::new(),
@@ -168,6 +183,7 @@ impl Default for EngineConfig {
             sweeper: SweeperConfig::default(),
             notifications: NotificationConfig::default(),
             pipelines: PipelineConfig::default(),
+            dispatch: DispatchConfig::default(),
         }
     }
 }

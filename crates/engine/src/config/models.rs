@@ -32,6 +32,13 @@ pub struct ModelConfig {
     /// model config hash) and reserved at admission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
+    /// SPEC §14: calls per `pace_window` of its provider to this model, from all
+    /// replicas together (in addition to the provider's own pace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<Limit>,
+    /// SPEC §14: model tokens per `pace_window` of its provider to this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<Limit>,
 }
 
 /// `[models.<id>.prices]` (SPEC §13), USD per million tokens.
@@ -68,6 +75,14 @@ impl ModelPrices {
 }
 
 impl ModelConfig {
+    /// SPEC §14: this model's own pace limits.
+    pub fn pace(&self) -> PaceLimits {
+        PaceLimits {
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+        }
+    }
+
     /// The resolved model reference. A configured `max_output_tokens` is sent as
     /// `max_tokens` unless `params` already says.
     pub fn model_ref(&self) -> ModelRef {
@@ -122,6 +137,16 @@ pub struct ProviderConfig {
     /// the call at once instead of holding a worker.
     #[serde(default = "default_max_retry_delay", with = "duration_text")]
     pub max_retry_delay: Duration,
+    /// SPEC §14: calls per `pace_window` to this provider, from all replicas together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<Limit>,
+    /// SPEC §14: model tokens (input bound plus output bound, settled with the reported
+    /// usage) per `pace_window` to this provider, from all replicas together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<Limit>,
+    /// The window `requests_per_minute` and `tokens_per_minute` count over.
+    #[serde(default = "default_pace_window", with = "duration_text")]
+    pub pace_window: Duration,
 }
 
 fn default_provider_timeout() -> Duration {
@@ -138,6 +163,14 @@ fn default_max_retry_delay() -> Duration {
 }
 
 impl ProviderConfig {
+    /// SPEC §14: the provider's pace limits.
+    pub fn pace(&self) -> PaceLimits {
+        PaceLimits {
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+        }
+    }
+
     /// The built-in dev provider's entry.
     pub fn dev() -> ProviderConfig {
         ProviderConfig {
@@ -148,6 +181,9 @@ impl ProviderConfig {
             max_retries: default_max_retries(),
             retry_backoff: default_retry_backoff(),
             max_retry_delay: default_max_retry_delay(),
+            requests_per_minute: None,
+            tokens_per_minute: None,
+            pace_window: default_pace_window(),
         }
     }
 

@@ -57,6 +57,15 @@ impl Problems {
         });
     }
 
+    /// SPEC §14 pace limits: positive integers where set.
+    fn pace(&mut self, key: &str, pace: PaceLimits) {
+        for (field, value) in pace.fields() {
+            if let Some(Err(message)) = value.map(Limit::positive) {
+                self.add(format!("{key}.{field}"), message);
+            }
+        }
+    }
+
     fn positive_duration(&mut self, key: &str, d: Duration) {
         if d.is_zero() {
             self.add(key, "must be longer than 0");
@@ -133,6 +142,7 @@ impl EngineConfig {
             if let Err(e) = model.model_ref().config_hash() {
                 p.add(format!("{key}.params"), e.to_string());
             }
+            p.pace(&key, model.pace());
             if model.provider == DEV_PROVIDER
                 || self.providers.get(&model.provider).map(|c| c.kind) == Some(ProviderKind::Dev)
             {
@@ -162,8 +172,17 @@ impl EngineConfig {
             if name.trim().is_empty() {
                 p.add(&key, "a provider name must not be empty");
             }
+            p.pace(&key, provider.pace());
+            p.positive_duration(&format!("{key}.pace_window"), provider.pace_window);
             match provider.kind {
                 ProviderKind::Dev => {
+                    if provider.pace().is_set() {
+                        p.add(
+                            format!("{key}.requests_per_minute"),
+                            "pace applies to `openai` providers only; the `dev` provider \
+                             calls nothing",
+                        );
+                    }
                     if provider.base_url.is_some() {
                         p.add(
                             format!("{key}.base_url"),
@@ -222,6 +241,14 @@ impl EngineConfig {
             for (field, value) in policy.fields() {
                 if let Err(message) = value.positive() {
                     p.add(format!("budgets.{name}.{field}"), message);
+                }
+            }
+            match policy.weight.positive() {
+                Err(message) => p.add(format!("budgets.{name}.weight"), message),
+                Ok(w) => {
+                    if let Err(e) = tollgate_core::Weight::new(i64::from(w.get())) {
+                        p.add(format!("budgets.{name}.weight"), e.to_string());
+                    }
                 }
             }
             if let Err((field, message)) = policy.cost_limits() {
@@ -315,6 +342,7 @@ impl EngineConfig {
         if self.workers.max_output_retries > 10 {
             p.add("workers.max_output_retries", "must be at most 10");
         }
+        p.positive_duration("dispatch.ageing_step", self.dispatch.ageing_step);
         p.positive_duration("sweeper.interval", self.sweeper.interval);
         p.positive_duration("sweeper.queue_timeout", self.sweeper.queue_timeout);
         if self.sweeper.liveness_timeout <= self.workers.heartbeat_interval {

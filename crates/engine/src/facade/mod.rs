@@ -126,7 +126,7 @@ impl TollgateBuilder {
         self.config.validate_with_providers(&extra)?;
         let models = ModelRegistry::from_config(&self.config)?;
         let budgets = BudgetPolicies::from_config(&self.config)?;
-        let mut providers = ProviderRegistry::from_config(&self.config)?;
+        let mut providers = ProviderRegistry::from_config_paced(&self.config, self.store.clone())?;
         for (name, provider) in self.providers {
             providers.insert(name, provider);
         }

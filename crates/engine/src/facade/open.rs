@@ -21,7 +21,9 @@ pub(super) async fn open_postgres(
     database_url: &str,
     config: &EngineConfig,
 ) -> Result<Opened, EngineError> {
-    let store = PostgresStore::open(PostgresOptions::new(database_url)).await?;
+    let mut options = PostgresOptions::new(database_url);
+    options.claim_order = config.dispatch.claim_order();
+    let store = PostgresStore::open(options).await?;
     let notifier = match config.notifications.transport {
         TransportKind::Postgres => Notifier::postgres(&store).await?,
         _ => notifier_for(config).await?,
@@ -64,7 +66,9 @@ pub(super) async fn open_sqlite(
     }
     #[cfg(feature = "sqlite")]
     {
-        let store = SqliteStore::open(SqliteOptions::new(path)).await?;
+        let mut options = SqliteOptions::new(path);
+        options.claim_order = config.dispatch.claim_order();
+        let store = SqliteStore::open(options).await?;
         Ok((Arc::new(store), notifier_for(config).await?))
     }
     #[cfg(not(feature = "sqlite"))]

@@ -5,8 +5,8 @@ use tollgate_core::kinds::{
     ClassifyManyRequest, ClassifyRequest, ExtractDataRequest, GenerateTextRequest,
 };
 use tollgate_core::{
-    AppId, BudgetName, EffectKey, InvalidInput, ModelId, RunId, ScopeId, SourceId, SourceRevision,
-    StepKey, Subject, Task, TaskKind, TaskRequest,
+    AppId, BudgetName, EffectKey, InvalidInput, ModelId, Priority, RunId, ScopeId, SourceId,
+    SourceRevision, StepKey, Subject, Task, TaskKind, TaskRequest,
 };
 
 /// Who a submitted task belongs to, as a caller names it.
@@ -62,6 +62,8 @@ pub struct Submission {
     pub source: Option<SourceSpec>,
     /// A budget policy the app may use (default: the app's default policy).
     pub budget: Option<BudgetName>,
+    /// SPEC §14: priority within its scope (default [`Priority::DEFAULT`]).
+    pub priority: Option<Priority>,
 }
 
 impl Submission {
@@ -74,6 +76,7 @@ impl Submission {
         request: Value,
     ) -> Submission {
         Submission {
+            priority: None,
             app,
             owner: SubmissionOwner::Application { scope },
             subject: None,
@@ -96,6 +99,7 @@ impl Submission {
         request: Value,
     ) -> Submission {
         Submission {
+            priority: None,
             app,
             owner: SubmissionOwner::Run(run),
             subject: None,
@@ -189,6 +193,12 @@ impl Submission {
     /// Names the step.
     pub fn with_step(mut self, step: StepKey) -> Submission {
         self.step = Some(step);
+        self
+    }
+
+    /// SPEC §14: sets the priority within its scope.
+    pub fn with_priority(mut self, priority: Priority) -> Submission {
+        self.priority = Some(priority);
         self
     }
 

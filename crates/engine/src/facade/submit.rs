@@ -6,7 +6,9 @@ use crate::metrics as m;
 use crate::notify::Event;
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
-use tollgate_core::{AppId, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus};
+use tollgate_core::{
+    AppId, Dispatch, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus,
+};
 use tollgate_store::{Created, StoreError};
 
 use super::*;
@@ -35,7 +37,13 @@ impl Tollgate {
     fn prepare(&self, s: Submission) -> Result<NewTask, EngineError> {
         let inner = &self.inner;
         let model = inner.models.resolve(s.model.as_ref())?;
-        let (_, budget) = inner.budgets.resolve(&s.app, s.budget.as_ref())?;
+        let (policy, budget) = inner.budgets.resolve(&s.app, s.budget.as_ref())?;
+        // SPEC §14: the task's priority, its scope's weight (the policy's), the ageing.
+        let dispatch = Dispatch {
+            priority: s.priority.unwrap_or_default(),
+            weight: inner.budgets.weight(&policy),
+            ageing_step: inner.config.dispatch.ageing_step,
+        };
         let request = inner.validate_request(s.kind, &s.request)?;
         let step = s.resolved_step()?;
         let owner = match s.owner {
@@ -66,6 +74,7 @@ impl Tollgate {
             None => tollgate_core::Reservation::default(),
         };
         Ok(NewTask {
+            dispatch,
             owner,
             step,
             effect_key: s.effect_key,

@@ -10,6 +10,7 @@
 
 pub mod dev;
 pub mod openai;
+pub mod pace;
 
 use crate::config::{ConfigError, DEV_PROVIDER, EngineConfig, ProviderKind};
 use async_trait::async_trait;
@@ -18,6 +19,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use tollgate_core::{ModelRef, TaskRequest, Usage};
+use tollgate_store::Store;
 
 /// One request to a provider.
 #[derive(Debug, Clone, Copy)]
@@ -86,12 +88,34 @@ impl ProviderRegistry {
     /// provider of that name is configured. Reads API keys from the environment now, so a
     /// missing key fails at start-up rather than on the first task.
     pub fn from_config(config: &EngineConfig) -> Result<ProviderRegistry, ConfigError> {
+        Self::build(config, None)
+    }
+
+    /// [`from_config`](Self::from_config) with SPEC §14 provider pace: providers (and
+    /// models) with `requests_per_minute` / `tokens_per_minute` share `store`'s
+    /// schedules with every replica.
+    pub fn from_config_paced(
+        config: &EngineConfig,
+        store: Arc<dyn Store>,
+    ) -> Result<ProviderRegistry, ConfigError> {
+        Self::build(config, Some(store))
+    }
+
+    fn build(
+        config: &EngineConfig,
+        store: Option<Arc<dyn Store>>,
+    ) -> Result<ProviderRegistry, ConfigError> {
         let mut providers: HashMap<String, Arc<dyn Provider>> = HashMap::new();
         providers.insert(DEV_PROVIDER.to_string(), Arc::new(dev::DevProvider::new()));
         for (name, conf) in &config.providers {
             let provider: Arc<dyn Provider> = match conf.kind {
                 ProviderKind::Dev => Arc::new(dev::DevProvider::new()),
-                ProviderKind::Openai => Arc::new(openai::OpenAiProvider::new(name, conf)?),
+                ProviderKind::Openai => {
+                    let pace = store.as_ref().and_then(|s| {
+                        pace::ProviderPace::from_config(name, conf, config, s.clone())
+                    });
+                    Arc::new(openai::OpenAiProvider::new(name, conf)?.with_pace(pace))
+                }
             };
             providers.insert(name.clone(), provider);
         }

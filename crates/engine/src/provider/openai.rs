@@ -21,9 +21,17 @@
 //!   `retry-after-ms` and `Retry-After` (seconds) are honoured; a wait longer than
 //!   `max_retry_delay` fails the call at once instead of holding a worker.
 //! - Usage comes from `usage.prompt_tokens` and `usage.completion_tokens`.
+//! - SPEC §14 pace ([`super::pace`]): with `requests_per_minute` / `tokens_per_minute`
+//!   configured, every HTTP request first waits for its turn on the schedules all
+//!   replicas share; a 429 pauses the provider on every replica for its `Retry-After`
+//!   (or the backoff) and the call waits and tries again — such waits never count
+//!   against `max_retries` or `max_retry_delay`, so pacing never fails a task.
 
+use super::pace::{DEFAULT_PACE_OUTPUT_TOKENS, PaceTicket, ProviderPace};
 use super::{Provider, ProviderAnswer, ProviderCall, ProviderError, task_instructions};
+use crate::config::ProviderKind;
 use crate::config::{ConfigError, OPENAI_BASE_URL, ProviderConfig};
+use crate::cost::{TokenCounter, body_input_tokens, output_bound};
 use crate::metrics as m;
 use async_trait::async_trait;
 use reqwest::StatusCode;
@@ -45,6 +53,7 @@ pub struct OpenAiProvider {
     max_retries: u32,
     retry_backoff: Duration,
     max_retry_delay: Duration,
+    pace: Option<ProviderPace>,
 }
 
 impl fmt::Debug for OpenAiProvider {
@@ -55,6 +64,7 @@ impl fmt::Debug for OpenAiProvider {
             .field("endpoint", &self.endpoint)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("max_retries", &self.max_retries)
+            .field("pace", &self.pace)
             .finish_non_exhaustive()
     }
 }
@@ -96,7 +106,14 @@ impl OpenAiProvider {
             max_retries: config.max_retries,
             retry_backoff: config.retry_backoff,
             max_retry_delay: config.max_retry_delay,
+            pace: None,
         })
+    }
+
+    /// SPEC §14: paces this provider's calls with the schedules every replica shares.
+    pub fn with_pace(mut self, pace: Option<ProviderPace>) -> OpenAiProvider {
+        self.pace = pace;
+        self
     }
 
     /// The URL requests go to.
@@ -104,19 +121,39 @@ impl OpenAiProvider {
         &self.endpoint
     }
 
-    /// POSTs `body`, retrying what may succeed later. Returns the answer's JSON. An
-    /// answer body longer than `max_answer_bytes` is not read further.
-    async fn post(&self, body: &Value, max_answer_bytes: usize) -> Result<Value, ProviderError> {
+    /// POSTs `body`, retrying what may succeed later. Returns the answer's JSON and, when
+    /// paced, the ticket to settle with its usage. An answer body longer than
+    /// `max_answer_bytes` is not read further.
+    async fn post(
+        &self,
+        body: &Value,
+        estimate: u64,
+        max_answer_bytes: usize,
+    ) -> Result<(Value, Option<PaceTicket>), ProviderError> {
+        let text = serde_json::to_string(body)
+            .map_err(|e| ProviderError::Failed(format!("cannot encode the request: {e}")))?;
+        let model = body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let mut attempt: u32 = 0;
         loop {
-            let mut request = self.client.post(&self.endpoint).json(body);
+            let ticket = match &self.pace {
+                Some(pace) => Some(pace.wait_turn(model, estimate).await),
+                None => None,
+            };
+            let mut request = self
+                .client
+                .post(&self.endpoint)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(text.clone());
             if let Some(key) = &self.api_key {
                 request = request.bearer_auth(key);
             }
             let (message, retry_after) = match request.send().await {
                 Ok(response) if response.status().is_success() => {
                     match read_bounded(response, max_answer_bytes).await {
-                        Ok(bytes) => return parse_json_body(bytes).await,
+                        Ok(bytes) => return Ok((parse_json_body(bytes).await?, ticket)),
                         Err(ReadError::TooLarge) => {
                             return Err(ProviderError::OutputTooLarge(format!(
                                 "the provider's answer is longer than {max_answer_bytes} bytes, \
@@ -133,6 +170,17 @@ impl OpenAiProvider {
                     let retry_after = retry_after(response.headers());
                     let text = response.text().await.unwrap_or_default();
                     let message = format!("HTTP {status}: {}", excerpt(&text));
+                    if status == StatusCode::TOO_MANY_REQUESTS {
+                        metrics::counter!(m::PROVIDER_429S_TOTAL, "provider" => self.name.clone())
+                            .increment(1);
+                        if let Some(pace) = &self.pace {
+                            // SPEC §14: pause every replica, then wait for the turn again.
+                            let pause = retry_after.unwrap_or_else(|| self.backoff(attempt));
+                            tracing::info!(provider = %self.name, ?pause, "429: provider paused");
+                            pace.pause(pause).await;
+                            continue;
+                        }
+                    }
                     if !is_retryable_status(status) {
                         return Err(ProviderError::Failed(message));
                     }
@@ -182,10 +230,32 @@ impl OpenAiProvider {
 impl Provider for OpenAiProvider {
     async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
         let (body, shape) = request_body(&call);
-        let answer = self
-            .post(&body, answer_limit(call.max_output_bytes))
+        // SPEC §14 token pace: this call's bound, counted as SPEC §13 counts a
+        // reservation (its re-ask messages included), settled with the real usage.
+        let estimate = if self.pace.is_some() {
+            let counter = TokenCounter::for_model(Some(ProviderKind::Openai), &call.model.model);
+            let output = output_bound(call.model, call.request)
+                .unwrap_or(u64::from(DEFAULT_PACE_OUTPUT_TOKENS));
+            body_input_tokens(counter, &body).saturating_add(output)
+        } else {
+            0
+        };
+        let (answer, ticket) = self
+            .post(&body, estimate, answer_limit(call.max_output_bytes))
             .await?;
-        parse_answer(&answer, shape)
+        let parsed = parse_answer(&answer, shape);
+        if let (Some(pace), Some(ticket)) = (&self.pace, &ticket) {
+            let used = match &parsed {
+                Ok(a) => Some(a.usage),
+                Err(ProviderError::InvalidOutput { usage, .. }) => Some(*usage),
+                Err(_) => None,
+            };
+            if let Some(u) = used {
+                pace.settle(ticket, u.input_tokens.saturating_add(u.output_tokens))
+                    .await;
+            }
+        }
+        parsed
     }
 }
 

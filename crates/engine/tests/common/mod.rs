@@ -182,6 +182,8 @@ pub fn fake_config(fake: &FakeOpenAi) -> EngineConfig {
     c.models.insert(
         "default".into(),
         ModelConfig {
+            requests_per_minute: None,
+            tokens_per_minute: None,
             provider: "fake".into(),
             model: "fake-model".into(),
             params: Default::default(),

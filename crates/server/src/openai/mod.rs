@@ -164,6 +164,7 @@ fn submission(
         .transpose()?;
     let model = ModelId::new(chat.model.clone()).map_err(|_| model_not_found(&chat.model))?;
     let submission = Submission {
+        priority: None,
         app: caller.app.clone(),
         owner: SubmissionOwner::Application { scope },
         subject: caller.subject.clone(),

@@ -53,6 +53,10 @@ fn submission(
         }
     };
     Ok(Submission {
+        priority: body
+            .priority
+            .map(tollgate_core::Priority::new)
+            .transpose()?,
         app: caller.app.clone(),
         owner,
         subject: caller.subject.clone(),

@@ -178,6 +178,7 @@ pub async fn every_ending_frees_the_concurrency_slot(b: &dyn Backend) {
         let (first, run) = if ending == "run-cancel" {
             let run = create_run(&*s, new_run("acme", &sc)).await;
             let t = NewTask {
+                dispatch: tollgate_core::Dispatch::default(),
                 scope: scoped("doc", one),
                 ..new_run_task("acme", run.id, &format!("{ending}-1"))
             };

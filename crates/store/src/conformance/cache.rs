@@ -107,6 +107,7 @@ pub async fn cache_never_crosses_app_scope_subject_revision_or_model_config(b: &
     let hit = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             effect_key: key("same"),
             ..base()
         },
@@ -246,6 +247,7 @@ pub async fn run_tasks_share_the_cache_of_their_scope_and_subject(b: &dyn Backen
     let t = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             scope: scoped("doc", unlimited()),
             ..new_run_task("acme", run.id, "run-task")
         },
@@ -268,6 +270,7 @@ pub async fn run_tasks_share_the_cache_of_their_scope_and_subject(b: &dyn Backen
     let t = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             scope: scoped("doc", unlimited()),
             ..new_run_task("acme", stranger.id, "other-run-task")
         },

@@ -120,6 +120,7 @@ pub async fn stored_request_is_canonical_and_hashed(b: &dyn Backend) {
     let ta = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             request: ra.clone(),
             ..new_app_task("acme", "s", "a")
         },
@@ -128,6 +129,7 @@ pub async fn stored_request_is_canonical_and_hashed(b: &dyn Backend) {
     let tz = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             request: rz,
             ..new_app_task("acme", "s", "z")
         },
@@ -174,6 +176,7 @@ pub async fn request_at_the_size_limit_is_stored_exactly(b: &dyn Backend) {
     let t = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             request,
             ..new_app_task("acme", "s", "k")
         },

@@ -148,6 +148,7 @@ pub fn app_owner(app_name: &str, scope_name: &str) -> Owner {
 /// An unscoped application-owned classify task (no cache, no admission).
 pub fn new_app_task(app_name: &str, scope_name: &str, effect_key: &str) -> NewTask {
     NewTask {
+        dispatch: tollgate_core::Dispatch::default(),
         owner: app_owner(app_name, scope_name),
         step: step("label-email"),
         effect_key: key(effect_key),
@@ -167,6 +168,7 @@ pub fn new_scoped_task(
     budget: Budget,
 ) -> NewTask {
     NewTask {
+        dispatch: tollgate_core::Dispatch::default(),
         scope: scoped(source_id, budget),
         ..new_app_task(app_name, scope_name, effect_key)
     }
@@ -175,6 +177,7 @@ pub fn new_scoped_task(
 /// An unscoped run-owned classify task.
 pub fn new_run_task(app_name: &str, run: RunId, effect_key: &str) -> NewTask {
     NewTask {
+        dispatch: tollgate_core::Dispatch::default(),
         owner: Owner::Run {
             app: app(app_name),
             run_id: run,

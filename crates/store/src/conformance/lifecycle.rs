@@ -375,6 +375,7 @@ pub async fn complete_refuses_invalid_output_and_changes_nothing(b: &dyn Backend
     let t = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             request: many,
             ..new_app_task("acme", "s", "many")
         },

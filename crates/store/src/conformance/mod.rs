@@ -1,4 +1,4 @@
-//! The conformance suite: SPEC §3–8 written once against [`Store`], run by every backend.
+//! The conformance suite: SPEC §3–8 and §14 written once against [`Store`], run by every backend.
 //!
 //! A backend's test file implements [`Backend`] and calls
 //! [`conformance_suite!`](crate::conformance_suite), which expands to one
@@ -19,11 +19,13 @@ pub mod cache;
 pub mod concurrency;
 pub mod cost;
 pub mod create;
+pub mod dispatch;
 pub mod fixtures;
 pub mod isolation;
 pub mod lifecycle;
 pub mod list;
 pub mod owner;
+pub mod pace;
 pub mod pipelines;
 pub mod runs;
 pub mod sweep;
@@ -157,6 +159,16 @@ macro_rules! conformance_suite {
             concurrency::delete_owner_data_racing_creates_loses_no_task,
             concurrency::racing_sweeps_finish_each_task_once,
             list::walked_filter_pages_go_on_past_the_walk,
+            dispatch::a_backlog_never_holds_back_another_scope,
+            dispatch::weights_share_claims_in_proportion,
+            dispatch::priority_then_age_within_a_scope,
+            dispatch::ageing_lets_old_low_priority_tasks_start_before_new_high_priority_ones,
+            dispatch::racing_fair_claims_claim_each_task_once_and_lose_none,
+            dispatch::an_idle_scope_banks_no_credit,
+            pace::pace_spaces_calls_across_replicas,
+            pace::a_call_waits_for_every_schedule_it_takes,
+            pace::token_pace_reserves_the_bound_and_settles_real_usage,
+            pace::a_pause_holds_every_replica_until_it_ends,
         );
     };
 }

@@ -94,6 +94,7 @@ pub async fn unreleased_sources_page_with_a_keyset_cursor(b: &dyn Backend) {
     for i in 900..905 {
         let src = format!("src{i}");
         let t = NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             step: step("other"),
             ..new_scoped_task("acme", "scope2", &next_key(), &src, unlimited())
         };
@@ -120,6 +121,7 @@ pub async fn unreleased_sources_page_with_a_keyset_cursor(b: &dyn Backend) {
     create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             scope: scoped("src960", unlimited()),
             ..new_run_task("acme", run.id, &next_key())
         },
@@ -335,6 +337,7 @@ pub async fn delete_owner_data_deletes_only_that_scope_and_source(b: &dyn Backen
     let run_task = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             scope: scoped("doc-1", unlimited()),
             ..new_run_task("acme", run.id, "run-task")
         },

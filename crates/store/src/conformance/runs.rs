@@ -98,6 +98,7 @@ pub async fn run_task_is_refused_for_a_canceled_run(b: &dyn Backend) {
     let err = create_err(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             scope: scoped("doc", unlimited()),
             ..new_run_task("acme", run.id, "k")
         },
@@ -131,6 +132,7 @@ pub async fn run_scope_and_subject_apply_to_its_tasks(b: &dyn Backend) {
     let t = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             scope: scoped("doc", one),
             ..new_run_task("acme", run.id, "k")
         },
@@ -308,6 +310,7 @@ pub async fn run_cancel_cascades_to_queued_and_running_tasks(b: &dyn Backend) {
     let queued = create_new(
         &*s,
         NewTask {
+            dispatch: tollgate_core::Dispatch::default(),
             scope: scoped("doc", one_step),
             ..new_run_task("acme", run.id, "queued")
         },

@@ -8,7 +8,9 @@ use crate::shared::rows::{
     encode_usage, heartbeat_report, run_id, task_columns, task_columns_qualified, tasks,
 };
 use crate::shared::terminal::{ScopeKey, TerminalMove, TerminalStatements, Wake, after_terminal};
-use crate::{Completion, HeartbeatReport, MAX_PAGE, StoreResult, Transition, WorkerStore};
+use crate::{
+    ClaimOrder, Completion, HeartbeatReport, MAX_PAGE, StoreResult, Transition, WorkerStore,
+};
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
 use tollgate_core::{ErrorCode, RunId, Task, TaskId, Timestamp, Usage, WorkerId, truncate_message};
@@ -20,6 +22,7 @@ macro_rules! run_not_canceled {
          AND (r.cancel_requested OR r.state = 'canceled')))"
     };
 }
+pub(super) use run_not_canceled;
 
 /// SQL condition: cancellation was requested for the task or its run.
 macro_rules! cancel_wanted {
@@ -254,25 +257,31 @@ impl WorkerStore for PostgresStore {
             return Ok(Vec::new());
         }
         let limit = limit.min(MAX_PAGE);
-        // One statement, its own transaction: one round trip for the whole claim.
-        // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly.
-        let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-            "WITH clock AS (SELECT ",
-            now_sql!(2),
-            " AS now), picked AS MATERIALIZED (SELECT id FROM tasks WHERE status = 'queued' \
-             AND NOT cancel_requested AND ",
-            run_not_canceled!(),
-            " ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
-             UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
-             claimed_at = clock.now, heartbeat_at = clock.now FROM picked, clock \
-             WHERE tasks.id = picked.id AND tasks.status = 'queued' RETURNING ",
-            task_columns_qualified!()
-        ))
-        .bind(worker.as_str())
-        .bind(self.fixed_now())
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = match self.claim_order {
+            ClaimOrder::Fair => super::dispatch::claim_fair(self, worker, limit).await?,
+            // One statement, its own transaction: one round trip for the whole claim.
+            // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly.
+            ClaimOrder::Oldest => {
+                sqlx::query_as(concat!(
+                    "WITH clock AS (SELECT ",
+                    now_sql!(2),
+                    " AS now), picked AS MATERIALIZED (SELECT id FROM tasks \
+                     WHERE status = 'queued' AND NOT cancel_requested AND ",
+                    run_not_canceled!(),
+                    " ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
+                     UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
+                     claimed_at = clock.now, heartbeat_at = clock.now FROM picked, clock \
+                     WHERE tasks.id = picked.id AND tasks.status = 'queued' RETURNING ",
+                    task_columns_qualified!()
+                ))
+                .bind(worker.as_str())
+                .bind(self.fixed_now())
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        // A batch starts at once; present it oldest first as before.
         let mut claimed = tasks(rows)?;
         claimed.sort_by_key(|t| (t.created_at, t.id));
         Ok(claimed)

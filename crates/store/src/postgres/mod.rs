@@ -16,10 +16,12 @@
 //! | every `global_slots` stripe, in order | an admission retried after its stripe's allowance ran out | the exact recount and fresh allowances (`admission::slots::take_slot_rebalancing`) |
 //! | `global_finished` stripe rows | tasks leaving queued/running | the other half of the global count; 64 stripes, so finishing never contends with admitting |
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
+//! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), a fair claim's pass update (its statement and commit), deactivation of an empty queue (`SKIP LOCKED`) | SPEC §14: a queue with a queued task is never inactive; virtual times count every claim |
 //!
 //! **Lock order** (every transaction takes locks in this order, and never more than one
 //! of a kind except where noted): advisory `(app, scope)` → `runs` row → existing task
-//! rows (several only in id order) → new task rows → `scope_state` rows (several only in
+//! rows (several only in id order) → new task rows → `dispatch_queues` rows (several
+//! only in (app, scope) order) → `scope_state` rows (several only in
 //! sorted (app, scope) order) → `global_slots` (one, or all in order) → `global_finished` (one
 //! stripe). Sweeps take no advisory lock and skip locked rows (runs too), so they never
 //! wait on a replica. Because every transaction acquires in
@@ -33,10 +35,12 @@
 //! never exceeded.
 
 mod admission;
+mod dispatch;
 mod lifecycle;
 mod list;
 mod maintenance;
 pub mod notify;
+mod pace;
 mod pipelines;
 mod runs;
 mod tasks;
@@ -83,6 +87,8 @@ pub struct PostgresOptions {
     pub schema: Option<String>,
     /// `application_name` of the connections (shows in `pg_stat_activity`).
     pub application_name: String,
+    /// The order `claim_next` claims in (SPEC §14; default fair).
+    pub claim_order: crate::ClaimOrder,
 }
 
 impl PostgresOptions {
@@ -95,6 +101,7 @@ impl PostgresOptions {
             acquire_timeout: Duration::from_secs(10),
             schema: None,
             application_name: "tollgate".to_string(),
+            claim_order: crate::ClaimOrder::Fair,
         }
     }
 
@@ -116,11 +123,21 @@ impl PostgresOptions {
 pub struct PostgresStore {
     pool: PgPool,
     clock: Option<Arc<dyn Clock>>,
+    claim_order: crate::ClaimOrder,
+    /// SPEC §14: this instance's recent view of the active queues.
+    queue_view: Arc<crate::shared::dispatch::QueueView>,
 }
 
 type Tx = Transaction<'static, Postgres>;
 
 impl PostgresStore {
+    /// The same store (same pool) claiming in another order (SPEC §14; benchmarks
+    /// compare fair and oldest-first claiming on one database).
+    pub fn with_claim_order(mut self, order: crate::ClaimOrder) -> PostgresStore {
+        self.claim_order = order;
+        self
+    }
+
     /// Connects, creates the schema if asked, and applies migrations (safe when several
     /// replicas start at once: the migrator holds an advisory lock). A database whose
     /// schema is newer than this binary knows is refused with [`StoreError::SchemaTooNew`].
@@ -167,6 +184,8 @@ impl PostgresStore {
         Ok(PostgresStore {
             pool,
             clock: options.clock,
+            claim_order: options.claim_order,
+            queue_view: Arc::default(),
         })
     }
 

@@ -2,10 +2,11 @@
 //! row decoding ([`rows`]), what a terminal move does ([`terminal`]) and the admission
 //! facts a backend reads and hands to core's decision ([`admission`]), and the
 //! checks and columns of a run's step ([`runs`]), cost settlement and usage ([`cost`]),
-//! and the listings ([`list`]).
+//! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], SPEC §14).
 
 pub(crate) mod admission;
 pub(crate) mod cost;
+pub(crate) mod dispatch;
 pub(crate) mod list;
 pub(crate) mod rows;
 pub(crate) mod runs;

@@ -8,10 +8,10 @@ use crate::{
 };
 use serde::de::DeserializeOwned;
 use tollgate_core::{
-    AppId, ConfigHash, Dependency, EffectKey, ErrorCode, ModelId, ModelRef, PipelineName, Run,
-    RunId, RunState, ScopeId, SourceId, SourceRef, SourceRevision, StepKey, Subject, SubjectKind,
-    Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus, Timestamp, Usage, WorkerId,
-    validate_output,
+    AppId, ConfigHash, Dependency, EffectKey, ErrorCode, ModelId, ModelRef, PipelineName, Priority,
+    Run, RunId, RunState, ScopeId, SourceId, SourceRef, SourceRevision, StepKey, Subject,
+    SubjectKind, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus, Timestamp, Usage,
+    WorkerId, validate_output,
 };
 
 /// The columns every task query selects, as a literal for `concat!`.
@@ -21,7 +21,7 @@ macro_rules! task_columns {
          source_revision, recompute, model_id, model_ref, model_config_hash, request, \
          input_hash, cache_key, status, cancel_requested, cached_from, output, usage, \
          error_code, error_message, attempt, worker, created_at, claimed_at, heartbeat_at, \
-         completed_at, released_at, reservation"
+         completed_at, released_at, reservation, priority"
     };
 }
 pub(crate) use task_columns;
@@ -37,7 +37,7 @@ macro_rules! task_columns_qualified {
          tasks.status, tasks.cancel_requested, tasks.cached_from, tasks.output, tasks.usage, \
          tasks.error_code, tasks.error_message, tasks.attempt, tasks.worker, tasks.created_at, \
          tasks.claimed_at, tasks.heartbeat_at, tasks.completed_at, tasks.released_at, \
-         tasks.reservation"
+         tasks.reservation, tasks.priority"
     };
 }
 #[cfg(feature = "postgres")]
@@ -87,6 +87,7 @@ pub(crate) struct TaskRow {
     completed_at: Option<i64>,
     released_at: Option<i64>,
     reservation: Option<String>,
+    priority: i64,
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -130,6 +131,16 @@ fn text<T>(what: &str, r: Result<T, tollgate_core::InvalidInput>) -> Result<T, S
 }
 
 impl TaskRow {
+    /// The task's app, as stored.
+    pub(crate) fn app(&self) -> &str {
+        &self.app
+    }
+
+    /// The task's scope, as stored.
+    pub(crate) fn scope(&self) -> &str {
+        &self.scope
+    }
+
     pub(crate) fn into_task(self) -> Result<Task, StoreError> {
         let source = match (self.source_id, self.source_revision) {
             (Some(id), Some(rev)) => Some(SourceRef {
@@ -191,6 +202,7 @@ impl TaskRow {
                 .as_deref()
                 .map(|r| json("reservation", r))
                 .transpose()?,
+            priority: text("priority", Priority::new(self.priority))?,
         })
     }
 }

@@ -272,8 +272,8 @@ async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult
         "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
          subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
          model_config_hash, request, input_hash, cache_key, status, cached_from, output, usage, \
-         created_at, completed_at, reservation) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         created_at, completed_at, reservation, priority, dispatch_key) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (app, effect_key) DO NOTHING",
     )
     .bind(i.id.to_string())
@@ -302,9 +302,16 @@ async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult
     .bind(i.now.0)
     .bind(completed_at)
     .bind(i.reservation.as_deref())
+    .bind(i64::from(new.dispatch.priority))
+    .bind(new.dispatch.key(i.now))
     .execute(&mut *conn)
     .await?;
-    Ok(result.rows_affected() == 1)
+    let inserted = result.rows_affected() == 1;
+    if inserted && i.cached.is_none() {
+        super::dispatch::activate_queue(conn, new.owner.app(), &i.scope, new.dispatch.weight)
+            .await?;
+    }
+    Ok(inserted)
 }
 
 /// SPEC §4 and §13 under the write lock: gathers the snapshot, asks core's [`decide`]

@@ -8,7 +8,7 @@ use crate::shared::rows::{
     heartbeat_report, run_id, task_columns, tasks,
 };
 use crate::shared::terminal::{ScopeKey, TerminalMove, TerminalStatements, after_terminal};
-use crate::{HeartbeatReport, MAX_PAGE, StoreResult, Transition, WorkerStore};
+use crate::{ClaimOrder, HeartbeatReport, MAX_PAGE, StoreResult, Transition, WorkerStore};
 use async_trait::async_trait;
 use tollgate_core::{ErrorCode, RunId, Task, TaskId, Timestamp, Usage, WorkerId, truncate_message};
 
@@ -19,6 +19,7 @@ macro_rules! run_not_canceled {
          AND (r.cancel_requested = 1 OR r.state = 'canceled')))"
     };
 }
+pub(super) use run_not_canceled;
 
 /// SQL condition: cancellation was requested for the task or its run.
 macro_rules! cancel_wanted {
@@ -227,22 +228,30 @@ impl WorkerStore for SqliteStore {
         let limit = limit.min(MAX_PAGE);
         let mut tx = self.begin().await?;
         let now = self.now();
-        let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-            "UPDATE tasks SET status = 'running', worker = ?, attempt = attempt + 1, \
-             claimed_at = ?, heartbeat_at = ? \
-             WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND cancel_requested = 0 \
-             AND ",
-            run_not_canceled!(),
-            " ORDER BY created_at, id LIMIT ?) RETURNING ",
-            task_columns!()
-        ))
-        .bind(worker.as_str())
-        .bind(now.0)
-        .bind(now.0)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
+        let rows = match self.claim_order {
+            ClaimOrder::Fair => {
+                super::dispatch::claim_fair(&self.queue_view, &mut tx, worker, limit, now).await?
+            }
+            ClaimOrder::Oldest => {
+                sqlx::query_as(concat!(
+                    "UPDATE tasks SET status = 'running', worker = ?, attempt = attempt + 1, \
+                     claimed_at = ?, heartbeat_at = ? \
+                     WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' \
+                     AND cancel_requested = 0 AND ",
+                    run_not_canceled!(),
+                    " ORDER BY created_at, id LIMIT ?) RETURNING ",
+                    task_columns!()
+                ))
+                .bind(worker.as_str())
+                .bind(now.0)
+                .bind(now.0)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?
+            }
+        };
         tx.commit().await?;
+        // A batch starts at once; present it oldest first as before.
         let mut claimed = tasks(rows)?;
         claimed.sort_by_key(|t| (t.created_at, t.id));
         Ok(claimed)

@@ -9,9 +9,11 @@
 //! the writer). `busy_timeout` makes contending writers wait instead of failing.
 
 mod admission;
+mod dispatch;
 mod lifecycle;
 mod list;
 mod maintenance;
+mod pace;
 mod pipelines;
 mod runs;
 mod tasks;
@@ -44,6 +46,8 @@ pub struct SqliteOptions {
     /// `synchronous = FULL` (the default: a committed task survives power loss) or
     /// `NORMAL` (survives process crashes; faster).
     pub synchronous_full: bool,
+    /// The order `claim_next` claims in (SPEC §14; default fair).
+    pub claim_order: crate::ClaimOrder,
 }
 
 impl SqliteOptions {
@@ -55,6 +59,7 @@ impl SqliteOptions {
             read_connections: 4,
             busy_timeout: Duration::from_secs(10),
             synchronous_full: true,
+            claim_order: crate::ClaimOrder::Fair,
         }
     }
 
@@ -71,11 +76,21 @@ pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
     clock: Arc<dyn Clock>,
+    claim_order: crate::ClaimOrder,
+    /// SPEC §14: this instance's recent view of the active queues.
+    queue_view: Arc<crate::shared::dispatch::QueueView>,
 }
 
 type Tx = Transaction<'static, Sqlite>;
 
 impl SqliteStore {
+    /// The same store (same pool) claiming in another order (SPEC §14; benchmarks
+    /// compare fair and oldest-first claiming on one database).
+    pub fn with_claim_order(mut self, order: crate::ClaimOrder) -> SqliteStore {
+        self.claim_order = order;
+        self
+    }
+
     /// Opens (creating if needed) the database file and applies migrations. A database
     /// whose schema is newer than this binary knows is refused with
     /// [`StoreError::SchemaTooNew`].
@@ -113,6 +128,8 @@ impl SqliteStore {
             writer,
             reader,
             clock: options.clock,
+            claim_order: options.claim_order,
+            queue_view: Arc::default(),
         })
     }
 

@@ -22,11 +22,15 @@ use tollgate_core::{
 #[async_trait]
 impl TaskStore for SqliteStore {
     async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
-        admission::create_task(self, new).await
+        let created = admission::create_task(self, new).await;
+        self.queue_view.clear();
+        created
     }
 
     async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
-        admission::create_tasks(self, news).await
+        let created = admission::create_tasks(self, news).await;
+        self.queue_view.clear();
+        created
     }
 
     async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {

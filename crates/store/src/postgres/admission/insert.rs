@@ -14,7 +14,7 @@ use tollgate_core::{
     AdmissionRejection, AppId, Budget, NewTask, ScopeId, SourceId, Subject, Task, TaskId, Timestamp,
 };
 
-/// The task insert (`$1`–`$26`, bound by [`bind_insert`]); a taken effect key inserts
+/// The task insert (`$1`–`$28`, bound by [`bind_insert`]); a taken effect key inserts
 /// nothing (`ON CONFLICT DO NOTHING`) and returns no row.
 macro_rules! task_insert {
     () => {
@@ -22,18 +22,38 @@ macro_rules! task_insert {
             "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
              subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
              model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
-             usage, created_at, completed_at, reservation) \
+             usage, created_at, completed_at, reservation, priority, dispatch_key) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-             $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) \
+             $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28) \
              ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
             task_columns!()
         )
     };
 }
 
+/// SPEC §14, after the task insert `t` in the same statement (`$29` the policy's weight):
+/// a queued task makes its (app, scope) queue active. The row stays locked to the
+/// commit (ON CONFLICT locks it even when nothing changes), so a claim that finds the
+/// queue empty cannot deactivate it before this task is visible. A new or idle queue
+/// starts at the least virtual time of the active queues (of all queues when none is
+/// active): it is served in the next claim and banks no credit while idle.
+macro_rules! queue_activation {
+    () => {
+        ", dq AS (INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
+           SELECT t.app, t.scope, $29::BIGINT, COALESCE( \
+             (SELECT MIN(pass) FROM dispatch_queues WHERE active), \
+             (SELECT MAX(pass) FROM dispatch_queues), 0), TRUE FROM t WHERE t.status = 'queued' \
+           ON CONFLICT (app, scope) DO UPDATE SET weight = EXCLUDED.weight, \
+           pass = CASE WHEN dispatch_queues.active THEN dispatch_queues.pass \
+                  ELSE GREATEST(dispatch_queues.pass, EXCLUDED.pass) END, active = TRUE \
+           WHERE NOT dispatch_queues.active OR dispatch_queues.weight <> EXCLUDED.weight) "
+    };
+}
+
 pub(super) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
-/// Binds [`task_insert`]'s `$1`–`$26`.
+/// Binds [`task_insert`]'s `$1`–`$28` (a statement with [`queue_activation`] binds the
+/// weight as `$29` next).
 pub(super) fn bind_insert<'q>(q: PgQuery<'q>, i: &'q InsertRow<'_>) -> PgQuery<'q> {
     let new = i.new;
     let cached = i.cached_from.is_some();
@@ -65,6 +85,8 @@ pub(super) fn bind_insert<'q>(q: PgQuery<'q>, i: &'q InsertRow<'_>) -> PgQuery<'
         .bind(i.now.0)
         .bind(cached.then_some(i.now.0))
         .bind(i.reservation.as_deref())
+        .bind(i64::from(new.dispatch.priority))
+        .bind(new.dispatch.key(i.now))
 }
 
 pub(super) struct InsertRow<'a> {
@@ -103,41 +125,41 @@ pub(super) struct AdmissionRecord<'a> {
 /// scope bucket, app bucket, global slot stripe. (Without that chain a statement could
 /// take its slot stripe before its app bucket while another held the app bucket and
 /// waited for the stripe: a deadlock under load.) Parameters follow the
-/// task insert's: `$27` source, `$28` logical key, `$29` bucket units, `$30` bucket
-/// time, `$31` sources delta, (`$32` stripe, `$33` cap: the slot's), `$34`–`$36` token
-/// bucket units, time and capacity (NULL: keep), `$37` spend bucket, `$38` reserved
-/// nano-dollars, `$39` reserved tokens, `$40` app stripe (app, scope, task id and now are
+/// task insert's and the queue activation's (`$29`): `$30` source, `$31` logical key, `$32` bucket units, `$33` bucket
+/// time, `$34` sources delta, (`$35` stripe, `$36` cap: the slot's), `$37`–`$39` token
+/// bucket units, time and capacity (NULL: keep), `$40` spend bucket, `$41` reserved
+/// nano-dollars, `$42` reserved tokens, `$43` app stripe (app, scope, task id and now are
 /// the insert's `$2`, `$7`, `$1`, `$24`).
 macro_rules! admission_writes {
     () => {
         ", st AS (INSERT INTO scope_state \
            (app, scope, bucket_units, bucket_at, sources_in_window, active, \
             token_units, token_at, token_capacity) \
-           SELECT $2, $7, $29, $30, GREATEST($31, 0), 1, $34, $35, $36 FROM t \
+           SELECT $2, $7, $32, $33, GREATEST($34, 0), 1, $37, $38, $39 FROM t \
            ON CONFLICT (app, scope) DO UPDATE SET bucket_units = EXCLUDED.bucket_units, \
            bucket_at = EXCLUDED.bucket_at, \
-           sources_in_window = scope_state.sources_in_window + $31, \
+           sources_in_window = scope_state.sources_in_window + $34, \
            active = scope_state.active + 1, \
            token_units = COALESCE(EXCLUDED.token_units, scope_state.token_units), \
            token_at = COALESCE(EXCLUDED.token_at, scope_state.token_at), \
            token_capacity = COALESCE(EXCLUDED.token_capacity, scope_state.token_capacity) \
            RETURNING 1), \
          ss AS (INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) \
-           SELECT $2, $7, $27, $24 FROM t \
+           SELECT $2, $7, $30, $24 FROM t \
            ON CONFLICT (app, scope, source_id) DO UPDATE SET \
            last_admitted_at = GREATEST(scope_sources.last_admitted_at, \
                                        EXCLUDED.last_admitted_at)), \
          rec AS (INSERT INTO admissions \
            (app, scope, source_id, task_id, logical_key, admitted_at) \
-           SELECT $2, $7, $27, $1, $28, $24 FROM t), \
+           SELECT $2, $7, $30, $1, $31, $24 FROM t), \
          sp AS (INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens) \
-           SELECT $2, $7, $37, $38, $39 FROM st \
+           SELECT $2, $7, $40, $41, $42 FROM st \
            ON CONFLICT (app, scope, bucket) DO UPDATE SET \
            reserved_nano = scope_spend.reserved_nano + EXCLUDED.reserved_nano, \
            reserved_tokens = scope_spend.reserved_tokens + EXCLUDED.reserved_tokens \
            RETURNING 1), \
          ap AS (INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens) \
-           SELECT $2, $37, $40, $38, $39 FROM sp \
+           SELECT $2, $40, $43, $41, $42 FROM sp \
            ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
            reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
            reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens \
@@ -156,7 +178,7 @@ pub(super) async fn insert_and_commit(
     path: SlotPath,
 ) -> StoreResult<Option<Created>> {
     let Some(record) = admission else {
-        let Some(task) = insert_task(&mut tx, row).await? else {
+        let Some(task) = insert_task(&mut tx, row, true).await? else {
             // Another replica inserted the same effect key first: keep nothing of ours.
             tx.rollback().await?;
             return lost_race(store, app, row.new).await.map(Some);
@@ -179,9 +201,10 @@ pub(super) async fn insert_and_commit(
             "WITH t AS (",
             task_insert!(),
             ")",
+            queue_activation!(),
             admission_writes!(),
             ", slot AS (UPDATE global_slots SET admitted = admitted + 1 \
-               WHERE stripe = $32 AND admitted < capacity AND cap_for = $33 \
+               WHERE stripe = $35 AND admitted < capacity AND cap_for = $36 \
                AND EXISTS (SELECT 1 FROM ap) RETURNING admitted) \
              SELECT t.*, (SELECT admitted FROM slot) AS took FROM t"
         ),
@@ -189,12 +212,14 @@ pub(super) async fn insert_and_commit(
             "WITH t AS (",
             task_insert!(),
             ")",
+            queue_activation!(),
             admission_writes!(),
             "SELECT t.*, 0::BIGINT AS took FROM t"
         ),
     };
     let token = record.update.token_bucket;
     let inserted = bind_insert(sqlx::query(sql), row)
+        .bind(i64::from(row.new.dispatch.weight))
         .bind(record.source.as_str())
         .bind(record.logical_key)
         .bind(record.update.bucket.units)
@@ -291,12 +316,68 @@ async fn record_saved(
 }
 
 /// Inserts the task and returns it; `None` when the effect key was taken meanwhile.
-pub(super) async fn insert_task(tx: &mut Tx, i: &InsertRow<'_>) -> StoreResult<Option<Task>> {
-    let row = bind_insert(sqlx::query(task_insert!()), i)
-        .fetch_optional(&mut **tx)
-        .await?;
+/// With `activate`, a queued task's dispatch queue is activated in the same statement
+/// (SPEC §14); batches activate theirs at the end instead, in lock order
+/// ([`activate_queues`]).
+pub(super) async fn insert_task(
+    tx: &mut Tx,
+    i: &InsertRow<'_>,
+    activate: bool,
+) -> StoreResult<Option<Task>> {
+    let query = if activate {
+        bind_insert(
+            sqlx::query(concat!(
+                "WITH t AS (",
+                task_insert!(),
+                ")",
+                queue_activation!(),
+                "SELECT * FROM t"
+            )),
+            i,
+        )
+        .bind(i64::from(i.new.dispatch.weight))
+    } else {
+        bind_insert(sqlx::query(task_insert!()), i)
+    };
+    let row = query.fetch_optional(&mut **tx).await?;
     row.map(|r| TaskRow::from_row(&r).map_err(StoreError::from))
         .transpose()?
         .map(TaskRow::into_task)
         .transpose()
+}
+
+/// SPEC §14 for a batch of creations: activates the dispatch queues of its queued tasks
+/// in one statement, rows locked in (app, scope) order (the lock order among queue rows)
+/// and held to the commit, as [`queue_activation`] does for one task.
+pub(super) async fn activate_queues(
+    tx: &mut Tx,
+    queues: &[(String, String, i64)],
+) -> StoreResult<()> {
+    if queues.is_empty() {
+        return Ok(());
+    }
+    let mut sorted = queues.to_vec();
+    sorted.sort();
+    sorted.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    let apps: Vec<String> = sorted.iter().map(|q| q.0.clone()).collect();
+    let scopes: Vec<String> = sorted.iter().map(|q| q.1.clone()).collect();
+    let weights: Vec<i64> = sorted.iter().map(|q| q.2).collect();
+    sqlx::query(
+        "INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
+         SELECT q.app, q.scope, q.weight, COALESCE( \
+           (SELECT MIN(pass) FROM dispatch_queues WHERE active), \
+           (SELECT MAX(pass) FROM dispatch_queues), 0), TRUE \
+         FROM UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS q(app, scope, weight) \
+         ORDER BY q.app COLLATE \"C\", q.scope COLLATE \"C\" \
+         ON CONFLICT (app, scope) DO UPDATE SET weight = EXCLUDED.weight, \
+         pass = CASE WHEN dispatch_queues.active THEN dispatch_queues.pass \
+                ELSE GREATEST(dispatch_queues.pass, EXCLUDED.pass) END, active = TRUE \
+         WHERE NOT dispatch_queues.active OR dispatch_queues.weight <> EXCLUDED.weight",
+    )
+    .bind(apps)
+    .bind(scopes)
+    .bind(weights)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }

@@ -24,7 +24,7 @@ use super::{PostgresStore, Tx};
 use crate::shared::cost::SpendDelta;
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
-use insert::{AdmissionRecord, InsertRow, insert_and_commit, insert_task};
+use insert::{AdmissionRecord, InsertRow, activate_queues, insert_and_commit, insert_task};
 use probe::{probe, run_owner};
 use snapshot::admit;
 use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskId, Timestamp, cache_key};
@@ -272,15 +272,29 @@ async fn create_unscoped(
     }
     let now = store.now(&mut tx).await?;
     let mut out = Vec::with_capacity(news.len());
+    let mut queues: Vec<(String, String, i64)> = Vec::new();
     for new in &news {
         match create_unscoped_in(&mut tx, new, now).await {
             Err(e) if !e.is_per_item() => {
                 tx.rollback().await?;
                 return Err(e);
             }
-            result => out.push(result),
+            result => {
+                if let Ok(c) = &result
+                    && c.created
+                {
+                    queues.push((
+                        c.task.app.to_string(),
+                        c.task.scope.to_string(),
+                        i64::from(new.dispatch.weight),
+                    ));
+                }
+                out.push(result)
+            }
         }
     }
+    // SPEC §14: the batch's queues, in lock order, held to the commit.
+    activate_queues(&mut tx, &queues).await?;
     tx.commit().await?;
     Ok(out)
 }
@@ -324,7 +338,7 @@ async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> Store
         reservation: None,
         saved_nano: 0,
     };
-    match insert_task(tx, &row).await? {
+    match insert_task(tx, &row, false).await? {
         Some(task) => Ok(Created {
             task,
             created: true,

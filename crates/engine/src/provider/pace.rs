@@ -1,0 +1,218 @@
+//! SPEC §14 provider pace: `requests_per_minute` and `tokens_per_minute` of a provider
+//! (and of its models), enforced across every replica through the store's shared
+//! schedules ([`tollgate_store::PaceStore`]), and the pause a 429 with `Retry-After`
+//! sets for every replica.
+//!
+//! Before each HTTP request (first attempt and every retry) a call takes its start on
+//! the provider's schedule and on its model's, if that has its own pace, and waits for
+//! it; the task stays `running` and keeps being heartbeated by the pool meanwhile, so a
+//! wait never fails it. A call that waited checks for a pause set meanwhile by another
+//! replica before it sends. The token schedule holds the call's bound — SPEC §13's
+//! count of the body sent ([`crate::cost::body_input_tokens`]: the model family's
+//! tokenizer where known, UTF-8 bytes otherwise, template overhead included) plus the
+//! output-token bound — and is settled with the usage the provider reports.
+
+use crate::config::{EngineConfig, ProviderConfig};
+use crate::metrics as m;
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tollgate_core::pace_cost_us;
+use tollgate_store::{PaceSlot, Store};
+
+/// Output-token bound the pace assumes for a call with none (no `max_output_tokens` on
+/// the request and none configured on the model, SPEC §13). The token schedule is
+/// settled with the real usage afterwards.
+pub const DEFAULT_PACE_OUTPUT_TOKENS: u32 = 4096;
+
+/// How long a call waits before trying again when the store cannot be reached.
+const STORE_RETRY: Duration = Duration::from_millis(500);
+
+/// Calls and tokens per window of one schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Limits {
+    requests: Option<NonZeroU32>,
+    tokens: Option<NonZeroU32>,
+}
+
+impl Limits {
+    fn from(pace: crate::config::PaceLimits) -> Limits {
+        Limits {
+            requests: pace.requests_per_minute.and_then(|l| l.positive().ok()),
+            tokens: pace.tokens_per_minute.and_then(|l| l.positive().ok()),
+        }
+    }
+
+    fn is_set(&self) -> bool {
+        self.requests.is_some() || self.tokens.is_some()
+    }
+
+    /// The stricter of two (a model named by two ids with different limits).
+    fn min(self, other: Limits) -> Limits {
+        let pick = |a: Option<NonZeroU32>, b: Option<NonZeroU32>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        Limits {
+            requests: pick(self.requests, other.requests),
+            tokens: pick(self.tokens, other.tokens),
+        }
+    }
+}
+
+/// One provider's pace, shared by its calls in this process.
+#[derive(Clone)]
+pub struct ProviderPace {
+    store: Arc<dyn Store>,
+    provider: String,
+    window: Duration,
+    limits: Limits,
+    /// The provider's own model names with a pace of their own.
+    models: HashMap<String, Limits>,
+}
+
+impl std::fmt::Debug for ProviderPace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderPace")
+            .field("provider", &self.provider)
+            .field("window", &self.window)
+            .field("limits", &self.limits)
+            .field("models", &self.models)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A call's reserved start: what to settle once its usage is known.
+#[derive(Debug, Clone)]
+pub struct PaceTicket {
+    /// (schedule key, tokens per window) of the schedules with a token pace.
+    token_schedules: Vec<(String, NonZeroU32)>,
+    /// The tokens reserved.
+    estimate: u64,
+}
+
+impl ProviderPace {
+    /// The pace of `[providers.<name>]` and of the models that use it, or `None` when
+    /// neither has one.
+    pub fn from_config(
+        name: &str,
+        provider: &ProviderConfig,
+        config: &EngineConfig,
+        store: Arc<dyn Store>,
+    ) -> Option<ProviderPace> {
+        let mut models: HashMap<String, Limits> = HashMap::new();
+        for model in config.models.values().filter(|m| m.provider == name) {
+            let limits = Limits::from(model.pace());
+            if limits.is_set() {
+                let entry = models.entry(model.model.clone()).or_insert(limits);
+                *entry = entry.min(limits);
+            }
+        }
+        let limits = Limits::from(provider.pace());
+        (limits.is_set() || !models.is_empty()).then(|| ProviderPace {
+            store,
+            provider: name.to_string(),
+            window: provider.pace_window,
+            limits,
+            models,
+        })
+    }
+
+    /// The schedules a call of `model` takes, with their limits. The provider's own is
+    /// always one (without limits it only carries the provider's pause).
+    fn schedules(&self, model: &str) -> Vec<(String, Limits)> {
+        let mut out = Vec::with_capacity(2);
+        out.push((self.provider.clone(), self.limits));
+        if let Some(limits) = self.models.get(model) {
+            out.push((format!("{}/{model}", self.provider), *limits));
+        }
+        out
+    }
+
+    /// Waits until a call of `model` bounded by `estimate` tokens may start on every
+    /// replica's shared schedules, then returns its ticket. Never fails: while the store
+    /// cannot be reached, it waits and asks again.
+    pub async fn wait_turn(&self, model: &str, estimate: u64) -> PaceTicket {
+        let schedules = self.schedules(model);
+        let slots: Vec<PaceSlot> = schedules
+            .iter()
+            .map(|(key, limits)| PaceSlot {
+                key: key.clone(),
+                request_cost_us: limits
+                    .requests
+                    .map_or(0, |n| pace_cost_us(1, n, self.window)),
+                token_cost_us: limits
+                    .tokens
+                    .map_or(0, |n| pace_cost_us(estimate, n, self.window)),
+            })
+            .collect();
+        let keys: Vec<String> = schedules.iter().map(|(k, _)| k.clone()).collect();
+        let ticket = PaceTicket {
+            token_schedules: schedules
+                .iter()
+                .filter_map(|(k, l)| l.tokens.map(|t| (k.clone(), t)))
+                .collect(),
+            estimate,
+        };
+        let started = Instant::now();
+        let mut waited = false;
+        loop {
+            let wait = match self.store.reserve_pace(&slots).await {
+                Ok(wait) => wait,
+                Err(e) => {
+                    tracing::warn!(provider = %self.provider, error = %e, "cannot reserve provider pace; waiting");
+                    tokio::time::sleep(STORE_RETRY).await;
+                    waited = true;
+                    continue;
+                }
+            };
+            if wait.is_zero() {
+                break;
+            }
+            waited = true;
+            tokio::time::sleep(wait).await;
+            // Another replica may have met a 429 while this call waited.
+            match self.store.pace_pause_left(&keys).await {
+                Ok(left) if left.is_zero() => break,
+                Ok(left) => tokio::time::sleep(left).await,
+                Err(e) => {
+                    tracing::warn!(provider = %self.provider, error = %e, "cannot read provider pause; waiting");
+                    tokio::time::sleep(STORE_RETRY).await;
+                }
+            }
+        }
+        if waited {
+            metrics::counter!(m::PACE_WAITS_TOTAL, "provider" => self.provider.clone())
+                .increment(1);
+            metrics::histogram!(m::PACE_WAIT_SECONDS, "provider" => self.provider.clone())
+                .record(started.elapsed().as_secs_f64());
+        }
+        ticket
+    }
+
+    /// Settles a call's token reservation with the tokens it really used.
+    pub async fn settle(&self, ticket: &PaceTicket, used: u64) {
+        for (key, per_window) in &ticket.token_schedules {
+            let reserved = pace_cost_us(ticket.estimate, *per_window, self.window);
+            let real = pace_cost_us(used, *per_window, self.window);
+            if used > ticket.estimate {
+                tracing::warn!(provider = %self.provider, used, bound = ticket.estimate, "a call used more tokens than its pace bound");
+            }
+            if let Err(e) = self.store.settle_pace(key, real - reserved).await {
+                tracing::warn!(provider = %self.provider, error = %e, "cannot settle provider pace");
+            }
+        }
+    }
+
+    /// A 429 with `Retry-After` (or a backoff when it names none): no replica calls the
+    /// provider again before `pause` has passed. When the store cannot record it, this
+    /// call at least waits it out here.
+    pub async fn pause(&self, pause: Duration) {
+        if let Err(e) = self.store.pause_pace(&self.provider, pause).await {
+            tracing::warn!(provider = %self.provider, error = %e, "cannot record a provider pause; waiting here");
+            tokio::time::sleep(pause).await;
+        }
+    }
+}

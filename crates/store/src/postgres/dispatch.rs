@@ -1,0 +1,166 @@
+//! SPEC §14 fair claiming on PostgreSQL, correct with any number of replicas claiming at
+//! once.
+//!
+//! A claim is two short statements, each its own transaction: read the active queues
+//! with the least virtual time (no lock; an instance reuses its read for
+//! [`QUEUE_VIEW_TTL`](crate::shared::dispatch::QUEUE_VIEW_TTL), moving it by its own
+//! claims, so most claims are the second statement alone), then claim by the shared stride plan
+//! ([`crate::shared::dispatch`]) in one statement — each planned queue's first tasks in
+//! dispatch-key order with `FOR UPDATE SKIP LOCKED` (replicas never wait for each
+//! other's task rows and never claim one task twice), and the queues' virtual times
+//! moved by what was actually claimed (the queue rows locked in (app, scope) order, held
+//! only for that statement's commit). Replicas that read the same passes at once serve
+//! the same queues a little more than their share for a moment; the passes count every
+//! claim exactly, so shares over time stay those of the weights.
+//!
+//! A queue that gave fewer tasks than planned may be empty: it is deactivated in a short
+//! transaction of its own that first locks its row (so no creation of the scope is in
+//! flight: creations hold it to their commit) and only then looks, with a fresh
+//! snapshot, for a queued task. The slots it left go round again to the other queues.
+
+use super::lifecycle::run_not_canceled;
+use super::{PostgresStore, now_sql};
+use crate::shared::dispatch::{QueueRow, plan_claim};
+use crate::shared::rows::{TaskRow, task_columns_qualified};
+use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
+use tollgate_core::WorkerId;
+
+/// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
+/// time, by the stride plan.
+pub(super) async fn claim_fair(
+    store: &PostgresStore,
+    worker: &WorkerId,
+    limit: u32,
+) -> StoreResult<Vec<TaskRow>> {
+    let mut claimed: Vec<TaskRow> = Vec::new();
+    for round in 0..MAX_CLAIM_ROUNDS {
+        let want = limit.saturating_sub(claimed.len() as u32);
+        if want == 0 {
+            break;
+        }
+        let n = want.min(MAX_CLAIM_QUEUES) as usize;
+        let cached = if round == 0 {
+            store.queue_view.fresh(n)
+        } else {
+            None
+        };
+        let from_view = cached.is_some();
+        let queues = match cached {
+            Some(q) => q,
+            None => {
+                let all: Vec<QueueRow> = sqlx::query_as(
+                    "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
+                     ORDER BY pass, app, scope LIMIT $1",
+                )
+                .bind(i64::from(MAX_CLAIM_QUEUES))
+                .fetch_all(&store.pool)
+                .await?;
+                store.queue_view.keep(&all);
+                all.into_iter().take(n).collect()
+            }
+        };
+        if queues.is_empty() {
+            break;
+        }
+        let plan = plan_claim(queues, want);
+        let apps: Vec<&str> = plan.iter().map(|t| t.queue.app.as_str()).collect();
+        let scopes: Vec<&str> = plan.iter().map(|t| t.queue.scope.as_str()).collect();
+        let takes: Vec<i64> = plan.iter().map(|t| i64::from(t.take)).collect();
+        let strides: Vec<i64> = plan.iter().map(|t| t.queue.advance(1)).collect();
+        // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly. The
+        // update finds the picked rows by id as an array: joined to the pick, the planner
+        // (which cannot know how few rows the LATERAL limits give) hashes the whole queue.
+        let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+            "WITH clock AS (SELECT ",
+            now_sql!(2),
+            " AS now), \
+             plan AS (SELECT * FROM UNNEST($3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[]) \
+               AS p(app, scope, take, stride)), \
+             picked AS MATERIALIZED (SELECT x.id FROM plan p CROSS JOIN LATERAL \
+               (SELECT id FROM tasks WHERE tasks.app = p.app AND tasks.scope = p.scope \
+                AND status = 'queued' AND NOT cancel_requested AND ",
+            run_not_canceled!(),
+            " ORDER BY dispatch_key, id LIMIT p.take FOR UPDATE SKIP LOCKED) x), \
+             claimed AS (UPDATE tasks SET status = 'running', worker = $1, \
+               attempt = attempt + 1, claimed_at = clock.now, heartbeat_at = clock.now \
+               FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) \
+               AND tasks.status = 'queued' RETURNING ",
+            task_columns_qualified!(),
+            "), \
+             counts AS (SELECT app, scope, COUNT(*) AS n FROM claimed GROUP BY app, scope), \
+             locked AS (SELECT d.app, d.scope FROM dispatch_queues d JOIN plan p \
+               ON d.app = p.app AND d.scope = p.scope \
+               ORDER BY d.app, d.scope FOR NO KEY UPDATE OF d), \
+             bump AS (UPDATE dispatch_queues d SET pass = d.pass + counts.n * p.stride \
+               FROM counts, plan p, locked l WHERE d.app = counts.app AND d.scope = counts.scope \
+               AND p.app = d.app AND p.scope = d.scope AND l.app = d.app AND l.scope = d.scope) \
+             SELECT * FROM claimed"
+        ))
+        .bind(worker.as_str())
+        .bind(store.fixed_now())
+        .bind(&apps)
+        .bind(&scopes)
+        .bind(&takes)
+        .bind(&strides)
+        .fetch_all(&store.pool)
+        .await?;
+        let mut emptied = false;
+        let mut short = false;
+        for take in &plan {
+            let got = rows
+                .iter()
+                .filter(|r| r.app() == take.queue.app && r.scope() == take.queue.scope)
+                .count() as u32;
+            store
+                .queue_view
+                .advance(&take.queue.app, &take.queue.scope, take.queue.advance(got));
+            if got < take.take {
+                short = true;
+                emptied |= deactivate_if_empty(store, &take.queue.app, &take.queue.scope).await?;
+            }
+        }
+        if short {
+            store.queue_view.clear();
+        }
+        claimed.extend(rows);
+        // Go round again only when a queue emptied, or a cached view may be stale.
+        let again = emptied || (short && from_view);
+        if !again {
+            // Full, or short only because other claims hold rows: look again at the
+            // next poll rather than spin. (Short on a cached view: look again now.)
+            break;
+        }
+    }
+    Ok(claimed)
+}
+
+/// Deactivates a queue with no queued task. Locking the row first waits out creations
+/// of the scope in flight (they hold it to their commit); the check after it reads a
+/// fresh snapshot (READ COMMITTED), so a task committed by such a creation is seen.
+async fn deactivate_if_empty(store: &PostgresStore, app: &str, scope: &str) -> StoreResult<bool> {
+    let mut tx = store.begin().await?;
+    let held: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM dispatch_queues WHERE app = $1 AND scope = $2 AND active \
+         FOR NO KEY UPDATE SKIP LOCKED",
+    )
+    .bind(app)
+    .bind(scope)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if held.is_none() {
+        // Inactive already, or held by a creation or claim in flight: leave it active.
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    let done = sqlx::query(
+        "UPDATE dispatch_queues SET active = FALSE WHERE app = $1 AND scope = $2 \
+         AND NOT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND scope = $2 \
+         AND status = 'queued')",
+    )
+    .bind(app)
+    .bind(scope)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(done.rows_affected() > 0)
+}
