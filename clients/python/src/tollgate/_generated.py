@@ -26,11 +26,11 @@ class CostView(TypedDict):
 
     spent_micros: int
     """
-    Spend in the window, in micro-units of the configured currency.
+    Settled plus reserved spend in the window, micro-dollars (US).
     """
     tokens: int
     """
-    Tokens in the window.
+    Settled plus reserved model tokens in the window.
     """
 
 
@@ -327,6 +327,18 @@ class PolicyView(TypedDict):
     """
     Token-bucket refill, tasks per minute.
     """
+    token_burst: NotRequired[int | None]
+    """
+    SPEC §13: the scope's model-token bucket capacity.
+    """
+    tokens_per_minute: NotRequired[int | None]
+    """
+    SPEC §13: the scope's model-token bucket refill, tokens per minute.
+    """
+    usd_per_24_hours: NotRequired[float | None]
+    """
+    SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
+    """
 
 
 class ReleaseAnswer(TypedDict):
@@ -578,6 +590,12 @@ class SubmitBody(TypedDict, closed=True):
     """
     Model id (one of `GET /v1/models`); defaults to the configured default model.
     """
+    priority: NotRequired[int | None]
+    """
+    SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
+    level counts as one ageing step (default 60 s) of waiting, so low priority is
+    never starved. Not compared on a replay of the effect key.
+    """
     request: HashableObject
     """
     The kind's request object (its schema per kind: `GET /v1/kinds`).
@@ -635,11 +653,82 @@ class UnreleasedSourceView(TypedDict):
     """
 
 
+class UsageReportView(TypedDict):
+    """
+    SPEC §13 `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
+    tokens in the 24 h window (settled: what ended tasks cost; reserved: the worst case
+    of tasks still queued or running), the limits in force, and what cache hits saved.
+    """
+
+    limit_usd: NotRequired[float | None]
+    """
+    The USD limit of this window: the default policy's `usd_per_24_hours` for a scope,
+    the app's for the app (absent: none).
+    """
+    now: str
+    """
+    The server's now.
+    """
+    overrun_usd: float
+    """
+    Settled spend above its reservation (a provider reported more than the bound), USD.
+    """
+    policy: NotRequired[str | None]
+    """
+    The policy the limits are of (scope reports).
+    """
+    reserved_tokens: int
+    """
+    Model tokens reserved by tasks not yet ended.
+    """
+    reserved_usd: float
+    """
+    Reserved by tasks not yet ended, USD.
+    """
+    saved_usd: float
+    """
+    What cache hits saved, USD.
+    """
+    scope: NotRequired[str | None]
+    """
+    The scope (absent: the whole app).
+    """
+    settled_tokens: int
+    """
+    Model tokens ended tasks used.
+    """
+    settled_usd: float
+    """
+    What ended tasks cost, USD (failed and canceled attempts included).
+    """
+    since: str
+    """
+    Start of the window's oldest hourly bucket: the window read is 24 to 25 hours
+    long (spend leaves it up to an hour late, never early).
+    """
+    token_burst: NotRequired[int | None]
+    """
+    The default policy's `token_burst` (scope reports).
+    """
+    tokens_available: NotRequired[float | None]
+    """
+    Model tokens in the scope's bucket now, out of `token_burst`.
+    """
+    tokens_per_minute: NotRequired[int | None]
+    """
+    The default policy's `tokens_per_minute` (scope reports).
+    """
+
+
 class UsageView(TypedDict):
     """
     Usage, as shown.
     """
 
+    cached_input_tokens: NotRequired[int]
+    """
+    Of `input_tokens`, those the provider served from its prompt cache, where it says.
+    """
     cost_usd: NotRequired[float]
     """
     Cost in US dollars, where known.
@@ -651,6 +740,10 @@ class UsageView(TypedDict):
     output_tokens: int
     """
     Completion tokens.
+    """
+    priced: bool
+    """
+    SPEC §13: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
     """
 
 
@@ -1101,6 +1194,10 @@ class TaskView(TypedDict):
     """
     The kind's output, once succeeded (its shape is the kind's output schema, see
     `GET /v1/kinds`).
+    """
+    priority: int
+    """
+    SPEC §14: its priority within its scope (0–9, higher starts first).
     """
     request: NotRequired[dict[str, Any]]
     """

@@ -196,6 +196,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/scopes/{scope}/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["scope_usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/stats": {
         parameters: {
             query?: never;
@@ -286,6 +302,22 @@ export interface paths {
         get?: never;
         put?: never;
         post: operations["release"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["app_usage"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -386,12 +418,12 @@ export interface components {
         CostView: {
             /**
              * Format: int64
-             * @description Spend in the window, in micro-units of the configured currency.
+             * @description Settled plus reserved spend in the window, micro-dollars (US).
              */
             spent_micros: number;
             /**
              * Format: int64
-             * @description Tokens in the window.
+             * @description Settled plus reserved model tokens in the window.
              */
             tokens: number;
         };
@@ -679,6 +711,21 @@ export interface components {
              * @description Token-bucket refill, tasks per minute.
              */
             tasks_per_minute: number;
+            /**
+             * Format: int32
+             * @description SPEC §13: the scope's model-token bucket capacity.
+             */
+            token_burst?: number | null;
+            /**
+             * Format: int32
+             * @description SPEC §13: the scope's model-token bucket refill, tokens per minute.
+             */
+            tokens_per_minute?: number | null;
+            /**
+             * Format: double
+             * @description SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
+             */
+            usd_per_24_hours?: number | null;
         };
         /** @description `POST /v1/tasks/release` answer. */
         ReleaseAnswer: {
@@ -935,6 +982,13 @@ export interface components {
             kind: components["schemas"]["KindName"];
             /** @description Model id (one of `GET /v1/models`); defaults to the configured default model. */
             model?: string | null;
+            /**
+             * Format: int64
+             * @description SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
+             *     level counts as one ageing step (default 60 s) of waiting, so low priority is
+             *     never starved. Not compared on a replay of the effect key.
+             */
+            priority?: number | null;
             /** @description The kind's request object (its schema per kind: `GET /v1/kinds`). */
             request: components["schemas"]["HashableObject"];
             /** @description Owning workflow run. Exactly one of `scope` and `run_id`. */
@@ -1003,6 +1057,11 @@ export interface components {
              */
             output: unknown;
             /**
+             * Format: int32
+             * @description SPEC §14: its priority within its scope (0–9, higher starts first).
+             */
+            priority: number;
+            /**
              * @description The stored request (its fields plus `kind`): present on reads of one task
              *     (`GET /v1/tasks/{id}`, `GET /v1/tasks?effect_key=`), absent in pages and answers
              *     to submissions.
@@ -1036,8 +1095,82 @@ export interface components {
             /** @description Source id. */
             source: string;
         };
+        /**
+         * @description SPEC §13 `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
+         *     tokens in the 24 h window (settled: what ended tasks cost; reserved: the worst case
+         *     of tasks still queued or running), the limits in force, and what cache hits saved.
+         */
+        UsageReportView: {
+            /**
+             * Format: double
+             * @description The USD limit of this window: the default policy's `usd_per_24_hours` for a scope,
+             *     the app's for the app (absent: none).
+             */
+            limit_usd?: number | null;
+            /** @description The server's now. */
+            now: string;
+            /**
+             * Format: double
+             * @description Settled spend above its reservation (a provider reported more than the bound), USD.
+             */
+            overrun_usd: number;
+            /** @description The policy the limits are of (scope reports). */
+            policy?: string | null;
+            /**
+             * Format: int64
+             * @description Model tokens reserved by tasks not yet ended.
+             */
+            reserved_tokens: number;
+            /**
+             * Format: double
+             * @description Reserved by tasks not yet ended, USD.
+             */
+            reserved_usd: number;
+            /**
+             * Format: double
+             * @description What cache hits saved, USD.
+             */
+            saved_usd: number;
+            /** @description The scope (absent: the whole app). */
+            scope?: string | null;
+            /**
+             * Format: int64
+             * @description Model tokens ended tasks used.
+             */
+            settled_tokens: number;
+            /**
+             * Format: double
+             * @description What ended tasks cost, USD (failed and canceled attempts included).
+             */
+            settled_usd: number;
+            /**
+             * @description Start of the window's oldest hourly bucket: the window read is 24 to 25 hours
+             *     long (spend leaves it up to an hour late, never early).
+             */
+            since: string;
+            /**
+             * Format: int32
+             * @description The default policy's `token_burst` (scope reports).
+             */
+            token_burst?: number | null;
+            /**
+             * Format: double
+             * @description Model tokens in the scope's bucket now, out of `token_burst`.
+             */
+            tokens_available?: number | null;
+            /**
+             * Format: int32
+             * @description The default policy's `tokens_per_minute` (scope reports).
+             */
+            tokens_per_minute?: number | null;
+        };
         /** @description Usage, as shown. */
         UsageView: {
+            /**
+             * Format: int64
+             * @description Of `input_tokens`, those the provider served from its prompt cache, where it says.
+             */
+            cached_input_tokens?: number;
             /**
              * Format: double
              * @description Cost in US dollars, where known.
@@ -1053,6 +1186,8 @@ export interface components {
              * @description Completion tokens.
              */
             output_tokens: number;
+            /** @description SPEC §13: whether the model has prices (`false`: `cost_usd` is unknown, not 0). */
+            priced: boolean;
         };
     };
     responses: never;
@@ -1569,7 +1704,7 @@ export interface operations {
             /** @description refused by admission: the code says which limit; Retry-After on a rate limit */
             429: {
                 headers: {
-                    /** @description seconds until the rate limit admits again (rate limit only) */
+                    /** @description seconds until admission may succeed again, where known (the task rate limit, SPEC §13's token rate limit and spend budgets) */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
@@ -2249,6 +2384,83 @@ export interface operations {
             };
         };
     };
+    scope_usage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the scope */
+                scope: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the scope's spend and tokens in the 24 h window (SPEC §13) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageReportView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key is bound to a subject: spend counts every subject's work */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     stats: {
         parameters: {
             query?: never;
@@ -2532,7 +2744,7 @@ export interface operations {
             /** @description refused by admission: the code says which limit; Retry-After on a rate limit */
             429: {
                 headers: {
-                    /** @description seconds until the rate limit admits again (rate limit only) */
+                    /** @description seconds until admission may succeed again, where known (the task rate limit, SPEC §13's token rate limit and spend budgets) */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
@@ -2916,6 +3128,71 @@ export interface operations {
             };
             /** @description well-formed but invalid: the message names the field and the reason */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    app_usage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the app's spend and tokens in the 24 h window, all scopes (SPEC §13) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageReportView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key is bound to a subject: spend counts every subject's work */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
