@@ -317,7 +317,19 @@ function scopeGauges(s) {
     gauge("Concurrency", s.active, p.scope_concurrent, "admitted tasks queued or running"),
     gauge("Sources", s.sources_in_window, p.sources_per_24_hours, "distinct sources, last 24 h"),
     gauge("Steps", s.busiest_source_steps, p.max_steps_per_source, `busiest source · ${fmt(s.steps_in_window)} steps in all`),
-    gauge("Spend", s.cost ? s.cost.spent_micros : null, 0, s.cost ? `${fmt(s.cost.tokens)} tokens` : "cost budgets (SPEC §13) not configured"));
+    spendGauge(s));
+}
+
+/** SPEC §13: settled plus reserved spend against the policy's USD limit; without one
+ * the gauge is "not configured" and its note still shows what the window holds. */
+function spendGauge(s) {
+  const p = s.policy;
+  const usd = s.cost ? s.cost.spent_micros / 1e6 : 0;
+  const tokens = s.cost ? s.cost.tokens : 0;
+  const held = `$${usd.toFixed(usd < 1 ? 4 : 2)} · ${fmt(tokens)} tokens, settled + reserved, 24 h`;
+  return p.usd_per_24_hours
+    ? gauge("Spend", usd, p.usd_per_24_hours, held)
+    : gauge("Spend", null, 0, `no USD limit · ${held}`);
 }
 
 function scopeCard(s, link = true) {
