@@ -228,6 +228,19 @@ def test_wait_until_done(acme: Tollgate) -> None:
     assert acme.get_task(task["id"], wait=1)["status"] == "succeeded"
 
 
+def test_priority_is_sent_and_checked(acme: Tollgate) -> None:
+    scope = unique("prio")
+    task = acme.submit("generate_text", {"prompt": "urgent"}, scope=scope, priority=9)
+    assert task.get("priority") == 9
+    item = batch_item("generate_text", {"prompt": "later"}, scope=scope, priority=0)
+    results = acme.submit_batch([item])["results"]
+    low = results[0].get("task")
+    assert low and low.get("priority") == 0
+    with pytest.raises(InvalidRequestError) as e:
+        acme.submit("generate_text", {"prompt": "x"}, scope=scope, priority=10)
+    assert e.value.status == 422 and "priority" in e.value.message
+
+
 def test_batch(acme: Tollgate) -> None:
     scope = unique("batch")
     answer = acme.submit_batch([

@@ -43,6 +43,7 @@ def submission_body(
     model: str | None,
     budget: str | None,
     effect_key: str | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"kind": kind, "request": dict(request)}
     for name, value in (
@@ -53,6 +54,7 @@ def submission_body(
         ("model", model),
         ("budget", budget),
         ("effect_key", effect_key),
+        ("priority", priority),
     ):
         if value is not None:
             body[name] = value

@@ -87,9 +87,11 @@ def _submit_call(
     budget: str | None,
     idempotency_key: str | None,
     wait: float | None,
+    priority: int | None = None,
 ) -> Call[TaskView]:
     body = _api.submission_body(
-        kind, request, scope=scope, run_id=run_id, source=source, step=step, model=model, budget=budget
+        kind, request, scope=scope, run_id=run_id, source=source, step=step, model=model,
+        budget=budget, priority=priority,
     )
     return _api.submit(body, idempotency_key, wait)
 
@@ -105,8 +107,10 @@ def batch_item(
     model: str | None = None,
     budget: str | None = None,
     effect_key: str | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
-    """One item of :meth:`Tollgate.submit_batch` (a ``POST /v1/tasks`` body)."""
+    """One item of :meth:`Tollgate.submit_batch` (a ``POST /v1/tasks`` body). ``priority``:
+    0-9, default 5 (SPEC §14: higher starts first within a scope, with ageing)."""
     return _api.submission_body(
         kind,
         request,
@@ -117,6 +121,7 @@ def batch_item(
         model=model,
         budget=budget,
         effect_key=effect_key,
+        priority=priority,
     )
 
 
@@ -197,6 +202,7 @@ class Tollgate(_Base):
         step: str | None = None,
         model: str | None = None,
         budget: str | None = None,
+        priority: int | None = None,
         idempotency_key: str | None = None,
         wait: float | None = None,
         retry_admission: bool | None = None,
@@ -205,7 +211,9 @@ class Tollgate(_Base):
         """``POST /v1/tasks``. Without ``idempotency_key`` one is made and kept across this
         call's retries, so a retry never creates a second task. ``wait`` (seconds) holds the
         answer until the task is terminal (``?wait=``)."""
-        call = _submit_call(kind, request, scope, run_id, source, step, model, budget, idempotency_key, wait)
+        call = _submit_call(
+            kind, request, scope, run_id, source, step, model, budget, idempotency_key, wait, priority
+        )
         return self._send(call, retry_admission, deadline)
 
     def submit_batch(self, items: Sequence[Mapping[str, Any]]) -> BatchAnswer:
@@ -456,13 +464,16 @@ class AsyncTollgate(_Base):
         step: str | None = None,
         model: str | None = None,
         budget: str | None = None,
+        priority: int | None = None,
         idempotency_key: str | None = None,
         wait: float | None = None,
         retry_admission: bool | None = None,
         deadline: float | None = None,
     ) -> TaskView:
         """See :meth:`Tollgate.submit`."""
-        call = _submit_call(kind, request, scope, run_id, source, step, model, budget, idempotency_key, wait)
+        call = _submit_call(
+            kind, request, scope, run_id, source, step, model, budget, idempotency_key, wait, priority
+        )
         return await self._send(call, retry_admission, deadline)
 
     async def submit_batch(self, items: Sequence[Mapping[str, Any]]) -> BatchAnswer:
