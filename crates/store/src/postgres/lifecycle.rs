@@ -2,6 +2,7 @@
 //! complete, fail, acknowledge cancellation; and the statements of a terminal move.
 
 use super::{PostgresStore, Tx, fetch_task, id_array, now_sql};
+use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
 use crate::shared::cost::{SettleRow, SettlementPlan};
 use crate::shared::rows::{
     CancelStateRow, FinishedAtRow, FinishedRow, TaskRow, cancellation_requested, encode_completion,
@@ -83,50 +84,30 @@ impl TerminalStatements for Tx {
         }
         // Buckets in key order, scope buckets before app buckets (the lock order).
         for ((app, scope, bucket), d) in &plan.scope {
-            sqlx::query(
-                "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano, \
-                 reserved_tokens, settled_tokens, overrun_nano) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                 ON CONFLICT (app, scope, bucket) DO UPDATE SET \
-                 reserved_nano = scope_spend.reserved_nano + EXCLUDED.reserved_nano, \
-                 settled_nano = scope_spend.settled_nano + EXCLUDED.settled_nano, \
-                 reserved_tokens = scope_spend.reserved_tokens + EXCLUDED.reserved_tokens, \
-                 settled_tokens = scope_spend.settled_tokens + EXCLUDED.settled_tokens, \
-                 overrun_nano = scope_spend.overrun_nano + EXCLUDED.overrun_nano",
-            )
-            .bind(app)
-            .bind(scope)
-            .bind(bucket)
-            .bind(d.reserved_nano)
-            .bind(d.settled_nano)
-            .bind(d.reserved_tokens)
-            .bind(d.settled_tokens)
-            .bind(d.overrun_nano)
-            .execute(&mut **self)
-            .await?;
+            sqlx::query(SCOPE_SPEND_SETTLE)
+                .bind(app)
+                .bind(scope)
+                .bind(bucket)
+                .bind(d.reserved_nano)
+                .bind(d.settled_nano)
+                .bind(d.reserved_tokens)
+                .bind(d.settled_tokens)
+                .bind(d.overrun_nano)
+                .execute(&mut **self)
+                .await?;
         }
         for ((app, bucket, stripe), d) in &plan.app {
-            sqlx::query(
-                "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, settled_nano, \
-                 reserved_tokens, settled_tokens, overrun_nano) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                 ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
-                 reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
-                 settled_nano = app_spend.settled_nano + EXCLUDED.settled_nano, \
-                 reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens, \
-                 settled_tokens = app_spend.settled_tokens + EXCLUDED.settled_tokens, \
-                 overrun_nano = app_spend.overrun_nano + EXCLUDED.overrun_nano",
-            )
-            .bind(app)
-            .bind(bucket)
-            .bind(*stripe as i32)
-            .bind(d.reserved_nano)
-            .bind(d.settled_nano)
-            .bind(d.reserved_tokens)
-            .bind(d.settled_tokens)
-            .bind(d.overrun_nano)
-            .execute(&mut **self)
-            .await?;
+            sqlx::query(APP_SPEND_SETTLE)
+                .bind(app)
+                .bind(bucket)
+                .bind(*stripe as i32)
+                .bind(d.reserved_nano)
+                .bind(d.settled_nano)
+                .bind(d.reserved_tokens)
+                .bind(d.settled_tokens)
+                .bind(d.overrun_nano)
+                .execute(&mut **self)
+                .await?;
         }
         let ids: Vec<&str> = plan.charged.iter().map(|c| c.0.as_str()).collect();
         let nanos: Vec<i64> = plan.charged.iter().map(|c| c.1).collect();

@@ -12,6 +12,29 @@ use std::collections::BTreeMap;
 use tollgate_core::cost::{app_spend_stripe, settle, spend_bucket};
 use tollgate_core::{Reservation, Timestamp, Usage};
 
+/// SPEC §13 settlement: a terminal move's delta added to one scope's hourly spend bucket
+/// (`$1` app, `$2` scope, `$3` bucket, `$4`–`$8` reserved and settled nano-dollars and
+/// tokens, overrun). One text for both backends (SQLite reads `$n` by position too).
+pub(crate) const SCOPE_SPEND_SETTLE: &str = "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano, \
+     reserved_tokens, settled_tokens, overrun_nano) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+     ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+     reserved_nano = scope_spend.reserved_nano + EXCLUDED.reserved_nano, \
+     settled_nano = scope_spend.settled_nano + EXCLUDED.settled_nano, \
+     reserved_tokens = scope_spend.reserved_tokens + EXCLUDED.reserved_tokens, \
+     settled_tokens = scope_spend.settled_tokens + EXCLUDED.settled_tokens, \
+     overrun_nano = scope_spend.overrun_nano + EXCLUDED.overrun_nano";
+
+/// The same delta added to the app's hourly spend bucket of one stripe (`$1` app, `$2`
+/// bucket, `$3` stripe, `$4`–`$8` as [`SCOPE_SPEND_SETTLE`]).
+pub(crate) const APP_SPEND_SETTLE: &str = "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, settled_nano, \
+     reserved_tokens, settled_tokens, overrun_nano) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+     ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+     reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
+     settled_nano = app_spend.settled_nano + EXCLUDED.settled_nano, \
+     reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens, \
+     settled_tokens = app_spend.settled_tokens + EXCLUDED.settled_tokens, \
+     overrun_nano = app_spend.overrun_nano + EXCLUDED.overrun_nano";
+
 /// A finished admitted task's reservation and usage, read by the terminal move.
 #[derive(sqlx::FromRow, Debug, Clone)]
 pub(crate) struct SettleRow {

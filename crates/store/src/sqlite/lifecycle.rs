@@ -2,6 +2,7 @@
 //! fail, acknowledge cancellation; and the statements of a terminal move.
 
 use super::{SqliteStore, Tx, fetch_task, id_list};
+use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
 use crate::shared::cost::{SettleRow, SettlementPlan};
 use crate::shared::rows::{
     CancelStateRow, FinishedRow, TaskRow, cancellation_requested, encode_completion, encode_usage,
@@ -80,48 +81,30 @@ impl TerminalStatements for Tx {
             .await?;
         }
         for ((app, scope, bucket), d) in &plan.scope {
-            sqlx::query(
-                "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano, \
-                 reserved_tokens, settled_tokens, overrun_nano) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
-                 ON CONFLICT (app, scope, bucket) DO UPDATE SET \
-                 reserved_nano = reserved_nano + excluded.reserved_nano, \
-                 settled_nano = settled_nano + excluded.settled_nano, \
-                 reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
-                 settled_tokens = settled_tokens + excluded.settled_tokens, \
-                 overrun_nano = overrun_nano + excluded.overrun_nano",
-            )
-            .bind(app)
-            .bind(scope)
-            .bind(bucket)
-            .bind(d.reserved_nano)
-            .bind(d.settled_nano)
-            .bind(d.reserved_tokens)
-            .bind(d.settled_tokens)
-            .bind(d.overrun_nano)
-            .execute(&mut **self)
-            .await?;
+            sqlx::query(SCOPE_SPEND_SETTLE)
+                .bind(app)
+                .bind(scope)
+                .bind(bucket)
+                .bind(d.reserved_nano)
+                .bind(d.settled_nano)
+                .bind(d.reserved_tokens)
+                .bind(d.settled_tokens)
+                .bind(d.overrun_nano)
+                .execute(&mut **self)
+                .await?;
         }
         for ((app, bucket, stripe), d) in &plan.app {
-            sqlx::query(
-                "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, settled_nano, \
-                 reserved_tokens, settled_tokens, overrun_nano) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
-                 ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
-                 reserved_nano = reserved_nano + excluded.reserved_nano, \
-                 settled_nano = settled_nano + excluded.settled_nano, \
-                 reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
-                 settled_tokens = settled_tokens + excluded.settled_tokens, \
-                 overrun_nano = overrun_nano + excluded.overrun_nano",
-            )
-            .bind(app)
-            .bind(bucket)
-            .bind(stripe)
-            .bind(d.reserved_nano)
-            .bind(d.settled_nano)
-            .bind(d.reserved_tokens)
-            .bind(d.settled_tokens)
-            .bind(d.overrun_nano)
-            .execute(&mut **self)
-            .await?;
+            sqlx::query(APP_SPEND_SETTLE)
+                .bind(app)
+                .bind(bucket)
+                .bind(stripe)
+                .bind(d.reserved_nano)
+                .bind(d.settled_nano)
+                .bind(d.reserved_tokens)
+                .bind(d.settled_tokens)
+                .bind(d.overrun_nano)
+                .execute(&mut **self)
+                .await?;
         }
         for (id, nano, tokens) in &plan.charged {
             sqlx::query("UPDATE tasks SET charged_nano = ?, charged_tokens = ? WHERE id = ?")
