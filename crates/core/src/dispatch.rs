@@ -8,9 +8,16 @@
 //!   queue with a virtual time, its `pass`. Claiming `n` tasks from a queue of weight `w`
 //!   advances its pass by `n × stride(w)` where `stride(w) = PASS_SCALE / w`; a claim
 //!   serves the queues with the smallest pass first ([`allocate_claims`]). Over a long
-//!   backlog, queues are served in proportion to their weights; a queue that becomes
-//!   active starts at the smallest pass of the active queues, so it is served in the next
-//!   claim batch whatever the other queues' backlogs, and an idle queue banks no credit.
+//!   backlog, queues are served in proportion to their weights. A queue that becomes
+//!   active (new, or back from idle) starts at [`join_credit`]: at most
+//!   [`JOIN_CREDIT_TASKS`] of its own tasks behind the smallest pass of the active
+//!   queues, and never behind the pass it left with. So it is served in the next claim
+//!   batch whatever the other queues' backlogs, a small burst gets ahead of a long
+//!   backlog (the way a scheduler's sleeper credit favours interactive work), and an
+//!   idle queue banks no more than that one burst however long it was idle. No queue is
+//!   ever more than one burst behind the least active pass, so none can get more than
+//!   [`JOIN_CREDIT_TASKS`] tasks ahead of its share, by idling or by draining and
+//!   refilling (it keeps only what is left of its burst).
 //! - **Within a scope: priority, then age, with ageing.** A task's static dispatch key is
 //!   `created_at − (priority − DEFAULT) × ageing_step` ([`dispatch_key`]); a scope's
 //!   tasks start in key order. One priority level is worth `ageing_step` of waiting, so a
@@ -181,6 +188,19 @@ pub fn stride(weight: Weight) -> i64 {
     PASS_SCALE / i64::from(weight.get())
 }
 
+/// How many of its own tasks a queue that becomes active may start ahead of the active
+/// queues (SPEC §14): the most an idle queue ever banks ([`join_credit`]).
+pub const JOIN_CREDIT_TASKS: u32 = 100;
+
+/// SPEC §14: how far below the least active pass a queue of this weight that becomes
+/// active may start: [`JOIN_CREDIT_TASKS`] of its strides. The store (one SQL
+/// expression for both backends) starts a joining queue at
+/// `max(its own last pass, least active pass − this)`; with no queue active, at the
+/// greatest pass of all (0 for the first queue ever).
+pub fn join_credit(weight: Weight) -> i64 {
+    stride(weight).saturating_mul(i64::from(JOIN_CREDIT_TASKS))
+}
+
 /// What a claim knows of one active queue: its virtual time and weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueShare {
@@ -288,6 +308,27 @@ mod tests {
         ];
         assert_eq!(allocate_claims(&queues, 4), vec![2, 2]);
         assert_eq!(allocate_claims(&[], 4), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_joining_queue_gets_one_burst_of_credit_and_never_its_idle_time() {
+        let credit = join_credit(w(1));
+        assert_eq!(credit, i64::from(JOIN_CREDIT_TASKS) * PASS_SCALE);
+        assert_eq!(join_credit(w(4)), credit / 4, "the same number of tasks");
+        let least = 1_000 * PASS_SCALE;
+        // With the burst taken, the queue alternates with the others.
+        let queues = [
+            QueueShare {
+                pass: least,
+                weight: w(1),
+            },
+            QueueShare {
+                pass: least - credit,
+                weight: w(1),
+            },
+        ];
+        let n = JOIN_CREDIT_TASKS + 10;
+        assert_eq!(allocate_claims(&queues, n), vec![5, JOIN_CREDIT_TASKS + 5]);
     }
 
     proptest! {

@@ -23,8 +23,8 @@ pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::Budget;
 pub use cost::{CostLimits, CostRejection, Prices, Reservation, TokenBound, TokenRate};
 pub use dispatch::{
-    DEFAULT_AGEING_STEP, Dispatch, PASS_SCALE, Priority, QueueShare, Weight, allocate_claims,
-    dispatch_key, pace_cost_us, stride,
+    DEFAULT_AGEING_STEP, Dispatch, JOIN_CREDIT_TASKS, PASS_SCALE, Priority, QueueShare, Weight,
+    allocate_claims, dispatch_key, join_credit, pace_cost_us, stride,
 };
 pub use duration::{DurationError, DurationSyntax, parse_duration};
 pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::TaskId;
-use tollgate_store::{MAX_PAGE, StoreError, SweepConfig, SweepReport};
+use tollgate_store::{StoreError, SweepConfig, SweepReport};
 
 /// Most rounds of one sweep before yielding until the next tick.
 const MAX_ROUNDS: usize = 100;
@@ -114,48 +114,41 @@ pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
     }
 }
 
-/// SPEC §6.7: pages through the queued tasks and hands them to the workers as hints.
-/// Stops when the hint queue is full: the workers' polling claims the rest, oldest first.
+/// SPEC §6.7: on start, queued tasks left by any replica are dispatched. The dispatcher
+/// claims in batches (`claim_next`, in dispatch order) as soon as it starts and goes on
+/// while batches come back full, so recovery only has to wake it when something is
+/// queued: one queued task's id, as a hint. (Listing every queued task as hints did the
+/// same work slower: a hint is only a wake-up, several at once are served by one
+/// batched claim, and paging through a large backlog cost the database a scan per
+/// page.)
 pub(crate) async fn recover(
     inner: Arc<Inner>,
     hints: mpsc::Sender<TaskId>,
     stop: CancellationToken,
 ) {
-    let mut after: Option<TaskId> = None;
     let mut failures = 0u32;
-    let mut dispatched = 0usize;
     while !stop.is_cancelled() {
-        let page = match inner.store.list_recoverable(after, MAX_PAGE).await {
-            Ok(page) => page,
+        match inner.store.list_recoverable(None, 1).await {
+            Ok(page) => {
+                if let Some(id) = page.first() {
+                    // A full hint queue already holds wake-ups.
+                    let _ = hints.try_send(*id);
+                    tracing::info!("recovery found queued tasks; the workers claim them");
+                }
+                return;
+            }
             Err(e) if failures < 5 => {
                 failures += 1;
                 tracing::warn!(error = %e, "recovery cannot list queued tasks; retrying");
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(200) * failures) => continue,
+                    _ = tokio::time::sleep(Duration::from_millis(200) * failures) => {}
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "recovery gave up; polling will find queued tasks");
                 return;
             }
-        };
-        let Some(last) = page.last().copied() else {
-            break;
-        };
-        for id in &page {
-            if hints.try_send(*id).is_err() {
-                tracing::debug!(dispatched, "recovery hint queue full; polling takes over");
-                return;
-            }
-            dispatched += 1;
         }
-        if page.len() < MAX_PAGE as usize {
-            break;
-        }
-        after = Some(last);
-    }
-    if dispatched > 0 {
-        tracing::info!(dispatched, "recovery dispatched queued tasks");
     }
 }

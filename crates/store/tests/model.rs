@@ -30,7 +30,7 @@ use tollgate_core::{
     AdmissionRejection, AppId, Budget, EffectKey, ErrorCode, ManualClock, ModelId, ModelRef,
     NewRun, NewTask, Owner, QueueShare, RunId, RunState, ScopeId, SourceId, SourceRevision,
     StepKey, Subject, SubjectKind, Task, TaskId, TaskKind, TaskScope, TaskStatus, Usage,
-    ValidatedRequest, Weight, WorkerId, allocate_claims, stride, validate_output,
+    ValidatedRequest, Weight, WorkerId, allocate_claims, join_credit, stride, validate_output,
 };
 use tollgate_store::conformance::START;
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
@@ -1006,8 +1006,9 @@ impl Model {
         Ok((TRef::Known(idx), true))
     }
 
-    /// SPEC §14: a queued task activates its queue; a new or idle one starts at the least
-    /// pass of the active queues (of all queues when none is active).
+    /// SPEC §14: a queued task activates its queue; a new or idle one starts one burst
+    /// (`join_credit`) below the least pass of the active queues (at the greatest pass of
+    /// all when none is active), or at its own pass when that is ahead.
     fn activate_queue(&mut self, app: usize, scope: usize) {
         let start = self
             .queues
@@ -1015,6 +1016,7 @@ impl Model {
             .filter(|(_, active)| *active)
             .map(|(pass, _)| *pass)
             .min()
+            .map(|least| least - join_credit(Weight::default()))
             .or_else(|| self.queues.values().map(|(pass, _)| *pass).max())
             .unwrap_or(0);
         let entry = self.queues.entry((app, scope)).or_insert((start, false));

@@ -7,7 +7,9 @@ use crate::Store;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use tollgate_core::{Dispatch, NewTask, Priority, ScopeId, Task, TaskId, TaskStatus, Weight};
+use tollgate_core::{
+    Dispatch, JOIN_CREDIT_TASKS, NewTask, Priority, ScopeId, Task, TaskId, TaskStatus, Weight,
+};
 
 /// A backlog of `n` application tasks in `(app, scope)` created in batches of 500, with
 /// the given dispatch settings.
@@ -90,7 +92,8 @@ pub async fn a_backlog_never_holds_back_another_scope(b: &dyn Backend) {
     }
 }
 
-/// SPEC §14: weights 3:1 give claim shares of 3:1 (within 10 %) over a long backlog.
+/// SPEC §14: weights 3:1 give claim shares of 3:1 (within 10 %) over a long backlog
+/// (after the second queue's joining burst).
 pub async fn weights_share_claims_in_proportion(b: &dyn Backend) {
     let s = b.open().await;
     let heavy: BTreeSet<TaskId> = backlog(&*s, "acme", "heavy", 600, weighted(3))
@@ -98,6 +101,16 @@ pub async fn weights_share_claims_in_proportion(b: &dyn Backend) {
         .into_iter()
         .collect();
     backlog(&*s, "acme", "light", 600, weighted(1)).await;
+    // The queue that joined second takes its joining burst first.
+    let mut burst = 0;
+    while burst < JOIN_CREDIT_TASKS as usize {
+        let got = claim_batch(&*s, 10).await;
+        assert!(
+            got.iter().all(|t| !heavy.contains(&t.id)),
+            "the joining queue's burst comes first"
+        );
+        burst += got.len();
+    }
     let mut heavy_claims = 0usize;
     let mut total = 0usize;
     while total < 400 {
@@ -300,9 +313,10 @@ pub async fn racing_fair_claims_claim_each_task_once_and_lose_none(b: &dyn Backe
     }
 }
 
-/// SPEC §14: a scope that was idle starts at the least virtual time of the active
-/// queues: it neither banks credit while idle (it does not monopolise claims when it
-/// returns) nor waits behind the others' history.
+/// SPEC §14: a scope that was idle joins at most one burst ([`JOIN_CREDIT_TASKS`]
+/// tasks) ahead of the active queues: it gets that burst first, then shares claims
+/// equally; it does not catch up on the time it was idle (300 tasks here), nor wait
+/// behind the others' history.
 pub async fn an_idle_scope_banks_no_credit(b: &dyn Backend) {
     let s = b.open().await;
     // B is served once, then idles while A alone is served 300 times.
@@ -315,17 +329,26 @@ pub async fn an_idle_scope_banks_no_credit(b: &dyn Backend) {
         }
     }
     assert_eq!(served.get(&scope("b")), Some(&1));
-    backlog(&*s, "acme", "b", 300, Dispatch::default()).await;
+    backlog(&*s, "acme", "b", 400, Dispatch::default()).await;
+    let burst = JOIN_CREDIT_TASKS as usize;
     let mut after: BTreeMap<ScopeId, usize> = BTreeMap::new();
-    for _ in 0..20 {
+    let mut first_burst_b = 0;
+    for i in 0..(burst + 200) / 10 {
         for t in claim_batch(&*s, 10).await {
+            if i < burst / 10 && t.scope == scope("b") {
+                first_burst_b += 1;
+            }
             *after.entry(t.scope).or_default() += 1;
         }
     }
-    let (a, bb) = (after[&scope("a")], after[&scope("b")]);
+    assert_eq!(
+        first_burst_b, burst,
+        "B's first {burst} claims after returning are its burst"
+    );
+    let (a, bb) = (after[&scope("a")], after[&scope("b")] - burst);
     assert!(
         a.abs_diff(bb) <= 10,
-        "after returning, B shares claims equally with A (A {a}, B {bb}), \
+        "after its burst, B shares claims equally with A (A {a}, B {bb}), \
          instead of catching up on the time it was idle"
     );
 }

@@ -1,17 +1,15 @@
 //! SPEC §14 fair claiming on PostgreSQL, correct with any number of replicas claiming at
 //! once.
 //!
-//! A claim is two short statements, each its own transaction: read the active queues
-//! with the least virtual time (no lock; an instance reuses its read for
-//! [`QUEUE_VIEW_TTL`](crate::shared::dispatch::QUEUE_VIEW_TTL), moving it by its own
-//! claims, so most claims are the second statement alone), then claim by the shared stride plan
-//! ([`crate::shared::dispatch`]) in one statement — each planned queue's first tasks in
-//! dispatch-key order with `FOR UPDATE SKIP LOCKED` (replicas never wait for each
-//! other's task rows and never claim one task twice), and the queues' virtual times
-//! moved by what was actually claimed (the queue rows locked in (app, scope) order, held
-//! only for that statement's commit). Replicas that read the same passes at once serve
-//! the same queues a little more than their share for a moment; the passes count every
-//! claim exactly, so shares over time stay those of the weights.
+//! A claim is one statement: each planned queue's first tasks in dispatch-key order
+//! with `FOR UPDATE SKIP LOCKED` (replicas never wait for each other's task rows and
+//! never claim one task twice), by the shared stride plan ([`crate::shared::dispatch`])
+//! over this instance's view of the active queues. The view is read again at most every
+//! [`QUEUE_VIEW_TTL`](crate::shared::dispatch::QUEUE_VIEW_TTL) (one more statement, after
+//! writing the pass moves this instance's claims owe, in one statement that skips rows
+//! others hold), so claims never wait on queue-row locks. Replicas that read the same
+//! passes at once serve the same queues a little more than their share for a moment;
+//! the passes count every claim, so shares over time stay those of the weights.
 //!
 //! A queue that gave fewer tasks than planned may be empty: it is deactivated in a short
 //! transaction of its own that first locks its row (so no creation of the scope is in
@@ -48,6 +46,7 @@ pub(super) async fn claim_fair(
         let queues = match cached {
             Some(q) => q,
             None => {
+                pay_pass_debt(store).await?;
                 let all: Vec<QueueRow> = sqlx::query_as(
                     "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
                      ORDER BY pass, app, scope LIMIT $1",
@@ -55,8 +54,9 @@ pub(super) async fn claim_fair(
                 .bind(i64::from(MAX_CLAIM_QUEUES))
                 .fetch_all(&store.pool)
                 .await?;
-                store.queue_view.keep(&all);
-                all.into_iter().take(n).collect()
+                let mut all = store.queue_view.keep(all);
+                all.truncate(n);
+                all
             }
         };
         if queues.is_empty() {
@@ -66,7 +66,6 @@ pub(super) async fn claim_fair(
         let apps: Vec<&str> = plan.iter().map(|t| t.queue.app.as_str()).collect();
         let scopes: Vec<&str> = plan.iter().map(|t| t.queue.scope.as_str()).collect();
         let takes: Vec<i64> = plan.iter().map(|t| i64::from(t.take)).collect();
-        let strides: Vec<i64> = plan.iter().map(|t| t.queue.advance(1)).collect();
         // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly. The
         // update finds the picked rows by id as an array: joined to the pick, the planner
         // (which cannot know how few rows the LATERAL limits give) hashes the whole queue.
@@ -74,34 +73,24 @@ pub(super) async fn claim_fair(
             "WITH clock AS (SELECT ",
             now_sql!(2),
             " AS now), \
-             plan AS (SELECT * FROM UNNEST($3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[]) \
-               AS p(app, scope, take, stride)), \
+             plan AS (SELECT * FROM UNNEST($3::TEXT[], $4::TEXT[], $5::BIGINT[]) \
+               AS p(app, scope, take)), \
              picked AS MATERIALIZED (SELECT x.id FROM plan p CROSS JOIN LATERAL \
                (SELECT id FROM tasks WHERE tasks.app = p.app AND tasks.scope = p.scope \
                 AND status = 'queued' AND NOT cancel_requested AND ",
             run_not_canceled!(),
-            " ORDER BY dispatch_key, id LIMIT p.take FOR UPDATE SKIP LOCKED) x), \
-             claimed AS (UPDATE tasks SET status = 'running', worker = $1, \
+            " ORDER BY dispatch_key, id LIMIT p.take FOR UPDATE SKIP LOCKED) x) \
+             UPDATE tasks SET status = 'running', worker = $1, \
                attempt = attempt + 1, claimed_at = clock.now, heartbeat_at = clock.now \
                FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) \
                AND tasks.status = 'queued' RETURNING ",
-            task_columns_qualified!(),
-            "), \
-             counts AS (SELECT app, scope, COUNT(*) AS n FROM claimed GROUP BY app, scope), \
-             locked AS (SELECT d.app, d.scope FROM dispatch_queues d JOIN plan p \
-               ON d.app = p.app AND d.scope = p.scope \
-               ORDER BY d.app, d.scope FOR NO KEY UPDATE OF d), \
-             bump AS (UPDATE dispatch_queues d SET pass = d.pass + counts.n * p.stride \
-               FROM counts, plan p, locked l WHERE d.app = counts.app AND d.scope = counts.scope \
-               AND p.app = d.app AND p.scope = d.scope AND l.app = d.app AND l.scope = d.scope) \
-             SELECT * FROM claimed"
+            task_columns_qualified!()
         ))
         .bind(worker.as_str())
         .bind(store.fixed_now())
         .bind(&apps)
         .bind(&scopes)
         .bind(&takes)
-        .bind(&strides)
         .fetch_all(&store.pool)
         .await?;
         let mut emptied = false;
@@ -113,7 +102,7 @@ pub(super) async fn claim_fair(
                 .count() as u32;
             store
                 .queue_view
-                .advance(&take.queue.app, &take.queue.scope, take.queue.advance(got));
+                .owe(&take.queue.app, &take.queue.scope, take.queue.advance(got));
             if got < take.take {
                 short = true;
                 emptied |= deactivate_if_empty(store, &take.queue.app, &take.queue.scope).await?;
@@ -132,6 +121,42 @@ pub(super) async fn claim_fair(
         }
     }
     Ok(claimed)
+}
+
+/// Writes the pass moves this instance's claims owe ([`QueueView`]) in one statement,
+/// rows locked in (app, scope) order; a row a creation or another instance holds is
+/// skipped and its move stays owed until the next read.
+///
+/// [`QueueView`]: crate::shared::dispatch::QueueView
+pub(super) async fn pay_pass_debt(store: &PostgresStore) -> StoreResult<()> {
+    let debt = store.queue_view.debt();
+    if debt.is_empty() {
+        return Ok(());
+    }
+    let apps: Vec<&str> = debt.iter().map(|d| d.0.as_str()).collect();
+    let scopes: Vec<&str> = debt.iter().map(|d| d.1.as_str()).collect();
+    let moves: Vec<i64> = debt.iter().map(|d| d.2).collect();
+    let written: Vec<(String, String)> = sqlx::query_as(
+        "WITH owed AS (SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[]) \
+           AS o(app, scope, by)), \
+         locked AS (SELECT d.app, d.scope FROM dispatch_queues d JOIN owed o \
+           ON d.app = o.app AND d.scope = o.scope \
+           ORDER BY d.app, d.scope FOR NO KEY UPDATE OF d SKIP LOCKED) \
+         UPDATE dispatch_queues d SET pass = d.pass + o.by FROM owed o, locked l \
+         WHERE d.app = o.app AND d.scope = o.scope AND l.app = d.app AND l.scope = d.scope \
+         RETURNING d.app, d.scope",
+    )
+    .bind(&apps)
+    .bind(&scopes)
+    .bind(&moves)
+    .fetch_all(&store.pool)
+    .await?;
+    let paid: Vec<(String, String, i64)> = debt
+        .into_iter()
+        .filter(|(app, scope, _)| written.iter().any(|(a, s)| a == app && s == scope))
+        .collect();
+    store.queue_view.paid(&paid);
+    Ok(())
 }
 
 /// Deactivates a queue with no queued task. Locking the row first waits out creations
@@ -163,4 +188,16 @@ async fn deactivate_if_empty(store: &PostgresStore, app: &str, scope: &str) -> S
     .await?;
     tx.commit().await?;
     Ok(done.rows_affected() > 0)
+}
+
+impl PostgresStore {
+    /// SPEC §14: before a creation, writes what this instance's claims owe the queues'
+    /// passes (nothing to do, and no statement, when nothing is owed), so a queue the
+    /// creation activates joins at the passes as they really are.
+    pub(super) async fn pay_pass_debt(&self) -> StoreResult<()> {
+        if self.queue_view.owes() {
+            pay_pass_debt(self).await?;
+        }
+        Ok(())
+    }
 }

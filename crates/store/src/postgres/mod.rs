@@ -16,7 +16,7 @@
 //! | every `global_slots` stripe, in order | an admission retried after its stripe's allowance ran out | the exact recount and fresh allowances (`admission::slots::take_slot_rebalancing`) |
 //! | `global_finished` stripe rows | tasks leaving queued/running | the other half of the global count; 64 stripes, so finishing never contends with admitting |
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
-//! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), a fair claim's pass update (its statement and commit), deactivation of an empty queue (`SKIP LOCKED`) | SPEC §14: a queue with a queued task is never inactive; virtual times count every claim |
+//! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), the pass moves a store instance's fair claims owe (one statement every 50 ms at most, `SKIP LOCKED`), deactivation of an empty queue (`SKIP LOCKED`) | SPEC §14: a queue with a queued task is never inactive; virtual times count every claim |
 //!
 //! **Lock order** (every transaction takes locks in this order, and never more than one
 //! of a kind except where noted): advisory `(app, scope)` → `runs` row → existing task
@@ -43,6 +43,7 @@ pub mod notify;
 mod pace;
 mod pipelines;
 mod runs;
+mod stats;
 mod tasks;
 
 use crate::shared::rows::{TaskRow, task_columns};
@@ -126,6 +127,8 @@ pub struct PostgresStore {
     claim_order: crate::ClaimOrder,
     /// SPEC §14: this instance's recent view of the active queues.
     queue_view: Arc<crate::shared::dispatch::QueueView>,
+    /// Keeps the planner's statistics in step with fast-growing tables.
+    stats: Arc<stats::StatsWatch>,
 }
 
 type Tx = Transaction<'static, Postgres>;
@@ -186,6 +189,7 @@ impl PostgresStore {
             clock: options.clock,
             claim_order: options.claim_order,
             queue_view: Arc::default(),
+            stats: Arc::default(),
         })
     }
 

@@ -22,14 +22,26 @@ use tollgate_core::{
 #[async_trait]
 impl TaskStore for PostgresStore {
     async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
+        self.pay_pass_debt().await?;
         let created = admission::create_task(self, new).await;
         self.queue_view.clear();
+        if created.as_ref().is_ok_and(|c| c.created) {
+            self.rows_created(1);
+        }
         created
     }
 
     async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
+        self.pay_pass_debt().await?;
         let created = admission::create_tasks(self, news).await;
         self.queue_view.clear();
+        if let Ok(items) = &created {
+            let n = items
+                .iter()
+                .filter(|c| c.as_ref().is_ok_and(|c| c.created))
+                .count();
+            self.rows_created(n as u64);
+        }
         created
     }
 

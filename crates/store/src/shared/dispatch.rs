@@ -4,6 +4,39 @@
 
 use tollgate_core::{QueueShare, Weight, allocate_claims, stride};
 
+/// SPEC §14, both backends: the pass an (app, scope) queue joins at when one of its
+/// tasks is queued — `$credit` (core's [`join_credit`](tollgate_core::join_credit) of
+/// the queue's weight, a bound parameter or column) below the least pass of the active
+/// queues; with none active, the greatest pass of all (0 for the first queue ever).
+/// Used as the inserted row's pass; [`queue_join_conflict`] keeps an existing queue's
+/// own pass when that is ahead.
+macro_rules! queue_join_pass {
+    ($credit:literal) => {
+        concat!(
+            "COALESCE((SELECT MIN(pass) FROM dispatch_queues WHERE active) - ",
+            $credit,
+            ", (SELECT MAX(pass) FROM dispatch_queues), 0)"
+        )
+    };
+}
+pub(crate) use queue_join_pass;
+
+/// SPEC §14, both backends: the upsert's conflict clause for a queue that gets a queued
+/// task. An active queue keeps its pass; an idle one becomes active at the greater of
+/// its own last pass and the joining pass ([`queue_join_pass`]), so it banks at most one
+/// burst of credit however long it idled (and keeps only what is left of it when it
+/// drained just now). The weight follows the task's policy.
+macro_rules! queue_join_conflict {
+    () => {
+        "ON CONFLICT (app, scope) DO UPDATE SET weight = excluded.weight, \
+         pass = CASE WHEN dispatch_queues.active THEN dispatch_queues.pass \
+                WHEN dispatch_queues.pass > excluded.pass THEN dispatch_queues.pass \
+                ELSE excluded.pass END, active = TRUE \
+         WHERE NOT dispatch_queues.active OR dispatch_queues.weight <> excluded.weight"
+    };
+}
+pub(crate) use queue_join_conflict;
+
 /// An active (app, scope) queue as a claim reads it.
 #[derive(sqlx::FromRow, Debug, Clone)]
 pub(crate) struct QueueRow {
@@ -52,28 +85,48 @@ pub(crate) fn plan_claim(queues: Vec<QueueRow>, n: u32) -> Vec<QueueTake> {
 }
 
 /// How long a store instance reuses its last read of the active queues (SPEC §14).
-/// Within it, a claim is one statement instead of two; the view is moved by this
-/// instance's own claims, dropped by its own creations and whenever a claim comes up
-/// short, so it only misses other replicas' claims and new queues for this long.
+/// Within it, a claim is one statement: the view is moved by this instance's own
+/// claims, dropped by its own creations and whenever a claim comes up short, so it only
+/// misses other replicas' claims and new queues for this long. The same period bounds
+/// how long this instance's claims stay unwritten to the queues' passes
+/// ([`QueueView::owe`]).
 pub(crate) const QUEUE_VIEW_TTL: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// A store instance's recent view of the active queues (see [`QUEUE_VIEW_TTL`]).
+/// A queue's pass moves this instance's claims owe the database (SPEC §14).
+pub(crate) type PassDebt = Vec<(String, String, i64)>;
+
+#[derive(Debug, Default)]
+struct ViewState {
+    seen: Option<(std::time::Instant, Vec<QueueRow>)>,
+    /// Pass moves of this instance's claims not yet written, by (app, scope).
+    owed: std::collections::BTreeMap<(String, String), i64>,
+}
+
+/// A store instance's recent view of the active queues (see [`QUEUE_VIEW_TTL`]), and
+/// the pass moves its claims have not written yet.
+///
+/// A claim does not update the queue rows: it moves this view and owes the move; the
+/// owed moves are written in one statement when the view is read again (at most every
+/// [`QUEUE_VIEW_TTL`] while claims go on). So claims never wait on each other's queue
+/// row locks, and the passes still count every claim: other replicas see this
+/// instance's claims at most one period late, and a crash forgets at most that period
+/// of one instance's moves — shares, never tasks.
 #[derive(Debug, Default)]
 pub(crate) struct QueueView {
-    seen: std::sync::Mutex<Option<(std::time::Instant, Vec<QueueRow>)>>,
+    state: std::sync::Mutex<ViewState>,
 }
 
 impl QueueView {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(std::time::Instant, Vec<QueueRow>)>> {
-        self.seen
+    fn lock(&self) -> std::sync::MutexGuard<'_, ViewState> {
+        self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The least-pass queues of a view younger than the TTL, in claim order.
     pub(crate) fn fresh(&self, n: usize) -> Option<Vec<QueueRow>> {
-        let seen = self.lock();
-        let (at, rows) = seen.as_ref()?;
+        let state = self.lock();
+        let (at, rows) = state.seen.as_ref()?;
         if at.elapsed() > QUEUE_VIEW_TTL || rows.is_empty() {
             return None;
         }
@@ -83,22 +136,116 @@ impl QueueView {
         Some(rows)
     }
 
-    /// Keeps a fresh read.
-    pub(crate) fn keep(&self, rows: &[QueueRow]) {
-        *self.lock() = Some((std::time::Instant::now(), rows.to_vec()));
+    /// Keeps a fresh read of the database's passes, moved by what this instance still
+    /// owes them (moves it could not write yet), and returns the rows in claim order.
+    pub(crate) fn keep(&self, mut rows: Vec<QueueRow>) -> Vec<QueueRow> {
+        let mut state = self.lock();
+        for q in &mut rows {
+            if let Some(by) = state.owed.get(&(q.app.clone(), q.scope.clone())) {
+                q.pass = q.pass.saturating_add(*by);
+            }
+        }
+        rows.sort_by(|a, b| (a.pass, &a.app, &a.scope).cmp(&(b.pass, &b.app, &b.scope)));
+        state.seen = Some((std::time::Instant::now(), rows.clone()));
+        rows
     }
 
-    /// Moves a queue's pass as this instance's claim moved it in the database.
-    pub(crate) fn advance(&self, app: &str, scope: &str, by: i64) {
-        if let Some((_, rows)) = self.lock().as_mut()
+    /// A claim of this instance moved a queue's pass by `by`: the view moves now, the
+    /// database when the debt is paid ([`QueueView::debt`]).
+    pub(crate) fn owe(&self, app: &str, scope: &str, by: i64) {
+        if by == 0 {
+            return;
+        }
+        let mut state = self.lock();
+        if let Some((_, rows)) = state.seen.as_mut()
             && let Some(q) = rows.iter_mut().find(|q| q.app == app && q.scope == scope)
         {
             q.pass = q.pass.saturating_add(by);
         }
+        let owed = state
+            .owed
+            .entry((app.to_owned(), scope.to_owned()))
+            .or_insert(0);
+        *owed = owed.saturating_add(by);
     }
 
-    /// Forgets the view (a creation, or a claim that came up short).
+    /// Whether any move is owed. A creation pays first (so a queue it activates joins
+    /// at the passes as this instance's own claims left them).
+    pub(crate) fn owes(&self) -> bool {
+        !self.lock().owed.is_empty()
+    }
+
+    /// What is owed, in (app, scope) order (the lock order of queue rows).
+    pub(crate) fn debt(&self) -> PassDebt {
+        self.lock()
+            .owed
+            .iter()
+            .map(|((app, scope), by)| (app.clone(), scope.clone(), *by))
+            .collect()
+    }
+
+    /// The moves of `paid` were written: they are owed no more (moves owed since
+    /// stay owed).
+    pub(crate) fn paid(&self, paid: &[(String, String, i64)]) {
+        let mut state = self.lock();
+        for (app, scope, by) in paid {
+            let key = (app.clone(), scope.clone());
+            if let Some(owed) = state.owed.get_mut(&key) {
+                *owed = owed.saturating_sub(*by);
+                if *owed == 0 {
+                    state.owed.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Forgets the view (a creation, or a claim that came up short); what is owed stays.
     pub(crate) fn clear(&self) {
-        *self.lock() = None;
+        self.lock().seen = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(scope: &str, pass: i64) -> QueueRow {
+        QueueRow {
+            app: "a".into(),
+            scope: scope.into(),
+            weight: 1,
+            pass,
+        }
+    }
+
+    #[test]
+    fn owed_moves_shape_the_view_until_paid() {
+        let view = QueueView::default();
+        view.owe("a", "x", 5);
+        // A read that does not include the unpaid move yet is moved by it.
+        let rows = view.keep(vec![row("x", 0), row("y", 3)]);
+        assert_eq!(
+            rows.iter()
+                .map(|q| (q.scope.as_str(), q.pass))
+                .collect::<Vec<_>>(),
+            vec![("y", 3), ("x", 5)]
+        );
+        view.owe("a", "y", 4);
+        assert_eq!(view.fresh(1).unwrap()[0].scope, "x");
+        let debt = view.debt();
+        assert_eq!(
+            debt,
+            vec![("a".into(), "x".into(), 5), ("a".into(), "y".into(), 4)]
+        );
+        view.owe("a", "x", 1);
+        view.paid(&debt);
+        assert_eq!(
+            view.debt(),
+            vec![("a".into(), "x".into(), 1)],
+            "moves since stay owed"
+        );
+        view.clear();
+        assert!(view.fresh(1).is_none());
+        assert_eq!(view.debt().len(), 1, "clearing the view keeps the debt");
     }
 }

@@ -1,36 +1,37 @@
-//! SPEC §14 fair claiming on SQLite. The writer lock covers the whole claim, so the queue
-//! rows, the tasks and the virtual times change together; the plan is the shared one
-//! ([`crate::shared::dispatch`]).
+//! SPEC §14 fair claiming on SQLite. The writer lock covers the whole claim; the plan is
+//! the shared one ([`crate::shared::dispatch`]), taken in one statement, and the passes
+//! move as on PostgreSQL: in the instance's view at once, in the rows when the view is
+//! read again ([`QueueView`]).
 
 use super::Tx;
 use super::lifecycle::run_not_canceled;
-use crate::shared::dispatch::{QueueRow, QueueView, plan_claim};
+use crate::shared::dispatch::{
+    QueueRow, QueueTake, QueueView, plan_claim, queue_join_conflict, queue_join_pass,
+};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
 use sqlx::SqliteConnection;
-use tollgate_core::{AppId, ScopeId, Timestamp, Weight, WorkerId};
+use tollgate_core::{AppId, ScopeId, Timestamp, Weight, WorkerId, join_credit};
 
-/// A creation's part (SPEC §14): the task's (app, scope) queue becomes active (a new or
-/// idle queue starts at the least virtual time of the active queues, or of all queues
-/// when none is active, so it is served in the next claim and banks no credit while
-/// idle) and takes the weight of the task's policy.
+/// A creation's part (SPEC §14): the task's (app, scope) queue becomes active, joining
+/// at the shared rule's pass ([`queue_join_pass`], [`queue_join_conflict`]), and takes
+/// the weight of the task's policy.
 pub(super) async fn activate_queue(
     conn: &mut SqliteConnection,
     app: &AppId,
     scope: &ScopeId,
     weight: Weight,
 ) -> StoreResult<()> {
-    sqlx::query(
-        "INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
-         VALUES (?1, ?2, ?3, COALESCE((SELECT MIN(pass) FROM dispatch_queues WHERE active), \
-         (SELECT MAX(pass) FROM dispatch_queues), 0), 1) \
-         ON CONFLICT (app, scope) DO UPDATE SET weight = excluded.weight, \
-         pass = CASE WHEN active THEN pass ELSE MAX(pass, excluded.pass) END, active = 1 \
-         WHERE NOT active OR weight <> excluded.weight",
-    )
+    sqlx::query(concat!(
+        "INSERT INTO dispatch_queues (app, scope, weight, pass, active) VALUES (?1, ?2, ?3, ",
+        queue_join_pass!("?4"),
+        ", 1) ",
+        queue_join_conflict!()
+    ))
     .bind(app.as_str())
     .bind(scope.as_str())
     .bind(i64::from(weight))
+    .bind(join_credit(weight))
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -58,6 +59,7 @@ pub(super) async fn claim_fair(
         let queues = match cached {
             Some(q) => q,
             None => {
+                pay_pass_debt(view, tx).await?;
                 let all: Vec<QueueRow> = sqlx::query_as(
                     "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
                      ORDER BY pass, app, scope LIMIT ?",
@@ -65,49 +67,26 @@ pub(super) async fn claim_fair(
                 .bind(i64::from(MAX_CLAIM_QUEUES))
                 .fetch_all(&mut **tx)
                 .await?;
-                view.keep(&all);
-                all.into_iter().take(n).collect()
+                let mut all = view.keep(all);
+                all.truncate(n);
+                all
             }
         };
         if queues.is_empty() {
             break;
         }
+        let plan = plan_claim(queues, want);
+        let rows = claim_planned(tx, worker, now, &plan).await?;
         let mut emptied = false;
         let mut short = false;
-        for take in plan_claim(queues, want) {
-            let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-                "UPDATE tasks SET status = 'running', worker = ?, attempt = attempt + 1, \
-                 claimed_at = ?, heartbeat_at = ? \
-                 WHERE id IN (SELECT id FROM tasks WHERE app = ? AND scope = ? \
-                 AND status = 'queued' AND cancel_requested = 0 AND ",
-                run_not_canceled!(),
-                " ORDER BY dispatch_key, id LIMIT ?) RETURNING ",
-                task_columns!()
-            ))
-            .bind(worker.as_str())
-            .bind(now.0)
-            .bind(now.0)
-            .bind(&take.queue.app)
-            .bind(&take.queue.scope)
-            .bind(i64::from(take.take))
-            .fetch_all(&mut **tx)
-            .await?;
-            let got = rows.len() as u32;
-            view.advance(&take.queue.app, &take.queue.scope, take.queue.advance(got));
+        for take in &plan {
+            let got = rows
+                .iter()
+                .filter(|r| r.app() == take.queue.app && r.scope() == take.queue.scope)
+                .count() as u32;
+            view.owe(&take.queue.app, &take.queue.scope, take.queue.advance(got));
             if got < take.take {
                 short = true;
-            }
-            if got > 0 {
-                sqlx::query(
-                    "UPDATE dispatch_queues SET pass = pass + ? WHERE app = ? AND scope = ?",
-                )
-                .bind(take.queue.advance(got))
-                .bind(&take.queue.app)
-                .bind(&take.queue.scope)
-                .execute(&mut **tx)
-                .await?;
-            }
-            if got < take.take {
                 // Fewer than planned: nothing claimable is left in this queue. It stays
                 // active only while it still holds queued tasks (unclaimable for now).
                 let gone = sqlx::query(
@@ -121,8 +100,8 @@ pub(super) async fn claim_fair(
                 .await?;
                 emptied |= gone.rows_affected() > 0;
             }
-            claimed.extend(rows);
         }
+        claimed.extend(rows);
         if short {
             view.clear();
         }
@@ -133,4 +112,71 @@ pub(super) async fn claim_fair(
         }
     }
     Ok(claimed)
+}
+
+/// Claims every planned queue's share in one statement: per queue its first tasks in
+/// dispatch-key order (a `LIMIT`ed pick each, joined by `UNION ALL`).
+async fn claim_planned(
+    tx: &mut Tx,
+    worker: &WorkerId,
+    now: Timestamp,
+    plan: &[QueueTake],
+) -> StoreResult<Vec<TaskRow>> {
+    const PICK: &str = concat!(
+        "SELECT id FROM (SELECT id FROM tasks WHERE app = ? AND scope = ? \
+         AND status = 'queued' AND cancel_requested = 0 AND ",
+        run_not_canceled!(),
+        " ORDER BY dispatch_key, id LIMIT ?)"
+    );
+    let picks = vec![PICK; plan.len()].join(" UNION ALL ");
+    let sql = format!(
+        concat!(
+            "UPDATE tasks SET status = 'running', worker = ?, attempt = attempt + 1, \
+             claimed_at = ?, heartbeat_at = ? WHERE id IN ({}) RETURNING ",
+            task_columns!()
+        ),
+        picks
+    );
+    // Audited: the text is fixed but for how many copies of the pick it joins.
+    let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(worker.as_str())
+        .bind(now.0)
+        .bind(now.0);
+    for take in plan {
+        query = query
+            .bind(&take.queue.app)
+            .bind(&take.queue.scope)
+            .bind(i64::from(take.take));
+    }
+    Ok(query.fetch_all(&mut **tx).await?)
+}
+
+/// Writes the pass moves this instance's claims owe ([`QueueView`]), inside the claim's
+/// write transaction.
+async fn pay_pass_debt(view: &QueueView, tx: &mut Tx) -> StoreResult<()> {
+    let debt = view.debt();
+    for (app, scope, by) in &debt {
+        sqlx::query("UPDATE dispatch_queues SET pass = pass + ? WHERE app = ? AND scope = ?")
+            .bind(by)
+            .bind(app)
+            .bind(scope)
+            .execute(&mut **tx)
+            .await?;
+    }
+    view.paid(&debt);
+    Ok(())
+}
+
+impl super::SqliteStore {
+    /// SPEC §14: before a creation, writes what this instance's claims owe the queues'
+    /// passes in a short write transaction (none when nothing is owed), so a queue the
+    /// creation activates joins at the passes as they really are.
+    pub(super) async fn pay_pass_debt(&self) -> StoreResult<()> {
+        if self.queue_view.owes() {
+            let mut tx = self.begin().await?;
+            pay_pass_debt(&self.queue_view, &mut tx).await?;
+            tx.commit().await?;
+        }
+        Ok(())
+    }
 }

@@ -218,7 +218,7 @@ impl MaintenanceStore for SqliteStore {
     ) -> StoreResult<Vec<TaskId>> {
         let limit = page_size(limit);
         let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM tasks WHERE status = 'queued' AND (?1 IS NULL OR id > ?1) \
+            "SELECT id FROM tasks WHERE status = 'queued' AND id > COALESCE(?1, '') \
              ORDER BY id LIMIT ?2",
         )
         .bind(after.map(|a| a.to_string()))

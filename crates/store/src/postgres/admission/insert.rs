@@ -6,12 +6,14 @@ use super::SlotPath;
 use super::slots::{slot_stripe, take_slot_rebalancing};
 use crate::shared::admission::{ScopeUpdate, cached_usage};
 use crate::shared::cost::SpendDelta;
+use crate::shared::dispatch::{queue_join_conflict, queue_join_pass};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
 use sqlx::{FromRow, Row};
 use tollgate_core::cost::{app_spend_stripe, spend_bucket};
 use tollgate_core::{
-    AdmissionRejection, AppId, Budget, NewTask, ScopeId, SourceId, Subject, Task, TaskId, Timestamp,
+    AdmissionRejection, AppId, Budget, NewTask, ScopeId, SourceId, Subject, Task, TaskId,
+    Timestamp, Weight, join_credit,
 };
 
 /// The task insert (`$1`–`$28`, bound by [`bind_insert`]); a taken effect key inserts
@@ -31,29 +33,29 @@ macro_rules! task_insert {
     };
 }
 
-/// SPEC §14, after the task insert `t` in the same statement (`$29` the policy's weight):
-/// a queued task makes its (app, scope) queue active. The row stays locked to the
-/// commit (ON CONFLICT locks it even when nothing changes), so a claim that finds the
-/// queue empty cannot deactivate it before this task is visible. A new or idle queue
-/// starts at the least virtual time of the active queues (of all queues when none is
-/// active): it is served in the next claim and banks no credit while idle.
+/// SPEC §14, after the task insert `t` in the same statement (`$29` the policy's weight,
+/// `$credit` its joining credit): a queued task makes its (app, scope) queue active,
+/// joining at the shared rule's pass ([`queue_join_pass`], [`queue_join_conflict`]).
+/// The row stays locked to the commit (ON CONFLICT locks it even when nothing changes),
+/// so a claim that finds the queue empty cannot deactivate it before this task is
+/// visible.
 macro_rules! queue_activation {
-    () => {
-        ", dq AS (INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
-           SELECT t.app, t.scope, $29::BIGINT, COALESCE( \
-             (SELECT MIN(pass) FROM dispatch_queues WHERE active), \
-             (SELECT MAX(pass) FROM dispatch_queues), 0), TRUE FROM t WHERE t.status = 'queued' \
-           ON CONFLICT (app, scope) DO UPDATE SET weight = EXCLUDED.weight, \
-           pass = CASE WHEN dispatch_queues.active THEN dispatch_queues.pass \
-                  ELSE GREATEST(dispatch_queues.pass, EXCLUDED.pass) END, active = TRUE \
-           WHERE NOT dispatch_queues.active OR dispatch_queues.weight <> EXCLUDED.weight) "
+    ($credit:literal) => {
+        concat!(
+            ", dq AS (INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
+             SELECT t.app, t.scope, $29::BIGINT, ",
+            queue_join_pass!($credit),
+            ", TRUE FROM t WHERE t.status = 'queued' ",
+            queue_join_conflict!(),
+            ") "
+        )
     };
 }
 
 pub(super) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// Binds [`task_insert`]'s `$1`–`$28` (a statement with [`queue_activation`] binds the
-/// weight as `$29` next).
+/// weight as `$29` next, and its joining credit after its own parameters).
 pub(super) fn bind_insert<'q>(q: PgQuery<'q>, i: &'q InsertRow<'_>) -> PgQuery<'q> {
     let new = i.new;
     let cached = i.cached_from.is_some();
@@ -128,8 +130,8 @@ pub(super) struct AdmissionRecord<'a> {
 /// task insert's and the queue activation's (`$29`): `$30` source, `$31` logical key, `$32` bucket units, `$33` bucket
 /// time, `$34` sources delta, (`$35` stripe, `$36` cap: the slot's), `$37`–`$39` token
 /// bucket units, time and capacity (NULL: keep), `$40` spend bucket, `$41` reserved
-/// nano-dollars, `$42` reserved tokens, `$43` app stripe (app, scope, task id and now are
-/// the insert's `$2`, `$7`, `$1`, `$24`).
+/// nano-dollars, `$42` reserved tokens, `$43` app stripe, `$44` the queue's joining
+/// credit (app, scope, task id and now are the insert's `$2`, `$7`, `$1`, `$24`).
 macro_rules! admission_writes {
     () => {
         ", st AS (INSERT INTO scope_state \
@@ -201,7 +203,7 @@ pub(super) async fn insert_and_commit(
             "WITH t AS (",
             task_insert!(),
             ")",
-            queue_activation!(),
+            queue_activation!("$44"),
             admission_writes!(),
             ", slot AS (UPDATE global_slots SET admitted = admitted + 1 \
                WHERE stripe = $35 AND admitted < capacity AND cap_for = $36 \
@@ -212,7 +214,7 @@ pub(super) async fn insert_and_commit(
             "WITH t AS (",
             task_insert!(),
             ")",
-            queue_activation!(),
+            queue_activation!("$44"),
             admission_writes!(),
             "SELECT t.*, 0::BIGINT AS took FROM t"
         ),
@@ -234,6 +236,7 @@ pub(super) async fn insert_and_commit(
         .bind(record.reserve.reserved_nano)
         .bind(record.reserve.reserved_tokens)
         .bind(app_spend_stripe(row.scope.as_str()) as i32)
+        .bind(join_credit(row.new.dispatch.weight))
         .fetch_optional(&mut *tx)
         .await?;
     let Some(inserted) = inserted else {
@@ -330,12 +333,13 @@ pub(super) async fn insert_task(
                 "WITH t AS (",
                 task_insert!(),
                 ")",
-                queue_activation!(),
+                queue_activation!("$30"),
                 "SELECT * FROM t"
             )),
             i,
         )
         .bind(i64::from(i.new.dispatch.weight))
+        .bind(join_credit(i.new.dispatch.weight))
     } else {
         bind_insert(sqlx::query(task_insert!()), i)
     };
@@ -362,21 +366,23 @@ pub(super) async fn activate_queues(
     let apps: Vec<String> = sorted.iter().map(|q| q.0.clone()).collect();
     let scopes: Vec<String> = sorted.iter().map(|q| q.1.clone()).collect();
     let weights: Vec<i64> = sorted.iter().map(|q| q.2).collect();
-    sqlx::query(
+    let credits: Vec<i64> = sorted
+        .iter()
+        .map(|q| join_credit(Weight::new(q.2).unwrap_or_default()))
+        .collect();
+    sqlx::query(concat!(
         "INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
-         SELECT q.app, q.scope, q.weight, COALESCE( \
-           (SELECT MIN(pass) FROM dispatch_queues WHERE active), \
-           (SELECT MAX(pass) FROM dispatch_queues), 0), TRUE \
-         FROM UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS q(app, scope, weight) \
-         ORDER BY q.app COLLATE \"C\", q.scope COLLATE \"C\" \
-         ON CONFLICT (app, scope) DO UPDATE SET weight = EXCLUDED.weight, \
-         pass = CASE WHEN dispatch_queues.active THEN dispatch_queues.pass \
-                ELSE GREATEST(dispatch_queues.pass, EXCLUDED.pass) END, active = TRUE \
-         WHERE NOT dispatch_queues.active OR dispatch_queues.weight <> EXCLUDED.weight",
-    )
+         SELECT q.app, q.scope, q.weight, ",
+        queue_join_pass!("q.credit"),
+        ", TRUE FROM UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[]) \
+         AS q(app, scope, weight, credit) \
+         ORDER BY q.app COLLATE \"C\", q.scope COLLATE \"C\" ",
+        queue_join_conflict!()
+    ))
     .bind(apps)
     .bind(scopes)
     .bind(weights)
+    .bind(credits)
     .execute(&mut **tx)
     .await?;
     Ok(())
