@@ -10,7 +10,7 @@
 //! term) and off (oldest first, priority ignored), so the cost of fair claiming is
 //! measured in the same run. Target: fairness on ≥ 90 % of fairness off.
 
-use super::counting::Counts;
+use super::counting::{CountingStore, Counts};
 use super::measure::Phase;
 use super::report::ScenarioReport;
 use super::{
@@ -21,10 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
+use tollgate_core::ScopeId;
+use tollgate_engine::Tollgate;
 
 /// Scopes the submissions spread over: the facade's batch call runs one group per owner,
 /// up to 8 at once.
-const SUBMIT_SCOPES: usize = 8;
+pub(super) const SUBMIT_SCOPES: usize = 8;
 /// Concurrent inserters of the baseline (as many as the facade's batch groups).
 const BASELINE_INSERTERS: u64 = 8;
 
@@ -50,48 +52,23 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             (false, &unfair, &oldest_first),
         ] {
             let side = if fair { "fair" } else { "oldest-first" };
-            ctx.progress
-                .stage(format!("tollgate ({side}) {label}: submitting {n}"));
-            let submissions = (0..n)
-                .map(|i| {
-                    let scope = &scopes[i as usize % SUBMIT_SCOPES];
-                    unscoped(
-                        scope,
-                        &format!("burn-{side}-{round}-{i}"),
-                        &format!("burn {side} {round} {i}"),
-                    )
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let done_before = Counts::get(&counting.counts().completed);
-            let start = Instant::now();
-            submit_all(tollgate, submissions, &ctx.progress).await?;
-            if fair {
-                submit_time += start.elapsed();
-            }
-            ctx.progress.stage(format!(
-                "tollgate ({side}) {label}: {} workers burning down",
-                sizes.workers
-            ));
-            let engine = tollgate.start().await?;
-            let counts = counting.counts().clone();
-            let waited = wait_for(
-                &ctx.progress,
-                "tollgate burn-down",
+            let timed = tollgate_burn_down(
+                ctx,
+                tollgate,
+                counting,
+                &scopes,
+                &format!("{side}-{round}"),
                 n,
-                timeout_for(n),
-                || Counts::get(&counts.completed) - done_before,
+                &format!("tollgate ({side}, {} workers) {label}", sizes.workers),
             )
-            .await;
-            let end = counts.last_completion();
-            engine.shutdown(Duration::from_secs(30)).await;
-            waited?;
-            let end = end.ok_or_else(|| anyhow::anyhow!("no completion was recorded"))?;
+            .await?;
             let phase = Phase {
                 ops: n,
-                elapsed: end - start,
+                elapsed: timed.total,
                 latencies_us: Vec::new(),
             };
             if fair {
+                submit_time += timed.submit;
                 ours.add(phase);
             } else {
                 ours_unfair.add(phase);
@@ -147,8 +124,67 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     Ok(report)
 }
 
+/// What one Tollgate burn-down took.
+pub(super) struct Timed {
+    /// First submit → last submission answered.
+    pub(super) submit: Duration,
+    /// Workers started → last committed completion.
+    pub(super) process: Duration,
+    /// First submit → last committed completion.
+    pub(super) total: Duration,
+}
+
+/// Submits `n` unscoped tasks (spread over `scopes`, effect keys `burn-<tag>-<i>`) through
+/// the facade's batch call, then starts `tollgate`'s workers and waits until all `n`
+/// completions are committed; `stage` prefixes the progress line.
+pub(super) async fn tollgate_burn_down(
+    ctx: &Ctx,
+    tollgate: &Tollgate,
+    counting: &CountingStore,
+    scopes: &[ScopeId],
+    tag: &str,
+    n: u64,
+    stage: &str,
+) -> anyhow::Result<Timed> {
+    ctx.progress.stage(format!("{stage}: submitting {n}"));
+    let submissions = (0..n)
+        .map(|i| {
+            let scope = &scopes[i as usize % scopes.len()];
+            unscoped(
+                scope,
+                &format!("burn-{tag}-{i}"),
+                &format!("burn {tag} {i}"),
+            )
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let done_before = Counts::get(&counting.counts().completed);
+    let start = Instant::now();
+    submit_all(tollgate, submissions, &ctx.progress).await?;
+    let submitted = Instant::now();
+    ctx.progress.stage(format!("{stage}: burning down"));
+    let engine = tollgate.start().await?;
+    let counts = counting.counts().clone();
+    let waited = wait_for(
+        &ctx.progress,
+        "tollgate burn-down",
+        n,
+        timeout_for(n),
+        || Counts::get(&counts.completed) - done_before,
+    )
+    .await;
+    let end = counts.last_completion();
+    engine.shutdown(Duration::from_secs(30)).await;
+    waited?;
+    let end = end.ok_or_else(|| anyhow::anyhow!("no completion was recorded"))?;
+    Ok(Timed {
+        submit: submitted - start,
+        process: end.saturating_duration_since(submitted),
+        total: end - start,
+    })
+}
+
 /// Generous: a burn-down that stalls fails rather than hangs.
-fn timeout_for(n: u64) -> Duration {
+pub(super) fn timeout_for(n: u64) -> Duration {
     Duration::from_secs(120) + Duration::from_millis(n * 20)
 }
 

@@ -20,6 +20,7 @@ mod fairness;
 mod heartbeat;
 mod latency;
 mod measure;
+mod peer;
 mod report;
 mod window;
 
@@ -85,6 +86,10 @@ pub struct BenchArgs {
     /// Small sizes: each scenario runs in a few seconds (CI smoke runs).
     #[arg(long)]
     pub quick: bool,
+    /// peer: the graphile_worker peer binary, built apart from the workspace with
+    /// `cargo build --release --manifest-path bench/graphile-peer/Cargo.toml`.
+    #[arg(long, default_value = peer::DEFAULT_PEER_BIN)]
+    pub peer_bin: std::path::PathBuf,
     #[command(flatten)]
     pub sizes: SizeArgs,
 }
@@ -93,12 +98,13 @@ pub struct BenchArgs {
 /// machine, or a few seconds with `--quick`.
 #[derive(Debug, Clone, Default, Args)]
 pub struct SizeArgs {
-    /// burn-down: tasks per side; fairness: scope A's backlog [default: 20000; quick:
-    /// 1000].
+    /// burn-down, peer: tasks per side; fairness: scope A's backlog [default: 20000;
+    /// quick: 1000].
     #[arg(long)]
     pub tasks: Option<u64>,
     /// burn-down, latency: concurrent executions of Tollgate's worker pool and worker
-    /// loops of the baseline [default: 8].
+    /// loops of the baseline [default: 8]; peer: Tollgate's and graphile_worker's
+    /// concurrency [default: 32].
     #[arg(long)]
     pub workers: Option<u32>,
     /// admission, admission-window, cache: concurrent clients [default: 8].
@@ -112,7 +118,7 @@ pub struct SizeArgs {
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
     /// Rounds each side's time (or tasks) is split into; sides alternate round by round
-    /// [default: 5; quick: 1].
+    /// [default: 5; quick: 1; peer: 1].
     #[arg(long)]
     pub rounds: Option<u32>,
     /// admission-window: admission records in the small window [default: 1000].
@@ -157,11 +163,17 @@ pub enum Scenario {
     Heartbeat,
     /// Submit → result with an instant provider, one client (vs the raw SQL lifecycle).
     Latency,
-    /// Every scenario, one after the other.
+    /// PostgreSQL only: enqueue N with `submit_many`, then W = 32 workers run them, vs
+    /// graphile_worker (the `--peer-bin` child process) on the same server. Not part of
+    /// `all`: the peer binary is built apart from the workspace.
+    Peer,
+    /// Every scenario, one after the other (all but `peer`).
     All,
 }
 
 impl Scenario {
+    /// What `all` runs: every scenario but `peer`, which needs a binary the workspace
+    /// does not build.
     const EACH: [Scenario; 7] = [
         Scenario::BurnDown,
         Scenario::Fairness,
@@ -182,6 +194,7 @@ impl Scenario {
             Scenario::Cache => "cache",
             Scenario::Heartbeat => "heartbeat",
             Scenario::Latency => "latency",
+            Scenario::Peer => "peer",
             Scenario::All => "all",
         }
     }
@@ -211,6 +224,10 @@ impl BackendKind {
 pub struct Sizes {
     tasks: u64,
     workers: u32,
+    /// `--workers` for the peer scenario (its own default).
+    peer_workers: u32,
+    /// `--rounds` for the peer scenario (its own default).
+    peer_rounds: u32,
     clients: usize,
     scopes: usize,
     duration: Duration,
@@ -231,6 +248,8 @@ impl Sizes {
         let sizes = Sizes {
             tasks: args.tasks.unwrap_or(pick(quick, 20_000, 1_000)),
             workers: args.workers.unwrap_or(8),
+            peer_workers: args.workers.unwrap_or(peer::DEFAULT_WORKERS),
+            peer_rounds: args.rounds.unwrap_or(1),
             clients: args.clients.unwrap_or(8),
             scopes: args.scopes.unwrap_or(64),
             duration: args.duration.unwrap_or(pick(
@@ -314,6 +333,9 @@ async fn run_scenario(
     args: &BenchArgs,
     sizes: &Sizes,
 ) -> anyhow::Result<ScenarioReport> {
+    if scenario == Scenario::Peer {
+        peer::preflight(args.backend, &args.peer_bin)?;
+    }
     let progress = Progress::start(format!("{} {}", scenario.name(), args.backend.name()));
     progress.stage("creating a fresh database");
     let db = BenchDb::create(args.backend, &args.database_url).await?;
@@ -322,6 +344,8 @@ async fn run_scenario(
         sizes: sizes.clone(),
         progress: progress.clone(),
         db,
+        database_url: args.database_url.clone(),
+        peer_bin: args.peer_bin.clone(),
     };
     let result = match scenario {
         Scenario::BurnDown => burn_down::run(&ctx).await,
@@ -331,6 +355,7 @@ async fn run_scenario(
         Scenario::Cache => cache::run(&ctx).await,
         Scenario::Heartbeat => heartbeat::run(&ctx).await,
         Scenario::Latency => latency::run(&ctx).await,
+        Scenario::Peer => peer::run(&ctx).await,
         Scenario::All => Err(anyhow::anyhow!("`all` is not one scenario")),
     };
     progress.stage("dropping the database");
@@ -347,6 +372,10 @@ pub(crate) struct Ctx {
     sizes: Sizes,
     progress: Progress,
     db: BenchDb,
+    /// The PostgreSQL server's URL the fresh databases are created through.
+    database_url: String,
+    /// The peer scenario's graphile_worker binary.
+    peer_bin: std::path::PathBuf,
 }
 
 impl Ctx {
@@ -802,6 +831,21 @@ mod tests {
         assert!(quick.duration < full.duration);
         assert!(quick.large_window < full.large_window);
         assert_eq!(full.running, vec![100, 10_000]);
+    }
+
+    #[test]
+    fn the_peer_scenario_has_its_own_defaults_and_is_not_in_all() {
+        let sizes = Sizes::resolve(&SizeArgs::default(), false).expect("sizes");
+        assert_eq!((sizes.peer_workers, sizes.peer_rounds), (32, 1));
+        assert_eq!(sizes.workers, 8);
+        let given = SizeArgs {
+            workers: Some(4),
+            rounds: Some(3),
+            ..SizeArgs::default()
+        };
+        let sizes = Sizes::resolve(&given, false).expect("sizes");
+        assert_eq!((sizes.peer_workers, sizes.peer_rounds), (4, 3));
+        assert!(!Scenario::EACH.contains(&Scenario::Peer));
     }
 
     #[test]
