@@ -7,7 +7,7 @@
 //! and the partial index of active admitted tasks (at most the concurrency caps).
 //! Expired sources of the scope are pruned on the way, each row once (amortized O(1)).
 
-use super::{SqliteStore, fetch_task};
+use super::SqliteStore;
 use crate::shared::admission::{AdmissionFacts, Refusal, cached_usage};
 use crate::shared::cost::SpendDelta;
 use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
@@ -19,7 +19,7 @@ use tollgate_core::cost::{
 };
 use tollgate_core::{
     AppId, Budget, CostRejection, NewTask, Owner, Reservation, RunState, ScopeId, SourceId,
-    Subject, TaskId, Timestamp, cache_key,
+    Subject, Task, TaskId, Timestamp, cache_key,
 };
 
 /// Everything inserted for a new task, resolved from [`NewTask`] and the owner.
@@ -193,7 +193,7 @@ async fn create_in(
 
     // Step 6: insert (the write lock is held, so the key cannot have been taken since
     // step 2 by anyone but this same transaction), then the admission record.
-    if !insert_task(conn, &insert).await? {
+    let Some(task) = insert_task(conn, &insert).await? else {
         return by_effect_key(conn, &app, new.effect_key.as_str())
             .await?
             .map(|task| Created {
@@ -201,7 +201,7 @@ async fn create_in(
                 created: false,
             })
             .ok_or_else(|| StoreError::Database("effect key conflict without a holder".into()));
-    }
+    };
     if let Some(hit) = insert
         .cached
         .as_ref()
@@ -228,9 +228,6 @@ async fn create_in(
         .execute(&mut *conn)
         .await?;
     }
-    let task = fetch_task(&mut *conn, &id.to_string())
-        .await?
-        .ok_or_else(|| StoreError::Database("inserted task vanished".into()))?;
     Ok(Created {
         task,
         created: true,
@@ -254,8 +251,9 @@ async fn by_effect_key(
     row.map(TaskRow::into_task).transpose()
 }
 
-/// Inserts the task; false when the effect key was taken meanwhile.
-async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult<bool> {
+/// Inserts the task and returns it as inserted; `None` when the effect key was taken
+/// meanwhile.
+async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult<Option<Task>> {
     let new = i.new;
     let (status, output, usage, completed_at, cached_from) = match &i.cached {
         Some(hit) => (
@@ -268,14 +266,15 @@ async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult
         None => ("queued", None, None, None, None),
     };
     let scoped = new.scope.as_ref();
-    let result = sqlx::query(
+    let row: Option<TaskRow> = sqlx::query_as(concat!(
         "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
          subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
          model_config_hash, request, input_hash, cache_key, status, cached_from, output, usage, \
          created_at, completed_at, reservation, priority, dispatch_key) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-         ON CONFLICT (app, effect_key) DO NOTHING",
-    )
+         ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
+        task_columns!()
+    ))
     .bind(i.id.to_string())
     .bind(new.owner.app().as_str())
     .bind(new.effect_key.as_str())
@@ -304,14 +303,16 @@ async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult
     .bind(i.reservation.as_deref())
     .bind(i64::from(new.dispatch.priority))
     .bind(new.dispatch.key(i.now))
-    .execute(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
-    let inserted = result.rows_affected() == 1;
-    if inserted && i.cached.is_none() {
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    if i.cached.is_none() {
         super::dispatch::activate_queue(conn, new.owner.app(), &i.scope, new.dispatch.weight)
             .await?;
     }
-    Ok(inserted)
+    row.into_task().map(Some)
 }
 
 /// SPEC §4 and §13 under the write lock: gathers the snapshot, asks core's [`decide`]

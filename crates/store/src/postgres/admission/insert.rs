@@ -387,3 +387,89 @@ pub(super) async fn activate_queues(
     .await?;
     Ok(())
 }
+
+/// An application's queued task of a batch, ready for [`insert_app_tasks`].
+pub(super) struct AppInsert<'a> {
+    pub(super) id: TaskId,
+    pub(super) new: &'a NewTask,
+    pub(super) scope: &'a ScopeId,
+    pub(super) subject: Option<&'a Subject>,
+    pub(super) config_hash: String,
+    pub(super) model_ref: String,
+}
+
+/// Inserts a batch's unscoped application tasks (queued, no run, no cache, no
+/// admission) in ONE statement, `$16` the creation time; returns the rows inserted. A
+/// taken effect key (before the batch, or earlier in it) inserts nothing for that item
+/// (`ON CONFLICT DO NOTHING`): the caller looks the taken ones up.
+pub(super) async fn insert_app_tasks(
+    tx: &mut Tx,
+    items: &[AppInsert<'_>],
+    now: Timestamp,
+) -> StoreResult<Vec<Task>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let col = |f: &dyn Fn(&AppInsert<'_>) -> String| items.iter().map(f).collect::<Vec<_>>();
+    let ids = col(&|i| i.id.to_string());
+    let apps = col(&|i| i.new.owner.app().to_string());
+    let keys = col(&|i| i.new.effect_key.to_string());
+    let kinds = col(&|i| i.new.request.kind().as_str().to_owned());
+    let steps = col(&|i| i.new.step.to_string());
+    let scopes = col(&|i| i.scope.to_string());
+    let subject_types: Vec<Option<&str>> = items
+        .iter()
+        .map(|i| i.subject.map(|s| s.kind.as_str()))
+        .collect();
+    let subject_ids: Vec<Option<&str>> = items
+        .iter()
+        .map(|i| i.subject.map(|s| s.id.as_str()))
+        .collect();
+    let models = col(&|i| i.new.model.to_string());
+    let model_refs = col(&|i| i.model_ref.clone());
+    let hashes = col(&|i| i.config_hash.clone());
+    let requests: Vec<&str> = items.iter().map(|i| i.new.request.canonical()).collect();
+    let inputs: Vec<&str> = items.iter().map(|i| i.new.request.input_hash()).collect();
+    let priorities: Vec<i64> = items
+        .iter()
+        .map(|i| i64::from(i.new.dispatch.priority))
+        .collect();
+    let dispatch_keys: Vec<i64> = items.iter().map(|i| i.new.dispatch.key(now)).collect();
+    let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+        "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
+         subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
+         model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
+         usage, created_at, completed_at, reservation, priority, dispatch_key) \
+         SELECT u.id, u.app, u.effect_key, u.kind, u.step, NULL, u.scope, u.subject_type, \
+         u.subject_id, NULL, NULL, FALSE, FALSE, u.model_id, u.model_ref, u.config_hash, \
+         u.request, u.input_hash, NULL, 'queued', NULL, NULL, NULL, $16, NULL, NULL, \
+         u.priority, u.dispatch_key \
+         FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], \
+           $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::TEXT[], $11::TEXT[], \
+           $12::TEXT[], $13::TEXT[], $14::BIGINT[], $15::BIGINT[]) WITH ORDINALITY \
+           AS u(id, app, effect_key, kind, step, scope, subject_type, subject_id, model_id, \
+                model_ref, config_hash, request, input_hash, priority, dispatch_key, ord) \
+         ORDER BY u.ord \
+         ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
+        task_columns!()
+    ))
+    .bind(&ids)
+    .bind(&apps)
+    .bind(&keys)
+    .bind(&kinds)
+    .bind(&steps)
+    .bind(&scopes)
+    .bind(&subject_types)
+    .bind(&subject_ids)
+    .bind(&models)
+    .bind(&model_refs)
+    .bind(&hashes)
+    .bind(&requests)
+    .bind(&inputs)
+    .bind(&priorities)
+    .bind(&dispatch_keys)
+    .bind(now.0)
+    .fetch_all(&mut **tx)
+    .await?;
+    rows.into_iter().map(TaskRow::into_task).collect()
+}

@@ -271,9 +271,32 @@ async fn create_unscoped(
             .await?;
     }
     let now = store.now(&mut tx).await?;
-    let mut out = Vec::with_capacity(news.len());
+    let mut out: Vec<Option<StoreResult<Created>>> = Vec::with_capacity(news.len());
     let mut queues: Vec<(String, String, i64)> = Vec::new();
-    for new in &news {
+    // Application tasks go in one statement; run tasks (checked against their run) one
+    // by one, as before.
+    let mut app_items: Vec<insert::AppInsert<'_>> = Vec::new();
+    let mut app_slots: Vec<usize> = Vec::new();
+    for (n, new) in news.iter().enumerate() {
+        let prepared = match &new.owner {
+            Owner::Application { scope, subject, .. } => {
+                Some(app_insert(new, scope, subject.as_ref()))
+            }
+            Owner::Run { .. } => None,
+        };
+        match prepared {
+            Some(Ok(item)) => {
+                app_items.push(item);
+                app_slots.push(n);
+                out.push(None);
+                continue;
+            }
+            Some(Err(e)) => {
+                out.push(Some(Err(e)));
+                continue;
+            }
+            None => {}
+        }
         match create_unscoped_in(&mut tx, new, now).await {
             Err(e) if !e.is_per_item() => {
                 tx.rollback().await?;
@@ -289,14 +312,74 @@ async fn create_unscoped(
                         i64::from(new.dispatch.weight),
                     ));
                 }
-                out.push(result)
+                out.push(Some(result))
             }
         }
+    }
+    let inserted = insert::insert_app_tasks(&mut tx, &app_items, now).await?;
+    let mut by_id: std::collections::HashMap<TaskId, Task> =
+        inserted.into_iter().map(|t| (t.id, t)).collect();
+    for (n, item) in app_slots.iter().zip(&app_items) {
+        let result = match by_id.remove(&item.id) {
+            Some(task) => {
+                queues.push((
+                    task.app.to_string(),
+                    task.scope.to_string(),
+                    i64::from(item.new.dispatch.weight),
+                ));
+                Ok(Created {
+                    task,
+                    created: true,
+                })
+            }
+            // The key was taken: before this batch, earlier in it, or by a transaction
+            // that committed meanwhile (the insert waited for it).
+            None => taken_key(&mut tx, item.new).await,
+        };
+        out[*n] = Some(result);
     }
     // SPEC §14: the batch's queues, in lock order, held to the commit.
     activate_queues(&mut tx, &queues).await?;
     tx.commit().await?;
-    Ok(out)
+    Ok(out
+        .into_iter()
+        .map(|r| r.expect("every item has its result"))
+        .collect())
+}
+
+/// An application task of a batch, ready for the one-statement insert, or the item's own
+/// refusal (its model configuration).
+fn app_insert<'a>(
+    new: &'a NewTask,
+    scope: &'a tollgate_core::ScopeId,
+    subject: Option<&'a Subject>,
+) -> StoreResult<insert::AppInsert<'a>> {
+    let config_hash = new.model_ref.config_hash()?;
+    let model_ref = serde_json::to_string(&new.model_ref)
+        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    Ok(insert::AppInsert {
+        id: TaskId::generate(),
+        new,
+        scope,
+        subject,
+        config_hash: config_hash.0,
+        model_ref,
+    })
+}
+
+/// The task holding a taken effect key, as an idempotent answer.
+async fn taken_key(tx: &mut Tx, new: &NewTask) -> StoreResult<Created> {
+    by_effect_key(tx, new.owner.app(), new.effect_key.as_str())
+        .await?
+        .map(|task| Created {
+            task,
+            created: false,
+        })
+        .ok_or_else(|| {
+            StoreError::Unavailable(
+                "effect key taken by a transaction that rolled back; retry".into(),
+            )
+        })
 }
 
 async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> StoreResult<Created> {
@@ -345,17 +428,7 @@ async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> Store
         }),
         // The key is taken: before this call, or by a transaction that committed
         // meanwhile (the insert waited for it).
-        None => by_effect_key(tx, &app, new.effect_key.as_str())
-            .await?
-            .map(|task| Created {
-                task,
-                created: false,
-            })
-            .ok_or_else(|| {
-                StoreError::Unavailable(
-                    "effect key taken by a transaction that rolled back; retry".into(),
-                )
-            }),
+        None => taken_key(tx, new).await,
     }
 }
 
