@@ -1030,6 +1030,8 @@ impl Model {
     /// active queues with the least pass (then app and scope names).
     fn claim_fair(&mut self, worker: usize, limit: usize) -> Vec<usize> {
         let mut claimed: Vec<usize> = Vec::new();
+        // Queues that gave fewer than planned: left out of later rounds.
+        let mut spent: Vec<(usize, usize)> = Vec::new();
         for _ in 0..MAX_CLAIM_ROUNDS {
             let want = limit - claimed.len();
             if want == 0 {
@@ -1038,11 +1040,13 @@ impl Model {
             let mut active: Vec<((usize, usize), i64)> = self
                 .queues
                 .iter()
-                .filter(|(_, (_, a))| *a)
+                .filter(|(k, (_, a))| *a && !spent.contains(k))
                 .map(|(k, (p, _))| (*k, *p))
                 .collect();
             active.sort_by_key(|((a, s), p)| (*p, APPS[*a], SCOPES[*s]));
             active.truncate(want.min(MAX_CLAIM_QUEUES as usize));
+            let listed = active.len();
+            let mut short = false;
             if active.is_empty() {
                 break;
             }
@@ -1075,6 +1079,11 @@ impl Model {
                     entry.0 += i64::from(got) * stride(Weight::default());
                 }
                 if got < take {
+                    short = true;
+                    spent.push(q);
+                }
+                // Only a queue that gave nothing is checked for emptiness.
+                if got == 0 {
                     let queued = self.tasks.iter().any(|t| {
                         !t.deleted && (t.app, t.scope) == q && t.status == TaskStatus::Queued
                     });
@@ -1087,7 +1096,7 @@ impl Model {
                 }
                 claimed.extend(order);
             }
-            if !emptied {
+            if !(emptied || (short && listed > 1)) {
                 break;
             }
         }

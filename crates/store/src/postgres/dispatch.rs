@@ -11,7 +11,7 @@
 //! passes at once serve the same queues a little more than their share for a moment;
 //! the passes count every claim, so shares over time stay those of the weights.
 //!
-//! A queue that gave fewer tasks than planned may be empty: it is deactivated in a short
+//! A queue that gave no task of those planned may be empty: it is deactivated in a short
 //! transaction of its own that first locks its row (so no creation of the scope is in
 //! flight: creations hold it to their commit) and only then looks, with a fresh
 //! snapshot, for a queued task. The slots it left go round again to the other queues.
@@ -31,6 +31,9 @@ pub(super) async fn claim_fair(
     limit: u32,
 ) -> StoreResult<Vec<TaskRow>> {
     let mut claimed: Vec<TaskRow> = Vec::new();
+    // Queues that gave fewer than planned in this claim: nothing more of theirs is
+    // claimable now, so later rounds leave them out.
+    let mut spent: Vec<(String, String)> = Vec::new();
     for round in 0..MAX_CLAIM_ROUNDS {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
@@ -42,7 +45,6 @@ pub(super) async fn claim_fair(
         } else {
             None
         };
-        let from_view = cached.is_some();
         let queues = match cached {
             Some(q) => q,
             None => {
@@ -55,6 +57,7 @@ pub(super) async fn claim_fair(
                 .fetch_all(&store.pool)
                 .await?;
                 let mut all = store.queue_view.keep(all);
+                all.retain(|q| !spent.iter().any(|(a, s)| *a == q.app && *s == q.scope));
                 all.truncate(n);
                 all
             }
@@ -62,6 +65,7 @@ pub(super) async fn claim_fair(
         if queues.is_empty() {
             break;
         }
+        let listed = queues.len();
         let plan = plan_claim(queues, want);
         let apps: Vec<&str> = plan.iter().map(|t| t.queue.app.as_str()).collect();
         let scopes: Vec<&str> = plan.iter().map(|t| t.queue.scope.as_str()).collect();
@@ -105,18 +109,26 @@ pub(super) async fn claim_fair(
                 .owe(&take.queue.app, &take.queue.scope, take.queue.advance(got));
             if got < take.take {
                 short = true;
-                emptied |= deactivate_if_empty(store, &take.queue.app, &take.queue.scope).await?;
+                spent.push((take.queue.app.clone(), take.queue.scope.clone()));
+                // Only a queue that gave nothing is checked for emptiness: one that gave
+                // some is looked at again by the next claim (so a scope submitting one
+                // task at a time is not deactivated and reactivated for every task).
+                if got == 0 {
+                    emptied |=
+                        deactivate_if_empty(store, &take.queue.app, &take.queue.scope).await?;
+                }
             }
         }
         if short {
             store.queue_view.clear();
         }
         claimed.extend(rows);
-        // Go round again only when a queue emptied, or a cached view may be stale.
-        let again = emptied || (short && from_view);
+        // Go round again when a queue came up short and others are listed (their turn
+        // for the slots it left), or a queue emptied.
+        let again = emptied || (short && listed > 1);
         if !again {
-            // Full, or short only because other claims hold rows: look again at the
-            // next poll rather than spin. (Short on a cached view: look again now.)
+            // Full, or nothing else to try: look again at the next poll rather than
+            // spin.
             break;
         }
     }

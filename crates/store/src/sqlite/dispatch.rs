@@ -48,6 +48,9 @@ pub(super) async fn claim_fair(
     now: Timestamp,
 ) -> StoreResult<Vec<TaskRow>> {
     let mut claimed: Vec<TaskRow> = Vec::new();
+    // Queues that gave fewer than planned in this claim: nothing more of theirs is
+    // claimable now, so later rounds leave them out.
+    let mut spent: Vec<(String, String)> = Vec::new();
     for round in 0..MAX_CLAIM_ROUNDS {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
@@ -55,7 +58,6 @@ pub(super) async fn claim_fair(
         }
         let n = want.min(MAX_CLAIM_QUEUES) as usize;
         let cached = if round == 0 { view.fresh(n) } else { None };
-        let from_view = cached.is_some();
         let queues = match cached {
             Some(q) => q,
             None => {
@@ -68,6 +70,7 @@ pub(super) async fn claim_fair(
                 .fetch_all(&mut **tx)
                 .await?;
                 let mut all = view.keep(all);
+                all.retain(|q| !spent.iter().any(|(a, s)| *a == q.app && *s == q.scope));
                 all.truncate(n);
                 all
             }
@@ -75,6 +78,7 @@ pub(super) async fn claim_fair(
         if queues.is_empty() {
             break;
         }
+        let listed = queues.len();
         let plan = plan_claim(queues, want);
         let rows = claim_planned(tx, worker, now, &plan).await?;
         let mut emptied = false;
@@ -87,8 +91,12 @@ pub(super) async fn claim_fair(
             view.owe(&take.queue.app, &take.queue.scope, take.queue.advance(got));
             if got < take.take {
                 short = true;
-                // Fewer than planned: nothing claimable is left in this queue. It stays
-                // active only while it still holds queued tasks (unclaimable for now).
+                spent.push((take.queue.app.clone(), take.queue.scope.clone()));
+            }
+            if got == 0 {
+                // Nothing of this queue was claimable: it stays active only while it
+                // still holds queued tasks (unclaimable for now). (A queue that gave
+                // some is looked at again by the next claim.)
                 let gone = sqlx::query(
                     "UPDATE dispatch_queues SET active = 0 WHERE app = ?1 AND scope = ?2 \
                      AND NOT EXISTS (SELECT 1 FROM tasks WHERE app = ?1 AND scope = ?2 \
@@ -105,8 +113,9 @@ pub(super) async fn claim_fair(
         if short {
             view.clear();
         }
-        // Go round again only when a queue emptied, or a cached view may be stale.
-        let again = emptied || (short && from_view);
+        // Go round again when a queue came up short and others are listed (their turn
+        // for the slots it left), or a queue emptied.
+        let again = emptied || (short && listed > 1);
         if !again {
             break;
         }
