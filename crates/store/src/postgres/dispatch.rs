@@ -34,17 +34,14 @@ pub(super) async fn claim_fair(
     // Queues that gave fewer than planned in this claim: nothing more of theirs is
     // claimable now, so later rounds leave them out.
     let mut spent: Vec<(String, String)> = Vec::new();
-    for round in 0..MAX_CLAIM_ROUNDS {
+    for _ in 0..MAX_CLAIM_ROUNDS {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
             break;
         }
         let n = want.min(MAX_CLAIM_QUEUES) as usize;
-        let cached = if round == 0 {
-            store.queue_view.fresh(n)
-        } else {
-            None
-        };
+        // A view read or kept in this claim serves its later rounds too.
+        let cached = store.queue_view.fresh(n, &spent);
         let queues = match cached {
             Some(q) => q,
             None => {
@@ -119,9 +116,6 @@ pub(super) async fn claim_fair(
                 }
             }
         }
-        if short {
-            store.queue_view.clear();
-        }
         claimed.extend(rows);
         // Go round again when a queue came up short and others are listed (their turn
         // for the slots it left), or a queue emptied.
@@ -131,6 +125,10 @@ pub(super) async fn claim_fair(
             // spin.
             break;
         }
+    }
+    if !spent.is_empty() {
+        // A queue came up short: the next claim reads the passes again.
+        store.queue_view.clear();
     }
     Ok(claimed)
 }

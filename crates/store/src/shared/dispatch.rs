@@ -123,14 +123,19 @@ impl QueueView {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The least-pass queues of a view younger than the TTL, in claim order.
-    pub(crate) fn fresh(&self, n: usize) -> Option<Vec<QueueRow>> {
+    /// The least-pass queues of a view younger than the TTL, in claim order, leaving out
+    /// `spent` (queues that came up short in this claim).
+    pub(crate) fn fresh(&self, n: usize, spent: &[(String, String)]) -> Option<Vec<QueueRow>> {
         let state = self.lock();
         let (at, rows) = state.seen.as_ref()?;
         if at.elapsed() > QUEUE_VIEW_TTL || rows.is_empty() {
             return None;
         }
-        let mut rows = rows.clone();
+        let mut rows: Vec<QueueRow> = rows
+            .iter()
+            .filter(|q| !spent.iter().any(|(a, s)| *a == q.app && *s == q.scope))
+            .cloned()
+            .collect();
         rows.sort_by(|a, b| (a.pass, &a.app, &a.scope).cmp(&(b.pass, &b.app, &b.scope)));
         rows.truncate(n);
         Some(rows)
@@ -231,7 +236,7 @@ mod tests {
             vec![("y", 3), ("x", 5)]
         );
         view.owe("a", "y", 4);
-        assert_eq!(view.fresh(1).unwrap()[0].scope, "x");
+        assert_eq!(view.fresh(1, &[]).unwrap()[0].scope, "x");
         let debt = view.debt();
         assert_eq!(
             debt,
@@ -245,7 +250,7 @@ mod tests {
             "moves since stay owed"
         );
         view.clear();
-        assert!(view.fresh(1).is_none());
+        assert!(view.fresh(1, &[]).is_none());
         assert_eq!(view.debt().len(), 1, "clearing the view keeps the debt");
     }
 }

@@ -51,13 +51,14 @@ pub(super) async fn claim_fair(
     // Queues that gave fewer than planned in this claim: nothing more of theirs is
     // claimable now, so later rounds leave them out.
     let mut spent: Vec<(String, String)> = Vec::new();
-    for round in 0..MAX_CLAIM_ROUNDS {
+    for _ in 0..MAX_CLAIM_ROUNDS {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
             break;
         }
         let n = want.min(MAX_CLAIM_QUEUES) as usize;
-        let cached = if round == 0 { view.fresh(n) } else { None };
+        // A view read or kept in this claim serves its later rounds too.
+        let cached = view.fresh(n, &spent);
         let queues = match cached {
             Some(q) => q,
             None => {
@@ -110,15 +111,16 @@ pub(super) async fn claim_fair(
             }
         }
         claimed.extend(rows);
-        if short {
-            view.clear();
-        }
         // Go round again when a queue came up short and others are listed (their turn
         // for the slots it left), or a queue emptied.
         let again = emptied || (short && listed > 1);
         if !again {
             break;
         }
+    }
+    if !spent.is_empty() {
+        // A queue came up short: the next claim reads the passes again.
+        view.clear();
     }
     Ok(claimed)
 }
