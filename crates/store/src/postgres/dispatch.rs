@@ -110,9 +110,11 @@ pub(super) async fn claim_fair(
                 // Only a queue that gave nothing is checked for emptiness: one that gave
                 // some is looked at again by the next claim (so a scope submitting one
                 // task at a time is not deactivated and reactivated for every task).
-                if got == 0 {
-                    emptied |=
-                        deactivate_if_empty(store, &take.queue.app, &take.queue.scope).await?;
+                if got == 0
+                    && deactivate_if_empty(store, &take.queue.app, &take.queue.scope).await?
+                {
+                    emptied = true;
+                    store.queue_view.forget(&take.queue.app, &take.queue.scope);
                 }
             }
         }
@@ -125,10 +127,6 @@ pub(super) async fn claim_fair(
             // spin.
             break;
         }
-    }
-    if !spent.is_empty() {
-        // A queue came up short: the next claim reads the passes again.
-        store.queue_view.clear();
     }
     Ok(claimed)
 }

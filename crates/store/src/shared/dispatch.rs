@@ -204,7 +204,14 @@ impl QueueView {
         }
     }
 
-    /// Forgets the view (a creation, or a claim that came up short); what is owed stays.
+    /// Drops one queue from the view (it was found empty and deactivated).
+    pub(crate) fn forget(&self, app: &str, scope: &str) {
+        if let Some((_, rows)) = self.lock().seen.as_mut() {
+            rows.retain(|q| q.app != app || q.scope != scope);
+        }
+    }
+
+    /// Forgets the view (a creation); what is owed stays.
     pub(crate) fn clear(&self) {
         self.lock().seen = None;
     }

@@ -107,7 +107,10 @@ pub(super) async fn claim_fair(
                 .bind(&take.queue.scope)
                 .execute(&mut **tx)
                 .await?;
-                emptied |= gone.rows_affected() > 0;
+                if gone.rows_affected() > 0 {
+                    emptied = true;
+                    view.forget(&take.queue.app, &take.queue.scope);
+                }
             }
         }
         claimed.extend(rows);
@@ -117,10 +120,6 @@ pub(super) async fn claim_fair(
         if !again {
             break;
         }
-    }
-    if !spent.is_empty() {
-        // A queue came up short: the next claim reads the passes again.
-        view.clear();
     }
     Ok(claimed)
 }
