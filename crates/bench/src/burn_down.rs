@@ -46,11 +46,17 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         let n = sizes.tasks / rounds + u64::from(round < sizes.tasks % rounds);
         let label = format!("round {}/{rounds}", round + 1);
 
-        // Tollgate, fairness on then off: submit everything, then start the workers.
-        for (fair, tollgate, counting) in [
+        // Tollgate, fairness on and off: submit everything, then start the workers.
+        // The two sides alternate which goes first, round by round, so neither always
+        // runs on the table as the other left it.
+        let mut sides = [
             (true, &tollgate, &counting),
             (false, &unfair, &oldest_first),
-        ] {
+        ];
+        if round % 2 == 1 {
+            sides.reverse();
+        }
+        for (fair, tollgate, counting) in sides {
             let side = if fair { "fair" } else { "oldest-first" };
             let timed = tollgate_burn_down(
                 ctx,
