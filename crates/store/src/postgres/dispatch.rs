@@ -18,59 +18,49 @@
 
 use super::lifecycle::run_not_canceled;
 use super::{PostgresStore, now_sql};
-use crate::shared::dispatch::{QueueRow, plan_claim};
+use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::rows::{TaskRow, task_columns_qualified};
-use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
+use crate::{MAX_CLAIM_QUEUES, StoreResult};
 use tollgate_core::WorkerId;
 
 /// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
-/// time, by the stride plan.
+/// time, by the stride plan (the shared loop, [`claim_fair`](crate::shared::dispatch::claim_fair)).
 pub(super) async fn claim_fair(
     store: &PostgresStore,
     worker: &WorkerId,
     limit: u32,
 ) -> StoreResult<Vec<TaskRow>> {
-    let mut claimed: Vec<TaskRow> = Vec::new();
-    // Queues that gave fewer than planned in this claim: nothing more of theirs is
-    // claimable now, so later rounds leave them out.
-    let mut spent: Vec<(String, String)> = Vec::new();
-    for _ in 0..MAX_CLAIM_ROUNDS {
-        let want = limit.saturating_sub(claimed.len() as u32);
-        if want == 0 {
-            break;
-        }
-        let n = want.min(MAX_CLAIM_QUEUES) as usize;
-        // A view read or kept in this claim serves its later rounds too.
-        let cached = store.queue_view.fresh(n, &spent);
-        let queues = match cached {
-            Some(q) => q,
-            None => {
-                pay_pass_debt(store).await?;
-                let all: Vec<QueueRow> = sqlx::query_as(
-                    "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
-                     ORDER BY pass, app, scope LIMIT $1",
-                )
-                .bind(i64::from(MAX_CLAIM_QUEUES))
-                .fetch_all(&store.pool)
-                .await?;
-                let mut all = store.queue_view.keep(all);
-                all.retain(|q| !spent.iter().any(|(a, s)| *a == q.app && *s == q.scope));
-                all.truncate(n);
-                all
-            }
-        };
-        if queues.is_empty() {
-            break;
-        }
-        let listed = queues.len();
-        let plan = plan_claim(queues, want);
+    let mut steps = PgFairClaim { store, worker };
+    crate::shared::dispatch::claim_fair(&store.queue_view, &mut steps, limit).await
+}
+
+/// PostgreSQL's statements of a fair claim, each in autocommit.
+struct PgFairClaim<'a> {
+    store: &'a PostgresStore,
+    worker: &'a WorkerId,
+}
+
+#[async_trait::async_trait]
+impl FairClaim for PgFairClaim<'_> {
+    async fn read_queues(&mut self, _view: &QueueView) -> StoreResult<Vec<QueueRow>> {
+        pay_pass_debt(self.store).await?;
+        Ok(sqlx::query_as(
+            "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
+             ORDER BY pass, app, scope LIMIT $1",
+        )
+        .bind(i64::from(MAX_CLAIM_QUEUES))
+        .fetch_all(&self.store.pool)
+        .await?)
+    }
+
+    async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>> {
         let apps: Vec<&str> = plan.iter().map(|t| t.queue.app.as_str()).collect();
         let scopes: Vec<&str> = plan.iter().map(|t| t.queue.scope.as_str()).collect();
         let takes: Vec<i64> = plan.iter().map(|t| i64::from(t.take)).collect();
         // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly. The
         // update finds the picked rows by id as an array: joined to the pick, the planner
         // (which cannot know how few rows the LATERAL limits give) hashes the whole queue.
-        let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+        Ok(sqlx::query_as(concat!(
             "WITH clock AS (SELECT ",
             now_sql!(2),
             " AS now), \
@@ -87,48 +77,18 @@ pub(super) async fn claim_fair(
                AND tasks.status = 'queued' RETURNING ",
             task_columns_qualified!()
         ))
-        .bind(worker.as_str())
-        .bind(store.fixed_now())
+        .bind(self.worker.as_str())
+        .bind(self.store.fixed_now())
         .bind(&apps)
         .bind(&scopes)
         .bind(&takes)
-        .fetch_all(&store.pool)
-        .await?;
-        let mut emptied = false;
-        let mut short = false;
-        for take in &plan {
-            let got = rows
-                .iter()
-                .filter(|r| r.app() == take.queue.app && r.scope() == take.queue.scope)
-                .count() as u32;
-            store
-                .queue_view
-                .owe(&take.queue.app, &take.queue.scope, take.queue.advance(got));
-            if got < take.take {
-                short = true;
-                spent.push((take.queue.app.clone(), take.queue.scope.clone()));
-                // Only a queue that gave nothing is checked for emptiness: one that gave
-                // some is looked at again by the next claim (so a scope submitting one
-                // task at a time is not deactivated and reactivated for every task).
-                if got == 0
-                    && deactivate_if_empty(store, &take.queue.app, &take.queue.scope).await?
-                {
-                    emptied = true;
-                    store.queue_view.forget(&take.queue.app, &take.queue.scope);
-                }
-            }
-        }
-        claimed.extend(rows);
-        // Go round again when a queue came up short and others are listed (their turn
-        // for the slots it left), or a queue emptied.
-        let again = emptied || (short && listed > 1);
-        if !again {
-            // Full, or nothing else to try: look again at the next poll rather than
-            // spin.
-            break;
-        }
+        .fetch_all(&self.store.pool)
+        .await?)
     }
-    Ok(claimed)
+
+    async fn deactivate_if_empty(&mut self, app: &str, scope: &str) -> StoreResult<bool> {
+        deactivate_if_empty(self.store, app, scope).await
+    }
 }
 
 /// Writes the pass moves this instance's claims owe ([`QueueView`]) in one statement,

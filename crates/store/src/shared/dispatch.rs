@@ -2,6 +2,8 @@
 //! claim reads and the plan of how many tasks to take from each (core's stride
 //! schedule), and how far each queue's virtual time then moves.
 
+use crate::shared::rows::TaskRow;
+use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
 use tollgate_core::{QueueShare, Weight, allocate_claims, stride};
 
 /// SPEC §14, both backends: the pass an (app, scope) queue joins at when one of its
@@ -82,6 +84,84 @@ pub(crate) fn plan_claim(queues: Vec<QueueRow>, n: u32) -> Vec<QueueTake> {
         .filter(|(_, take)| *take > 0)
         .map(|(queue, take)| QueueTake { queue, take })
         .collect()
+}
+
+/// The backend's statements of a fair claim (SPEC §14), for [`claim_fair`].
+#[async_trait::async_trait]
+pub(crate) trait FairClaim: Send {
+    /// Writes what `view` owes the queues' passes, then reads the active queues with the
+    /// least pass (at most [`MAX_CLAIM_QUEUES`], in pass order).
+    async fn read_queues(&mut self, view: &QueueView) -> StoreResult<Vec<QueueRow>>;
+    /// Claims each planned queue's share, its tasks in dispatch-key order.
+    async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>>;
+    /// Deactivates the queue if it holds no queued task; true when it did.
+    async fn deactivate_if_empty(&mut self, app: &str, scope: &str) -> StoreResult<bool>;
+}
+
+/// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
+/// time, by the stride plan, in at most [`MAX_CLAIM_ROUNDS`] rounds; both backends run
+/// this loop with their own statements ([`FairClaim`]).
+///
+/// Each round plans from the instance's view (read again only when it is stale), claims,
+/// and owes each queue's pass move. A queue that gave fewer than planned sits out the
+/// later rounds (nothing more of it is claimable now); only one that gave nothing is
+/// checked for emptiness (so a scope submitting one task at a time is not deactivated
+/// and reactivated for every task). Rounds go on while a queue emptied, or came up
+/// short with other queues listed (their turn for the slots it left).
+pub(crate) async fn claim_fair(
+    view: &QueueView,
+    steps: &mut dyn FairClaim,
+    limit: u32,
+) -> StoreResult<Vec<TaskRow>> {
+    let mut claimed: Vec<TaskRow> = Vec::new();
+    let mut spent: Vec<(String, String)> = Vec::new();
+    for _ in 0..MAX_CLAIM_ROUNDS {
+        let want = limit.saturating_sub(claimed.len() as u32);
+        if want == 0 {
+            break;
+        }
+        let n = want.min(MAX_CLAIM_QUEUES) as usize;
+        let queues = match view.fresh(n, &spent) {
+            Some(q) => q,
+            None => {
+                let read = steps.read_queues(view).await?;
+                let mut all = view.keep(read);
+                all.retain(|q| !spent.iter().any(|(a, s)| *a == q.app && *s == q.scope));
+                all.truncate(n);
+                all
+            }
+        };
+        if queues.is_empty() {
+            break;
+        }
+        let listed = queues.len();
+        let plan = plan_claim(queues, want);
+        let rows = steps.claim(&plan).await?;
+        let mut emptied = false;
+        let mut short = false;
+        for take in &plan {
+            let (app, scope) = (&take.queue.app, &take.queue.scope);
+            let got = rows
+                .iter()
+                .filter(|r| r.app() == app && r.scope() == scope)
+                .count() as u32;
+            view.owe(app, scope, take.queue.advance(got));
+            if got < take.take {
+                short = true;
+                spent.push((app.clone(), scope.clone()));
+            }
+            if got == 0 && steps.deactivate_if_empty(app, scope).await? {
+                emptied = true;
+                view.forget(app, scope);
+            }
+        }
+        claimed.extend(rows);
+        if !(emptied || (short && listed > 1)) {
+            // Full, or nothing else to try: look again at the next poll.
+            break;
+        }
+    }
+    Ok(claimed)
 }
 
 /// How long a store instance reuses its last read of the active queues (SPEC §14).

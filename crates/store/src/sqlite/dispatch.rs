@@ -6,10 +6,10 @@
 use super::Tx;
 use super::lifecycle::run_not_canceled;
 use crate::shared::dispatch::{
-    QueueRow, QueueTake, QueueView, plan_claim, queue_join_conflict, queue_join_pass,
+    FairClaim, QueueRow, QueueTake, QueueView, queue_join_conflict, queue_join_pass,
 };
 use crate::shared::rows::{TaskRow, task_columns};
-use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
+use crate::{MAX_CLAIM_QUEUES, StoreResult};
 use sqlx::SqliteConnection;
 use tollgate_core::{AppId, ScopeId, Timestamp, Weight, WorkerId, join_credit};
 
@@ -38,8 +38,9 @@ pub(super) async fn activate_queue(
 }
 
 /// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
-/// time, by the stride plan, each queue's tasks in dispatch-key order; a queue found
-/// empty is deactivated; slots a queue could not fill go round again to the others.
+/// time, by the stride plan (the shared loop,
+/// [`claim_fair`](crate::shared::dispatch::claim_fair)), inside the claim's write
+/// transaction.
 pub(super) async fn claim_fair(
     view: &QueueView,
     tx: &mut Tx,
@@ -47,81 +48,48 @@ pub(super) async fn claim_fair(
     limit: u32,
     now: Timestamp,
 ) -> StoreResult<Vec<TaskRow>> {
-    let mut claimed: Vec<TaskRow> = Vec::new();
-    // Queues that gave fewer than planned in this claim: nothing more of theirs is
-    // claimable now, so later rounds leave them out.
-    let mut spent: Vec<(String, String)> = Vec::new();
-    for _ in 0..MAX_CLAIM_ROUNDS {
-        let want = limit.saturating_sub(claimed.len() as u32);
-        if want == 0 {
-            break;
-        }
-        let n = want.min(MAX_CLAIM_QUEUES) as usize;
-        // A view read or kept in this claim serves its later rounds too.
-        let cached = view.fresh(n, &spent);
-        let queues = match cached {
-            Some(q) => q,
-            None => {
-                pay_pass_debt(view, tx).await?;
-                let all: Vec<QueueRow> = sqlx::query_as(
-                    "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
-                     ORDER BY pass, app, scope LIMIT ?",
-                )
-                .bind(i64::from(MAX_CLAIM_QUEUES))
-                .fetch_all(&mut **tx)
-                .await?;
-                let mut all = view.keep(all);
-                all.retain(|q| !spent.iter().any(|(a, s)| *a == q.app && *s == q.scope));
-                all.truncate(n);
-                all
-            }
-        };
-        if queues.is_empty() {
-            break;
-        }
-        let listed = queues.len();
-        let plan = plan_claim(queues, want);
-        let rows = claim_planned(tx, worker, now, &plan).await?;
-        let mut emptied = false;
-        let mut short = false;
-        for take in &plan {
-            let got = rows
-                .iter()
-                .filter(|r| r.app() == take.queue.app && r.scope() == take.queue.scope)
-                .count() as u32;
-            view.owe(&take.queue.app, &take.queue.scope, take.queue.advance(got));
-            if got < take.take {
-                short = true;
-                spent.push((take.queue.app.clone(), take.queue.scope.clone()));
-            }
-            if got == 0 {
-                // Nothing of this queue was claimable: it stays active only while it
-                // still holds queued tasks (unclaimable for now). (A queue that gave
-                // some is looked at again by the next claim.)
-                let gone = sqlx::query(
-                    "UPDATE dispatch_queues SET active = 0 WHERE app = ?1 AND scope = ?2 \
-                     AND NOT EXISTS (SELECT 1 FROM tasks WHERE app = ?1 AND scope = ?2 \
-                     AND status = 'queued')",
-                )
-                .bind(&take.queue.app)
-                .bind(&take.queue.scope)
-                .execute(&mut **tx)
-                .await?;
-                if gone.rows_affected() > 0 {
-                    emptied = true;
-                    view.forget(&take.queue.app, &take.queue.scope);
-                }
-            }
-        }
-        claimed.extend(rows);
-        // Go round again when a queue came up short and others are listed (their turn
-        // for the slots it left), or a queue emptied.
-        let again = emptied || (short && listed > 1);
-        if !again {
-            break;
-        }
+    let mut steps = SqliteFairClaim { tx, worker, now };
+    crate::shared::dispatch::claim_fair(view, &mut steps, limit).await
+}
+
+/// SQLite's statements of a fair claim, in the claim's write transaction.
+struct SqliteFairClaim<'a> {
+    tx: &'a mut Tx,
+    worker: &'a WorkerId,
+    now: Timestamp,
+}
+
+#[async_trait::async_trait]
+impl FairClaim for SqliteFairClaim<'_> {
+    async fn read_queues(&mut self, view: &QueueView) -> StoreResult<Vec<QueueRow>> {
+        pay_pass_debt(view, self.tx).await?;
+        Ok(sqlx::query_as(
+            "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
+             ORDER BY pass, app, scope LIMIT ?",
+        )
+        .bind(i64::from(MAX_CLAIM_QUEUES))
+        .fetch_all(&mut **self.tx)
+        .await?)
     }
-    Ok(claimed)
+
+    async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>> {
+        claim_planned(self.tx, self.worker, self.now, plan).await
+    }
+
+    /// Nothing of the queue was claimable: it stays active only while it still holds
+    /// queued tasks (unclaimable for now).
+    async fn deactivate_if_empty(&mut self, app: &str, scope: &str) -> StoreResult<bool> {
+        let gone = sqlx::query(
+            "UPDATE dispatch_queues SET active = 0 WHERE app = ?1 AND scope = ?2 \
+             AND NOT EXISTS (SELECT 1 FROM tasks WHERE app = ?1 AND scope = ?2 \
+             AND status = 'queued')",
+        )
+        .bind(app)
+        .bind(scope)
+        .execute(&mut **self.tx)
+        .await?;
+        Ok(gone.rows_affected() > 0)
+    }
 }
 
 /// Claims every planned queue's share in one statement: per queue its first tasks in
