@@ -96,6 +96,12 @@ pub struct Completion {
     pub output: serde_json::Value,
     /// Tokens used.
     pub usage: Usage,
+    /// The task as the worker claimed it, when it has it. A task's request, owner and
+    /// reservation never change after its creation, so the store checks the output
+    /// against this copy instead of reading the row first (the write itself stays
+    /// conditional on the task still running under `worker`). `None`, or a copy of
+    /// another task: the store reads the row.
+    pub claimed: Option<std::sync::Arc<Task>>,
 }
 
 /// Answer of `heartbeat`.

@@ -5,7 +5,7 @@ use super::fixtures::*;
 use crate::{MAX_PAGE, StoreError};
 use serde_json::json;
 use tollgate_core::{
-    Clock, DEFAULT_MAX_REQUEST_BYTES, ErrorCode, MAX_ERROR_MESSAGE_CHARS, NewTask, TaskId,
+    Clock, DEFAULT_MAX_REQUEST_BYTES, ErrorCode, MAX_ERROR_MESSAGE_CHARS, NewTask, Task, TaskId,
     TaskKind, TaskStatus, ValidatedRequest,
 };
 
@@ -286,23 +286,26 @@ pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend
     let other = create_new(&*s, new_app_task("acme", "s", "other")).await;
     let bad = create_new(&*s, new_app_task("acme", "s", "bad")).await;
     let d = create_new(&*s, new_app_task("acme", "s", "d")).await;
-    claim(&*s, a.id, &w).await;
+    let claimed_a = claim(&*s, a.id, &w).await;
     let held_elsewhere = claim(&*s, other.id, &worker("w2")).await;
     let running_bad = claim(&*s, bad.id, &w).await;
     claim(&*s, d.id, &w).await;
-    let item = |id, output| crate::Completion {
+    // The worker's claimed copy stands in for reading the row (`a`, `bad`, and `other`'s
+    // copy as another worker claimed it); a copy of another task is ignored (`d`).
+    let item = |id, output, claimed: Option<&Task>| crate::Completion {
         id,
         worker: w.clone(),
         output,
         usage: usage(),
+        claimed: claimed.map(|t| std::sync::Arc::new(t.clone())),
     };
     let answers = s
         .complete_tasks(vec![
-            item(a.id, spam()),
-            item(other.id, spam()),
-            item(bad.id, json!({"label": "maybe"})),
-            item(TaskId::generate(), spam()),
-            item(d.id, spam()),
+            item(a.id, spam(), Some(&claimed_a)),
+            item(other.id, spam(), Some(&held_elsewhere)),
+            item(bad.id, json!({"label": "maybe"}), Some(&running_bad)),
+            item(TaskId::generate(), spam(), None),
+            item(d.id, spam(), Some(&claimed_a)),
         ])
         .await
         .expect("complete_tasks");
@@ -313,7 +316,11 @@ pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend
                 assert!(t.applied, "item {i} applies");
                 let task = t.task.as_ref().expect("the task as it is now");
                 assert_eq!(task.status, TaskStatus::Succeeded, "item {i}");
-                assert_eq!(get(&*s, &acme, id).await.status, TaskStatus::Succeeded);
+                assert_eq!(
+                    task,
+                    &get(&*s, &acme, id).await,
+                    "item {i}: the row as stored"
+                );
             }
             other => panic!("item {i} should apply, got {other:?}"),
         }

@@ -5,7 +5,7 @@ use super::{PostgresStore, Tx, fetch_task, id_array, now_sql};
 use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
 use crate::shared::cost::{SettleRow, SettlementPlan};
 use crate::shared::rows::{
-    CancelStateRow, FinishedAtRow, FinishedRow, TaskRow, cancellation_requested, encode_completion,
+    CancelStateRow, CompletedRow, FinishedRow, TaskRow, cancellation_requested, encode_completion,
     encode_usage, heartbeat_report, run_id, task_columns, task_columns_qualified, tasks,
 };
 use crate::shared::terminal::{ScopeKey, TerminalMove, TerminalStatements, Wake, after_terminal};
@@ -397,18 +397,26 @@ impl WorkerStore for PostgresStore {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let all_ids: Vec<String> = items.iter().map(|c| c.id.to_string()).collect();
-        let current: Vec<TaskRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            task_columns!(),
-            " FROM tasks WHERE id = ANY($1)"
-        ))
-        .bind(&all_ids)
-        .fetch_all(&self.pool)
-        .await?;
-        let current: HashMap<TaskId, Task> =
-            tasks(current)?.into_iter().map(|t| (t.id, t)).collect();
-        // The request never changes, so its contract is checked before the write.
+        // The request never changes, so its contract is checked before the write: against
+        // the worker's claimed copy when it has one, else against the row read first.
+        let unknown: Vec<String> = items
+            .iter()
+            .filter(|item| claimed_copy(item).is_none())
+            .map(|item| item.id.to_string())
+            .collect();
+        let read: HashMap<TaskId, Task> = if unknown.is_empty() {
+            HashMap::new()
+        } else {
+            let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                task_columns!(),
+                " FROM tasks WHERE id = ANY($1)"
+            ))
+            .bind(&unknown)
+            .fetch_all(&self.pool)
+            .await?;
+            tasks(rows)?.into_iter().map(|t| (t.id, t)).collect()
+        };
         let mut answers: Vec<Option<StoreResult<Transition>>> =
             items.iter().map(|_| None).collect();
         let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
@@ -416,17 +424,13 @@ impl WorkerStore for PostgresStore {
         let mut any_run = false;
         let mut any_scoped = false;
         for (i, item) in items.iter().enumerate() {
-            let Some(task) = current.get(&item.id) else {
+            let Some(task) = claimed_copy(item).or_else(|| read.get(&item.id)) else {
                 answers[i] = Some(Ok(Transition::default()));
                 continue;
             };
             if !seen.insert(item.id) {
                 // The same task twice: only its first completion can apply.
-                answers[i] = Some(Ok(Transition {
-                    applied: false,
-                    task: None,
-                    woken_runs: Vec::new(),
-                }));
+                answers[i] = Some(Ok(Transition::default()));
                 continue;
             }
             match encode_completion(task, &item.output, &item.usage) {
@@ -443,21 +447,6 @@ impl WorkerStore for PostgresStore {
                 Err(e) => return Err(e),
             }
         }
-        if ids.is_empty() {
-            // Nothing to write: every item was answered already.
-            return Ok(items
-                .iter()
-                .zip(answers)
-                .map(|(item, answer)| match answer {
-                    Some(Ok(mut refused)) => {
-                        refused.task = current.get(&item.id).cloned();
-                        Ok(refused)
-                    }
-                    Some(Err(e)) => Err(e),
-                    None => Ok(Transition::default()),
-                })
-                .collect());
-        }
         // Unscoped application tasks change nothing but their rows: the UPDATE alone is the
         // transaction (one round trip). Otherwise capacity and runs change with them.
         let mut tx = if any_run || any_scoped {
@@ -465,96 +454,110 @@ impl WorkerStore for PostgresStore {
         } else {
             None
         };
-        if let Some(tx) = tx.as_mut().filter(|_| any_run) {
-            sqlx::query(
-                "SELECT 1 FROM runs WHERE id IN (SELECT run_id FROM tasks WHERE id = ANY($1)) \
-                 ORDER BY id FOR NO KEY UPDATE",
-            )
-            .bind(&ids)
-            .execute(&mut **tx)
-            .await?;
-        }
-        // "now" is read inside the statement (no round trip of its own) and returned with
-        // every row it moved.
-        let update = sqlx::query_as(concat!(
-            "WITH clock AS (SELECT ",
-            now_sql!(5),
-            " AS now), \
-             item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[]) \
-             AS i(id, worker, output, usage)), \
-             picked AS MATERIALIZED (SELECT tasks.id FROM tasks JOIN item ON item.id = tasks.id \
-             WHERE tasks.status = 'running' AND tasks.worker = item.worker \
-             ORDER BY tasks.id FOR NO KEY UPDATE OF tasks) \
-             UPDATE tasks SET status = 'succeeded', output = item.output, usage = item.usage, \
-             completed_at = clock.now FROM picked, item, clock \
-             WHERE tasks.id = picked.id AND item.id = tasks.id AND tasks.status = 'running' \
-             AND tasks.worker = item.worker AND NOT ",
-            cancel_wanted!(),
-            " RETURNING tasks.id, tasks.app, tasks.scope, tasks.admitted, clock.now AS now"
-        ))
-        .bind(&ids)
-        .bind(&workers)
-        .bind(&outputs)
-        .bind(&usages)
-        .bind(self.fixed_now());
-        let done: Vec<FinishedAtRow> = match tx.as_mut() {
-            Some(tx) => update.fetch_all(&mut **tx).await?,
-            None => update.fetch_all(&self.pool).await?,
-        };
-        let now = done.first().map_or(Timestamp(0), |d| Timestamp(d.now));
-        let done: Vec<FinishedRow> = done.into_iter().map(|d| d.finished).collect();
-        let applied: HashSet<String> = done.iter().map(|f| f.id.clone()).collect();
-        // Only run-owned tasks can have waiting runs: skip the wake statement otherwise.
+        let mut done: Vec<CompletedRow> = Vec::new();
         let mut woken_runs = Vec::new();
-        if let Some(tx) = tx.as_mut() {
-            let plan = if any_run {
-                TerminalMove::SUCCEEDED
-            } else {
-                TerminalMove {
-                    wake: Wake::No,
-                    ..TerminalMove::SUCCEEDED
-                }
-            };
-            woken_runs = after_terminal(tx, &done, plan, now).await?;
-        }
-        let read_back = sqlx::query_as(concat!(
-            "SELECT ",
-            task_columns!(),
-            " FROM tasks WHERE id = ANY($1)"
-        ))
-        .bind(&all_ids);
-        let after: Vec<TaskRow> = match tx {
-            Some(mut tx) => {
-                let after = read_back.fetch_all(&mut *tx).await?;
-                tx.commit().await?;
-                after
+        if !ids.is_empty() {
+            if let Some(tx) = tx.as_mut().filter(|_| any_run) {
+                sqlx::query(
+                    "SELECT 1 FROM runs WHERE id IN (SELECT run_id FROM tasks WHERE id = ANY($1)) \
+                     ORDER BY id FOR NO KEY UPDATE",
+                )
+                .bind(&ids)
+                .execute(&mut **tx)
+                .await?;
             }
-            None => read_back.fetch_all(&self.pool).await?,
-        };
-        let mut after: HashMap<TaskId, Task> =
-            tasks(after)?.into_iter().map(|t| (t.id, t)).collect();
+            // "now" is read inside the statement (no round trip of its own) and returned
+            // with every row it moved, as the row is now (no read afterwards).
+            let update = sqlx::query_as(concat!(
+                "WITH clock AS (SELECT ",
+                now_sql!(5),
+                " AS now), \
+                 item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[]) \
+                 AS i(id, worker, output, usage)), \
+                 picked AS MATERIALIZED (SELECT tasks.id FROM tasks JOIN item ON item.id = tasks.id \
+                 WHERE tasks.status = 'running' AND tasks.worker = item.worker \
+                 ORDER BY tasks.id FOR NO KEY UPDATE OF tasks) \
+                 UPDATE tasks SET status = 'succeeded', output = item.output, usage = item.usage, \
+                 completed_at = clock.now FROM picked, item, clock \
+                 WHERE tasks.id = picked.id AND item.id = tasks.id AND tasks.status = 'running' \
+                 AND tasks.worker = item.worker AND NOT ",
+                cancel_wanted!(),
+                " RETURNING ",
+                task_columns_qualified!(),
+                ", tasks.admitted, clock.now AS now"
+            ))
+            .bind(&ids)
+            .bind(&workers)
+            .bind(&outputs)
+            .bind(&usages)
+            .bind(self.fixed_now());
+            done = match tx.as_mut() {
+                Some(tx) => update.fetch_all(&mut **tx).await?,
+                None => update.fetch_all(&self.pool).await?,
+            };
+            // Only run-owned tasks can have waiting runs: skip the wake statement otherwise.
+            if let Some(tx) = tx.as_mut() {
+                let now = done.first().map_or(Timestamp(0), |d| Timestamp(d.now));
+                let finished: Vec<FinishedRow> = done.iter().map(CompletedRow::finished).collect();
+                let plan = if any_run {
+                    TerminalMove::SUCCEEDED
+                } else {
+                    TerminalMove {
+                        wake: Wake::No,
+                        ..TerminalMove::SUCCEEDED
+                    }
+                };
+                woken_runs = after_terminal(tx, &finished, plan, now).await?;
+            }
+        }
+        if let Some(tx) = tx {
+            tx.commit().await?;
+        }
+        let mut after: HashMap<TaskId, Task> = tasks(done.into_iter().map(|d| d.task).collect())?
+            .into_iter()
+            .map(|t| (t.id, t))
+            .collect();
+        let applied: HashSet<TaskId> = after.keys().copied().collect();
+        // A refused item is answered with its task as it is now: read only those.
+        let refused: Vec<String> = items
+            .iter()
+            .zip(&answers)
+            .filter(|(item, answer)| !applied.contains(&item.id) && !matches!(answer, Some(Err(_))))
+            .map(|(item, _)| item.id.to_string())
+            .collect();
+        if !refused.is_empty() {
+            let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                task_columns!(),
+                " FROM tasks WHERE id = ANY($1)"
+            ))
+            .bind(&refused)
+            .fetch_all(&self.pool)
+            .await?;
+            after.extend(tasks(rows)?.into_iter().map(|t| (t.id, t)));
+        }
+        let mut answered = HashSet::new();
         Ok(items
             .iter()
             .zip(answers)
             .map(|(item, answer)| match answer {
-                Some(Ok(mut refused)) => {
-                    refused.task = after.get(&item.id).cloned();
-                    Ok(refused)
-                }
                 Some(Err(e)) => Err(e),
-                None => {
-                    let applied = applied.contains(&item.id.to_string());
-                    Ok(Transition {
-                        applied,
-                        task: after.remove(&item.id),
-                        woken_runs: if applied {
-                            std::mem::take(&mut woken_runs)
-                        } else {
-                            Vec::new()
-                        },
-                    })
-                }
+                _ if applied.contains(&item.id) && answered.insert(item.id) => Ok(Transition {
+                    applied: true,
+                    task: after.get(&item.id).cloned(),
+                    woken_runs: std::mem::take(&mut woken_runs),
+                }),
+                _ => Ok(Transition {
+                    applied: false,
+                    task: after.get(&item.id).cloned(),
+                    woken_runs: Vec::new(),
+                }),
             })
             .collect())
     }
+}
+
+/// The worker's claimed copy of an item's task, when it has one of that task.
+fn claimed_copy(item: &Completion) -> Option<&Task> {
+    item.claimed.as_deref().filter(|t| t.id == item.id)
 }

@@ -270,13 +270,28 @@ pub(crate) struct FinishedRow {
     pub(crate) admitted: bool,
 }
 
-/// [`FinishedRow`] with the statement's "now" (`RETURNING …, clock.now AS now`).
+/// A task a completion moved, as `RETURNING task_columns_qualified, tasks.admitted,
+/// clock.now AS now` gives it: the row as it is now, and what [`FinishedRow`] holds.
 #[cfg(feature = "postgres")]
-#[derive(sqlx::FromRow, Debug, Clone)]
-pub(crate) struct FinishedAtRow {
+#[derive(sqlx::FromRow)]
+pub(crate) struct CompletedRow {
     #[sqlx(flatten)]
-    pub(crate) finished: FinishedRow,
+    pub(crate) task: TaskRow,
+    pub(crate) admitted: bool,
     pub(crate) now: i64,
+}
+
+#[cfg(feature = "postgres")]
+impl CompletedRow {
+    /// What capacity accounting and wakes need of it.
+    pub(crate) fn finished(&self) -> FinishedRow {
+        FinishedRow {
+            id: self.task.id.clone(),
+            app: self.task.app.clone(),
+            scope: self.task.scope.clone(),
+            admitted: self.admitted,
+        }
+    }
 }
 
 /// [`FinishedRow`] with the task's status before the statement moved or deleted it
