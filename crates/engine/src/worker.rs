@@ -282,7 +282,8 @@ impl WorkerPool {
                     Ok(p) => p,
                     Err(_) => return,
                 };
-                self.executions.spawn(self.clone().run_task(task, permit));
+                self.executions
+                    .spawn(self.clone().run_task(Arc::new(task), permit));
             }
             if !failed && (more || !pending.is_empty()) {
                 continue;
@@ -300,7 +301,7 @@ impl WorkerPool {
     }
 
     /// One execution, from claim to its recorded end. Frees its slot when done.
-    async fn run_task(self: Arc<Self>, task: Task, permit: OwnedSemaphorePermit) {
+    async fn run_task(self: Arc<Self>, task: Arc<Task>, permit: OwnedSemaphorePermit) {
         let id = task.id;
         metrics::gauge!(m::TASKS_IN_FLIGHT).increment(1.0);
         let crash = self.control.crash.clone();
@@ -319,7 +320,7 @@ impl WorkerPool {
     /// completion waits for its batch's commit the next task may already run, which is
     /// what lets completions and claims batch under load. The task stays held (and
     /// heartbeated) until its end is recorded.
-    async fn execute_and_record(self: Arc<Self>, task: Task, permit: OwnedSemaphorePermit) {
+    async fn execute_and_record(self: Arc<Self>, task: Arc<Task>, permit: OwnedSemaphorePermit) {
         let stop = CancellationToken::new();
         self.held().insert(task.id, stop.clone());
         let started = Instant::now();
@@ -474,7 +475,7 @@ impl WorkerPool {
     /// Records a success. Returns the outcome and code labels.
     async fn complete(
         &self,
-        task: &Task,
+        task: &Arc<Task>,
         output: Value,
         usage: Usage,
     ) -> (&'static str, &'static str) {
@@ -485,6 +486,7 @@ impl WorkerPool {
                 worker: self.worker.clone(),
                 output,
                 usage,
+                claimed: Some(task.clone()),
             })
             .await;
         match result {
@@ -649,15 +651,16 @@ impl WorkerPool {
 }
 
 /// The output limit, then the kind's contract (`validate_output`), off the async runtime
-/// (a large output or a complex schema takes real CPU). `Err`: the task fails
+/// unless small (a large output or a complex schema takes real CPU; see `cpu::is_small`). `Err`: the task fails
 /// (`output_too_large`); `Ok(Err)`: the output breaks the contract (asked again).
 async fn check_output(
     request: &TaskRequest,
     output: Value,
     max_output_bytes: usize,
 ) -> Result<Result<Value, OutputViolation>, Failure> {
+    let small = cpu::is_small(request, Some(&output));
     let request = request.clone();
-    let checked = cpu::run(None, move |_| {
+    let checked = cpu::run_unless_small(small, None, move |_| {
         check_output_size(&output, max_output_bytes)?;
         let valid = validate_output(&request, &output);
         // The normalized output is what is stored: it must fit too.
