@@ -3,15 +3,27 @@
 //! per core at once, so the runtime keeps answering HTTP, heartbeats and signals
 //! whatever the jobs do.
 //!
+//! A small job ([`is_small`]: not `extract_data`, whose caller-given schema can make any
+//! output expensive, and at most [`INLINE_BYTES`] of request and output) runs on the
+//! calling thread instead ([`run_unless_small`]): it takes microseconds, less than
+//! handing it to another thread and waking the caller again.
+//!
 //! A job gets a [`Halt`] to check in its loops: it says stop once the job's caller is
 //! gone (the future was dropped: the task was canceled, interrupted at shutdown, or the
 //! process is stopping) or its time limit has passed. Nothing waits for a job at
 //! shutdown: its future is dropped and the job stops at its next check.
 
+use serde_json::Value;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
+use tollgate_core::{TaskKind, TaskRequest, check_output_size};
+
+/// Bytes of JSON (request and output together) up to which a job on a task runs on the
+/// calling thread.
+pub(crate) const INLINE_BYTES: usize = 16 * 1024;
 
 /// One permit per core: CPU jobs never oversubscribe the machine.
 static SLOTS: LazyLock<Arc<Semaphore>> = LazyLock::new(|| {
@@ -65,6 +77,48 @@ impl Drop for AbandonOnDrop {
     }
 }
 
+/// Whether a job over this request (and output) is small enough to run inline: not
+/// `extract_data`, and at most [`INLINE_BYTES`] of JSON in all (measuring stops there).
+pub(crate) fn is_small(request: &TaskRequest, output: Option<&Value>) -> bool {
+    if request.kind() == TaskKind::ExtractData {
+        return false;
+    }
+    let Some(used) = request.size_within(INLINE_BYTES) else {
+        return false;
+    };
+    output.is_none_or(|o| check_output_size(o, INLINE_BYTES - used).is_ok())
+}
+
+/// [`run`], except that a small job (`small`, see [`is_small`]) runs at once on the
+/// calling thread (its time limit and a panic's message apply the same way).
+pub(crate) async fn run_unless_small<T, F>(
+    small: bool,
+    time_limit: Option<Duration>,
+    job: F,
+) -> Result<T, String>
+where
+    T: Send + 'static,
+    F: FnOnce(&Halt) -> T + Send + 'static,
+{
+    if !small {
+        return run(time_limit, job).await;
+    }
+    let halt = Halt {
+        abandoned: Arc::new(AtomicBool::new(false)),
+        deadline: time_limit.map(|t| Instant::now() + t),
+    };
+    catch_unwind(AssertUnwindSafe(|| job(&halt))).map_err(|panic| panic_message(&*panic))
+}
+
+/// A panic's message, as [`run`] reports it.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a CPU job panicked".to_string())
+}
+
 /// Runs `job` on the blocking pool (waiting for a free core first) and returns its
 /// result. The time limit starts when the job starts. Dropping the returned future tells
 /// the job to stop; nothing waits for it. `Err` carries a panic's message.
@@ -89,11 +143,7 @@ where
         job(&halt)
     });
     handle.await.map_err(|e| match e.try_into_panic() {
-        Ok(panic) => panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a CPU job panicked".to_string()),
+        Ok(panic) => panic_message(&*panic),
         Err(e) => format!("a CPU job did not finish: {e}"),
     })
 }
@@ -117,6 +167,47 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(stopped, Ok(Some(Stop::Abandoned)));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_small_job_runs_on_the_calling_thread_with_the_same_answers() {
+        let caller = std::thread::current().id();
+        let ran_on = run_unless_small(true, None, |_| std::thread::current().id()).await;
+        assert_eq!(ran_on, Ok(caller));
+        let elsewhere = run_unless_small(false, None, |_| std::thread::current().id()).await;
+        assert_ne!(elsewhere, Ok(caller));
+        let panicked = run_unless_small(true, None, |_| -> () { panic!("boom") }).await;
+        assert_eq!(panicked, Err("boom".to_string()));
+        let limit = run_unless_small(true, Some(Duration::ZERO), |halt| halt.check()).await;
+        assert_eq!(limit, Ok(Some(Stop::TimedOut)));
+    }
+
+    #[test]
+    fn only_small_requests_and_outputs_of_the_fixed_kinds_are_small() {
+        let classify = TaskRequest::parse(
+            TaskKind::Classify,
+            &serde_json::json!({"input": "hi", "labels": ["a", "b"]}),
+        )
+        .unwrap();
+        assert!(is_small(&classify, None));
+        assert!(is_small(
+            &classify,
+            Some(&serde_json::json!({"label": "a"}))
+        ));
+        let big = serde_json::json!({"text": "x".repeat(INLINE_BYTES)});
+        assert!(!is_small(&classify, Some(&big)));
+        let long = TaskRequest::parse(
+            TaskKind::GenerateText,
+            &serde_json::json!({"prompt": "y".repeat(INLINE_BYTES)}),
+        )
+        .unwrap();
+        assert!(!is_small(&long, None));
+        let extract = TaskRequest::parse(
+            TaskKind::ExtractData,
+            &serde_json::json!({"input": "hi", "schema": {"type": "object"}}),
+        )
+        .unwrap();
+        assert!(!is_small(&extract, None));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

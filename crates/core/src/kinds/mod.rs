@@ -169,6 +169,17 @@ impl TaskRequest {
         result.expect("a task request always serializes to JSON")
     }
 
+    /// Bytes of [`to_value`](Self::to_value) as compact JSON, or `None` as soon as they
+    /// pass `limit` (measuring stops there, nothing is built).
+    pub fn size_within(&self, limit: usize) -> Option<usize> {
+        match self {
+            TaskRequest::GenerateText(r) => output_size::json_size(r, limit),
+            TaskRequest::Classify(r) => output_size::json_size(r, limit),
+            TaskRequest::ClassifyMany(r) => output_size::json_size(r, limit),
+            TaskRequest::ExtractData(r) => output_size::json_size(r, limit),
+        }
+    }
+
     /// The JSON Schema the output of THIS request must satisfy: the labels as an enum, the
     /// item ids, or the caller's schema for `extract_data`. The first three are compatible
     /// with OpenAI strict structured outputs (every property required, no additional

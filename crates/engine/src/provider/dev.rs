@@ -198,9 +198,10 @@ impl Provider for DevProvider {
         let request = call.request.clone();
         let schema = call.output_schema.clone();
         let limit = call.max_output_bytes;
-        // Off the runtime, bounded in time and size; dropping this future (a cancel, a
-        // shutdown) stops the builder at its next check.
-        cpu::run(Some(time_limit), move |halt| {
+        // Off the runtime (unless small), bounded in time and size; dropping this future
+        // (a cancel, a shutdown) stops the builder at its next check.
+        let small = cpu::is_small(&request, None);
+        cpu::run_unless_small(small, Some(time_limit), move |halt| {
             DevProvider::answer_within(&model, &request, &schema, limit, halt)
         })
         .await
