@@ -6,7 +6,7 @@
 //! here once, not in each handler.
 
 use crate::error::EngineError;
-use crate::facade::{Submission, SubmissionOwner, Submitted, Tollgate};
+use crate::facade::{Submission, SubmissionOwner, Submitted, TaskWaiter, Tollgate};
 use crate::pipelines::{PipelineProgress, PipelineStart, StartedRun};
 use std::time::Duration;
 use tollgate_core::{AppId, EffectKey, InvalidInput, Run, RunId, ScopeId, SourceId, Task, TaskId};
@@ -152,6 +152,28 @@ impl CallerView {
             return Ok(None);
         }
         Ok(self.visible_task(self.tollgate.wait(&self.app, id, timeout).await?))
+    }
+
+    /// [`Tollgate::waiter`]: make it before submitting or reading the task to wait on.
+    pub fn waiter(&self) -> TaskWaiter {
+        self.tollgate.waiter()
+    }
+
+    /// [`TaskWaiter::wait`] from a task this caller just submitted or read through this
+    /// view after `waiter` was made (`known`): no read to check that it is visible, none to
+    /// start from, and none at its end when this process's worker ends it. `None`: not
+    /// visible to this caller, or deleted meanwhile.
+    pub async fn wait_known(
+        &self,
+        waiter: TaskWaiter,
+        known: Task,
+        timeout: Duration,
+    ) -> Result<Option<Task>, EngineError> {
+        let Some(known) = self.visible_task(Some(known)) else {
+            return Ok(None);
+        };
+        let id = known.id;
+        Ok(self.visible_task(waiter.wait(&self.app, id, Some(known), timeout).await?))
     }
 
     /// [`Tollgate::cancel`] of a visible task.

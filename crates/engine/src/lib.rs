@@ -74,10 +74,11 @@ pub use access::CallerView;
 pub use config::{ConfigError, EngineConfig};
 pub use error::{ConflictField, EngineError};
 pub use facade::{
-    MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, Tollgate, TollgateBuilder,
+    MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, TaskWaiter, Tollgate,
+    TollgateBuilder,
 };
 pub use list::{STATS_WINDOW, ScopeCost, ScopeState, TaskStats, UsageReport};
-pub use notify::{Event, Notifier};
+pub use notify::{Event, FinishedTask, Notifier};
 pub use pipelines::{
     PipelineProgress, PipelineStart, PipelineStep, StartedRun, StepStatus, step_effect_key,
 };

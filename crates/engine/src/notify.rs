@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
-use tollgate_core::{AppId, RunId, TaskId, TaskStatus};
+use tollgate_core::{AppId, RunId, Task, TaskId, TaskStatus};
 use uuid::Uuid;
 
 /// How many events a slow in-process subscriber may fall behind before it skips some
@@ -48,6 +48,10 @@ pub enum Event {
         /// Its new state, when known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         status: Option<TaskStatus>,
+        /// The task as it ended, on events published by this process (never sent to
+        /// other replicas): a waiter here needs no read.
+        #[serde(skip)]
+        task: Option<FinishedTask>,
     },
     /// A run waiting on a task was woken: its workflow worker may continue it.
     RunWoken {
@@ -69,6 +73,19 @@ impl Event {
         }
     }
 }
+
+/// A task as the transition that ended it returned it (see [`Event::TaskFinished`]).
+#[derive(Debug, Clone)]
+pub struct FinishedTask(pub Arc<Task>);
+
+impl PartialEq for FinishedTask {
+    fn eq(&self, other: &FinishedTask) -> bool {
+        *self.0 == *other.0
+    }
+}
+
+// A task holds JSON values without floats that are not numbers: equality is total.
+impl Eq for FinishedTask {}
 
 /// What crosses replicas: the event and the replica that sent it (so a replica ignores
 /// its own echoes).
@@ -366,6 +383,7 @@ mod tests {
             app: Some(AppId::new("acme").unwrap()),
             id: TaskId::generate(),
             status: Some(TaskStatus::Succeeded),
+            task: None,
         };
         let envelope = Envelope {
             origin: Uuid::new_v4(),

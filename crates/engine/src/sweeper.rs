@@ -48,6 +48,7 @@ pub(crate) async fn sweep_until_done(
                 app: None,
                 id: *id,
                 status: None,
+                task: None,
             });
         }
         for run in &report.woken_runs {

@@ -14,10 +14,11 @@ mod submit;
 mod tasks;
 
 pub use submission::{SourceSpec, Submission, SubmissionOwner, Submitted};
+pub use tasks::TaskWaiter;
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
-use crate::notify::{Event, Notifier};
+use crate::notify::{Event, FinishedTask, Notifier};
 use crate::pipelines::PipelineCache;
 use crate::provider::{Provider, ProviderRegistry};
 use crate::registry::{BudgetPolicies, ModelRegistry};
@@ -77,6 +78,7 @@ impl Inner {
                 app: Some(task.app.clone()),
                 id: task.id,
                 status: Some(task.status),
+                task: Some(FinishedTask(Arc::new(task.clone()))),
             });
         }
         for run in &transition.woken_runs {

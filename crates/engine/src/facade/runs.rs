@@ -31,6 +31,7 @@ impl Tollgate {
                     app: Some(app.clone()),
                     id: *task,
                     status: Some(TaskStatus::Canceled),
+                    task: None,
                 });
             }
         }

@@ -1,8 +1,10 @@
 //! Tasks by id or effect key: get, wait, cancel, release, unreleased sources, deletion (SPEC §5, §8).
 
 use crate::error::EngineError;
-use crate::notify::Event;
+use crate::notify::{Event, FinishedTask};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use tollgate_core::{AppId, EffectKey, ScopeId, SourceId, Task, TaskId};
@@ -35,35 +37,15 @@ impl Tollgate {
         id: TaskId,
         timeout: Duration,
     ) -> Result<Option<Task>, EngineError> {
-        // Subscribe before the first read, so a finish between the read and the wait
-        // is not missed.
-        let mut events = self.inner.notifier.subscribe();
-        let deadline = Instant::now() + timeout;
-        let poll = self.inner.config.notifications.poll_interval;
-        loop {
-            let Some(task) = self.inner.store.get_task(app, id).await? else {
-                return Ok(None);
-            };
-            let now = Instant::now();
-            if task.status.is_terminal() || now >= deadline {
-                return Ok(Some(task));
-            }
-            let nap = tokio::time::sleep((deadline - now).min(poll));
-            tokio::pin!(nap);
-            loop {
-                tokio::select! {
-                    _ = &mut nap => break,
-                    event = events.recv() => match event {
-                        Ok(Event::TaskFinished { id: finished, .. }) if finished == id => break,
-                        Ok(_) => {}
-                        Err(RecvError::Lagged(_)) => break,
-                        Err(RecvError::Closed) => {
-                            (&mut nap).await;
-                            break;
-                        }
-                    },
-                }
-            }
+        self.waiter().wait(app, id, None, timeout).await
+    }
+
+    /// A [`TaskWaiter`] that hears every task end from now on: make it before submitting or
+    /// reading a task to wait on it without reading it again.
+    pub fn waiter(&self) -> TaskWaiter {
+        TaskWaiter {
+            tollgate: self.clone(),
+            events: self.inner.notifier.subscribe(),
         }
     }
 
@@ -114,5 +96,67 @@ impl Tollgate {
             .store
             .delete_owner_data(app, scope, source)
             .await?)
+    }
+}
+
+/// Waits for a task to end, hearing every end since it was made ([`Tollgate::waiter`]).
+#[derive(Debug)]
+pub struct TaskWaiter {
+    tollgate: Tollgate,
+    events: broadcast::Receiver<Event>,
+}
+
+impl TaskWaiter {
+    /// [`Tollgate::wait`], starting from `known` when given: the task as read (or submitted)
+    /// after this waiter was made, so a finish after that read is heard, not missed. An
+    /// end published by this process carries the task as it ended (no read); one heard
+    /// from another replica, or none within `notifications.poll_interval`, means a read.
+    pub async fn wait(
+        mut self,
+        app: &AppId,
+        id: TaskId,
+        known: Option<Task>,
+        timeout: Duration,
+    ) -> Result<Option<Task>, EngineError> {
+        let inner = &self.tollgate.inner;
+        let deadline = Instant::now() + timeout;
+        let poll = inner.config.notifications.poll_interval;
+        let mut known = known.filter(|t| t.id == id && t.app == *app);
+        loop {
+            let task = match known.take() {
+                Some(task) => task,
+                None => match inner.store.get_task(app, id).await? {
+                    Some(task) => task,
+                    None => return Ok(None),
+                },
+            };
+            let now = Instant::now();
+            if task.status.is_terminal() || now >= deadline {
+                return Ok(Some(task));
+            }
+            let nap = tokio::time::sleep((deadline - now).min(poll));
+            tokio::pin!(nap);
+            loop {
+                tokio::select! {
+                    _ = &mut nap => break,
+                    event = self.events.recv() => match event {
+                        Ok(Event::TaskFinished { id: finished, task, .. }) if finished == id => {
+                            match task {
+                                Some(FinishedTask(t)) if t.app == *app && t.status.is_terminal() => {
+                                    return Ok(Some(Arc::unwrap_or_clone(t)));
+                                }
+                                _ => break,
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(RecvError::Lagged(_)) => break,
+                        Err(RecvError::Closed) => {
+                            (&mut nap).await;
+                            break;
+                        }
+                    },
+                }
+            }
+        }
     }
 }

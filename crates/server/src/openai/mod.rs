@@ -224,13 +224,14 @@ async fn chat_completions(
     // The engine judges a replayed key: the same call answers its task, another request
     // is `TaskConflict` (409 naming the task), a key of a task the caller cannot see is
     // `EffectKeyTaken` (409 naming nothing).
+    let waiter = view.waiter();
     let submitted = view.submit(sub).await?;
     // Nothing replays a door task after it is answered but a retried call, so it is
     // released now: deleted `sweeper.retention` after it finishes, replayable until then.
     view.release(&scope, &submitted.task.effect_key).await?;
     let mut task = submitted.task;
     if !task.status.is_terminal()
-        && let Some(now) = view.wait(task.id, s.max_wait).await?
+        && let Some(now) = view.wait_known(waiter, task.clone(), s.max_wait).await?
     {
         task = now;
     }

@@ -37,7 +37,7 @@ pub(crate) use tollgate_core::{
     SourceRevision, StepKey, Task, TaskId, TaskKind, parse_duration,
 };
 pub(crate) use tollgate_engine::{
-    CallerView, PipelineStart, SourceSpec, Submission, SubmissionOwner, Submitted,
+    CallerView, PipelineStart, SourceSpec, Submission, SubmissionOwner, Submitted, TaskWaiter,
 };
 pub(crate) use tollgate_store::{ScopedSource, UnreleasedQuery};
 

@@ -115,22 +115,27 @@ pub(crate) async fn submit(
     .await?;
     let sub = submission(&caller, body, header_key.as_ref())?;
     let view = view(&s, &caller);
+    // Hears the task's end from before it exists: nothing to read again to wait on it.
+    let waiter = wait.map(|_| view.waiter());
     let submitted = view.submit(sub).await?;
     let status = submit_status(&submitted);
-    let task = waited_task(&view, submitted.task, wait).await?;
+    let task = waited_task(&view, waiter, submitted.task, wait).await?;
     Ok((status, Json(TaskView::of(&task, submitted.created))).into_response())
 }
 
-/// The task after waiting up to `wait` for it to end (as it was if it vanished meanwhile).
+/// The task after waiting up to `wait` for it to end (as it was if it vanished meanwhile);
+/// `waiter` was made before `task` was submitted or read.
 async fn waited_task(
     view: &CallerView,
+    waiter: Option<TaskWaiter>,
     task: Task,
     wait: Option<Duration>,
 ) -> Result<Task, ApiError> {
-    match wait {
-        Some(wait) if !task.status.is_terminal() => {
-            Ok(view.wait(task.id, wait).await?.unwrap_or(task))
-        }
+    match (wait, waiter) {
+        (Some(wait), Some(waiter)) if !task.status.is_terminal() => Ok(view
+            .wait_known(waiter, task.clone(), wait)
+            .await?
+            .unwrap_or(task)),
         _ => Ok(task),
     }
 }
@@ -210,11 +215,13 @@ pub(crate) async fn get_task(
 ) -> Result<Json<TaskView>, ApiError> {
     let wait = parse_wait(q.wait.as_deref(), s.max_wait)?;
     let view = view(&s, &caller);
+    let id = task_id(&id)?;
+    let waiter = wait.map(|_| view.waiter());
     let task = view
-        .get(task_id(&id)?)
+        .get(id)
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
-    let task = waited_task(&view, task, wait).await?;
+    let task = waited_task(&view, waiter, task, wait).await?;
     Ok(Json(TaskView::detail(&task)))
 }
 
