@@ -22,9 +22,14 @@ use tollgate_core::{
 #[async_trait]
 impl TaskStore for PostgresStore {
     async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
-        self.pay_pass_debt().await?;
+        let keeps_view = self.queue_view.covers(std::slice::from_ref(&new));
+        if !keeps_view {
+            self.pay_pass_debt().await?;
+        }
         let created = admission::create_task(self, new).await;
-        self.queue_view.clear();
+        if !keeps_view {
+            self.queue_view.clear();
+        }
         if created.as_ref().is_ok_and(|c| c.created) {
             self.rows_created(1);
         }
@@ -32,9 +37,14 @@ impl TaskStore for PostgresStore {
     }
 
     async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
-        self.pay_pass_debt().await?;
+        let keeps_view = self.queue_view.covers(&news);
+        if !keeps_view {
+            self.pay_pass_debt().await?;
+        }
         let created = admission::create_tasks(self, news).await;
-        self.queue_view.clear();
+        if !keeps_view {
+            self.queue_view.clear();
+        }
         if let Ok(items) = &created {
             let n = items
                 .iter()

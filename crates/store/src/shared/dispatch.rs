@@ -4,7 +4,7 @@
 
 use crate::shared::rows::TaskRow;
 use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
-use tollgate_core::{QueueShare, Weight, allocate_claims, stride};
+use tollgate_core::{NewTask, Owner, QueueShare, Weight, allocate_claims, stride};
 
 /// SPEC §14, both backends: the pass an (app, scope) queue joins at when one of its
 /// tasks is queued — `$credit` (core's [`join_credit`](tollgate_core::join_credit) of
@@ -294,6 +294,28 @@ impl QueueView {
     /// Forgets the view (a creation); what is owed stays.
     pub(crate) fn clear(&self) {
         self.lock().seen = None;
+    }
+
+    /// Whether creations of these tasks leave the view as it is: it is fresh (younger
+    /// than [`QUEUE_VIEW_TTL`]) and lists every task's queue, so they only add tasks to
+    /// queues it already orders and activate none (unless another instance deactivated
+    /// one within the period; it then joins at the passes as written, without this
+    /// instance's unpaid moves: shares, for one period, never tasks). Such creations
+    /// neither pay the debt first nor drop the view, so a scope submitting one task at a
+    /// time costs its claims no read of the queues. Run tasks (their scope is the run's)
+    /// never do.
+    pub(crate) fn covers(&self, news: &[NewTask]) -> bool {
+        let state = self.lock();
+        let Some((at, rows)) = state.seen.as_ref() else {
+            return false;
+        };
+        at.elapsed() <= QUEUE_VIEW_TTL
+            && news.iter().all(|new| match &new.owner {
+                Owner::Application { app, scope, .. } => rows
+                    .iter()
+                    .any(|q| q.app == app.as_str() && q.scope == scope.as_str()),
+                Owner::Run { .. } => false,
+            })
     }
 }
 
