@@ -1,5 +1,5 @@
 //! Tollgate's HTTP API started in-process, for the scenarios that also measure over HTTP
-//! (`latency`): the product's own router and server loop
+//! (`latency`, `peer`): the product's own router and server loop
 //! ([`tollgate_server::router`], [`tollgate_server::serve`]) on `127.0.0.1` with a port the
 //! system picks, over a [`Tollgate`] the scenario built, and one keep-alive HTTP/1.1
 //! client holding the benchmark app's API key.
@@ -200,6 +200,44 @@ pub(crate) fn created_task(
     Ok(task)
 }
 
+/// Checks a `POST /v1/tasks/batch` answer: 200, and `expected` results, each a created
+/// task (201). A refused item is an error with its message.
+pub(crate) fn check_batch(
+    status: reqwest::StatusCode,
+    answer: &[u8],
+    expected: usize,
+) -> anyhow::Result<()> {
+    let text = || {
+        let t = String::from_utf8_lossy(answer);
+        t.chars().take(500).collect::<String>()
+    };
+    anyhow::ensure!(
+        status == reqwest::StatusCode::OK,
+        "POST /v1/tasks/batch answered {status}: {}",
+        text()
+    );
+    let answer: Value = serde_json::from_slice(answer)
+        .with_context(|| format!("POST /v1/tasks/batch answered no JSON: {}", text()))?;
+    let results = answer
+        .get("results")
+        .and_then(Value::as_array)
+        .with_context(|| format!("POST /v1/tasks/batch answered no results: {}", text()))?;
+    anyhow::ensure!(
+        results.len() == expected,
+        "POST /v1/tasks/batch answered {} results for {expected} tasks",
+        results.len()
+    );
+    for (i, item) in results.iter().enumerate() {
+        let status = item.get("status").and_then(Value::as_u64);
+        anyhow::ensure!(
+            status == Some(201) && item.get("task").is_some_and(Value::is_object),
+            "batch item {i} was not created (status {status:?}): {}",
+            item.get("error").map_or_else(String::new, Value::to_string)
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,11 +282,32 @@ mod tests {
         assert!(created_task(created, task.as_bytes(), "queued").is_err());
         assert!(created_task(ok, task.as_bytes(), "succeeded").is_err());
         assert!(created_task(created, b"not json", "succeeded").is_err());
+
+        let batch = |statuses: &[u64]| {
+            let results: Vec<Value> = statuses
+                .iter()
+                .map(|&s| {
+                    if s == 201 {
+                        json!({"status": s, "task": {"id": "x"}})
+                    } else {
+                        json!({"status": s, "error": {"code": "invalid_request", "message": "no"}})
+                    }
+                })
+                .collect();
+            json!({ "results": results }).to_string()
+        };
+        assert!(check_batch(ok, batch(&[201, 201]).as_bytes(), 2).is_ok());
+        assert!(check_batch(ok, batch(&[201, 201]).as_bytes(), 3).is_err());
+        let refused = check_batch(ok, batch(&[201, 422]).as_bytes(), 2).expect_err("refused");
+        assert!(refused.to_string().contains("batch item 1"), "{refused}");
+        assert!(check_batch(ok, batch(&[201, 200]).as_bytes(), 2).is_err());
+        assert!(check_batch(reqwest::StatusCode::BAD_REQUEST, b"{}", 0).is_err());
     }
 
-    /// The in-process server runs a submission with `?wait=` to its result, on SQLite.
+    /// The in-process server runs a submission with `?wait=` to its result and takes a
+    /// batch, on SQLite.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_in_process_server_submits_and_waits() {
+    async fn the_in_process_server_submits_waits_and_batches() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SqliteStore::open(SqliteOptions::new(dir.path().join("h.db")))
             .await
@@ -270,6 +329,21 @@ mod tests {
             .await
             .expect("answer");
         created_task(status, &answer, "succeeded").expect("succeeded");
+        let tasks: Vec<Value> = (0..3)
+            .map(|i| submit_body(&scope, &format!("b-{i}"), &format!("b {i}")))
+            .collect();
+        let body = serde_json::to_vec(&json!({ "tasks": tasks })).expect("json");
+        let (status, answer) = client
+            .post("/v1/tasks/batch", body.clone(), Duration::from_secs(40))
+            .await
+            .expect("answer");
+        check_batch(status, &answer, 3).expect("created");
+        // The same effect keys again: answered, but not created.
+        let (status, answer) = client
+            .post("/v1/tasks/batch", body, Duration::from_secs(40))
+            .await
+            .expect("answer");
+        assert!(check_batch(status, &answer, 3).is_err());
         server.shutdown().await.expect("stopped");
         engine.shutdown(Duration::from_secs(10)).await;
     }

@@ -3,9 +3,9 @@
 //!
 //! Every scenario creates a fresh database (SQLite: a temporary folder; PostgreSQL:
 //! `CREATE DATABASE` with a random name) and drops it at the end. Tollgate's side goes
-//! through the public facade ([`Tollgate`]) — and, in `latency`, also over HTTP, through
-//! the product's own server started in-process (`http`); the baselines are the SQL of
-//! [`baseline`].
+//! through the public facade ([`Tollgate`]) — and, in `latency` and `peer`, also over HTTP,
+//! through the product's own server started in-process (`http`); the baselines are the SQL
+//! of [`baseline`].
 //! Sides alternate in rounds, so a burst of noise from the rest of the machine hits both.
 //! `docs/benchmarks.md` explains every scenario and keeps the latest figures.
 //!
@@ -168,8 +168,9 @@ pub enum Scenario {
     /// HTTP (`POST /v1/tasks?wait=`) (vs the raw SQL lifecycle).
     Latency,
     /// PostgreSQL only: enqueue N with `submit_many`, then W = 32 workers run them, vs
-    /// graphile_worker (the `--peer-bin` child process) on the same server. Not part of
-    /// `all`: the peer binary is built apart from the workspace.
+    /// graphile_worker (the `--peer-bin` child process) on the same server; and N more
+    /// enqueued over HTTP (`POST /v1/tasks/batch`) into a database of their own, never run.
+    /// Not part of `all`: the peer binary is built apart from the workspace.
     Peer,
     /// Every scenario, one after the other (all but `peer`).
     All,
@@ -738,7 +739,7 @@ fn unscoped(scope: &ScopeId, key: &str, text: &str) -> anyhow::Result<Submission
     ))
 }
 
-/// The HTTP body (`POST /v1/tasks`) of
+/// The HTTP body (`POST /v1/tasks`, or an item of `POST /v1/tasks/batch`) of
 /// [`unscoped`]'s submission: the same kind, scope, effect key and request (the app comes
 /// from the API key).
 fn submit_body(scope: &ScopeId, key: &str, text: &str) -> Value {
