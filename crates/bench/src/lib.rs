@@ -3,7 +3,9 @@
 //!
 //! Every scenario creates a fresh database (SQLite: a temporary folder; PostgreSQL:
 //! `CREATE DATABASE` with a random name) and drops it at the end. Tollgate's side goes
-//! through the public facade ([`Tollgate`]); the baselines are the SQL of [`baseline`].
+//! through the public facade ([`Tollgate`]) — and, in `latency` and `peer`, also over HTTP,
+//! through the product's own server started in-process (`http`); the baselines are the SQL
+//! of [`baseline`].
 //! Sides alternate in rounds, so a burst of noise from the rest of the machine hits both.
 //! `docs/benchmarks.md` explains every scenario and keeps the latest figures.
 //!
@@ -18,6 +20,7 @@ mod cache;
 mod counting;
 mod fairness;
 mod heartbeat;
+mod http;
 mod latency;
 mod measure;
 mod peer;
@@ -161,11 +164,13 @@ pub enum Scenario {
     Cache,
     /// Heartbeat writes while R tasks run on W worker pools.
     Heartbeat,
-    /// Submit → result with an instant provider, one client (vs the raw SQL lifecycle).
+    /// Submit → result with an instant provider, one client, through the facade and over
+    /// HTTP (`POST /v1/tasks?wait=`) (vs the raw SQL lifecycle).
     Latency,
     /// PostgreSQL only: enqueue N with `submit_many`, then W = 32 workers run them, vs
-    /// graphile_worker (the `--peer-bin` child process) on the same server. Not part of
-    /// `all`: the peer binary is built apart from the workspace.
+    /// graphile_worker (the `--peer-bin` child process) on the same server; and N more
+    /// enqueued over HTTP (`POST /v1/tasks/batch`) into a database of their own, never run.
+    /// Not part of `all`: the peer binary is built apart from the workspace.
     Peer,
     /// Every scenario, one after the other (all but `peer`).
     All,
@@ -732,6 +737,18 @@ fn unscoped(scope: &ScopeId, key: &str, text: &str) -> anyhow::Result<Submission
         TaskKind::Classify,
         classify(text),
     ))
+}
+
+/// The HTTP body (`POST /v1/tasks`, or an item of `POST /v1/tasks/batch`) of
+/// [`unscoped`]'s submission: the same kind, scope, effect key and request (the app comes
+/// from the API key).
+fn submit_body(scope: &ScopeId, key: &str, text: &str) -> Value {
+    json!({
+        "kind": TaskKind::Classify.as_str(),
+        "scope": scope.as_str(),
+        "effect_key": key,
+        "request": classify(text),
+    })
 }
 
 /// `count` scope ids named `<prefix>-<i>`.

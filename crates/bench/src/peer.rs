@@ -12,24 +12,36 @@
 //! provider, then W workers run them all — the burn-down scenario's own code
 //! ([`tollgate_burn_down`]).
 //!
-//! Rates: enqueue/s = N ÷ (first batch → last batch answered); process/s = N ÷ (workers
-//! started → last committed completion); burn-down/s = N ÷ (first batch → last committed
-//! completion). The systems alternate order round by round. Targets: processing ≥ 1.0×
-//! and enqueue ≥ 1.0× graphile_worker.
+//! Tollgate's HTTP enqueue, a phase of its own after the two systems' turns in each round:
+//! N more unscoped tasks (fresh effect keys) through `POST /v1/tasks/batch`,
+//! [`MAX_BATCH`] = 1000 per call (the route's limit), one call at a time from one
+//! keep-alive HTTP/1.1 client, to the product's server started in-process
+//! ([`HttpServer`]) over a second Tollgate on a second fresh database whose workers are
+//! never started: its tasks stay queued and are dropped with the database, so the
+//! processing measurement never sees them.
 //!
-//! Not part of `all` (the peer binary may not be built). HTTP enqueue (`POST
-//! /v1/tasks/batch`) is not measured here: the bench crate runs no HTTP server.
+//! Rates: enqueue/s = N ÷ (first batch → last batch answered), over HTTP too (the
+//! answers' items are checked to be created tasks once the clock has stopped); process/s =
+//! N ÷ (workers started → last committed completion); burn-down/s = N ÷ (first batch →
+//! last committed completion). The systems alternate order round by round. Targets:
+//! processing ≥ 1.0× and enqueue ≥ 1.0× graphile_worker; HTTP enqueue ≥ 1.0×
+//! graphile_worker's enqueue is reported apart (`http_enqueue_target_met`).
+//!
+//! Not part of `all` (the peer binary may not be built).
 
 use super::burn_down::{SUBMIT_SCOPES, Timed, timeout_for, tollgate_burn_down};
+use super::counting::CountingStore;
+use super::http::{HttpClient, HttpServer, check_batch};
 use super::measure::Phase;
 use super::report::ScenarioReport;
-use super::{BackendKind, Ctx, Scenario, scope_ids, with_database};
+use super::{BackendKind, BenchDb, Ctx, Scenario, scope_ids, submit_body, with_database};
 use crate::baseline::{create_postgres_database, drop_postgres_database};
 use anyhow::Context;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tollgate_core::ScopeId;
 use tollgate_engine::MAX_BATCH;
 
 /// Where `cargo build --release --manifest-path bench/graphile-peer/Cargo.toml` puts the
@@ -120,7 +132,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         .with_context(|| format!("cannot create graphile_worker's database {name}"))?;
     let peer_url = with_database(&ctx.database_url, &name);
     let result = match peer_url {
-        Ok(url) => rounds(ctx, &url).await,
+        Ok(url) => with_http_database(ctx, &url).await,
         Err(e) => Err(e),
     };
     ctx.progress.stage("dropping graphile_worker's database");
@@ -132,8 +144,40 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     Ok(report)
 }
 
-/// The alternating rounds and the report.
-async fn rounds(ctx: &Ctx, peer_url: &str) -> anyhow::Result<ScenarioReport> {
+/// The rounds with the HTTP enqueue's own fresh database, dropped afterwards whatever
+/// happened.
+async fn with_http_database(ctx: &Ctx, peer_url: &str) -> anyhow::Result<ScenarioReport> {
+    ctx.progress
+        .stage("creating the HTTP enqueue's fresh database");
+    let db = BenchDb::create(ctx.backend, &ctx.database_url)
+        .await
+        .context("cannot create the HTTP enqueue's database")?;
+    let result = rounds(ctx, peer_url, &db).await;
+    ctx.progress.stage("dropping the HTTP enqueue's database");
+    let dropped = db.drop().await;
+    let report = result?;
+    dropped?;
+    Ok(report)
+}
+
+/// The alternating rounds (the HTTP enqueue's server over a Tollgate on `http_db`, its
+/// workers never started) and the report.
+async fn rounds(ctx: &Ctx, peer_url: &str, http_db: &BenchDb) -> anyhow::Result<ScenarioReport> {
+    let http_tollgate = ctx.tollgate(
+        &CountingStore::new(http_db.store.clone()),
+        ctx.sizes.peer_workers,
+        None,
+    )?;
+    let server = HttpServer::start(&http_tollgate).await?;
+    let measured = measure(ctx, peer_url, server.client()).await;
+    let stopped = server.shutdown().await;
+    let report = measured?;
+    stopped?;
+    Ok(report)
+}
+
+/// Every round's turns, then the report.
+async fn measure(ctx: &Ctx, peer_url: &str, http: &HttpClient) -> anyhow::Result<ScenarioReport> {
     let sizes = &ctx.sizes;
     let workers = sizes.peer_workers;
     let rounds = u64::from(sizes.peer_rounds).min(sizes.tasks).max(1);
@@ -142,6 +186,7 @@ async fn rounds(ctx: &Ctx, peer_url: &str) -> anyhow::Result<ScenarioReport> {
     let scopes = scope_ids("peer", SUBMIT_SCOPES)?;
     let mut ours = Side::default();
     let mut theirs = Side::default();
+    let mut http_enqueue = Phase::default();
     let mut peer_runs = Vec::new();
     let mut version = String::new();
     for round in 0..rounds {
@@ -174,13 +219,29 @@ async fn rounds(ctx: &Ctx, peer_url: &str) -> anyhow::Result<ScenarioReport> {
                 peer_runs.push(raw);
             }
         }
+        let elapsed = enqueue_over_http(
+            ctx,
+            http,
+            &scopes,
+            &format!("http-{round}"),
+            n,
+            &format!("tollgate over HTTP {label}"),
+        )
+        .await?;
+        http_enqueue.add(Phase {
+            ops: n,
+            elapsed,
+            latencies_us: Vec::new(),
+        });
     }
 
     let ratio = |t: &Phase, b: &Phase| t.per_s() / b.per_s().max(f64::MIN_POSITIVE);
     let process_ratio = ratio(&ours.process, &theirs.process);
     let enqueue_ratio = ratio(&ours.enqueue, &theirs.enqueue);
     let burn_down_ratio = ratio(&ours.burn_down, &theirs.burn_down);
+    let http_enqueue_ratio = ratio(&http_enqueue, &theirs.enqueue);
     let (process_met, enqueue_met) = (process_ratio >= 1.0, enqueue_ratio >= 1.0);
+    let http_enqueue_met = http_enqueue_ratio >= 1.0;
     let met = |ok: bool| if ok { "met" } else { "MISSED" };
     let mut report = ctx.report(Scenario::Peer);
     report
@@ -192,6 +253,11 @@ async fn rounds(ctx: &Ctx, peer_url: &str) -> anyhow::Result<ScenarioReport> {
         .row(
             &format!("tollgate enqueue (submit_many, {MAX_BATCH}/call)"),
             Some(ours.enqueue.per_s()),
+            None,
+        )
+        .row(
+            &format!("tollgate enqueue over HTTP (POST /v1/tasks/batch, {MAX_BATCH}/call)"),
+            Some(http_enqueue.per_s()),
             None,
         )
         .row(
@@ -230,7 +296,10 @@ async fn rounds(ctx: &Ctx, peer_url: &str) -> anyhow::Result<ScenarioReport> {
         .extra("burn_down_ratio", burn_down_ratio)
         .extra("process_target_met", process_met)
         .extra("enqueue_target_met", enqueue_met)
+        .extra("http_enqueue_vs_peer", http_enqueue_ratio)
+        .extra("http_enqueue_target_met", http_enqueue_met)
         .extra("tollgate_enqueue_per_s", ours.enqueue.per_s())
+        .extra("tollgate_http_enqueue_per_s", http_enqueue.per_s())
         .extra("graphile_worker_enqueue_per_s", theirs.enqueue.per_s())
         .extra("tollgate_burn_down_per_s", ours.burn_down.per_s())
         .extra("graphile_worker_burn_down_per_s", theirs.burn_down.per_s())
@@ -243,15 +312,77 @@ async fn rounds(ctx: &Ctx, peer_url: &str) -> anyhow::Result<ScenarioReport> {
             "enqueue: {enqueue_ratio:.2}× graphile_worker (target ≥ 1.0×: {})",
             met(enqueue_met)
         ))
+        .note(format!(
+            "enqueue over HTTP: {http_enqueue_ratio:.2}× graphile_worker's enqueue \
+             (target ≥ 1.0×: {})",
+            met(http_enqueue_met)
+        ))
         .note(format!("burn-down: {burn_down_ratio:.2}× graphile_worker"))
         .note(
             "graphile_worker: no-op handler, local queue of 1000, completions and failures \
              batched every 5 ms, 10 ms poll, 20 connections; tollgate: instant provider, \
              16 connections",
         )
-        .note("HTTP enqueue (POST /v1/tasks/batch) is not measured by this scenario");
+        .note(
+            "HTTP enqueue: one keep-alive HTTP/1.1 client, one call at a time, to an \
+             in-process server over a second fresh database with no workers (its tasks \
+             are never run)",
+        );
     report.store_profile(&counting.counts().profile());
     Ok(report)
+}
+
+/// Enqueues `n` unscoped tasks (spread over `scopes`, effect keys `burn-<tag>-<i>`, the
+/// burn-down's requests) through `POST /v1/tasks/batch`, [`MAX_BATCH`] per call, one call
+/// at a time; returns first call → last answer. The bodies are written before the clock
+/// starts (as the facade's submissions are built before theirs); the answers are checked
+/// after it stops, and every item must be a created task.
+async fn enqueue_over_http(
+    ctx: &Ctx,
+    http: &HttpClient,
+    scopes: &[ScopeId],
+    tag: &str,
+    n: u64,
+    stage: &str,
+) -> anyhow::Result<Duration> {
+    ctx.progress
+        .stage(format!("{stage}: POST /v1/tasks/batch × {n}"));
+    let mut bodies = Vec::new();
+    let mut items = Vec::with_capacity(MAX_BATCH);
+    for i in 0..n {
+        let scope = &scopes[i as usize % scopes.len()];
+        items.push(submit_body(
+            scope,
+            &format!("burn-{tag}-{i}"),
+            &format!("burn {tag} {i}"),
+        ));
+        if items.len() == MAX_BATCH || i + 1 == n {
+            let count = items.len();
+            let body = serde_json::to_vec(&json!({ "tasks": std::mem::take(&mut items) }))?;
+            anyhow::ensure!(
+                body.len() <= tollgate_server::BATCH_BODY_LIMIT,
+                "a batch body of {} bytes is over the server's {} byte limit",
+                body.len(),
+                tollgate_server::BATCH_BODY_LIMIT
+            );
+            bodies.push((count, body));
+        }
+    }
+    let timeout = timeout_for(MAX_BATCH as u64);
+    let mut answers = Vec::with_capacity(bodies.len());
+    let mut sent = 0u64;
+    let start = Instant::now();
+    for (count, body) in bodies {
+        let (status, answer) = http.post("/v1/tasks/batch", body, timeout).await?;
+        sent += count as u64;
+        ctx.progress.set(sent);
+        answers.push((count, status, answer));
+    }
+    let elapsed = start.elapsed();
+    for (count, status, answer) in answers {
+        check_batch(status, &answer, count)?;
+    }
+    Ok(elapsed)
 }
 
 /// Runs the peer binary once on `url` and parses its JSON object.
