@@ -1,7 +1,7 @@
 //! Step 6: the task insert and, for an admitted task, the admission's writes and the
 //! global slot in the same final statement.
 
-use super::super::{PostgresStore, Tx};
+use super::super::{PostgresStore, Tx, now_sql};
 use super::SlotPath;
 use super::slots::{slot_stripe, take_slot_rebalancing};
 use crate::shared::admission::{ScopeUpdate, cached_usage};
@@ -16,16 +16,23 @@ use tollgate_core::{
     Timestamp, Weight, join_credit,
 };
 
+/// The columns of a task insert, in the order of [`bind_insert`]'s `$1`–`$28`.
+macro_rules! task_insert_into {
+    () => {
+        "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
+         subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
+         model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
+         usage, created_at, completed_at, reservation, priority, dispatch_key) "
+    };
+}
+
 /// The task insert (`$1`–`$28`, bound by [`bind_insert`]); a taken effect key inserts
 /// nothing (`ON CONFLICT DO NOTHING`) and returns no row.
 macro_rules! task_insert {
     () => {
         concat!(
-            "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
-             subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
-             model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
-             usage, created_at, completed_at, reservation, priority, dispatch_key) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+            task_insert_into!(),
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
              $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28) \
              ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
             task_columns!()
@@ -344,6 +351,49 @@ pub(super) async fn insert_task(
         bind_insert(sqlx::query(task_insert!()), i)
     };
     let row = query.fetch_optional(&mut **tx).await?;
+    row.map(|r| TaskRow::from_row(&r).map_err(StoreError::from))
+        .transpose()?
+        .map(TaskRow::into_task)
+        .transpose()
+}
+
+/// An unscoped application task (no cache, no admission: SPEC §3 steps 2 and 6) in ONE
+/// statement, its own transaction: the shared lock of its (app, scope) (`$31`; owner
+/// deletion, which takes it exclusive, cannot interleave), the database's "now"
+/// (`$32`, the fixed clock when set), the insert (a taken effect key inserts nothing) and
+/// the queue's activation (weight `$29`, joining credit `$30`). The row's `now` is
+/// [`Timestamp`]`(0)`, so [`bind_insert`]'s `$24` is unused and `$28` is the dispatch
+/// key's offset from the creation time (`dispatch_key(t) = t + dispatch_key(0)`), added
+/// to the statement's "now". `None`: the key was taken.
+pub(super) async fn insert_app_task(
+    store: &PostgresStore,
+    i: &InsertRow<'_>,
+    lock: i64,
+) -> StoreResult<Option<Task>> {
+    debug_assert_eq!(i.now, Timestamp(0), "the statement reads now itself");
+    let row = bind_insert(
+        sqlx::query(concat!(
+            "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared($31) AS locked), \
+             clock AS MATERIALIZED (SELECT ",
+            now_sql!(32),
+            " AS now FROM lock), t AS (",
+            task_insert_into!(),
+            "SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+             $17, $18, $19, $20, $21, $22, $23, clock.now, $25, $26, $27, clock.now + $28 \
+             FROM clock ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
+            task_columns!(),
+            ")",
+            queue_activation!("$30"),
+            "SELECT * FROM t"
+        )),
+        i,
+    )
+    .bind(i64::from(i.new.dispatch.weight))
+    .bind(join_credit(i.new.dispatch.weight))
+    .bind(lock)
+    .bind(store.fixed_now())
+    .fetch_optional(&store.pool)
+    .await?;
     row.map(|r| TaskRow::from_row(&r).map_err(StoreError::from))
         .transpose()?
         .map(TaskRow::into_task)

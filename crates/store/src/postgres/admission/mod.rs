@@ -30,6 +30,15 @@ use snapshot::admit;
 use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskId, Timestamp, cache_key};
 
 pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
+    if new.scope.is_none()
+        && let Owner::Application {
+            app,
+            scope,
+            subject,
+        } = &new.owner
+    {
+        return create_app_task(store, &new, app, scope, subject.as_ref()).await;
+    }
     match attempt_create(store, &new, SlotPath::Fast).await? {
         Some(created) => Ok(created),
         // The fast path found its stripe without allowance and rolled back: again, with
@@ -37,6 +46,42 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
         None => attempt_create(store, &new, SlotPath::Rebalance)
             .await?
             .ok_or_else(|| StoreError::Database("the rebalancing admission did not decide".into())),
+    }
+}
+
+/// An unscoped application task: no cache, no admission, no run to check, so one
+/// statement ([`insert::insert_app_task`]); a taken effect key is then read as the
+/// idempotent answer (a replay costs that read too).
+async fn create_app_task(
+    store: &PostgresStore,
+    new: &NewTask,
+    app: &AppId,
+    scope: &tollgate_core::ScopeId,
+    subject: Option<&Subject>,
+) -> StoreResult<Created> {
+    let item = app_insert(new, scope, subject)?;
+    let row = InsertRow {
+        id: item.id,
+        new,
+        run_id: None,
+        scope: scope.clone(),
+        subject: subject.cloned(),
+        config_hash: item.config_hash,
+        model_ref: item.model_ref,
+        cache_key: None,
+        admitted: false,
+        cached_from: None,
+        cached_output: None,
+        now: Timestamp(0),
+        reservation: None,
+        saved_nano: 0,
+    };
+    match insert::insert_app_task(store, &row, scope_lock_key(app, scope)).await? {
+        Some(task) => Ok(Created {
+            task,
+            created: true,
+        }),
+        None => insert::lost_race(store, app, new).await,
     }
 }
 
