@@ -404,19 +404,7 @@ impl WorkerStore for PostgresStore {
             .filter(|item| claimed_copy(item).is_none())
             .map(|item| item.id.to_string())
             .collect();
-        let read: HashMap<TaskId, Task> = if unknown.is_empty() {
-            HashMap::new()
-        } else {
-            let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-                "SELECT ",
-                task_columns!(),
-                " FROM tasks WHERE id = ANY($1)"
-            ))
-            .bind(&unknown)
-            .fetch_all(&self.pool)
-            .await?;
-            tasks(rows)?.into_iter().map(|t| (t.id, t)).collect()
-        };
+        let read = tasks_by_id(&self.pool, &unknown).await?;
         let mut answers: Vec<Option<StoreResult<Transition>>> =
             items.iter().map(|_| None).collect();
         let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
@@ -525,17 +513,7 @@ impl WorkerStore for PostgresStore {
             .filter(|(item, answer)| !applied.contains(&item.id) && !matches!(answer, Some(Err(_))))
             .map(|(item, _)| item.id.to_string())
             .collect();
-        if !refused.is_empty() {
-            let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-                "SELECT ",
-                task_columns!(),
-                " FROM tasks WHERE id = ANY($1)"
-            ))
-            .bind(&refused)
-            .fetch_all(&self.pool)
-            .await?;
-            after.extend(tasks(rows)?.into_iter().map(|t| (t.id, t)));
-        }
+        after.extend(tasks_by_id(&self.pool, &refused).await?);
         let mut answered = HashSet::new();
         Ok(items
             .iter()
@@ -560,4 +538,20 @@ impl WorkerStore for PostgresStore {
 /// The worker's claimed copy of an item's task, when it has one of that task.
 fn claimed_copy(item: &Completion) -> Option<&Task> {
     item.claimed.as_deref().filter(|t| t.id == item.id)
+}
+
+/// The tasks of these ids that exist, by id (no statement for none).
+async fn tasks_by_id(pool: &sqlx::PgPool, ids: &[String]) -> StoreResult<HashMap<TaskId, Task>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE id = ANY($1)"
+    ))
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(tasks(rows)?.into_iter().map(|t| (t.id, t)).collect())
 }

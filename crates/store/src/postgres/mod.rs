@@ -91,6 +91,11 @@ pub struct PostgresOptions {
     pub application_name: String,
     /// The order `claim_next` claims in (SPEC §14; default fair).
     pub claim_order: crate::ClaimOrder,
+    /// SPEC §14: how long this instance's fair claims reuse its last read of the active
+    /// queues (default 50 ms; other instances' new queues and claims show after at most
+    /// this long). Zero reads them for every claim: for tests that compare several
+    /// instances with a model of the database.
+    pub queue_view_ttl: Duration,
 }
 
 impl PostgresOptions {
@@ -104,7 +109,14 @@ impl PostgresOptions {
             schema: None,
             application_name: "tollgate".to_string(),
             claim_order: crate::ClaimOrder::Fair,
+            queue_view_ttl: crate::shared::dispatch::QUEUE_VIEW_TTL,
         }
+    }
+
+    /// Reuses a read of the active queues for this long ([`Self::queue_view_ttl`]).
+    pub fn with_queue_view_ttl(mut self, ttl: Duration) -> PostgresOptions {
+        self.queue_view_ttl = ttl;
+        self
     }
 
     /// Uses another clock.
@@ -210,7 +222,9 @@ impl PostgresStore {
             claims,
             clock: options.clock,
             claim_order: options.claim_order,
-            queue_view: Arc::default(),
+            queue_view: Arc::new(crate::shared::dispatch::QueueView::with_ttl(
+                options.queue_view_ttl,
+            )),
             stats: Arc::default(),
         })
     }

@@ -164,7 +164,8 @@ pub(crate) async fn claim_fair(
     Ok(claimed)
 }
 
-/// How long a store instance reuses its last read of the active queues (SPEC §14).
+/// How long a store instance reuses its last read of the active queues (SPEC §14), by
+/// default (`queue_view_ttl` of the store's options).
 /// Within it, a claim is one statement: the view is moved by this instance's own
 /// claims, dropped by its own creations and whenever a claim comes up short, so it only
 /// misses other replicas' claims and new queues for this long. The same period bounds
@@ -191,12 +192,29 @@ struct ViewState {
 /// row locks, and the passes still count every claim: other replicas see this
 /// instance's claims at most one period late, and a crash forgets at most that period
 /// of one instance's moves — shares, never tasks.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct QueueView {
     state: std::sync::Mutex<ViewState>,
+    /// How long a read stays fresh ([`QUEUE_VIEW_TTL`] unless the store was opened with
+    /// another period).
+    ttl: std::time::Duration,
+}
+
+impl Default for QueueView {
+    fn default() -> QueueView {
+        QueueView::with_ttl(QUEUE_VIEW_TTL)
+    }
 }
 
 impl QueueView {
+    /// A view whose reads stay fresh for `ttl` (zero: every claim reads the queues).
+    pub(crate) fn with_ttl(ttl: std::time::Duration) -> QueueView {
+        QueueView {
+            state: std::sync::Mutex::default(),
+            ttl,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, ViewState> {
         self.state
             .lock()
@@ -208,7 +226,7 @@ impl QueueView {
     pub(crate) fn fresh(&self, n: usize, spent: &[(String, String)]) -> Option<Vec<QueueRow>> {
         let state = self.lock();
         let (at, rows) = state.seen.as_ref()?;
-        if at.elapsed() > QUEUE_VIEW_TTL || rows.is_empty() {
+        if at.elapsed() >= self.ttl || rows.is_empty() {
             return None;
         }
         let mut rows: Vec<QueueRow> = rows
@@ -297,7 +315,7 @@ impl QueueView {
     }
 
     /// Whether creations of these tasks leave the view as it is: it is fresh (younger
-    /// than [`QUEUE_VIEW_TTL`]) and lists every task's queue, so they only add tasks to
+    /// than its period, [`QUEUE_VIEW_TTL`] by default) and lists every task's queue, so they only add tasks to
     /// queues it already orders and activate none (unless another instance deactivated
     /// one within the period; it then joins at the passes as written, without this
     /// instance's unpaid moves: shares, for one period, never tasks). Such creations
@@ -309,7 +327,7 @@ impl QueueView {
         let Some((at, rows)) = state.seen.as_ref() else {
             return false;
         };
-        at.elapsed() <= QUEUE_VIEW_TTL
+        at.elapsed() < self.ttl
             && news.iter().all(|new| match &new.owner {
                 Owner::Application { app, scope, .. } => rows
                     .iter()
