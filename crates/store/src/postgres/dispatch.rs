@@ -57,7 +57,6 @@ impl FairClaim for PgFairClaim<'_> {
         let apps: Vec<&str> = plan.iter().map(|t| t.queue.app.as_str()).collect();
         let scopes: Vec<&str> = plan.iter().map(|t| t.queue.scope.as_str()).collect();
         let takes: Vec<i64> = plan.iter().map(|t| i64::from(t.take)).collect();
-        // On the claim connections (generic plans, see `PostgresStore::open`).
         // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly. The
         // update finds the picked rows by id as an array: joined to the pick, the planner
         // (which cannot know how few rows the LATERAL limits give) hashes the whole queue.
@@ -83,7 +82,7 @@ impl FairClaim for PgFairClaim<'_> {
         .bind(&apps)
         .bind(&scopes)
         .bind(&takes)
-        .fetch_all(&self.store.claims)
+        .fetch_all(&self.store.pool)
         .await?)
     }
 

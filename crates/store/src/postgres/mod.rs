@@ -79,8 +79,7 @@ pub struct PostgresOptions {
     /// Where "now" comes from: `None` (the default) reads the database's clock, the one
     /// clock all replicas share; tests pass a [`tollgate_core::ManualClock`].
     pub clock: Option<Arc<dyn Clock>>,
-    /// Pool size: every connection the store opens (with 4 or more, a quarter of them
-    /// serve only the claim statements).
+    /// Pool size.
     pub max_connections: u32,
     /// How long a call waits for a connection before failing as unavailable.
     pub acquire_timeout: Duration,
@@ -136,8 +135,6 @@ impl PostgresOptions {
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
-    /// The claim statements' connections (see [`PostgresStore::open`]): generic plans.
-    claims: PgPool,
     clock: Option<Arc<dyn Clock>>,
     claim_order: crate::ClaimOrder,
     /// SPEC §14: this instance's recent view of the active queues.
@@ -192,34 +189,15 @@ impl PostgresStore {
             admin.close().await;
             connect = connect.options([("search_path", schema.as_str())]);
         }
-        // A quarter of the connections (with 4 or more) serve the claim statements only,
-        // with `plan_cache_mode = force_generic_plan`: a claim's plan depends on the array
-        // sizes of its arguments, so under the default mode PostgreSQL plans it anew on
-        // every call (0.25–0.35 ms, more than it takes to run). Its generic plan is as
-        // good; it is planned again whenever the table's statistics change (see `stats`).
-        let claim_connections = if options.max_connections >= 4 {
-            options.max_connections / 4
-        } else {
-            0
-        };
         let pool = PgPoolOptions::new()
-            .max_connections((options.max_connections - claim_connections).max(1))
+            .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect.clone())
+            .connect_with(connect)
             .await?;
-        let claims = if claim_connections == 0 {
-            pool.clone()
-        } else {
-            PgPoolOptions::new()
-                .max_connections(claim_connections)
-                .acquire_timeout(options.acquire_timeout)
-                .connect_lazy_with(connect.options([("plan_cache_mode", "force_generic_plan")]))
-        };
         check_schema_version(&pool).await?;
         MIGRATOR.run(&pool).await?;
         Ok(PostgresStore {
             pool,
-            claims,
             clock: options.clock,
             claim_order: options.claim_order,
             queue_view: Arc::new(crate::shared::dispatch::QueueView::with_ttl(
@@ -260,9 +238,8 @@ impl PostgresStore {
         }
     }
 
-    /// Closes the pools.
+    /// Closes the pool.
     pub async fn close(&self) {
-        self.claims.close().await;
         self.pool.close().await;
     }
 }
