@@ -34,6 +34,10 @@ pub(super) async fn claim_fair(
     crate::shared::dispatch::claim_fair(&store.queue_view, &mut steps, limit).await
 }
 
+/// Largest take of a one-queue claim with its limit written into the statement (one
+/// prepared statement per limit and connection).
+const SINGLE_QUEUE_LIMITS: u32 = 16;
+
 /// PostgreSQL's statements of a fair claim, each in autocommit.
 struct PgFairClaim<'a> {
     store: &'a PostgresStore,
@@ -54,6 +58,40 @@ impl FairClaim for PgFairClaim<'_> {
     }
 
     async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>> {
+        if let [one] = plan
+            && one.take <= SINGLE_QUEUE_LIMITS
+        {
+            // One queue (a scope submitting alone, most claims of a quiet system): scalar
+            // arguments and the limit written into the statement (one text per limit up
+            // to SINGLE_QUEUE_LIMITS), so PostgreSQL's generic plan knows how few rows it
+            // takes (the queue's index in start order) and is kept, instead of planning
+            // the array statement below again on every call. A limit as a parameter would
+            // be planned as a tenth of the queue.
+            let sql = format!(
+                concat!(
+                    "WITH clock AS (SELECT ",
+                    now_sql!(2),
+                    " AS now), \
+                     picked AS MATERIALIZED (SELECT id FROM tasks WHERE app = $3 AND scope = $4 \
+                       AND status = 'queued' AND NOT cancel_requested AND ",
+                    run_not_canceled!(),
+                    " ORDER BY dispatch_key, id LIMIT {} FOR UPDATE SKIP LOCKED) \
+                     UPDATE tasks SET status = 'running', worker = $1, \
+                       attempt = attempt + 1, claimed_at = clock.now, heartbeat_at = clock.now \
+                       FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) \
+                       AND tasks.status = 'queued' RETURNING ",
+                    task_columns_qualified!()
+                ),
+                one.take
+            );
+            return Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(self.worker.as_str())
+                .bind(self.store.fixed_now())
+                .bind(one.queue.app.as_str())
+                .bind(one.queue.scope.as_str())
+                .fetch_all(&self.store.pool)
+                .await?);
+        }
         let apps: Vec<&str> = plan.iter().map(|t| t.queue.app.as_str()).collect();
         let scopes: Vec<&str> = plan.iter().map(|t| t.queue.scope.as_str()).collect();
         let takes: Vec<i64> = plan.iter().map(|t| i64::from(t.take)).collect();
