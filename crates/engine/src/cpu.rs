@@ -5,7 +5,7 @@
 //!
 //! A small job ([`is_small`]: not `extract_data`, whose caller-given schema can make any
 //! output expensive, and at most [`INLINE_BYTES`] of request and output) runs on the
-//! calling thread instead ([`run_unless_small`]): it takes microseconds, less than
+//! calling thread instead ([`inline`]): it takes microseconds, less than
 //! handing it to another thread and waking the caller again.
 //!
 //! A job gets a [`Halt`] to check in its loops: it says stop once the job's caller is
@@ -89,20 +89,13 @@ pub(crate) fn is_small(request: &TaskRequest, output: Option<&Value>) -> bool {
     output.is_none_or(|o| check_output_size(o, INLINE_BYTES - used).is_ok())
 }
 
-/// [`run`], except that a small job (`small`, see [`is_small`]) runs at once on the
-/// calling thread (its time limit and a panic's message apply the same way).
-pub(crate) async fn run_unless_small<T, F>(
-    small: bool,
+/// A small job (see [`is_small`]) at once on the calling thread, with [`run`]'s answers
+/// (its time limit applies, `Err` carries a panic's message). It borrows what it needs:
+/// nothing is copied for another thread.
+pub(crate) fn inline<T>(
     time_limit: Option<Duration>,
-    job: F,
-) -> Result<T, String>
-where
-    T: Send + 'static,
-    F: FnOnce(&Halt) -> T + Send + 'static,
-{
-    if !small {
-        return run(time_limit, job).await;
-    }
+    job: impl FnOnce(&Halt) -> T,
+) -> Result<T, String> {
     let halt = Halt {
         abandoned: Arc::new(AtomicBool::new(false)),
         deadline: time_limit.map(|t| Instant::now() + t),
@@ -172,13 +165,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_small_job_runs_on_the_calling_thread_with_the_same_answers() {
         let caller = std::thread::current().id();
-        let ran_on = run_unless_small(true, None, |_| std::thread::current().id()).await;
+        let ran_on = inline(None, |_| std::thread::current().id());
         assert_eq!(ran_on, Ok(caller));
-        let elsewhere = run_unless_small(false, None, |_| std::thread::current().id()).await;
+        let elsewhere = run(None, |_| std::thread::current().id()).await;
         assert_ne!(elsewhere, Ok(caller));
-        let panicked = run_unless_small(true, None, |_| -> () { panic!("boom") }).await;
+        let panicked = inline(None, |_| -> () { panic!("boom") });
         assert_eq!(panicked, Err("boom".to_string()));
-        let limit = run_unless_small(true, Some(Duration::ZERO), |halt| halt.check()).await;
+        let limit = inline(Some(Duration::ZERO), |halt| halt.check());
         assert_eq!(limit, Ok(Some(Stop::TimedOut)));
     }
 

@@ -658,19 +658,16 @@ async fn check_output(
     output: Value,
     max_output_bytes: usize,
 ) -> Result<Result<Value, OutputViolation>, Failure> {
-    let small = cpu::is_small(request, Some(&output));
-    let request = request.clone();
-    let checked = cpu::run_unless_small(small, None, move |_| {
-        check_output_size(&output, max_output_bytes)?;
-        let valid = validate_output(&request, &output);
-        // The normalized output is what is stored: it must fit too.
-        if let Ok(v) = &valid {
-            check_output_size(v, max_output_bytes)?;
-        }
-        Ok(valid)
-    })
-    .await
-    .map_err(|panic| {
+    let checked = if cpu::is_small(request, Some(&output)) {
+        cpu::inline(None, |_| checked_output(request, &output, max_output_bytes))
+    } else {
+        let request = request.clone();
+        cpu::run(None, move |_| {
+            checked_output(&request, &output, max_output_bytes)
+        })
+        .await
+    };
+    let checked = checked.map_err(|panic| {
         Failure::new(
             ErrorCode::ProviderError,
             format!("checking the output failed: {panic}"),
@@ -679,6 +676,21 @@ async fn check_output(
     checked.map_err(|e: OutputTooLarge| {
         Failure::new(ErrorCode::OutputTooLarge, format!("the model's {e}"))
     })
+}
+
+/// [`check_output`]'s work, wherever it runs.
+fn checked_output(
+    request: &TaskRequest,
+    output: &Value,
+    max_output_bytes: usize,
+) -> Result<Result<Value, OutputViolation>, OutputTooLarge> {
+    check_output_size(output, max_output_bytes)?;
+    let valid = validate_output(request, output);
+    // The normalized output is what is stored: it must fit too.
+    if let Ok(v) = &valid {
+        check_output_size(v, max_output_bytes)?;
+    }
+    Ok(valid)
 }
 
 fn provider_call(provider: &str, outcome: &'static str) {

@@ -194,18 +194,30 @@ impl Provider for DevProvider {
             .get("time_limit_ms")
             .and_then(Value::as_u64)
             .map_or(DEFAULT_TIME_LIMIT, Duration::from_millis);
-        let model = call.model.clone();
-        let request = call.request.clone();
-        let schema = call.output_schema.clone();
         let limit = call.max_output_bytes;
-        // Off the runtime (unless small), bounded in time and size; dropping this future
-        // (a cancel, a shutdown) stops the builder at its next check.
-        let small = cpu::is_small(&request, None);
-        cpu::run_unless_small(small, Some(time_limit), move |halt| {
-            DevProvider::answer_within(&model, &request, &schema, limit, halt)
-        })
-        .await
-        .map_err(|panic| ProviderError::Failed(format!("the dev provider failed: {panic}")))?
+        let answered = if cpu::is_small(call.request, None) {
+            cpu::inline(Some(time_limit), |halt| {
+                DevProvider::answer_within(
+                    call.model,
+                    call.request,
+                    call.output_schema,
+                    limit,
+                    halt,
+                )
+            })
+        } else {
+            // Off the runtime, bounded in time and size; dropping this future (a cancel, a
+            // shutdown) stops the builder at its next check.
+            let model = call.model.clone();
+            let request = call.request.clone();
+            let schema = call.output_schema.clone();
+            cpu::run(Some(time_limit), move |halt| {
+                DevProvider::answer_within(&model, &request, &schema, limit, halt)
+            })
+            .await
+        };
+        answered
+            .map_err(|panic| ProviderError::Failed(format!("the dev provider failed: {panic}")))?
     }
 }
 

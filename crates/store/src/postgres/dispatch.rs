@@ -21,6 +21,7 @@ use super::{PostgresStore, now_sql};
 use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::rows::{TaskRow, task_columns_qualified};
 use crate::{MAX_CLAIM_QUEUES, StoreResult};
+use std::sync::{Arc, LazyLock};
 use tollgate_core::WorkerId;
 
 /// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
@@ -34,9 +35,51 @@ pub(super) async fn claim_fair(
     crate::shared::dispatch::claim_fair(&store.queue_view, &mut steps, limit).await
 }
 
+/// The end of both fair claim statements, after their `clock` and `picked` CTEs
+/// (`$1` the worker). MATERIALIZED picks run once, so LIMIT and SKIP LOCKED hold
+/// exactly. The update finds the picked rows by id as an array: joined to the pick, the
+/// planner (which cannot know how few rows the limits give) hashes the whole queue.
+macro_rules! claim_picked {
+    () => {
+        concat!(
+            "UPDATE tasks SET status = 'running', worker = $1, \
+             attempt = attempt + 1, claimed_at = clock.now, heartbeat_at = clock.now \
+             FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) \
+             AND tasks.status = 'queued' RETURNING ",
+            task_columns_qualified!()
+        )
+    };
+}
+
 /// Largest take of a one-queue claim with its limit written into the statement (one
 /// prepared statement per limit and connection).
 const SINGLE_QUEUE_LIMITS: u32 = 16;
+
+/// The one-queue claims, indexed by their take (0 to [`SINGLE_QUEUE_LIMITS`]): scalar
+/// arguments and the limit written in, so PostgreSQL's generic plan knows how few rows
+/// it takes (the queue's index in start order) and is kept, instead of planning the
+/// array statement again on every call. A limit as a parameter would be planned as a
+/// tenth of the queue (a bad plan behind a large backlog).
+static SINGLE_QUEUE_CLAIMS: LazyLock<Vec<Arc<str>>> = LazyLock::new(|| {
+    (0..=SINGLE_QUEUE_LIMITS)
+        .map(|take| {
+            format!(
+                concat!(
+                    "WITH clock AS (SELECT ",
+                    now_sql!(2),
+                    " AS now), \
+                     picked AS MATERIALIZED (SELECT id FROM tasks WHERE app = $3 AND scope = $4 \
+                       AND status = 'queued' AND NOT cancel_requested AND ",
+                    run_not_canceled!(),
+                    " ORDER BY dispatch_key, id LIMIT {} FOR UPDATE SKIP LOCKED) ",
+                    claim_picked!()
+                ),
+                take
+            )
+            .into()
+        })
+        .collect()
+});
 
 /// PostgreSQL's statements of a fair claim, each in autocommit.
 struct PgFairClaim<'a> {
@@ -59,32 +102,9 @@ impl FairClaim for PgFairClaim<'_> {
 
     async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>> {
         if let [one] = plan
-            && one.take <= SINGLE_QUEUE_LIMITS
+            && let Some(sql) = SINGLE_QUEUE_CLAIMS.get(one.take as usize)
         {
-            // One queue (a scope submitting alone, most claims of a quiet system): scalar
-            // arguments and the limit written into the statement (one text per limit up
-            // to SINGLE_QUEUE_LIMITS), so PostgreSQL's generic plan knows how few rows it
-            // takes (the queue's index in start order) and is kept, instead of planning
-            // the array statement below again on every call. A limit as a parameter would
-            // be planned as a tenth of the queue.
-            let sql = format!(
-                concat!(
-                    "WITH clock AS (SELECT ",
-                    now_sql!(2),
-                    " AS now), \
-                     picked AS MATERIALIZED (SELECT id FROM tasks WHERE app = $3 AND scope = $4 \
-                       AND status = 'queued' AND NOT cancel_requested AND ",
-                    run_not_canceled!(),
-                    " ORDER BY dispatch_key, id LIMIT {} FOR UPDATE SKIP LOCKED) \
-                     UPDATE tasks SET status = 'running', worker = $1, \
-                       attempt = attempt + 1, claimed_at = clock.now, heartbeat_at = clock.now \
-                       FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) \
-                       AND tasks.status = 'queued' RETURNING ",
-                    task_columns_qualified!()
-                ),
-                one.take
-            );
-            return Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            return Ok(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(sql)))
                 .bind(self.worker.as_str())
                 .bind(self.store.fixed_now())
                 .bind(one.queue.app.as_str())
@@ -95,9 +115,6 @@ impl FairClaim for PgFairClaim<'_> {
         let apps: Vec<&str> = plan.iter().map(|t| t.queue.app.as_str()).collect();
         let scopes: Vec<&str> = plan.iter().map(|t| t.queue.scope.as_str()).collect();
         let takes: Vec<i64> = plan.iter().map(|t| i64::from(t.take)).collect();
-        // MATERIALIZED: the pick runs once, so LIMIT and SKIP LOCKED hold exactly. The
-        // update finds the picked rows by id as an array: joined to the pick, the planner
-        // (which cannot know how few rows the LATERAL limits give) hashes the whole queue.
         Ok(sqlx::query_as(concat!(
             "WITH clock AS (SELECT ",
             now_sql!(2),
@@ -108,12 +125,8 @@ impl FairClaim for PgFairClaim<'_> {
                (SELECT id FROM tasks WHERE tasks.app = p.app AND tasks.scope = p.scope \
                 AND status = 'queued' AND NOT cancel_requested AND ",
             run_not_canceled!(),
-            " ORDER BY dispatch_key, id LIMIT p.take FOR UPDATE SKIP LOCKED) x) \
-             UPDATE tasks SET status = 'running', worker = $1, \
-               attempt = attempt + 1, claimed_at = clock.now, heartbeat_at = clock.now \
-               FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) \
-               AND tasks.status = 'queued' RETURNING ",
-            task_columns_qualified!()
+            " ORDER BY dispatch_key, id LIMIT p.take FOR UPDATE SKIP LOCKED) x) ",
+            claim_picked!()
         ))
         .bind(self.worker.as_str())
         .bind(self.store.fixed_now())

@@ -6,6 +6,7 @@ use super::PostgresStore;
 use super::admission::{self, lock_scope};
 use super::lifecycle::{CANCELED_MESSAGE, finish, lock_run_of};
 use crate::shared::cost::{SpendSums, TokenBucketRow, spend_sums};
+use crate::shared::dispatch::around_creation;
 use crate::shared::rows::{
     EndedRow, FinishedRow, ScopedSourceRow, TaskRow, task_columns, unreleased_page,
 };
@@ -23,13 +24,13 @@ use tollgate_core::{
 impl TaskStore for PostgresStore {
     async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
         let keeps_view = self.queue_view.covers(std::slice::from_ref(&new));
-        if !keeps_view {
-            self.pay_pass_debt().await?;
-        }
-        let created = admission::create_task(self, new).await;
-        if !keeps_view {
-            self.queue_view.clear();
-        }
+        let created = around_creation(
+            &self.queue_view,
+            keeps_view,
+            self.pay_pass_debt(),
+            admission::create_task(self, new),
+        )
+        .await?;
         if created.as_ref().is_ok_and(|c| c.created) {
             self.rows_created(1);
         }
@@ -38,13 +39,13 @@ impl TaskStore for PostgresStore {
 
     async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
         let keeps_view = self.queue_view.covers(&news);
-        if !keeps_view {
-            self.pay_pass_debt().await?;
-        }
-        let created = admission::create_tasks(self, news).await;
-        if !keeps_view {
-            self.queue_view.clear();
-        }
+        let created = around_creation(
+            &self.queue_view,
+            keeps_view,
+            self.pay_pass_debt(),
+            admission::create_tasks(self, news),
+        )
+        .await?;
         if let Ok(items) = &created {
             let n = items
                 .iter()

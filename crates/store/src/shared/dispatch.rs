@@ -164,6 +164,26 @@ pub(crate) async fn claim_fair(
     Ok(claimed)
 }
 
+/// SPEC §14 around creations, both backends: unless they keep the view (`keeps_view`,
+/// [`QueueView::covers`] of the new tasks), the pass debt is paid first (`pay`), so a
+/// queue they activate joins at the passes as this instance's claims left them, and the
+/// view is dropped after (they may have activated a queue it does not list).
+pub(crate) async fn around_creation<T>(
+    view: &QueueView,
+    keeps_view: bool,
+    pay: impl std::future::Future<Output = StoreResult<()>>,
+    create: impl std::future::Future<Output = T>,
+) -> StoreResult<T> {
+    if !keeps_view {
+        pay.await?;
+    }
+    let created = create.await;
+    if !keeps_view {
+        view.clear();
+    }
+    Ok(created)
+}
+
 /// How long a store instance reuses its last read of the active queues (SPEC §14), by
 /// default (`queue_view_ttl` of the store's options).
 /// Within it, a claim is one statement: the view is moved by this instance's own

@@ -6,6 +6,7 @@ use super::SqliteStore;
 use super::admission;
 use super::lifecycle::{CANCELED_MESSAGE, finish};
 use crate::shared::cost::{SpendSums, TokenBucketRow, spend_sums};
+use crate::shared::dispatch::around_creation;
 use crate::shared::rows::{
     EndedRow, FinishedRow, ScopedSourceRow, TaskRow, task_columns, unreleased_page,
 };
@@ -23,26 +24,24 @@ use tollgate_core::{
 impl TaskStore for SqliteStore {
     async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
         let keeps_view = self.queue_view.covers(std::slice::from_ref(&new));
-        if !keeps_view {
-            self.pay_pass_debt().await?;
-        }
-        let created = admission::create_task(self, new).await;
-        if !keeps_view {
-            self.queue_view.clear();
-        }
-        created
+        around_creation(
+            &self.queue_view,
+            keeps_view,
+            self.pay_pass_debt(),
+            admission::create_task(self, new),
+        )
+        .await?
     }
 
     async fn create_tasks(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
         let keeps_view = self.queue_view.covers(&news);
-        if !keeps_view {
-            self.pay_pass_debt().await?;
-        }
-        let created = admission::create_tasks(self, news).await;
-        if !keeps_view {
-            self.queue_view.clear();
-        }
-        created
+        around_creation(
+            &self.queue_view,
+            keeps_view,
+            self.pay_pass_debt(),
+            admission::create_tasks(self, news),
+        )
+        .await?
     }
 
     async fn get_task(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Task>> {
