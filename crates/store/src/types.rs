@@ -71,6 +71,37 @@ pub struct Created {
     pub task: Task,
     /// False when the effect key already named a task.
     pub created: bool,
+    /// SPEC §13: what a new cache hit saved, in nano-dollars: the charge of the task it
+    /// copied (0 for anything else). The store has added it to the saved spend.
+    pub saved_nano: u64,
+}
+
+impl Created {
+    /// The task the effect key already named.
+    pub fn existing(task: Task) -> Created {
+        Created {
+            task,
+            created: false,
+            saved_nano: 0,
+        }
+    }
+
+    /// A task this creation inserted.
+    pub fn inserted(task: Task) -> Created {
+        Created {
+            task,
+            created: true,
+            saved_nano: 0,
+        }
+    }
+
+    /// The same answer, recording what a cache hit saved (a negative charge counts 0).
+    pub fn saving(self, nano: i64) -> Created {
+        Created {
+            saved_nano: u64::try_from(nano).unwrap_or(0),
+            ..self
+        }
+    }
 }
 
 /// Answer of a state change.

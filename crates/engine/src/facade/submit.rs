@@ -23,9 +23,7 @@ impl Tollgate {
             Ok(prepared) => {
                 let scoped = prepared.scope.is_some();
                 let created = self.inner.store.create_task(prepared).await;
-                let result = self.created(kind, scoped, created);
-                self.count_savings(&result).await;
-                result
+                self.created(kind, scoped, created)
             }
             Err(e) => Err(e),
         };
@@ -117,6 +115,11 @@ impl Tollgate {
         if created.created {
             if task.cached() {
                 metrics::counter!(m::CACHE_HITS_TOTAL, "kind" => kind.as_str()).increment(1);
+                // SPEC §13: what the hit saved (the copied task's charge, from the store).
+                if created.saved_nano > 0 {
+                    metrics::counter!(m::SPEND_SAVED_TOTAL, "app" => task.app.to_string())
+                        .increment(created.saved_nano);
+                }
             } else if scoped {
                 metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => "admitted").increment(1);
                 if let Some(r) = task.reservation.filter(|r| r.nano_usd > 0) {
@@ -232,7 +235,6 @@ impl Tollgate {
                 for ((i, kind, scoped), answer) in meta.into_iter().zip(answers) {
                     let result = self.created(kind, scoped, answer);
                     count_submit(kind, &result);
-                    self.count_savings(&result).await;
                     out.push((i, result));
                 }
                 out
@@ -248,32 +250,6 @@ impl Tollgate {
                     })
                     .collect()
             }
-        }
-    }
-}
-
-impl Tollgate {
-    /// SPEC §13: a new cache hit of a priced model saved what the task it copied cost
-    /// (read from that task: one indexed read, only for priced models).
-    async fn count_savings(&self, result: &Result<Submitted, EngineError>) {
-        let Ok(s) = result else { return };
-        let Some(from) = s.task.cached_from.filter(|_| s.created) else {
-            return;
-        };
-        let priced = self
-            .inner
-            .models
-            .resolve(Some(&s.task.model))
-            .is_ok_and(|m| m.prices.is_some());
-        if !priced {
-            return;
-        }
-        if let Ok(Some(original)) = self.inner.store.get_task(&s.task.app, from).await
-            && let Some(cost) = original.usage.and_then(|u| u.cost_usd)
-        {
-            let nano = (cost * tollgate_core::cost::NANO_PER_USD as f64).round() as u64;
-            metrics::counter!(m::SPEND_SAVED_TOTAL, "app" => s.task.app.to_string())
-                .increment(nano);
         }
     }
 }

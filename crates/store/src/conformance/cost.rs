@@ -278,6 +278,10 @@ pub async fn cache_hits_are_free_and_report_savings(b: &dyn Backend) {
         "same source, revision and request: a cache hit"
     );
     assert_eq!(hit.task.reservation, None, "a cache hit reserves nothing");
+    assert_eq!(
+        hit.saved_nano, 60_000,
+        "the answer tells what the hit saved"
+    );
     let spent = scope_spend(&*s, "acme", "s").await;
     assert_eq!(spent.settled_nano, 60_000);
     assert_eq!(spent.reserved_nano, 0);

@@ -8,19 +8,38 @@
 //! Expired sources of the scope are pruned on the way, each row once (amortized O(1)).
 
 use super::SqliteStore;
+use super::dispatch::queue_activation;
 use crate::shared::admission::{AdmissionFacts, Refusal, cached_usage};
 use crate::shared::cost::SpendDelta;
 use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
-use sqlx::SqliteConnection;
+use sqlx::{FromRow, SqliteConnection};
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::cost::{
     app_spend_stripe, decide_app_spend, spend_bucket, spend_retry_after, window_first_bucket,
 };
 use tollgate_core::{
-    AppId, Budget, CostRejection, NewTask, Owner, Reservation, RunState, ScopeId, SourceId,
-    Subject, Task, TaskId, Timestamp, cache_key,
+    AppId, Budget, ConfigHash, CostRejection, NewTask, Owner, Reservation, RunState, ScopeId,
+    SourceId, Subject, Task, TaskId, Timestamp, cache_key, join_credit,
 };
+
+/// The upserts adding a delta to the scope's and the app's spend bucket, as a literal
+/// for `concat!`: its 12 positional arguments as [`SpendArguments::spend_arguments`]
+/// binds them.
+macro_rules! spend_upserts {
+    () => {
+        "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens, saved_nano) \
+         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+         reserved_nano = reserved_nano + excluded.reserved_nano, \
+         reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
+         saved_nano = saved_nano + excluded.saved_nano; \
+         INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens, saved_nano) \
+         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+         reserved_nano = reserved_nano + excluded.reserved_nano, \
+         reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
+         saved_nano = saved_nano + excluded.saved_nano"
+    };
+}
 
 /// Everything inserted for a new task, resolved from [`NewTask`] and the owner.
 struct Insert<'a> {
@@ -99,25 +118,39 @@ async fn create_in(
     let app = new.owner.app().clone();
 
     // Step 2: idempotency. The same key always names the same task, whatever its state.
-    if let Some(task) = by_effect_key(conn, &app, new.effect_key.as_str()).await? {
-        return Ok(Created {
-            task,
-            created: false,
-        });
-    }
-
-    // Step 3: owner check; a run's scope and subject apply to its tasks.
-    let (run_id, scope, subject) = match &new.owner {
+    // Step 3: owner check; a run's scope and subject apply to its tasks. An application
+    // task's scope is its own, so its key and its cache hit (step 4) are read in one
+    // statement ([`probe`]); a run's task reads its key before the run.
+    let (run_id, scope, subject, key, probed) = match &new.owner {
         Owner::Run { run_id, .. } => {
+            if let Some(task) = by_effect_key(conn, &app, new.effect_key.as_str()).await? {
+                return Ok(Created::existing(task));
+            }
             let Some(run) = super::runs::fetch_run(&mut *conn, &app, *run_id).await? else {
                 return Err(StoreError::RunNotFound(run_id.to_string()));
             };
             if run.cancel_requested || run.state == RunState::Canceled {
                 return Err(StoreError::RunCanceled(run_id.to_string()));
             }
-            (Some(run_id.to_string()), run.scope, run.subject)
+            let key = scoped_cache_key(new, &config_hash, run.subject.as_ref());
+            (Some(run_id.to_string()), run.scope, run.subject, key, None)
         }
-        Owner::Application { scope, subject, .. } => (None, scope.clone(), subject.clone()),
+        Owner::Application { scope, subject, .. } => {
+            let key = scoped_cache_key(new, &config_hash, subject.as_ref());
+            let probed = probe(conn, &app, new, scope, key.as_deref()).await?;
+            if probed.taken
+                && let Some(task) = by_effect_key(conn, &app, new.effect_key.as_str()).await?
+            {
+                return Ok(Created::existing(task));
+            }
+            (
+                None,
+                scope.clone(),
+                subject.clone(),
+                key,
+                Some(probed.hit()),
+            )
+        }
     };
 
     let id = TaskId::generate();
@@ -137,29 +170,14 @@ async fn create_in(
     };
 
     let mut admission = None;
-    if let Some(scoped) = &new.scope {
-        let key = cache_key(
-            &scoped.source_id,
-            &scoped.source_revision,
-            &new.request,
-            &config_hash,
-            insert.subject.as_ref(),
-        );
+    if let (Some(scoped), Some(key)) = (&new.scope, key) {
         // Step 4: cache. Same app and scope; the key covers source, revision, request,
         // model config and subject.
         if !scoped.recompute {
-            let hit: Option<CacheHitRow> = sqlx::query_as(
-                "SELECT id, output, charged_nano FROM tasks \
-                 WHERE app = ? AND scope = ? AND cache_key = ? AND status = 'succeeded' \
-                 AND cache_key IS NOT NULL \
-                 ORDER BY completed_at DESC, id DESC LIMIT 1",
-            )
-            .bind(app.as_str())
-            .bind(insert.scope.as_str())
-            .bind(&key)
-            .fetch_optional(&mut *conn)
-            .await?;
-            insert.cached = hit;
+            insert.cached = match probed {
+                Some(hit) => hit,
+                None => cache_hit(conn, &app, &insert.scope, &key).await?,
+            };
         }
         insert.cache_key = Some(key.clone());
         if insert.cached.is_none() {
@@ -191,47 +209,99 @@ async fn create_in(
         }
     }
 
-    // Step 6: insert (the write lock is held, so the key cannot have been taken since
-    // step 2 by anyone but this same transaction), then the admission record.
-    let Some(task) = insert_task(conn, &insert).await? else {
-        return by_effect_key(conn, &app, new.effect_key.as_str())
-            .await?
-            .map(|task| Created {
-                task,
-                created: false,
-            })
-            .ok_or_else(|| StoreError::Database("effect key conflict without a holder".into()));
-    };
-    if let Some(hit) = insert
+    // Step 6: insert, with what follows it in the same query: a hit's saving, or a
+    // queued task's queue activation and admission record.
+    let saved = insert
         .cached
         .as_ref()
-        .filter(|h| h.charged_nano.unwrap_or(0) > 0)
-    {
-        // SPEC §13: what the hit saved, in the scope's and the app's bucket of now.
-        let delta = SpendDelta {
-            saved_nano: hit.charged_nano.unwrap_or(0),
-            ..SpendDelta::default()
-        };
-        add_spend(conn, &app, &insert.scope, now, delta).await?;
-    }
-    if let Some((source, logical_key)) = admission {
-        sqlx::query(
-            "INSERT INTO admissions (app, scope, source_id, task_id, logical_key, admitted_at) \
-             VALUES (?, ?, ?, ?, ?, ?)",
+        .and_then(|h| h.charged_nano)
+        .unwrap_or(0);
+    let task = insert_task(conn, &insert, saved, admission).await?;
+    Ok(Created::inserted(task).saving(saved))
+}
+
+/// SPEC §3 step 4's key of a scoped task (`None` for an unscoped one).
+fn scoped_cache_key(
+    new: &NewTask,
+    config_hash: &ConfigHash,
+    subject: Option<&Subject>,
+) -> Option<String> {
+    new.scope.as_ref().map(|scoped| {
+        cache_key(
+            &scoped.source_id,
+            &scoped.source_revision,
+            &new.request,
+            config_hash,
+            subject,
         )
-        .bind(app.as_str())
-        .bind(insert.scope.as_str())
-        .bind(source.as_str())
-        .bind(id.to_string())
-        .bind(&logical_key)
-        .bind(now.0)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(Created {
-        task,
-        created: true,
     })
+}
+
+/// Whether an effect key is taken, and the newest cache hit of a key, read together.
+#[derive(sqlx::FromRow)]
+struct Probe {
+    taken: bool,
+    hit_id: Option<String>,
+    hit_output: Option<String>,
+    hit_charged_nano: Option<i64>,
+}
+
+impl Probe {
+    fn hit(self) -> Option<CacheHitRow> {
+        Some(CacheHitRow {
+            id: self.hit_id?,
+            output: self.hit_output?,
+            charged_nano: self.hit_charged_nano,
+        })
+    }
+}
+
+/// SPEC §3 steps 2 and 4 in one statement: whether `new`'s effect key is taken in its
+/// app, and the newest success under `cache_key` in (app, scope) unless there is no key
+/// or the task recomputes.
+async fn probe(
+    conn: &mut SqliteConnection,
+    app: &AppId,
+    new: &NewTask,
+    scope: &ScopeId,
+    cache_key: Option<&str>,
+) -> StoreResult<Probe> {
+    let read_cache = cache_key.is_some() && new.scope.as_ref().is_some_and(|s| !s.recompute);
+    Ok(sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM tasks WHERE app = ?1 AND effect_key = ?2) AS taken, \
+         hit.id AS hit_id, hit.output AS hit_output, hit.charged_nano AS hit_charged_nano \
+         FROM (SELECT 1) LEFT JOIN (SELECT id, output, charged_nano FROM tasks \
+           WHERE ?5 AND app = ?1 AND scope = ?3 AND cache_key = ?4 AND status = 'succeeded' \
+           AND cache_key IS NOT NULL \
+           ORDER BY completed_at DESC, id DESC LIMIT 1) AS hit ON 1",
+    )
+    .bind(app.as_str())
+    .bind(new.effect_key.as_str())
+    .bind(scope.as_str())
+    .bind(cache_key)
+    .bind(read_cache)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// SPEC §3 step 4: the newest success under `key` in (app, scope).
+async fn cache_hit(
+    conn: &mut SqliteConnection,
+    app: &AppId,
+    scope: &ScopeId,
+    key: &str,
+) -> StoreResult<Option<CacheHitRow>> {
+    Ok(sqlx::query_as(
+        "SELECT id, output, charged_nano FROM tasks \
+         WHERE app = ? AND scope = ? AND cache_key = ? AND status = 'succeeded' \
+         AND cache_key IS NOT NULL \
+         ORDER BY completed_at DESC, id DESC LIMIT 1",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(key)
+    .fetch_optional(&mut *conn)
+    .await?)
 }
 
 async fn by_effect_key(
@@ -251,68 +321,125 @@ async fn by_effect_key(
     row.map(TaskRow::into_task).transpose()
 }
 
-/// Inserts the task and returns it as inserted; `None` when the effect key was taken
-/// meanwhile.
-async fn insert_task(conn: &mut SqliteConnection, i: &Insert<'_>) -> StoreResult<Option<Task>> {
+/// The task insert, as a literal for `concat!`: 28 positional arguments, in
+/// [`insert_task`]'s order.
+macro_rules! task_insert {
+    () => {
+        concat!(
+            "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
+             subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
+             model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
+             usage, created_at, completed_at, reservation, priority, dispatch_key) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, \
+             ?, ?) RETURNING ",
+            task_columns!()
+        )
+    };
+}
+
+/// An admitted task's admission record, as a literal for `concat!`.
+macro_rules! admission_record {
+    () => {
+        "INSERT INTO admissions (app, scope, source_id, task_id, logical_key, admitted_at) \
+         VALUES (?, ?, ?, ?, ?, ?)"
+    };
+}
+
+/// Inserts the task and, in the same query (one hop to the connection's thread), what
+/// follows it: a cache hit's `saved` nano-dollars in the spend buckets (SPEC §13), or a
+/// queued task's queue activation (SPEC §14) and `admission` record. The write lock is
+/// held and step 2 found the effect key free in this transaction, so the insert cannot
+/// conflict; the unique key refuses it if it somehow did, and the caller rolls back.
+async fn insert_task(
+    conn: &mut SqliteConnection,
+    i: &Insert<'_>,
+    saved: i64,
+    admission: Option<(&SourceId, String)>,
+) -> StoreResult<Task> {
     let new = i.new;
     let (status, output, usage, completed_at, cached_from) = match &i.cached {
         Some(hit) => (
             "succeeded",
-            Some(hit.output.clone()),
+            Some(hit.output.as_str()),
             Some(cached_usage()),
             Some(i.now.0),
-            Some(hit.id.clone()),
+            Some(hit.id.as_str()),
         ),
         None => ("queued", None, None, None, None),
     };
-    let scoped = new.scope.as_ref();
-    let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
-         subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
-         model_config_hash, request, input_hash, cache_key, status, cached_from, output, usage, \
-         created_at, completed_at, reservation, priority, dispatch_key) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-         ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
-        task_columns!()
-    ))
-    .bind(i.id.to_string())
-    .bind(new.owner.app().as_str())
-    .bind(new.effect_key.as_str())
-    .bind(new.request.kind().as_str())
-    .bind(new.step.as_str())
-    .bind(i.run_id.as_deref())
-    .bind(i.scope.as_str())
-    .bind(i.subject.as_ref().map(|s| s.kind.as_str()))
-    .bind(i.subject.as_ref().map(|s| s.id.as_str()))
-    .bind(scoped.map(|s| s.source_id.as_str()))
-    .bind(scoped.map(|s| s.source_revision.as_str()))
-    .bind(scoped.is_some_and(|s| s.recompute))
-    .bind(i.admitted)
-    .bind(new.model.as_str())
-    .bind(&i.model_ref)
-    .bind(&i.config_hash)
-    .bind(new.request.canonical())
-    .bind(new.request.input_hash())
-    .bind(i.cache_key.as_deref())
-    .bind(status)
-    .bind(cached_from)
-    .bind(output)
-    .bind(usage)
-    .bind(i.now.0)
-    .bind(completed_at)
-    .bind(i.reservation.as_deref())
-    .bind(i64::from(new.dispatch.priority))
-    .bind(new.dispatch.key(i.now))
-    .fetch_optional(&mut *conn)
-    .await?;
-    let Some(row) = row else {
-        return Ok(None);
+    let sql = match (&i.cached, &admission) {
+        (Some(_), _) if saved > 0 => concat!(task_insert!(), "; ", spend_upserts!()),
+        (Some(_), _) => task_insert!(),
+        (None, None) => concat!(task_insert!(), "; ", queue_activation!()),
+        (None, Some(_)) => concat!(
+            task_insert!(),
+            "; ",
+            queue_activation!(),
+            "; ",
+            admission_record!()
+        ),
     };
-    if i.cached.is_none() {
-        super::dispatch::activate_queue(conn, new.owner.app(), &i.scope, new.dispatch.weight)
-            .await?;
+    let scoped = new.scope.as_ref();
+    let app = new.owner.app();
+    let mut query = sqlx::query(sql)
+        .bind(i.id.to_string())
+        .bind(app.as_str())
+        .bind(new.effect_key.as_str())
+        .bind(new.request.kind().as_str())
+        .bind(new.step.as_str())
+        .bind(i.run_id.as_deref())
+        .bind(i.scope.as_str())
+        .bind(i.subject.as_ref().map(|s| s.kind.as_str()))
+        .bind(i.subject.as_ref().map(|s| s.id.as_str()))
+        .bind(scoped.map(|s| s.source_id.as_str()))
+        .bind(scoped.map(|s| s.source_revision.as_str()))
+        .bind(scoped.is_some_and(|s| s.recompute))
+        .bind(i.admitted)
+        .bind(new.model.as_str())
+        .bind(&i.model_ref)
+        .bind(&i.config_hash)
+        .bind(new.request.canonical())
+        .bind(new.request.input_hash())
+        .bind(i.cache_key.as_deref())
+        .bind(status)
+        .bind(cached_from)
+        .bind(output)
+        .bind(usage)
+        .bind(i.now.0)
+        .bind(completed_at)
+        .bind(i.reservation.as_deref())
+        .bind(i64::from(new.dispatch.priority))
+        .bind(new.dispatch.key(i.now));
+    if i.cached.is_some() {
+        if saved > 0 {
+            let delta = SpendDelta {
+                saved_nano: saved,
+                ..SpendDelta::default()
+            };
+            query = query.spend_arguments(app, &i.scope, i.now, delta);
+        }
+    } else {
+        query = query
+            .bind(app.as_str())
+            .bind(i.scope.as_str())
+            .bind(i64::from(new.dispatch.weight))
+            .bind(join_credit(new.dispatch.weight));
+        if let Some((source, logical_key)) = admission {
+            query = query
+                .bind(app.as_str())
+                .bind(i.scope.as_str())
+                .bind(source.as_str())
+                .bind(i.id.to_string())
+                .bind(logical_key)
+                .bind(i.now.0);
+        }
     }
-    row.into_task().map(Some)
+    // The insert's row comes first; the statements after it return none.
+    let rows = query.fetch_all(&mut *conn).await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| StoreError::Database("the task insert returned no row".into()))?;
+    TaskRow::from_row(row)?.into_task()
 }
 
 /// SPEC §4 and §13 under the write lock: gathers the snapshot, asks core's [`decide`]
@@ -422,9 +549,17 @@ async fn admit(
     }
     let (bucket, sources_delta) = (update.bucket, update.sources_delta);
     let token = update.token_bucket;
-    sqlx::query(
-        "INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window, active, \
-         token_units, token_at, token_capacity) \
+    let stored = Reservation {
+        from_token_bucket: token.is_some(),
+        ..*reservation
+    };
+    // Every write of the admission in one query (one hop to the connection's thread):
+    // the reservation in the spend buckets, the scope's counters, the source's sighting
+    // and the global count.
+    sqlx::query(concat!(
+        spend_upserts!(),
+        "; INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window, \
+         active, token_units, token_at, token_capacity) \
          VALUES (?, ?, ?, ?, MAX(?, 0), 1, ?, ?, ?) \
          ON CONFLICT (app, scope) DO UPDATE SET bucket_units = excluded.bucket_units, \
          bucket_at = excluded.bucket_at, \
@@ -432,8 +567,14 @@ async fn admit(
          active = scope_state.active + 1, \
          token_units = COALESCE(excluded.token_units, scope_state.token_units), \
          token_at = COALESCE(excluded.token_at, scope_state.token_at), \
-         token_capacity = COALESCE(excluded.token_capacity, scope_state.token_capacity)",
-    )
+         token_capacity = COALESCE(excluded.token_capacity, scope_state.token_capacity); \
+         INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) \
+         VALUES (?, ?, ?, ?) \
+         ON CONFLICT (app, scope, source_id) DO UPDATE SET \
+         last_admitted_at = MAX(last_admitted_at, excluded.last_admitted_at); \
+         UPDATE global_admission SET admitted = admitted + 1 WHERE id = 1"
+    ))
+    .spend_arguments(app, scope, now, SpendDelta::reserve(&stored))
     .bind(app.as_str())
     .bind(scope.as_str())
     .bind(bucket.units)
@@ -443,27 +584,12 @@ async fn admit(
     .bind(token.map(|(b, _)| b.at.0))
     .bind(token.map(|(_, capacity)| capacity))
     .bind(sources_delta)
-    .execute(&mut *tx)
-    .await?;
-    let stored = Reservation {
-        from_token_bucket: token.is_some(),
-        ..*reservation
-    };
-    add_spend(tx, app, scope, now, SpendDelta::reserve(&stored)).await?;
-    sqlx::query(
-        "INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) VALUES (?, ?, ?, ?) \
-         ON CONFLICT (app, scope, source_id) DO UPDATE SET \
-         last_admitted_at = MAX(last_admitted_at, excluded.last_admitted_at)",
-    )
     .bind(app.as_str())
     .bind(scope.as_str())
     .bind(source.as_str())
     .bind(now.0)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("UPDATE global_admission SET admitted = admitted + 1 WHERE id = 1")
-        .execute(&mut *tx)
-        .await?;
     Ok(Ok(stored))
 }
 
@@ -533,46 +659,28 @@ async fn spend_buckets(
     Ok(rows)
 }
 
-/// Adds `delta` to the scope's and the app's spend bucket of `at`.
-async fn add_spend(
-    tx: &mut SqliteConnection,
-    app: &AppId,
-    scope: &ScopeId,
-    at: Timestamp,
-    d: SpendDelta,
-) -> StoreResult<()> {
-    let bucket = spend_bucket(at);
-    sqlx::query(
-        "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens, saved_nano) \
-         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (app, scope, bucket) DO UPDATE SET \
-         reserved_nano = reserved_nano + excluded.reserved_nano, \
-         reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
-         saved_nano = saved_nano + excluded.saved_nano",
-    )
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(bucket)
-    .bind(d.reserved_nano)
-    .bind(d.reserved_tokens)
-    .bind(d.saved_nano)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens, saved_nano) \
-         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
-         reserved_nano = reserved_nano + excluded.reserved_nano, \
-         reserved_tokens = reserved_tokens + excluded.reserved_tokens, \
-         saved_nano = saved_nano + excluded.saved_nano",
-    )
-    .bind(app.as_str())
-    .bind(bucket)
-    .bind(app_spend_stripe(scope.as_str()))
-    .bind(d.reserved_nano)
-    .bind(d.reserved_tokens)
-    .bind(d.saved_nano)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
+/// Binds [`spend_upserts`]'s arguments. A query of several statements runs in one hop to
+/// the connection's thread, its positional arguments taken in order across them.
+trait SpendArguments: Sized {
+    fn spend_arguments(self, app: &AppId, scope: &ScopeId, at: Timestamp, d: SpendDelta) -> Self;
+}
+
+impl<'q> SpendArguments for sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+    fn spend_arguments(self, app: &AppId, scope: &ScopeId, at: Timestamp, d: SpendDelta) -> Self {
+        let bucket = spend_bucket(at);
+        self.bind(app.as_str().to_owned())
+            .bind(scope.as_str().to_owned())
+            .bind(bucket)
+            .bind(d.reserved_nano)
+            .bind(d.reserved_tokens)
+            .bind(d.saved_nano)
+            .bind(app.as_str().to_owned())
+            .bind(bucket)
+            .bind(app_spend_stripe(scope.as_str()))
+            .bind(d.reserved_nano)
+            .bind(d.reserved_tokens)
+            .bind(d.saved_nano)
+    }
 }
 
 /// A scope's counters row.

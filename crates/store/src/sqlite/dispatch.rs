@@ -5,37 +5,26 @@
 
 use super::Tx;
 use super::lifecycle::run_not_canceled;
-use crate::shared::dispatch::{
-    FairClaim, QueueRow, QueueTake, QueueView, queue_join_conflict, queue_join_pass,
-};
+use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{MAX_CLAIM_QUEUES, StoreResult};
-use sqlx::SqliteConnection;
-use tollgate_core::{AppId, ScopeId, Timestamp, Weight, WorkerId, join_credit};
+use tollgate_core::{Timestamp, WorkerId};
 
-/// A creation's part (SPEC §14): the task's (app, scope) queue becomes active, joining
-/// at the shared rule's pass ([`queue_join_pass`], [`queue_join_conflict`]), and takes
-/// the weight of the task's policy.
-pub(super) async fn activate_queue(
-    conn: &mut SqliteConnection,
-    app: &AppId,
-    scope: &ScopeId,
-    weight: Weight,
-) -> StoreResult<()> {
-    sqlx::query(concat!(
-        "INSERT INTO dispatch_queues (app, scope, weight, pass, active) VALUES (?1, ?2, ?3, ",
-        queue_join_pass!("?4"),
-        ", 1) ",
-        queue_join_conflict!()
-    ))
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(i64::from(weight))
-    .bind(join_credit(weight))
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+/// A creation's part (SPEC §14), as a literal for `concat!` (a statement of the task
+/// insert's query): the task's (app, scope) queue becomes active, joining at the shared
+/// rule's pass ([`queue_join_pass`], [`queue_join_conflict`]), and takes the weight of
+/// the task's policy. Positional arguments: app, scope, weight, join credit.
+macro_rules! queue_activation {
+    () => {
+        concat!(
+            "INSERT INTO dispatch_queues (app, scope, weight, pass, active) VALUES (?, ?, ?, ",
+            $crate::shared::dispatch::queue_join_pass!("?"),
+            ", 1) ",
+            $crate::shared::dispatch::queue_join_conflict!()
+        )
+    };
 }
+pub(super) use queue_activation;
 
 /// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
 /// time, by the stride plan (the shared loop,

@@ -196,10 +196,7 @@ pub(super) async fn insert_and_commit(
             record_saved(&mut tx, app, &row.scope, row.now, row.saved_nano).await?;
         }
         tx.commit().await?;
-        return Ok(Some(Created {
-            task,
-            created: true,
-        }));
+        return Ok(Some(Created::inserted(task).saving(row.saved_nano)));
     };
     let cap = i64::from(record.budget.global_concurrent.get());
     let stripe = slot_stripe(row.id);
@@ -269,10 +266,7 @@ pub(super) async fn insert_and_commit(
         };
     }
     tx.commit().await?;
-    Ok(Some(Created {
-        task,
-        created: true,
-    }))
+    Ok(Some(Created::inserted(task)))
 }
 
 pub(super) async fn lost_race(
@@ -292,10 +286,7 @@ pub(super) async fn lost_race(
     let task = row.map(TaskRow::into_task).transpose()?.ok_or_else(|| {
         StoreError::Unavailable("effect key taken by a transaction that rolled back; retry".into())
     })?;
-    Ok(Created {
-        task,
-        created: false,
-    })
+    Ok(Created::existing(task))
 }
 
 /// SPEC §13: a cache hit's saving, added to the scope's and the app's bucket of `now`

@@ -77,10 +77,7 @@ async fn create_app_task(
         saved_nano: 0,
     };
     match insert::insert_app_task(store, &row, scope_lock_key(app, scope)).await? {
-        Some(task) => Ok(Created {
-            task,
-            created: true,
-        }),
+        Some(task) => Ok(Created::inserted(task)),
         None => insert::lost_race(store, app, new).await,
     }
 }
@@ -110,10 +107,7 @@ async fn attempt_create(
     // Step 2: idempotency, before any lock: a replay costs one indexed read.
     if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
         tx.rollback().await?;
-        return Ok(Some(Created {
-            task,
-            created: false,
-        }));
+        return Ok(Some(Created::existing(task)));
     }
 
     // Step 3: owner check; a run's scope and subject apply to its tasks. Then step 2 again
@@ -172,10 +166,7 @@ async fn attempt_create(
         && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?
     {
         tx.rollback().await?;
-        return Ok(Some(Created {
-            task,
-            created: false,
-        }));
+        return Ok(Some(Created::existing(task)));
     }
     let (hit_id, hit_output, now) = (probe.hit_id, probe.hit_output, Timestamp(probe.now));
     let hit_charged = probe.hit_charged_nano;
@@ -233,10 +224,7 @@ async fn attempt_create(
             let replay = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?;
             tx.rollback().await?;
             return match replay {
-                Some(task) => Ok(Some(Created {
-                    task,
-                    created: false,
-                })),
+                Some(task) => Ok(Some(Created::existing(task))),
                 None => Err(rejection.into()),
             };
         }
@@ -372,10 +360,7 @@ async fn create_unscoped(
                     task.scope.to_string(),
                     i64::from(item.new.dispatch.weight),
                 ));
-                Ok(Created {
-                    task,
-                    created: true,
-                })
+                Ok(Created::inserted(task))
             }
             // The key was taken: before this batch, earlier in it, or by a transaction
             // that committed meanwhile (the insert waited for it).
@@ -416,10 +401,7 @@ fn app_insert<'a>(
 async fn taken_key(tx: &mut Tx, new: &NewTask) -> StoreResult<Created> {
     by_effect_key(tx, new.owner.app(), new.effect_key.as_str())
         .await?
-        .map(|task| Created {
-            task,
-            created: false,
-        })
+        .map(Created::existing)
         .ok_or_else(|| {
             StoreError::Unavailable(
                 "effect key taken by a transaction that rolled back; retry".into(),
@@ -438,10 +420,7 @@ async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> Store
     if matches!(new.owner, Owner::Run { .. })
         && let Some(task) = by_effect_key(tx, &app, new.effect_key.as_str()).await?
     {
-        return Ok(Created {
-            task,
-            created: false,
-        });
+        return Ok(Created::existing(task));
     }
     let (run_id, scope, subject) = match &new.owner {
         Owner::Run { run_id, .. } => {
@@ -467,10 +446,7 @@ async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> Store
         saved_nano: 0,
     };
     match insert_task(tx, &row, false).await? {
-        Some(task) => Ok(Created {
-            task,
-            created: true,
-        }),
+        Some(task) => Ok(Created::inserted(task)),
         // The key is taken: before this call, or by a transaction that committed
         // meanwhile (the insert waited for it).
         None => taken_key(tx, new).await,
