@@ -24,7 +24,7 @@ use tollgate_core::{
 };
 
 /// The upserts adding a delta to the scope's and the app's spend bucket, as a literal
-/// for `concat!`: its 12 positional arguments as [`SpendArguments::spend_arguments`]
+/// for `concat!`: its 12 positional arguments as [`bind_spend`]
 /// binds them.
 macro_rules! spend_upserts {
     () => {
@@ -120,8 +120,9 @@ async fn create_in(
     // Step 2: idempotency. The same key always names the same task, whatever its state.
     // Step 3: owner check; a run's scope and subject apply to its tasks. An application
     // task's scope is its own, so its key and its cache hit (step 4) are read in one
-    // statement ([`probe`]); a run's task reads its key before the run.
-    let (run_id, scope, subject, key, probed) = match &new.owner {
+    // statement ([`probe`]); a run's task reads its key before the run, and its cache hit
+    // after.
+    let (run_id, scope, subject, key, hit) = match &new.owner {
         Owner::Run { run_id, .. } => {
             if let Some(task) = by_effect_key(conn, &app, new.effect_key.as_str()).await? {
                 return Ok(Created::existing(task));
@@ -133,7 +134,10 @@ async fn create_in(
                 return Err(StoreError::RunCanceled(run_id.to_string()));
             }
             let key = scoped_cache_key(new, &config_hash, run.subject.as_ref());
-            (Some(run_id.to_string()), run.scope, run.subject, key, None)
+            let hit = probe(conn, &app, new, &run.scope, key.as_deref())
+                .await?
+                .hit();
+            (Some(run_id.to_string()), run.scope, run.subject, key, hit)
         }
         Owner::Application { scope, subject, .. } => {
             let key = scoped_cache_key(new, &config_hash, subject.as_ref());
@@ -143,13 +147,7 @@ async fn create_in(
             {
                 return Ok(Created::existing(task));
             }
-            (
-                None,
-                scope.clone(),
-                subject.clone(),
-                key,
-                Some(probed.hit()),
-            )
+            (None, scope.clone(), subject.clone(), key, probed.hit())
         }
     };
 
@@ -172,13 +170,8 @@ async fn create_in(
     let mut admission = None;
     if let (Some(scoped), Some(key)) = (&new.scope, key) {
         // Step 4: cache. Same app and scope; the key covers source, revision, request,
-        // model config and subject.
-        if !scoped.recompute {
-            insert.cached = match probed {
-                Some(hit) => hit,
-                None => cache_hit(conn, &app, &insert.scope, &key).await?,
-            };
-        }
+        // model config and subject ([`probe`] read it, unless the task recomputes).
+        insert.cached = hit;
         insert.cache_key = Some(key.clone());
         if insert.cached.is_none() {
             // Step 5: admission. The logical key is the cache key, or the task's own id
@@ -281,26 +274,6 @@ async fn probe(
     .bind(cache_key)
     .bind(read_cache)
     .fetch_one(&mut *conn)
-    .await?)
-}
-
-/// SPEC §3 step 4: the newest success under `key` in (app, scope).
-async fn cache_hit(
-    conn: &mut SqliteConnection,
-    app: &AppId,
-    scope: &ScopeId,
-    key: &str,
-) -> StoreResult<Option<CacheHitRow>> {
-    Ok(sqlx::query_as(
-        "SELECT id, output, charged_nano FROM tasks \
-         WHERE app = ? AND scope = ? AND cache_key = ? AND status = 'succeeded' \
-         AND cache_key IS NOT NULL \
-         ORDER BY completed_at DESC, id DESC LIMIT 1",
-    )
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(key)
-    .fetch_optional(&mut *conn)
     .await?)
 }
 
@@ -416,7 +389,7 @@ async fn insert_task(
                 saved_nano: saved,
                 ..SpendDelta::default()
             };
-            query = query.spend_arguments(app, &i.scope, i.now, delta);
+            query = bind_spend(query, app, &i.scope, i.now, delta);
         }
     } else {
         query = query
@@ -556,7 +529,7 @@ async fn admit(
     // Every write of the admission in one query (one hop to the connection's thread):
     // the reservation in the spend buckets, the scope's counters, the source's sighting
     // and the global count.
-    sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         spend_upserts!(),
         "; INSERT INTO scope_state (app, scope, bucket_units, bucket_at, sources_in_window, \
          active, token_units, token_at, token_capacity) \
@@ -573,23 +546,23 @@ async fn admit(
          ON CONFLICT (app, scope, source_id) DO UPDATE SET \
          last_admitted_at = MAX(last_admitted_at, excluded.last_admitted_at); \
          UPDATE global_admission SET admitted = admitted + 1 WHERE id = 1"
-    ))
-    .spend_arguments(app, scope, now, SpendDelta::reserve(&stored))
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(bucket.units)
-    .bind(bucket.at.0)
-    .bind(sources_delta)
-    .bind(token.map(|(b, _)| b.units))
-    .bind(token.map(|(b, _)| b.at.0))
-    .bind(token.map(|(_, capacity)| capacity))
-    .bind(sources_delta)
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(source.as_str())
-    .bind(now.0)
-    .execute(&mut *tx)
-    .await?;
+    ));
+    bind_spend(query, app, scope, now, SpendDelta::reserve(&stored))
+        .bind(app.as_str())
+        .bind(scope.as_str())
+        .bind(bucket.units)
+        .bind(bucket.at.0)
+        .bind(sources_delta)
+        .bind(token.map(|(b, _)| b.units))
+        .bind(token.map(|(b, _)| b.at.0))
+        .bind(token.map(|(_, capacity)| capacity))
+        .bind(sources_delta)
+        .bind(app.as_str())
+        .bind(scope.as_str())
+        .bind(source.as_str())
+        .bind(now.0)
+        .execute(&mut *tx)
+        .await?;
     Ok(Ok(stored))
 }
 
@@ -659,29 +632,34 @@ async fn spend_buckets(
     Ok(rows)
 }
 
-/// Binds [`spend_upserts`]'s arguments. A query of several statements runs in one hop to
-/// the connection's thread, its positional arguments taken in order across them.
-trait SpendArguments: Sized {
-    fn spend_arguments(self, app: &AppId, scope: &ScopeId, at: Timestamp, d: SpendDelta) -> Self;
+/// Binds [`spend_upserts`]'s arguments onto `query`. A query of several statements runs
+/// in one hop to the connection's thread, its positional arguments taken in order across
+/// them.
+fn bind_spend<'q>(
+    query: SqliteQuery<'q>,
+    app: &'q AppId,
+    scope: &'q ScopeId,
+    at: Timestamp,
+    d: SpendDelta,
+) -> SqliteQuery<'q> {
+    let bucket = spend_bucket(at);
+    query
+        .bind(app.as_str())
+        .bind(scope.as_str())
+        .bind(bucket)
+        .bind(d.reserved_nano)
+        .bind(d.reserved_tokens)
+        .bind(d.saved_nano)
+        .bind(app.as_str())
+        .bind(bucket)
+        .bind(app_spend_stripe(scope.as_str()))
+        .bind(d.reserved_nano)
+        .bind(d.reserved_tokens)
+        .bind(d.saved_nano)
 }
 
-impl<'q> SpendArguments for sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
-    fn spend_arguments(self, app: &AppId, scope: &ScopeId, at: Timestamp, d: SpendDelta) -> Self {
-        let bucket = spend_bucket(at);
-        self.bind(app.as_str().to_owned())
-            .bind(scope.as_str().to_owned())
-            .bind(bucket)
-            .bind(d.reserved_nano)
-            .bind(d.reserved_tokens)
-            .bind(d.saved_nano)
-            .bind(app.as_str().to_owned())
-            .bind(bucket)
-            .bind(app_spend_stripe(scope.as_str()))
-            .bind(d.reserved_nano)
-            .bind(d.reserved_tokens)
-            .bind(d.saved_nano)
-    }
-}
+/// A query on SQLite with its arguments.
+type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
 
 /// A scope's counters row.
 #[derive(sqlx::FromRow)]
