@@ -2284,72 +2284,144 @@ fn check(result: Result<(), proptest::test_runner::TestError<Vec<Op>>>) {
     }
 }
 
+/// Runs `ops` on two SQLite store instances over one fresh database file.
+async fn sqlite_case(ops: &[Op]) -> Result<(), String> {
+    let dir = tempfile::tempdir().expect("temporary folder");
+    let clock = ManualClock::new(START);
+    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    let mut sqlite = Vec::new();
+    for _ in 0..2 {
+        // The model is the database's truth: every claim reads the queues and writes
+        // its pass moves (an instance's view would miss the other's new queues and
+        // claims for its period).
+        let options = SqliteOptions::new(dir.path().join("model.db"))
+            .with_clock(Arc::new(clock.clone()))
+            .with_queue_view_ttl(Duration::ZERO);
+        let store = SqliteStore::open(options).await.expect("open SQLite");
+        sqlite.push(store.clone());
+        stores.push(Arc::new(store));
+    }
+    let result = run_case(stores, clock, ops).await;
+    for s in sqlite {
+        s.close().await;
+    }
+    result
+}
+
+/// The PostgreSQL URL of the tests, `None` (after saying so) when it is not set and not
+/// required.
+fn postgres_url(test: &str) -> Option<String> {
+    let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
+        if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
+            panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
+        }
+        eprintln!("skipping {test}: TOLLGATE_TEST_DATABASE_URL is not set");
+        return None;
+    };
+    Some(url)
+}
+
+/// Runs `ops` on two PostgreSQL store instances over one fresh schema.
+async fn postgres_case(url: &str, ops: &[Op]) -> Result<(), String> {
+    let schema = format!("model_{}", uuid::Uuid::new_v4().simple());
+    let clock = ManualClock::new(START);
+    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    let mut pg = Vec::new();
+    for _ in 0..2 {
+        let mut options = PostgresOptions::new(url.to_owned())
+            .with_clock(Arc::new(clock.clone()))
+            .with_schema(schema.clone())
+            .with_queue_view_ttl(Duration::ZERO);
+        options.max_connections = 2;
+        let store = PostgresStore::open(options).await.expect("open PostgreSQL");
+        pg.push(store.clone());
+        stores.push(Arc::new(store));
+    }
+    let result = run_case(stores, clock, ops).await;
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .execute(pg[0].pool())
+    .await;
+    for s in pg {
+        s.close().await;
+    }
+    result
+}
+
 #[test]
 fn sqlite_agrees_with_the_model() {
     let rt = runtime();
     check(runner(32).run(&ops(), |ops| {
-        rt.block_on(async {
-            let dir = tempfile::tempdir().expect("temporary folder");
-            let clock = ManualClock::new(START);
-            let mut stores: Vec<Arc<dyn Store>> = Vec::new();
-            let mut sqlite = Vec::new();
-            for _ in 0..2 {
-                // The model is the database's truth: every claim reads the queues (an
-                // instance's view would miss the other's new queues for its period).
-                let options = SqliteOptions::new(dir.path().join("model.db"))
-                    .with_clock(Arc::new(clock.clone()))
-                    .with_queue_view_ttl(Duration::ZERO);
-                let store = SqliteStore::open(options).await.expect("open SQLite");
-                sqlite.push(store.clone());
-                stores.push(Arc::new(store));
-            }
-            let result = run_case(stores, clock, &ops).await;
-            for s in sqlite {
-                s.close().await;
-            }
-            result.map_err(TestCaseError::fail)
-        })
+        rt.block_on(sqlite_case(&ops)).map_err(TestCaseError::fail)
     }));
 }
 
 #[test]
 fn postgres_agrees_with_the_model() {
-    let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
-        if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-            panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
-        }
-        eprintln!("skipping postgres_agrees_with_the_model: TOLLGATE_TEST_DATABASE_URL is not set");
+    let Some(url) = postgres_url("postgres_agrees_with_the_model") else {
         return;
     };
     let rt = runtime();
     check(runner(16).run(&ops(), |ops| {
-        rt.block_on(async {
-            let schema = format!("model_{}", uuid::Uuid::new_v4().simple());
-            let clock = ManualClock::new(START);
-            let mut stores: Vec<Arc<dyn Store>> = Vec::new();
-            let mut pg = Vec::new();
-            for _ in 0..2 {
-                let mut options = PostgresOptions::new(url.clone())
-                    .with_clock(Arc::new(clock.clone()))
-                    .with_schema(schema.clone())
-                    .with_queue_view_ttl(Duration::ZERO);
-                options.max_connections = 2;
-                let store = PostgresStore::open(options).await.expect("open PostgreSQL");
-                pg.push(store.clone());
-                stores.push(Arc::new(store));
-            }
-            let result = run_case(stores, clock, &ops).await;
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-            )))
-            .execute(pg[0].pool())
-            .await;
-            for s in pg {
-                s.close().await;
-            }
-            result.map_err(TestCaseError::fail)
-        })
+        rt.block_on(postgres_case(&url, &ops))
+            .map_err(TestCaseError::fail)
     }));
+}
+
+/// SPEC §14 across replicas: claims of one task taking turns between two instances
+/// (each step runs on the other instance). Each claim must see the other instance's
+/// last claim in the passes (the model's truth), not only its own: a claim with no view
+/// period moves the passes before it returns.
+fn claims_taking_turns() -> Vec<Op> {
+    let create = |key, scope| {
+        Op::Create(CreateSpec {
+            app: 0,
+            key,
+            owner: OwnerSpec::App {
+                scope,
+                subject: None,
+            },
+            step: 0,
+            input: 0,
+            model: 0,
+            scoped: None,
+        })
+    };
+    let claim = |worker| Op::ClaimNext { worker, limit: 1 };
+    vec![
+        // Queue 0 gets two tasks, both claimed, then is found empty: it idles at pass 2.
+        create(0, 0),
+        create(1, 0),
+        claim(0),
+        claim(1),
+        claim(0),
+        // Queue 1 joins at the greatest pass (2); queue 0 rejoins at its own pass (2).
+        create(2, 1),
+        create(3, 0),
+        create(4, 0),
+        // A tie: queue 0 goes first by name and moves to pass 3; the other instance's
+        // claim must then take queue 1's task.
+        claim(0),
+        claim(1),
+    ]
+}
+
+#[test]
+fn sqlite_instances_see_each_others_claims() {
+    runtime()
+        .block_on(sqlite_case(&claims_taking_turns()))
+        .expect("the store agrees with the model");
+}
+
+#[test]
+fn postgres_instances_see_each_others_claims() {
+    let Some(url) = postgres_url("postgres_instances_see_each_others_claims") else {
+        return;
+    };
+    runtime()
+        .block_on(postgres_case(&url, &claims_taking_turns()))
+        .expect("the store agrees with the model");
 }
 
 /// The model itself against a hand-written sequence, so a wrong model is caught even

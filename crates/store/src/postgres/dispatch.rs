@@ -89,8 +89,12 @@ struct PgFairClaim<'a> {
 
 #[async_trait::async_trait]
 impl FairClaim for PgFairClaim<'_> {
-    async fn read_queues(&mut self, _view: &QueueView) -> StoreResult<Vec<QueueRow>> {
-        pay_pass_debt(self.store).await?;
+    async fn pay_debt(&mut self, _view: &QueueView) -> StoreResult<()> {
+        pay_pass_debt(self.store).await
+    }
+
+    async fn read_queues(&mut self, view: &QueueView) -> StoreResult<Vec<QueueRow>> {
+        self.pay_debt(view).await?;
         Ok(sqlx::query_as(
             "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
              ORDER BY pass, app, scope LIMIT $1",

@@ -89,8 +89,11 @@ pub(crate) fn plan_claim(queues: Vec<QueueRow>, n: u32) -> Vec<QueueTake> {
 /// The backend's statements of a fair claim (SPEC §14), for [`claim_fair`].
 #[async_trait::async_trait]
 pub(crate) trait FairClaim: Send {
-    /// Writes what `view` owes the queues' passes, then reads the active queues with the
-    /// least pass (at most [`MAX_CLAIM_QUEUES`], in pass order).
+    /// Writes what `view` owes the queues' passes.
+    async fn pay_debt(&mut self, view: &QueueView) -> StoreResult<()>;
+    /// Writes what `view` owes the queues' passes ([`FairClaim::pay_debt`]), then reads
+    /// the active queues with the least pass (at most [`MAX_CLAIM_QUEUES`], in pass
+    /// order).
     async fn read_queues(&mut self, view: &QueueView) -> StoreResult<Vec<QueueRow>>;
     /// Claims each planned queue's share, its tasks in dispatch-key order.
     async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>>;
@@ -107,7 +110,8 @@ pub(crate) trait FairClaim: Send {
 /// later rounds (nothing more of it is claimable now); only one that gave nothing is
 /// checked for emptiness (so a scope submitting one task at a time is not deactivated
 /// and reactivated for every task). Rounds go on while a queue emptied, or came up
-/// short with other queues listed (their turn for the slots it left).
+/// short with other queues listed (their turn for the slots it left). A view with no
+/// period ([`QueueView::writes_through`]) writes the claim's moves before it returns.
 pub(crate) async fn claim_fair(
     view: &QueueView,
     steps: &mut dyn FairClaim,
@@ -160,6 +164,9 @@ pub(crate) async fn claim_fair(
             // Full, or nothing else to try: look again at the next poll.
             break;
         }
+    }
+    if view.writes_through() {
+        steps.pay_debt(view).await?;
     }
     Ok(claimed)
 }
@@ -290,6 +297,13 @@ impl QueueView {
             .entry((app.to_owned(), scope.to_owned()))
             .or_insert(0);
         *owed = owed.saturating_add(by);
+    }
+
+    /// Whether the view has no period (a zero TTL): then every claim reads the queues
+    /// and writes its own moves before it returns, so the rows are always the database's
+    /// whole truth (what tests comparing several instances with a model need).
+    pub(crate) fn writes_through(&self) -> bool {
+        self.ttl.is_zero()
     }
 
     /// Whether any move is owed. A creation pays first (so a queue it activates joins

@@ -50,8 +50,12 @@ struct SqliteFairClaim<'a> {
 
 #[async_trait::async_trait]
 impl FairClaim for SqliteFairClaim<'_> {
+    async fn pay_debt(&mut self, view: &QueueView) -> StoreResult<()> {
+        pay_pass_debt(view, self.tx).await
+    }
+
     async fn read_queues(&mut self, view: &QueueView) -> StoreResult<Vec<QueueRow>> {
-        pay_pass_debt(view, self.tx).await?;
+        self.pay_debt(view).await?;
         Ok(sqlx::query_as(
             "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
              ORDER BY pass, app, scope LIMIT ?",

@@ -50,8 +50,9 @@ pub struct SqliteOptions {
     pub claim_order: crate::ClaimOrder,
     /// SPEC §14: how long this instance's fair claims reuse its last read of the active
     /// queues (default 50 ms; other instances' new queues and claims show after at most
-    /// this long). Zero reads them for every claim: for tests that compare several
-    /// instances with a model of the database.
+    /// this long). Zero reads them for every claim and writes each claim's pass moves
+    /// before it returns: for tests that compare several instances with a model of the
+    /// database.
     pub queue_view_ttl: Duration,
 }
 
