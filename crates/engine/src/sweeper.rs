@@ -129,11 +129,11 @@ pub(crate) async fn recover(
 ) {
     let mut failures = 0u32;
     while !stop.is_cancelled() {
-        match inner.store.list_recoverable(None, 1).await {
-            Ok(page) => {
-                if let Some(id) = page.first() {
+        match inner.store.first_queued().await {
+            Ok(first) => {
+                if let Some(id) = first {
                     // A full hint queue already holds wake-ups.
-                    let _ = hints.try_send(*id);
+                    let _ = hints.try_send(id);
                     tracing::info!("recovery found queued tasks; the workers claim them");
                 }
                 return;

@@ -394,8 +394,8 @@ pub trait MaintenanceStore: Send + Sync {
     /// [`SweepReport::more`] is true.
     async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport>;
 
-    /// SPEC §6.7: queued tasks to dispatch after a restart, in id order after `after`;
-    /// `limit` as [`page_size`] reads it.
-    async fn list_recoverable(&self, after: Option<TaskId>, limit: u32)
-    -> StoreResult<Vec<TaskId>>;
+    /// SPEC §6.7: the oldest queued task (by creation time, then id), if any: after a
+    /// restart, recovery wakes the dispatcher with it, which then claims every queued
+    /// task in dispatch order.
+    async fn first_queued(&self) -> StoreResult<Option<TaskId>>;
 }

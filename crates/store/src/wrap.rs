@@ -275,12 +275,8 @@ impl<W: ForwardMaintenanceStore> MaintenanceStore for W {
     async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport> {
         forward!(self, write, sweep(config))
     }
-    async fn list_recoverable(
-        &self,
-        after: Option<TaskId>,
-        limit: u32,
-    ) -> StoreResult<Vec<TaskId>> {
-        forward!(self, read, list_recoverable(after, limit))
+    async fn first_queued(&self) -> StoreResult<Option<TaskId>> {
+        forward!(self, read, first_queued())
     }
 }
 

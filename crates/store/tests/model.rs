@@ -300,9 +300,7 @@ enum Op {
         run: Pick,
         succeed: bool,
     },
-    ListRecoverable {
-        limit: u8,
-    },
+    FirstQueued,
     Sweep {
         batch: u8,
     },
@@ -416,7 +414,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (pick(), pick(), proptest::bool::weighted(0.85))
             .prop_map(|(run, task, own)| Op::WaitOnTask { run, task, own }),
         1 => (pick(), any::<bool>()).prop_map(|(run, succeed)| Op::FinishRun { run, succeed }),
-        1 => (1u8..4).prop_map(|limit| Op::ListRecoverable { limit }),
+        1 => Just(Op::FirstQueued),
         5 => prop_oneof![Just(2u8), Just(100)].prop_map(|batch| Op::Sweep { batch }),
         8 => proptest::sample::select(&ADVANCES_MS[..]).prop_map(|ms| Op::Advance { ms }),
     ]
@@ -483,7 +481,7 @@ enum Outcome {
     Flag(bool),
     Unreleased(Vec<Vec<(String, String)>>),
     Deleted(u64),
-    Recoverable(Vec<TRef>),
+    Recoverable(Option<TRef>),
     Sweep(SweepView),
     RunCancel(Option<(RRef, BTreeSet<TRef>)>),
     Wait(Result<WaitView, ErrKind>),
@@ -1422,15 +1420,15 @@ impl Model {
                 run.updated_at = now;
                 Outcome::Finish(Ok(Some(RRef::Known(r))))
             }
-            Op::ListRecoverable { .. } => {
-                // Every queued task in id (creation) order, whatever the page size.
-                let queued: Vec<TRef> = (0..self.tasks.len())
+            Op::FirstQueued => {
+                // The oldest queued task: creation time, then id (creation) order.
+                let first = (0..self.tasks.len())
                     .filter(|i| {
                         !self.tasks[*i].deleted && self.tasks[*i].status == TaskStatus::Queued
                     })
-                    .map(TRef::Known)
-                    .collect();
-                Outcome::Recoverable(queued)
+                    .min_by_key(|i| (self.tasks[*i].created_at, *i))
+                    .map(TRef::Known);
+                Outcome::Recoverable(first)
             }
             Op::Sweep { .. } => Outcome::Sweep(self.sweep()),
             Op::Advance { ms } => {
@@ -1952,29 +1950,13 @@ impl Harness {
                     Err(e) => Err(ErrKind::from(&e)),
                 })
             }
-            Op::ListRecoverable { limit } => {
-                // Pages through everything with the given page size, like recovery does.
-                let mut all = Vec::new();
-                let mut after = None;
-                for _ in 0..100 {
-                    let page = self
-                        .store()
-                        .list_recoverable(after, u32::from(*limit))
-                        .await
-                        .map_err(|e| fatal("list_recoverable", e))?;
-                    if page.len() > usize::from(*limit) {
-                        return Err(format!(
-                            "list_recoverable(limit {limit}) returned {} ids",
-                            page.len()
-                        ));
-                    }
-                    all.extend(page.iter().map(|id| self.tref(*id)));
-                    match page.last() {
-                        Some(last) if page.len() == usize::from(*limit) => after = Some(*last),
-                        _ => break,
-                    }
-                }
-                Outcome::Recoverable(all)
+            Op::FirstQueued => {
+                let first = self
+                    .store()
+                    .first_queued()
+                    .await
+                    .map_err(|e| fatal("first_queued", e))?;
+                Outcome::Recoverable(first.map(|id| self.tref(id)))
             }
             Op::Sweep { batch } => {
                 let config = SweepConfig {

@@ -403,7 +403,7 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         )
         .await
         .unwrap();
-    store.list_recoverable(None, 100).await.unwrap();
+    store.first_queued().await.unwrap();
     let run = store
         .create_run(NewRun {
             app: acme.clone(),

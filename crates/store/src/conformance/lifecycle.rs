@@ -2,7 +2,7 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::{MAX_PAGE, StoreError};
+use crate::StoreError;
 use serde_json::json;
 use tollgate_core::{
     Clock, DEFAULT_MAX_REQUEST_BYTES, ErrorCode, MAX_ERROR_MESSAGE_CHARS, NewTask, Task, TaskId,
@@ -641,71 +641,38 @@ pub async fn mark_canceled_acknowledges_requested_cancellation_only(b: &dyn Back
     );
 }
 
-/// SPEC §6.7 recovery: `list_recoverable` pages through queued tasks only (not running,
-/// not terminal), in id order, after a cursor.
-pub async fn list_recoverable_pages_queued_tasks_in_id_order(b: &dyn Backend) {
+/// SPEC §6.7 recovery: `first_queued` is the oldest queued task (creation time, then
+/// id) of any app — not a running or terminal one — and none once nothing is queued.
+pub async fn first_queued_is_the_oldest_queued_task(b: &dyn Backend) {
     let s = b.open().await;
-    let acme = app("acme");
-    let mut queued = Vec::new();
+    assert_eq!(s.first_queued().await.expect("first_queued"), None);
+    let mut tasks = Vec::new();
     for i in 0..7 {
         let app_name = if i % 2 == 0 { "acme" } else { "globex" };
-        queued.push(
-            create_new(&*s, new_app_task(app_name, "s", &format!("k{i}")))
-                .await
-                .id,
-        );
+        tasks.push(create_new(&*s, new_app_task(app_name, "s", &format!("k{i}"))).await);
+        if i % 3 == 0 {
+            b.clock().advance(secs(1));
+        }
     }
-    let running = queued.remove(0);
-    claim(&*s, running, &worker("w")).await;
-    let failed = queued.remove(0);
-    fail(&*s, failed, "boom").await;
-    let canceled = queued.remove(0);
-    cancel(&*s, &acme, canceled).await;
-    queued.sort();
-
-    let page = s.list_recoverable(None, 3).await.expect("list_recoverable");
+    tasks.sort_by_key(|t| (t.created_at, t.id));
+    let oldest = |tasks: &[Task]| tasks.first().map(|t| t.id);
     assert_eq!(
-        page,
-        queued[..3].to_vec(),
-        "first page: the three smallest queued ids"
+        s.first_queued().await.expect("first_queued"),
+        oldest(&tasks)
     );
-    let page = s
-        .list_recoverable(Some(page[2]), 3)
-        .await
-        .expect("list_recoverable");
+    let running = tasks.remove(0);
+    claim(&*s, running.id, &worker("w")).await;
+    let failed = tasks.remove(0);
+    fail(&*s, failed.id, "boom").await;
+    let canceled = tasks.remove(0);
+    cancel(&*s, &canceled.app, canceled.id).await;
     assert_eq!(
-        page,
-        queued[3..].to_vec(),
-        "second page: the rest, after the cursor"
+        s.first_queued().await.expect("first_queued"),
+        oldest(&tasks),
+        "running and terminal tasks are not recovered"
     );
-    let page = s
-        .list_recoverable(Some(queued[queued.len() - 1]), 3)
-        .await
-        .expect("list_recoverable");
-    assert!(page.is_empty());
-}
-
-/// SPEC §6.7: recovery pages hold at most 100 tasks, and paging visits every queued task.
-pub async fn list_recoverable_pages_hold_at_most_100(b: &dyn Backend) {
-    let s = b.open().await;
-    let mut all = Vec::new();
-    for i in 0..150 {
-        all.push(
-            create_new(&*s, new_app_task("acme", "s", &format!("k{i:03}")))
-                .await
-                .id,
-        );
+    for t in &tasks {
+        claim(&*s, t.id, &worker("w")).await;
     }
-    all.sort();
-    let first = s
-        .list_recoverable(None, 500)
-        .await
-        .expect("list_recoverable");
-    assert_eq!(first.len(), MAX_PAGE as usize, "a page is capped at 100");
-    assert_eq!(first, all[..100].to_vec());
-    let second = s
-        .list_recoverable(first.last().copied(), 500)
-        .await
-        .expect("list_recoverable");
-    assert_eq!(second, all[100..].to_vec());
+    assert_eq!(s.first_queued().await.expect("first_queued"), None);
 }

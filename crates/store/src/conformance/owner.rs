@@ -3,7 +3,7 @@
 use super::Backend;
 use super::fixtures::*;
 use crate::{MAX_PAGE, ScopedSource, UnreleasedQuery};
-use tollgate_core::{Clock, ErrorCode, NewTask, TaskId};
+use tollgate_core::{Clock, ErrorCode, NewTask};
 
 /// SPEC §8 release: by (app, scope, effect key) of an application-owned task; answers
 /// whether a task matched. Another scope, another app, an unknown key or a run-owned task
@@ -488,10 +488,5 @@ pub async fn deleted_in_flight_task_sees_cancellation_and_cannot_complete(b: &dy
     );
     assert_eq!(try_get(&*s, &acme, t.id).await, None);
     assert_eq!(get_by_key(&*s, &acme, "k").await, None);
-    assert_eq!(
-        s.list_recoverable(None, 100)
-            .await
-            .expect("list_recoverable"),
-        Vec::<TaskId>::new()
-    );
+    assert_eq!(s.first_queued().await.expect("first_queued"), None);
 }

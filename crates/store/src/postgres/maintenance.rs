@@ -9,7 +9,7 @@ use super::lifecycle::{cancel_wanted, wake_runs_waiting_on};
 use super::{PostgresStore, Tx};
 use crate::shared::rows::{EndedRow, FinishedRow, ScopeRow, task_id};
 use crate::shared::terminal::{TerminalMove, after_terminal, count_per_scope};
-use crate::{MaintenanceStore, StoreResult, SweepConfig, SweepReport, page_size};
+use crate::{MaintenanceStore, StoreResult, SweepConfig, SweepReport};
 use async_trait::async_trait;
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::{ErrorCode, TaskId, Timestamp};
@@ -48,8 +48,10 @@ async fn expire(
         "SELECT id FROM tasks WHERE status = 'queued' AND created_at <= $1 \
          ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED"
     } else {
-        "SELECT id FROM tasks WHERE status = 'running' AND heartbeat_at <= $1 \
-         ORDER BY heartbeat_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+        // A heartbeat is never before its claim: the bound on claimed_at is the index's
+        // (tasks_running_claimed), the one on heartbeat_at the rule's.
+        "SELECT id FROM tasks WHERE status = 'running' AND claimed_at <= $1 \
+         AND heartbeat_at <= $1 ORDER BY heartbeat_at LIMIT $2 FOR UPDATE SKIP LOCKED"
     };
     let ids: Vec<String> = sqlx::query_scalar(pick)
         .bind(now.minus(timeout).0)
@@ -235,20 +237,12 @@ impl MaintenanceStore for PostgresStore {
         Ok(report)
     }
 
-    async fn list_recoverable(
-        &self,
-        after: Option<TaskId>,
-        limit: u32,
-    ) -> StoreResult<Vec<TaskId>> {
-        let limit = page_size(limit);
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM tasks WHERE status = 'queued' AND id > COALESCE($1::TEXT, '') \
-             ORDER BY id LIMIT $2",
+    async fn first_queued(&self) -> StoreResult<Option<TaskId>> {
+        let id: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM tasks WHERE status = 'queued' ORDER BY created_at, id LIMIT 1",
         )
-        .bind(after.map(|a| a.to_string()))
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        ids.iter().map(|s| task_id(s)).collect()
+        id.as_deref().map(task_id).transpose()
     }
 }

@@ -5,7 +5,7 @@ use super::lifecycle::{cancel_wanted, wake_runs_waiting_on};
 use super::{SqliteStore, id_list};
 use crate::shared::rows::{FinishedRow, ScopeRow, task_id};
 use crate::shared::terminal::{TerminalMove, after_terminal, count_per_scope};
-use crate::{MaintenanceStore, StoreResult, SweepConfig, SweepReport, page_size};
+use crate::{MaintenanceStore, StoreResult, SweepConfig, SweepReport};
 use async_trait::async_trait;
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::{ErrorCode, TaskId, Timestamp};
@@ -38,8 +38,10 @@ impl MaintenanceStore for SqliteStore {
                 "SELECT id FROM tasks WHERE status = 'queued' AND created_at <= ? \
                  ORDER BY created_at LIMIT ?"
             } else {
-                "SELECT id FROM tasks WHERE status = 'running' AND heartbeat_at <= ? \
-                 ORDER BY heartbeat_at LIMIT ?"
+                // A heartbeat is never before its claim: the bound on claimed_at is the
+                // index's (tasks_running_claimed), the one on heartbeat_at the rule's.
+                "SELECT id FROM tasks WHERE status = 'running' AND claimed_at <= ?1 \
+                 AND heartbeat_at <= ?1 ORDER BY heartbeat_at LIMIT ?2"
             };
             let ids: Vec<String> = sqlx::query_scalar(select)
                 .bind(cutoff)
@@ -211,20 +213,12 @@ impl MaintenanceStore for SqliteStore {
         Ok(report)
     }
 
-    async fn list_recoverable(
-        &self,
-        after: Option<TaskId>,
-        limit: u32,
-    ) -> StoreResult<Vec<TaskId>> {
-        let limit = page_size(limit);
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM tasks WHERE status = 'queued' AND id > COALESCE(?1, '') \
-             ORDER BY id LIMIT ?2",
+    async fn first_queued(&self) -> StoreResult<Option<TaskId>> {
+        let id: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM tasks WHERE status = 'queued' ORDER BY created_at, id LIMIT 1",
         )
-        .bind(after.map(|a| a.to_string()))
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
+        .fetch_optional(&self.reader)
         .await?;
-        ids.iter().map(|s| task_id(s)).collect()
+        id.as_deref().map(task_id).transpose()
     }
 }
