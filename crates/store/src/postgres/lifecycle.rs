@@ -455,20 +455,23 @@ impl WorkerStore for PostgresStore {
                 .await?;
             }
             // "now" is read inside the statement (no round trip of its own) and returned
-            // with every row it moved, as the row is now (no read afterwards).
+            // with every row it moved, as the row is now (no read afterwards). The rows are
+            // found by id as arrays (`= ANY`), locked in id order, and only then joined to
+            // the items: joined to the unnested items from the start, the planner (which
+            // cannot know how many items there are) took every running task for every
+            // item, 9 ms for a batch of 57 behind 150 running tasks instead of 1.
             let update = sqlx::query_as(concat!(
                 "WITH clock AS (SELECT ",
                 now_sql!(5),
                 " AS now), \
                  item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[]) \
                  AS i(id, worker, output, usage)), \
-                 picked AS MATERIALIZED (SELECT tasks.id FROM tasks JOIN item ON item.id = tasks.id \
-                 WHERE tasks.status = 'running' AND tasks.worker = item.worker \
-                 ORDER BY tasks.id FOR NO KEY UPDATE OF tasks) \
+                 picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($1) \
+                 AND status = 'running' ORDER BY id FOR NO KEY UPDATE) \
                  UPDATE tasks SET status = 'succeeded', output = item.output, usage = item.usage, \
-                 completed_at = clock.now FROM picked, item, clock \
-                 WHERE tasks.id = picked.id AND item.id = tasks.id AND tasks.status = 'running' \
-                 AND tasks.worker = item.worker AND NOT ",
+                 completed_at = clock.now FROM item, clock \
+                 WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) AND item.id = tasks.id \
+                 AND tasks.status = 'running' AND tasks.worker = item.worker AND NOT ",
                 cancel_wanted!(),
                 " RETURNING ",
                 task_columns_qualified!(),
