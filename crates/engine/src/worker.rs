@@ -221,9 +221,12 @@ impl WorkerPool {
                     pending.push_back(id);
                 }
             }
-            // Free execution slots, and never more than twice the concurrency held in
-            // all (executing plus waiting for their completion's commit).
-            let held_cap = 2 * self.inner.config.workers.concurrency as usize;
+            // Free execution slots, and never more held in all (executing plus waiting
+            // for their completion's commit) than the concurrency and two completion
+            // batches (one committing, the next forming): while completions keep up,
+            // claims take every free slot; when they fall behind, claiming waits.
+            let held_cap =
+                self.inner.config.workers.concurrency as usize + 2 * MAX_COMPLETION_BATCH;
             let free = self
                 .slots
                 .available_permits()
@@ -286,6 +289,10 @@ impl WorkerPool {
                     .spawn(self.clone().run_task(Arc::new(task), permit));
             }
             if !failed && (more || !pending.is_empty()) {
+                // Let the executions just started run first: short ones end and free
+                // their slots now, so the next claim takes a batch instead of the few
+                // slots still free this instant.
+                tokio::task::yield_now().await;
                 continue;
             }
             tokio::select! {

@@ -53,7 +53,7 @@ macro_rules! claim_picked {
 
 /// Largest take of a one-queue claim with its limit written into the statement (one
 /// prepared statement per limit and connection).
-const SINGLE_QUEUE_LIMITS: u32 = 16;
+const SINGLE_QUEUE_LIMITS: u32 = 32;
 
 /// The one-queue claims, indexed by their take (0 to [`SINGLE_QUEUE_LIMITS`]): scalar
 /// arguments and the limit written in, so PostgreSQL's generic plan knows how few rows
