@@ -13,4 +13,12 @@ DROP INDEX IF EXISTS tasks_app_owned;
 -- in place (a HOT update, no index entry at all). A task's last heartbeat is never
 -- before its claim, so the sweep's bound on heartbeat_at bounds claimed_at too.
 DROP INDEX IF EXISTS tasks_running_heartbeat;
-CREATE INDEX tasks_running_claimed ON tasks (claimed_at) WHERE status = 'running';
+--
+-- Its predicate also asks for claimed_at IS NOT NULL (always true of a running task), which
+-- only a query bounding claimed_at implies (the sweep's). So statements that find running
+-- tasks by id (heartbeats, completions, failures) cannot walk this index: on PostgreSQL,
+-- with statistics taken while no task ran, the planner believed it held one row and
+-- joined every running task to every id (11 s for a heartbeat of 2,500 of 10,000
+-- running tasks, instead of 0.1–0.4 s by the primary key).
+CREATE INDEX tasks_running_claimed ON tasks (claimed_at)
+    WHERE status = 'running' AND claimed_at IS NOT NULL;
