@@ -39,13 +39,16 @@ pub(super) async fn claim_fair(
 /// (`$1` the worker). MATERIALIZED picks run once, so LIMIT and SKIP LOCKED hold
 /// exactly. The update finds the picked rows by id as an array: joined to the pick, the
 /// planner (which cannot know how few rows the limits give) hashes the whole queue.
+/// It does not repeat the pick's `status = 'queued'`: the picked rows are locked and
+/// were queued when locked (the lock re-checks the condition on the newest version),
+/// and with that condition the planner may walk a queued index it believes nearly empty
+/// (statistics taken while nothing was queued) instead of the primary key.
 macro_rules! claim_picked {
     () => {
         concat!(
             "UPDATE tasks SET status = 'running', worker = $1, \
              attempt = attempt + 1, claimed_at = clock.now, heartbeat_at = clock.now \
-             FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) \
-             AND tasks.status = 'queued' RETURNING ",
+             FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING ",
             task_columns_qualified!()
         )
     };

@@ -25,6 +25,24 @@ macro_rules! run_not_canceled {
 }
 pub(super) use run_not_canceled;
 
+/// SQL conditions on the status of a task named by id, written with `IS NOT DISTINCT
+/// FROM` (the same as `=` on the NOT NULL column) so they imply no partial index's
+/// predicate: the statement then reads its task through the primary key whatever the
+/// statistics say. With `status = 'queued'` or `status IN ('queued', 'running')`, and
+/// statistics taken while no task was queued, the planner walked `tasks_queued_dispatch`
+/// or `tasks_app_unsucceeded` whole, believing them nearly empty.
+macro_rules! status_is_queued {
+    () => {
+        "status IS NOT DISTINCT FROM 'queued'"
+    };
+}
+macro_rules! status_in_flight {
+    () => {
+        "(status IS NOT DISTINCT FROM 'queued' OR status IS NOT DISTINCT FROM 'running')"
+    };
+}
+pub(super) use status_in_flight;
+
 /// SQL condition: cancellation was requested for the task or its run.
 macro_rules! cancel_wanted {
     () => {
@@ -220,7 +238,9 @@ impl WorkerStore for PostgresStore {
             now_sql!(2),
             " AS now) UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
              claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
-             WHERE id = $3 AND status = 'queued' AND NOT cancel_requested AND ",
+             WHERE id = $3 AND ",
+            status_is_queued!(),
+            " AND NOT cancel_requested AND ",
             run_not_canceled!(),
             " RETURNING ",
             task_columns_qualified!()
@@ -251,8 +271,8 @@ impl WorkerStore for PostgresStore {
                     run_not_canceled!(),
                     " ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
                      UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
-                     claimed_at = clock.now, heartbeat_at = clock.now FROM picked, clock \
-                     WHERE tasks.id = picked.id AND tasks.status = 'queued' RETURNING ",
+                     claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
+                     WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING ",
                     task_columns_qualified!()
                 ))
                 .bind(worker.as_str())
@@ -336,12 +356,12 @@ impl WorkerStore for PostgresStore {
         let mut tx = self.begin().await?;
         let now = self.now(&mut tx).await?;
         lock_run_of(&mut tx, id).await?;
-        let done: Option<FinishedRow> = sqlx::query_as(
+        let done: Option<FinishedRow> = sqlx::query_as(concat!(
             "UPDATE tasks SET status = 'failed', error_code = $1, error_message = $2, \
-             completed_at = $3, usage = COALESCE($5, usage) \
-             WHERE id = $4 AND status IN ('queued', 'running') \
-             RETURNING id, app, scope, admitted",
-        )
+             completed_at = $3, usage = COALESCE($5, usage) WHERE id = $4 AND ",
+            status_in_flight!(),
+            " RETURNING id, app, scope, admitted"
+        ))
         .bind(code.as_str())
         .bind(truncate_message(message))
         .bind(now.0)
@@ -359,7 +379,9 @@ impl WorkerStore for PostgresStore {
         let done: Option<FinishedRow> = sqlx::query_as(concat!(
             "UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
              error_message = $2, completed_at = $3 \
-             WHERE id = $4 AND status IN ('queued', 'running') AND ",
+             WHERE id = $4 AND ",
+            status_in_flight!(),
+            " AND ",
             cancel_wanted!(),
             " RETURNING id, app, scope, admitted"
         ))

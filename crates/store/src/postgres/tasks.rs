@@ -4,7 +4,7 @@
 
 use super::PostgresStore;
 use super::admission::{self, lock_scope};
-use super::lifecycle::{CANCELED_MESSAGE, finish, lock_run_of};
+use super::lifecycle::{CANCELED_MESSAGE, finish, lock_run_of, status_in_flight};
 use crate::shared::cost::{SpendSums, TokenBucketRow, spend_sums};
 use crate::shared::dispatch::around_creation;
 use crate::shared::rows::{
@@ -101,12 +101,12 @@ impl TaskStore for PostgresStore {
         let now = self.now(&mut tx).await?;
         lock_run_of(&mut tx, id).await?;
         // Terminal states are final: only a queued or running task is marked and canceled.
-        let done: Option<FinishedRow> = sqlx::query_as(
+        let done: Option<FinishedRow> = sqlx::query_as(concat!(
             "UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
-             error_message = $2, completed_at = $3 \
-             WHERE id = $4 AND app = $5 AND status IN ('queued', 'running') \
-             RETURNING id, app, scope, admitted",
-        )
+             error_message = $2, completed_at = $3 WHERE id = $4 AND app = $5 AND ",
+            status_in_flight!(),
+            " RETURNING id, app, scope, admitted"
+        ))
         .bind(ErrorCode::Canceled.as_str())
         .bind(CANCELED_MESSAGE)
         .bind(now.0)
