@@ -51,9 +51,10 @@ CREATE INDEX task_queue_dispatch ON task_queue (app, scope, dispatch_key, task_i
 INSERT INTO task_queue (task_id, app, scope, dispatch_key, created_at)
     SELECT id, app, scope, dispatch_key, created_at FROM tasks;
 
--- Shape B: claims update the narrow row (and read the task rows they return); the
--- completion deletes it and writes the task row once.
-CREATE PROCEDURE cycle_narrow(w TEXT, n INT) LANGUAGE plpgsql AS $$
+-- A claim of the narrow rows (shapes B and C): the ids of the tasks claimed.
+-- (plpgsql, as the procedures: a SQL function would plan `LIMIT n` as a tenth of the
+-- table and sort all of it.)
+CREATE FUNCTION claim_queue_rows(w TEXT, n INT) RETURNS TEXT[] LANGUAGE plpgsql AS $$
 DECLARE ids TEXT[];
 BEGIN
   WITH picked AS MATERIALIZED (SELECT task_id FROM task_queue WHERE worker IS NULL
@@ -63,6 +64,15 @@ BEGIN
              FROM picked WHERE q.task_id = picked.task_id AND q.worker IS NULL
              RETURNING q.task_id)
   SELECT array_agg(u.task_id) INTO ids FROM u;
+  RETURN ids;
+END $$;
+
+-- Shape B: claims update the narrow row (and read the task rows they return); the
+-- completion deletes it and writes the task row once.
+CREATE PROCEDURE cycle_narrow(w TEXT, n INT) LANGUAGE plpgsql AS $$
+DECLARE ids TEXT[];
+BEGIN
+  ids := claim_queue_rows(w, n);
   PERFORM 1 FROM tasks WHERE id = ANY(ids);
   COMMIT;
   WITH d AS (DELETE FROM task_queue WHERE task_id = ANY(ids) AND worker = w
@@ -79,13 +89,7 @@ END $$;
 CREATE PROCEDURE cycle_bare(w TEXT, n INT) LANGUAGE plpgsql AS $$
 DECLARE ids TEXT[];
 BEGIN
-  WITH picked AS MATERIALIZED (SELECT task_id FROM task_queue WHERE worker IS NULL
-         ORDER BY created_at, task_id LIMIT n FOR UPDATE SKIP LOCKED),
-       u AS (UPDATE task_queue q SET worker = w, attempt = attempt + 1, claimed_at = 5,
-               heartbeat_at = 5
-             FROM picked WHERE q.task_id = picked.task_id AND q.worker IS NULL
-             RETURNING q.task_id)
-  SELECT array_agg(u.task_id) INTO ids FROM u;
+  ids := claim_queue_rows(w, n);
   COMMIT;
   DELETE FROM task_queue WHERE task_id = ANY(ids) AND worker = w;
   COMMIT;

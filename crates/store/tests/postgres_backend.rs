@@ -74,6 +74,16 @@ impl Drop for Schema {
     }
 }
 
+/// Waits for other connections to publish their statistics counters (they do when idle)
+/// and drops this connection's cached snapshot, so the next read sees them.
+async fn fresh_counters(pool: &sqlx::PgPool) {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 fn classify(input: &str) -> ValidatedRequest {
     ValidatedRequest::new(
         TaskKind::Classify,
@@ -146,12 +156,7 @@ async fn lookups_by_id_stay_on_the_primary_key_with_stale_statistics() {
     let entries_read = || {
         let pool = pool.clone();
         async move {
-            // Other connections publish their counters when idle; give them time.
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-            sqlx::query("SELECT pg_stat_clear_snapshot()")
-                .execute(&pool)
-                .await
-                .unwrap();
+            fresh_counters(&pool).await;
             sqlx::query_scalar::<_, i64>(
                 "SELECT COALESCE(SUM(idx_tup_read), 0)::BIGINT FROM pg_stat_user_indexes \
                  WHERE schemaname = current_schema() AND indexrelname IN \
@@ -371,12 +376,7 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
     let seq_scans = || {
         let pool = pool.clone();
         async move {
-            // Other connections publish their counters when idle; give them time.
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-            sqlx::query("SELECT pg_stat_clear_snapshot()")
-                .execute(&pool)
-                .await
-                .unwrap();
+            fresh_counters(&pool).await;
             let rows = sqlx::query(
                 "SELECT relname::TEXT AS rel, COALESCE(seq_scan, 0) AS n FROM pg_stat_user_tables \
                  WHERE schemaname = current_schema() \
