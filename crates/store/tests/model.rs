@@ -2389,6 +2389,49 @@ fn claims_taking_turns() -> Vec<Op> {
     ]
 }
 
+/// SPEC §14 for a batch: its new queues join as if created one after another, in the
+/// batch's order (the second one below the first), on both backends.
+fn batch_queues_join_in_order() -> Vec<Op> {
+    let spec = |app, key| CreateSpec {
+        app,
+        key,
+        owner: OwnerSpec::App {
+            scope: 0,
+            subject: None,
+        },
+        step: 0,
+        input: 0,
+        model: 0,
+        scoped: None,
+    };
+    vec![
+        Op::CreateMany(vec![spec(0, 0), spec(1, 0)]),
+        Op::Create(spec(1, 1)),
+        Op::Create(spec(0, 0)),
+        Op::ClaimNext {
+            worker: 0,
+            limit: 1,
+        },
+    ]
+}
+
+#[test]
+fn sqlite_batch_queues_join_in_order() {
+    runtime()
+        .block_on(sqlite_case(&batch_queues_join_in_order()))
+        .expect("the store agrees with the model");
+}
+
+#[test]
+fn postgres_batch_queues_join_in_order() {
+    let Some(url) = postgres_url("postgres_batch_queues_join_in_order") else {
+        return;
+    };
+    runtime()
+        .block_on(postgres_case(&url, &batch_queues_join_in_order()))
+        .expect("the store agrees with the model");
+}
+
 #[test]
 fn sqlite_instances_see_each_others_claims() {
     runtime()

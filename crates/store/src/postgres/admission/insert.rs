@@ -392,40 +392,58 @@ pub(super) async fn insert_app_task(
 }
 
 /// SPEC §14 for a batch of creations: activates the dispatch queues of its queued tasks
-/// in one statement, rows locked in (app, scope) order (the lock order among queue rows)
-/// and held to the commit, as [`queue_activation`] does for one task.
+/// as one creation after another would, in the order the batch names them (each queue
+/// joins at the passes as the ones before it left them, as on SQLite), with the rows
+/// held to the commit as [`queue_activation`] holds one task's.
+///
+/// One queue (the usual batch) is one statement. With several, the existing rows are
+/// locked first in (app, scope) order (the lock order among queue rows), then each queue
+/// is activated by the same statement in the batch's order; only queues that did not
+/// exist yet are written in that order, so two batches creating the same new queues in
+/// opposite orders can deadlock, which PostgreSQL ends by failing one of them
+/// (`StoreError::Unavailable`: retryable, nothing written).
 pub(super) async fn activate_queues(
     tx: &mut Tx,
     queues: &[(String, String, i64)],
 ) -> StoreResult<()> {
-    if queues.is_empty() {
-        return Ok(());
+    let mut ordered: Vec<&(String, String, i64)> = Vec::with_capacity(queues.len());
+    for q in queues {
+        if !ordered.iter().any(|o| o.0 == q.0 && o.1 == q.1) {
+            ordered.push(q);
+        }
     }
-    let mut sorted = queues.to_vec();
-    sorted.sort();
-    sorted.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
-    let apps: Vec<String> = sorted.iter().map(|q| q.0.clone()).collect();
-    let scopes: Vec<String> = sorted.iter().map(|q| q.1.clone()).collect();
-    let weights: Vec<i64> = sorted.iter().map(|q| q.2).collect();
-    let credits: Vec<i64> = sorted
-        .iter()
-        .map(|q| join_credit(Weight::new(q.2).unwrap_or_default()))
-        .collect();
-    sqlx::query(concat!(
-        "INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
-         SELECT q.app, q.scope, q.weight, ",
-        queue_join_pass!("q.credit"),
-        ", TRUE FROM UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[]) \
-         AS q(app, scope, weight, credit) \
-         ORDER BY q.app COLLATE \"C\", q.scope COLLATE \"C\" ",
-        queue_join_conflict!()
-    ))
-    .bind(apps)
-    .bind(scopes)
-    .bind(weights)
-    .bind(credits)
-    .execute(&mut **tx)
-    .await?;
+    if ordered.len() > 1 {
+        let mut sorted = ordered.clone();
+        sorted.sort();
+        let apps: Vec<&str> = sorted.iter().map(|q| q.0.as_str()).collect();
+        let scopes: Vec<&str> = sorted.iter().map(|q| q.1.as_str()).collect();
+        sqlx::query(
+            "SELECT 1 FROM dispatch_queues d \
+             JOIN UNNEST($1::TEXT[], $2::TEXT[]) AS q(app, scope) \
+             ON d.app = q.app AND d.scope = q.scope \
+             ORDER BY d.app, d.scope FOR NO KEY UPDATE OF d",
+        )
+        .bind(&apps)
+        .bind(&scopes)
+        .execute(&mut **tx)
+        .await?;
+    }
+    for (app, scope, weight) in ordered {
+        let credit = join_credit(Weight::new(*weight).unwrap_or_default());
+        sqlx::query(concat!(
+            "INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
+             SELECT $1, $2, $3, ",
+            queue_join_pass!("$4"),
+            ", TRUE ",
+            queue_join_conflict!()
+        ))
+        .bind(app)
+        .bind(scope)
+        .bind(weight)
+        .bind(credit)
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(())
 }
 
