@@ -91,10 +91,9 @@ pub(crate) fn plan_claim(queues: Vec<QueueRow>, n: u32) -> Vec<QueueTake> {
 pub(crate) trait FairClaim: Send {
     /// Writes what `view` owes the queues' passes.
     async fn pay_debt(&mut self, view: &QueueView) -> StoreResult<()>;
-    /// Writes what `view` owes the queues' passes ([`FairClaim::pay_debt`]), then reads
-    /// the active queues with the least pass (at most [`MAX_CLAIM_QUEUES`], in pass
-    /// order).
-    async fn read_queues(&mut self, view: &QueueView) -> StoreResult<Vec<QueueRow>>;
+    /// Reads the active queues with the least pass (at most [`MAX_CLAIM_QUEUES`], in
+    /// pass order).
+    async fn read_queues(&mut self) -> StoreResult<Vec<QueueRow>>;
     /// Claims each planned queue's share, its tasks in dispatch-key order.
     async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>>;
     /// Deactivates the queue if it holds no queued task; true when it did.
@@ -128,7 +127,9 @@ pub(crate) async fn claim_fair(
         let queues = match view.fresh(n, &spent) {
             Some(q) => q,
             None => {
-                let read = steps.read_queues(view).await?;
+                // The debt first: the rows read then hold this instance's moves.
+                steps.pay_debt(view).await?;
+                let read = steps.read_queues().await?;
                 let mut all = view.keep(read);
                 all.retain(|q| !spent.iter().any(|(a, s)| *a == q.app && *s == q.scope));
                 all.truncate(n);

@@ -54,8 +54,7 @@ impl FairClaim for SqliteFairClaim<'_> {
         pay_pass_debt(view, self.tx).await
     }
 
-    async fn read_queues(&mut self, view: &QueueView) -> StoreResult<Vec<QueueRow>> {
-        self.pay_debt(view).await?;
+    async fn read_queues(&mut self) -> StoreResult<Vec<QueueRow>> {
         Ok(sqlx::query_as(
             "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
              ORDER BY pass, app, scope LIMIT ?",

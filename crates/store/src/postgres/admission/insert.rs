@@ -406,12 +406,12 @@ pub(super) async fn activate_queues(
     tx: &mut Tx,
     queues: &[(String, String, i64)],
 ) -> StoreResult<()> {
-    let mut ordered: Vec<&(String, String, i64)> = Vec::with_capacity(queues.len());
-    for q in queues {
-        if !ordered.iter().any(|o| o.0 == q.0 && o.1 == q.1) {
-            ordered.push(q);
-        }
-    }
+    // Each queue once, where the batch first names it.
+    let mut seen = std::collections::HashSet::new();
+    let ordered: Vec<&(String, String, i64)> = queues
+        .iter()
+        .filter(|q| seen.insert((q.0.as_str(), q.1.as_str())))
+        .collect();
     if ordered.len() > 1 {
         let mut sorted = ordered.clone();
         sorted.sort();
