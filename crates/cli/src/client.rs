@@ -10,7 +10,12 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Args)]
 pub struct Connection {
     /// The server's base URL.
-    #[arg(long, env = "TOLLGATE_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "TOLLGATE_URL",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:8080"
+    )]
     url: String,
     /// API key (`serve` prints the development key at start-up).
     #[arg(long, env = "TOLLGATE_API_KEY", hide_env_values = true)]
@@ -55,7 +60,21 @@ async fn send(rb: reqwest::RequestBuilder) -> anyhow::Result<Value> {
 }
 
 fn print(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    print_line(&serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Writes one line to standard output. A reader that went away (`tollgate … | head`)
+/// ends the command quietly, as `cat` would, instead of panicking like `println!`.
+pub(crate) fn print_line(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{text}").and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
 }
 
 /// `tollgate submit`.
@@ -159,22 +178,29 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
 /// `tollgate task …`.
 #[derive(Debug, Clone, Subcommand)]
 pub enum TaskCommand {
-    /// Show a task.
+    /// Show a task, by id or by its effect key (`--effect-key`).
     Get {
         #[command(flatten)]
         conn: Connection,
-        /// Task id.
-        id: String,
+        /// Task id (or give --effect-key instead).
+        #[arg(required_unless_present = "effect_key", conflicts_with = "effect_key")]
+        id: Option<String>,
+        /// The task's effect key (the Idempotency-Key it was submitted with).
+        #[arg(long)]
+        effect_key: Option<String>,
+        /// Wait for a terminal state, e.g. 30s (as `submit --wait`).
+        #[arg(long)]
+        wait: Option<String>,
     },
-    /// Wait until a task is terminal (or the timeout passes) and show it.
+    /// Wait until a task is terminal (or the wait passes) and show it.
     Wait {
         #[command(flatten)]
         conn: Connection,
         /// Task id.
         id: String,
-        /// How long to wait at most.
-        #[arg(long, default_value = "60s")]
-        timeout: String,
+        /// How long to wait at most, e.g. 30s (`--timeout` is the old name).
+        #[arg(long, alias = "timeout", default_value = "60s")]
+        wait: String,
     },
     /// Cancel a task.
     Cancel {
@@ -187,17 +213,43 @@ pub enum TaskCommand {
 
 pub async fn task(cmd: TaskCommand) -> anyhow::Result<()> {
     match cmd {
-        TaskCommand::Get { conn, id } => {
-            print(&send(conn.request(reqwest::Method::GET, &format!("/v1/tasks/{id}"))?).await?);
+        TaskCommand::Get {
+            conn,
+            id,
+            effect_key,
+            wait,
+        } => {
+            let mut path = match (&id, &effect_key) {
+                (_, Some(key)) => format!("/v1/tasks?effect_key={}", encode(key)),
+                (Some(id), None) => format!("/v1/tasks/{}", encode(id)),
+                (None, None) => bail!("give a task id or --effect-key"),
+            };
+            if let Some(w) = &wait {
+                tollgate_core::parse_duration(w, tollgate_core::DurationSyntax::Config)
+                    .context("--wait takes a duration like 30s")?;
+                if effect_key.is_some() {
+                    // The listing does not long-poll: find the id, then wait on it.
+                    let task = send(conn.request(reqwest::Method::GET, &path)?).await?;
+                    let id = task
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .context("the answer names no task id")?;
+                    path = format!("/v1/tasks/{}", encode(id));
+                }
+                path.push_str(&format!("?wait={}", encode(w)));
+            }
+            print(&send(conn.request(reqwest::Method::GET, &path)?).await?);
         }
-        TaskCommand::Wait { conn, id, timeout } => {
-            let timeout =
-                tollgate_core::parse_duration(&timeout, tollgate_core::DurationSyntax::Config)
-                    .context("--timeout")?;
-            let deadline = Instant::now() + timeout;
+        TaskCommand::Wait { conn, id, wait } => {
+            let wait = tollgate_core::parse_duration(&wait, tollgate_core::DurationSyntax::Config)
+                .context("--wait takes a duration like 30s")?;
+            let deadline = Instant::now() + wait;
             loop {
-                let t =
-                    send(conn.request(reqwest::Method::GET, &format!("/v1/tasks/{id}"))?).await?;
+                // Long-poll the server for what is left (it caps each call at its
+                // `max_wait`), so a task that ends is shown at once.
+                let left = deadline.saturating_duration_since(Instant::now());
+                let path = format!("/v1/tasks/{}?wait={}ms", encode(&id), left.as_millis());
+                let t = send(conn.request(reqwest::Method::GET, &path)?).await?;
                 let terminal = matches!(
                     t.get("status").and_then(Value::as_str),
                     Some("succeeded" | "failed" | "canceled")
@@ -206,7 +258,6 @@ pub async fn task(cmd: TaskCommand) -> anyhow::Result<()> {
                     print(&t);
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }
         TaskCommand::Cancel { conn, id } => {
@@ -219,7 +270,7 @@ pub async fn task(cmd: TaskCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `tollgate usage`: SPEC §13 spend and tokens in the 24 h window.
+/// `tollgate usage`: spend and tokens in the 24 h window (docs/budgets.md).
 #[derive(Debug, Clone, Args)]
 pub struct UsageArgs {
     #[command(flatten)]
@@ -242,7 +293,7 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         print(&report);
         return Ok(());
     }
-    println!("{}", usage_summary(&report));
+    print_line(&usage_summary(&report));
     Ok(())
 }
 

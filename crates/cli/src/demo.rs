@@ -10,8 +10,15 @@ use tollgate_core::{
 use tollgate_engine::config::{BudgetPolicy, Limit, ModelConfig};
 use tollgate_engine::{EngineConfig, EngineError, Submission, Tollgate};
 
+/// `println!` that ends the demo quietly when its reader goes away (`tollgate demo | head`).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        crate::client::print_line(&format!($($arg)*))
+    };
+}
+
 fn step(n: u32, title: &str) {
-    println!("\n{n}. {title}");
+    say!("\n{n}. {title}");
 }
 
 fn classify(app: &AppId, key: &str, input: &str, source: &str) -> anyhow::Result<Submission> {
@@ -63,7 +70,7 @@ pub async fn demo() -> anyhow::Result<()> {
         .context("cannot open the embedded database")?;
     let engine = tollgate.start().await?;
     let app = AppId::new("demo-app")?;
-    println!(
+    say!(
         "Tollgate demo: an embedded instance (SQLite in {}) with the built-in dev provider.",
         dir.path().display()
     );
@@ -82,7 +89,7 @@ pub async fn demo() -> anyhow::Result<()> {
     if done.status != TaskStatus::Succeeded {
         bail!("the first task ended {:?}: {:?}", done.status, done.error);
     }
-    println!(
+    say!(
         "   task {} -> {} with output {}",
         done.id,
         done.status.as_str(),
@@ -101,7 +108,7 @@ pub async fn demo() -> anyhow::Result<()> {
             "msg-1",
         )?)
         .await?;
-    println!(
+    say!(
         "   new task {}: status {}, cached {}, copied from {} - no provider call, no budget spent",
         again.task.id,
         again.task.status.as_str(),
@@ -120,7 +127,7 @@ pub async fn demo() -> anyhow::Result<()> {
     let replay = tollgate
         .submit(classify(&app, "email-1", "Win a free cruise!", "msg-1")?)
         .await?;
-    println!(
+    say!(
         "   replay of `email-1`: created {}, same id {}",
         replay.created,
         replay.task.id == first.task.id
@@ -139,9 +146,9 @@ pub async fn demo() -> anyhow::Result<()> {
             &format!("msg-{i}"),
         )?;
         match tollgate.submit(s).await {
-            Ok(t) => println!("   email-{i}: admitted ({})", t.task.status.as_str()),
+            Ok(t) => say!("   email-{i}: admitted ({})", t.task.status.as_str()),
             Err(EngineError::Admission(r)) => {
-                println!(
+                say!(
                     "   email-{i}: refused {} - retry after {} ms",
                     r.code(),
                     r.retry_after().map_or(0, |d| d.as_millis())
@@ -176,7 +183,7 @@ pub async fn demo() -> anyhow::Result<()> {
         .cancel(&app, slow.id)
         .await?
         .context("the slow task vanished")?;
-    println!(
+    say!(
         "   task {} -> {} ({})",
         canceled.id,
         canceled.status.as_str(),
@@ -194,21 +201,21 @@ pub async fn demo() -> anyhow::Result<()> {
         .delete_owner_data(&app, &ScopeId::new("customer-42")?, None)
         .await?;
     let gone = tollgate.get(&app, first.task.id).await?.is_none();
-    println!("   deleted {deleted} tasks of scope customer-42; the first task is gone: {gone}");
+    say!("   deleted {deleted} tasks of scope customer-42; the first task is gone: {gone}");
     let after = tollgate
         .submit(classify(&app, "email-after", "hello", "msg-after")?)
         .await;
     match after {
-        Err(EngineError::Admission(r)) => println!(
+        Err(EngineError::Admission(r)) => say!(
             "   a new task right after is still refused ({}): deletion never resets the rate",
             r.code()
         ),
-        Ok(_) => println!("   a new task right after was admitted (a token had refilled)"),
+        Ok(_) => say!("   a new task right after was admitted (a token had refilled)"),
         Err(e) => return Err(e.into()),
     }
 
     let report = engine.shutdown(Duration::from_secs(5)).await;
-    println!(
+    say!(
         "\nDone (workers stopped; in-flight finished: {}).",
         report.drained
     );

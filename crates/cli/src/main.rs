@@ -40,7 +40,8 @@ enum Command {
     /// Register, read and run pipelines (durable DAGs of AI steps) on a running server.
     #[command(subcommand)]
     Pipeline(client::PipelineCommand),
-    /// Show spend and tokens in the 24 h window (SPEC §13): the app's, or one scope's.
+    /// Show spend and tokens in the 24 h window: the app's, or one scope's (see
+    /// docs/budgets.md, "Reading the usage endpoints").
     Usage(client::UsageArgs),
     /// Walk through Tollgate's guarantees on an embedded instance in a temporary folder.
     Demo,

@@ -168,7 +168,7 @@ fn api_only_replica_and_worker_replica_share_the_work() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let done = client(&base, &["task", "wait", &id, "--timeout", "20s"], None);
+    let done = client(&base, &["task", "wait", &id, "--wait", "20s"], None);
     assert_eq!(
         done["status"],
         json!("succeeded"),
@@ -219,6 +219,121 @@ fn api_only_replica_and_worker_replica_share_the_work() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The client commands as a user types them: one flag name for waiting, a task found by
+/// its effect key, output that ends with a newline and survives `| head`, and `--help`
+/// that shows no empty environment value.
+#[test]
+fn client_commands_behave_as_a_user_types_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let (server, base) = serve(&config, &[]);
+    let request = r#"{"input": "hello", "labels": ["a", "b"]}"#;
+    let args = [
+        "submit",
+        "--kind",
+        "classify",
+        "--scope",
+        "s",
+        "--effect-key",
+        "cli-1",
+        "-",
+    ];
+    let task = client(&base, &args, Some(request));
+    let id = task["id"].as_str().unwrap().to_string();
+
+    // `--wait` everywhere (`task wait` took `--timeout` before; it stays an alias).
+    let done = client(&base, &["task", "wait", &id, "--wait", "20s"], None);
+    assert_eq!(done["status"], json!("succeeded"), "{done}");
+    let old = client(&base, &["task", "wait", &id, "--timeout", "5s"], None);
+    assert_eq!(old["id"], json!(id));
+
+    // `task get` by effect key, with or without a wait.
+    let by_key = client(&base, &["task", "get", "--effect-key", "cli-1"], None);
+    assert_eq!(by_key["id"], json!(id), "{by_key}");
+    let by_key = client(
+        &base,
+        &["task", "get", "--effect-key", "cli-1", "--wait", "5s"],
+        None,
+    );
+    assert_eq!(by_key["status"], json!("succeeded"), "{by_key}");
+    let missing = tollgate()
+        .args(["task", "get", "--effect-key", "no-such-key"])
+        .env("TOLLGATE_URL", &base)
+        .env("TOLLGATE_API_KEY", KEY)
+        .output()
+        .unwrap();
+    assert!(!missing.status.success(), "an unknown key is an error");
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("404"));
+
+    // Every printed answer ends with a newline (`usage --json` did not).
+    for args in [
+        &["usage", "--json"][..],
+        &["usage"][..],
+        &["task", "get", &id][..],
+    ] {
+        let out = tollgate()
+            .args(args)
+            .env("TOLLGATE_URL", &base)
+            .env("TOLLGATE_API_KEY", KEY)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stdout.ends_with(b"\n"),
+            "{args:?} ends with a newline: {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+
+    // A reader that goes away (`tollgate task get ID | head -c 1`) ends the command
+    // quietly instead of a panic.
+    let piped = Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" demo | head -c 1 >/dev/null; exit 0")
+        .arg(env!("CARGO_BIN_EXE_tollgate"))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&piped.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "no panic on a closed pipe: {stderr}"
+    );
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" task get \"$1\" | head -c 1 >/dev/null; exit 0")
+        .arg(env!("CARGO_BIN_EXE_tollgate"))
+        .arg(&id)
+        .env("TOLLGATE_URL", &base)
+        .env("TOLLGATE_API_KEY", KEY)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "no panic on a closed pipe: {stderr}"
+    );
+
+    // `--help` with TOLLGATE_URL unset shows no `[env: TOLLGATE_URL=]`.
+    let help = tollgate()
+        .args(["task", "get", "--help"])
+        .env_remove("TOLLGATE_URL")
+        .env_remove("TOLLGATE_API_KEY")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("TOLLGATE_URL"), "{text}");
+    assert!(!text.contains("TOLLGATE_URL=]"), "{text}");
+    assert!(!text.contains("TOLLGATE_API_KEY=]"), "{text}");
+
+    terminate(server);
 }
 
 #[test]
