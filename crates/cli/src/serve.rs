@@ -10,12 +10,30 @@ use tollgate_server::{AppState, Auth, KeyConfig, TollgateConfig};
 /// The development app `serve` runs when no API key is configured.
 pub const DEV_APP: &str = "dev";
 
+/// Where the development app's key is kept in the database.
+const DEV_KEY_SETTING: &str = "dev_api_key";
+
 fn load(args: &DatabaseArgs) -> anyhow::Result<TollgateConfig> {
     let mut config = TollgateConfig::load(args.config.as_deref())?;
     if let Some(url) = &args.database_url {
         config.database.url = url.clone();
     }
     Ok(config)
+}
+
+/// Opens the database and the notifier, saying which of the three failed: invalid
+/// configuration, the database, or the notification transport.
+async fn open(config: &TollgateConfig) -> anyhow::Result<Tollgate> {
+    use tollgate_engine::EngineError;
+    match Tollgate::open(&config.database.url, config.engine.clone()).await {
+        Ok(tollgate) => Ok(tollgate),
+        Err(e @ (EngineError::Config(_) | EngineError::Invalid(_))) => {
+            bail!("invalid configuration: {e}")
+        }
+        Err(e @ EngineError::Notify(_)) => bail!("{e}"),
+        Err(e) => Err(anyhow::Error::new(e))
+            .with_context(|| format!("cannot open the database {}", redact(&config.database.url))),
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -63,30 +81,34 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         config.engine.workers.concurrency = w;
     }
     let addr = config.server.addr;
+    if !config.has_keys() && !addr.ip().is_loopback() {
+        bail!(
+            "no API keys are configured, so Tollgate only serves its development app on \
+             127.0.0.1; refusing to listen on {addr}. Configure [apps.<app>] api_keys \
+             (see docs/api.md) or bind to 127.0.0.1."
+        );
+    }
+    let metrics = PrometheusBuilder::new().install_recorder().ok();
+    let tollgate = open(&config).await?;
     let (auth, dev_key) = if config.has_keys() {
         (
             Auth::new(&config.api_keys).map_err(anyhow::Error::msg)?,
             None,
         )
     } else {
-        if !addr.ip().is_loopback() {
-            bail!(
-                "no API keys are configured, so Tollgate only serves its development app on \
-                 127.0.0.1; refusing to listen on {addr}. Configure [apps.<app>] api_keys \
-                 (see docs/api.md) or bind to 127.0.0.1."
-            );
-        }
-        let key = format!("tg_dev_{}", uuid::Uuid::new_v4().simple());
+        // The development key is kept in the database, so a restart (or a second
+        // replica of the same database) accepts the key the user exported.
+        let fresh = format!("tg_dev_{}", uuid::Uuid::new_v4().simple());
+        let key = tollgate
+            .keep_setting(DEV_KEY_SETTING, &fresh)
+            .await
+            .context("cannot read or keep the development API key")?;
         let app = AppId::new(DEV_APP).map_err(anyhow::Error::msg)?;
         (
             Auth::new(&[(app, vec![KeyConfig::Plain(key.clone())])]).map_err(anyhow::Error::msg)?,
             Some(key),
         )
     };
-    let metrics = PrometheusBuilder::new().install_recorder().ok();
-    let tollgate = Tollgate::open(&config.database.url, config.engine.clone())
-        .await
-        .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
     if metrics.is_some() {
         // Every series from the first scrape, with its HELP and TYPE (SPEC §11 /metrics).
         tollgate_engine::metrics::describe();
@@ -109,15 +131,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let local = listener.local_addr()?;
     println!("Tollgate listening on http://{local}");
     println!(
-        "  database: {}   workers: {}   backend: {}",
+        "  database: {}   workers: {}   backend: {}   notifications: {}",
         redact(&config.database.url),
         if workers == 0 {
             "none (API only)".to_string()
         } else {
             workers.to_string()
         },
-        tollgate.backend()
+        tollgate.backend(),
+        tollgate.notifier().transport()
     );
+    println!("  dashboard: http://{local}/ui");
     if let Some(key) = &dev_key {
         println!("  no API keys configured: development app `{DEV_APP}` (127.0.0.1 only)");
         println!("  API key: {key}");
@@ -189,9 +213,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if config.engine.workers.concurrency == 0 {
         bail!("a worker needs --workers 1 or more ([workers] concurrency)");
     }
-    let tollgate = Tollgate::open(&config.database.url, config.engine.clone())
-        .await
-        .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
+    let tollgate = open(&config).await?;
     let engine = tollgate.start().await.context("cannot start the workers")?;
     println!(
         "Tollgate worker {} running {} executions on {}",
@@ -210,9 +232,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
 
 pub async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
     let config = load(&args)?;
-    let tollgate = Tollgate::open(&config.database.url, config.engine.clone())
-        .await
-        .with_context(|| format!("cannot open the database {}", redact(&config.database.url)))?;
+    let tollgate = open(&config).await?;
     tollgate.ping().await?;
     println!(
         "{} is migrated ({} backend)",

@@ -364,3 +364,255 @@ fn demo_walks_through_the_guarantees() {
         );
     }
 }
+
+/// Starts `serve` and returns it with the lines it printed up to and including the API
+/// key line (or the listening line, when keys are configured) and its base URL.
+fn serve_banner(config: &Path) -> (Child, String, Vec<String>) {
+    let mut child = tollgate()
+        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve never printed its key: {lines:?}");
+        };
+        let done = line.contains("API key:");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    let base = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("Tollgate listening on "))
+        .expect("the address line")
+        .trim()
+        .to_string();
+    (child, base, lines)
+}
+
+/// A raw `GET path` without following redirects: (status line, headers in lower case).
+fn raw_get(base: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let (head, _) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+    (status.to_string(), headers.to_lowercase())
+}
+
+/// The first run as a newcomer meets it: the development key survives a restart (so the
+/// exported key and the dashboard session keep working), the banner names the
+/// notification transport and the dashboard, `GET /` leads a browser to `/ui`, and a
+/// replica whose NATS is down still starts and serves (at polling speed).
+#[test]
+fn first_run_keeps_its_dev_key_and_starts_without_nats() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tollgate.toml");
+    let db = dir.path().join("tollgate.db");
+    std::fs::write(
+        &config,
+        format!("[database]\nurl = \"sqlite://{}\"\n", db.display()),
+    )
+    .unwrap();
+    let key_of = |lines: &[String]| {
+        lines
+            .iter()
+            .find_map(|l| l.trim().strip_prefix("API key: "))
+            .expect("the key line")
+            .to_string()
+    };
+    let (first, base, lines) = serve_banner(&config);
+    let key = key_of(&lines);
+    assert!(key.starts_with("tg_dev_"), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.contains("notifications: local")),
+        "the banner names the notification transport: {lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("dashboard: {base}/ui"))),
+        "{lines:?}"
+    );
+    let (status, headers) = raw_get(&base, "/");
+    assert!(status.contains(" 307 "), "{status}");
+    assert!(headers.contains("location: /ui"), "{headers}");
+    terminate(first);
+
+    // Restarted with NATS configured but nothing listening at its address.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"sqlite://{}\"\n\n[notifications]\ntransport = \"nats\"\nnats_url = \"nats://127.0.0.1:{port}\"\npoll_interval = \"200ms\"\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let (second, base, lines) = serve_banner(&config);
+    assert_eq!(
+        key_of(&lines),
+        key,
+        "the development key survives a restart"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("notifications: nats")),
+        "{lines:?}"
+    );
+    let out = tollgate()
+        .args([
+            "submit",
+            "--kind",
+            "classify",
+            "--scope",
+            "s",
+            "--effect-key",
+            "first-run",
+            "--wait",
+            "20s",
+            "-",
+        ])
+        .env("TOLLGATE_URL", &base)
+        .env("TOLLGATE_API_KEY", &key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(br#"{"input": "hello", "labels": ["a", "b"]}"#)?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the old key works after the restart: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(task["status"], json!("succeeded"), "{task}");
+    terminate(second);
+}
+
+/// The README's shell blocks run as written against a real `serve` (README "Try it" and
+/// "Pipelines"): the one change is the placeholder key line, which a user fills with the
+/// key `serve` printed, and the address, which is this test's port. The first block
+/// (`cargo test`, `cargo run`) is what CI itself runs.
+#[test]
+fn readme_shell_blocks_run_as_written() {
+    let readme = include_str!("../../../README.md");
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in readme.lines() {
+        match (&mut current, line.trim_start()) {
+            (None, "```sh" | "```bash") => current = Some(String::new()),
+            (Some(_), "```") => blocks.push(current.take().unwrap()),
+            (Some(block), _) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            _ => {}
+        }
+    }
+    assert!(blocks.len() >= 3, "the README's shell blocks were read");
+    assert!(
+        blocks[0].contains("cargo test --workspace"),
+        "{}",
+        blocks[0]
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tollgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"sqlite://{}\"\n",
+            dir.path().join("tollgate.db").display()
+        ),
+    )
+    .unwrap();
+    let (server, base, lines) = serve_banner(&config);
+    let key = lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("API key: "))
+        .unwrap()
+        .to_string();
+    let addr = base.trim_start_matches("http://");
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_tollgate")).parent().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for block in &blocks[1..] {
+        let mut script = String::new();
+        for line in block.lines() {
+            // The placeholder a user replaces with the printed key.
+            if line.starts_with("export TOLLGATE_API_KEY=tg_dev_…") {
+                continue;
+            }
+            script.push_str(
+                &line
+                    .replace("localhost:8080", addr)
+                    .replace("127.0.0.1:8080", addr),
+            );
+            script.push('\n');
+        }
+        let out = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &script])
+            .current_dir(&repo)
+            .env("TOLLGATE_API_KEY", &key)
+            .env("TOLLGATE_URL", &base)
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin_dir.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "README block failed:\n{block}\nstdout: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !stdout.contains(r#""error":{"#) && !stdout.contains(r#""error": {"#),
+            "README block answered an error:\n{block}\n{stdout}"
+        );
+        assert!(
+            !stdout.contains(r#""status":"failed""#) && !stdout.contains(r#""status": "failed""#),
+            "README block's task failed:\n{block}\n{stdout}"
+        );
+    }
+    terminate(server);
+}

@@ -146,7 +146,8 @@ impl Notifier {
     }
 
     /// NATS core pub/sub on `<subject_prefix>.task.queued`, `.task.finished` and
-    /// `.run.woken`. Fails when the server cannot be reached now.
+    /// `.run.woken`. A server that cannot be reached now does not fail it: the client
+    /// connects in the background and hints flow from then on (polling covers the gap).
     pub async fn nats(url: &str, subject_prefix: &str) -> Result<Notifier, EngineError> {
         let transport = NatsTransport::connect(url, subject_prefix).await?;
         Notifier::with_transport(Arc::new(transport)).await
@@ -291,19 +292,40 @@ pub struct NatsTransport {
 }
 
 impl NatsTransport {
-    /// Connects to the NATS server at `url` (fails when it cannot be reached now; later
-    /// disconnections are healed by the client, losing what was sent meanwhile).
+    /// Connects to the NATS server at `url`. When it cannot be reached now, the replica
+    /// still starts: the client keeps connecting in the background (the subscription is
+    /// registered as soon as it connects), and until then hints are lost and work goes on
+    /// at polling speed — notifications are hints, the database is the truth. Later
+    /// disconnections are healed by the client the same way.
     pub async fn connect(url: &str, subject_prefix: &str) -> Result<NatsTransport, EngineError> {
-        let client = async_nats::ConnectOptions::new()
-            .name("tollgate")
-            .connection_timeout(Duration::from_secs(5))
-            .connect(url)
-            .await
-            .map_err(|e| EngineError::Notify(format!("cannot connect to NATS at {url}: {e}")))?;
+        let options = || {
+            async_nats::ConnectOptions::new()
+                .name("tollgate")
+                .connection_timeout(Duration::from_secs(5))
+        };
+        let client = match options().connect(url).await {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::warn!(
+                    %url, error = %e,
+                    "cannot connect to NATS now; serving at polling speed and connecting in the background"
+                );
+                options()
+                    .retry_on_initial_connect()
+                    .connect(url)
+                    .await
+                    .map_err(|e| EngineError::Notify(format!("invalid NATS address {url}: {e}")))?
+            }
+        };
         Ok(NatsTransport {
             client,
             prefix: subject_prefix.to_string(),
         })
+    }
+
+    /// Whether the client is connected to a NATS server now.
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
     }
 }
 
@@ -326,8 +348,11 @@ impl Transport for NatsTransport {
             .subscribe(format!("{}.>", self.prefix))
             .await
             .map_err(|e| e.to_string())?;
-        // Make sure the server registered the subscription before anyone relies on it.
-        self.client.flush().await.map_err(|e| e.to_string())?;
+        // Make sure the server registered the subscription before anyone relies on it
+        // (when not connected yet, the client registers it once it connects).
+        if self.is_connected() {
+            self.client.flush().await.map_err(|e| e.to_string())?;
+        }
         Ok(subscriber
             .map(|message| String::from_utf8_lossy(&message.payload).into_owned())
             .boxed())

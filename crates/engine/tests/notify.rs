@@ -157,11 +157,96 @@ async fn replicas_on_other_schemas_do_not_hear_each_other() {
     assert!(got.is_err(), "another schema's event arrived: {got:?}");
 }
 
+/// An address that is not one is a clear error at start (an unreachable server is not:
+/// see `nats_down_at_start_connects_in_the_background`).
 #[tokio::test]
-async fn an_unreachable_nats_server_is_a_clear_error() {
-    // Port 9 (discard) on the loopback: nothing listens there.
-    let err = Notifier::nats("nats://127.0.0.1:9", "tollgate")
+async fn an_invalid_nats_address_is_a_clear_error() {
+    let err = Notifier::nats("nats://127.0.0.1:not-a-port", "tollgate")
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("cannot connect to NATS"), "{err}");
+    assert!(err.to_string().contains("invalid NATS address"), "{err}");
+}
+
+/// A replica starts while NATS is down (the database is the truth, notifications are
+/// hints), and hints flow once a NATS server comes up at that address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_down_at_start_connects_in_the_background() {
+    let nats_bin = std::path::Path::new("/usr/sbin/nats-server");
+    if !nats_bin.exists() {
+        if std::env::var("TOLLGATE_REQUIRE_NATS").is_ok_and(|v| v == "1") {
+            panic!("TOLLGATE_REQUIRE_NATS=1 but /usr/sbin/nats-server is missing");
+        }
+        eprintln!("skipping nats_down_at_start_connects_in_the_background: no nats-server");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let prefix = format!("tollgate_test_{}", uuid::Uuid::new_v4().simple());
+    let started = Instant::now();
+    let early = tokio::time::timeout(Duration::from_secs(15), Notifier::nats(&url, &prefix))
+        .await
+        .expect("opening the notifier does not wait for NATS")
+        .expect("NATS being down is not an error");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(early.transport(), "nats");
+    // Publishing while disconnected neither fails nor blocks.
+    early.publish(Event::RunWoken {
+        app: None,
+        id: tollgate_core::RunId::generate(),
+    });
+
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _nats = Kill(
+        std::process::Command::new(nats_bin)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server starts"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "nats-server never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let late = Notifier::nats(&url, &prefix).await.unwrap();
+    // Each side hears the other once the early one has connected and subscribed.
+    for (from, to) in [(&late, &early), (&early, &late)] {
+        let mut heard = to.subscribe();
+        let id = tollgate_core::RunId::generate();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "the notifier that started without NATS never connected"
+            );
+            from.publish(Event::RunWoken { app: None, id });
+            let got = tokio::time::timeout(Duration::from_millis(500), async {
+                loop {
+                    match heard.recv().await {
+                        Ok(Event::RunWoken { id: woken, .. }) if woken == id => return true,
+                        Ok(_) => {}
+                        Err(_) => return false,
+                    }
+                }
+            })
+            .await;
+            if got == Ok(true) {
+                break;
+            }
+        }
+    }
 }

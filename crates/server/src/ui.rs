@@ -53,6 +53,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
 
 pub(crate) fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
+        // A browser pointed at the server's root lands on the dashboard.
+        .route(
+            "/",
+            get(|| async { axum::response::Redirect::temporary("/ui") }),
+        )
         .route("/ui", get(|| async { asset("index.html") }))
         .route("/ui/", get(|| async { asset("index.html") }))
         .route(

@@ -398,4 +398,9 @@ pub trait MaintenanceStore: Send + Sync {
     /// restart, recovery wakes the dispatcher with it, which then claims every queued
     /// task in dispatch order.
     async fn first_queued(&self) -> StoreResult<Option<TaskId>>;
+
+    /// Keeps `value` under `name` unless a value is kept there already, and returns the
+    /// kept one: the first writer wins, across replicas and restarts (the development
+    /// API key `serve` generates is kept this way).
+    async fn keep_setting(&self, name: &str, value: &str) -> StoreResult<String>;
 }

@@ -278,6 +278,9 @@ impl<W: ForwardMaintenanceStore> MaintenanceStore for W {
     async fn first_queued(&self) -> StoreResult<Option<TaskId>> {
         forward!(self, read, first_queued())
     }
+    async fn keep_setting(&self, name: &str, value: &str) -> StoreResult<String> {
+        forward!(self, write, keep_setting(name, value))
+    }
 }
 
 #[async_trait]

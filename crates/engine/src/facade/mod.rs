@@ -194,6 +194,12 @@ impl Tollgate {
         Ok(self.inner.store.ping().await?)
     }
 
+    /// Keeps `value` under `name` in the database unless a value is kept there already,
+    /// and returns the kept one (the first writer wins, across replicas and restarts).
+    pub async fn keep_setting(&self, name: &str, value: &str) -> Result<String, EngineError> {
+        Ok(self.inner.store.keep_setting(name, value).await?)
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config

@@ -676,3 +676,35 @@ pub async fn first_queued_is_the_oldest_queued_task(b: &dyn Backend) {
     }
     assert_eq!(s.first_queued().await.expect("first_queued"), None);
 }
+
+/// A kept setting: the first value written wins, every instance (replica) reads it, and
+/// racing first writes agree on one value.
+pub async fn kept_settings_keep_the_first_value_across_instances(b: &dyn Backend) {
+    let s = b.open().await;
+    assert_eq!(s.keep_setting("dev_key", "one").await.expect("keep"), "one");
+    assert_eq!(
+        s.keep_setting("dev_key", "two").await.expect("keep"),
+        "one",
+        "the first value stays"
+    );
+    let other = b.open().await;
+    assert_eq!(
+        other.keep_setting("dev_key", "three").await.expect("keep"),
+        "one"
+    );
+    assert_eq!(other.keep_setting("other", "x").await.expect("keep"), "x");
+    let mut racers = Vec::new();
+    for i in 0..8 {
+        let s = b.open().await;
+        racers.push(tokio::spawn(async move {
+            s.keep_setting("raced", &format!("v{i}"))
+                .await
+                .expect("keep")
+        }));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for r in racers {
+        seen.insert(r.await.expect("racer"));
+    }
+    assert_eq!(seen.len(), 1, "racing first writes agree: {seen:?}");
+}

@@ -118,6 +118,7 @@ macro_rules! conformance_suite {
             lifecycle::is_cancellation_requested_for_canceled_run_canceled_and_missing_tasks,
             lifecycle::mark_canceled_acknowledges_requested_cancellation_only,
             lifecycle::first_queued_is_the_oldest_queued_task,
+            lifecycle::kept_settings_keep_the_first_value_across_instances,
             sweep::sweep_fails_tasks_queued_too_long_with_queue_timeout,
             sweep::sweep_interrupts_running_tasks_without_heartbeat,
             sweep::heartbeat_keeps_a_running_task_alive,

@@ -245,4 +245,21 @@ impl MaintenanceStore for PostgresStore {
         .await?;
         id.as_deref().map(task_id).transpose()
     }
+
+    async fn keep_setting(&self, name: &str, value: &str) -> StoreResult<String> {
+        // Two statements: the second sees a value another replica committed meanwhile.
+        sqlx::query(
+            "INSERT INTO service_settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(value)
+        .execute(&self.pool)
+        .await?;
+        Ok(
+            sqlx::query_scalar("SELECT value FROM service_settings WHERE name = $1")
+                .bind(name)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
 }

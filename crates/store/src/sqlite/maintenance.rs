@@ -221,4 +221,21 @@ impl MaintenanceStore for SqliteStore {
         .await?;
         id.as_deref().map(task_id).transpose()
     }
+
+    async fn keep_setting(&self, name: &str, value: &str) -> StoreResult<String> {
+        // Two statements: the second sees a value another replica committed meanwhile.
+        sqlx::query(
+            "INSERT INTO service_settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(value)
+        .execute(&self.writer)
+        .await?;
+        Ok(
+            sqlx::query_scalar("SELECT value FROM service_settings WHERE name = ?")
+                .bind(name)
+                .fetch_one(&self.writer)
+                .await?,
+        )
+    }
 }
