@@ -108,7 +108,9 @@ pub struct BudgetPolicies {
     /// SPEC §14: each policy's dispatch weight.
     weights: HashMap<BudgetName, Weight>,
     apps: HashMap<AppId, AppPolicy>,
-    fallback: AppPolicy,
+    /// The policy of apps without one of their own (the top-level `default_budget`);
+    /// `None` when that names no budget and no app uses it.
+    fallback: Option<AppPolicy>,
 }
 
 impl BudgetPolicies {
@@ -160,12 +162,12 @@ impl BudgetPolicies {
                 ))
             }
         };
-        let fallback_default = known("default_budget", &config.default_budget)?;
-        let fallback = AppPolicy {
-            default: fallback_default.clone(),
-            allowed: vec![fallback_default.clone()],
+        let fallback_default = known("default_budget", &config.default_budget);
+        let fallback = fallback_default.as_ref().ok().map(|default| AppPolicy {
+            default: default.clone(),
+            allowed: vec![default.clone()],
             usd_per_24_hours: None,
-        };
+        });
         let mut apps = HashMap::new();
         for (app, conf) in &config.apps {
             let key = format!("apps.{app}");
@@ -173,7 +175,7 @@ impl BudgetPolicies {
                 AppId::new(app.as_str()).map_err(|e| ConfigError::at(&key, e.to_string()))?;
             let default = match &conf.default_budget {
                 Some(name) => known(&format!("{key}.default_budget"), name)?,
-                None => fallback_default.clone(),
+                None => fallback_default.clone()?,
             };
             let allowed = match &conf.allowed_budgets {
                 Some(names) => names
@@ -224,7 +226,13 @@ impl BudgetPolicies {
         app: &AppId,
         requested: Option<&BudgetName>,
     ) -> Result<(BudgetName, Budget), EngineError> {
-        let policy = self.apps.get(app).unwrap_or(&self.fallback);
+        let Some(policy) = self.apps.get(app).or(self.fallback.as_ref()) else {
+            return Err(EngineError::BudgetNotAllowed {
+                app: app.to_string(),
+                budget: requested.map(ToString::to_string).unwrap_or_default(),
+                allowed: Vec::new(),
+            });
+        };
         let name = requested.unwrap_or(&policy.default);
         let budget = policy
             .allowed
@@ -245,8 +253,8 @@ impl BudgetPolicies {
     pub fn app_spend_limit(&self, app: &AppId) -> Option<std::num::NonZeroU64> {
         self.apps
             .get(app)
-            .unwrap_or(&self.fallback)
-            .usd_per_24_hours
+            .or(self.fallback.as_ref())
+            .and_then(|policy| policy.usd_per_24_hours)
     }
 }
 

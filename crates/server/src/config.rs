@@ -19,23 +19,20 @@ use std::time::Duration;
 use tollgate_core::AppId;
 use tollgate_engine::config::{ConfigError, EngineConfig};
 
-/// Top-level keys; environment variables naming anything else are ignored.
-const TOP_LEVEL_KEYS: [&str; 14] = [
-    "server",
-    "database",
-    "default_model",
-    "default_budget",
-    "max_request_bytes",
-    "max_output_bytes",
-    "models",
-    "providers",
-    "budgets",
-    "apps",
-    "admission",
-    "workers",
-    "sweeper",
-    "notifications",
-];
+/// The sections `TollgateConfig` reads itself; every other top-level key is the engine's.
+const SERVER_SECTIONS: [&str; 2] = ["server", "database"];
+
+/// Every top-level key of the configuration, derived from the types (the server's
+/// sections and every field of [`EngineConfig`]), so no section can be missed by the
+/// environment; `TOLLGATE_*` variables naming anything else are ignored.
+pub fn top_level_keys() -> Vec<String> {
+    let engine = serde_json::to_value(EngineConfig::default()).unwrap_or_default();
+    let mut keys: Vec<String> = SERVER_SECTIONS.iter().map(|k| k.to_string()).collect();
+    if let Value::Object(map) = engine {
+        keys.extend(map.keys().cloned());
+    }
+    keys
+}
 
 /// The default embedded database.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://./tollgate-data/tollgate.db";
@@ -126,9 +123,10 @@ impl TollgateConfig {
             }
             figment = figment.merge(Toml::file_exact(path));
         }
-        figment = figment.merge(Env::prefixed("TOLLGATE_").split("__").filter(|key| {
+        let known = top_level_keys();
+        figment = figment.merge(Env::prefixed("TOLLGATE_").split("__").filter(move |key| {
             let first = key.as_str().split('.').next().unwrap_or_default();
-            TOP_LEVEL_KEYS.iter().any(|k| k.eq_ignore_ascii_case(first))
+            known.iter().any(|k| k.eq_ignore_ascii_case(first))
         }));
         let value: Value = figment
             .extract()
@@ -288,6 +286,83 @@ mod tests {
         let err =
             TollgateConfig::from_value(json!({"server": {"idle_timeout": "0s"}})).unwrap_err();
         assert!(err.to_string().contains("server.idle_timeout"), "{err}");
+    }
+
+    /// Every section (and top-level key) is read from the environment: a variable naming
+    /// a key that does not exist under it is an error naming the section, never ignored.
+    #[test]
+    fn every_section_is_read_from_the_environment() {
+        let keys = top_level_keys();
+        for section in [
+            "server",
+            "database",
+            "models",
+            "providers",
+            "budgets",
+            "apps",
+            "admission",
+            "workers",
+            "sweeper",
+            "notifications",
+            "pipelines",
+            "dispatch",
+            "default_model",
+            "default_budget",
+        ] {
+            assert!(keys.iter().any(|k| k == section), "{section}: {keys:?}");
+        }
+        for section in &keys {
+            figment::Jail::expect_with(|jail| {
+                jail.clear_env();
+                jail.set_env(
+                    format!("TOLLGATE_{}__NO_SUCH_KEY", section.to_uppercase()),
+                    "[1, 2]",
+                );
+                let err = match TollgateConfig::load(None) {
+                    Ok(_) => panic!(
+                        "TOLLGATE_{}__NO_SUCH_KEY was ignored",
+                        section.to_uppercase()
+                    ),
+                    Err(e) => e.to_string(),
+                };
+                assert!(err.contains(section.as_str()), "{section}: {err}");
+                Ok(())
+            });
+        }
+        // A real setting of a section the old list missed is applied.
+        figment::Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.set_env("TOLLGATE_PIPELINES__DRIVE_WITHOUT_WORKERS", "true");
+            let c = TollgateConfig::load(None).expect("loads");
+            assert!(c.engine.pipelines.drive_without_workers);
+            Ok(())
+        });
+    }
+
+    /// The implicit `default_budget = "standard"` need not exist when every app names its
+    /// own default; a name written in the configuration must.
+    #[test]
+    fn an_unused_implicit_default_budget_need_not_exist() {
+        let gold = json!({"max_steps_per_source": 1, "sources_per_24_hours": 1,
+            "scope_concurrent": 1, "burst": 1, "tasks_per_minute": 1});
+        let c = TollgateConfig::from_value(json!({
+            "budgets": {"gold": gold},
+            "apps": {"acme": {"api_keys": ["acme-key-0123456789"], "default_budget": "gold"}}
+        }));
+        assert!(c.is_ok(), "{:?}", c.err());
+        let err = TollgateConfig::from_value(json!({
+            "budgets": {"gold": gold},
+            "apps": {"acme": {"api_keys": ["acme-key-0123456789"]}}
+        }))
+        .unwrap_err();
+        assert!(err.to_string().contains("default_budget"), "{err}");
+        let err = TollgateConfig::from_value(json!({
+            "default_budget": "silver",
+            "budgets": {"gold": gold},
+            "apps": {"acme": {"api_keys": ["acme-key-0123456789"], "default_budget": "gold"}}
+        }))
+        .unwrap_err();
+        assert!(err.to_string().contains("silver"), "{err}");
     }
 
     #[test]

@@ -266,7 +266,13 @@ impl EngineConfig {
         if let Err(message) = self.admission.global_concurrent.positive() {
             p.add("admission.global_concurrent", message);
         }
-        if !self.budgets.contains_key(&self.default_budget) {
+        // The top-level default is used by apps without a default of their own and by the
+        // development app (no apps configured). The implicit `standard` must exist only
+        // when it is used; a name written in the configuration must always exist.
+        let default_used = self.apps.is_empty()
+            || self.apps.values().any(|conf| conf.default_budget.is_none())
+            || self.default_budget != STANDARD_BUDGET;
+        if default_used && !self.budgets.contains_key(&self.default_budget) {
             p.add(
                 "default_budget",
                 format!(
