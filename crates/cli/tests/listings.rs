@@ -421,6 +421,14 @@ async fn bad_queries_are_400(backend: &str) {
         "/v1/runs?next=t1.1.0190a0a0-0000-7000-8000-000000000000".into(),
         "/v1/runs?limit=9999".into(),
         "/v1/runs?pipeline=%00".into(),
+        // Invalid UTF-8 once percent-decoded (it was read as U+FFFD and matched).
+        "/v1/tasks?scope=%FF".into(),
+        "/v1/tasks?effect_key=%C3%28".into(),
+        "/v1/runs?scope=s%80".into(),
+        "/v1/tasks/00000000-0000-0000-0000-000000000000?wait=%FF".into(),
+        // The pipeline-name rule of registration.
+        "/v1/runs?pipeline=bad%20name".into(),
+        "/v1/runs?pipeline=.hidden".into(),
         "/v1/pipelines?next=s1.s".into(),
         "/v1/pipelines?after=x".into(),
         "/v1/scopes?next=zz".into(),

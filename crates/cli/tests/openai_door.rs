@@ -466,6 +466,49 @@ async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend:
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     let answer: Value = response.json().await.unwrap();
     assert_openai_error(&answer, "not_found_error", None, "not_found");
+    // A key named twice is ambiguous, as on /v1/tasks (it ran the last one before).
+    let (status, headers, answer) = server
+        .chat(
+            Some(ACME),
+            &[("idempotency-key", "dup-json")],
+            br#"{"model":"slow","model":"default","messages":[{"role":"user","content":"hi"}]}"#
+                .to_vec(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["code"], "ambiguous_request", "{answer}");
+    assert!(
+        headers.contains_key("x-request-id"),
+        "door answers carry x-request-id"
+    );
+    assert_eq!(server.task_by_key("dup-json").await, StatusCode::NOT_FOUND);
+    // Repeated headers are ambiguous too (the first one counted before).
+    for name in ["idempotency-key", "x-tollgate-scope", "x-tollgate-source"] {
+        let (status, _, answer) = server
+            .chat(
+                Some(ACME),
+                &[(name, "one"), (name, "two")],
+                serde_json::to_vec(&with(json!({}))).unwrap(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{name}: {answer}");
+        assert_eq!(
+            answer["error"]["code"], "ambiguous_request",
+            "{name}: {answer}"
+        );
+    }
+    // A method a door route does not take: 405 with the error body.
+    let response = server
+        .http
+        .delete(format!("{}/openai/v1/chat/completions", server.base))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert!(response.headers().contains_key("x-request-id"));
+    let answer: Value = response.json().await.expect("a JSON body");
+    assert_eq!(answer["error"]["code"], "method_not_allowed", "{answer}");
     assert_eq!(fake.count(), 0, "no refused call reached the provider");
 }
 

@@ -384,7 +384,11 @@ pub(crate) async fn list_runs(
             RunState::parse,
             "running, waiting, succeeded, failed, canceled",
         )?,
-        pipeline: filter("pipeline", q.pipeline, PipelineName::new)?,
+        pipeline: filter("pipeline", q.pipeline, |name| {
+            // The rule names are registered under, so a name no pipeline can have is 400.
+            tollgate_core::pipeline::check_pipeline_name(&name)?;
+            PipelineName::new(name)
+        })?,
         subject: None,
         after: cursor(q.next, 'r')?,
         limit: limit(q.limit)?,

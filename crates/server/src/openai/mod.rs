@@ -64,7 +64,15 @@ pub(crate) fn router(state: AppState) -> Router {
                 )
             }),
         )
+        .method_not_allowed_fallback(|| async {
+            OpenAiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(crate::request_id::layer))
         .with_state(state)
 }
 
@@ -83,15 +91,25 @@ impl FromRequestParts<AppState> for DoorCaller {
     }
 }
 
-/// A header's text, or a 400 naming it.
+/// A header's text, or a 400 naming it: sent twice (which one counts would be
+/// ambiguous, as on `/v1/tasks`) or not text.
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, OpenAiError> {
-    match headers.get(name) {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .map(|t| Some(t.trim()))
-            .map_err(|_| OpenAiError::invalid(name, format!("the {name} header is not text"))),
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(OpenAiError::new(
+            StatusCode::BAD_REQUEST,
+            "ambiguous_request",
+            format!("two {name} headers: send it once"),
+        )
+        .param(name));
     }
+    value
+        .to_str()
+        .map(|t| Some(t.trim()))
+        .map_err(|_| OpenAiError::invalid(name, format!("the {name} header is not text")))
 }
 
 /// An identifier from a header, or a 400 naming the header.
@@ -207,8 +225,19 @@ async fn chat_completions(
     let view = view(&s, &caller.0);
     let max_request_bytes = s.tollgate.config().max_request_bytes;
     let bytes = read_body(&s, &headers, body, body_limit(max_request_bytes)).await?;
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| OpenAiError::invalid("", format!("the body is not valid JSON: {e}")))?;
+    // A key named twice (`{"model": "slow", "model": "default"}`) is refused, as on
+    // `/v1/tasks`, never read as the last one.
+    let value: Value = tollgate_core::json::parse_unambiguous(&bytes).map_err(|e| {
+        if e.is_data() {
+            OpenAiError::new(
+                StatusCode::BAD_REQUEST,
+                "ambiguous_request",
+                format!("the body is ambiguous: {e}"),
+            )
+        } else {
+            OpenAiError::invalid("", format!("the body is not valid JSON: {e}"))
+        }
+    })?;
     let chat = request::parse(&value)?;
     let model = ModelId::new(chat.model.clone()).map_err(|_| model_not_found(&chat.model))?;
     if s.tollgate.models().resolve(Some(&model)).is_err() {

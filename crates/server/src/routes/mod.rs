@@ -85,6 +85,7 @@ pub(crate) fn router(state: AppState) -> Router {
             )
         })
         .layer(axum::middleware::from_fn(require_json))
+        .layer(axum::middleware::from_fn(refuse_invalid_query))
         .layer(axum::middleware::map_response(envelope_errors))
         // Bodies are read by `read_body` with each route's own limit.
         .layer(DefaultBodyLimit::disable())
@@ -277,6 +278,32 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for StrictQuery<T>
             .map(|Query(v)| StrictQuery(v))
             .map_err(|e| ApiError::malformed(e.body_text()))
     }
+}
+
+/// Refuses a query string that is not UTF-8 once percent-decoded (400): decoding it
+/// lossily would turn `?scope=%FF` into U+FFFD and match a scope of that name.
+async fn refuse_invalid_query(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if let Some(query) = request.uri().query() {
+        let bad = query
+            .split('&')
+            .flat_map(|pair| pair.splitn(2, '='))
+            .find(|part| {
+                percent_encoding::percent_decode_str(part)
+                    .decode_utf8()
+                    .is_err()
+            });
+        if let Some(part) = bad {
+            return ApiError::malformed(format!(
+                "the query parameter {part:?} is not UTF-8 once percent-decoded"
+            ))
+            .into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// The authenticated caller of a route (401 without a valid key).
