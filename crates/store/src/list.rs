@@ -370,7 +370,7 @@ impl ListSql {
 const UNSUCCEEDED: &str = " AND status <> 'succeeded'";
 
 /// Most tasks one page of a listing with a walked filter examines (SPEC §15: no listing
-/// reads a whole table). Kind, step, subject and a status set that includes `succeeded`
+/// reads a whole table). Kind, step and a status set that includes `succeeded`
 /// have no index of their own (each index is written by every admission, migration 0005);
 /// such a page walks at most this many of the newest-first tasks its indexed filters
 /// select, so it may hold fewer than `limit` tasks and still carry `next`.
@@ -378,10 +378,7 @@ pub const LIST_WALK: u32 = 5_000;
 
 /// Whether a task listing filters on something no index serves (see [`LIST_WALK`]).
 pub(crate) fn tasks_walked(q: &TaskListQuery) -> bool {
-    q.kind.is_some()
-        || q.step.is_some()
-        || q.subject.is_some()
-        || q.statuses.contains(&TaskStatus::Succeeded)
+    q.kind.is_some() || q.step.is_some() || q.statuses.contains(&TaskStatus::Succeeded)
 }
 
 /// Where a walked page that ended short stopped: the `(created_at, id)` of the
@@ -400,9 +397,16 @@ pub(crate) fn task_walk_floor_sql(dialect: Dialect, app: &AppId, q: &TaskListQue
     sql
 }
 
-/// The filters of a task listing that an index serves: scope, source, run, the creation
-/// range and a status set without `succeeded`.
+/// The filters of a task listing that an index serves: scope, source, run, subject, the
+/// creation range and a status set without `succeeded`. The subject comes first among
+/// them, so a walk of a subject's listing only ever reads (and hands out cursors of) that
+/// subject's tasks (migration 0015, `tasks_app_subject_created`).
 fn indexed_task_filters(sql: &mut ListSql, q: &TaskListQuery) {
+    if q.subject.is_some() {
+        sql.subject(q.subject.as_ref());
+        // The partial index's predicate, spelled out for SQLite's planner.
+        sql.push(" AND subject_id IS NOT NULL");
+    }
     if let Some(scope) = &q.scope {
         sql.eq("scope", scope.as_str());
     }
@@ -471,7 +475,6 @@ pub(crate) fn tasks_sql(dialect: Dialect, app: &AppId, q: &TaskListQuery) -> Lis
     if let Some(step) = &q.step {
         sql.eq("step", step.as_str());
     }
-    sql.subject(q.subject.as_ref());
     if walked {
         let l = sql.bind(Arg::Int(crate::keyset_fetch(list_page_size(q.limit))));
         sql.push(&format!(" ORDER BY created_at DESC, id DESC LIMIT {l}"));

@@ -1,4 +1,4 @@
-//! SPEC §15: listings stay bounded. A filter no index serves (kind, step, subject, a
+//! SPEC §15: listings stay bounded. A filter no index serves (kind, step, a
 //! status set with `succeeded`) walks at most [`LIST_WALK`] tasks per page; a page that
 //! ends short there still says where to go on, and following `next` finds every match.
 
@@ -48,4 +48,76 @@ pub async fn walked_filter_pages_go_on_past_the_walk(b: &dyn Backend) {
     assert_eq!(second.items.len(), 3, "every match, oldest last");
     assert!(second.items.iter().all(|t| t.step.as_str() == "rare"));
     assert!(second.next.is_none(), "the walk reached the end");
+}
+
+/// A subject's listing hands out only positions of that subject's own tasks: with a walk's
+/// worth of another subject's newer tasks in the app, the first page still finds the
+/// subject's tasks, and no `next` carries another subject's task id or time.
+pub async fn a_subjects_cursor_carries_only_its_own_positions(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    let mine: Vec<NewTask> = (0..3)
+        .map(|n| {
+            with_subject(
+                new_app_task("acme", "s", &format!("alice-{n}")),
+                Some(user("alice")),
+            )
+        })
+        .collect();
+    let made = s.create_tasks(mine).await.expect("alice's tasks");
+    let mine: Vec<String> = made
+        .iter()
+        .map(|c| c.as_ref().expect("created").task.id.to_string())
+        .collect();
+    b.clock().advance(Duration::from_millis(1));
+    let others: Vec<NewTask> = (0..LIST_WALK as usize + 2)
+        .map(|n| {
+            with_subject(
+                new_app_task("acme", "s", &format!("bob-{n}")),
+                Some(user("bob")),
+            )
+        })
+        .collect();
+    for chunk in others.chunks(500) {
+        let made = s.create_tasks(chunk.to_vec()).await.expect("bob's tasks");
+        assert!(made.iter().all(|c| c.is_ok()));
+    }
+    for step_filter in [None, Some(step("label-email")), Some(step("nothing"))] {
+        let mut query = TaskListQuery {
+            subject: Some(user("alice")),
+            step: step_filter.clone(),
+            limit: 1,
+            ..Default::default()
+        };
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            let page = s.list_tasks(&acme, &query).await.expect("a page");
+            seen.extend(page.items.iter().map(|t| t.id.to_string()));
+            let Some(next) = page.next else { break };
+            let ListCursor::Newest { id, .. } = &next else {
+                panic!("a task cursor: {next:?}")
+            };
+            assert!(
+                mine.contains(id),
+                "{step_filter:?}: the cursor carries another subject's task {id}"
+            );
+            query.after = Some(next);
+        }
+        let expected: Vec<String> = if step_filter
+            .as_ref()
+            .is_some_and(|s| s.as_str() == "nothing")
+        {
+            Vec::new()
+        } else {
+            mine.iter().rev().cloned().collect()
+        };
+        let mut got = seen.clone();
+        got.sort();
+        let mut want = expected.clone();
+        want.sort();
+        assert_eq!(
+            got, want,
+            "{step_filter:?}: every one of alice's tasks, once"
+        );
+    }
 }

@@ -159,6 +159,7 @@ macro_rules! conformance_suite {
             concurrency::delete_owner_data_racing_creates_loses_no_task,
             concurrency::racing_sweeps_finish_each_task_once,
             list::walked_filter_pages_go_on_past_the_walk,
+            list::a_subjects_cursor_carries_only_its_own_positions,
             dispatch::a_backlog_never_holds_back_another_scope,
             dispatch::weights_share_claims_in_proportion,
             dispatch::priority_then_age_within_a_scope,
