@@ -1,13 +1,14 @@
 //! The built-in `dev` provider: offline, deterministic, free. **For development and tests
-//! only**: its answers are derived from a hash of the model configuration and the request,
-//! not from any understanding of the input.
+//! only**: its answers come from keyword heuristics and a hash of the model configuration
+//! and the request, not from any understanding of the input — plausible for examples,
+//! never a model.
 //!
 //! | kind | answer |
 //! | --- | --- |
-//! | `generate_text` | `"[dev:<model>] <the prompt's first words> (#<hash>)"`, cut to `max_output_tokens` words |
-//! | `classify` | the label at index `hash mod labels`, confidence `null` |
-//! | `classify_many` | one result per item, in item order, each label picked by the hash of the item |
-//! | `extract_data` | the smallest instance the schema allows: required properties only, the first `enum` value, `const`, `minimum`s, `minLength`/`minItems` padding, examples for common formats; a schema it cannot satisfy fails the task clearly |
+//! | `generate_text` | `"[dev provider, <model>] <the prompt's first words> (#<hash>)"`, cut to `max_output_tokens` words |
+//! | `classify` | the label whose name, description or cue words (a small built-in list: `spam` ← "free", "win", "prize"…; `complaint` ← "refund", "broken"…; `praise` ← "love", "great"…) occur most in the input; with no cue at all, the label at index `hash mod labels`; confidence `null` |
+//! | `classify_many` | one result per item, in item order, each picked as for `classify` |
+//! | `extract_data` | the smallest instance the schema allows (required properties only, the first `enum` value, `const`, `minimum`s, `minLength`/`minItems` padding, examples for common formats), with top-level number and integer properties taken from the numbers in the input (the one after the property's name, else the next unused one) and string properties from the word after the property's name, where the result stays valid; a schema it cannot satisfy fails the task clearly |
 //!
 //! Usage is reported as one token per four bytes of request and output. The model
 //! parameter `latency_ms` delays every answer, so cancellation and heartbeats can be
@@ -101,7 +102,7 @@ impl DevProvider {
                     })
                     .unwrap_or_default();
                 let mut words: Vec<&str> = source.split_whitespace().take(12).collect();
-                let mut text = format!("[dev:{}]", model.model);
+                let mut text = format!("[dev provider, {}]", model.model);
                 if let Some(limit) = r.max_output_tokens {
                     words.truncate((limit as usize).saturating_sub(2));
                 }
@@ -113,7 +114,7 @@ impl DevProvider {
                 json!({ "text": text })
             }
             TaskRequest::Classify(r) => {
-                let label = &r.labels[pick(seed, r.labels.len())];
+                let label = &r.labels[choose_label(&r.input, &r.labels, seed)];
                 json!({ "label": label.name(), "confidence": Value::Null })
             }
             TaskRequest::ClassifyMany(r) => {
@@ -122,7 +123,8 @@ impl DevProvider {
                     .iter()
                     .map(|item| {
                         let s = self::seed(&json!([seed.to_string(), item.id, item.input]));
-                        json!({ "id": item.id, "label": r.labels[pick(s, r.labels.len())].name() })
+                        let label = &r.labels[choose_label(&item.input, &r.labels, s)];
+                        json!({ "id": item.id, "label": label.name() })
                     })
                     .collect();
                 json!({ "results": results })
@@ -133,9 +135,18 @@ impl DevProvider {
                     budget: max_output_bytes,
                     halt,
                 };
-                let instance = builder
+                let smallest = builder
                     .instance(output_schema, 0)
                     .map_err(|refusal| refused(refusal, max_output_bytes))?;
+                // Values found in the input, where the schema still holds with them.
+                let instance = match (request, fill_from_input(request, &smallest)) {
+                    (TaskRequest::ExtractData(_), Some(filled))
+                        if validate_output(request, &filled).is_ok() =>
+                    {
+                        filled
+                    }
+                    _ => smallest,
+                };
                 if let Some(stop) = halt.check() {
                     return Err(refused(Refusal::Halted(stop), max_output_bytes));
                 }
@@ -230,6 +241,234 @@ fn seed(value: &Value) -> u64 {
 
 fn pick(seed: u64, n: usize) -> usize {
     (seed % n.max(1) as u64) as usize
+}
+
+/// Cue words of common label names (lower case).
+const CUES: &[(&str, &[&str])] = &[
+    (
+        "spam",
+        &[
+            "free",
+            "win",
+            "winner",
+            "prize",
+            "cruise",
+            "offer",
+            "click",
+            "lottery",
+            "cash",
+            "urgent",
+            "congratulations",
+            "deal",
+        ],
+    ),
+    (
+        "ham",
+        &[
+            "meeting", "report", "invoice", "schedule", "attached", "thanks", "tomorrow", "project",
+        ],
+    ),
+    (
+        "complaint",
+        &[
+            "refund",
+            "broken",
+            "bad",
+            "terrible",
+            "angry",
+            "late",
+            "worst",
+            "disappointed",
+            "problem",
+            "not working",
+        ],
+    ),
+    (
+        "praise",
+        &[
+            "love",
+            "great",
+            "thanks",
+            "thank",
+            "excellent",
+            "awesome",
+            "amazing",
+            "perfect",
+            "happy",
+        ],
+    ),
+    (
+        "positive",
+        &[
+            "love",
+            "great",
+            "good",
+            "excellent",
+            "awesome",
+            "amazing",
+            "happy",
+            "perfect",
+        ],
+    ),
+    (
+        "negative",
+        &[
+            "bad", "terrible", "awful", "hate", "worst", "angry", "broken", "poor",
+        ],
+    ),
+    ("neutral", &["okay", "fine", "average"]),
+    (
+        "urgent",
+        &["urgent", "asap", "immediately", "now", "down", "outage"],
+    ),
+    (
+        "billing",
+        &["invoice", "payment", "charge", "refund", "bill", "price"],
+    ),
+    (
+        "support",
+        &["help", "error", "issue", "problem", "broken", "bug"],
+    ),
+];
+
+/// The label the input's words point to: each label scores the words of its name and
+/// description, and its cue words, found in the input; ties and no cue at all fall back
+/// to the hash pick, so answers stay deterministic.
+fn choose_label(input: &str, labels: &[tollgate_core::kinds::Label], seed: u64) -> usize {
+    let text = input.to_lowercase();
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let has = |cue: &str| {
+        if cue.contains(' ') {
+            text.contains(cue)
+        } else {
+            words.contains(&cue)
+        }
+    };
+    let scores: Vec<usize> = labels
+        .iter()
+        .map(|label| {
+            let name = label.name().to_lowercase();
+            let own = name
+                .split(|c: char| !c.is_alphanumeric())
+                .chain(
+                    label
+                        .description()
+                        .unwrap_or_default()
+                        .split(|c: char| !c.is_alphanumeric()),
+                )
+                .filter(|w| w.len() > 3)
+                .filter(|w| has(&w.to_lowercase()))
+                .count();
+            let cues = CUES
+                .iter()
+                .filter(|(label, _)| *label == name)
+                .flat_map(|(_, cues)| cues.iter())
+                .filter(|cue| has(cue))
+                .count();
+            own + cues
+        })
+        .collect();
+    let best = scores.iter().copied().max().unwrap_or(0);
+    let leaders: Vec<usize> = (0..labels.len()).filter(|&i| scores[i] == best).collect();
+    if best == 0 || leaders.is_empty() {
+        pick(seed, labels.len())
+    } else {
+        leaders[pick(seed, leaders.len())]
+    }
+}
+
+/// The numbers written in `text`, in order, with where each ends.
+fn numbers_in(text: &str) -> Vec<(usize, usize, Value)> {
+    let bytes = text.as_bytes();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() && (i == 0 || !bytes[i - 1].is_ascii_alphanumeric()) {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b',') {
+                i += 1;
+            }
+            if i + 1 < bytes.len() && bytes[i] == b'.' && bytes[i + 1].is_ascii_digit() {
+                i += 1;
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+            }
+            let literal: String = text[start..i].chars().filter(|c| *c != ',').collect();
+            let literal = literal.trim_end_matches('.');
+            let value = if literal.contains('.') {
+                literal.parse::<f64>().ok().map(|f| json!(f))
+            } else {
+                literal.parse::<i64>().ok().map(|n| json!(n))
+            };
+            if let Some(v) = value {
+                found.push((start, i, v));
+            }
+        } else {
+            i += 1;
+        }
+    }
+    found
+}
+
+/// The smallest instance with its top-level number, integer and string properties taken
+/// from the input where it holds them (see the module's table); `None` when nothing was
+/// found.
+fn fill_from_input(request: &TaskRequest, smallest: &Value) -> Option<Value> {
+    let TaskRequest::ExtractData(r) = request else {
+        return None;
+    };
+    let properties = r.schema.get("properties")?.as_object()?;
+    let input = r.input.as_deref()?;
+    let mut out = smallest.as_object()?.clone();
+    // ASCII lower case keeps byte offsets, so positions found in it index `input`.
+    let lower = input.to_ascii_lowercase();
+    let numbers = numbers_in(input);
+    let mut used = vec![false; numbers.len()];
+    let mut changed = false;
+    for (name, schema) in properties {
+        if !out.contains_key(name) {
+            continue;
+        }
+        let ty = schema.get("type").and_then(Value::as_str).unwrap_or("");
+        let after_name = lower
+            .find(&name.to_ascii_lowercase())
+            .map(|at| at + name.len());
+        match ty {
+            "integer" | "number" => {
+                let fits = |v: &Value| ty == "number" || v.is_i64();
+                let at_name = after_name.and_then(|at| {
+                    (0..numbers.len())
+                        .find(|&k| !used[k] && numbers[k].0 >= at && fits(&numbers[k].2))
+                });
+                let next = at_name
+                    .or_else(|| (0..numbers.len()).find(|&k| !used[k] && fits(&numbers[k].2)));
+                if let Some(k) = next {
+                    used[k] = true;
+                    out.insert(name.clone(), numbers[k].2.clone());
+                    changed = true;
+                }
+            }
+            "string" if schema.get("enum").is_none() && schema.get("format").is_none() => {
+                if let Some(at) = after_name {
+                    let word: String = input[at.min(input.len())..]
+                        .trim_start_matches(|c: char| !c.is_alphanumeric())
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                        .collect();
+                    if !word.is_empty() {
+                        out.insert(name.clone(), json!(word));
+                        changed = true;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    changed.then_some(Value::Object(out))
 }
 
 fn tokens(bytes: usize) -> u64 {
@@ -605,9 +844,52 @@ mod tests {
             text.output["text"]
                 .as_str()
                 .unwrap()
-                .starts_with("[dev:dev-1] Say hi")
+                .starts_with("[dev provider, dev-1] Say hi")
         );
         assert!(text.usage.input_tokens > 0);
+    }
+
+    /// The README's examples answer plausibly (a heuristic, said so, never a model).
+    #[test]
+    fn readme_examples_answer_plausibly() {
+        let spam = answer(
+            TaskKind::Classify,
+            json!({"input": "Win a free cruise!", "labels": ["spam", "ham"]}),
+        )
+        .unwrap();
+        assert_eq!(spam.output["label"], "spam");
+        let many = answer(
+            TaskKind::ClassifyMany,
+            json!({"items": [{"id": "a", "input": "refund please"}, {"id": "b", "input": "love it"}],
+                   "labels": ["complaint", "praise"]}),
+        )
+        .unwrap();
+        assert_eq!(
+            many.output["results"],
+            json!([{"id": "a", "label": "complaint"}, {"id": "b", "label": "praise"}])
+        );
+        let invoice = answer(
+            TaskKind::ExtractData,
+            json!({"input": "Invoice 88, total 120.50 EUR",
+                   "schema": {"type": "object", "required": ["number", "total"],
+                              "properties": {"number": {"type": "integer"}, "total": {"type": "number"}}}}),
+        )
+        .unwrap();
+        assert_eq!(invoice.output, json!({"number": 88, "total": 120.5}));
+        let named = answer(
+            TaskKind::ExtractData,
+            json!({"input": "Order 7 for customer ACME-42, 3 items",
+                   "schema": {"type": "object", "required": ["customer", "items"],
+                              "properties": {"customer": {"type": "string"}, "items": {"type": "integer", "minimum": 1}}}}),
+        )
+        .unwrap();
+        assert_eq!(named.output["customer"], "ACME-42");
+        // An input without cues still answers a valid label, deterministically.
+        let plain = json!({"input": "xyzzy", "labels": ["a", "b", "c"]});
+        assert_eq!(
+            answer(TaskKind::Classify, plain.clone()).unwrap(),
+            answer(TaskKind::Classify, plain).unwrap()
+        );
     }
 
     #[test]
