@@ -160,7 +160,11 @@ impl PostgresStore {
     pub async fn open(options: PostgresOptions) -> StoreResult<PostgresStore> {
         let mut connect = PgConnectOptions::from_str(&options.url)
             .map_err(|e| StoreError::Database(format!("invalid database url: {e}")))?
-            .application_name(&options.application_name);
+            .application_name(&options.application_name)
+            // Not sent: connection poolers (PgBouncer) refuse the startup parameter, and
+            // every value is read in binary, where it changes nothing (docs/operations:
+            // README "PgBouncer").
+            .extra_float_digits(None);
         if let Some(schema) = &options.schema {
             if !schema
                 .chars()
