@@ -100,10 +100,13 @@ async fn call(
     )
 }
 
-/// A 400 `invalid_request` whose message names the reserved namespaces.
+/// A 400 `reserved_effect_key` whose message names the reserved namespaces.
 fn assert_reserved(status: StatusCode, body: &Value, what: &str) {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {body}");
-    assert_eq!(body["error"]["code"], "invalid_request", "{what}: {body}");
+    assert_eq!(
+        body["error"]["code"], "reserved_effect_key",
+        "{what}: {body}"
+    );
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("effect_key") && message.contains("reserved for the engine"),
@@ -261,7 +264,10 @@ async fn engine_keys_are_closed_to_callers(backend: &str) {
     assert_eq!(st, StatusCode::OK, "{batch}");
     let results = batch["results"].as_array().expect("results");
     assert_eq!(results[0]["status"], 400, "{batch}");
-    assert_eq!(results[0]["error"]["code"], "invalid_request", "{batch}");
+    assert_eq!(
+        results[0]["error"]["code"], "reserved_effect_key",
+        "{batch}"
+    );
     assert!(
         results[0]["error"]["message"]
             .as_str()

@@ -121,7 +121,7 @@ async fn callers_cannot_write_the_engine_key_namespaces(db: TestDb) {
     let engine = db.engine(fast_config()).await;
     for reserved in ["run:0193a1b2-0000-7000-8000-000000000000:b", "openai-X"] {
         match engine.submit(classify(reserved, "hello")).await {
-            Err(EngineError::Invalid(e)) => {
+            Err(EngineError::ReservedEffectKey(e)) => {
                 let text = e.to_string();
                 assert!(text.contains("reserved for the engine"), "{text}");
             }
@@ -132,7 +132,7 @@ async fn callers_cannot_write_the_engine_key_namespaces(db: TestDb) {
             .await
             .unwrap();
         assert!(
-            matches!(&batch[0], Err(EngineError::Invalid(_))),
+            matches!(&batch[0], Err(EngineError::ReservedEffectKey(_))),
             "{:?}",
             batch[0]
         );

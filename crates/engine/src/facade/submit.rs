@@ -275,7 +275,9 @@ fn check_key_space(
 ) -> Result<(), EngineError> {
     let key = &submission.effect_key;
     match space {
-        None => key.check_caller_key().map_err(EngineError::from),
+        None => key
+            .check_caller_key()
+            .map_err(EngineError::ReservedEffectKey),
         Some(space) if key.engine_space() == Some(space) => Ok(()),
         Some(space) => Err(InvalidInput::field(
             "effect_key",
