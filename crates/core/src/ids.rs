@@ -204,6 +204,69 @@ text_id!(
     EffectKey,
     "effect_key"
 );
+/// The namespaces of the effect keys the engine writes for its own tasks
+/// (docs/api.md, "Effect keys"). Callers can never write a key in one: the engine refuses
+/// a caller's key that starts with one of these prefixes ([`EffectKey::check_caller_key`]),
+/// so a caller can neither take over a pipeline step nor answer a door call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKeySpace {
+    /// A pipeline step's task: `run:<run id>:<step>`, `run:<run id>:<step>#<n>`.
+    PipelineStep,
+    /// A call through the OpenAI-compatible door: `openai-<Idempotency-Key>`.
+    OpenAiDoor,
+}
+
+impl EngineKeySpace {
+    /// Every namespace.
+    pub const ALL: [EngineKeySpace; 2] = [EngineKeySpace::PipelineStep, EngineKeySpace::OpenAiDoor];
+
+    /// The prefix every key of the namespace starts with (compared exactly).
+    pub const fn prefix(self) -> &'static str {
+        match self {
+            EngineKeySpace::PipelineStep => "run:",
+            EngineKeySpace::OpenAiDoor => "openai-",
+        }
+    }
+
+    /// What writes the namespace's keys, for messages.
+    pub const fn owner(self) -> &'static str {
+        match self {
+            EngineKeySpace::PipelineStep => "pipeline steps",
+            EngineKeySpace::OpenAiDoor => "the OpenAI-compatible door",
+        }
+    }
+}
+
+impl EffectKey {
+    /// The engine's namespace this key lies in, if any.
+    pub fn engine_space(&self) -> Option<EngineKeySpace> {
+        EngineKeySpace::ALL
+            .into_iter()
+            .find(|space| self.0.starts_with(space.prefix()))
+    }
+
+    /// A caller's own key must lie outside the engine's namespaces (docs/api.md,
+    /// "Effect keys"); the error names the rule.
+    pub fn check_caller_key(&self) -> Result<(), InvalidInput> {
+        match self.engine_space() {
+            None => Ok(()),
+            Some(space) => Err(InvalidInput::field(
+                "effect_key",
+                format!(
+                    "{:?} starts with `{}`: effect keys starting with `{}` or `{}` are reserved \
+                     for the engine's own tasks ({} and {}); choose another key",
+                    self.0,
+                    space.prefix(),
+                    EngineKeySpace::PipelineStep.prefix(),
+                    EngineKeySpace::OpenAiDoor.prefix(),
+                    EngineKeySpace::PipelineStep.owner(),
+                    EngineKeySpace::OpenAiDoor.owner(),
+                ),
+            )),
+        }
+    }
+}
+
 text_id!(
     /// The caller's name for a step.
     StepKey,
@@ -336,6 +399,31 @@ mod tests {
         assert!(check_identifier("step", &"é".repeat(257)).is_err());
         assert!(EffectKey::new("k\u{202E}").is_err());
         assert!(PipelineVersion::new("\u{0}").is_err());
+    }
+
+    #[test]
+    fn engine_key_spaces_are_closed_to_callers() {
+        for (key, space) in [
+            ("run:0190-x:b", Some(EngineKeySpace::PipelineStep)),
+            ("run:", Some(EngineKeySpace::PipelineStep)),
+            ("openai-X", Some(EngineKeySpace::OpenAiDoor)),
+            ("openai-call-1", Some(EngineKeySpace::OpenAiDoor)),
+            ("Run:x", None),
+            ("runner:x", None),
+            ("openai_x", None),
+            ("my-openai-x", None),
+            ("order-42", None),
+        ] {
+            let k = EffectKey::new(key).unwrap();
+            assert_eq!(k.engine_space(), space, "{key}");
+            let checked = k.check_caller_key();
+            assert_eq!(checked.is_ok(), space.is_none(), "{key}");
+            if let Err(e) = checked {
+                let text = e.to_string();
+                assert!(text.starts_with("invalid effect_key:"), "{text}");
+                assert!(text.contains("reserved"), "{text}");
+            }
+        }
     }
 
     #[test]

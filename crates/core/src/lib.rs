@@ -29,9 +29,9 @@ pub use dispatch::{
 pub use duration::{DurationError, DurationSyntax, parse_duration};
 pub use error::{ErrorCode, InvalidInput, OutputTooLarge, OutputViolation};
 pub use ids::{
-    AppId, BudgetName, EffectKey, MAX_ID_CHARS, ModelId, PipelineName, PipelineVersion, RunId,
-    ScopeId, SourceId, SourceRevision, StepKey, TaskId, WorkerId, check_identifier,
-    identifier_pattern,
+    AppId, BudgetName, EffectKey, EngineKeySpace, MAX_ID_CHARS, ModelId, PipelineName,
+    PipelineVersion, RunId, ScopeId, SourceId, SourceRevision, StepKey, TaskId, WorkerId,
+    check_identifier, identifier_pattern,
 };
 pub use kinds::{TaskKind, TaskRequest, check_output_fits, check_output_size, validate_output};
 pub use model::{ConfigHash, ModelRef};

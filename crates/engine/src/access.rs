@@ -9,7 +9,9 @@ use crate::error::EngineError;
 use crate::facade::{Submission, SubmissionOwner, Submitted, TaskWaiter, Tollgate};
 use crate::pipelines::{PipelineProgress, PipelineStart, StartedRun};
 use std::time::Duration;
-use tollgate_core::{AppId, EffectKey, InvalidInput, Run, RunId, ScopeId, SourceId, Task, TaskId};
+use tollgate_core::{
+    AppId, EffectKey, EngineKeySpace, InvalidInput, Run, RunId, ScopeId, SourceId, Task, TaskId,
+};
 use tollgate_core::{Subject, Visibility};
 use tollgate_store::{RunCancel, UnreleasedPage, UnreleasedQuery};
 
@@ -98,6 +100,22 @@ impl CallerView {
         submission.app = self.app.clone();
         self.check_owner(&submission).await?;
         let submitted = self.tollgate.submit(submission.clone()).await?;
+        self.replay(&submission, submitted)
+    }
+
+    /// [`CallerView::submit`] of a call through the OpenAI-compatible door: its key is
+    /// the door's (`openai-<Idempotency-Key>`, [`EngineKeySpace::OpenAiDoor`]), a
+    /// namespace [`CallerView::submit`] refuses (docs/openai.md, "Headers").
+    pub async fn submit_door_call(
+        &self,
+        mut submission: Submission,
+    ) -> Result<Submitted, EngineError> {
+        submission.app = self.app.clone();
+        self.check_owner(&submission).await?;
+        let submitted = self
+            .tollgate
+            .submit_keyed(submission.clone(), Some(EngineKeySpace::OpenAiDoor))
+            .await?;
         self.replay(&submission, submitted)
     }
 

@@ -104,12 +104,13 @@ pub(crate) fn inline<T>(
 }
 
 /// A panic's message, as [`run`] reports it.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+/// A panic payload's message.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a CPU job panicked".to_string())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// Runs `job` on the blocking pool (waiting for a free core first) and returns its

@@ -44,8 +44,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::pipeline::{Pipeline, Step, resolve};
 use tollgate_core::{
-    BudgetName, Clock, ErrorCode, Run, SourceId, SourceRevision, StepKey, SystemClock, Task,
-    TaskError, TaskOwner, TaskStatus, Timestamp, WorkerId,
+    BudgetName, Clock, EngineKeySpace, ErrorCode, Run, SourceId, SourceRevision, StepKey,
+    SystemClock, Task, TaskError, TaskOwner, TaskStatus, Timestamp, WorkerId,
 };
 use tollgate_store::{RunResult, StoreError, WaitOutcome};
 
@@ -344,7 +344,10 @@ impl Driver {
         let tollgate = Tollgate {
             inner: self.inner.clone(),
         };
-        match tollgate.submit(submission).await {
+        match tollgate
+            .submit_keyed(submission, Some(EngineKeySpace::PipelineStep))
+            .await
+        {
             Ok(submitted) => {
                 let task = submitted.task;
                 let ours = task.owner == (TaskOwner::Run { run_id: run.id })

@@ -71,6 +71,11 @@ pub enum EngineError {
     /// The input is invalid or too large (SPEC §3 step 1).
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
+    /// The caller's effect key lies in a namespace the engine keeps for its own tasks
+    /// (`run:` pipeline steps, `openai-` door calls; docs/api.md, "Effect keys").
+    /// Nothing was written.
+    #[error(transparent)]
+    ReservedEffectKey(InvalidInput),
     /// Admission refused the task (SPEC §4): rate limit, budget, concurrency, …
     #[error(transparent)]
     Admission(#[from] AdmissionRejection),
@@ -195,7 +200,7 @@ impl EngineError {
     /// The stable error code, where one applies (`None` for infrastructure failures).
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            EngineError::Invalid(e) => Some(e.code()),
+            EngineError::Invalid(e) | EngineError::ReservedEffectKey(e) => Some(e.code()),
             EngineError::Admission(r) => Some(r.code()),
             EngineError::Cost(r) => Some(r.code()),
             EngineError::RunNotFound(_) => Some(ErrorCode::RunNotFound),

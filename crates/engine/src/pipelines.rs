@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tollgate_core::pipeline::{Pipeline, Step, check_pipeline_name, has_references};
 use tollgate_core::{
-    AppId, BudgetName, EffectKey, InvalidInput, NewRun, PipelineName, PipelineVersion, Run, RunId,
-    ScopeId, StepKey, Subject, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus,
+    AppId, BudgetName, EffectKey, EngineKeySpace, InvalidInput, NewRun, PipelineName,
+    PipelineVersion, Run, RunId, ScopeId, StepKey, Subject, Task, TaskError, TaskId, TaskKind,
+    TaskOwner, TaskStatus,
 };
 use tollgate_store::{PipelineRef, StoredPipeline};
 
@@ -31,22 +32,24 @@ const RUN_WAIT_POLL: Duration = Duration::from_millis(100);
 /// The effect key of one attempt of a step of a run: `run:<run id>:<step>` for the first
 /// attempt, `run:<run id>:<step>#<n>` for the n-th retry. Step keys of a pipeline hold no
 /// `:` or `#` ([`tollgate_core::pipeline::check_step_key`]), so the key names exactly one
-/// (step, attempt). Applications should not use effect keys starting with `run:`.
+/// (step, attempt). The `run:` prefix is the engine's namespace
+/// ([`EngineKeySpace::PipelineStep`]): a caller's key never starts with it.
 pub fn step_effect_key(
     run: RunId,
     step: &StepKey,
     attempt: u32,
 ) -> Result<EffectKey, InvalidInput> {
+    let space = EngineKeySpace::PipelineStep.prefix();
     if attempt == 0 {
-        EffectKey::new(format!("run:{run}:{step}"))
+        EffectKey::new(format!("{space}{run}:{step}"))
     } else {
-        EffectKey::new(format!("run:{run}:{step}#{attempt}"))
+        EffectKey::new(format!("{space}{run}:{step}#{attempt}"))
     }
 }
 
 /// The (step key, attempt) an effect key of `run` names, if it is one of its step keys.
 fn parse_step_effect_key(run: RunId, key: &str) -> Option<(&str, u32)> {
-    let prefix = format!("run:{run}:");
+    let prefix = format!("{}{run}:", EngineKeySpace::PipelineStep.prefix());
     let rest = key.strip_prefix(prefix.as_str())?;
     match rest.split_once('#') {
         None => Some((rest, 0)),

@@ -17,6 +17,9 @@
 //!   invalid one is sent back to the provider with the validation error, at most
 //!   `workers.max_output_retries` times; then the task fails with
 //!   `invalid_model_output`. A provider failure fails it with `provider_error`.
+//! - **Panics.** A panic in an execution is caught and fails its task at once with
+//!   `WORKFLOW_AI_INTERRUPTED`; a task is held (and heartbeated) only while its execution
+//!   exists, so one whose execution is gone otherwise is ended by the sweeper.
 //! - **Completion.** `complete_task` is refused for a task that was canceled or expired
 //!   meanwhile; that is fine and changes nothing. Completions that are ready together are
 //!   recorded together (`complete_tasks`, group commit; see [`CompletionBatcher`]).
@@ -33,8 +36,10 @@ use crate::metrics as m;
 use crate::notify::Event;
 use crate::provider::{ProviderCall, ProviderError};
 use crate::sweeper;
+use futures::FutureExt;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
@@ -102,6 +107,21 @@ enum Ended {
     Stopped,
     /// Shutdown's deadline passed.
     Interrupted,
+}
+
+/// Ends a task's holding by this pool when dropped, also by a panic's unwinding: the
+/// heartbeat covers only tasks whose execution is alive.
+struct HeldUntilDropped {
+    pool: Arc<WorkerPool>,
+    id: TaskId,
+}
+
+impl Drop for HeldUntilDropped {
+    fn drop(&mut self) {
+        self.pool.held().remove(&self.id);
+        metrics::gauge!(m::TASKS_IN_FLIGHT).decrement(1.0);
+        self.pool.slot_freed.notify_one();
+    }
 }
 
 /// The worker pool of one process.
@@ -309,17 +329,19 @@ impl WorkerPool {
 
     /// One execution, from claim to its recorded end. Frees its slot when done.
     async fn run_task(self: Arc<Self>, task: Arc<Task>, permit: OwnedSemaphorePermit) {
-        let id = task.id;
         metrics::gauge!(m::TASKS_IN_FLIGHT).increment(1.0);
+        // However this ends (a crash, or a panic outside the caught execution), the task
+        // is no longer held, so it is no longer heartbeated and the sweeper ends it.
+        let _held = HeldUntilDropped {
+            pool: self.clone(),
+            id: task.id,
+        };
         let crash = self.control.crash.clone();
         tokio::select! {
             biased;
             _ = crash.cancelled() => {}
             _ = self.clone().execute_and_record(task, permit) => {}
         }
-        self.held().remove(&id);
-        metrics::gauge!(m::TASKS_IN_FLIGHT).decrement(1.0);
-        self.slot_freed.notify_one();
     }
 
     /// Runs the task, frees its execution slot as soon as the execution has ended, then
@@ -336,7 +358,18 @@ impl WorkerPool {
             biased;
             _ = stop.cancelled() => Ended::Stopped,
             _ = interrupt.cancelled() => Ended::Interrupted,
-            result = self.execute(&task) => Ended::Done(result),
+            // docs/engine.md, "Workers": a panicking execution fails its task at once.
+            result = AssertUnwindSafe(self.execute(&task)).catch_unwind() => match result {
+                Ok(result) => Ended::Done(result),
+                Err(panic) => {
+                    let message = cpu::panic_message(&*panic);
+                    tracing::error!(task = %task.id, %message, "the execution panicked");
+                    Ended::Done(Err(Failure::new(
+                        ErrorCode::Interrupted,
+                        format!("the execution panicked: {message}"),
+                    )))
+                }
+            },
         };
         drop(permit);
         self.slot_freed.notify_one();

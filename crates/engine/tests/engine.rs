@@ -28,6 +28,7 @@ on_both_backends!(
     release_and_unreleased_sources,
     the_sweeper_expires_queued_tasks_and_wakes_waiters,
     a_caller_bound_to_a_subject_sees_only_its_subject,
+    callers_cannot_write_the_engine_key_namespaces,
 );
 
 fn source(id: &str) -> (SourceId, SourceRevision) {
@@ -111,6 +112,42 @@ async fn submit_is_idempotent_per_effect_key(db: TestDb) {
     // Another app never sees it.
     let other = tollgate_core::AppId::new("other").unwrap();
     assert!(engine.get(&other, first.task.id).await.unwrap().is_none());
+}
+
+/// docs/api.md "Effect keys": the Rust API refuses a caller's key in the engine's own
+/// namespaces (`run:` pipeline steps, `openai-` door calls), alone and in a batch, and
+/// stores nothing; any other key is the caller's.
+async fn callers_cannot_write_the_engine_key_namespaces(db: TestDb) {
+    let engine = db.engine(fast_config()).await;
+    for reserved in ["run:0193a1b2-0000-7000-8000-000000000000:b", "openai-X"] {
+        match engine.submit(classify(reserved, "hello")).await {
+            Err(EngineError::ReservedEffectKey(e)) => {
+                let text = e.to_string();
+                assert!(text.contains("reserved for the engine"), "{text}");
+            }
+            other => panic!("{reserved}: {other:?}"),
+        }
+        let batch = engine
+            .submit_many(vec![classify(reserved, "hello"), classify("fine", "hello")])
+            .await
+            .unwrap();
+        assert!(
+            matches!(&batch[0], Err(EngineError::ReservedEffectKey(_))),
+            "{:?}",
+            batch[0]
+        );
+        assert!(batch[1].is_ok(), "{:?}", batch[1]);
+        assert!(
+            engine
+                .get_by_effect_key(&app(), &key(reserved))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    for callers in ["Run:x", "my-openai-x", "openai_x"] {
+        engine.submit(classify(callers, "hello")).await.unwrap();
+    }
 }
 
 async fn unknown_models_budgets_and_bad_requests_write_nothing(db: TestDb) {

@@ -170,6 +170,12 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Invalid(i) => i.into(),
+            // docs/api.md, "Effect keys".
+            EngineError::ReservedEffectKey(i) => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "reserved_effect_key",
+                i.to_string(),
+            ),
             EngineError::Admission(r) => ApiError {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 code: r.code().as_str().to_string(),

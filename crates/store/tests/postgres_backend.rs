@@ -1545,3 +1545,39 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
         drop(s);
     }
 }
+
+/// Migration 0013 (issue 26 item 13): a provider paused for 31 years by a
+/// `Retry-After: 1000000000` written before pauses were capped starts afresh; a pause
+/// of seconds stays.
+#[tokio::test]
+async fn migration_0013_repairs_a_provider_paused_for_years() {
+    let Some(url) = database_url("migration_0013_repairs_a_provider_paused_for_years") else {
+        return;
+    };
+    let schema = Schema::new(&url, "pause_cap");
+    let clock = ManualClock::new(START);
+    let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
+    let years = Duration::from_secs(1_000_000_000);
+    store.pause_pace("wedged", years).await.unwrap();
+    store
+        .pause_pace("fine", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let keys = |k: &str| vec![k.to_string()];
+    assert!(store.pace_pause_left(&keys("wedged")).await.unwrap() > years / 2);
+    sqlx::raw_sql(include_str!(
+        "../migrations/postgres/0013_provider_pause_cap.sql"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        store.pace_pause_left(&keys("wedged")).await.unwrap(),
+        Duration::ZERO
+    );
+    assert_eq!(
+        store.pace_pause_left(&keys("fine")).await.unwrap(),
+        Duration::from_secs(10)
+    );
+    store.close().await;
+}

@@ -124,3 +124,37 @@ async fn sweep_repairs_a_lost_wake() {
         0
     );
 }
+
+/// Migration 0013 (issue 26 item 13): a provider paused for 31 years by a
+/// `Retry-After: 1000000000` written before pauses were capped starts afresh; a pause
+/// of seconds stays.
+#[tokio::test]
+async fn migration_0013_repairs_a_provider_paused_for_years() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let store = SqliteStore::open(options(&dir.path().join("t.db"), &clock))
+        .await
+        .unwrap();
+    let years = std::time::Duration::from_secs(1_000_000_000);
+    store.pause_pace("wedged", years).await.unwrap();
+    store
+        .pause_pace("fine", std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    let keys = |k: &str| vec![k.to_string()];
+    assert!(store.pace_pause_left(&keys("wedged")).await.unwrap() > years / 2);
+    sqlx::raw_sql(include_str!(
+        "../migrations/sqlite/0013_provider_pause_cap.sql"
+    ))
+    .execute(store.writer_pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        store.pace_pause_left(&keys("wedged")).await.unwrap(),
+        std::time::Duration::ZERO
+    );
+    assert_eq!(
+        store.pace_pause_left(&keys("fine")).await.unwrap(),
+        std::time::Duration::from_secs(10)
+    );
+}

@@ -147,6 +147,11 @@ pub struct ProviderConfig {
     /// The window `requests_per_minute` and `tokens_per_minute` count over.
     #[serde(default = "default_pace_window", with = "duration_text")]
     pub pace_window: Duration,
+    /// `openai`: the longest pause a 429's `Retry-After` (or `retry-after-ms`) sets on
+    /// the provider for every replica; a longer one is cut to this (docs/engine.md,
+    /// "Provider pace").
+    #[serde(default = "default_max_pause", with = "duration_text")]
+    pub max_pause: Duration,
 }
 
 fn default_provider_timeout() -> Duration {
@@ -160,6 +165,11 @@ fn default_retry_backoff() -> Duration {
 }
 fn default_max_retry_delay() -> Duration {
     Duration::from_secs(30)
+}
+/// Five minutes: a provider's own rate-limit windows are a minute or less, and a longer
+/// `Retry-After` (a daily quota) is asked again after this rather than trusted blindly.
+fn default_max_pause() -> Duration {
+    Duration::from_secs(300)
 }
 
 impl ProviderConfig {
@@ -184,6 +194,7 @@ impl ProviderConfig {
             requests_per_minute: None,
             tokens_per_minute: None,
             pace_window: default_pace_window(),
+            max_pause: default_max_pause(),
         }
     }
 

@@ -7,6 +7,9 @@ use tollgate_core::{AppId, BudgetName, ModelId};
 
 use super::*;
 
+/// The longest `providers.<name>.max_pause` accepted.
+const MAX_PROVIDER_PAUSE: Duration = Duration::from_secs(24 * 3600);
+
 /// One configuration problem, at one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigProblem {
@@ -226,6 +229,13 @@ impl EngineConfig {
                         p.add(
                             format!("{key}.max_retry_delay"),
                             "must not be shorter than retry_backoff",
+                        );
+                    }
+                    p.positive_duration(&format!("{key}.max_pause"), provider.max_pause);
+                    if provider.max_pause > MAX_PROVIDER_PAUSE {
+                        p.add(
+                            format!("{key}.max_pause"),
+                            "must be at most 24h (a provider paused longer looks dead)",
                         );
                     }
                 }

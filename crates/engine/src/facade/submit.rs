@@ -7,7 +7,7 @@ use crate::notify::Event;
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
 use tollgate_core::{
-    AppId, Dispatch, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus,
+    AppId, Dispatch, EngineKeySpace, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus,
 };
 use tollgate_store::{Created, StoreError};
 
@@ -16,17 +16,30 @@ use super::*;
 impl Tollgate {
     /// SPEC §3: resolves the model and budget, validates the request, creates the task
     /// (idempotent per effect key; served from the cache when possible; admitted under
-    /// the budget when scoped) and tells the workers. A rejection wrote nothing.
+    /// the budget when scoped) and tells the workers. A rejection wrote nothing. A key in
+    /// the engine's own namespaces (`run:`, `openai-`) is refused (docs/api.md, "Effect
+    /// keys").
     pub async fn submit(&self, submission: Submission) -> Result<Submitted, EngineError> {
+        self.submit_keyed(submission, None).await
+    }
+
+    /// [`submit`](Self::submit) of a task whose key the engine made in `space` (a
+    /// pipeline step, a door call): the key must lie in that namespace, and only there.
+    pub(crate) async fn submit_keyed(
+        &self,
+        submission: Submission,
+        space: Option<EngineKeySpace>,
+    ) -> Result<Submitted, EngineError> {
         let kind = submission.kind;
-        let result = match self.prepare(submission) {
-            Ok(prepared) => {
-                let scoped = prepared.scope.is_some();
-                let created = self.inner.store.create_task(prepared).await;
-                self.created(kind, scoped, created)
-            }
-            Err(e) => Err(e),
-        };
+        let result =
+            match check_key_space(&submission, space).and_then(|()| self.prepare(submission)) {
+                Ok(prepared) => {
+                    let scoped = prepared.scope.is_some();
+                    let created = self.inner.store.create_task(prepared).await;
+                    self.created(kind, scoped, created)
+                }
+                Err(e) => Err(e),
+            };
         count_submit(kind, &result);
         result
     }
@@ -178,7 +191,7 @@ impl Tollgate {
                 SubmissionOwner::Application { scope } => format!("scope:{scope}"),
             };
             let app = s.app.clone();
-            match self.prepare(s) {
+            match check_key_space(&s, None).and_then(|()| self.prepare(s)) {
                 Ok(new) => {
                     let next = groups.len();
                     let g = *group_of.entry((app, owner)).or_insert(next);
@@ -251,6 +264,31 @@ impl Tollgate {
                     .collect()
             }
         }
+    }
+}
+
+/// docs/api.md, "Effect keys": a caller's key (`space` `None`) lies outside the engine's
+/// namespaces; a key the engine made lies in the one it was made for.
+fn check_key_space(
+    submission: &Submission,
+    space: Option<EngineKeySpace>,
+) -> Result<(), EngineError> {
+    let key = &submission.effect_key;
+    match space {
+        None => key
+            .check_caller_key()
+            .map_err(EngineError::ReservedEffectKey),
+        Some(space) if key.engine_space() == Some(space) => Ok(()),
+        Some(space) => Err(InvalidInput::field(
+            "effect_key",
+            format!(
+                "{:?} is not a key of {} (they start with `{}`)",
+                key.as_str(),
+                space.owner(),
+                space.prefix()
+            ),
+        )
+        .into()),
     }
 }
 

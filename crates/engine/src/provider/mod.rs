@@ -93,7 +93,7 @@ impl ProviderRegistry {
 
     /// [`from_config`](Self::from_config) with SPEC §14 provider pace: providers (and
     /// models) with `requests_per_minute` / `tokens_per_minute` share `store`'s
-    /// schedules with every replica.
+    /// schedules with every replica, and every provider's 429s pause it there.
     pub fn from_config_paced(
         config: &EngineConfig,
         store: Arc<dyn Store>,
@@ -111,9 +111,10 @@ impl ProviderRegistry {
             let provider: Arc<dyn Provider> = match conf.kind {
                 ProviderKind::Dev => Arc::new(dev::DevProvider::new()),
                 ProviderKind::Openai => {
-                    let pace = store.as_ref().and_then(|s| {
-                        pace::ProviderPace::from_config(name, conf, config, s.clone())
-                    });
+                    // SPEC §14: every provider's 429s pause it on every replica.
+                    let pace = store
+                        .as_ref()
+                        .map(|s| pace::ProviderPace::from_config(name, conf, config, s.clone()));
                     Arc::new(openai::OpenAiProvider::new(name, conf)?.with_pace(pace))
                 }
             };

@@ -21,11 +21,17 @@
 //!   `retry-after-ms` and `Retry-After` (seconds) are honoured; a wait longer than
 //!   `max_retry_delay` fails the call at once instead of holding a worker.
 //! - Usage comes from `usage.prompt_tokens` and `usage.completion_tokens`.
-//! - SPEC §14 pace ([`super::pace`]): with `requests_per_minute` / `tokens_per_minute`
-//!   configured, every HTTP request first waits for its turn on the schedules all
-//!   replicas share; a 429 pauses the provider on every replica for its `Retry-After`
-//!   (or the backoff) and the call waits and tries again — such waits never count
-//!   against `max_retries` or `max_retry_delay`, so pacing never fails a task.
+//! - SPEC §14 pause ([`super::pace`]): a 429 pauses the provider on every replica for
+//!   its `Retry-After` (or the backoff), at most `max_pause`, paced or not; every HTTP
+//!   request first waits until no pause is in force.
+//! - SPEC §14 pace: with `requests_per_minute` / `tokens_per_minute` configured, every
+//!   HTTP request first waits for its turn on the schedules all replicas share; after a
+//!   429 the call waits and tries again — such waits never count against `max_retries`
+//!   or `max_retry_delay`, so pacing never fails a task. Without a pace, a 429 is retried
+//!   like a 5xx (it counts against `max_retries`; a `Retry-After` longer than
+//!   `max_retry_delay` fails the call at once, the pause still holds for other calls).
+//! - Provider headers are read defensively ([`retry_after`]): nothing they say can panic
+//!   or pause a provider longer than `max_pause`.
 
 use super::pace::{DEFAULT_PACE_OUTPUT_TOKENS, PaceTicket, ProviderPace};
 use super::{Provider, ProviderAnswer, ProviderCall, ProviderError, task_instructions};
@@ -174,11 +180,16 @@ impl OpenAiProvider {
                         metrics::counter!(m::PROVIDER_429S_TOTAL, "provider" => self.name.clone())
                             .increment(1);
                         if let Some(pace) = &self.pace {
-                            // SPEC §14: pause every replica, then wait for the turn again.
+                            // SPEC §14: every provider's 429 pauses it on every replica
+                            // (cut to `max_pause`). A paced call then waits for its turn
+                            // again; an unpaced one retries as below (its retry waits the
+                            // pause out first).
                             let pause = retry_after.unwrap_or_else(|| self.backoff(attempt));
+                            let pause = pace.pause(pause).await;
                             tracing::info!(provider = %self.name, ?pause, "429: provider paused");
-                            pace.pause(pause).await;
-                            continue;
+                            if pace.is_paced() {
+                                continue;
+                            }
                         }
                     }
                     if !is_retryable_status(status) {
@@ -232,7 +243,7 @@ impl Provider for OpenAiProvider {
         let (body, shape) = request_body(&call);
         // SPEC §14 token pace: this call's bound, counted as SPEC §13 counts a
         // reservation (its re-ask messages included), settled with the real usage.
-        let estimate = if self.pace.is_some() {
+        let estimate = if self.pace.as_ref().is_some_and(ProviderPace::is_paced) {
             let counter = TokenCounter::for_model(Some(ProviderKind::Openai), &call.model.model);
             let output = output_bound(call.model, call.request)
                 .unwrap_or(u64::from(DEFAULT_PACE_OUTPUT_TOKENS));
@@ -635,19 +646,47 @@ fn is_transient(e: &reqwest::Error) -> bool {
     e.is_timeout() || e.is_connect() || e.is_request() || e.is_body()
 }
 
-/// `retry-after-ms` (OpenAI's, in milliseconds) or `Retry-After` in seconds.
+/// The longest wait a header can ask for, before any configured cap: a day. Anything
+/// longer reads as a day (and is then cut to `max_pause` or refused by
+/// `max_retry_delay`).
+const LONGEST_HEADER_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// The wait a provider asks for: `retry-after-ms` (OpenAI's, in milliseconds), else
+/// `Retry-After` in seconds or as an HTTP date. Read defensively, as anything a
+/// provider (or a proxy before it) sends: values that are not text, not a number or a
+/// date, negative, NaN or infinite are ignored (as if absent); a date in the past is 0;
+/// a huge value reads as [`LONGEST_HEADER_WAIT`]. Never panics.
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let number = |name: &str| {
+    retry_after_at(headers, std::time::SystemTime::now())
+}
+
+fn retry_after_at(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    let text = |name: &str| {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|n| n.is_finite() && *n >= 0.0)
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
     };
-    if let Some(ms) = number("retry-after-ms") {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+    let seconds = |n: f64| -> Option<Duration> {
+        (n.is_finite() && n >= 0.0)
+            .then(|| Duration::from_secs_f64(n.min(LONGEST_HEADER_WAIT.as_secs_f64())))
+    };
+    if let Some(wait) = text("retry-after-ms")
+        .and_then(|t| t.parse::<f64>().ok())
+        .and_then(|ms| seconds(ms / 1000.0))
+    {
+        return Some(wait);
     }
-    number("retry-after").map(|s| Duration::from_secs_f64(s.min(1e9)))
+    let value = text("retry-after")?;
+    match value.parse::<f64>() {
+        Ok(n) => seconds(n),
+        Err(_) => httpdate::parse_http_date(value).ok().map(|at| {
+            at.duration_since(now)
+                .unwrap_or(Duration::ZERO)
+                .min(LONGEST_HEADER_WAIT)
+        }),
+    }
 }
 
 /// An error and its causes, e.g. "error sending request: connection refused".
@@ -850,5 +889,75 @@ mod tests {
         assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
         h.insert("retry-after-ms", "150".parse().unwrap());
         assert_eq!(retry_after(&h), Some(Duration::from_millis(150)));
+    }
+
+    /// Issue 26 item 13: hostile values never panic, never ask for more than a day, and
+    /// an unreadable `retry-after-ms` falls back to `Retry-After`.
+    #[test]
+    fn retry_after_reads_hostile_headers_defensively() {
+        use reqwest::header::HeaderValue;
+        let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let day = LONGEST_HEADER_WAIT;
+        let read = |ms: Option<&[u8]>, secs: Option<&[u8]>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = ms {
+                h.insert("retry-after-ms", HeaderValue::from_bytes(v).unwrap());
+            }
+            if let Some(v) = secs {
+                h.insert("retry-after", HeaderValue::from_bytes(v).unwrap());
+            }
+            retry_after_at(&h, now)
+        };
+        // Huge, in every notation: capped at a day (1e23 ms panicked before).
+        for huge in [
+            &b"1e23"[..],
+            b"1e308",
+            b"18446744073709551616",
+            b"99999999999999999999999999",
+        ] {
+            assert_eq!(read(Some(huge), None), Some(day), "{huge:?}");
+            assert_eq!(read(None, Some(huge)), Some(day), "{huge:?}");
+        }
+        assert_eq!(read(None, Some(b"1000000000")), Some(day));
+        // Not a usable number: ignored.
+        for bad in [
+            &b"NaN"[..],
+            b"nan",
+            b"inf",
+            b"-inf",
+            b"infinity",
+            b"-1",
+            b"-0.5",
+            b"1e400x",
+            b"soon",
+            b"",
+            b"   ",
+            b"0x10",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(read(Some(bad), None), None, "{bad:?}");
+            assert_eq!(read(None, Some(bad)), None, "{bad:?}");
+        }
+        // A bad `retry-after-ms` falls back to a good `Retry-After`.
+        assert_eq!(read(Some(b"NaN"), Some(b"3")), Some(Duration::from_secs(3)));
+        // Fractions, zero and surrounding space.
+        assert_eq!(
+            read(Some(b" 250.5 "), None),
+            Some(Duration::from_micros(250_500))
+        );
+        assert_eq!(read(None, Some(b"0")), Some(Duration::ZERO));
+        // HTTP dates: in the future, in the past, far away, malformed.
+        let in_90s = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        assert_eq!(
+            read(None, Some(in_90s.as_bytes())),
+            Some(Duration::from_secs(90))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        assert_eq!(read(None, Some(past.as_bytes())), Some(Duration::ZERO));
+        assert_eq!(
+            read(None, Some(b"Fri, 31 Dec 9999 23:59:59 GMT")),
+            Some(day)
+        );
+        assert_eq!(read(None, Some(b"Fri, 32 Dec 2025 25:61:61 GMT")), None);
     }
 }

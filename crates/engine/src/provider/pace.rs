@@ -1,7 +1,8 @@
 //! SPEC §14 provider pace: `requests_per_minute` and `tokens_per_minute` of a provider
 //! (and of its models), enforced across every replica through the store's shared
 //! schedules ([`tollgate_store::PaceStore`]), and the pause a 429 with `Retry-After`
-//! sets for every replica.
+//! sets for every replica — on every `openai` provider, paced or not, at most
+//! `max_pause`. An unpaced provider's call only reads the pause before it sends.
 //!
 //! Before each HTTP request (first attempt and every retry) a call takes its start on
 //! the provider's schedule and on its model's, if that has its own pace, and waits for
@@ -62,7 +63,8 @@ impl Limits {
     }
 }
 
-/// One provider's pace, shared by its calls in this process.
+/// One provider's pace and pause, shared by its calls in this process. Every `openai`
+/// provider has one: without limits it carries only the pause its 429s set.
 #[derive(Clone)]
 pub struct ProviderPace {
     store: Arc<dyn Store>,
@@ -71,6 +73,8 @@ pub struct ProviderPace {
     limits: Limits,
     /// The provider's own model names with a pace of their own.
     models: HashMap<String, Limits>,
+    /// The longest pause a 429 sets (`max_pause`).
+    max_pause: Duration,
 }
 
 impl std::fmt::Debug for ProviderPace {
@@ -80,6 +84,7 @@ impl std::fmt::Debug for ProviderPace {
             .field("window", &self.window)
             .field("limits", &self.limits)
             .field("models", &self.models)
+            .field("max_pause", &self.max_pause)
             .finish_non_exhaustive()
     }
 }
@@ -94,14 +99,14 @@ pub struct PaceTicket {
 }
 
 impl ProviderPace {
-    /// The pace of `[providers.<name>]` and of the models that use it, or `None` when
-    /// neither has one.
+    /// The pace of `[providers.<name>]` and of the models that use it (none when
+    /// neither has limits: then only its 429s' pauses).
     pub fn from_config(
         name: &str,
         provider: &ProviderConfig,
         config: &EngineConfig,
         store: Arc<dyn Store>,
-    ) -> Option<ProviderPace> {
+    ) -> ProviderPace {
         let mut models: HashMap<String, Limits> = HashMap::new();
         for model in config.models.values().filter(|m| m.provider == name) {
             let limits = Limits::from(model.pace());
@@ -110,14 +115,20 @@ impl ProviderPace {
                 *entry = entry.min(limits);
             }
         }
-        let limits = Limits::from(provider.pace());
-        (limits.is_set() || !models.is_empty()).then(|| ProviderPace {
+        ProviderPace {
             store,
             provider: name.to_string(),
             window: provider.pace_window,
-            limits,
+            limits: Limits::from(provider.pace()),
             models,
-        })
+            max_pause: provider.max_pause,
+        }
+    }
+
+    /// Whether the provider or one of its models has `requests_per_minute` or
+    /// `tokens_per_minute`.
+    pub fn is_paced(&self) -> bool {
+        self.limits.is_set() || !self.models.is_empty()
     }
 
     /// The schedules a call of `model` takes, with their limits. The provider's own is
@@ -135,6 +146,13 @@ impl ProviderPace {
     /// replica's shared schedules, then returns its ticket. Never fails: while the store
     /// cannot be reached, it waits and asks again.
     pub async fn wait_turn(&self, model: &str, estimate: u64) -> PaceTicket {
+        if !self.is_paced() {
+            self.wait_pause().await;
+            return PaceTicket {
+                token_schedules: Vec::new(),
+                estimate,
+            };
+        }
         let schedules = self.schedules(model);
         let slots: Vec<PaceSlot> = schedules
             .iter()
@@ -176,7 +194,7 @@ impl ProviderPace {
             // Another replica may have met a 429 while this call waited.
             match self.store.pace_pause_left(&keys).await {
                 Ok(left) if left.is_zero() => break,
-                Ok(left) => tokio::time::sleep(left).await,
+                Ok(left) => tokio::time::sleep(left.min(self.max_pause)).await,
                 Err(e) => {
                     tracing::warn!(provider = %self.provider, error = %e, "cannot read provider pause; waiting");
                     tokio::time::sleep(STORE_RETRY).await;
@@ -206,13 +224,50 @@ impl ProviderPace {
         }
     }
 
+    /// Waits, without taking a start on any schedule, until no 429's pause of the
+    /// provider is in force on any replica: one read per HTTP request of an unpaced
+    /// provider. Never fails: while the store cannot be reached, it waits and asks again
+    /// (at most `max_pause` in all for unreadable pauses, then it sends).
+    async fn wait_pause(&self) {
+        let keys = [self.provider.clone()];
+        let started = Instant::now();
+        let mut waited = false;
+        loop {
+            match self.store.pace_pause_left(&keys).await {
+                Ok(left) if left.is_zero() => break,
+                Ok(left) => {
+                    waited = true;
+                    tokio::time::sleep(left.min(self.max_pause)).await;
+                }
+                Err(e) if started.elapsed() < self.max_pause => {
+                    tracing::warn!(provider = %self.provider, error = %e, "cannot read provider pause; waiting");
+                    waited = true;
+                    tokio::time::sleep(STORE_RETRY).await;
+                }
+                Err(e) => {
+                    tracing::warn!(provider = %self.provider, error = %e, "cannot read provider pause; sending");
+                    break;
+                }
+            }
+        }
+        if waited {
+            metrics::counter!(m::PACE_WAITS_TOTAL, "provider" => self.provider.clone())
+                .increment(1);
+            metrics::histogram!(m::PACE_WAIT_SECONDS, "provider" => self.provider.clone())
+                .record(started.elapsed().as_secs_f64());
+        }
+    }
+
     /// A 429 with `Retry-After` (or a backoff when it names none): no replica calls the
-    /// provider again before `pause` has passed. When the store cannot record it, this
-    /// call at least waits it out here.
-    pub async fn pause(&self, pause: Duration) {
+    /// provider again before the pause has passed. The pause is cut to `max_pause`
+    /// (docs/engine.md, "Provider pace") and returned. When the store cannot record it,
+    /// this call at least waits it out here.
+    pub async fn pause(&self, pause: Duration) -> Duration {
+        let pause = pause.min(self.max_pause);
         if let Err(e) = self.store.pause_pace(&self.provider, pause).await {
             tracing::warn!(provider = %self.provider, error = %e, "cannot record a provider pause; waiting here");
             tokio::time::sleep(pause).await;
         }
+        pause
     }
 }

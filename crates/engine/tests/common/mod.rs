@@ -258,6 +258,8 @@ pub enum Reply {
     Slow(Duration, String),
     /// An error status, with an optional `Retry-After` header.
     Status(u16, Option<&'static str>),
+    /// An error status with one header of any name and (byte) value.
+    StatusHeader(u16, &'static str, &'static [u8]),
 }
 
 type Responder = Box<dyn Fn(&Value) -> Reply + Send + Sync>;
@@ -441,6 +443,19 @@ async fn chat(State(state): State<Arc<FakeState>>, Json(body): Json<Value>) -> R
                 Some(after) => (status, [("retry-after", after)], body).into_response(),
                 None => (status, body).into_response(),
             }
+        }
+        Reply::StatusHeader(code, name, value) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut response = (
+                status,
+                Json(json!({"error": {"message": format!("scripted {code}")}})),
+            )
+                .into_response();
+            response.headers_mut().insert(
+                axum::http::HeaderName::from_static(name),
+                axum::http::HeaderValue::from_bytes(value).expect("a header value"),
+            );
+            response
         }
     };
     guard.finished = true;

@@ -24,8 +24,8 @@ use error::OpenAiError;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tollgate_core::{
-    BudgetName, EffectKey, ErrorCode, ModelId, ScopeId, SourceId, SourceRevision, StepKey,
-    TaskStatus, ValidatedRequest,
+    BudgetName, EffectKey, EngineKeySpace, ErrorCode, ModelId, ScopeId, SourceId, SourceRevision,
+    StepKey, TaskStatus, ValidatedRequest,
 };
 use tollgate_engine::{SourceSpec, Submission, SubmissionOwner};
 
@@ -37,9 +37,10 @@ pub const DEFAULT_SCOPE: &str = "openai";
 pub const DEFAULT_SOURCE_REVISION: &str = "1";
 /// The step name of every task of this door.
 pub const STEP: &str = "openai-chat";
-/// Prefix of the effect keys of this door (`openai-<Idempotency-Key>`), so they never
-/// collide with `POST /v1/tasks` keys.
-pub const EFFECT_KEY_PREFIX: &str = "openai-";
+/// Prefix of the effect keys of this door (`openai-<Idempotency-Key>`): the engine's
+/// namespace [`EngineKeySpace::OpenAiDoor`], which `POST /v1/tasks` keys can never
+/// enter, so the two never collide.
+pub const EFFECT_KEY_PREFIX: &str = EngineKeySpace::OpenAiDoor.prefix();
 
 const SCOPE_HEADER: &str = "x-tollgate-scope";
 const SOURCE_HEADER: &str = "x-tollgate-source";
@@ -254,7 +255,7 @@ async fn chat_completions(
     // is `TaskConflict` (409 naming the task), a key of a task the caller cannot see is
     // `EffectKeyTaken` (409 naming nothing).
     let waiter = view.waiter();
-    let submitted = view.submit(sub).await?;
+    let submitted = view.submit_door_call(sub).await?;
     // Nothing replays a door task after it is answered but a retried call, so it is
     // released now: deleted `sweeper.retention` after it finishes, replayable until then.
     view.release(&scope, &submitted.task.effect_key).await?;
