@@ -660,6 +660,7 @@ fn completion_usage() -> Usage {
         output_tokens: 2,
         cost_usd: Some(0.25),
         cached_input_tokens: None,
+        estimated: false,
     }
 }
 
@@ -687,6 +688,22 @@ impl Model {
             })
     }
 
+    /// SPEC §13: the reservation is replaced by what the task cost; unknown usage of a
+    /// started task is its whole reservation; unused reserved tokens go back.
+    fn settle(&mut self, i: usize) {
+        let t = &mut self.tasks[i];
+        if let Some(r) = t.reservation {
+            let c = tollgate_core::cost::settle(&r, t.usage.as_ref(), t.claimed_at.is_some());
+            t.charged = Some((c.nano_usd, c.tokens));
+            if c.refund_tokens > 0
+                && let Some(b) = self.token_buckets.get_mut(&(t.app, t.scope))
+            {
+                let refunded = b.0 + c.refund_tokens as i64 * TOKEN;
+                b.0 = b.0.max(refunded.min(b.2));
+            }
+        }
+    }
+
     /// A task leaves queued/running: failed, canceled and expired tasks free their
     /// logical key; runs waiting on it are woken.
     fn finish(
@@ -701,18 +718,7 @@ impl Model {
         t.status = status;
         t.error = error;
         t.completed_at = Some(now);
-        // SPEC §13: the reservation is replaced by what the task cost; unknown usage of a
-        // started task is its whole reservation; unused reserved tokens go back.
-        if let Some(r) = t.reservation {
-            let c = tollgate_core::cost::settle(&r, t.usage.as_ref(), t.claimed_at.is_some());
-            t.charged = Some((c.nano_usd, c.tokens));
-            if c.refund_tokens > 0
-                && let Some(b) = self.token_buckets.get_mut(&(t.app, t.scope))
-            {
-                let refunded = b.0 + c.refund_tokens as i64 * TOKEN;
-                b.0 = b.0.max(refunded.min(b.2));
-            }
-        }
+        self.settle(i);
         if clear_key {
             for a in self.admissions.iter_mut().filter(|a| a.task == i) {
                 a.logical = None;
@@ -1342,18 +1348,26 @@ impl Model {
                 Outcome::Unreleased(pages)
             }
             Op::DeleteOwnerData { app, scope, source } => {
-                let mut n = 0;
-                for t in self.tasks.iter_mut().filter(|t| {
-                    !t.deleted
-                        && t.app == usize::from(*app)
-                        && t.scope == usize::from(*scope)
-                        && t.run.is_none()
-                        && source.is_none_or(|s| t.source.map(|x| x.0) == Some(usize::from(s)))
-                }) {
-                    t.deleted = true;
-                    n += 1;
+                let picked: Vec<usize> = (0..self.tasks.len())
+                    .filter(|&i| {
+                        let t = &self.tasks[i];
+                        !t.deleted
+                            && t.app == usize::from(*app)
+                            && t.scope == usize::from(*scope)
+                            && t.run.is_none()
+                            && source
+                                .is_none_or(|s| t.source.map(|x| x.0) == Some(usize::from(s)))
+                    })
+                    .collect();
+                for &i in &picked {
+                    // docs/budgets.md, "Settlement": a deleted in-flight task settles as a
+                    // cancel does.
+                    if self.tasks[i].active() {
+                        self.settle(i);
+                    }
+                    self.tasks[i].deleted = true;
                 }
-                Outcome::Deleted(n)
+                Outcome::Deleted(picked.len() as u64)
             }
             Op::CancelRun { run, own_app } => {
                 let Some(r) = pick_run(run) else {
