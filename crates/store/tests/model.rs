@@ -259,6 +259,13 @@ enum Op {
     Fail {
         task: Pick,
     },
+    /// docs/budgets.md, "The reservation": a worker reserves a re-ask of `reserve`
+    /// ([`reservation_of`]).
+    ReserveAttempt {
+        task: Pick,
+        worker: u8,
+        reserve: u8,
+    },
     /// `own_app` false asks with the other app's identity.
     Cancel {
         task: Pick,
@@ -399,6 +406,8 @@ fn op() -> impl Strategy<Value = Op> {
                prop_oneof![4 => Just(0u8), 4 => Just(1), 1 => Just(2)])
             .prop_map(|(task, worker, output)| Op::Complete { task, worker, output }),
         4 => pick().prop_map(|task| Op::Fail { task }),
+        4 => (pick(), prop_oneof![6 => Just(0u8), 1 => Just(1)], 1u8..4)
+            .prop_map(|(task, worker, reserve)| Op::ReserveAttempt { task, worker, reserve }),
         5 => (pick(), proptest::bool::weighted(0.8))
             .prop_map(|(task, own_app)| Op::Cancel { task, own_app }),
         1 => pick().prop_map(|task| Op::MarkCanceled { task }),
@@ -481,6 +490,8 @@ enum Outcome {
     Flag(bool),
     Unreleased(Vec<Vec<(String, String)>>),
     Deleted(u64),
+    /// A re-ask's reservation: the task's reservation after it (tokens, nano-dollars).
+    Reserved(Result<Option<(u64, i64)>, ErrKind>),
     Recoverable(Option<TRef>),
     Sweep(SweepView),
     RunCancel(Option<(RRef, BTreeSet<TRef>)>),
@@ -600,6 +611,8 @@ struct MTask {
     /// tokens).
     reservation: Option<tollgate_core::Reservation>,
     charged: Option<(i64, u64)>,
+    /// The cost limits it was admitted under (re-asks are checked against them).
+    cost: CostSpec,
 }
 
 impl MTask {
@@ -945,6 +958,7 @@ impl Model {
             deleted: false,
             reservation: None,
             charged: None,
+            cost: CostSpec::NONE,
         };
         if let Some(s) = &spec.scoped {
             let (source, revision) = (usize::from(s.source), usize::from(s.revision));
@@ -990,6 +1004,7 @@ impl Model {
                     self.token_buckets.insert((app, scope), t);
                 }
                 task.reservation = Some(r);
+                task.cost = s.budget.cost;
                 self.buckets.insert((app, scope), bucket);
                 self.admissions.push(MAdmission {
                     app,
@@ -1246,6 +1261,36 @@ impl Model {
                 } else {
                     Outcome::Transition(Ok(self.transition(false, Some(i), vec![])))
                 }
+            }
+            Op::ReserveAttempt {
+                task,
+                worker,
+                reserve,
+            } => {
+                let Some(i) = pick(task) else {
+                    return Outcome::Skipped;
+                };
+                let t = &self.tasks[i];
+                let held = !t.deleted
+                    && t.status == TaskStatus::Running
+                    && t.worker == Some(usize::from(*worker))
+                    && !self.cancel_wanted(t);
+                let (Some(current), true) = (t.reservation, held) else {
+                    return Outcome::Reserved(Ok(None));
+                };
+                let (app, scope, cost) = (t.app, t.scope, t.cost);
+                let attempt = reservation_of(*reserve);
+                let tokens = match self.admit_cost(app, scope, cost, &attempt) {
+                    Ok(tokens) => tokens,
+                    Err(e) => return Outcome::Reserved(Err(e)),
+                };
+                if let Some(b) = tokens {
+                    self.token_buckets.insert((app, scope), b);
+                }
+                let mut after = current.plus(&attempt);
+                after.from_token_bucket |= tokens.is_some();
+                self.tasks[i].reservation = Some(after);
+                Outcome::Reserved(Ok(Some((after.tokens, after.nano_usd))))
             }
             Op::Cancel { task, own_app } => {
                 let Some(i) = pick(task) else {
@@ -1810,6 +1855,28 @@ impl Harness {
                 Outcome::Transition(match answer {
                     Ok(t) => Ok(self.transition_view(&t)),
                     Err(e) => Err(ErrKind::from(&e)),
+                })
+            }
+            Op::ReserveAttempt {
+                task,
+                worker,
+                reserve,
+            } => {
+                let Some(i) = pick(task) else {
+                    return Ok(Outcome::Skipped);
+                };
+                let answer = self
+                    .store()
+                    .reserve_attempt(
+                        self.task_ids[i],
+                        &worker_id(usize::from(*worker)),
+                        &reservation_of(*reserve),
+                    )
+                    .await;
+                Outcome::Reserved(match answer {
+                    Ok(r) => Ok(r.map(|r| (r.tokens, r.nano_usd))),
+                    Err(e @ StoreError::Cost(_)) => Err(ErrKind::from(&e)),
+                    Err(e) => return Err(fatal("reserve_attempt", e)),
                 })
             }
             Op::Cancel { task, own_app } => {
