@@ -530,7 +530,12 @@ impl WorkerPool {
 
     /// SPEC §13 metrics of a recorded end: settled spend, and any overrun (logged by
     /// the store too). `reservation`: the task's, its re-asks included.
-    fn count_settlement(&self, task: &Task, reservation: Option<&Reservation>, usage: Option<&Usage>) {
+    fn count_settlement(
+        &self,
+        task: &Task,
+        reservation: Option<&Reservation>,
+        usage: Option<&Usage>,
+    ) {
         let Some(r) = reservation else { return };
         let charge = tollgate_core::cost::settle(r, usage, true);
         let app = task.app.to_string();
@@ -781,7 +786,12 @@ fn provider_call(provider: &str, outcome: &'static str) {
 /// bound: never less than could have been billed) and flagged `estimated`; absurd usage
 /// is clamped to `MAX_REPORTED_TOKENS` and logged (the excess over the reservation is
 /// settled as overrun).
-fn attempt_usage(task: &Task, counter: TokenCounter, call: &ProviderCall<'_>, used: Usage) -> Usage {
+fn attempt_usage(
+    task: &Task,
+    counter: TokenCounter,
+    call: &ProviderCall<'_>,
+    used: Usage,
+) -> Usage {
     let used = if used.estimated {
         let input = attempt_input_tokens(counter, call);
         let output = output_bound(call.model, call.request).unwrap_or(0);

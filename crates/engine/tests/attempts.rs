@@ -137,7 +137,9 @@ async fn spend(db: &TestDb) -> SpendWindow {
 async fn first_attempt_tokens(db: &TestDb, url: &str) -> u64 {
     let engine = db.engine(config(url, 1_000.0)).await;
     let task = engine.submit(sourced("probe", "probe")).await.unwrap().task;
-    let r = task.reservation.expect("a sourced task is admitted with a reservation");
+    let r = task
+        .reservation
+        .expect("a sourced task is admitted with a reservation");
     engine.cancel(&app(), task.id).await.unwrap();
     r.tokens
 }
@@ -171,7 +173,11 @@ async fn a_reask_is_reserved_when_made_and_one_that_does_not_fit_ends_the_task(d
     assert_eq!(done.status, TaskStatus::Failed);
     let error = done.error.unwrap();
     assert_eq!(error.code, ErrorCode::SpendBudget, "{}", error.message);
-    assert_eq!(fake.requests.lock().unwrap().len(), 1, "the re-ask was never sent");
+    assert_eq!(
+        fake.requests.lock().unwrap().len(),
+        1,
+        "the re-ask was never sent"
+    );
     assert_eq!(
         done.usage.map(|u| (u.input_tokens, u.output_tokens)),
         Some((10, 5)),
@@ -179,7 +185,11 @@ async fn a_reask_is_reserved_when_made_and_one_that_does_not_fit_ends_the_task(d
     );
     let w = spend(&db).await;
     assert_eq!(w.reserved_nano, 0, "nothing stays reserved");
-    assert_eq!(w.settled_nano, 15 * NANO_PER_TOKEN, "the spent attempt is settled");
+    assert_eq!(
+        w.settled_nano,
+        15 * NANO_PER_TOKEN,
+        "the spent attempt is settled"
+    );
 
     // Room for three first attempts: the re-ask is reserved (counted exactly as sent)
     // and the task succeeds on it.
@@ -192,7 +202,11 @@ async fn a_reask_is_reserved_when_made_and_one_that_does_not_fit_ends_the_task(d
     let requests = fake.requests.lock().unwrap().clone();
     assert_eq!(requests.len(), 3);
     let reask = counted(&requests[2]) + MAX_OUTPUT;
-    assert_eq!(counted(&requests[1]) + MAX_OUTPUT, first, "the first attempt as reserved");
+    assert_eq!(
+        counted(&requests[1]) + MAX_OUTPUT,
+        first,
+        "the first attempt as reserved"
+    );
     assert!(reask > first, "a re-ask sends the correction too");
     let stored = engine.get(&app(), task.id).await.unwrap().unwrap();
     assert_eq!(
@@ -237,13 +251,13 @@ async fn an_answer_without_usage_is_counted_at_its_bound(db: TestDb) {
 }
 
 async fn absurd_usage_is_clamped_and_the_answer_kept(db: TestDb) {
-    let (_fake, url) = start_fake(vec![(
-        SPAM.into(),
-        Some(usage(1_000_000_000_000_000, 5)),
-    )])
-    .await;
+    let (_fake, url) = start_fake(vec![(SPAM.into(), Some(usage(1_000_000_000_000_000, 5)))]).await;
     let engine: Tollgate = db.engine(config(&url, 1_000_000.0)).await;
-    let task = engine.submit(sourced("absurd", "absurd")).await.unwrap().task;
+    let task = engine
+        .submit(sourced("absurd", "absurd"))
+        .await
+        .unwrap()
+        .task;
     let reserved = task.reservation.unwrap();
     let handle = engine.start().await.unwrap();
     let done = finished(&engine, task.id).await;
@@ -260,5 +274,9 @@ async fn absurd_usage_is_clamped_and_the_answer_kept(db: TestDb) {
     let charged = (MAX_REPORTED_TOKENS as i64 + 5) * NANO_PER_TOKEN;
     assert_eq!(w.reserved_nano, 0);
     assert_eq!(w.settled_nano, charged);
-    assert_eq!(w.overrun_nano, charged - reserved.nano_usd, "recorded as overrun");
+    assert_eq!(
+        w.overrun_nano,
+        charged - reserved.nano_usd,
+        "recorded as overrun"
+    );
 }

@@ -63,8 +63,7 @@ use async_trait::async_trait;
 use std::time::Duration;
 use tollgate_core::{
     AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Reservation, Run, RunId, ScopeId,
-    SourceId,
-    Task, TaskId, Timestamp, Usage, WorkerId,
+    SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
 };
 
 /// Result of store calls.

@@ -484,7 +484,10 @@ enum Outcome {
     Run(RRef),
     Claimed(Option<TRef>),
     ClaimedNext(Vec<TRef>),
-    Heartbeat { alive: Vec<TRef>, stop: Vec<TRef> },
+    Heartbeat {
+        alive: Vec<TRef>,
+        stop: Vec<TRef>,
+    },
     Transition(Result<TransitionView, ErrKind>),
     Canceled(Option<TransitionView>),
     Flag(bool),
@@ -1400,8 +1403,7 @@ impl Model {
                             && t.app == usize::from(*app)
                             && t.scope == usize::from(*scope)
                             && t.run.is_none()
-                            && source
-                                .is_none_or(|s| t.source.map(|x| x.0) == Some(usize::from(s)))
+                            && source.is_none_or(|s| t.source.map(|x| x.0) == Some(usize::from(s)))
                     })
                     .collect();
                 for &i in &picked {

@@ -48,7 +48,9 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
         "admission reserves the first attempt only"
     );
     assert_eq!(
-        s.reserve_attempt(t.id, &w, &reserve(100, 50)).await.expect("reserve"),
+        s.reserve_attempt(t.id, &w, &reserve(100, 50))
+            .await
+            .expect("reserve"),
         None,
         "a queued task (not held by the worker) reserves nothing"
     );
@@ -75,7 +77,10 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
     let spent = scope_spend(&*s, "acme", "s").await;
     assert_eq!((spent.reserved_nano, spent.reserved_tokens), (400_000, 300));
     assert_eq!(
-        s.spend(&app("acme"), None).await.expect("spend").reserved_nano,
+        s.spend(&app("acme"), None)
+            .await
+            .expect("spend")
+            .reserved_nano,
         400_000
     );
     let c = refused(&*s, t.id, &w, &reserve(100, 50)).await;
@@ -98,7 +103,9 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
     assert_eq!((spent.reserved_nano, spent.reserved_tokens), (0, 0));
     assert_eq!(spent.settled_nano, 150 * 1_000 + 40 * 2_000);
     assert_eq!(
-        s.reserve_attempt(t.id, &w, &reserve(100, 50)).await.expect("reserve"),
+        s.reserve_attempt(t.id, &w, &reserve(100, 50))
+            .await
+            .expect("reserve"),
         None,
         "a finished task reserves nothing"
     );
@@ -153,7 +160,9 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
     let u = create_new(&*s, new_app_task("acme", "s", "u")).await;
     claim(&*s, u.id, &w).await;
     assert_eq!(
-        s.reserve_attempt(u.id, &w, &reserve(100, 50)).await.expect("reserve"),
+        s.reserve_attempt(u.id, &w, &reserve(100, 50))
+            .await
+            .expect("reserve"),
         None
     );
 }
@@ -171,7 +180,14 @@ pub async fn racing_reasks_and_admissions_never_exceed_a_spend_limit(b: &dyn Bac
     for i in 0..8 {
         let t = create_new(
             &*stores[0],
-            priced_task("acme", "race", &format!("r{i}"), "doc", limited, reserve(100, 50)),
+            priced_task(
+                "acme",
+                "race",
+                &format!("r{i}"),
+                "doc",
+                limited,
+                reserve(100, 50),
+            ),
         )
         .await;
         claim(&*stores[0], t.id, &w).await;
@@ -230,7 +246,10 @@ pub async fn racing_reasks_and_admissions_never_exceed_a_spend_limit(b: &dyn Bac
         granted.load(Ordering::SeqCst),
         "every granted reservation is counted"
     );
-    assert_eq!(total, LIMIT, "the limit is filled exactly (12 of the 40 asks fit)");
+    assert_eq!(
+        total, LIMIT,
+        "the limit is filled exactly (12 of the 40 asks fit)"
+    );
 }
 
 /// A provider's absurd usage (10^15 prompt tokens) is clamped to MAX_REPORTED_TOKENS:
@@ -328,7 +347,10 @@ pub async fn deleting_an_owner_settles_its_in_flight_reservations(b: &dyn Backen
         "the running task is charged its reservation, the queued one nothing"
     );
     assert_eq!(
-        s.spend(&app("acme"), None).await.expect("spend").reserved_nano,
+        s.spend(&app("acme"), None)
+            .await
+            .expect("spend")
+            .reserved_nano,
         0
     );
     // The queued task's tokens went back to the bucket (the running one's were spent).

@@ -1,6 +1,7 @@
 //! SPEC §5 on PostgreSQL, the worker's side ([`WorkerStore`]): claim, heartbeat,
 //! complete, fail, acknowledge cancellation; and the statements of a terminal move.
 
+use super::admission::{app_lock_key, lock_scope};
 use super::{PostgresStore, Tx, fetch_task, id_array, now_sql};
 use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
 use crate::shared::cost::{AttemptRow, SettleRow, SettlementPlan};
@@ -15,7 +16,6 @@ use crate::{
 };
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
-use super::admission::{app_lock_key, lock_scope};
 use tollgate_core::cost::window_first_bucket;
 use tollgate_core::{
     AppId, ErrorCode, Reservation, RunId, ScopeId, Task, TaskId, Timestamp, Usage, WorkerId,
@@ -398,7 +398,8 @@ impl WorkerStore for PostgresStore {
         let Some((app, scope)) = owner else {
             return Ok(None);
         };
-        let corrupt = |e: tollgate_core::InvalidInput| StoreError::Corrupt(format!("task {id}: {e}"));
+        let corrupt =
+            |e: tollgate_core::InvalidInput| StoreError::Corrupt(format!("task {id}: {e}"));
         let app_id = AppId::new(app).map_err(corrupt)?;
         let scope_id = ScopeId::new(scope).map_err(corrupt)?;
         lock_scope(&mut tx, &app_id, &scope_id, true).await?;

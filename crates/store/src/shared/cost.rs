@@ -103,8 +103,7 @@ pub(crate) struct SettlementPlan {
 
 /// A task's stored reservation.
 pub(crate) fn decode_reservation(id: &str, text: &str) -> StoreResult<Reservation> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Corrupt(format!("reservation of {id}: {e}")))
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("reservation of {id}: {e}")))
 }
 
 /// What reserving one more attempt of a running task reads (docs/budgets.md, "The
