@@ -4,7 +4,7 @@
 use super::admission::{app_lock_key, lock_scope};
 use super::{PostgresStore, Tx, fetch_task, id_array, now_sql};
 use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
-use crate::shared::cost::{AttemptRow, SettleRow, SettlementPlan};
+use crate::shared::cost::{AttemptRow, SettleRow, SettlementPlan, decode_reservation};
 use crate::shared::rows::{
     CancelStateRow, CompletedRow, FinishedRow, TaskRow, cancellation_requested, encode_completion,
     encode_usage, heartbeat_report, run_id, task_columns, task_columns_qualified, tasks,
@@ -389,23 +389,35 @@ impl WorkerStore for PostgresStore {
         let first = window_first_bucket(now);
         // Which scope: then its exclusive advisory lock, as an admission takes it, so this
         // reservation and the scope's admissions are serialized (the same exactness).
-        let owner: Option<(String, String)> = sqlx::query_as(
-            "SELECT app, scope FROM tasks WHERE id = $1 AND reservation IS NOT NULL",
+        let owner: Option<(String, String, String)> = sqlx::query_as(
+            "SELECT app, scope, reservation FROM tasks WHERE id = $1 AND reservation IS NOT NULL",
         )
         .bind(id.to_string())
         .fetch_optional(&mut *tx)
         .await?;
-        let Some((app, scope)) = owner else {
+        let Some((app, scope, admitted)) = owner else {
             return Ok(None);
         };
+        // The limits never change after admission: whether the app's lock is needed.
+        let app_limited = decode_reservation(&id.to_string(), &admitted)?
+            .limits
+            .is_some_and(|l| l.app_nano_per_24_hours.is_some());
         let corrupt =
             |e: tollgate_core::InvalidInput| StoreError::Corrupt(format!("task {id}: {e}"));
         let app_id = AppId::new(app).map_err(corrupt)?;
         let scope_id = ScopeId::new(scope).map_err(corrupt)?;
         lock_scope(&mut tx, &app_id, &scope_id, true).await?;
-        // Lock order: advisory (app, scope), then the task row, then scope_state and the
-        // spend buckets (docs/locking.md).
-        let row: Option<AttemptRow> = sqlx::query_as(concat!(
+        if app_limited {
+            // The app's spend lock, as an admission takes it (scope, then app), in its
+            // own statement so the app's window read below is current.
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(app_lock_key(&app_id))
+                .execute(&mut *tx)
+                .await?;
+        }
+        // Lock order (docs/locking.md): advisory (app, scope), the app's spend lock,
+        // then the task row, then scope_state and the spend buckets.
+        let row: Option<AttemptRow> = sqlx::query_as(
             "SELECT t.id, t.app, t.scope, t.created_at, t.reservation, \
              s.token_units, s.token_at, \
              (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0)::BIGINT FROM scope_spend b \
@@ -415,7 +427,7 @@ impl WorkerStore for PostgresStore {
              AND t.reservation IS NOT NULL AND NOT (t.cancel_requested OR (t.run_id IS NOT NULL \
              AND EXISTS (SELECT 1 FROM runs r WHERE r.id = t.run_id \
              AND (r.cancel_requested OR r.state = 'canceled')))) FOR UPDATE OF t",
-        ))
+        )
         .bind(id.to_string())
         .bind(worker.as_str())
         .bind(first)
@@ -429,11 +441,6 @@ impl WorkerStore for PostgresStore {
             Err(rejection) => return Err(StoreError::Cost(rejection)),
         };
         if plan.limits.app_nano_per_24_hours.is_some() {
-            // The app's lock (scope, then app: admission's order), then its window.
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(app_lock_key(&app_id))
-                .execute(&mut *tx)
-                .await?;
             let window: i64 = sqlx::query_scalar(
                 "SELECT COALESCE(SUM(reserved_nano + settled_nano), 0)::BIGINT FROM app_spend \
                  WHERE app = $1 AND bucket >= $2",
