@@ -223,6 +223,16 @@ impl WorkerStore for CountingStore {
         Ok(transition)
     }
 
+    async fn reserve_attempt(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        attempt: &tollgate_core::Reservation,
+    ) -> StoreResult<Option<tollgate_core::Reservation>> {
+        let call = self.inner.reserve_attempt(id, worker, attempt);
+        self.around(Call::write("reserve_attempt"), call).await
+    }
+
     async fn complete_tasks(
         &self,
         items: Vec<Completion>,

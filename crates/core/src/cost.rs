@@ -135,6 +135,8 @@ impl Prices {
 
 /// The token bound of one task (SPEC §13 "Reservation"): what every attempt may send and
 /// receive. Re-asks send the first attempt's messages plus one correction message.
+/// Admission reserves the first attempt only ([`reservation`]); each re-ask is reserved
+/// when the worker makes it, counted exactly ([`attempt_reservation`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenBound {
     /// Input tokens of the first attempt: never below what the provider counts
@@ -149,23 +151,10 @@ pub struct TokenBound {
 }
 
 impl TokenBound {
-    /// Input tokens over every attempt.
-    pub fn total_input(&self) -> u64 {
-        let attempts = u64::from(self.attempts.max(1));
-        self.input_tokens
-            .saturating_mul(attempts)
-            .saturating_add(self.reask_input_tokens.saturating_mul(attempts - 1))
-    }
-
-    /// Output tokens over every attempt.
-    pub fn total_output(&self) -> u64 {
-        self.output_tokens
-            .saturating_mul(u64::from(self.attempts.max(1)))
-    }
-
-    /// Model tokens (input + output) over every attempt: what the token bucket reserves.
-    pub fn total(&self) -> u64 {
-        self.total_input().saturating_add(self.total_output())
+    /// Model tokens (input + output) of the first attempt: what admission takes from the
+    /// token bucket.
+    pub fn first_attempt(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
     }
 
     /// Model tokens of the dearest single attempt (a re-ask): what one provider call may
@@ -199,12 +188,29 @@ pub struct Reservation {
     /// only then does settlement give unused tokens back.
     #[serde(default)]
     pub from_token_bucket: bool,
+    /// The cost limits the task was admitted under (set by the store at admission): a
+    /// re-ask's reservation is checked against them (docs/budgets.md, "The reservation").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<CostLimits>,
 }
 
-/// SPEC §13 "Reservation": the bound's tokens over every attempt, priced at the model's
-/// prices (input tokens at the dearer input price). `None` bound: nothing can be
-/// reserved (the task has no output-token bound); admission refuses such a task under
-/// any USD or token limit ([`CostLimits::needs_bound`]).
+impl Reservation {
+    /// This reservation with one more attempt's added (`attempt` from
+    /// [`attempt_reservation`]).
+    pub fn plus(&self, attempt: &Reservation) -> Reservation {
+        Reservation {
+            tokens: self.tokens.saturating_add(attempt.tokens),
+            nano_usd: self.nano_usd.saturating_add(attempt.nano_usd),
+            ..*self
+        }
+    }
+}
+
+/// SPEC §13 "Reservation": the bound's tokens of the **first attempt**, priced at the
+/// model's prices (input tokens at the dearer input price). Each re-ask is reserved when
+/// the worker makes it ([`attempt_reservation`]). `None` bound: nothing can be reserved
+/// (the task has no output-token bound); admission refuses such a task under any USD or
+/// token limit ([`CostLimits::needs_bound`]).
 pub fn reservation(bound: Option<&TokenBound>, prices: Option<Prices>) -> Reservation {
     match bound {
         None => Reservation {
@@ -213,14 +219,26 @@ pub fn reservation(bound: Option<&TokenBound>, prices: Option<Prices>) -> Reserv
             prices,
             bounded: false,
             from_token_bucket: false,
+            limits: None,
         },
-        Some(b) => Reservation {
-            tokens: b.total(),
-            nano_usd: prices.map_or(0, |p| p.bound_nano(b.total_input(), b.total_output())),
-            prices,
-            bounded: true,
-            from_token_bucket: false,
-        },
+        Some(b) => attempt_reservation(b.input_tokens, b.output_tokens, prices),
+    }
+}
+
+/// The reservation of one attempt that sends `input_tokens` (counted exactly, as sent)
+/// and may receive `output_tokens`, at `prices` (docs/budgets.md, "The reservation").
+pub fn attempt_reservation(
+    input_tokens: u64,
+    output_tokens: u64,
+    prices: Option<Prices>,
+) -> Reservation {
+    Reservation {
+        tokens: input_tokens.saturating_add(output_tokens),
+        nano_usd: prices.map_or(0, |p| p.bound_nano(input_tokens, output_tokens)),
+        prices,
+        bounded: true,
+        from_token_bucket: false,
+        limits: None,
     }
 }
 
@@ -540,6 +558,7 @@ mod tests {
             output_tokens: output,
             cost_usd: None,
             cached_input_tokens: cached,
+            estimated: false,
         }
     }
 
@@ -563,7 +582,7 @@ mod tests {
     }
 
     #[test]
-    fn the_reservation_covers_every_attempt() {
+    fn the_reservation_covers_the_first_attempt_and_each_reask_is_added() {
         // The docs/budgets.md worked example.
         let bound = TokenBound {
             input_tokens: 1_200,
@@ -571,15 +590,19 @@ mod tests {
             output_tokens: 500,
             attempts: 3,
         };
-        assert_eq!(bound.total_input(), 3 * 1_200 + 2 * 300);
-        assert_eq!(bound.total_output(), 1_500);
-        assert_eq!(bound.total(), 5_700);
+        assert_eq!(bound.first_attempt(), 1_700);
         assert_eq!(bound.per_attempt(), 2_000);
         let p = prices(2.50, 10.00, 1.25);
         let r = reservation(Some(&bound), Some(p));
-        // 4,200 × $2.50/M + 1,500 × $10/M = $0.0105 + $0.015 = $0.0255.
-        assert_eq!(r.nano_usd, 25_500_000);
+        // 1,200 × $2.50/M + 500 × $10/M = $0.003 + $0.005 = $0.008.
+        assert_eq!((r.tokens, r.nano_usd), (1_700, 8_000_000));
         assert!(r.bounded);
+        // A re-ask of 1,350 input tokens, counted as sent: $0.003375 + $0.005.
+        let reask = attempt_reservation(1_350, 500, Some(p));
+        assert_eq!((reask.tokens, reask.nano_usd), (1_850, 8_375_000));
+        let both = r.plus(&reask);
+        assert_eq!((both.tokens, both.nano_usd), (3_550, 16_375_000));
+        assert_eq!(both.prices, Some(p));
         let unbounded = reservation(None, Some(p));
         assert!(!unbounded.bounded);
         assert_eq!(unbounded.nano_usd, 0);
@@ -619,6 +642,7 @@ mod tests {
             prices: None,
             bounded: true,
             from_token_bucket: false,
+            limits: None,
         };
         let err = decide_cost(&all, &r, &snap, now).unwrap_err();
         assert_eq!(err.code(), ErrorCode::SpendBudget);
@@ -672,6 +696,7 @@ mod tests {
             prices: Some(p),
             bounded: true,
             from_token_bucket: true,
+            limits: None,
         };
         let down = settle(&r, Some(&usage(300, 100, None)), true);
         assert_eq!(down.nano_usd, 500_000);
@@ -716,8 +741,8 @@ mod tests {
             let bound = TokenBound { input_tokens: input, reask_input_tokens: reask, output_tokens: output, attempts };
             let p = Prices { input: pin, output: pout, cached_input: pcached };
             let r = Reservation { from_token_bucket: true, ..reservation(Some(&bound), Some(p)) };
-            let used_in = (bound.total_input() as f64 * share) as u64;
-            let used_out = (bound.total_output() as f64 * share) as u64;
+            let used_in = (bound.input_tokens as f64 * share) as u64;
+            let used_out = (bound.output_tokens as f64 * share) as u64;
             let cached = (used_in as f64 * cached_share) as u64;
             let c = settle(&r, Some(&usage(used_in, used_out, Some(cached))), true);
             prop_assert!(c.nano_usd <= r.nano_usd);
@@ -732,7 +757,7 @@ mod tests {
             let limits = CostLimits { scope_nano_per_24_hours: NonZeroU64::new(limit), ..CostLimits::NONE };
             let mut window = 0i64;
             for nano in asks {
-                let r = Reservation { tokens: 1, nano_usd: nano, prices: None, bounded: true, from_token_bucket: false };
+                let r = Reservation { tokens: 1, nano_usd: nano, prices: None, bounded: true, from_token_bucket: false, limits: None };
                 let snap = CostSnapshot { scope_window_nano: window, ..CostSnapshot::default() };
                 if decide_cost(&limits, &r, &snap, Timestamp(0)).is_ok() { window += nano; }
                 prop_assert!(window as u64 <= limit);

@@ -335,6 +335,35 @@ pub struct Usage {
     /// (OpenAI-compatible `usage.prompt_tokens_details.cached_tokens`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_input_tokens: Option<u64>,
+    /// The provider did not report the usage of at least one attempt: that attempt is
+    /// counted at its reservation (its bound), never less than could have been billed
+    /// (docs/budgets.md, "Settlement").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
+}
+
+/// The most tokens of one kind (input, output, cached input) a usage may carry: a
+/// provider reporting more is clamped to it (docs/budgets.md, "Settlement"), so sums of
+/// spend never overflow. Far above any model's context window.
+pub const MAX_REPORTED_TOKENS: u64 = 100_000_000;
+
+impl Usage {
+    /// The usage with every token count clamped to [`MAX_REPORTED_TOKENS`], and whether
+    /// anything was clamped.
+    pub fn clamped(self) -> (Usage, bool) {
+        let clamped = self.input_tokens > MAX_REPORTED_TOKENS
+            || self.output_tokens > MAX_REPORTED_TOKENS
+            || self
+                .cached_input_tokens
+                .is_some_and(|c| c > MAX_REPORTED_TOKENS);
+        let usage = Usage {
+            input_tokens: self.input_tokens.min(MAX_REPORTED_TOKENS),
+            output_tokens: self.output_tokens.min(MAX_REPORTED_TOKENS),
+            cached_input_tokens: self.cached_input_tokens.map(|c| c.min(MAX_REPORTED_TOKENS)),
+            ..self
+        };
+        (usage, clamped)
+    }
 }
 
 /// A failed or canceled task's error.

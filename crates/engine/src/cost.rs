@@ -12,7 +12,9 @@
 //! exceed (every token covers at least one byte). The structured-output format
 //! (`response_format`, with the schema) is always counted by its JSON bytes. A re-ask
 //! adds one correction message whose error text the worker cuts to
-//! [`MAX_REASK_ERROR_CHARS`] characters, bounded by bytes.
+//! [`MAX_REASK_ERROR_CHARS`] characters, bounded by bytes (the per-call bound of
+//! provider pacing); admission reserves the first attempt only, and the worker reserves
+//! each re-ask, counted exactly as sent ([`attempt_input_tokens`]), before making it.
 //!
 //! **Output bound.** The request's own `max_output_tokens`, else the model's
 //! `max_output_tokens` (sent as `max_tokens`), else a `max_tokens` /
@@ -122,8 +124,7 @@ pub fn task_token_bound(
         previous_error: None,
         max_output_bytes,
     };
-    let (body, _) = openai::request_body(&call);
-    let input = body_input_tokens(counter, &body);
+    let input = attempt_input_tokens(counter, &call);
     let reask = REASK_FRAME_BYTES + 4 * MAX_REASK_ERROR_CHARS as u64 + MESSAGE_OVERHEAD_TOKENS;
     Some(TokenBound {
         input_tokens: input,
@@ -131,6 +132,15 @@ pub fn task_token_bound(
         output_tokens,
         attempts: max_reasks.saturating_add(1),
     })
+}
+
+/// docs/budgets.md, "The reservation": the input tokens of one attempt, its body
+/// rendered exactly as the provider is sent it and counted by [`body_input_tokens`].
+/// Admission counts the first attempt with it; the worker counts each re-ask (whose
+/// error text is known then) with it before reserving the re-ask.
+pub fn attempt_input_tokens(counter: TokenCounter, call: &ProviderCall<'_>) -> u64 {
+    let (body, _) = openai::request_body(call);
+    body_input_tokens(counter, &body)
 }
 
 /// SPEC §13/§14: the input-token bound of one chat-completions body as it is sent:

@@ -27,7 +27,7 @@
 //!   those still running then are failed with `WORKFLOW_AI_INTERRUPTED` (tasks never run
 //!   twice), and queued tasks stay queued for any replica.
 
-use crate::cost::reask_error;
+use crate::cost::{TokenCounter, attempt_input_tokens, output_bound, reask_error};
 use crate::cpu;
 use crate::driver::Driver;
 use crate::error::EngineError;
@@ -48,8 +48,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate_core::{
-    ErrorCode, OutputTooLarge, OutputViolation, Task, TaskId, TaskRequest, Usage, WorkerId,
-    check_output_size, validate_output,
+    ErrorCode, OutputTooLarge, OutputViolation, Reservation, Task, TaskId, TaskRequest, Usage,
+    WorkerId, check_output_size, validate_output,
 };
 use tollgate_store::{Completion, MAX_PAGE, StoreError, Transition};
 
@@ -354,12 +354,14 @@ impl WorkerPool {
         self.held().insert(task.id, stop.clone());
         let started = Instant::now();
         let interrupt = self.control.interrupt.clone();
+        // The task's reservation as it grows with each re-ask (docs/budgets.md).
+        let mut reservation = task.reservation;
         let ended = tokio::select! {
             biased;
             _ = stop.cancelled() => Ended::Stopped,
             _ = interrupt.cancelled() => Ended::Interrupted,
             // docs/engine.md, "Workers": a panicking execution fails its task at once.
-            result = AssertUnwindSafe(self.execute(&task)).catch_unwind() => match result {
+            result = AssertUnwindSafe(self.execute(&task, &mut reservation)).catch_unwind() => match result {
                 Ok(result) => Ended::Done(result),
                 Err(panic) => {
                     let message = cpu::panic_message(&*panic);
@@ -373,11 +375,17 @@ impl WorkerPool {
         };
         drop(permit);
         self.slot_freed.notify_one();
+        let ended = match ended {
+            // The task was canceled, deleted or finished before its re-ask was reserved.
+            Ended::Done(Err(f)) if f.code == ErrorCode::Canceled => Ended::Stopped,
+            other => other,
+        };
+        let r = reservation.as_ref();
         let (outcome, code) = match ended {
-            Ended::Done(Ok((output, usage))) => self.complete(&task, output, usage).await,
+            Ended::Done(Ok((output, usage))) => self.complete(&task, r, output, usage).await,
             Ended::Done(Err(failure)) => {
                 tracing::info!(task = %task.id, code = %failure.code, message = %failure.message, "task failed");
-                self.fail(&task, failure).await
+                self.fail(&task, r, failure).await
             }
             Ended::Stopped => {
                 tracing::info!(task = %task.id, "execution stopped: task canceled, expired or deleted");
@@ -393,7 +401,7 @@ impl WorkerPool {
                     ErrorCode::Interrupted,
                     "the worker shut down before the task finished",
                 );
-                let (_, code) = self.fail(&task, failure).await;
+                let (_, code) = self.fail(&task, r, failure).await;
                 ("interrupted", code)
             }
         };
@@ -404,8 +412,15 @@ impl WorkerPool {
         self.held().remove(&task.id);
     }
 
-    /// Calls the provider, validating and re-asking as configured.
-    async fn execute(&self, task: &Task) -> Result<(Value, Usage), Failure> {
+    /// Calls the provider, validating and re-asking as configured. Each re-ask is
+    /// reserved before it is made (`reservation` grows with it; docs/budgets.md, "The
+    /// reservation"); a re-ask that does not fit ends the task with
+    /// `WORKFLOW_AI_SPEND_BUDGET`, its spent attempts settled.
+    async fn execute(
+        &self,
+        task: &Task,
+        reservation: &mut Option<Reservation>,
+    ) -> Result<(Value, Usage), Failure> {
         let request = task.parsed_request().map_err(|e| {
             Failure::new(
                 ErrorCode::InvalidRequest,
@@ -424,11 +439,8 @@ impl WorkerPool {
         let max_output_bytes = self.inner.config.max_output_bytes;
         let mut usage = Usage::default();
         let mut previous: Option<String> = None;
+        let counter = TokenCounter::for_model_ref(&self.inner.config, &task.model_ref);
         for attempt in 0..=max_retries {
-            if attempt > 0 {
-                metrics::counter!(m::OUTPUT_REASKS_TOTAL, "kind" => task.kind.as_str())
-                    .increment(1);
-            }
             let call = ProviderCall {
                 model: &task.model_ref,
                 request: request.request(),
@@ -436,15 +448,21 @@ impl WorkerPool {
                 previous_error: previous.as_deref(),
                 max_output_bytes,
             };
+            if attempt > 0 {
+                if let Err(failure) = self.reserve_reask(task, counter, &call, reservation).await {
+                    return Err(failure.with_usage(self.priced(task, usage)));
+                }
+                metrics::counter!(m::OUTPUT_REASKS_TOTAL, "kind" => task.kind.as_str())
+                    .increment(1);
+            }
             let started = Instant::now();
             let answer = provider.complete(call).await;
             metrics::histogram!(m::PROVIDER_LATENCY_SECONDS, "provider" => provider_name.to_string())
                 .record(started.elapsed().as_secs_f64());
-            let (output, used) = match answer {
-                Ok(a) => (Some(a.output), a.usage),
+            let (output, used, refused) = match answer {
+                Ok(a) => (Some(a.output), a.usage, None),
                 Err(ProviderError::InvalidOutput { message, usage }) => {
-                    previous = Some(reask_error(message));
-                    (None, usage)
+                    (None, usage, Some(reask_error(message)))
                 }
                 Err(ProviderError::Failed(message)) => {
                     provider_call(provider_name, "error");
@@ -455,6 +473,10 @@ impl WorkerPool {
                     return Err(Failure::new(ErrorCode::OutputTooLarge, message));
                 }
             };
+            let used = attempt_usage(task, counter, &call, used);
+            if let Some(refused) = refused {
+                previous = Some(refused);
+            }
             add_usage(&mut usage, used, provider_name);
             if let Some(output) = output {
                 match check_output(request.request(), output, max_output_bytes).await? {
@@ -480,6 +502,49 @@ impl WorkerPool {
         .with_usage(self.priced(task, usage)))
     }
 
+    /// docs/budgets.md, "The reservation": reserves the re-ask `call` (its input counted
+    /// exactly as it will be sent) before it is made, through the store, with the same
+    /// exactness as admission. Tasks without a bounded reservation reserve nothing.
+    async fn reserve_reask(
+        &self,
+        task: &Task,
+        counter: TokenCounter,
+        call: &ProviderCall<'_>,
+        reservation: &mut Option<Reservation>,
+    ) -> Result<(), Failure> {
+        let Some(current) = reservation.filter(|r| r.bounded) else {
+            return Ok(());
+        };
+        let Some(output) = output_bound(call.model, call.request) else {
+            return Ok(());
+        };
+        let input = attempt_input_tokens(counter, call);
+        let attempt = tollgate_core::cost::attempt_reservation(input, output, current.prices);
+        let store = &self.inner.store;
+        match retry_unavailable(|| store.reserve_attempt(task.id, &self.worker, &attempt)).await {
+            Ok(Some(after)) => {
+                *reservation = Some(after);
+                if attempt.nano_usd > 0 {
+                    metrics::counter!(m::SPEND_RESERVED_TOTAL, "app" => task.app.to_string())
+                        .increment(attempt.nano_usd as u64);
+                }
+                Ok(())
+            }
+            Ok(None) => Err(Failure::new(
+                ErrorCode::Canceled,
+                "the task was canceled, deleted or finished before its re-ask",
+            )),
+            Err(StoreError::Cost(c)) => Err(Failure::new(
+                ErrorCode::SpendBudget,
+                format!("the model's output was invalid and its re-ask does not fit: {c}"),
+            )),
+            Err(e) => Err(Failure::new(
+                ErrorCode::ProviderError,
+                format!("cannot reserve the re-ask: {e}"),
+            )),
+        }
+    }
+
     /// SPEC §13: `cost_usd` of a usage at the task's prices (those it was reserved at, or
     /// the model's for an unscoped task); an unpriced model's stays `None` (unknown).
     fn priced(&self, task: &Task, mut usage: Usage) -> Usage {
@@ -497,10 +562,15 @@ impl WorkerPool {
     }
 
     /// SPEC §13 metrics of a recorded end: settled spend, and any overrun (logged by
-    /// the store too).
-    fn count_settlement(&self, task: &Task, usage: Option<&Usage>) {
-        let Some(r) = task.reservation else { return };
-        let charge = tollgate_core::cost::settle(&r, usage, true);
+    /// the store too). `reservation`: the task's, its re-asks included.
+    fn count_settlement(
+        &self,
+        task: &Task,
+        reservation: Option<&Reservation>,
+        usage: Option<&Usage>,
+    ) {
+        let Some(r) = reservation else { return };
+        let charge = tollgate_core::cost::settle(r, usage, true);
         let app = task.app.to_string();
         if charge.nano_usd > 0 {
             metrics::counter!(m::SPEND_SETTLED_TOTAL, "app" => app.clone())
@@ -516,6 +586,7 @@ impl WorkerPool {
     async fn complete(
         &self,
         task: &Arc<Task>,
+        reservation: Option<&Reservation>,
         output: Value,
         usage: Usage,
     ) -> (&'static str, &'static str) {
@@ -532,7 +603,7 @@ impl WorkerPool {
         match result {
             Ok(t) if t.applied => {
                 self.inner.publish_transition(&t);
-                self.count_settlement(task, Some(&settled));
+                self.count_settlement(task, reservation, Some(&settled));
                 ("succeeded", "none")
             }
             Ok(_) => {
@@ -541,7 +612,7 @@ impl WorkerPool {
             }
             Err(StoreError::InvalidOutput(v)) => {
                 let failure = Failure::new(ErrorCode::InvalidModelOutput, v.0).with_usage(settled);
-                self.fail(task, failure).await
+                self.fail(task, reservation, failure).await
             }
             Err(e) => {
                 tracing::error!(task = %task.id, error = %e, "cannot record the completion; the sweeper will end the task");
@@ -606,7 +677,12 @@ impl WorkerPool {
     }
 
     /// Records a failure. Returns the outcome and code labels.
-    async fn fail(&self, task: &Task, failure: Failure) -> (&'static str, &'static str) {
+    async fn fail(
+        &self,
+        task: &Task,
+        reservation: Option<&Reservation>,
+        failure: Failure,
+    ) -> (&'static str, &'static str) {
         let store = &self.inner.store;
         let id = task.id;
         let usage = failure.usage.as_ref();
@@ -615,7 +691,7 @@ impl WorkerPool {
         match result {
             Ok(t) if t.applied => {
                 self.inner.publish_transition(&t);
-                self.count_settlement(task, usage);
+                self.count_settlement(task, reservation, usage);
                 ("failed", failure.code.as_str())
             }
             Ok(_) => ("refused", failure.code.as_str()),
@@ -738,6 +814,45 @@ fn provider_call(provider: &str, outcome: &'static str) {
         .increment(1);
 }
 
+/// docs/budgets.md, "Settlement": what one attempt is counted as. A provider that
+/// reported no usage is counted at the attempt's bound (its input as sent, its output
+/// bound: never less than could have been billed) and flagged `estimated`; absurd usage
+/// is clamped to `MAX_REPORTED_TOKENS` and logged (the excess over the reservation is
+/// settled as overrun).
+fn attempt_usage(
+    task: &Task,
+    counter: TokenCounter,
+    call: &ProviderCall<'_>,
+    used: Usage,
+) -> Usage {
+    let used = if used.estimated {
+        let input = attempt_input_tokens(counter, call);
+        let output = output_bound(call.model, call.request).unwrap_or(0);
+        tracing::warn!(
+            task = %task.id, provider = %call.model.provider, input_tokens = input, output_tokens = output,
+            "the provider reported no usage: the attempt is counted at its bound"
+        );
+        Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cached_input_tokens: None,
+            ..used
+        }
+    } else {
+        used
+    };
+    let (clamped, absurd) = used.clamped();
+    if absurd {
+        tracing::warn!(
+            task = %task.id, provider = %call.model.provider,
+            input_tokens = used.input_tokens, output_tokens = used.output_tokens,
+            "the provider reported absurd usage: clamped to {} tokens",
+            tollgate_core::MAX_REPORTED_TOKENS
+        );
+    }
+    clamped
+}
+
 fn add_usage(total: &mut Usage, used: Usage, provider: &str) {
     total.input_tokens += used.input_tokens;
     total.output_tokens += used.output_tokens;
@@ -749,6 +864,7 @@ fn add_usage(total: &mut Usage, used: Usage, provider: &str) {
         (Some(a), Some(b)) => Some(a + b),
         (a, b) => a.or(b),
     };
+    total.estimated |= used.estimated;
     metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "input")
         .increment(used.input_tokens);
     metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "output")

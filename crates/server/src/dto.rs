@@ -340,6 +340,11 @@ pub struct UsageView {
     pub cached_input_tokens: Option<u64>,
     /// SPEC §13: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
     pub priced: bool,
+    /// `true` when the provider reported no usage for an attempt, which is then counted
+    /// at its bound (docs/budgets.md, "Settlement"); absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(nullable = false)]
+    pub estimated: bool,
 }
 
 impl From<&Usage> for UsageView {
@@ -350,6 +355,7 @@ impl From<&Usage> for UsageView {
             cost_usd: u.cost_usd.map(|c| (c * 1e9).round() / 1e9),
             cached_input_tokens: u.cached_input_tokens,
             priced: u.cost_usd.is_some(),
+            estimated: u.estimated,
         }
     }
 }

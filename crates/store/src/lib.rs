@@ -62,8 +62,8 @@ pub use types::*;
 use async_trait::async_trait;
 use std::time::Duration;
 use tollgate_core::{
-    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Run, RunId, ScopeId, SourceId,
-    Task, TaskId, Timestamp, Usage, WorkerId,
+    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Reservation, Run, RunId, ScopeId,
+    SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
 };
 
 /// Result of store calls.
@@ -249,6 +249,22 @@ pub trait WorkerStore: Send + Sync {
         message: &str,
         usage: Option<&Usage>,
     ) -> StoreResult<Transition>;
+
+    /// docs/budgets.md, "The reservation": reserves one more attempt (a re-ask) of a
+    /// running task held by `worker`, before the worker makes it. `attempt` is that
+    /// attempt's tokens and nano-dollars (its input counted as sent); it is checked with
+    /// the same exactness as admission — under the scope's lock, against the scope's
+    /// spend, the scope's token bucket and (under the app's lock) the app's spend, with
+    /// the limits the task was admitted under — then added to the task's reservation and
+    /// to the spend buckets of its admission hour. A refusal ([`StoreError::Cost`])
+    /// changes nothing. `Ok(None)`: the task is not running under `worker` (canceled,
+    /// deleted, finished) or has no reservation; nothing changed.
+    async fn reserve_attempt(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        attempt: &Reservation,
+    ) -> StoreResult<Option<Reservation>>;
 
     /// A worker acknowledges cancellation: `queued/running → canceled`
     /// (`WORKFLOW_AI_CANCELED`) when cancellation was requested for the task or its run.

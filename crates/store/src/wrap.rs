@@ -25,8 +25,8 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use std::time::Duration;
 use tollgate_core::{
-    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Run, RunId, ScopeId, SourceId,
-    Task, TaskId, Timestamp, Usage, WorkerId,
+    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Reservation, Run, RunId, ScopeId,
+    SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
 };
 
 /// One store call as a wrapper sees it.
@@ -168,6 +168,14 @@ impl<W: ForwardWorkerStore> WorkerStore for W {
         usage: Option<&Usage>,
     ) -> StoreResult<Transition> {
         forward!(self, write, fail_task(id, code, message, usage))
+    }
+    async fn reserve_attempt(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        attempt: &Reservation,
+    ) -> StoreResult<Option<Reservation>> {
+        forward!(self, write, reserve_attempt(id, worker, attempt))
     }
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {
         forward!(self, write, mark_canceled(id))

@@ -259,6 +259,13 @@ enum Op {
     Fail {
         task: Pick,
     },
+    /// docs/budgets.md, "The reservation": a worker reserves a re-ask of `reserve`
+    /// ([`reservation_of`]).
+    ReserveAttempt {
+        task: Pick,
+        worker: u8,
+        reserve: u8,
+    },
     /// `own_app` false asks with the other app's identity.
     Cancel {
         task: Pick,
@@ -399,6 +406,8 @@ fn op() -> impl Strategy<Value = Op> {
                prop_oneof![4 => Just(0u8), 4 => Just(1), 1 => Just(2)])
             .prop_map(|(task, worker, output)| Op::Complete { task, worker, output }),
         4 => pick().prop_map(|task| Op::Fail { task }),
+        4 => (pick(), prop_oneof![6 => Just(0u8), 1 => Just(1)], 1u8..4)
+            .prop_map(|(task, worker, reserve)| Op::ReserveAttempt { task, worker, reserve }),
         5 => (pick(), proptest::bool::weighted(0.8))
             .prop_map(|(task, own_app)| Op::Cancel { task, own_app }),
         1 => pick().prop_map(|task| Op::MarkCanceled { task }),
@@ -475,12 +484,17 @@ enum Outcome {
     Run(RRef),
     Claimed(Option<TRef>),
     ClaimedNext(Vec<TRef>),
-    Heartbeat { alive: Vec<TRef>, stop: Vec<TRef> },
+    Heartbeat {
+        alive: Vec<TRef>,
+        stop: Vec<TRef>,
+    },
     Transition(Result<TransitionView, ErrKind>),
     Canceled(Option<TransitionView>),
     Flag(bool),
     Unreleased(Vec<Vec<(String, String)>>),
     Deleted(u64),
+    /// A re-ask's reservation: the task's reservation after it (tokens, nano-dollars).
+    Reserved(Result<Option<(u64, i64)>, ErrKind>),
     Recoverable(Option<TRef>),
     Sweep(SweepView),
     RunCancel(Option<(RRef, BTreeSet<TRef>)>),
@@ -600,6 +614,8 @@ struct MTask {
     /// tokens).
     reservation: Option<tollgate_core::Reservation>,
     charged: Option<(i64, u64)>,
+    /// The cost limits it was admitted under (re-asks are checked against them).
+    cost: CostSpec,
 }
 
 impl MTask {
@@ -660,6 +676,7 @@ fn completion_usage() -> Usage {
         output_tokens: 2,
         cost_usd: Some(0.25),
         cached_input_tokens: None,
+        estimated: false,
     }
 }
 
@@ -687,6 +704,22 @@ impl Model {
             })
     }
 
+    /// SPEC §13: the reservation is replaced by what the task cost; unknown usage of a
+    /// started task is its whole reservation; unused reserved tokens go back.
+    fn settle(&mut self, i: usize) {
+        let t = &mut self.tasks[i];
+        if let Some(r) = t.reservation {
+            let c = tollgate_core::cost::settle(&r, t.usage.as_ref(), t.claimed_at.is_some());
+            t.charged = Some((c.nano_usd, c.tokens));
+            if c.refund_tokens > 0
+                && let Some(b) = self.token_buckets.get_mut(&(t.app, t.scope))
+            {
+                let refunded = b.0 + c.refund_tokens as i64 * TOKEN;
+                b.0 = b.0.max(refunded.min(b.2));
+            }
+        }
+    }
+
     /// A task leaves queued/running: failed, canceled and expired tasks free their
     /// logical key; runs waiting on it are woken.
     fn finish(
@@ -701,18 +734,7 @@ impl Model {
         t.status = status;
         t.error = error;
         t.completed_at = Some(now);
-        // SPEC §13: the reservation is replaced by what the task cost; unknown usage of a
-        // started task is its whole reservation; unused reserved tokens go back.
-        if let Some(r) = t.reservation {
-            let c = tollgate_core::cost::settle(&r, t.usage.as_ref(), t.claimed_at.is_some());
-            t.charged = Some((c.nano_usd, c.tokens));
-            if c.refund_tokens > 0
-                && let Some(b) = self.token_buckets.get_mut(&(t.app, t.scope))
-            {
-                let refunded = b.0 + c.refund_tokens as i64 * TOKEN;
-                b.0 = b.0.max(refunded.min(b.2));
-            }
-        }
+        self.settle(i);
         if clear_key {
             for a in self.admissions.iter_mut().filter(|a| a.task == i) {
                 a.logical = None;
@@ -939,6 +961,7 @@ impl Model {
             deleted: false,
             reservation: None,
             charged: None,
+            cost: CostSpec::NONE,
         };
         if let Some(s) = &spec.scoped {
             let (source, revision) = (usize::from(s.source), usize::from(s.revision));
@@ -984,6 +1007,7 @@ impl Model {
                     self.token_buckets.insert((app, scope), t);
                 }
                 task.reservation = Some(r);
+                task.cost = s.budget.cost;
                 self.buckets.insert((app, scope), bucket);
                 self.admissions.push(MAdmission {
                     app,
@@ -1241,6 +1265,36 @@ impl Model {
                     Outcome::Transition(Ok(self.transition(false, Some(i), vec![])))
                 }
             }
+            Op::ReserveAttempt {
+                task,
+                worker,
+                reserve,
+            } => {
+                let Some(i) = pick(task) else {
+                    return Outcome::Skipped;
+                };
+                let t = &self.tasks[i];
+                let held = !t.deleted
+                    && t.status == TaskStatus::Running
+                    && t.worker == Some(usize::from(*worker))
+                    && !self.cancel_wanted(t);
+                let (Some(current), true) = (t.reservation, held) else {
+                    return Outcome::Reserved(Ok(None));
+                };
+                let (app, scope, cost) = (t.app, t.scope, t.cost);
+                let attempt = reservation_of(*reserve);
+                let tokens = match self.admit_cost(app, scope, cost, &attempt) {
+                    Ok(tokens) => tokens,
+                    Err(e) => return Outcome::Reserved(Err(e)),
+                };
+                if let Some(b) = tokens {
+                    self.token_buckets.insert((app, scope), b);
+                }
+                let mut after = current.plus(&attempt);
+                after.from_token_bucket |= tokens.is_some();
+                self.tasks[i].reservation = Some(after);
+                Outcome::Reserved(Ok(Some((after.tokens, after.nano_usd))))
+            }
             Op::Cancel { task, own_app } => {
                 let Some(i) = pick(task) else {
                     return Outcome::Skipped;
@@ -1342,18 +1396,25 @@ impl Model {
                 Outcome::Unreleased(pages)
             }
             Op::DeleteOwnerData { app, scope, source } => {
-                let mut n = 0;
-                for t in self.tasks.iter_mut().filter(|t| {
-                    !t.deleted
-                        && t.app == usize::from(*app)
-                        && t.scope == usize::from(*scope)
-                        && t.run.is_none()
-                        && source.is_none_or(|s| t.source.map(|x| x.0) == Some(usize::from(s)))
-                }) {
-                    t.deleted = true;
-                    n += 1;
+                let picked: Vec<usize> = (0..self.tasks.len())
+                    .filter(|&i| {
+                        let t = &self.tasks[i];
+                        !t.deleted
+                            && t.app == usize::from(*app)
+                            && t.scope == usize::from(*scope)
+                            && t.run.is_none()
+                            && source.is_none_or(|s| t.source.map(|x| x.0) == Some(usize::from(s)))
+                    })
+                    .collect();
+                for &i in &picked {
+                    // docs/budgets.md, "Settlement": a deleted in-flight task settles as a
+                    // cancel does.
+                    if self.tasks[i].active() {
+                        self.settle(i);
+                    }
+                    self.tasks[i].deleted = true;
                 }
-                Outcome::Deleted(n)
+                Outcome::Deleted(picked.len() as u64)
             }
             Op::CancelRun { run, own_app } => {
                 let Some(r) = pick_run(run) else {
@@ -1796,6 +1857,28 @@ impl Harness {
                 Outcome::Transition(match answer {
                     Ok(t) => Ok(self.transition_view(&t)),
                     Err(e) => Err(ErrKind::from(&e)),
+                })
+            }
+            Op::ReserveAttempt {
+                task,
+                worker,
+                reserve,
+            } => {
+                let Some(i) = pick(task) else {
+                    return Ok(Outcome::Skipped);
+                };
+                let answer = self
+                    .store()
+                    .reserve_attempt(
+                        self.task_ids[i],
+                        &worker_id(usize::from(*worker)),
+                        &reservation_of(*reserve),
+                    )
+                    .await;
+                Outcome::Reserved(match answer {
+                    Ok(r) => Ok(r.map(|r| (r.tokens, r.nano_usd))),
+                    Err(e @ StoreError::Cost(_)) => Err(ErrKind::from(&e)),
+                    Err(e) => return Err(fatal("reserve_attempt", e)),
                 })
             }
             Op::Cancel { task, own_app } => {

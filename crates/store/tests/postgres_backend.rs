@@ -1201,7 +1201,9 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
     use std::collections::BTreeMap;
     use std::num::{NonZeroU32, NonZeroU64};
     use tollgate_core::admission::TOKEN_UNITS;
-    use tollgate_core::cost::{CostLimits, TokenBound, TokenRate, refund_units, reservation};
+    use tollgate_core::cost::{
+        CostLimits, TokenBound, TokenRate, attempt_reservation, refund_units, reservation,
+    };
     use tollgate_core::{BucketState, Clock, Prices, Reservation, Timestamp, Usage};
     use tollgate_store::conformance::fixtures::{new_scoped_task, spam, with_input, worker};
 
@@ -1285,6 +1287,12 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
     let mut admitted = 0usize;
     let mut running: Vec<(tollgate_core::TaskId, AppId, Reservation)> = Vec::new();
     let mut queued: Vec<(tollgate_core::TaskId, AppId)> = Vec::new();
+    // docs/budgets.md, "The reservation": each task's first-attempt reservation, and the
+    // re-asks granted to it (at which instant, what), racing the admissions.
+    let mut first_attempts: BTreeMap<String, Reservation> = BTreeMap::new();
+    let mut reasks: BTreeMap<String, Vec<(i64, Reservation)>> = BTreeMap::new();
+    let mut reasks_refused = 0usize;
+    let w = worker("finisher");
     while made < attempts {
         let n = per_phase.min(attempts - made);
         let mut batch = Vec::with_capacity(n);
@@ -1315,24 +1323,68 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
         }
         made += n;
         let batch = Arc::new(batch);
+        // Re-asks of the running tasks, racing the admissions: every racer interleaves.
+        let mut asks: Vec<Vec<(tollgate_core::TaskId, Reservation)>> = vec![Vec::new(); racers];
+        for (id, _, r) in &running {
+            for _ in 0..rng.below(3) {
+                let attempt =
+                    attempt_reservation(10 + rng.below(350), 5 + rng.below(150), r.prices);
+                asks[rng.below(racers as u64) as usize].push((*id, attempt));
+            }
+        }
+        let phase_now = clock.now().0;
         let mut handles = Vec::new();
-        for r in 0..racers {
+        for (r, my_asks) in asks.into_iter().enumerate() {
             let store = stores[r % stores.len()].clone();
             let mine: Vec<NewTask> = batch.iter().skip(r).step_by(racers).cloned().collect();
+            let w = w.clone();
             handles.push(tokio::spawn(async move {
                 let mut out = Vec::new();
+                let mut granted = Vec::new();
+                let mut refused = 0usize;
+                let mut my_asks = my_asks.into_iter();
                 for t in mine {
                     out.push(store.create_task(t).await);
+                    if let Some((id, attempt)) = my_asks.next() {
+                        match store.reserve_attempt(id, &w, &attempt).await {
+                            Ok(Some(_)) => granted.push((id, attempt)),
+                            Ok(None) => panic!("a running task's re-ask: {id}"),
+                            Err(StoreError::Cost(_)) => refused += 1,
+                            Err(e) => panic!("only the cost checks may refuse a re-ask: {e:?}"),
+                        }
+                    }
                 }
-                out
+                for (id, attempt) in my_asks {
+                    match store.reserve_attempt(id, &w, &attempt).await {
+                        Ok(Some(_)) => granted.push((id, attempt)),
+                        Ok(None) => panic!("a running task's re-ask: {id}"),
+                        Err(StoreError::Cost(_)) => refused += 1,
+                        Err(e) => panic!("only the cost checks may refuse a re-ask: {e:?}"),
+                    }
+                }
+                (out, granted, refused)
             }));
         }
+        let mut answers = Vec::new();
         for h in handles {
-            for answer in h.await.expect("racer") {
+            let (out, granted, refused) = h.await.expect("racer");
+            for (id, attempt) in granted {
+                reasks
+                    .entry(id.to_string())
+                    .or_default()
+                    .push((phase_now, attempt));
+            }
+            reasks_refused += refused;
+            answers.push(out);
+        }
+        for out in answers {
+            for answer in out {
                 match answer {
                     Ok(c) => {
                         assert!(c.created, "every key is new");
                         admitted += 1;
+                        first_attempts
+                            .insert(c.task.id.to_string(), c.task.reservation.expect("reserved"));
                         queued.push((c.task.id, c.task.app.clone()));
                     }
                     Err(StoreError::Cost(r)) => {
@@ -1344,7 +1396,6 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
         }
         clock.advance(Duration::from_millis(1));
         // Claim some, then end some of the running ones with usage ≤ their reservation.
-        let w = worker("finisher");
         let claimed = stores[0].claim_next(&w, 60).await.expect("claim");
         for t in claimed {
             queued.retain(|(id, _)| *id != t.id);
@@ -1362,6 +1413,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
                 output_tokens: 0,
                 cost_usd: None,
                 cached_input_tokens: Some(share(&mut rng, input)),
+                estimated: false,
             };
             let used = if r.prices.is_some_and(|p| {
                 p.cost_nano(&Usage {
@@ -1424,6 +1476,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
     .await
     .expect("pool");
     struct Row3 {
+        id: String,
         app: String,
         scope: String,
         created: i64,
@@ -1433,14 +1486,15 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
         charged_tokens: Option<i64>,
     }
     let rows: Vec<Row3> = sqlx::query(
-        "SELECT app, scope, created_at, completed_at, reservation, charged_nano, charged_tokens \
-         FROM tasks WHERE admitted",
+        "SELECT app, scope, created_at, completed_at, reservation, charged_nano, charged_tokens, \
+         id FROM tasks WHERE admitted",
     )
     .fetch_all(&pool)
     .await
     .expect("tasks")
     .into_iter()
     .map(|r| Row3 {
+        id: r.get(7),
         app: r.get(0),
         scope: r.get(1),
         created: r.get(2),
@@ -1452,6 +1506,26 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
     .collect();
     pool.close().await;
     assert_eq!(rows.len(), admitted, "one admitted row per admission");
+    // The reservation of a task at instant `at`: its first attempt's, plus the re-asks
+    // granted by then (the final one is their sum).
+    let reserved_at = |t: &Row3, at: i64| -> (u64, i64) {
+        let first = first_attempts[&t.id];
+        reasks
+            .get(&t.id)
+            .into_iter()
+            .flatten()
+            .filter(|(when, _)| *when <= at)
+            .fold((first.tokens, first.nano_usd), |(tok, nano), (_, a)| {
+                (tok + a.tokens, nano + a.nano_usd)
+            })
+    };
+    for t in &rows {
+        assert_eq!(
+            reserved_at(t, i64::MAX),
+            (t.reservation.tokens, t.reservation.nano_usd),
+            "a task's reservation is its first attempt plus its granted re-asks"
+        );
+    }
     for t in &rows {
         assert_eq!(
             t.completed.is_some(),
@@ -1467,11 +1541,12 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
             .filter(|t| of(t) && t.created <= at && t.created > at - 24 * 3_600_000)
             .map(|t| match (t.completed, t.charged_nano) {
                 (Some(c), Some(n)) if c <= at => n,
-                _ => t.reservation.nano_usd,
+                _ => reserved_at(t, at).1,
             })
             .sum()
     };
     let mut instants: Vec<i64> = rows.iter().map(|t| t.created).collect();
+    instants.extend(reasks.values().flatten().map(|(at, _)| *at));
     instants.sort_unstable();
     instants.dedup();
     let mut checked = 0u64;
@@ -1501,7 +1576,10 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
         let (app, scope) = (APPS[a], format!("scope-{s}"));
         let mut events: BTreeMap<i64, (u64, u64)> = BTreeMap::new(); // at → (taken, refunded)
         for t in rows.iter().filter(|t| t.app == app && t.scope == scope) {
-            events.entry(t.created).or_default().0 += t.reservation.tokens;
+            events.entry(t.created).or_default().0 += first_attempts[&t.id].tokens;
+            for (at, a) in reasks.get(&t.id).into_iter().flatten() {
+                events.entry(*at).or_default().0 += a.tokens;
+            }
             if let (Some(c), Some(used)) = (t.completed, t.charged_tokens) {
                 events.entry(c).or_default().1 += t.reservation.tokens.saturating_sub(used as u64);
             }
@@ -1530,9 +1608,14 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
             }
         }
     }
+    let granted: usize = reasks.values().map(Vec::len).sum();
     eprintln!(
         "racing cost replicas: {attempts} attempts, {admitted} admitted, refused {rejections:?}, \
-         {checked} (scope, instant) checks"
+         {granted} re-asks reserved, {reasks_refused} refused, {checked} (scope, instant) checks"
+    );
+    assert!(
+        granted > 0 && reasks_refused > 0,
+        "re-asks must race admissions, some granted, some refused"
     );
     assert!(admitted > 0, "some admissions must succeed");
     assert!(

@@ -167,6 +167,7 @@ impl DevProvider {
             output_tokens: tokens(size),
             cost_usd: Some(0.0),
             cached_input_tokens: None,
+            estimated: false,
         };
         Ok(ProviderAnswer { output, usage })
     }

@@ -20,7 +20,8 @@
 //!   backoff and jitter, on HTTP 408, 409, 429 and 5xx, timeouts and connection errors.
 //!   `retry-after-ms` and `Retry-After` (seconds) are honoured; a wait longer than
 //!   `max_retry_delay` fails the call at once instead of holding a worker.
-//! - Usage comes from `usage.prompt_tokens` and `usage.completion_tokens`.
+//! - Usage comes from `usage.prompt_tokens` and `usage.completion_tokens`; an answer
+//!   without them is marked `estimated` (the worker counts the attempt at its bound).
 //! - SPEC §14 pause ([`super::pace`]): a 429 pauses the provider on every replica for
 //!   its `Retry-After` (or the backoff), at most `max_pause`, paced or not; every HTTP
 //!   request first waits until no pause is in force.
@@ -568,20 +569,22 @@ fn is_strict_compatible(schema: &Value) -> bool {
 
 /// Reads a chat completions answer.
 pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer, ProviderError> {
-    let tokens = |key: &str| {
+    let reported = |key: &str| {
         answer
             .get("usage")
             .and_then(|u| u.get(key))
             .and_then(Value::as_u64)
-            .unwrap_or(0)
     };
+    let (input, output) = (reported("prompt_tokens"), reported("completion_tokens"));
     let usage = Usage {
-        input_tokens: tokens("prompt_tokens"),
-        output_tokens: tokens("completion_tokens"),
+        input_tokens: input.unwrap_or(0),
+        output_tokens: output.unwrap_or(0),
         cost_usd: None,
         cached_input_tokens: answer
             .pointer("/usage/prompt_tokens_details/cached_tokens")
             .and_then(Value::as_u64),
+        // No usage reported: the worker counts the attempt at its bound (docs/budgets.md).
+        estimated: input.is_none() || output.is_none(),
     };
     let invalid = |message: String| ProviderError::InvalidOutput { message, usage };
     let message = answer.pointer("/choices/0/message").ok_or_else(|| {

@@ -81,6 +81,7 @@ pub fn tokens(input: u64, output: u64) -> Usage {
         output_tokens: output,
         cost_usd: None,
         cached_input_tokens: None,
+        estimated: false,
     }
 }
 

@@ -15,6 +15,7 @@
 //! `docs/conformance.md` maps every SPEC row to these names.
 
 pub mod admission;
+pub mod attempts;
 pub mod cache;
 pub mod concurrency;
 pub mod cost;
@@ -101,6 +102,10 @@ macro_rules! conformance_suite {
             cost::app_spend_limit_spans_every_scope,
             cost::cost_checks_follow_admission_checks_in_order,
             cost::spend_window_slides,
+            attempts::reask_reservations_are_checked_like_admission,
+            attempts::racing_reasks_and_admissions_never_exceed_a_spend_limit,
+            attempts::absurd_usage_is_clamped_and_the_answer_kept,
+            attempts::deleting_an_owner_settles_its_in_flight_reservations,
             lifecycle::claim_moves_queued_to_running_once,
             lifecycle::claim_refuses_canceled_and_finished_tasks,
             lifecycle::claim_refuses_tasks_of_a_canceled_run,

@@ -1,20 +1,26 @@
 //! SPEC §5 on PostgreSQL, the worker's side ([`WorkerStore`]): claim, heartbeat,
 //! complete, fail, acknowledge cancellation; and the statements of a terminal move.
 
+use super::admission::{app_lock_key, lock_scope};
 use super::{PostgresStore, Tx, fetch_task, id_array, now_sql};
 use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
-use crate::shared::cost::{SettleRow, SettlementPlan};
+use crate::shared::cost::{AttemptRow, SettleRow, SettlementPlan, decode_reservation};
 use crate::shared::rows::{
     CancelStateRow, CompletedRow, FinishedRow, TaskRow, cancellation_requested, encode_completion,
     encode_usage, heartbeat_report, run_id, task_columns, task_columns_qualified, tasks,
 };
 use crate::shared::terminal::{ScopeKey, TerminalMove, TerminalStatements, Wake, after_terminal};
 use crate::{
-    ClaimOrder, Completion, HeartbeatReport, MAX_PAGE, StoreResult, Transition, WorkerStore,
+    ClaimOrder, Completion, HeartbeatReport, MAX_PAGE, StoreError, StoreResult, Transition,
+    WorkerStore,
 };
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
-use tollgate_core::{ErrorCode, RunId, Task, TaskId, Timestamp, Usage, WorkerId, truncate_message};
+use tollgate_core::cost::window_first_bucket;
+use tollgate_core::{
+    AppId, ErrorCode, Reservation, RunId, ScopeId, Task, TaskId, Timestamp, Usage, WorkerId,
+    truncate_message,
+};
 
 /// SQL condition: the task's run (if any) is not canceled.
 macro_rules! run_not_canceled {
@@ -370,6 +376,124 @@ impl WorkerStore for PostgresStore {
         .fetch_optional(&mut *tx)
         .await?;
         finish(tx, id, done, TerminalMove::ENDED, now).await
+    }
+
+    async fn reserve_attempt(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        attempt: &Reservation,
+    ) -> StoreResult<Option<Reservation>> {
+        let mut tx = self.begin().await?;
+        let now = self.now(&mut tx).await?;
+        let first = window_first_bucket(now);
+        // Which scope: then its exclusive advisory lock, as an admission takes it, so this
+        // reservation and the scope's admissions are serialized (the same exactness).
+        let owner: Option<(String, String, String)> = sqlx::query_as(
+            "SELECT app, scope, reservation FROM tasks WHERE id = $1 AND reservation IS NOT NULL",
+        )
+        .bind(id.to_string())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((app, scope, admitted)) = owner else {
+            return Ok(None);
+        };
+        // The limits never change after admission: whether the app's lock is needed.
+        let app_limited = decode_reservation(&id.to_string(), &admitted)?
+            .limits
+            .is_some_and(|l| l.app_nano_per_24_hours.is_some());
+        let corrupt =
+            |e: tollgate_core::InvalidInput| StoreError::Corrupt(format!("task {id}: {e}"));
+        let app_id = AppId::new(app).map_err(corrupt)?;
+        let scope_id = ScopeId::new(scope).map_err(corrupt)?;
+        lock_scope(&mut tx, &app_id, &scope_id, true).await?;
+        if app_limited {
+            // The app's spend lock, as an admission takes it (scope, then app), in its
+            // own statement so the app's window read below is current.
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(app_lock_key(&app_id))
+                .execute(&mut *tx)
+                .await?;
+        }
+        // Lock order (docs/locking.md): advisory (app, scope), the app's spend lock,
+        // then the task row, then scope_state and the spend buckets.
+        let row: Option<AttemptRow> = sqlx::query_as(
+            "SELECT t.id, t.app, t.scope, t.created_at, t.reservation, \
+             s.token_units, s.token_at, \
+             (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0)::BIGINT FROM scope_spend b \
+              WHERE b.app = t.app AND b.scope = t.scope AND b.bucket >= $3) AS scope_window_nano \
+             FROM tasks t LEFT JOIN scope_state s ON s.app = t.app AND s.scope = t.scope \
+             WHERE t.id = $1 AND t.status IS NOT DISTINCT FROM 'running' AND t.worker = $2 \
+             AND t.reservation IS NOT NULL AND NOT (t.cancel_requested OR (t.run_id IS NOT NULL \
+             AND EXISTS (SELECT 1 FROM runs r WHERE r.id = t.run_id \
+             AND (r.cancel_requested OR r.state = 'canceled')))) FOR UPDATE OF t",
+        )
+        .bind(id.to_string())
+        .bind(worker.as_str())
+        .bind(first)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let plan = match row.plan(attempt, now)? {
+            Ok(plan) => plan,
+            Err(rejection) => return Err(StoreError::Cost(rejection)),
+        };
+        if plan.limits.app_nano_per_24_hours.is_some() {
+            let window: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(SUM(reserved_nano + settled_nano), 0)::BIGINT FROM app_spend \
+                 WHERE app = $1 AND bucket >= $2",
+            )
+            .bind(&row.app)
+            .bind(first)
+            .fetch_one(&mut *tx)
+            .await?;
+            plan.app_check(window).map_err(StoreError::Cost)?;
+        }
+        sqlx::query("UPDATE tasks SET reservation = $1 WHERE id = $2")
+            .bind(&plan.encoded)
+            .bind(&row.id)
+            .execute(&mut *tx)
+            .await?;
+        if let Some((bucket, capacity)) = plan.token {
+            sqlx::query(
+                "UPDATE scope_state SET token_units = $1, token_at = $2, token_capacity = $3 \
+                 WHERE app = $4 AND scope = $5",
+            )
+            .bind(bucket.units)
+            .bind(bucket.at.0)
+            .bind(capacity)
+            .bind(&row.app)
+            .bind(&row.scope)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let d = plan.delta;
+        sqlx::query(SCOPE_SPEND_SETTLE)
+            .bind(&row.app)
+            .bind(&row.scope)
+            .bind(plan.bucket)
+            .bind(d.reserved_nano)
+            .bind(d.settled_nano)
+            .bind(d.reserved_tokens)
+            .bind(d.settled_tokens)
+            .bind(d.overrun_nano)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(APP_SPEND_SETTLE)
+            .bind(&row.app)
+            .bind(plan.bucket)
+            .bind(plan.stripe as i32)
+            .bind(d.reserved_nano)
+            .bind(d.settled_nano)
+            .bind(d.reserved_tokens)
+            .bind(d.settled_tokens)
+            .bind(d.overrun_nano)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(plan.stored))
     }
 
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {

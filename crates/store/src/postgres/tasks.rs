@@ -179,21 +179,28 @@ impl TaskStore for PostgresStore {
         // Exclusive scope lock: serialized with every creation of this owner, so no task of
         // the owner slips in during the deletion. Admission records are kept.
         lock_scope(&mut tx, app, scope, true).await?;
-        let deleted: Vec<EndedRow> = sqlx::query_as(
-            "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE app = $1 AND scope = $2 \
-             AND run_id IS NULL AND ($3::TEXT IS NULL OR source_id = $3) ORDER BY id FOR UPDATE) \
-             DELETE FROM tasks t USING picked WHERE t.id = picked.id \
-             RETURNING t.id, t.app, t.scope, t.admitted, t.status",
+        // The owner's rows, locked in id order (the lock order for several task rows).
+        let rows: Vec<EndedRow> = sqlx::query_as(
+            "SELECT id, app, scope, admitted, status FROM tasks WHERE app = $1 AND scope = $2 \
+             AND run_id IS NULL AND ($3::TEXT IS NULL OR source_id = $3) ORDER BY id FOR UPDATE",
         )
         .bind(app.as_str())
         .bind(scope.as_str())
         .bind(source.map(|s| s.as_str()))
         .fetch_all(&mut *tx)
         .await?;
-        // Deleted in-flight tasks leave queued/running: they give back their capacity (their
-        // workers see cancellation); admission records and logical keys stay as they are.
-        let in_flight = EndedRow::in_flight(&deleted);
+        // In-flight tasks leave queued/running first, while their rows still hold their
+        // reservations: they give back their capacity and settle as a cancel does
+        // (docs/budgets.md, "Settlement"); their workers see cancellation. Admission
+        // records and logical keys stay as they are.
+        let in_flight = EndedRow::in_flight(&rows);
         after_terminal(&mut tx, &in_flight, TerminalMove::DELETED, Timestamp(0)).await?;
+        let ids: Vec<&str> = rows.iter().map(|r| r.finished.id.as_str()).collect();
+        sqlx::query("DELETE FROM tasks WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+        let deleted = rows;
         tx.commit().await?;
         Ok(deleted.len() as u64)
     }

@@ -9,8 +9,10 @@
 
 use crate::{SpendWindow, StoreError, StoreResult};
 use std::collections::BTreeMap;
-use tollgate_core::cost::{app_spend_stripe, settle, spend_bucket};
-use tollgate_core::{Reservation, Timestamp, Usage};
+use tollgate_core::cost::{
+    CostSnapshot, app_spend_stripe, decide_app_spend, decide_cost, settle, spend_bucket,
+};
+use tollgate_core::{CostLimits, CostRejection, Reservation, Timestamp, Usage};
 
 /// SPEC §13 settlement: a terminal move's delta added to one scope's hourly spend bucket
 /// (`$1` app, `$2` scope, `$3` bucket, `$4`–`$8` reserved and settled nano-dollars and
@@ -99,20 +101,130 @@ pub(crate) struct SettlementPlan {
     pub(crate) charged: Vec<(String, i64, i64)>,
 }
 
+/// A task's stored reservation.
+pub(crate) fn decode_reservation(id: &str, text: &str) -> StoreResult<Reservation> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("reservation of {id}: {e}")))
+}
+
+/// What reserving one more attempt of a running task reads (docs/budgets.md, "The
+/// reservation"): the task, and its scope's token bucket and spend window.
+#[derive(sqlx::FromRow, Debug, Clone)]
+pub(crate) struct AttemptRow {
+    pub(crate) id: String,
+    pub(crate) app: String,
+    pub(crate) scope: String,
+    pub(crate) created_at: i64,
+    pub(crate) reservation: String,
+    pub(crate) token_units: Option<i64>,
+    pub(crate) token_at: Option<i64>,
+    pub(crate) scope_window_nano: i64,
+}
+
+/// What reserving one more attempt writes, once every check passed.
+#[derive(Debug, Clone)]
+pub(crate) struct AttemptPlan {
+    /// The task's reservation after it (stored on the task, settled at its end).
+    pub(crate) stored: Reservation,
+    /// `stored`, encoded.
+    pub(crate) encoded: String,
+    /// The attempt's reservation, added to the spend buckets of the task's admission hour.
+    pub(crate) delta: SpendDelta,
+    pub(crate) bucket: i64,
+    pub(crate) stripe: i64,
+    /// The scope's token bucket after taking the attempt's tokens, with its capacity in
+    /// units (`None`: no token rate).
+    pub(crate) token: Option<(tollgate_core::BucketState, i64)>,
+    /// The limits the task was admitted under (the app's is checked by the caller, under
+    /// the app's lock, with [`AttemptPlan::app_check`]).
+    pub(crate) limits: CostLimits,
+    pub(crate) attempt: Reservation,
+}
+
+impl AttemptRow {
+    /// The scope's checks of an attempt's reservation, as admission's (core's
+    /// [`decide_cost`]): the scope's spend, then its token bucket.
+    pub(crate) fn plan(
+        &self,
+        attempt: &Reservation,
+        now: Timestamp,
+    ) -> StoreResult<Result<AttemptPlan, CostRejection>> {
+        let reservation = decode_reservation(&self.id, &self.reservation)?;
+        let limits = reservation.limits.unwrap_or(CostLimits::NONE);
+        let attempt = Reservation {
+            prices: reservation.prices,
+            ..*attempt
+        };
+        let snapshot = CostSnapshot {
+            scope_window_nano: self.scope_window_nano,
+            token_bucket: match (self.token_units, self.token_at) {
+                (Some(units), Some(at)) => Some(tollgate_core::BucketState {
+                    units,
+                    at: Timestamp(at),
+                }),
+                _ => None,
+            },
+            app_window_nano: 0,
+        };
+        let token = match decide_cost(&limits, &attempt, &snapshot, now) {
+            Ok(token) => token,
+            Err(rejection) => return Ok(Err(rejection)),
+        };
+        let capacity = limits.token_rate.map_or(0, |r| {
+            i64::from(r.token_burst.get()) * tollgate_core::admission::TOKEN_UNITS
+        });
+        let stored = Reservation {
+            from_token_bucket: reservation.from_token_bucket || token.is_some(),
+            ..reservation.plus(&attempt)
+        };
+        let encoded = serde_json::to_string(&stored)
+            .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))?;
+        Ok(Ok(AttemptPlan {
+            stored,
+            encoded,
+            delta: SpendDelta::reserve(&attempt),
+            bucket: spend_bucket(Timestamp(self.created_at)),
+            stripe: app_spend_stripe(&self.scope),
+            token: token.map(|b| (b, capacity)),
+            limits,
+            attempt,
+        }))
+    }
+}
+
+impl AttemptPlan {
+    /// The last check, under the app's lock: the app's spend (`window`: settled +
+    /// reserved nano-dollars of the app's window).
+    pub(crate) fn app_check(&self, window: i64) -> Result<(), CostRejection> {
+        decide_app_spend(&self.limits, &self.attempt, window)
+    }
+}
+
 /// SPEC §13 "Settlement" for the rows of one terminal move: each task's reservation
 /// leaves the bucket of its admission hour and what it cost ([`settle`]) is added to the
 /// same bucket. Usage above the reservation is recorded as overrun and logged.
 pub(crate) fn plan_settlement(rows: &[SettleRow]) -> StoreResult<SettlementPlan> {
     let mut plan = SettlementPlan::default();
     for row in rows {
-        let reservation: Reservation = serde_json::from_str(&row.reservation)
-            .map_err(|e| StoreError::Corrupt(format!("reservation of {}: {e}", row.id)))?;
+        let reservation = decode_reservation(&row.id, &row.reservation)?;
         let usage: Option<Usage> = row
             .usage
             .as_deref()
             .map(serde_json::from_str)
             .transpose()
             .map_err(|e| StoreError::Corrupt(format!("usage of {}: {e}", row.id)))?;
+        // docs/budgets.md, "Settlement": absurd usage is clamped (sums never overflow),
+        // and the excess over the reservation is recorded as overrun below.
+        let usage = usage.map(|u| {
+            let (clamped, was) = u.clamped();
+            if was {
+                tracing::warn!(
+                    task = %row.id, app = %row.app, scope = %row.scope,
+                    input_tokens = u.input_tokens, output_tokens = u.output_tokens,
+                    "absurd usage clamped to {} tokens", tollgate_core::MAX_REPORTED_TOKENS
+                );
+            }
+            clamped
+        });
         let charge = settle(&reservation, usage.as_ref(), row.claimed_at.is_some());
         if charge.overrun_nano > 0 || charge.overrun_tokens > 0 {
             tracing::warn!(

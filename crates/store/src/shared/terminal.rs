@@ -65,9 +65,9 @@ pub(crate) struct TerminalMove {
     pub(crate) clear_logical_keys: bool,
     /// Wake the waiting runs.
     pub(crate) wake: Wake,
-    /// Settle the cost reservations (SPEC §13; every move but deletion, whose rows are
-    /// gone: a deleted in-flight task keeps its reservation as spend until the window
-    /// passes, never less than it may have cost).
+    /// Settle the cost reservations (SPEC §13; every move, deletion included: a deleted
+    /// in-flight task settles as a cancel does, before its row goes — docs/budgets.md,
+    /// "Settlement").
     pub(crate) settle: bool,
 }
 
@@ -90,12 +90,12 @@ impl TerminalMove {
         wake: Wake::SkipLocked,
         settle: true,
     };
-    /// In-flight tasks deleted with their owner: capacity only (admission records and
-    /// logical keys stay; no run owns them).
+    /// In-flight tasks deleted with their owner: capacity and settlement, run before the
+    /// rows are deleted (admission records and logical keys stay; no run owns them).
     pub(crate) const DELETED: TerminalMove = TerminalMove {
         clear_logical_keys: false,
         wake: Wake::No,
-        settle: false,
+        settle: true,
     };
 }
 

@@ -524,6 +524,8 @@ async fn admit(
     let token = update.token_bucket;
     let stored = Reservation {
         from_token_bucket: token.is_some(),
+        // docs/budgets.md, "The reservation": each re-ask is checked against these.
+        limits: Some(budget.cost),
         ..*reservation
     };
     // Every write of the admission in one query (one hop to the connection's thread):

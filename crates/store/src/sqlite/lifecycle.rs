@@ -3,15 +3,20 @@
 
 use super::{SqliteStore, Tx, fetch_task, id_list};
 use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
-use crate::shared::cost::{SettleRow, SettlementPlan};
+use crate::shared::cost::{AttemptRow, SettleRow, SettlementPlan};
 use crate::shared::rows::{
     CancelStateRow, FinishedRow, TaskRow, cancellation_requested, encode_completion, encode_usage,
     heartbeat_report, run_id, task_columns, tasks,
 };
 use crate::shared::terminal::{ScopeKey, TerminalMove, TerminalStatements, after_terminal};
-use crate::{ClaimOrder, HeartbeatReport, MAX_PAGE, StoreResult, Transition, WorkerStore};
+use crate::{
+    ClaimOrder, HeartbeatReport, MAX_PAGE, StoreError, StoreResult, Transition, WorkerStore,
+};
 use async_trait::async_trait;
-use tollgate_core::{ErrorCode, RunId, Task, TaskId, Timestamp, Usage, WorkerId, truncate_message};
+use tollgate_core::cost::window_first_bucket;
+use tollgate_core::{
+    ErrorCode, Reservation, RunId, Task, TaskId, Timestamp, Usage, WorkerId, truncate_message,
+};
 
 /// SQL condition: the task's run (if any) is not canceled.
 macro_rules! run_not_canceled {
@@ -317,6 +322,87 @@ impl WorkerStore for SqliteStore {
         .fetch_optional(&mut *tx)
         .await?;
         finish(tx, id, done, TerminalMove::ENDED, now).await
+    }
+
+    async fn reserve_attempt(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        attempt: &Reservation,
+    ) -> StoreResult<Option<Reservation>> {
+        // The write lock serializes this with every admission (the same exactness).
+        let mut tx = self.begin().await?;
+        let now = self.now();
+        let row: Option<AttemptRow> = sqlx::query_as(concat!(
+            "SELECT tasks.id, tasks.app, tasks.scope, tasks.created_at, tasks.reservation, \
+             s.token_units, s.token_at, \
+             (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0) FROM scope_spend b \
+              WHERE b.app = tasks.app AND b.scope = tasks.scope AND b.bucket >= ?) \
+              AS scope_window_nano \
+             FROM tasks LEFT JOIN scope_state s ON s.app = tasks.app AND s.scope = tasks.scope \
+             WHERE tasks.id = ? AND tasks.status = 'running' AND tasks.worker = ? \
+             AND tasks.reservation IS NOT NULL AND NOT ",
+            cancel_wanted!()
+        ))
+        .bind(window_first_bucket(now))
+        .bind(id.to_string())
+        .bind(worker.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let plan = match row.plan(attempt, now)? {
+            Ok(plan) => plan,
+            Err(rejection) => return Err(StoreError::Cost(rejection)),
+        };
+        if plan.limits.app_nano_per_24_hours.is_some() {
+            let window: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(SUM(reserved_nano + settled_nano), 0) FROM app_spend \
+                 WHERE app = ? AND bucket >= ?",
+            )
+            .bind(&row.app)
+            .bind(window_first_bucket(now))
+            .fetch_one(&mut *tx)
+            .await?;
+            plan.app_check(window).map_err(StoreError::Cost)?;
+        }
+        sqlx::query("UPDATE tasks SET reservation = ? WHERE id = ?")
+            .bind(&plan.encoded)
+            .bind(&row.id)
+            .execute(&mut *tx)
+            .await?;
+        if let Some((bucket, capacity)) = plan.token {
+            sqlx::query(
+                "UPDATE scope_state SET token_units = ?, token_at = ?, token_capacity = ? \
+                 WHERE app = ? AND scope = ?",
+            )
+            .bind(bucket.units)
+            .bind(bucket.at.0)
+            .bind(capacity)
+            .bind(&row.app)
+            .bind(&row.scope)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let d = plan.delta;
+        for sql in [SCOPE_SPEND_SETTLE, APP_SPEND_SETTLE] {
+            let q = sqlx::query(sql).bind(&row.app);
+            let q = if sql == SCOPE_SPEND_SETTLE {
+                q.bind(&row.scope).bind(plan.bucket)
+            } else {
+                q.bind(plan.bucket).bind(plan.stripe)
+            };
+            q.bind(d.reserved_nano)
+                .bind(d.settled_nano)
+                .bind(d.reserved_tokens)
+                .bind(d.settled_tokens)
+                .bind(d.overrun_nano)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(Some(plan.stored))
     }
 
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {

@@ -163,21 +163,34 @@ impl TaskStore for SqliteStore {
         // The write lock serializes this with every creation: no task of the owner can slip
         // in between. Admission records are kept, so accounting is not reset.
         let mut tx = self.begin().await?;
-        let deleted: Vec<EndedRow> = sqlx::query_as(
-            "DELETE FROM tasks WHERE app = ?1 AND scope = ?2 AND run_id IS NULL \
-             AND (?3 IS NULL OR source_id = ?3) RETURNING id, app, scope, admitted, status",
+        // In-flight tasks leave queued/running first, while their rows still hold their
+        // reservations: they give back their capacity and settle as a cancel does
+        // (docs/budgets.md, "Settlement"); their workers see cancellation. Admission
+        // records and logical keys stay as they are.
+        let in_flight: Vec<EndedRow> = sqlx::query_as(
+            "SELECT id, app, scope, admitted, status FROM tasks WHERE app = ?1 AND scope = ?2 \
+             AND run_id IS NULL AND (?3 IS NULL OR source_id = ?3) \
+             AND status IN ('queued', 'running') ORDER BY id",
         )
         .bind(app.as_str())
         .bind(scope.as_str())
         .bind(source.map(|s| s.as_str()))
         .fetch_all(&mut *tx)
         .await?;
-        // Deleted in-flight tasks leave queued/running: they give back their capacity (their
-        // workers see cancellation); admission records and logical keys stay as they are.
-        let in_flight = EndedRow::in_flight(&deleted);
+        let in_flight = EndedRow::in_flight(&in_flight);
         after_terminal(&mut tx, &in_flight, TerminalMove::DELETED, Timestamp(0)).await?;
+        let deleted = sqlx::query(
+            "DELETE FROM tasks WHERE app = ?1 AND scope = ?2 AND run_id IS NULL \
+             AND (?3 IS NULL OR source_id = ?3)",
+        )
+        .bind(app.as_str())
+        .bind(scope.as_str())
+        .bind(source.map(|s| s.as_str()))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
         tx.commit().await?;
-        Ok(deleted.len() as u64)
+        Ok(deleted)
     }
 
     async fn spend(&self, app: &AppId, scope: Option<&ScopeId>) -> StoreResult<SpendWindow> {

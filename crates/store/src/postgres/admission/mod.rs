@@ -19,6 +19,7 @@ mod slots;
 mod snapshot;
 
 pub(super) use probe::{lock_scope, scope_lock_key};
+pub(super) use snapshot::app_lock_key;
 
 use super::{PostgresStore, Tx};
 use crate::shared::cost::SpendDelta;
@@ -232,6 +233,8 @@ async fn attempt_create(
     row.admitted = true;
     let reservation = tollgate_core::Reservation {
         from_token_bucket: update.token_bucket.is_some(),
+        // docs/budgets.md, "The reservation": each re-ask is checked against these.
+        limits: Some(scoped.budget.cost),
         ..scoped.reservation
     };
     row.reservation = Some(

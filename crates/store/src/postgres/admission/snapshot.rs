@@ -92,7 +92,7 @@ pub(super) async fn admit(
 }
 
 /// The advisory lock key of an app's spend (SPEC §13), distinct from every scope key.
-pub(super) fn app_lock_key(app: &AppId) -> i64 {
+pub(in crate::postgres) fn app_lock_key(app: &AppId) -> i64 {
     let hex = sha256_hex(format!("tollgate-app-spend\u{1f}{app}").as_bytes());
     u64::from_str_radix(&hex[..16], 16).unwrap_or(0) as i64
 }
