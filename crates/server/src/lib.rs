@@ -10,6 +10,7 @@ pub mod config;
 pub mod dto;
 pub mod error;
 mod list_routes;
+mod memory;
 mod openai;
 mod openapi;
 pub mod request_id;

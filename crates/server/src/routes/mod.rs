@@ -217,7 +217,8 @@ pub(crate) async fn read_body(
     }
     let read = async {
         let mut stream = body.into_data_stream();
-        let mut buf = Vec::new();
+        // What the client declared, within the limit: no regrowth (and no doubled peak).
+        let mut buf = Vec::with_capacity(usize::try_from(declared).unwrap_or(0).min(limit));
         let mut total = 0usize;
         while let Some(chunk) = stream.next().await {
             let chunk =

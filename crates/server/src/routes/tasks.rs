@@ -141,6 +141,18 @@ async fn waited_task(
     }
 }
 
+/// Items of a batch the engine is given at once (docs/api.md, "Batches").
+const BATCH_PART: usize = 100;
+
+/// A batch item answered with its error.
+fn refused_item(e: ApiError) -> BatchItem {
+    BatchItem {
+        status: e.status().as_u16(),
+        task: None,
+        error: Some(e.body().error),
+    }
+}
+
 #[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks", request_body = BatchBody,
     responses((status = 200, body = BatchAnswer, description = "one result per item, in order")),
     security(("api_key" = [])))]
@@ -182,30 +194,43 @@ pub(crate) async fn submit_batch(
             Err(e) => prepared.push(Err(e)),
         }
     }
-    let mut answers = view(&s, &caller).submit_many(valid).await?.into_iter();
+    // In order, a part at a time: what the engine makes of a part (validated requests,
+    // created tasks) lives only while that part is submitted, and each answer is cut
+    // down to what is shown at once (docs/api.md, "Batches").
+    let view = view(&s, &caller);
+    let mut answered = Vec::with_capacity(valid.len());
+    let mut valid = valid.into_iter();
+    loop {
+        let part: Vec<Submission> = valid.by_ref().take(BATCH_PART).collect();
+        if part.is_empty() {
+            break;
+        }
+        for answer in view.submit_many(part).await? {
+            answered.push(match answer {
+                Ok(submitted) => BatchItem {
+                    status: submit_status(&submitted).as_u16(),
+                    task: Some(TaskView::of(&submitted.task, submitted.created)),
+                    error: None,
+                },
+                Err(e) => refused_item(ApiError::from(e)),
+            });
+        }
+    }
+    let mut answered = answered.into_iter();
     let mut results = Vec::with_capacity(prepared.len());
     for p in prepared {
-        let outcome = p.and_then(|()| match answers.next() {
-            Some(answer) => answer.map_err(ApiError::from),
-            None => Err(ApiError::internal(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "a batch item got no answer",
-            )),
-        });
-        results.push(match outcome {
-            Ok(submitted) => BatchItem {
-                status: submit_status(&submitted).as_u16(),
-                task: Some(TaskView::of(&submitted.task, submitted.created)),
-                error: None,
-            },
-            Err(e) => BatchItem {
-                status: e.status().as_u16(),
-                task: None,
-                error: Some(e.body().error),
-            },
+        results.push(match p {
+            Ok(()) => answered.next().unwrap_or_else(|| {
+                refused_item(ApiError::internal(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "a batch item got no answer",
+                ))
+            }),
+            Err(e) => refused_item(e),
         });
     }
+    crate::memory::give_back_freed();
     Ok(Json(BatchAnswer { results }))
 }
 
