@@ -31,8 +31,7 @@ pub struct ErrorDetail {
     /// `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
     /// `ambiguous_request`, `subject_not_allowed`, `method_not_allowed`, `request_timeout`,
     /// `uri_too_long`, `unsupported_media_type`, `request_header_fields_too_large`,
-    /// `database_unavailable`, `internal`), or a 429 of the service's fair share
-    /// (`WORKFLOW_AI_TOO_MANY_WAITERS`, `WORKFLOW_AI_TOO_MANY_BATCHES`). A 5xx message never carries details: it names
+    /// `database_unavailable`, `internal`). A 5xx message never carries details: it names
     /// the request id (also in the `x-request-id` header) under which the server logged
     /// them.
     pub code: String,
