@@ -60,6 +60,11 @@ impl HttpServer {
             max_wait: defaults.max_wait,
             body_read_timeout: defaults.body_read_timeout,
             metrics: None,
+            metrics_access: Default::default(),
+            batches: tollgate_server::BatchLimits::new(
+                defaults.max_batch_body_bytes,
+                defaults.batches_per_app,
+            ),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -360,10 +360,10 @@ async fn enqueue_over_http(
             let count = items.len();
             let body = serde_json::to_vec(&json!({ "tasks": std::mem::take(&mut items) }))?;
             anyhow::ensure!(
-                body.len() <= tollgate_server::BATCH_BODY_LIMIT,
+                body.len() <= tollgate_server::DEFAULT_BATCH_BODY_LIMIT,
                 "a batch body of {} bytes is over the server's {} byte limit",
                 body.len(),
-                tollgate_server::BATCH_BODY_LIMIT
+                tollgate_server::DEFAULT_BATCH_BODY_LIMIT
             );
             bodies.push((count, body));
         }

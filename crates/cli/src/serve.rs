@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tollgate_core::AppId;
 use tollgate_engine::Tollgate;
-use tollgate_server::{AppState, Auth, KeyConfig, TollgateConfig};
+use tollgate_server::{AppState, Auth, BatchLimits, KeyConfig, MetricsAccess, TollgateConfig};
 
 /// The development app `serve` runs when no API key is configured.
 pub const DEV_APP: &str = "dev";
@@ -88,6 +88,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
              (see docs/api.md) or bind to 127.0.0.1."
         );
     }
+    // docs/api.md, "Waiting": every waiting call holds a connection.
+    match raise_open_files_limit() {
+        Ok(Some((from, to))) => tracing::info!(from, to, "raised the open files limit"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open files limit"),
+    }
+    tollgate_engine::metrics::set_app_labels(config.metrics.app_labels);
     let metrics = PrometheusBuilder::new().install_recorder().ok();
     let tollgate = open(&config).await?;
     let (auth, dev_key) = if config.has_keys() {
@@ -157,12 +164,36 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_wait: config.server.max_wait,
         body_read_timeout: config.server.body_read_timeout,
         metrics,
+        metrics_access: MetricsAccess {
+            token: config.metrics_token.as_deref().map(Into::into),
+            elsewhere: config.metrics.addr.is_some(),
+        },
+        batches: BatchLimits::new(
+            config.server.max_batch_body_bytes,
+            config.server.batches_per_app,
+        ),
     };
     let grace = config.server.shutdown_grace;
     let timeouts = tollgate_server::ConnectionTimeouts {
         header_read: config.server.header_read_timeout,
         idle: config.server.idle_timeout,
     };
+    // `/metrics` on its own address (`[metrics] addr`), stopped with the process.
+    if let Some(metrics_addr) = config.metrics.addr {
+        let listener = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .with_context(|| format!("cannot listen on {metrics_addr} ([metrics] addr)"))?;
+        println!(
+            "Tollgate metrics on http://{}/metrics",
+            listener.local_addr()?
+        );
+        tokio::spawn(tollgate_server::serve(
+            listener,
+            tollgate_server::metrics_router(state.clone()),
+            timeouts,
+            std::future::pending::<()>(),
+        ));
+    }
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut http = tokio::spawn(tollgate_server::serve(
         listener,
@@ -203,6 +234,37 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         report.drained, report.interrupted
     );
     Ok(())
+}
+
+/// Raises this process's soft limit of open files to its hard limit (docs/api.md,
+/// "Waiting": each waiting call holds a connection). `Some((from, to))` when raised.
+#[cfg(unix)]
+fn raise_open_files_limit() -> std::io::Result<Option<(libc::rlim_t, libc::rlim_t)>> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` through a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur >= limit.rlim_max {
+        return Ok(None);
+    }
+    let raised = libc::rlimit {
+        rlim_cur: limit.rlim_max,
+        rlim_max: limit.rlim_max,
+    };
+    // SAFETY: setrlimit reads one `rlimit` through a valid pointer.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Some((limit.rlim_cur, limit.rlim_max)))
+}
+
+#[cfg(not(unix))]
+fn raise_open_files_limit() -> std::io::Result<Option<(u64, u64)>> {
+    Ok(None)
 }
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {

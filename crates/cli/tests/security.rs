@@ -355,11 +355,12 @@ async fn every_body_route_refuses_bad_bodies_and_stores_nothing() {
         );
         assert!(is_json_error(&e), "{path} {shown}: a JSON error body: {e}");
     }
-    // Over each route's own limit (1 MiB for the small routes, 64 MiB for a batch).
+    // Over each route's own limit (1 MiB for the small routes, a batch's default
+    // `[server] max_batch_body_bytes`).
     for (path, limit) in [
         ("/v1/tasks/release", 1 << 20),
         ("/v1/runs", 1 << 20),
-        ("/v1/tasks/batch", 64 << 20),
+        ("/v1/tasks/batch", tollgate_server::DEFAULT_BATCH_BODY_LIMIT),
     ] {
         let body = format!("{{\"scope\": \"{}\"}}", "x".repeat(limit - 12));
         assert_eq!(body.len(), limit + 1);

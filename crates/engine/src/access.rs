@@ -177,6 +177,12 @@ impl CallerView {
         self.tollgate.waiter()
     }
 
+    /// [`Tollgate::waiter_for`] the caller's app: take it before submitting a task to wait
+    /// on, so a call refused for want of a waiter slot submitted nothing.
+    pub fn waiter_with_slot(&self) -> Result<TaskWaiter, EngineError> {
+        self.tollgate.waiter_for(&self.app)
+    }
+
     /// [`TaskWaiter::wait`] from a task this caller just submitted or read through this
     /// view after `waiter` was made (`known`): no read to check that it is visible, none to
     /// start from, and none at its end when this process's worker ends it. `None`: not

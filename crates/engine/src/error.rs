@@ -174,6 +174,17 @@ pub enum EngineError {
     /// The call acts on every subject's tasks, and the caller is bound to one subject.
     #[error("{0}")]
     SubjectNotAllowed(&'static str),
+    /// The app already has its `[notifications] waiters_per_app` calls waiting for tasks
+    /// or runs (docs/api.md, "Waiting"): this one did not start (nothing was submitted).
+    #[error(
+        "app `{app}` already has {limit} calls waiting for tasks or runs, its limit of concurrent waiters ([notifications] waiters_per_app): retry shortly, or read without ?wait="
+    )]
+    TooManyWaiters {
+        /// The caller's app.
+        app: String,
+        /// Its limit.
+        limit: usize,
+    },
 }
 
 /// The one translation of the store's errors.
@@ -219,7 +230,8 @@ impl EngineError {
             | EngineError::Config(_)
             | EngineError::Notify(_)
             | EngineError::EffectKeyTaken
-            | EngineError::SubjectNotAllowed(_) => None,
+            | EngineError::SubjectNotAllowed(_)
+            | EngineError::TooManyWaiters { .. } => None,
         }
     }
 
@@ -228,6 +240,8 @@ impl EngineError {
         match self {
             EngineError::Admission(r) => r.retry_after(),
             EngineError::Cost(r) => r.retry_after(),
+            // A waiter ends within the server's longest wait; most end much sooner.
+            EngineError::TooManyWaiters { .. } => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

@@ -68,6 +68,7 @@ pub mod provider;
 mod registry;
 mod replay;
 mod sweeper;
+mod watch;
 mod worker;
 
 pub use access::CallerView;

@@ -1,8 +1,34 @@
 //! Every metric the engine records, declared in one place. Recording goes through the
 //! [`metrics`] facade, so the embedding program chooses the exporter (the server exposes
 //! Prometheus text at `/metrics`); with no recorder installed, recording costs nothing.
+//!
+//! No series carries a label value a tenant chose (docs/api.md, "Metrics"): scope names
+//! never, app names only after [`set_app_labels`]`(true)` (`[metrics] app_labels`), so
+//! what `/metrics` shows and how big it grows depend on the configuration alone.
 
-use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics::{Label, Unit, describe_counter, describe_gauge, describe_histogram};
+use std::sync::atomic::{AtomicBool, Ordering};
+use tollgate_core::AppId;
+
+/// Whether the series that can be split by app carry an `app` label (off by default).
+static APP_LABELS: AtomicBool = AtomicBool::new(false);
+
+/// Labels the series that can be split by app with the app's name from now on
+/// (`[metrics] app_labels = true`; docs/api.md, "Metrics"). Process-wide, like the
+/// recorder itself.
+pub fn set_app_labels(on: bool) {
+    APP_LABELS.store(on, Ordering::Relaxed);
+}
+
+/// The labels of a series that can be split by app: `app` when the operator opted in
+/// ([`set_app_labels`]), none otherwise.
+pub fn app_labels(app: &AppId) -> Vec<Label> {
+    if APP_LABELS.load(Ordering::Relaxed) {
+        vec![Label::new("app", app.to_string())]
+    } else {
+        Vec::new()
+    }
+}
 
 /// Submissions by `kind` and `outcome` (`created`, `existing`, `cached`, `rejected`,
 /// `invalid`).
@@ -39,10 +65,10 @@ pub const SWEEP_ROWS_TOTAL: &str = "tollgate_sweep_rows_total";
 /// Notifications by `direction` (`published`, `received`, `dropped`).
 pub const NOTIFICATIONS_TOTAL: &str = "tollgate_notifications_total";
 
-/// SPEC §14: seconds a task waited from creation to its claim, by `app` and `scope`
-/// (one series per scope: mind the cardinality with many scopes).
+/// SPEC §14: seconds a task waited from creation to its claim ([`app_labels`]; per-scope
+/// figures are in the authenticated API, never here).
 pub const QUEUE_WAIT_SECONDS: &str = "tollgate_queue_wait_seconds";
-/// SPEC §14: tasks this process claimed, by `app` and `scope`.
+/// SPEC §14: tasks this process claimed ([`app_labels`]; never by scope).
 pub const SCOPE_CLAIMS_TOTAL: &str = "tollgate_scope_claims_total";
 /// SPEC §14: provider calls that waited for pace capacity (or a pause), by `provider`.
 pub const PACE_WAITS_TOTAL: &str = "tollgate_provider_pace_waits_total";
@@ -50,6 +76,13 @@ pub const PACE_WAITS_TOTAL: &str = "tollgate_provider_pace_waits_total";
 pub const PACE_WAIT_SECONDS: &str = "tollgate_provider_pace_wait_seconds";
 /// SPEC §14: 429 answers from providers, by `provider`.
 pub const PROVIDER_429S_TOTAL: &str = "tollgate_provider_429s_total";
+
+/// Calls refused because their app had all its waiter slots taken
+/// (`[notifications] waiters_per_app`; docs/api.md, "Waiting").
+pub const WAITERS_REFUSED_TOTAL: &str = "tollgate_waiters_refused_total";
+/// Reads of watched tasks by the shared wait loop (one per watched task per poll
+/// interval at most, whatever the number of waiters).
+pub const WAIT_READS_TOTAL: &str = "tollgate_wait_reads_total";
 
 /// Pipeline runs this process finished, by `outcome` (`succeeded`, `failed`).
 pub const PIPELINE_RUNS_FINISHED_TOTAL: &str = "tollgate_pipeline_runs_finished_total";
@@ -59,15 +92,15 @@ pub const PIPELINE_STEPS_SUBMITTED_TOTAL: &str = "tollgate_pipeline_steps_submit
 /// Pipeline steps refused by admission whose run waits to try again.
 pub const PIPELINE_ADMISSION_WAITS_TOTAL: &str = "tollgate_pipeline_admission_waits_total";
 
-/// SPEC §13: nano-dollars reserved at admission (a task's worst case), by `app`.
+/// SPEC §13: nano-dollars reserved at admission (a task's worst case) ([`app_labels`]).
 pub const SPEND_RESERVED_TOTAL: &str = "tollgate_spend_reserved_nano_usd_total";
 /// SPEC §13: nano-dollars settled — what ended tasks actually cost, as the workers that
-/// ran them recorded it (failed and canceled attempts included), by `app`.
+/// ran them recorded it (failed and canceled attempts included) ([`app_labels`]).
 pub const SPEND_SETTLED_TOTAL: &str = "tollgate_spend_settled_nano_usd_total";
 /// SPEC §13: nano-dollars settled above their reservation (a provider reported more
-/// than the bound), by `app`. Each occurrence is also logged.
+/// than the bound) ([`app_labels`]). Each occurrence is also logged.
 pub const SPEND_OVERRUN_TOTAL: &str = "tollgate_spend_overrun_nano_usd_total";
-/// SPEC §13: nano-dollars cache hits saved (what the copied task cost), by `app`.
+/// SPEC §13: nano-dollars cache hits saved (what the copied task cost) ([`app_labels`]).
 pub const SPEND_SAVED_TOTAL: &str = "tollgate_spend_saved_nano_usd_total";
 
 /// Registers descriptions and units of every metric above with the installed recorder.
@@ -76,12 +109,12 @@ pub fn describe() {
     describe_histogram!(
         QUEUE_WAIT_SECONDS,
         Unit::Seconds,
-        "Time from a task's creation to its claim, by app and scope."
+        "Time from a task's creation to its claim."
     );
     describe_counter!(
         SCOPE_CLAIMS_TOTAL,
         Unit::Count,
-        "Tasks claimed by this process, by app and scope."
+        "Tasks claimed by this process."
     );
     describe_counter!(
         PACE_WAITS_TOTAL,
@@ -169,6 +202,16 @@ pub fn describe() {
         "Rows changed by sweeps, by item."
     );
     describe_counter!(
+        WAITERS_REFUSED_TOTAL,
+        Unit::Count,
+        "Calls refused because their app had all its waiter slots taken."
+    );
+    describe_counter!(
+        WAIT_READS_TOTAL,
+        Unit::Count,
+        "Reads of watched tasks by the shared wait loop."
+    );
+    describe_counter!(
         PIPELINE_RUNS_FINISHED_TOTAL,
         Unit::Count,
         "Pipeline runs finished by this process, by outcome."
@@ -191,22 +234,22 @@ pub fn describe() {
     describe_counter!(
         SPEND_RESERVED_TOTAL,
         Unit::Count,
-        "Nano-dollars reserved at admission (SPEC 13), by app."
+        "Nano-dollars reserved at admission (SPEC 13)."
     );
     describe_counter!(
         SPEND_SETTLED_TOTAL,
         Unit::Count,
-        "Nano-dollars ended tasks actually cost (SPEC 13), by app."
+        "Nano-dollars ended tasks actually cost (SPEC 13)."
     );
     describe_counter!(
         SPEND_OVERRUN_TOTAL,
         Unit::Count,
-        "Nano-dollars settled above their reservation (SPEC 13), by app."
+        "Nano-dollars settled above their reservation (SPEC 13)."
     );
     describe_counter!(
         SPEND_SAVED_TOTAL,
         Unit::Count,
-        "Nano-dollars saved by cache hits (SPEC 13), by app."
+        "Nano-dollars saved by cache hits (SPEC 13)."
     );
 }
 
@@ -286,6 +329,8 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
         counter!(PIPELINE_STEPS_SUBMITTED_TOTAL, "outcome" => outcome).absolute(0);
     }
     counter!(PIPELINE_ADMISSION_WAITS_TOTAL).absolute(0);
+    counter!(WAITERS_REFUSED_TOTAL).absolute(0);
+    counter!(WAIT_READS_TOTAL).absolute(0);
     for series in [
         SPEND_RESERVED_TOTAL,
         SPEND_SETTLED_TOTAL,
@@ -297,7 +342,7 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
 }
 
 /// Every series name above, for checks that an exporter lists them all.
-pub const ALL: [&str; 22] = [
+pub const ALL: [&str; 24] = [
     SUBMITS_TOTAL,
     ADMISSIONS_TOTAL,
     CACHE_HITS_TOTAL,
@@ -320,4 +365,6 @@ pub const ALL: [&str; 22] = [
     SPEND_SETTLED_TOTAL,
     SPEND_OVERRUN_TOTAL,
     SPEND_SAVED_TOTAL,
+    WAITERS_REFUSED_TOTAL,
+    WAIT_READS_TOTAL,
 ];

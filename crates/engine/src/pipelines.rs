@@ -488,7 +488,8 @@ impl Tollgate {
     }
 
     /// Waits until a run of the app is terminal or `timeout` passed, and returns it as it
-    /// is then. `None`: the app has no such run.
+    /// is then. `None`: the app has no such run. Waiting holds one of the app's waiter
+    /// slots ([`EngineError::TooManyWaiters`] when none is free).
     pub async fn wait_run(
         &self,
         app: &AppId,
@@ -496,6 +497,7 @@ impl Tollgate {
         timeout: Duration,
     ) -> Result<Option<Run>, EngineError> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut slot = None;
         loop {
             let Some(run) = self.inner.store.get_run(app, id).await? else {
                 return Ok(None);
@@ -503,6 +505,10 @@ impl Tollgate {
             let now = tokio::time::Instant::now();
             if run.state.is_terminal() || now >= deadline {
                 return Ok(Some(run));
+            }
+            // Waiting holds one of the app's waiter slots (docs/api.md, "Waiting").
+            if slot.is_none() {
+                slot = Some(self.inner.watches.slot(app)?);
             }
             tokio::time::sleep(RUN_WAIT_POLL.min(deadline - now)).await;
         }

@@ -571,13 +571,12 @@ impl WorkerPool {
     ) {
         let Some(r) = reservation else { return };
         let charge = tollgate_core::cost::settle(r, usage, true);
-        let app = task.app.to_string();
         if charge.nano_usd > 0 {
-            metrics::counter!(m::SPEND_SETTLED_TOTAL, "app" => app.clone())
+            metrics::counter!(m::SPEND_SETTLED_TOTAL, m::app_labels(&task.app))
                 .increment(charge.nano_usd as u64);
         }
         if charge.overrun_nano > 0 {
-            metrics::counter!(m::SPEND_OVERRUN_TOTAL, "app" => app)
+            metrics::counter!(m::SPEND_OVERRUN_TOTAL, m::app_labels(&task.app))
                 .increment(charge.overrun_nano as u64);
         }
     }
@@ -978,13 +977,12 @@ impl Drop for EngineHandle {
     }
 }
 
-/// SPEC §14 metrics of one claim: the task's wait in the queue and its scope's claims.
+/// SPEC §14 metrics of one claim: the task's wait in the queue and the claim, by app only
+/// when the operator opted in (docs/api.md, "Metrics": never by scope).
 fn record_claim(task: &Task) {
-    let (app, scope) = (task.app.to_string(), task.scope.to_string());
     if let Some(claimed) = task.claimed_at {
         let waited = (claimed.0 - task.created_at.0).max(0) as f64 / 1000.0;
-        metrics::histogram!(m::QUEUE_WAIT_SECONDS, "app" => app.clone(), "scope" => scope.clone())
-            .record(waited);
+        metrics::histogram!(m::QUEUE_WAIT_SECONDS, m::app_labels(&task.app)).record(waited);
     }
-    metrics::counter!(m::SCOPE_CLAIMS_TOTAL, "app" => app, "scope" => scope).increment(1);
+    metrics::counter!(m::SCOPE_CLAIMS_TOTAL, m::app_labels(&task.app)).increment(1);
 }

@@ -152,8 +152,9 @@ async fn submissions_admissions_cache_providers_and_outcomes_are_measured() {
         "tollgate_task_execution_seconds{kind=classify}",
         // SPEC §14: with fairness on, a hint only wakes the dispatcher's fair claim.
         "tollgate_claims_total{via=poll}",
-        "tollgate_scope_claims_total{app=acme,scope=customer-42}",
-        "tollgate_queue_wait_seconds{app=acme,scope=customer-42}",
+        // docs/api.md, "Metrics": no tenant-chosen label value by default.
+        "tollgate_scope_claims_total{}",
+        "tollgate_queue_wait_seconds{}",
         "tollgate_notifications_total{direction=published}",
     ];
     for key in expect {
@@ -161,4 +162,10 @@ async fn submissions_admissions_cache_providers_and_outcomes_are_measured() {
     }
     assert_eq!(value("tollgate_admissions_total{outcome=admitted}"), 2.0);
     assert_eq!(value("tollgate_tasks_in_flight{}"), 0.0);
+    for key in got.keys() {
+        assert!(
+            !key.contains("acme") && !key.contains("customer-42"),
+            "{key} names a tenant's app or scope"
+        );
+    }
 }

@@ -86,6 +86,11 @@ fn digest(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
+/// Whether `given` is `secret`, compared by digest (no early exit on the secret's bytes).
+pub(crate) fn same_secret(given: &str, secret: &str) -> bool {
+    digest(given) == digest(secret)
+}
+
 impl Auth {
     /// Builds the table; every problem names the setting (`apps.<app>.api_keys[i]`).
     pub fn new(apps: &[(AppId, Vec<KeyConfig>)]) -> Result<Auth, String> {

@@ -20,7 +20,7 @@ use tollgate_core::AppId;
 use tollgate_engine::config::{ConfigError, EngineConfig};
 
 /// The sections `TollgateConfig` reads itself; every other top-level key is the engine's.
-const SERVER_SECTIONS: [&str; 2] = ["server", "database"];
+const SERVER_SECTIONS: [&str; 3] = ["server", "metrics", "database"];
 
 /// Every top-level key of the configuration, derived from the types (the server's
 /// sections and every field of [`EngineConfig`]), so no section can be missed by the
@@ -65,6 +65,11 @@ pub struct ServerSection {
     /// half-way through its headers).
     #[serde(deserialize_with = "tollgate_engine::config::duration_text::deserialize")]
     pub idle_timeout: Duration,
+    /// Largest HTTP body of `POST /v1/tasks/batch`, in bytes (docs/api.md, "Batches").
+    pub max_batch_body_bytes: usize,
+    /// Batch requests of one app answered at once; one more is refused with 429
+    /// `WORKFLOW_AI_TOO_MANY_BATCHES`.
+    pub batches_per_app: usize,
 }
 
 impl Default for ServerSection {
@@ -77,7 +82,65 @@ impl Default for ServerSection {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(5),
+            max_batch_body_bytes: crate::DEFAULT_BATCH_BODY_LIMIT,
+            batches_per_app: crate::DEFAULT_BATCHES_PER_APP,
         }
+    }
+}
+
+/// `[metrics]`: what `/metrics` shows and who may read it (docs/api.md, "Metrics").
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// Label the series that can be split by app with the app's name (off: no series
+    /// carries a name a tenant chose; scope names never appear whatever this says).
+    pub app_labels: bool,
+    /// A bearer token `/metrics` requires (`Authorization: Bearer <token>`).
+    pub token: Option<String>,
+    /// The environment variable holding that token (instead of `token`).
+    pub token_env: Option<String>,
+    /// Serve `/metrics` on this address only (not on the API's).
+    pub addr: Option<SocketAddr>,
+}
+
+/// Shortest `/metrics` token accepted: a guessable one protects nothing.
+pub const MIN_METRICS_TOKEN_CHARS: usize = 16;
+
+impl MetricsSection {
+    /// The token `/metrics` requires, read from `token` or from the variable `token_env`
+    /// names; every problem names its key.
+    pub fn resolve_token(&self) -> Result<Option<String>, ConfigError> {
+        let (key, token) = match (&self.token, &self.token_env) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::at(
+                    "metrics.token",
+                    "give `token` or `token_env`, not both",
+                ));
+            }
+            (Some(t), None) => ("metrics.token", t.clone()),
+            (None, Some(var)) => (
+                "metrics.token_env",
+                std::env::var(var).map_err(|_| {
+                    ConfigError::at(
+                        "metrics.token_env",
+                        format!("the environment variable {var} is not set (or not UTF-8)"),
+                    )
+                })?,
+            ),
+            (None, None) => return Ok(None),
+        };
+        let token = token.trim().to_string();
+        if token.chars().count() < MIN_METRICS_TOKEN_CHARS
+            || token.chars().any(|c| c.is_control() || c.is_whitespace())
+        {
+            return Err(ConfigError::at(
+                key,
+                format!(
+                    "the token must be at least {MIN_METRICS_TOKEN_CHARS} characters, without spaces or control characters"
+                ),
+            ));
+        }
+        Ok(Some(token))
     }
 }
 
@@ -104,6 +167,10 @@ pub struct TollgateConfig {
     pub server: ServerSection,
     /// `[database]`.
     pub database: DatabaseSection,
+    /// `[metrics]`.
+    pub metrics: MetricsSection,
+    /// The token `/metrics` requires (`[metrics] token` or `token_env`), read at load.
+    pub metrics_token: Option<String>,
     /// Models, providers, budgets, apps, workers, sweeper, notifications.
     pub engine: EngineConfig,
     /// API keys per app, in configuration order.
@@ -148,6 +215,17 @@ impl TollgateConfig {
         };
         let server: ServerSection = section(map.remove("server"), "server")?;
         let database: DatabaseSection = section(map.remove("database"), "database")?;
+        let metrics: MetricsSection = section(map.remove("metrics"), "metrics")?;
+        let metrics_token = metrics.resolve_token()?;
+        if let Some(addr) = metrics.addr
+            && addr == server.addr
+            && addr.port() != 0
+        {
+            return Err(ConfigError::at(
+                "metrics.addr",
+                "must differ from server.addr (leave it out to serve /metrics on the API's address)",
+            ));
+        }
         let mut engine: EngineConfig = section(Some(Value::Object(map)), "")?;
         if let Some(limit) = server.max_request_bytes {
             engine.max_request_bytes = limit;
@@ -194,6 +272,20 @@ impl TollgateConfig {
                 return Err(ConfigError::at(key, "must be longer than 0"));
             }
         }
+        // A batch must hold at least one item of the largest request; beyond 1 GiB one
+        // request could take the process's memory.
+        if server.max_batch_body_bytes < 1024 || server.max_batch_body_bytes > 1 << 30 {
+            return Err(ConfigError::at(
+                "server.max_batch_body_bytes",
+                "must be from 1024 to 1073741824 (1 GiB)",
+            ));
+        }
+        if server.batches_per_app == 0 || server.batches_per_app > 10_000 {
+            return Err(ConfigError::at(
+                "server.batches_per_app",
+                "must be from 1 to 10000",
+            ));
+        }
         Auth::new(&api_keys).map_err(|e| {
             let key = e.split(':').next().unwrap_or("apps").to_string();
             ConfigError::at(key, e)
@@ -201,6 +293,8 @@ impl TollgateConfig {
         Ok(TollgateConfig {
             server,
             database,
+            metrics,
+            metrics_token,
             engine,
             api_keys,
         })
@@ -295,6 +389,7 @@ mod tests {
         let keys = top_level_keys();
         for section in [
             "server",
+            "metrics",
             "database",
             "models",
             "providers",
@@ -363,6 +458,52 @@ mod tests {
         }))
         .unwrap_err();
         assert!(err.to_string().contains("silver"), "{err}");
+    }
+
+    #[test]
+    fn batch_bounds_have_defaults_and_are_checked() {
+        let c = TollgateConfig::from_value(json!({})).unwrap();
+        assert_eq!(c.server.max_batch_body_bytes, 8 << 20);
+        assert_eq!(c.server.batches_per_app, 2);
+        for (bad, key) in [
+            (
+                json!({"max_batch_body_bytes": 10}),
+                "server.max_batch_body_bytes",
+            ),
+            (json!({"batches_per_app": 0}), "server.batches_per_app"),
+        ] {
+            let err = TollgateConfig::from_value(json!({ "server": bad })).unwrap_err();
+            assert!(err.to_string().contains(key), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn metrics_protection_is_validated_at_load() {
+        let c = TollgateConfig::from_value(json!({})).unwrap();
+        assert!(!c.metrics.app_labels);
+        assert_eq!(c.metrics_token, None);
+        let c = TollgateConfig::from_value(json!({"metrics": {
+            "token": "scrape-0123456789abcdef", "addr": "127.0.0.1:9100", "app_labels": true}}))
+        .unwrap();
+        assert_eq!(c.metrics_token.as_deref(), Some("scrape-0123456789abcdef"));
+        assert!(c.metrics.app_labels);
+        for (bad, key) in [
+            (json!({"token": "short"}), "metrics.token"),
+            (json!({"token": "has a space in it 0123"}), "metrics.token"),
+            (
+                json!({"token": "scrape-0123456789abcdef", "token_env": "X"}),
+                "metrics.token",
+            ),
+            (
+                json!({"token_env": "TOLLGATE_TEST_SURELY_UNSET_VARIABLE"}),
+                "metrics.token_env",
+            ),
+            (json!({"addr": "127.0.0.1:8080"}), "metrics.addr"),
+            (json!({"labels": true}), "metrics"),
+        ] {
+            let err = TollgateConfig::from_value(json!({ "metrics": bad })).unwrap_err();
+            assert!(err.to_string().contains(key), "{bad}: {err}");
+        }
     }
 
     #[test]

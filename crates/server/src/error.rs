@@ -11,6 +11,11 @@ use tollgate_engine::EngineError;
 use tollgate_store::StoreError;
 use utoipa::ToSchema;
 
+/// 429: the app has all its waiter slots taken (docs/api.md, "Waiting").
+pub const TOO_MANY_WAITERS: &str = "WORKFLOW_AI_TOO_MANY_WAITERS";
+/// 429: the app has all its batch slots taken (docs/api.md, "Batches").
+pub const TOO_MANY_BATCHES: &str = "WORKFLOW_AI_TOO_MANY_BATCHES";
+
 /// The body of every error answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorBody {
@@ -103,6 +108,14 @@ impl ApiError {
     /// 413: too large.
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", message)
+    }
+
+    /// 429: one of the service's fair-share bounds (`code`), with when to retry.
+    pub fn too_many(code: &str, message: impl Into<String>, retry_after: Duration) -> Self {
+        ApiError {
+            retry_after: Some(retry_after),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, code, message)
+        }
     }
 
     /// 409: the effect key names a task with another request.
@@ -207,6 +220,12 @@ impl From<EngineError> for ApiError {
             EngineError::TaskConflict { .. }
             | EngineError::RunConflict { .. }
             | EngineError::EffectKeyTaken => ApiError::idempotency_conflict(e.to_string()),
+            EngineError::TooManyWaiters { .. } => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                code: TOO_MANY_WAITERS.to_string(),
+                message: e.to_string(),
+                retry_after: e.retry_after(),
+            },
             EngineError::SubjectNotAllowed(why) => {
                 ApiError::new(StatusCode::FORBIDDEN, "subject_not_allowed", why)
             }

@@ -132,6 +132,8 @@ async fn a_lost_database_is_503_until_it_returns() {
         max_wait: Duration::from_secs(5),
         body_read_timeout: Duration::from_secs(5),
         metrics: None,
+        metrics_access: Default::default(),
+        batches: Default::default(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -64,6 +64,7 @@
 //! nats_url = "nats://127.0.0.1:4222"
 //! subject_prefix = "tollgate"
 //! poll_interval = "1s"
+//! waiters_per_app = 1000                # calls of one app waiting at once (429 beyond)
 //!
 //! [pipelines]
 //! concurrency = 8                       # runs driven at once; 0: this process drives none

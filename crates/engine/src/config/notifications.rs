@@ -17,6 +17,9 @@ pub enum TransportKind {
     Postgres,
 }
 
+/// Default of `[notifications] waiters_per_app`.
+pub const DEFAULT_WAITERS_PER_APP: usize = 1000;
+
 /// `[notifications]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -32,6 +35,10 @@ pub struct NotificationConfig {
     /// least this often, so a lost notification costs at most this much latency.
     #[serde(with = "duration_text")]
     pub poll_interval: Duration,
+    /// Most calls of one app waiting at once for a task or run to end (`?wait=`, the
+    /// OpenAI-compatible door); one more is refused with 429
+    /// `WORKFLOW_AI_TOO_MANY_WAITERS` (docs/api.md, "Waiting").
+    pub waiters_per_app: usize,
 }
 
 impl Default for NotificationConfig {
@@ -41,6 +48,7 @@ impl Default for NotificationConfig {
             nats_url: "nats://127.0.0.1:4222".to_string(),
             subject_prefix: "tollgate".to_string(),
             poll_interval: Duration::from_secs(1),
+            waiters_per_app: DEFAULT_WAITERS_PER_APP,
         }
     }
 }

@@ -378,6 +378,10 @@ impl EngineConfig {
             "notifications.poll_interval",
             self.notifications.poll_interval,
         );
+        if self.notifications.waiters_per_app == 0 || self.notifications.waiters_per_app > 1_000_000
+        {
+            p.add("notifications.waiters_per_app", "must be from 1 to 1000000");
+        }
         if self.notifications.transport == TransportKind::Nats
             && self.notifications.nats_url.trim().is_empty()
         {

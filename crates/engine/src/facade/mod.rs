@@ -23,6 +23,7 @@ use crate::pipelines::PipelineCache;
 use crate::provider::{Provider, ProviderRegistry};
 use crate::registry::{BudgetPolicies, ModelRegistry};
 use crate::sweeper;
+use crate::watch::Watches;
 use crate::worker::{EngineHandle, WorkerPool};
 use serde_json::Value;
 use std::sync::Arc;
@@ -41,6 +42,8 @@ pub(crate) struct Inner {
     pub(crate) providers: ProviderRegistry,
     pub(crate) notifier: Notifier,
     pub(crate) pipelines: PipelineCache,
+    /// Shared watches of waited-on tasks and each app's waiter slots.
+    pub(crate) watches: Arc<Watches>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -132,6 +135,13 @@ impl TollgateBuilder {
         for (name, provider) in self.providers {
             providers.insert(name, provider);
         }
+        let notifier = self.notifier.unwrap_or_else(Notifier::local);
+        let watches = Arc::new(Watches::new(
+            self.store.clone(),
+            notifier.clone(),
+            self.config.notifications.poll_interval,
+            self.config.notifications.waiters_per_app,
+        ));
         Ok(Tollgate {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -139,8 +149,9 @@ impl TollgateBuilder {
                 models,
                 budgets,
                 providers,
-                notifier: self.notifier.unwrap_or_else(Notifier::local),
+                notifier,
                 pipelines: PipelineCache::default(),
+                watches,
             }),
         })
     }

@@ -130,13 +130,13 @@ impl Tollgate {
                 metrics::counter!(m::CACHE_HITS_TOTAL, "kind" => kind.as_str()).increment(1);
                 // SPEC §13: what the hit saved (the copied task's charge, from the store).
                 if created.saved_nano > 0 {
-                    metrics::counter!(m::SPEND_SAVED_TOTAL, "app" => task.app.to_string())
+                    metrics::counter!(m::SPEND_SAVED_TOTAL, m::app_labels(&task.app))
                         .increment(created.saved_nano);
                 }
             } else if scoped {
                 metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => "admitted").increment(1);
                 if let Some(r) = task.reservation.filter(|r| r.nano_usd > 0) {
-                    metrics::counter!(m::SPEND_RESERVED_TOTAL, "app" => task.app.to_string())
+                    metrics::counter!(m::SPEND_RESERVED_TOTAL, m::app_labels(&task.app))
                         .increment(r.nano_usd as u64);
                 }
             }

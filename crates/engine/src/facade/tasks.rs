@@ -2,10 +2,11 @@
 
 use crate::error::EngineError;
 use crate::notify::{Event, FinishedTask};
+use crate::watch::{Seen, WaitSlot};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::TryRecvError;
 use tokio::time::Instant;
 use tollgate_core::{AppId, EffectKey, ScopeId, SourceId, Task, TaskId};
 use tollgate_store::{UnreleasedPage, UnreleasedQuery};
@@ -28,9 +29,10 @@ impl Tollgate {
     }
 
     /// Waits until the task is terminal or `timeout` passes, and returns it as it is then
-    /// (`None`: no such task, or it was deleted). Woken by notifications; looks at the
-    /// database at least every `notifications.poll_interval` whatever happens, so a lost
-    /// notification costs latency only.
+    /// (`None`: no such task, or it was deleted). Woken by notifications; the task's shared
+    /// watch looks at the database at least every `notifications.poll_interval` whatever
+    /// happens, so a lost notification costs latency only. Takes one of the app's waiter
+    /// slots while it waits ([`EngineError::TooManyWaiters`] when none is free).
     pub async fn wait(
         &self,
         app: &AppId,
@@ -46,7 +48,29 @@ impl Tollgate {
         TaskWaiter {
             tollgate: self.clone(),
             events: self.inner.notifier.subscribe(),
+            slot: None,
         }
+    }
+
+    /// [`Tollgate::waiter`] holding one of `app`'s waiter slots from now on: take it before
+    /// submitting a task to wait on, so a call refused for want of a slot
+    /// ([`EngineError::TooManyWaiters`]) submitted nothing.
+    pub fn waiter_for(&self, app: &AppId) -> Result<TaskWaiter, EngineError> {
+        let slot = self.inner.watches.slot(app)?;
+        let mut waiter = self.waiter();
+        waiter.slot = Some(slot);
+        Ok(waiter)
+    }
+
+    /// Calls of `app` waiting now for a task or run (at most `[notifications]
+    /// waiters_per_app`).
+    pub fn waiters(&self, app: &AppId) -> usize {
+        self.inner.watches.waiting(app)
+    }
+
+    /// Tasks watched now for waiters: one per task, whatever the number of its waiters.
+    pub fn watched_tasks(&self) -> usize {
+        self.inner.watches.watched()
     }
 
     /// SPEC §5 request cancel: a queued or running task becomes `canceled` at once and
@@ -104,13 +128,17 @@ impl Tollgate {
 pub struct TaskWaiter {
     tollgate: Tollgate,
     events: broadcast::Receiver<Event>,
+    /// A waiter slot taken before the task was submitted ([`Tollgate::waiter_for`]).
+    slot: Option<WaitSlot>,
 }
 
 impl TaskWaiter {
     /// [`Tollgate::wait`], starting from `known` when given: the task as read (or submitted)
     /// after this waiter was made, so a finish after that read is heard, not missed. An
-    /// end published by this process carries the task as it ended (no read); one heard
-    /// from another replica, or none within `notifications.poll_interval`, means a read.
+    /// end published by this process carries the task as it ended (no read); the task's
+    /// shared watch reads it once per `notifications.poll_interval` for all its waiters
+    /// (docs/api.md, "Waiting"). Waiting takes one of the app's waiter slots:
+    /// [`EngineError::TooManyWaiters`] when none is free.
     pub async fn wait(
         mut self,
         app: &AppId,
@@ -118,45 +146,46 @@ impl TaskWaiter {
         known: Option<Task>,
         timeout: Duration,
     ) -> Result<Option<Task>, EngineError> {
-        let inner = &self.tollgate.inner;
+        let inner = self.tollgate.inner.clone();
         let deadline = Instant::now() + timeout;
-        let poll = inner.config.notifications.poll_interval;
-        let mut known = known.filter(|t| t.id == id && t.app == *app);
-        loop {
-            let task = match known.take() {
+        let task = match known.filter(|t| t.id == id && t.app == *app) {
+            Some(task) => task,
+            None => match inner.store.get_task(app, id).await? {
                 Some(task) => task,
-                None => match inner.store.get_task(app, id).await? {
-                    Some(task) => task,
-                    None => return Ok(None),
+                None => return Ok(None),
+            },
+        };
+        if task.status.is_terminal() || timeout.is_zero() {
+            return Ok(Some(task));
+        }
+        let _slot = match self.slot.take() {
+            Some(slot) if slot.app() == app => slot,
+            _ => inner.watches.slot(app)?,
+        };
+        // Joined first, so an end from now on reaches the watch; one heard before (since
+        // this waiter was made) is in this waiter's own receiver.
+        let mut watching = inner.watches.watch(app, id);
+        loop {
+            match self.events.try_recv() {
+                Ok(Event::TaskFinished {
+                    id: finished, task, ..
+                }) if finished == id => match task {
+                    Some(FinishedTask(t)) if t.app == *app && t.status.is_terminal() => {
+                        return Ok(Some(Arc::unwrap_or_clone(t)));
+                    }
+                    _ => inner.watches.read_now(app, id),
                 },
-            };
-            let now = Instant::now();
-            if task.status.is_terminal() || now >= deadline {
-                return Ok(Some(task));
-            }
-            let nap = tokio::time::sleep((deadline - now).min(poll));
-            tokio::pin!(nap);
-            loop {
-                tokio::select! {
-                    _ = &mut nap => break,
-                    event = self.events.recv() => match event {
-                        Ok(Event::TaskFinished { id: finished, task, .. }) if finished == id => {
-                            match task {
-                                Some(FinishedTask(t)) if t.app == *app && t.status.is_terminal() => {
-                                    return Ok(Some(Arc::unwrap_or_clone(t)));
-                                }
-                                _ => break,
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(RecvError::Lagged(_)) => break,
-                        Err(RecvError::Closed) => {
-                            (&mut nap).await;
-                            break;
-                        }
-                    },
-                }
+                Ok(_) => {}
+                Err(TryRecvError::Lagged(_)) => inner.watches.read_now(app, id),
+                Err(TryRecvError::Empty | TryRecvError::Closed) => break,
             }
         }
+        drop(self.events);
+        Ok(match watching.until(deadline).await {
+            Seen::Done(t) => Some(Arc::unwrap_or_clone(t)),
+            Seen::Gone => None,
+            Seen::Pending(Some(newer)) => Some(Arc::unwrap_or_clone(newer)),
+            Seen::Pending(None) => Some(task),
+        })
     }
 }

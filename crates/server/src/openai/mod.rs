@@ -254,7 +254,8 @@ async fn chat_completions(
     // The engine judges a replayed key: the same call answers its task, another request
     // is `TaskConflict` (409 naming the task), a key of a task the caller cannot see is
     // `EffectKeyTaken` (409 naming nothing).
-    let waiter = view.waiter();
+    // A door call waits for its task: its waiter slot is taken before submitting.
+    let waiter = view.waiter_with_slot()?;
     let submitted = view.submit_door_call(sub).await?;
     // Nothing replays a door task after it is answered but a retried call, so it is
     // released now: deleted `sweeper.retention` after it finishes, replayable until then.

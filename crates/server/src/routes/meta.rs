@@ -79,10 +79,53 @@ pub(crate) async fn readyz(
     }
 }
 
+/// `/metrics` on the API's address: not there when it has its own (`[metrics] addr`).
 pub(crate) async fn metrics(
     State(s): State<AppState>,
+    headers: HeaderMap,
     StrictQuery(NoParams {}): StrictQuery<NoParams>,
-) -> Response {
+) -> Result<Response, ApiError> {
+    if s.metrics_access.elsewhere {
+        return Err(ApiError::not_found("route"));
+    }
+    render_metrics(&s, &headers)
+}
+
+/// `/metrics` on its own address.
+pub(crate) async fn metrics_only(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    StrictQuery(NoParams {}): StrictQuery<NoParams>,
+) -> Result<Response, ApiError> {
+    render_metrics(&s, &headers)
+}
+
+/// The Prometheus text, to a caller with the `[metrics]` token when one is configured
+/// (docs/api.md, "Metrics"). The series carry no tenant-chosen label value unless the
+/// operator opted in (`[metrics] app_labels`).
+fn render_metrics(s: &AppState, headers: &HeaderMap) -> Result<Response, ApiError> {
+    if let Some(token) = &s.metrics_access.token {
+        let given = single_header(headers, header::AUTHORIZATION.as_str())
+            .ok()
+            .flatten()
+            .and_then(|t| {
+                t.strip_prefix("Bearer ")
+                    .or_else(|| t.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .unwrap_or_default();
+        if !crate::auth::same_secret(given, token) {
+            let mut refused = ApiError::unauthorized(
+                "/metrics needs Authorization: Bearer <the [metrics] token>",
+            )
+            .into_response();
+            refused.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+            return Ok(refused);
+        }
+    }
     let text = s.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

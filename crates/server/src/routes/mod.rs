@@ -18,7 +18,7 @@ pub(crate) use tasks::*;
 pub(crate) use crate::auth::{Caller, single_header};
 pub(crate) use crate::dto::*;
 pub(crate) use crate::error::ApiError;
-pub(crate) use crate::{AppState, BATCH_BODY_LIMIT, body_limit};
+pub(crate) use crate::{AppState, body_limit};
 pub(crate) use axum::body::{Body, Bytes};
 pub(crate) use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 pub(crate) use axum::http::request::Parts;
@@ -90,6 +90,15 @@ pub(crate) fn router(state: AppState) -> Router {
         // Bodies are read by `read_body` with each route's own limit.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn(crate::request_id::layer))
+        .with_state(state)
+}
+
+/// `/metrics` alone (`[metrics] addr`): everything else is 404.
+pub(crate) fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(meta::metrics_only))
+        .fallback(|| async { ApiError::not_found("route") })
+        .layer(axum::middleware::map_response(envelope_errors))
         .with_state(state)
 }
 
@@ -175,8 +184,8 @@ async fn envelope_errors(response: Response) -> Response {
 
 /// Most bytes a client may keep sending after it went over its limit: they are read and
 /// thrown away so the client gets a clean 413 instead of a reset connection. Counted past
-/// each route's own limit, so a body just over the largest limit (a batch's 64 MiB) is
-/// drained too, not cut off mid-write.
+/// each route's own limit, so a body just over the largest limit (a batch's
+/// `[server] max_batch_body_bytes`) is drained too, not cut off mid-write.
 const DRAIN_LIMIT: usize = 64 << 20;
 
 /// Bodies of the small endpoints (release, runs, pipeline definitions).
@@ -209,7 +218,8 @@ pub(crate) async fn read_body(
     }
     let read = async {
         let mut stream = body.into_data_stream();
-        let mut buf = Vec::new();
+        // What the client declared, within the limit: no regrowth (and no doubled peak).
+        let mut buf = Vec::with_capacity(usize::try_from(declared).unwrap_or(0).min(limit));
         let mut total = 0usize;
         while let Some(chunk) = stream.next().await {
             let chunk =

@@ -116,7 +116,8 @@ pub(crate) async fn submit(
     let sub = submission(&caller, body, header_key.as_ref())?;
     let view = view(&s, &caller);
     // Hears the task's end from before it exists: nothing to read again to wait on it.
-    let waiter = wait.map(|_| view.waiter());
+    // Its waiter slot is taken first: a call refused for want of one submits nothing.
+    let waiter = wait.map(|_| view.waiter_with_slot()).transpose()?;
     let submitted = view.submit(sub).await?;
     let status = submit_status(&submitted);
     let task = waited_task(&view, waiter, submitted.task, wait).await?;
@@ -140,6 +141,18 @@ async fn waited_task(
     }
 }
 
+/// Items of a batch the engine is given at once (docs/api.md, "Batches").
+const BATCH_PART: usize = 100;
+
+/// A batch item answered with its error.
+fn refused_item(e: ApiError) -> BatchItem {
+    BatchItem {
+        status: e.status().as_u16(),
+        task: None,
+        error: Some(e.body().error),
+    }
+}
+
 #[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks", request_body = BatchBody,
     responses((status = 200, body = BatchAnswer, description = "one result per item, in order")),
     security(("api_key" = [])))]
@@ -155,7 +168,9 @@ pub(crate) async fn submit_batch(
             "a batch takes each item's effect_key, not an Idempotency-Key header",
         ));
     }
-    let body: BatchBody = json_body(&s, &headers, body, BATCH_BODY_LIMIT).await?;
+    // Held from before the body is read until the answer is built (docs/api.md, "Batches").
+    let _slot = s.batches.enter(&caller.app)?;
+    let body: BatchBody = json_body(&s, &headers, body, s.batches.max_body_bytes).await?;
     if body.tasks.len() > tollgate_engine::MAX_BATCH {
         return Err(ApiError::invalid(format!(
             "a batch holds at most {} tasks, got {}",
@@ -163,42 +178,59 @@ pub(crate) async fn submit_batch(
             body.tasks.len()
         )));
     }
-    let mut prepared: Vec<Result<Submission, ApiError>> = Vec::with_capacity(body.tasks.len());
+    // Each item is moved, never copied: the valid ones to the engine, the refused ones'
+    // errors kept in place.
+    let mut prepared: Vec<Result<(), ApiError>> = Vec::with_capacity(body.tasks.len());
+    let mut valid: Vec<Submission> = Vec::with_capacity(body.tasks.len());
     for (i, item) in body.tasks.into_iter().enumerate() {
-        prepared.push(
-            serde_json::from_value::<SubmitBody>(item)
-                .map_err(|e| ApiError::malformed(format!("tasks[{i}]: {e}")))
-                .and_then(|b| submission(&caller, b, None)),
-        );
+        match serde_json::from_value::<SubmitBody>(item)
+            .map_err(|e| ApiError::malformed(format!("tasks[{i}]: {e}")))
+            .and_then(|b| submission(&caller, b, None))
+        {
+            Ok(sub) => {
+                valid.push(sub);
+                prepared.push(Ok(()));
+            }
+            Err(e) => prepared.push(Err(e)),
+        }
     }
-    let valid: Vec<Submission> = prepared
-        .iter()
-        .filter_map(|p| p.as_ref().ok().cloned())
-        .collect();
-    let mut answers = view(&s, &caller).submit_many(valid).await?.into_iter();
+    // In order, a part at a time: what the engine makes of a part (validated requests,
+    // created tasks) lives only while that part is submitted, and each answer is cut
+    // down to what is shown at once (docs/api.md, "Batches").
+    let view = view(&s, &caller);
+    let mut answered = Vec::with_capacity(valid.len());
+    let mut valid = valid.into_iter();
+    loop {
+        let part: Vec<Submission> = valid.by_ref().take(BATCH_PART).collect();
+        if part.is_empty() {
+            break;
+        }
+        for answer in view.submit_many(part).await? {
+            answered.push(match answer {
+                Ok(submitted) => BatchItem {
+                    status: submit_status(&submitted).as_u16(),
+                    task: Some(TaskView::of(&submitted.task, submitted.created)),
+                    error: None,
+                },
+                Err(e) => refused_item(ApiError::from(e)),
+            });
+        }
+    }
+    let mut answered = answered.into_iter();
     let mut results = Vec::with_capacity(prepared.len());
     for p in prepared {
-        let outcome = p.and_then(|_| match answers.next() {
-            Some(answer) => answer.map_err(ApiError::from),
-            None => Err(ApiError::internal(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "a batch item got no answer",
-            )),
-        });
-        results.push(match outcome {
-            Ok(submitted) => BatchItem {
-                status: submit_status(&submitted).as_u16(),
-                task: Some(TaskView::of(&submitted.task, submitted.created)),
-                error: None,
-            },
-            Err(e) => BatchItem {
-                status: e.status().as_u16(),
-                task: None,
-                error: Some(e.body().error),
-            },
+        results.push(match p {
+            Ok(()) => answered.next().unwrap_or_else(|| {
+                refused_item(ApiError::internal(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "a batch item got no answer",
+                ))
+            }),
+            Err(e) => refused_item(e),
         });
     }
+    crate::memory::give_back_freed();
     Ok(Json(BatchAnswer { results }))
 }
 
