@@ -263,8 +263,13 @@ impl EngineConfig {
                 p.add(format!("apps.{app}.usd_per_24_hours"), e.to_string());
             }
         }
-        if let Err(message) = self.admission.global_concurrent.positive() {
-            p.add("admission.global_concurrent", message);
+        match self.admission.global_concurrent.positive() {
+            Err(message) => p.add("admission.global_concurrent", message),
+            Ok(global) => {
+                if let Err(message) = super::budgets::app_shares(&self.apps, global.get()) {
+                    p.add("apps", message);
+                }
+            }
         }
         if !self.budgets.contains_key(&self.default_budget) {
             p.add(
