@@ -170,7 +170,7 @@ impl BudgetPolicies {
             .map_err(|m| ConfigError::at("apps", m))?;
         let reserved = shares
             .as_ref()
-            .map_or(0, |s| s.values().map(|v| *v).sum::<u32>());
+            .map_or(0, |s| s.values().copied().sum::<u32>());
         // An app that is not configured has no share of its own: it may only borrow.
         let share_of = |app: Option<&String>| {
             shares.as_ref().map(|s| GlobalShare {

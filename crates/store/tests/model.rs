@@ -1121,10 +1121,8 @@ impl Model {
                     let queued = self.tasks.iter().any(|t| {
                         !t.deleted && (t.app, t.scope) == q && t.status == TaskStatus::Queued
                     });
-                    if !queued {
-                        if let Some(entry) = self.queues.get_mut(&q) {
-                            entry.1 = false;
-                        }
+                    if !queued && let Some(entry) = self.queues.get_mut(&q) {
+                        entry.1 = false;
                     }
                 }
                 claimed.extend(order);

@@ -418,9 +418,10 @@ pub async fn a_flood_of_new_queues_shares_one_burst(b: &dyn Backend) {
         "the flood of {FLOOD} new queues got {flood_before_live} tasks ahead of `live`, more \
          than one burst ({JOIN_CREDIT_TASKS})"
     );
+    let after = live_after + flood_after;
     assert!(
-        live_after.abs_diff(flood_after) <= (live_after + flood_after) / 10,
-        "after the burst `live` and the flood alternate (live {live_after}, flood {flood_after})"
+        live_after * 3 >= after && flood_after * 3 >= after,
+        "after the burst `live` and the flood take turns (live {live_after}, flood {flood_after})"
     );
 }
 
