@@ -481,6 +481,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             allowed_budgets: Some(vec![BENCH_BUDGET.to_string(), BENCH_METERED.to_string()]),
             api_keys: None,
             usd_per_24_hours: None,
+            global_concurrent_share: None,
         },
     );
     // Every scoped task is reserved (priced, bounded), with or without cost limits.

@@ -106,6 +106,9 @@ pub struct AdmissionSnapshot {
     pub scope_active: u64,
     /// Scoped tasks of all apps and scopes that are queued or running.
     pub global_active: u64,
+    /// The app's use of the global capacity, for a budget with a
+    /// [`GlobalShare`](crate::GlobalShare).
+    pub share: crate::ShareUse,
 }
 
 /// Why admission refused a task. The first failing check in SPEC §4's order decides.
@@ -139,6 +142,20 @@ pub enum AdmissionRejection {
         /// The limit.
         limit: u32,
     },
+    /// The app holds its share of the global capacity and every unreserved slot is lent
+    /// (docs/budgets.md, "Each app's share of the global capacity").
+    #[error(
+        "the app already has {in_use} queued or running scoped tasks: its own {share} global \
+         slots (global_concurrent_share) and the {lendable} slots no app reserved are in use"
+    )]
+    AppCapacity {
+        /// The app's queued or running scoped tasks.
+        in_use: u32,
+        /// Its share.
+        share: u32,
+        /// The global slots no app reserved.
+        lendable: u32,
+    },
     /// The scope's token bucket is empty.
     #[error("rate limit reached for the scope (burst/tasks_per_minute); next token in {} ms", retry_after.as_millis())]
     RateLimit {
@@ -154,7 +171,8 @@ impl AdmissionRejection {
             AdmissionRejection::SourceBudget { .. } => ErrorCode::SourceBudget,
             AdmissionRejection::DailyBudget { .. } => ErrorCode::DailyBudget,
             AdmissionRejection::ScopeCapacity { .. }
-            | AdmissionRejection::GlobalCapacity { .. } => ErrorCode::Capacity,
+            | AdmissionRejection::GlobalCapacity { .. }
+            | AdmissionRejection::AppCapacity { .. } => ErrorCode::Capacity,
             AdmissionRejection::RateLimit { .. } => ErrorCode::RateLimit,
         }
     }
@@ -190,8 +208,14 @@ pub fn decide(
         return Err(AdmissionRejection::ScopeCapacity { limit: scope });
     }
     let global = budget.global_concurrent.get();
-    if snapshot.global_active >= u64::from(global) {
-        return Err(AdmissionRejection::GlobalCapacity { limit: global });
+    match &budget.global_share {
+        // docs/budgets.md, "Each app's share of the global capacity": the share keeps
+        // the service within global_concurrent and a refusal names the app's limit.
+        Some(share) => crate::decide_global_share(share, global, snapshot.share)?,
+        None if snapshot.global_active >= u64::from(global) => {
+            return Err(AdmissionRejection::GlobalCapacity { limit: global });
+        }
+        None => {}
     }
     let burst = budget.burst.get();
     let rate = budget.tasks_per_minute.get();
@@ -249,6 +273,7 @@ mod tests {
             source_already_seen: false,
             scope_active: 1,
             global_active: 1,
+            share: crate::ShareUse::default(),
         };
         let empty_bucket = Some(BucketState {
             units: 0,

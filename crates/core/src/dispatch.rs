@@ -10,14 +10,17 @@
 //!   serves the queues with the smallest pass first ([`allocate_claims`]). Over a long
 //!   backlog, queues are served in proportion to their weights. A queue that becomes
 //!   active (new, or back from idle) starts at [`join_credit`]: at most
-//!   [`JOIN_CREDIT_TASKS`] of its own tasks behind the smallest pass of the active
-//!   queues, and never behind the pass it left with. So it is served in the next claim
-//!   batch whatever the other queues' backlogs, a small burst gets ahead of a long
-//!   backlog (the way a scheduler's sleeper credit favours interactive work), and an
-//!   idle queue banks no more than that one burst however long it was idle. No queue is
-//!   ever more than one burst behind the least active pass, so none can get more than
-//!   [`JOIN_CREDIT_TASKS`] tasks ahead of its share, by idling or by draining and
-//!   refilling (it keeps only what is left of its burst).
+//!   [`JOIN_CREDIT_TASKS`] of its own tasks behind the *floor* (the least standing of
+//!   the active queues, a queue holding joining credit standing at the floor it found),
+//!   no earlier than one stride after its app's furthest fresh queue (not claimed from
+//!   since it joined), and never behind the pass it left with. So it is served in the
+//!   next claim batch whatever the other queues' backlogs, a small burst gets ahead of a
+//!   long backlog (the way a scheduler's sleeper credit favours interactive work), and
+//!   an idle queue banks no more than that one burst however long it was idle. Joining
+//!   queues never lower the floor and an app's new queues line up behind each other, so
+//!   no queue is ever more than one burst behind the floor and a flood of new queues
+//!   gets one burst ahead of the others in all, not one each (docs/engine.md,
+//!   "Dispatch order").
 //! - **Within a scope: priority, then age, with ageing.** A task's static dispatch key is
 //!   `created_at − (priority − DEFAULT) × ageing_step` ([`dispatch_key`]); a scope's
 //!   tasks start in key order. One priority level is worth `ageing_step` of waiting, so a
@@ -192,11 +195,11 @@ pub fn stride(weight: Weight) -> i64 {
 /// queues (SPEC §14): the most an idle queue ever banks ([`join_credit`]).
 pub const JOIN_CREDIT_TASKS: u32 = 100;
 
-/// SPEC §14: how far below the least active pass a queue of this weight that becomes
-/// active may start: [`JOIN_CREDIT_TASKS`] of its strides. The store (one SQL
-/// expression for both backends) starts a joining queue at
-/// `max(its own last pass, least active pass − this)`; with no queue active, at the
-/// greatest pass of all (0 for the first queue ever).
+/// SPEC §14: how far below the floor (the least standing of the active queues) a queue
+/// of this weight that becomes active may start: [`JOIN_CREDIT_TASKS`] of its strides.
+/// The store (one SQL statement for both backends) starts a joining queue at
+/// `max(its own last pass, floor − this, its app's furthest fresh pass + stride)`; with
+/// no queue active, at the greatest pass of all (0 for the first queue ever).
 pub fn join_credit(weight: Weight) -> i64 {
     stride(weight).saturating_mul(i64::from(JOIN_CREDIT_TASKS))
 }

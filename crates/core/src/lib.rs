@@ -20,7 +20,7 @@ pub mod task;
 pub mod time;
 
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
-pub use budget::Budget;
+pub use budget::{Budget, GlobalShare, ShareUse, decide_global_share};
 pub use cost::{CostLimits, CostRejection, Prices, Reservation, TokenBound, TokenRate};
 pub use dispatch::{
     DEFAULT_AGEING_STEP, Dispatch, JOIN_CREDIT_TASKS, PASS_SCALE, Priority, QueueShare, Weight,

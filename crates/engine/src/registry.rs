@@ -5,7 +5,9 @@ use crate::config::{ConfigError, EngineConfig};
 use crate::error::EngineError;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use tollgate_core::{AppId, Budget, BudgetName, ConfigHash, ModelId, ModelRef, Prices, Weight};
+use tollgate_core::{
+    AppId, Budget, BudgetName, ConfigHash, GlobalShare, ModelId, ModelRef, Prices, Weight,
+};
 
 /// A model id resolved from configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,6 +100,8 @@ struct AppPolicy {
     allowed: Vec<BudgetName>,
     /// SPEC §13: the app-wide spend limit, nano-dollars.
     usd_per_24_hours: Option<std::num::NonZeroU64>,
+    /// Its share of the global capacity (docs/budgets.md).
+    global_share: Option<GlobalShare>,
 }
 
 /// Budget policy names → [`Budget`]s, per app (SPEC §10). Callers never send budget
@@ -141,6 +145,7 @@ impl BudgetPolicies {
                 cost: policy
                     .cost_limits()
                     .map_err(|(f, m)| ConfigError::at(format!("{key}.{f}"), m))?,
+                global_share: None,
             };
             let weight = field("weight", policy.weight).and_then(|w| {
                 Weight::new(i64::from(w.get()))
@@ -163,10 +168,23 @@ impl BudgetPolicies {
             }
         };
         let fallback_default = known("default_budget", &config.default_budget);
+        let shares = crate::config::app_shares(&config.apps, global.get())
+            .map_err(|m| ConfigError::at("apps", m))?;
+        let reserved = shares
+            .as_ref()
+            .map_or(0, |s| s.values().copied().sum::<u32>());
+        // An app that is not configured has no share of its own: it may only borrow.
+        let share_of = |app: Option<&String>| {
+            shares.as_ref().map(|s| GlobalShare {
+                share: app.and_then(|a| s.get(a)).copied().unwrap_or(0),
+                reserved,
+            })
+        };
         let fallback = fallback_default.as_ref().ok().map(|default| AppPolicy {
             default: default.clone(),
             allowed: vec![default.clone()],
             usd_per_24_hours: None,
+            global_share: share_of(None),
         });
         let mut apps = HashMap::new();
         for (app, conf) in &config.apps {
@@ -202,6 +220,7 @@ impl BudgetPolicies {
                     default,
                     allowed,
                     usd_per_24_hours,
+                    global_share: share_of(Some(app)),
                 },
             );
         }
@@ -246,6 +265,7 @@ impl BudgetPolicies {
             })?;
         let mut budget = *budget;
         budget.cost.app_nano_per_24_hours = policy.usd_per_24_hours;
+        budget.global_share = policy.global_share;
         Ok((name.clone(), budget))
     }
 
@@ -281,6 +301,7 @@ mod tests {
                 allowed_budgets: Some(vec!["standard".into(), "premium".into()]),
                 api_keys: None,
                 usd_per_24_hours: None,
+                global_concurrent_share: None,
             },
         );
         c.admission.global_concurrent = Limit::Integer(77);

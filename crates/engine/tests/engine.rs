@@ -29,6 +29,7 @@ on_both_backends!(
     the_sweeper_expires_queued_tasks_and_wakes_waiters,
     a_caller_bound_to_a_subject_sees_only_its_subject,
     callers_cannot_write_the_engine_key_namespaces,
+    one_app_filling_global_capacity_cannot_lock_another_out,
 );
 
 fn source(id: &str) -> (SourceId, SourceRevision) {
@@ -652,6 +653,7 @@ async fn apps_may_use_only_their_allowed_policies() {
             allowed_budgets: Some(vec!["standard".into(), "premium".into()]),
             api_keys: None,
             usd_per_24_hours: None,
+            global_concurrent_share: None,
         },
     );
     let engine = db.engine(config).await;
@@ -822,4 +824,52 @@ async fn a_caller_bound_to_a_subject_sees_only_its_subject(db: TestDb) {
     );
     assert!(as_alice.submit(into_run).await.unwrap().created);
     assert_eq!(as_app.delete_owner_data(&scope(), None).await.unwrap(), 1);
+}
+
+/// docs/budgets.md, "Each app's share of the global capacity" (issue: one tenant filled
+/// `global_concurrent` and every other app got `WORKFLOW_AI_CAPACITY` for up to the queue
+/// timeout). Two apps with the default shares of `global_concurrent = 10` (2 each, 6
+/// lent): `acme` floods scoped tasks in 20 scopes with nothing claiming them, and is
+/// refused after 8 with a message about its own share; `globex` is still admitted.
+async fn one_app_filling_global_capacity_cannot_lock_another_out(db: TestDb) {
+    let mut config = fast_config();
+    config.admission.global_concurrent = Limit::Integer(10);
+    for name in ["acme", "globex"] {
+        config.apps.insert(name.into(), AppConfig::default());
+    }
+    let engine = db.engine(config).await;
+    let scoped = |app: &str, i: usize| {
+        let (id, rev) = source(&format!("doc-{app}-{i}"));
+        Submission::application(
+            tollgate_core::AppId::new(app).unwrap(),
+            tollgate_core::ScopeId::new(format!("s{}", i % 20)).unwrap(),
+            key(&format!("{app}-{i}")),
+            TaskKind::Classify,
+            json!({"input": "x", "labels": ["spam", "ham"]}),
+        )
+        .with_source(id, rev)
+    };
+    let mut admitted = 0;
+    let mut refusal = None;
+    for i in 0..40 {
+        match engine.submit(scoped("acme", i)).await {
+            Ok(_) => admitted += 1,
+            Err(e) => {
+                assert_eq!(e.code(), Some(ErrorCode::Capacity), "{e}");
+                refusal.get_or_insert(e.to_string());
+            }
+        }
+    }
+    assert_eq!(admitted, 8, "acme's 2 and the 6 lent");
+    let refusal = refusal.expect("acme is refused beyond its share");
+    assert!(
+        refusal.contains("global_concurrent_share") && !refusal.contains("the service"),
+        "the refusal names the app's limit, not the service's: {refusal}"
+    );
+    for i in 0..2 {
+        engine
+            .submit(scoped("globex", i))
+            .await
+            .expect("globex keeps its share while acme floods");
+    }
 }

@@ -294,10 +294,6 @@ pub enum ClaimOrder {
 /// Most queues one fair claim reads (SPEC §14): the queues with the least virtual time.
 pub const MAX_CLAIM_QUEUES: u32 = 64;
 
-/// Most rounds of one fair claim (SPEC §14): a round that found a queue empty (and
-/// deactivated it) gives the slots it left to the other queues in the next round.
-pub const MAX_CLAIM_ROUNDS: usize = 3;
-
 /// One schedule a provider call takes a start from (SPEC §14 provider pace): a provider's,
 /// or one model's of it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -36,8 +36,8 @@ use tollgate_store::conformance::START;
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
 use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
 use tollgate_store::{
-    MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, RunResult, ScopedSource, Store, StoreError, SweepConfig,
-    UnreleasedQuery, WaitOutcome,
+    MAX_CLAIM_QUEUES, RunResult, ScopedSource, Store, StoreError, SweepConfig, UnreleasedQuery,
+    WaitOutcome,
 };
 
 const APPS: [&str; 2] = ["acme", "globex"];
@@ -660,6 +660,9 @@ struct Model {
     now: i64,
     /// SPEC §14 dispatch queues: (app, scope) → (pass, active).
     queues: HashMap<(usize, usize), (i64, bool)>,
+    /// SPEC §14 the floor each queue found when it last became active, and the pass it
+    /// joined at (docs/engine.md, "Dispatch order").
+    joins: HashMap<(usize, usize), (i64, i64)>,
 }
 
 fn valid_output(pick: u8) -> Value {
@@ -1028,24 +1031,59 @@ impl Model {
         Ok((TRef::Known(idx), true))
     }
 
-    /// SPEC §14: a queued task activates its queue; a new or idle one starts one burst
-    /// (`join_credit`) below the least pass of the active queues (at the greatest pass of
-    /// all when none is active), or at its own pass when that is ahead.
+    /// SPEC §14: a queued task activates its queue; a new or idle one joins one burst
+    /// (`join_credit`) below the floor (the least standing of the active queues: a
+    /// queue's pass, or its base while its pass is below it), but no earlier than one
+    /// stride after its app's furthest fresh queue (active, nothing claimed since it
+    /// joined); at the greatest pass of all when none is active; or at its own pass when
+    /// that is ahead.
     fn activate_queue(&mut self, app: usize, scope: usize) {
-        let start = self
+        if self
+            .queues
+            .get(&(app, scope))
+            .is_some_and(|(_, active)| *active)
+        {
+            return;
+        }
+        let active: Vec<((usize, usize), i64)> = self
+            .queues
+            .iter()
+            .filter(|(_, (_, a))| *a)
+            .map(|(k, (p, _))| (*k, *p))
+            .collect();
+        let floor = active
+            .iter()
+            .map(|(k, pass)| (*pass).max(self.joins[k].0))
+            .min();
+        let top = self
             .queues
             .values()
-            .filter(|(_, active)| *active)
             .map(|(pass, _)| *pass)
-            .min()
-            .map(|least| least - join_credit(Weight::default()))
-            .or_else(|| self.queues.values().map(|(pass, _)| *pass).max())
+            .max()
             .unwrap_or(0);
+        let start = match floor {
+            None => top,
+            Some(floor) => {
+                let below = floor - join_credit(Weight::default());
+                let fresh = active
+                    .iter()
+                    .filter(|(k, pass)| k.0 == app && *pass == self.joins[k].1)
+                    .map(|(_, pass)| *pass)
+                    .max();
+                match fresh {
+                    Some(f) if f + stride(Weight::default()) > below => {
+                        f + stride(Weight::default())
+                    }
+                    _ => below,
+                }
+            }
+        };
         let entry = self.queues.entry((app, scope)).or_insert((start, false));
-        if !entry.1 {
-            entry.0 = entry.0.max(start);
-            entry.1 = true;
-        }
+        entry.0 = entry.0.max(start);
+        entry.1 = true;
+        let pass = entry.0;
+        self.joins
+            .insert((app, scope), (floor.unwrap_or(top), pass));
     }
 
     /// SPEC §14 fair claim, as the store runs it: rounds of the stride plan over the
@@ -1054,7 +1092,7 @@ impl Model {
         let mut claimed: Vec<usize> = Vec::new();
         // Queues that gave fewer than planned: left out of later rounds.
         let mut spent: Vec<(usize, usize)> = Vec::new();
-        for _ in 0..MAX_CLAIM_ROUNDS {
+        loop {
             let want = limit - claimed.len();
             if want == 0 {
                 break;
@@ -1067,7 +1105,6 @@ impl Model {
                 .collect();
             active.sort_by_key(|((a, s), p)| (*p, APPS[*a], SCOPES[*s]));
             active.truncate(want.min(MAX_CLAIM_QUEUES as usize));
-            let listed = active.len();
             let mut short = false;
             if active.is_empty() {
                 break;
@@ -1080,7 +1117,6 @@ impl Model {
                 })
                 .collect();
             let plan = allocate_claims(&shares, want as u32);
-            let mut emptied = false;
             for ((q, _), take) in active.into_iter().zip(plan) {
                 if take == 0 {
                     continue;
@@ -1109,16 +1145,13 @@ impl Model {
                     let queued = self.tasks.iter().any(|t| {
                         !t.deleted && (t.app, t.scope) == q && t.status == TaskStatus::Queued
                     });
-                    if !queued {
-                        if let Some(entry) = self.queues.get_mut(&q) {
-                            entry.1 = false;
-                        }
-                        emptied = true;
+                    if !queued && let Some(entry) = self.queues.get_mut(&q) {
+                        entry.1 = false;
                     }
                 }
                 claimed.extend(order);
             }
-            if !(emptied || (short && listed > 1)) {
+            if !short {
                 break;
             }
         }

@@ -180,6 +180,42 @@ pub struct AppConfig {
     /// SPEC §13: the whole app's spend in 24 h, all scopes, USD.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usd_per_24_hours: Option<f64>,
+    /// The global slots (`[admission] global_concurrent`) only this app may use
+    /// (docs/budgets.md, "Each app's share of the global capacity"); default: an even
+    /// split of half of `global_concurrent` when two or more apps are configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_concurrent_share: Option<u32>,
+}
+
+/// docs/budgets.md, "Each app's share of the global capacity": each configured app's
+/// share of `global` slots, `None` when shares are off (fewer than two apps and no
+/// `global_concurrent_share` set). An app without the setting gets
+/// `⌊global / (2 × apps)⌋`. Fails naming `apps` when the shares add up to more than
+/// `global`.
+pub fn app_shares<'a>(
+    apps: impl IntoIterator<Item = (&'a String, &'a AppConfig)>,
+    global: u32,
+) -> Result<Option<std::collections::BTreeMap<String, u32>>, String> {
+    let apps: Vec<(&String, &AppConfig)> = apps.into_iter().collect();
+    let explicit = apps
+        .iter()
+        .any(|(_, c)| c.global_concurrent_share.is_some());
+    if apps.len() < 2 && !explicit {
+        return Ok(None);
+    }
+    let even = global / (2 * apps.len().max(1) as u32).max(1);
+    let shares: std::collections::BTreeMap<String, u32> = apps
+        .iter()
+        .map(|(name, c)| ((*name).clone(), c.global_concurrent_share.unwrap_or(even)))
+        .collect();
+    let reserved: u64 = shares.values().map(|s| u64::from(*s)).sum();
+    if reserved > u64::from(global) {
+        return Err(format!(
+            "the apps' global_concurrent_share add up to {reserved}, more than \
+             [admission] global_concurrent = {global}"
+        ));
+    }
+    Ok(Some(shares))
 }
 
 /// `[admission]`: server-wide admission settings.

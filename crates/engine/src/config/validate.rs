@@ -273,8 +273,13 @@ impl EngineConfig {
                 p.add(format!("apps.{app}.usd_per_24_hours"), e.to_string());
             }
         }
-        if let Err(message) = self.admission.global_concurrent.positive() {
-            p.add("admission.global_concurrent", message);
+        match self.admission.global_concurrent.positive() {
+            Err(message) => p.add("admission.global_concurrent", message),
+            Ok(global) => {
+                if let Err(message) = super::budgets::app_shares(&self.apps, global.get()) {
+                    p.add("apps", message);
+                }
+            }
         }
         // The top-level default is used by apps without a default of their own and by the
         // development app (no apps configured). The implicit `standard` must exist only

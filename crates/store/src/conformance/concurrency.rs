@@ -387,3 +387,117 @@ pub async fn racing_sweeps_finish_each_task_once(b: &dyn Backend) {
         assert_eq!(get(&*s, &app("acme"), id).await.status, TaskStatus::Failed);
     }
 }
+
+/// docs/budgets.md, "Each app's share of the global capacity": `global_concurrent = 12`,
+/// three apps with a share of 2 each (6 reserved, 6 lent). 40 racing admissions in 40
+/// scopes (most of them from `acme`, which floods) admit exactly 12: every app gets at
+/// least its share, none more than its share plus the 6 lent, and no app takes another's
+/// share (`Σ max(admitted, share) ≤ 12`). Refusals name the app's share, not the service.
+pub async fn racing_admissions_respect_each_apps_global_share_exactly(b: &dyn Backend) {
+    let share = tollgate_core::GlobalShare {
+        share: 2,
+        reserved: 6,
+    };
+    let limits = tollgate_core::Budget {
+        global_share: Some(share),
+        ..budget(1000, 1000, 1000, 12, 1000, 1000)
+    };
+    let app_of = |i: usize| match i % 8 {
+        0 => "globex",
+        1 => "initech",
+        _ => "acme",
+    };
+    let answers: Vec<StoreResult<Created>> = race(b, |i, s| {
+        let new = new_scoped_task(
+            app_of(i),
+            &format!("scope-{i}"),
+            &format!("k{i}"),
+            "doc",
+            limits,
+        );
+        async move { s.create_task(new).await }
+    })
+    .await;
+    let mut per_app: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut rejected = Vec::new();
+    for (i, answer) in answers.into_iter().enumerate() {
+        match answer {
+            Ok(c) => *per_app.entry(app_of(i)).or_default() += u32::from(c.created),
+            Err(StoreError::Admission(r)) => rejected.push(r),
+            Err(e) => panic!("a racing create failed with {e:?} (only admission may refuse)"),
+        }
+    }
+    let total: u32 = per_app.values().sum();
+    assert_eq!(total, 12, "exactly global_concurrent tasks: {per_app:?}");
+    for a in ["acme", "globex", "initech"] {
+        let n = per_app.get(a).copied().unwrap_or(0);
+        assert!(
+            (2..=8).contains(&n),
+            "app {a} got {n} slots, outside its share 2 plus the 6 lent: {per_app:?}"
+        );
+    }
+    let claimed: u32 = per_app.values().map(|n| (*n).max(2)).sum();
+    assert!(claimed <= 12, "an app took another's share: {per_app:?}");
+    assert!(
+        rejected.iter().all(|r| matches!(
+            r,
+            AdmissionRejection::AppCapacity {
+                share: 2,
+                lendable: 6,
+                ..
+            }
+        )),
+        "{rejected:?}"
+    );
+}
+
+/// docs/budgets.md, "Each app's share of the global capacity": one app filling the
+/// service cannot lock another out. With `global_concurrent = 10` and two apps of share
+/// 3, `acme` gets 7 (its 3 and the 4 lent) and is then refused naming its share;
+/// `globex` still gets its 3; when `acme`'s tasks end, its slots (and the lent ones)
+/// come back.
+pub async fn one_app_filling_the_service_leaves_the_others_their_share(b: &dyn Backend) {
+    let s = b.open().await;
+    let limits = tollgate_core::Budget {
+        global_share: Some(tollgate_core::GlobalShare {
+            share: 3,
+            reserved: 6,
+        }),
+        ..budget(1000, 1000, 1000, 10, 1000, 1000)
+    };
+    let mut flood = Vec::new();
+    for i in 0..7 {
+        let new = new_scoped_task("acme", &format!("a{i}"), &format!("a{i}"), "doc", limits);
+        flood.push(create_new(&*s, new).await.id);
+    }
+    let refused = rejection(&*s, new_scoped_task("acme", "a7", "a7", "doc", limits)).await;
+    assert_eq!(
+        refused,
+        AdmissionRejection::AppCapacity {
+            in_use: 7,
+            share: 3,
+            lendable: 4
+        }
+    );
+    for i in 0..3 {
+        create_new(
+            &*s,
+            new_scoped_task("globex", &format!("g{i}"), &format!("g{i}"), "doc", limits),
+        )
+        .await;
+    }
+    assert!(matches!(
+        rejection(&*s, new_scoped_task("globex", "g3", "g3", "doc", limits)).await,
+        AdmissionRejection::AppCapacity { in_use: 3, .. }
+    ));
+    // Two of acme's tasks end: two lent slots are free again, for either app.
+    for id in flood.iter().take(2) {
+        cancel(&*s, &app("acme"), *id).await;
+    }
+    create_new(&*s, new_scoped_task("globex", "g4", "g4", "doc", limits)).await;
+    create_new(&*s, new_scoped_task("acme", "a8", "a8", "doc", limits)).await;
+    assert!(matches!(
+        rejection(&*s, new_scoped_task("acme", "a9", "a9", "doc", limits)).await,
+        AdmissionRejection::AppCapacity { .. }
+    ));
+}

@@ -93,14 +93,15 @@ pub async fn a_backlog_never_holds_back_another_scope(b: &dyn Backend) {
 }
 
 /// SPEC §14: weights 3:1 give claim shares of 3:1 (within 10 %) over a long backlog
-/// (after the second queue's joining burst).
+/// (after the second queue's joining burst; it is another app's, as an app's queues
+/// opened together share one burst: docs/engine.md, "Dispatch order").
 pub async fn weights_share_claims_in_proportion(b: &dyn Backend) {
     let s = b.open().await;
     let heavy: BTreeSet<TaskId> = backlog(&*s, "acme", "heavy", 600, weighted(3))
         .await
         .into_iter()
         .collect();
-    backlog(&*s, "acme", "light", 600, weighted(1)).await;
+    backlog(&*s, "globex", "light", 600, weighted(1)).await;
     // The queue that joined second takes its joining burst first.
     let mut burst = 0;
     while burst < JOIN_CREDIT_TASKS as usize {
@@ -351,4 +352,122 @@ pub async fn an_idle_scope_banks_no_credit(b: &dyn Backend) {
         "after its burst, B shares claims equally with A (A {a}, B {bb}), \
          instead of catching up on the time it was idle"
     );
+}
+
+/// SPEC §14 (docs/engine.md, "Dispatch order"): a flood of new queues shares one burst of
+/// joining credit. Scope `live` of another app is established (served a while); then one
+/// app submits one task in each of 10,000 new scopes. The flood as a whole gets at most
+/// one burst ([`JOIN_CREDIT_TASKS`] tasks, plus one tie) ahead of `live`, whose next
+/// task is claimed within a few claim batches; after that the two alternate.
+pub async fn a_flood_of_new_queues_shares_one_burst(b: &dyn Backend) {
+    const FLOOD: usize = 10_000;
+    const BATCH: u32 = 32;
+    let s = b.open().await;
+    let live: BTreeSet<TaskId> = backlog(&*s, "globex", "live", 400, Dispatch::default())
+        .await
+        .into_iter()
+        .collect();
+    for _ in 0..3 {
+        assert_eq!(claim_batch(&*s, 10).await.len(), 10);
+    }
+    b.clock().advance(secs(1));
+    let mut i = 0;
+    while i < FLOOD {
+        let batch: Vec<NewTask> = (i..FLOOD.min(i + 500))
+            .map(|j| new_app_task("acme", &format!("f{j}"), &format!("flood-{j}")))
+            .collect();
+        i += batch.len();
+        for created in s.create_tasks(batch).await.expect("create_tasks") {
+            assert!(created.expect("flood task created").created);
+        }
+    }
+    let mut flood_before_live = 0usize;
+    let mut batches = 0;
+    let mut live_after = 0usize;
+    let mut flood_after = 0usize;
+    let mut seen_live = false;
+    while batches < 12 {
+        let got = claim_batch(&*s, BATCH).await;
+        batches += 1;
+        assert_eq!(
+            got.len(),
+            BATCH as usize,
+            "batch {batches}: every slot is filled while tasks are claimable"
+        );
+        for t in got {
+            let is_live = live.contains(&t.id);
+            if !seen_live && !is_live {
+                flood_before_live += 1;
+            } else if seen_live && is_live {
+                live_after += 1;
+            } else if seen_live {
+                flood_after += 1;
+            }
+            seen_live |= is_live;
+        }
+        if !seen_live {
+            assert!(
+                batches < 5,
+                "scope `live` waited more than 4 claim batches of {BATCH} behind a flood of \
+                 {FLOOD} new queues ({flood_before_live} flood tasks claimed first)"
+            );
+        }
+    }
+    assert!(
+        flood_before_live <= JOIN_CREDIT_TASKS as usize + 1,
+        "the flood of {FLOOD} new queues got {flood_before_live} tasks ahead of `live`, more \
+         than one burst ({JOIN_CREDIT_TASKS})"
+    );
+    let after = live_after + flood_after;
+    assert!(
+        live_after * 3 >= after && flood_after * 3 >= after,
+        "after the burst `live` and the flood take turns (live {live_after}, flood {flood_after})"
+    );
+}
+
+/// SPEC §14 (docs/engine.md, "Dispatch order"): a claim fills every slot it asks for
+/// while anything is claimable, however many drained queues sit ahead of the claimable
+/// ones: 1,000 one-task scopes are claimed beside a long backlog, and every claim of 8
+/// returns 8 (a short claim puts workers to sleep for the poll interval).
+pub async fn claims_fill_every_slot_behind_drained_queues(b: &dyn Backend) {
+    const FLOOD: usize = 1_000;
+    let s = b.open().await;
+    backlog(&*s, "globex", "live", 3_000, Dispatch::default()).await;
+    assert_eq!(claim_batch(&*s, 8).await.len(), 8);
+    b.clock().advance(secs(1));
+    let mut flood: BTreeSet<TaskId> = BTreeSet::new();
+    let mut i = 0;
+    while i < FLOOD {
+        let batch: Vec<NewTask> = (i..FLOOD.min(i + 500))
+            .map(|j| new_app_task("acme", &format!("d{j}"), &format!("drain-{j}")))
+            .collect();
+        i += batch.len();
+        for created in s.create_tasks(batch).await.expect("create_tasks") {
+            flood.insert(created.expect("flood task created").task.id);
+        }
+    }
+    let mut claims = 0;
+    while !flood.is_empty() {
+        let got = claim_batch(&*s, 8).await;
+        claims += 1;
+        assert_eq!(
+            got.len(),
+            8,
+            "claim {claims} returned {} of 8 with {} one-task scopes and the backlog still \
+             queued",
+            got.len(),
+            flood.len()
+        );
+        for t in got {
+            flood.remove(&t.id);
+        }
+        assert!(claims < 2_000, "the flood is never drained");
+    }
+    for _ in 0..5 {
+        assert_eq!(
+            claim_batch(&*s, 8).await.len(),
+            8,
+            "the drained queues do not hold back the backlog"
+        );
+    }
 }

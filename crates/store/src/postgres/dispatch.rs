@@ -18,9 +18,9 @@
 
 use super::lifecycle::run_not_canceled;
 use super::{PostgresStore, now_sql};
+use crate::StoreResult;
 use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::rows::{TaskRow, task_columns_qualified};
-use crate::{MAX_CLAIM_QUEUES, StoreResult};
 use std::sync::{Arc, LazyLock};
 use tollgate_core::WorkerId;
 
@@ -96,12 +96,12 @@ impl FairClaim for PgFairClaim<'_> {
         pay_pass_debt(self.store).await
     }
 
-    async fn read_queues(&mut self) -> StoreResult<Vec<QueueRow>> {
+    async fn read_queues(&mut self, limit: i64) -> StoreResult<Vec<QueueRow>> {
         Ok(sqlx::query_as(
             "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
              ORDER BY pass, app, scope LIMIT $1",
         )
-        .bind(i64::from(MAX_CLAIM_QUEUES))
+        .bind(limit)
         .fetch_all(&self.store.pool)
         .await?)
     }

@@ -7,7 +7,7 @@ use crate::StoreError;
 use tollgate_core::cost::{CostSnapshot, decide_cost};
 use tollgate_core::{
     AdmissionRejection, AdmissionSnapshot, BucketState, Budget, CostRejection, Reservation,
-    Timestamp, Usage, decide,
+    ShareUse, Timestamp, Usage, decide,
 };
 
 /// What an admission reads under its scope's lock.
@@ -35,6 +35,11 @@ pub(crate) struct AdmissionFacts {
     pub(crate) token_at: Option<i64>,
     /// SPEC §13: the scope's settled + reserved nano-dollars in the window's buckets.
     pub(crate) scope_window_nano: i64,
+    /// The app's active admitted tasks (`app_slots`; docs/budgets.md, "Each app's share
+    /// of the global capacity").
+    pub(crate) app_active: i64,
+    /// The global slots all apps hold beyond their shares.
+    pub(crate) borrowed: i64,
 }
 
 /// Why admission refused a task: SPEC §4's checks, then SPEC §13's.
@@ -85,6 +90,10 @@ impl AdmissionFacts {
             source_already_seen: self.seen,
             scope_active: self.active.unwrap_or(0).max(0) as u64,
             global_active: self.global_active.max(0) as u64,
+            share: ShareUse {
+                app_active: self.app_active.max(0) as u64,
+                borrowed: self.borrowed.max(0) as u64,
+            },
         };
         let bucket = match (self.bucket_units, self.bucket_at) {
             (Some(units), Some(at)) => Some(BucketState {

@@ -3,41 +3,88 @@
 //! schedule), and how far each queue's virtual time then moves.
 
 use crate::shared::rows::TaskRow;
-use crate::{MAX_CLAIM_QUEUES, MAX_CLAIM_ROUNDS, StoreResult};
+use crate::{MAX_CLAIM_QUEUES, StoreResult};
 use tollgate_core::{NewTask, Owner, QueueShare, Weight, allocate_claims, stride};
 
-/// SPEC §14, both backends: the pass an (app, scope) queue joins at when one of its
-/// tasks is queued — `$credit` (core's [`join_credit`](tollgate_core::join_credit) of
-/// the queue's weight, a bound parameter or column) below the least pass of the active
-/// queues; with none active, the greatest pass of all (0 for the first queue ever).
-/// Used as the inserted row's pass; [`queue_join_conflict`] keeps an existing queue's
-/// own pass when that is ahead.
-macro_rules! queue_join_pass {
-    ($credit:literal) => {
+/// SPEC §14, both backends (docs/engine.md, "Dispatch order"): the row an (app, scope)
+/// queue joins with when one of its tasks is queued, as `SELECT app, scope, weight,
+/// pass, base, joined, TRUE … WHERE TRUE` (an `INSERT … SELECT` with an upsert after
+/// it). `$params` is a one-row `SELECT` of `app`, `scope`, `weight`, `credit` (core's
+/// [`join_credit`](tollgate_core::join_credit) of the weight) and `stride` (core's
+/// [`stride`]).
+///
+/// - The *floor* is the least standing of the active queues, a queue's standing being
+///   its pass, or while it still holds joining credit (pass below its `base`) the floor
+///   it joined at. Joining queues never lower it (they stand at the floor they found),
+///   so it never runs away however many queues join; with no queue active it is the
+///   greatest pass of all (0 for the first queue ever).
+/// - A queue joins one burst (`credit`) below the floor, but no earlier than one stride
+///   after the furthest *fresh* queue of its app (active and not claimed from since it
+///   joined: `pass = joined`). So the queues an app opens together share one burst of
+///   credit, one after another, and a flood of new queues is at most one burst ahead
+///   of everybody else; another app's newcomer still gets its own burst.
+/// - `base` is the floor it found, `joined` the pass it joined at.
+///
+/// Its reads are index lookups (migration 0011): the least `base` of the queues below
+/// theirs, the least pass of the others (after skipping the credit holders), and the
+/// app's furthest fresh pass.
+macro_rules! queue_join_select {
+    ($($params:tt)+) => {
         concat!(
-            "COALESCE((SELECT MIN(pass) FROM dispatch_queues WHERE active) - ",
-            $credit,
-            ", (SELECT MAX(pass) FROM dispatch_queues), 0)"
+            "SELECT y.app, y.scope, y.weight, y.pass, y.base, y.pass, TRUE FROM (\
+             SELECT x.app, x.scope, x.weight, \
+             CASE WHEN x.floor IS NULL THEN x.top \
+                  WHEN x.fresh IS NOT NULL AND x.fresh + x.stride > x.floor - x.credit \
+                  THEN x.fresh + x.stride \
+                  ELSE x.floor - x.credit END AS pass, \
+             COALESCE(x.floor, x.top) AS base FROM (\
+             SELECT p.app, p.scope, p.weight, p.credit, p.stride, \
+             (SELECT MIN(m) FROM (\
+               SELECT MIN(base) AS m FROM dispatch_queues WHERE active AND pass < base \
+               UNION ALL \
+               SELECT MIN(pass) AS m FROM dispatch_queues WHERE active AND pass >= base\
+             ) u) AS floor, \
+             COALESCE((SELECT MAX(pass) FROM dispatch_queues), 0) AS top, \
+             (SELECT MAX(f.pass) FROM dispatch_queues f WHERE f.app = p.app AND f.active \
+               AND f.pass = f.joined) AS fresh \
+             FROM (",
+            $($params)+,
+            ") p) x) y WHERE TRUE "
         )
     };
 }
-pub(crate) use queue_join_pass;
+pub(crate) use queue_join_select;
 
 /// SPEC §14, both backends: the upsert's conflict clause for a queue that gets a queued
-/// task. An active queue keeps its pass; an idle one becomes active at the greater of
-/// its own last pass and the joining pass ([`queue_join_pass`]), so it banks at most one
-/// burst of credit however long it idled (and keeps only what is left of it when it
-/// drained just now). The weight follows the task's policy.
+/// task (after [`queue_join_select`]). An active queue keeps its pass; an idle one
+/// becomes active at the greater of its own last pass and the joining pass, so it banks
+/// at most one burst of credit however long it idled (and keeps only what is left of it
+/// when it drained just now), standing at the floor it found. The weight follows the
+/// task's policy.
 macro_rules! queue_join_conflict {
     () => {
         "ON CONFLICT (app, scope) DO UPDATE SET weight = excluded.weight, \
          pass = CASE WHEN dispatch_queues.active THEN dispatch_queues.pass \
                 WHEN dispatch_queues.pass > excluded.pass THEN dispatch_queues.pass \
-                ELSE excluded.pass END, active = TRUE \
+                ELSE excluded.pass END, \
+         base = CASE WHEN dispatch_queues.active THEN dispatch_queues.base \
+                ELSE excluded.base END, \
+         joined = CASE WHEN dispatch_queues.active THEN dispatch_queues.joined \
+                WHEN dispatch_queues.pass > excluded.pass THEN dispatch_queues.pass \
+                ELSE excluded.pass END, \
+         active = TRUE \
          WHERE NOT dispatch_queues.active OR dispatch_queues.weight <> excluded.weight"
     };
 }
 pub(crate) use queue_join_conflict;
+
+/// SPEC §14, both backends: the columns [`queue_join_select`] fills.
+macro_rules! queue_join_insert {
+    () => {
+        "INSERT INTO dispatch_queues (app, scope, weight, pass, base, joined, active) "
+    };
+}
+pub(crate) use queue_join_insert;
 
 /// An active (app, scope) queue as a claim reads it.
 #[derive(sqlx::FromRow, Debug, Clone)]
@@ -91,9 +138,8 @@ pub(crate) fn plan_claim(queues: Vec<QueueRow>, n: u32) -> Vec<QueueTake> {
 pub(crate) trait FairClaim: Send {
     /// Writes what `view` owes the queues' passes.
     async fn pay_debt(&mut self, view: &QueueView) -> StoreResult<()>;
-    /// Reads the active queues with the least pass (at most [`MAX_CLAIM_QUEUES`], in
-    /// pass order).
-    async fn read_queues(&mut self) -> StoreResult<Vec<QueueRow>>;
+    /// Reads the active queues with the least pass (at most `limit`, in pass order).
+    async fn read_queues(&mut self, limit: i64) -> StoreResult<Vec<QueueRow>>;
     /// Claims each planned queue's share, its tasks in dispatch-key order.
     async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>>;
     /// Deactivates the queue if it holds no queued task; true when it did.
@@ -101,37 +147,44 @@ pub(crate) trait FairClaim: Send {
 }
 
 /// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
-/// time, by the stride plan, in at most [`MAX_CLAIM_ROUNDS`] rounds; both backends run
-/// this loop with their own statements ([`FairClaim`]).
+/// time, by the stride plan, in rounds; both backends run this loop with their own
+/// statements ([`FairClaim`]).
 ///
-/// Each round plans from the instance's view (read again only when it is stale), claims,
-/// and owes each queue's pass move. A queue that gave fewer than planned sits out the
-/// later rounds (nothing more of it is claimable now); only one that gave nothing is
-/// checked for emptiness (so a scope submitting one task at a time is not deactivated
-/// and reactivated for every task). Rounds go on while a queue emptied, or came up
-/// short with other queues listed (their turn for the slots it left). A view with no
-/// period ([`QueueView::writes_through`]) writes the claim's moves before it returns.
+/// Each round plans over at most [`MAX_CLAIM_QUEUES`] queues from the instance's view
+/// (read again only when it is stale or lists no queue left to try), claims, and owes
+/// each queue's pass move. A queue that gave fewer than planned sits out the later
+/// rounds (nothing more of it is claimable now); only one that gave nothing is checked
+/// for emptiness (so a scope submitting one task at a time is not deactivated and
+/// reactivated for every task). Rounds go on until the claim is full or every active
+/// queue has come up short: each round that is not full sets at least one queue aside,
+/// so the loop ends, and a claim never comes back short while a task is claimable
+/// (docs/engine.md, "Dispatch order": a short claim lets workers sleep for the poll
+/// interval). A view with no period ([`QueueView::writes_through`]) writes the claim's
+/// moves before it returns.
 pub(crate) async fn claim_fair(
     view: &QueueView,
     steps: &mut dyn FairClaim,
     limit: u32,
 ) -> StoreResult<Vec<TaskRow>> {
     let mut claimed: Vec<TaskRow> = Vec::new();
-    let mut spent: Vec<(String, String)> = Vec::new();
-    for _ in 0..MAX_CLAIM_ROUNDS {
+    let mut spent: std::collections::BTreeSet<(String, String)> = Default::default();
+    loop {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
             break;
         }
         let n = want.min(MAX_CLAIM_QUEUES) as usize;
         let queues = match view.fresh(n, &spent) {
-            Some(q) => q,
-            None => {
-                // The debt first: the rows read then hold this instance's moves.
+            Some(q) if !q.is_empty() => q,
+            _ => {
+                // The debt first: the rows read then hold this instance's moves. Read
+                // past the queues set aside, so n others are listed when they exist.
                 steps.pay_debt(view).await?;
-                let read = steps.read_queues().await?;
+                let read = steps
+                    .read_queues(i64::try_from(n + spent.len()).unwrap_or(i64::MAX))
+                    .await?;
                 let mut all = view.keep(read);
-                all.retain(|q| !spent.iter().any(|(a, s)| *a == q.app && *s == q.scope));
+                all.retain(|q| !spent.contains(&(q.app.clone(), q.scope.clone())));
                 all.truncate(n);
                 all
             }
@@ -139,10 +192,8 @@ pub(crate) async fn claim_fair(
         if queues.is_empty() {
             break;
         }
-        let listed = queues.len();
         let plan = plan_claim(queues, want);
         let rows = steps.claim(&plan).await?;
-        let mut emptied = false;
         let mut short = false;
         for take in &plan {
             let (app, scope) = (&take.queue.app, &take.queue.scope);
@@ -153,16 +204,15 @@ pub(crate) async fn claim_fair(
             view.owe(app, scope, take.queue.advance(got));
             if got < take.take {
                 short = true;
-                spent.push((app.clone(), scope.clone()));
+                spent.insert((app.clone(), scope.clone()));
             }
             if got == 0 && steps.deactivate_if_empty(app, scope).await? {
-                emptied = true;
                 view.forget(app, scope);
             }
         }
         claimed.extend(rows);
-        if !(emptied || (short && listed > 1)) {
-            // Full, or nothing else to try: look again at the next poll.
+        if !short {
+            // Full: every planned slot was filled.
             break;
         }
     }
@@ -251,7 +301,11 @@ impl QueueView {
 
     /// The least-pass queues of a view younger than the TTL, in claim order, leaving out
     /// `spent` (queues that came up short in this claim).
-    pub(crate) fn fresh(&self, n: usize, spent: &[(String, String)]) -> Option<Vec<QueueRow>> {
+    pub(crate) fn fresh(
+        &self,
+        n: usize,
+        spent: &std::collections::BTreeSet<(String, String)>,
+    ) -> Option<Vec<QueueRow>> {
         let state = self.lock();
         let (at, rows) = state.seen.as_ref()?;
         if at.elapsed() >= self.ttl || rows.is_empty() {
@@ -259,7 +313,7 @@ impl QueueView {
         }
         let mut rows: Vec<QueueRow> = rows
             .iter()
-            .filter(|q| !spent.iter().any(|(a, s)| *a == q.app && *s == q.scope))
+            .filter(|q| !spent.contains(&(q.app.clone(), q.scope.clone())))
             .cloned()
             .collect();
         rows.sort_by(|a, b| (a.pass, &a.app, &a.scope).cmp(&(b.pass, &b.app, &b.scope)));
@@ -398,7 +452,7 @@ mod tests {
             vec![("y", 3), ("x", 5)]
         );
         view.owe("a", "y", 4);
-        assert_eq!(view.fresh(1, &[]).unwrap()[0].scope, "x");
+        assert_eq!(view.fresh(1, &Default::default()).unwrap()[0].scope, "x");
         let debt = view.debt();
         assert_eq!(
             debt,
@@ -412,7 +466,7 @@ mod tests {
             "moves since stay owed"
         );
         view.clear();
-        assert!(view.fresh(1, &[]).is_none());
+        assert!(view.fresh(1, &Default::default()).is_none());
         assert_eq!(view.debt().len(), 1, "clearing the view keeps the debt");
     }
 }

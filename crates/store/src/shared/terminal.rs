@@ -104,6 +104,9 @@ impl TerminalMove {
 pub(crate) trait TerminalStatements: Send {
     /// `scope_state.active -= n` for one (app, scope).
     async fn give_back_scope(&mut self, scope: &ScopeKey, n: i64) -> StoreResult<()>;
+    /// `app_slots.active -= n` for one app (docs/budgets.md, "Each app's share of the
+    /// global capacity").
+    async fn give_back_app(&mut self, app: &str, n: i64) -> StoreResult<()>;
     /// `global_finished.finished += n` on one stripe.
     async fn count_finished(&mut self, stripe: i64, n: i64) -> StoreResult<()>;
     /// SPEC §13: the reservations and usage of the tasks not yet settled.
@@ -155,6 +158,15 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
             if !rows.is_empty() {
                 tx.apply_settlement(&plan_settlement(&rows)?).await?;
             }
+        }
+        // The apps' slot rows after the spend buckets and before the finished stripe:
+        // the order admissions take them in (docs/locking.md).
+        let mut per_app: BTreeMap<&str, i64> = BTreeMap::new();
+        for ((app, _), n) in &per_scope {
+            *per_app.entry(app.as_str()).or_default() += n;
+        }
+        for (app, n) in per_app {
+            tx.give_back_app(app, n).await?;
         }
         tx.count_finished(finished_stripe(finished), total).await?;
     }

@@ -20,7 +20,7 @@ use tollgate_core::cost::{
 };
 use tollgate_core::{
     AppId, Budget, ConfigHash, CostRejection, NewTask, Owner, Reservation, RunState, ScopeId,
-    SourceId, Subject, Task, TaskId, Timestamp, cache_key, join_credit,
+    SourceId, Subject, Task, TaskId, Timestamp, cache_key, join_credit, stride,
 };
 
 /// The upserts adding a delta to the scope's and the app's spend bucket, as a literal
@@ -396,7 +396,8 @@ async fn insert_task(
             .bind(app.as_str())
             .bind(i.scope.as_str())
             .bind(i64::from(new.dispatch.weight))
-            .bind(join_credit(new.dispatch.weight));
+            .bind(join_credit(new.dispatch.weight))
+            .bind(stride(new.dispatch.weight));
         if let Some((source, logical_key)) = admission {
             query = query
                 .bind(app.as_str())
@@ -486,7 +487,18 @@ async fn admit(
     )
     .fetch_one(&mut *tx)
     .await?;
+    // docs/budgets.md, "Each app's share of the global capacity": the app's active
+    // admitted tasks and the slots all apps hold beyond their shares.
+    let (app_active, borrowed): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE((SELECT active FROM app_slots WHERE app = ?), 0), \
+         COALESCE((SELECT SUM(MAX(active - share, 0)) FROM app_slots), 0)",
+    )
+    .bind(app.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
     let facts = AdmissionFacts {
+        app_active,
+        borrowed,
         pruned,
         bucket_units: state.as_ref().map(|s| s.bucket_units),
         bucket_at: state.as_ref().map(|s| s.bucket_at),
@@ -547,6 +559,9 @@ async fn admit(
          VALUES (?, ?, ?, ?) \
          ON CONFLICT (app, scope, source_id) DO UPDATE SET \
          last_admitted_at = MAX(last_admitted_at, excluded.last_admitted_at); \
+         INSERT INTO app_slots (app, active, share) VALUES (?, 1, ?) \
+         ON CONFLICT (app) DO UPDATE SET active = app_slots.active + 1, \
+         share = excluded.share; \
          UPDATE global_admission SET admitted = admitted + 1 WHERE id = 1"
     ));
     bind_spend(query, app, scope, now, SpendDelta::reserve(&stored))
@@ -563,6 +578,8 @@ async fn admit(
         .bind(scope.as_str())
         .bind(source.as_str())
         .bind(now.0)
+        .bind(app.as_str())
+        .bind(budget.global_share.map_or(0, |s| i64::from(s.share)))
         .execute(&mut *tx)
         .await?;
     Ok(Ok(stored))

@@ -5,21 +5,25 @@
 
 use super::Tx;
 use super::lifecycle::run_not_canceled;
+use crate::StoreResult;
 use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::rows::{TaskRow, task_columns};
-use crate::{MAX_CLAIM_QUEUES, StoreResult};
 use tollgate_core::{Timestamp, WorkerId};
 
 /// A creation's part (SPEC §14), as a literal for `concat!` (a statement of the task
-/// insert's query): the task's (app, scope) queue becomes active, joining at the shared
-/// rule's pass ([`queue_join_pass`], [`queue_join_conflict`]), and takes the weight of
-/// the task's policy. Positional arguments: app, scope, weight, join credit.
+/// insert's query): the task's (app, scope) queue becomes active, joining by the shared
+/// rule ([`queue_join_select`], [`queue_join_conflict`]), and takes the weight of the
+/// task's policy. Positional arguments: app, scope, weight, join credit, stride.
+///
+/// [`queue_join_select`]: crate::shared::dispatch::queue_join_select
+/// [`queue_join_conflict`]: crate::shared::dispatch::queue_join_conflict
 macro_rules! queue_activation {
     () => {
         concat!(
-            "INSERT INTO dispatch_queues (app, scope, weight, pass, active) VALUES (?, ?, ?, ",
-            $crate::shared::dispatch::queue_join_pass!("?"),
-            ", 1) ",
+            $crate::shared::dispatch::queue_join_insert!(),
+            $crate::shared::dispatch::queue_join_select!(
+                "SELECT ? AS app, ? AS scope, ? AS weight, ? AS credit, ? AS stride"
+            ),
             $crate::shared::dispatch::queue_join_conflict!()
         )
     };
@@ -54,12 +58,12 @@ impl FairClaim for SqliteFairClaim<'_> {
         pay_pass_debt(view, self.tx).await
     }
 
-    async fn read_queues(&mut self) -> StoreResult<Vec<QueueRow>> {
+    async fn read_queues(&mut self, limit: i64) -> StoreResult<Vec<QueueRow>> {
         Ok(sqlx::query_as(
             "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
              ORDER BY pass, app, scope LIMIT ?",
         )
-        .bind(i64::from(MAX_CLAIM_QUEUES))
+        .bind(limit)
         .fetch_all(&mut **self.tx)
         .await?)
     }

@@ -50,6 +50,15 @@ impl TerminalStatements for Tx {
         Ok(())
     }
 
+    async fn give_back_app(&mut self, app: &str, n: i64) -> StoreResult<()> {
+        sqlx::query("UPDATE app_slots SET active = active - ? WHERE app = ?")
+            .bind(n)
+            .bind(app)
+            .execute(&mut **self)
+            .await?;
+        Ok(())
+    }
+
     async fn count_finished(&mut self, stripe: i64, n: i64) -> StoreResult<()> {
         sqlx::query("UPDATE global_finished SET finished = finished + ? WHERE stripe = ?")
             .bind(n)

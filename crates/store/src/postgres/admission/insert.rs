@@ -3,17 +3,17 @@
 
 use super::super::{PostgresStore, Tx, now_sql};
 use super::SlotPath;
-use super::slots::{slot_stripe, take_slot_rebalancing};
+use super::slots::{slot_stripe, take_share_rebalancing, take_slot_rebalancing};
 use crate::shared::admission::{ScopeUpdate, cached_usage};
 use crate::shared::cost::SpendDelta;
-use crate::shared::dispatch::{queue_join_conflict, queue_join_pass};
+use crate::shared::dispatch::{queue_join_conflict, queue_join_insert, queue_join_select};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
 use sqlx::{FromRow, Row};
 use tollgate_core::cost::{app_spend_stripe, spend_bucket};
 use tollgate_core::{
     AdmissionRejection, AppId, Budget, NewTask, ScopeId, SourceId, Subject, Task, TaskId,
-    Timestamp, Weight, join_credit,
+    Timestamp, Weight, join_credit, stride,
 };
 
 /// The columns of a task insert, in the order of [`bind_insert`]'s `$1`–`$28`.
@@ -41,18 +41,23 @@ macro_rules! task_insert {
 }
 
 /// SPEC §14, after the task insert `t` in the same statement (`$29` the policy's weight,
-/// `$credit` its joining credit): a queued task makes its (app, scope) queue active,
-/// joining at the shared rule's pass ([`queue_join_pass`], [`queue_join_conflict`]).
-/// The row stays locked to the commit (ON CONFLICT locks it even when nothing changes),
-/// so a claim that finds the queue empty cannot deactivate it before this task is
-/// visible.
+/// `$credit` its joining credit, `$stride` its stride): a queued task makes its (app,
+/// scope) queue active, joining by the shared rule ([`queue_join_select`],
+/// [`queue_join_conflict`]). The row stays locked to the commit (ON CONFLICT locks it
+/// even when nothing changes), so a claim that finds the queue empty cannot deactivate
+/// it before this task is visible.
 macro_rules! queue_activation {
-    ($credit:literal) => {
+    ($credit:literal, $stride:literal) => {
         concat!(
-            ", dq AS (INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
-             SELECT t.app, t.scope, $29::BIGINT, ",
-            queue_join_pass!($credit),
-            ", TRUE FROM t WHERE t.status = 'queued' ",
+            ", dq AS (",
+            queue_join_insert!(),
+            queue_join_select!(concat!(
+                "SELECT t.app, t.scope, $29::BIGINT AS weight, ",
+                $credit,
+                "::BIGINT AS credit, ",
+                $stride,
+                "::BIGINT AS stride FROM t WHERE t.status = 'queued'"
+            )),
             queue_join_conflict!(),
             ") "
         )
@@ -138,7 +143,8 @@ pub(super) struct AdmissionRecord<'a> {
 /// time, `$34` sources delta, (`$35` stripe, `$36` cap: the slot's), `$37`–`$39` token
 /// bucket units, time and capacity (NULL: keep), `$40` spend bucket, `$41` reserved
 /// nano-dollars, `$42` reserved tokens, `$43` app stripe, `$44` the queue's joining
-/// credit (app, scope, task id and now are the insert's `$2`, `$7`, `$1`, `$24`).
+/// credit, `$45` its stride, `$46` the app's share of the global capacity (0: none),
+/// `$47` whether the app has no share (app, scope, task id and now are the insert's `$2`, `$7`, `$1`, `$24`).
 macro_rules! admission_writes {
     () => {
         ", st AS (INSERT INTO scope_state \
@@ -207,18 +213,23 @@ pub(super) async fn insert_and_commit(
             "WITH t AS (",
             task_insert!(),
             ")",
-            queue_activation!("$44"),
+            queue_activation!("$44", "$45"),
             admission_writes!(),
-            ", slot AS (UPDATE global_slots SET admitted = admitted + 1 \
+            ", own AS (INSERT INTO app_slots (app, active, share) \
+               SELECT $2, 1, $46 FROM ap WHERE $47 OR $46 > 0 \
+               ON CONFLICT (app) DO UPDATE SET active = app_slots.active + 1, \
+               share = EXCLUDED.share WHERE $47 OR app_slots.active < EXCLUDED.share \
+               RETURNING 1), \
+             slot AS (UPDATE global_slots SET admitted = admitted + 1 \
                WHERE stripe = $35 AND admitted < capacity AND cap_for = $36 \
-               AND EXISTS (SELECT 1 FROM ap) RETURNING admitted) \
+               AND EXISTS (SELECT 1 FROM own) RETURNING admitted) \
              SELECT t.*, (SELECT admitted FROM slot) AS took FROM t"
         ),
         SlotPath::Rebalance => concat!(
             "WITH t AS (",
             task_insert!(),
             ")",
-            queue_activation!("$44"),
+            queue_activation!("$44", "$45"),
             admission_writes!(),
             "SELECT t.*, 0::BIGINT AS took FROM t"
         ),
@@ -241,6 +252,9 @@ pub(super) async fn insert_and_commit(
         .bind(record.reserve.reserved_tokens)
         .bind(app_spend_stripe(row.scope.as_str()) as i32)
         .bind(join_credit(row.new.dispatch.weight))
+        .bind(stride(row.new.dispatch.weight))
+        .bind(record.budget.global_share.map_or(0, |s| i64::from(s.share)))
+        .bind(record.budget.global_share.is_none())
         .fetch_optional(&mut *tx)
         .await?;
     let Some(inserted) = inserted else {
@@ -251,7 +265,13 @@ pub(super) async fn insert_and_commit(
     let task = TaskRow::from_row(&inserted)?.into_task()?;
     let took = match path {
         SlotPath::Fast => inserted.try_get::<Option<i64>, _>("took")?.is_some(),
-        SlotPath::Rebalance => take_slot_rebalancing(&mut tx, stripe, cap).await?,
+        SlotPath::Rebalance => {
+            if let Err(refusal) = take_share_rebalancing(&mut tx, app, record.budget).await? {
+                tx.rollback().await?;
+                return Err(StoreError::Admission(refusal));
+            }
+            take_slot_rebalancing(&mut tx, stripe, cap).await?
+        }
     };
     if !took {
         // Roll back before anything else: a failed fast path may still hold its
@@ -331,13 +351,14 @@ pub(super) async fn insert_task(
                 "WITH t AS (",
                 task_insert!(),
                 ")",
-                queue_activation!("$30"),
+                queue_activation!("$30", "$31"),
                 "SELECT * FROM t"
             )),
             i,
         )
         .bind(i64::from(i.new.dispatch.weight))
         .bind(join_credit(i.new.dispatch.weight))
+        .bind(stride(i.new.dispatch.weight))
     } else {
         bind_insert(sqlx::query(task_insert!()), i)
     };
@@ -352,7 +373,7 @@ pub(super) async fn insert_task(
 /// statement, its own transaction: the shared lock of its (app, scope) (`$31`; owner
 /// deletion, which takes it exclusive, cannot interleave), the database's "now"
 /// (`$32`, the fixed clock when set), the insert (a taken effect key inserts nothing) and
-/// the queue's activation (weight `$29`, joining credit `$30`). The row's `now` is
+/// the queue's activation (weight `$29`, joining credit `$30`, stride `$33`). The row's `now` is
 /// [`Timestamp`]`(0)`, so [`bind_insert`]'s `$24` is unused and `$28` is the dispatch
 /// key's offset from the creation time (`dispatch_key(t) = t + dispatch_key(0)`), added
 /// to the statement's "now". `None`: the key was taken.
@@ -374,7 +395,7 @@ pub(super) async fn insert_app_task(
              FROM clock ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
             task_columns!(),
             ")",
-            queue_activation!("$30"),
+            queue_activation!("$30", "$33"),
             "SELECT * FROM t"
         )),
         i,
@@ -383,6 +404,7 @@ pub(super) async fn insert_app_task(
     .bind(join_credit(i.new.dispatch.weight))
     .bind(lock)
     .bind(store.fixed_now())
+    .bind(stride(i.new.dispatch.weight))
     .fetch_optional(&store.pool)
     .await?;
     row.map(|r| TaskRow::from_row(&r).map_err(StoreError::from))
@@ -429,18 +451,20 @@ pub(super) async fn activate_queues(
         .await?;
     }
     for (app, scope, weight) in ordered {
-        let credit = join_credit(Weight::new(*weight).unwrap_or_default());
+        let w = Weight::new(*weight).unwrap_or_default();
         sqlx::query(concat!(
-            "INSERT INTO dispatch_queues (app, scope, weight, pass, active) \
-             SELECT $1, $2, $3, ",
-            queue_join_pass!("$4"),
-            ", TRUE ",
+            queue_join_insert!(),
+            queue_join_select!(
+                "SELECT $1::TEXT AS app, $2::TEXT AS scope, $3::BIGINT AS weight, \
+                 $4::BIGINT AS credit, $5::BIGINT AS stride"
+            ),
             queue_join_conflict!()
         ))
         .bind(app)
         .bind(scope)
         .bind(weight)
-        .bind(credit)
+        .bind(join_credit(w))
+        .bind(stride(w))
         .execute(&mut **tx)
         .await?;
     }

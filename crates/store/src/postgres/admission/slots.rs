@@ -3,7 +3,8 @@
 
 use super::super::Tx;
 use crate::StoreResult;
-use tollgate_core::TaskId;
+use tollgate_core::canonical::sha256_hex;
+use tollgate_core::{AdmissionRejection, AppId, Budget, ShareUse, TaskId, decide_global_share};
 
 /// Number of `global_slots` stripes (migration 0004).
 pub(super) const SLOT_STRIPES: i64 = 16;
@@ -66,4 +67,63 @@ pub(super) async fn take_slot_rebalancing(tx: &mut Tx, stripe: i64, cap: i64) ->
 struct SlotRow {
     admitted: i64,
     finished: i64,
+}
+
+/// The advisory lock every admission that may borrow an unreserved global slot holds to
+/// its commit (docs/locking.md), distinct from every scope and app key.
+fn share_pool_lock_key() -> i64 {
+    let hex = sha256_hex(b"tollgate-global-share-pool");
+    u64::from_str_radix(&hex[..16], 16).unwrap_or(0) as i64
+}
+
+/// Slow path of the app's share of the global capacity (docs/budgets.md, "Each app's
+/// share of the global capacity"), when the fast path could not take one of the app's
+/// own slots (or the global stripe's allowance ran out): with shares, under the pool's
+/// advisory lock (so borrowers of every app are serialized across replicas) and the
+/// app's row lock, count the app's active tasks and the slots all apps hold beyond
+/// their shares exactly, and let core decide; then count the task on the app's row.
+///
+/// Why the shares hold: an app's own slots are taken only under its row lock while it
+/// holds fewer than its share (the fast path's conditional upsert re-checks the locked
+/// row), which leaves `Σ max(0, active − share)` unchanged; a slot beyond the share is
+/// taken only here, one borrower at a time, after a read that sees every committed
+/// borrower (and at worst too few finished tasks). So `Σ max(active, share) ≤
+/// global_concurrent` and no app's share is ever taken by another.
+pub(super) async fn take_share_rebalancing(
+    tx: &mut Tx,
+    app: &AppId,
+    budget: &Budget,
+) -> StoreResult<Result<(), AdmissionRejection>> {
+    if let Some(share) = &budget.global_share {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(share_pool_lock_key())
+            .execute(&mut **tx)
+            .await?;
+        let app_active: Option<i64> =
+            sqlx::query_scalar("SELECT active FROM app_slots WHERE app = $1 FOR UPDATE")
+                .bind(app.as_str())
+                .fetch_optional(&mut **tx)
+                .await?;
+        let borrowed: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(SUM(GREATEST(active - share, 0)), 0)::BIGINT FROM app_slots",
+        )
+        .fetch_one(&mut **tx)
+        .await?;
+        let used = ShareUse {
+            app_active: app_active.unwrap_or(0).max(0) as u64,
+            borrowed: borrowed.max(0) as u64,
+        };
+        if let Err(refusal) = decide_global_share(share, budget.global_concurrent.get(), used) {
+            return Ok(Err(refusal));
+        }
+    }
+    sqlx::query(
+        "INSERT INTO app_slots (app, active, share) VALUES ($1, 1, $2) \
+         ON CONFLICT (app) DO UPDATE SET active = app_slots.active + 1, share = EXCLUDED.share",
+    )
+    .bind(app.as_str())
+    .bind(budget.global_share.map_or(0, |s| i64::from(s.share)))
+    .execute(&mut **tx)
+    .await?;
+    Ok(Ok(()))
 }

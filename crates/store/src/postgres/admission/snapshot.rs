@@ -45,7 +45,10 @@ pub(super) async fn admit(
          (SELECT COALESCE(SUM(admitted), 0)::BIGINT FROM global_slots) \
            - (SELECT COALESCE(SUM(finished), 0)::BIGINT FROM global_finished) AS global_active, \
          (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0)::BIGINT FROM scope_spend \
-                 WHERE app = $1 AND scope = $2 AND bucket >= $6) AS scope_window_nano \
+                 WHERE app = $1 AND scope = $2 AND bucket >= $6) AS scope_window_nano, \
+         COALESCE((SELECT active FROM app_slots WHERE app = $1), 0)::BIGINT AS app_active, \
+         (SELECT COALESCE(SUM(GREATEST(active - share, 0)), 0)::BIGINT FROM app_slots) \
+           AS borrowed \
          FROM (SELECT 1) AS one LEFT JOIN scope_state s ON s.app = $1 AND s.scope = $2",
     )
     .bind(app.as_str())
