@@ -29,6 +29,7 @@ pub mod pace;
 pub mod pipelines;
 pub mod runs;
 pub mod sweep;
+pub mod unsourced;
 
 pub use fixtures::START;
 
@@ -101,6 +102,10 @@ macro_rules! conformance_suite {
             cost::app_spend_limit_spans_every_scope,
             cost::cost_checks_follow_admission_checks_in_order,
             cost::spend_window_slides,
+            unsourced::unsourced_tasks_count_against_the_app_spend_limit,
+            unsourced::unsourced_tasks_count_against_the_scope_limits,
+            unsourced::unsourced_tasks_settle_on_every_ending,
+            unsourced::racing_unsourced_tasks_respect_the_spend_limits_exactly,
             lifecycle::claim_moves_queued_to_running_once,
             lifecycle::claim_refuses_canceled_and_finished_tasks,
             lifecycle::claim_refuses_tasks_of_a_canceled_run,

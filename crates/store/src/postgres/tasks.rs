@@ -105,7 +105,7 @@ impl TaskStore for PostgresStore {
             "UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
              error_message = $2, completed_at = $3 WHERE id = $4 AND app = $5 AND ",
             status_in_flight!(),
-            " RETURNING id, app, scope, admitted"
+            " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
         ))
         .bind(ErrorCode::Canceled.as_str())
         .bind(CANCELED_MESSAGE)
@@ -183,7 +183,7 @@ impl TaskStore for PostgresStore {
             "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE app = $1 AND scope = $2 \
              AND run_id IS NULL AND ($3::TEXT IS NULL OR source_id = $3) ORDER BY id FOR UPDATE) \
              DELETE FROM tasks t USING picked WHERE t.id = picked.id \
-             RETURNING t.id, t.app, t.scope, t.admitted, t.status",
+             RETURNING t.id, t.app, t.scope, t.admitted, t.reservation IS NOT NULL AS reserved, t.status",
         )
         .bind(app.as_str())
         .bind(scope.as_str())

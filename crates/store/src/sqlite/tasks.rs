@@ -91,7 +91,7 @@ impl TaskStore for SqliteStore {
         let done: Option<FinishedRow> = sqlx::query_as(
             "UPDATE tasks SET cancel_requested = 1, status = 'canceled', error_code = ?, \
              error_message = ?, completed_at = ? \
-             WHERE id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted",
+             WHERE id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved",
         )
         .bind(ErrorCode::Canceled.as_str())
         .bind(CANCELED_MESSAGE)
@@ -165,7 +165,7 @@ impl TaskStore for SqliteStore {
         let mut tx = self.begin().await?;
         let deleted: Vec<EndedRow> = sqlx::query_as(
             "DELETE FROM tasks WHERE app = ?1 AND scope = ?2 AND run_id IS NULL \
-             AND (?3 IS NULL OR source_id = ?3) RETURNING id, app, scope, admitted, status",
+             AND (?3 IS NULL OR source_id = ?3) RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved, status",
         )
         .bind(app.as_str())
         .bind(scope.as_str())
