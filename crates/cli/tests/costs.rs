@@ -76,6 +76,11 @@ model = "gpt-4o-mini"
 max_output_tokens = 50
 prices = {{ input_per_million = 1.0, output_per_million = 2.0, cached_input_per_million = 0.5 }}
 
+[models.dev]
+provider = "dev"
+model = "dev-1"
+max_output_tokens = 50
+
 [models.unbounded]
 provider = "fake"
 model = "gpt-4o-mini"
@@ -226,6 +231,8 @@ on_both_backends!(
     a_provider_reporting_more_than_the_reservation_is_an_overrun,
     no_output_bound_under_a_cost_limit_is_refused,
     a_spend_limit_refuses_with_retry_after,
+    tasks_without_a_source_count_against_the_spend_limits,
+    a_model_without_prices_is_not_priced_whatever_its_provider,
 );
 
 /// 100 prompt tokens of which 40 cached, 7 completion tokens: 60 × $1/M + 40 × $0.50/M +
@@ -411,4 +418,77 @@ async fn a_spend_limit_refuses_with_retry_after(backend: &str) {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{e}");
+}
+
+/// docs/budgets.md, "Tasks without a source" (issue 26 item 1): a task without a
+/// `source` is refused by the spend limit it falls under, and what it reserves and
+/// spends is in the scope's and the app's usage.
+async fn tasks_without_a_source_count_against_the_spend_limits(backend: &str) {
+    let Some(s) = start(backend).await else {
+        return;
+    };
+    let unsourced = |prompt: &str| {
+        json!({"kind": "generate_text", "scope": "s5", "budget": "tight",
+               "request": {"prompt": prompt, "max_output_tokens": 50}})
+    };
+    let (status, _, t) = s
+        .send(
+            reqwest::Method::POST,
+            "/v1/tasks",
+            Some("u1"),
+            Some(&unsourced("usage=10/1/0 slow")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{t}");
+    assert!(t["source"].is_null(), "{t}");
+    let reserved = s.get("/v1/scopes/s5/usage").await;
+    let r = reserved["reserved_usd"].as_f64().unwrap();
+    assert!(r > 0.0 && r <= 0.012, "{reserved}");
+    let app = s.get("/v1/usage").await;
+    assert!(close(&app["reserved_usd"], r), "{app}");
+    // A second one does not fit `tight`'s $0.012 while the first runs.
+    let (status, headers, e) = s
+        .send(
+            reqwest::Method::POST,
+            "/v1/tasks",
+            Some("u2"),
+            Some(&unsourced("usage=10/1/0 again")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{e}");
+    assert_eq!(e["error"]["code"], "WORKFLOW_AI_SPEND_BUDGET", "{e}");
+    assert!(headers.contains_key("retry-after"), "{headers:?}");
+    // Settled at what it cost: 10 × $1/M + 1 × $2/M = $0.000012.
+    let done = s.wait_terminal(t["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let u = s.get("/v1/scopes/s5/usage").await;
+    assert!(close(&u["settled_usd"], 0.000012), "{u}");
+    assert!(close(&u["reserved_usd"], 0.0), "{u}");
+    assert_eq!(u["settled_tokens"], 11, "{u}");
+    let app = s.get("/v1/usage").await;
+    assert!(close(&app["settled_usd"], 0.000012), "{app}");
+    assert!(s.metric("tollgate_spend_reserved_nano_usd_total").await > 0.0);
+    assert!(s.metric("tollgate_spend_settled_nano_usd_total").await >= 12_000.0);
+}
+
+/// SPEC §13 (issue 26 item 6): the built-in `dev` provider's model without prices says
+/// `priced: false` and no `cost_usd`, never a silent $0.
+async fn a_model_without_prices_is_not_priced_whatever_its_provider(backend: &str) {
+    let Some(s) = start(backend).await else {
+        return;
+    };
+    let (status, _, t) = s
+        .send(
+            reqwest::Method::POST,
+            "/v1/tasks",
+            Some("dev-1"),
+            Some(&task("s6", "doc-1", "hello", json!({"model": "dev"}))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{t}");
+    let t = s.wait_terminal(t["id"].as_str().unwrap()).await;
+    assert_eq!(t["status"], "succeeded", "{t}");
+    assert_eq!(t["usage"]["priced"], false, "{t}");
+    assert!(t["usage"]["cost_usd"].is_null(), "{t}");
+    assert!(t["usage"]["input_tokens"].as_u64().unwrap() > 0, "{t}");
 }
