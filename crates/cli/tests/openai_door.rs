@@ -302,7 +302,10 @@ async fn calls_without_a_source_are_unsourced(backend: &str) {
             assert_eq!(status, StatusCode::OK, "source {i}: {answer}");
         } else {
             assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
-            assert_eq!(answer["error"]["code"], "WORKFLOW_AI_DAILY_BUDGET", "{answer}");
+            assert_eq!(
+                answer["error"]["code"], "WORKFLOW_AI_DAILY_BUDGET",
+                "{answer}"
+            );
         }
     }
 }
