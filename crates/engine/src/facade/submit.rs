@@ -73,7 +73,7 @@ impl Tollgate {
         } else {
             tollgate_core::Reservation::default()
         };
-        let cost = (s.source.is_none() && reserves).then(|| TaskCost {
+        let cost = (s.source.is_none() && reserves).then_some(TaskCost {
             budget,
             reservation,
         });
