@@ -76,6 +76,11 @@ model = "gpt-4o-mini"
 max_output_tokens = 50
 prices = {{ input_per_million = 1.0, output_per_million = 2.0, cached_input_per_million = 0.5 }}
 
+[models.dev]
+provider = "dev"
+model = "dev-1"
+max_output_tokens = 50
+
 [models.unbounded]
 provider = "fake"
 model = "gpt-4o-mini"
@@ -104,10 +109,18 @@ burst = 100
 tasks_per_minute = 600
 usd_per_24_hours = 0.0006
 
+[budgets.pocket]
+max_steps_per_source = 50
+sources_per_24_hours = 1000
+scope_concurrent = 50
+burst = 100
+tasks_per_minute = 600
+usd_per_24_hours = 0.05
+
 [apps.acme]
 api_keys = ["{ACME}"]
 default_budget = "metered"
-allowed_budgets = ["metered", "tight"]
+allowed_budgets = ["metered", "tight", "pocket"]
 usd_per_24_hours = 5.0
 
 [workers]
@@ -226,6 +239,8 @@ on_both_backends!(
     a_provider_reporting_more_than_the_reservation_is_an_overrun,
     no_output_bound_under_a_cost_limit_is_refused,
     a_spend_limit_refuses_with_retry_after,
+    tasks_without_a_source_count_against_the_spend_limits,
+    a_model_without_prices_is_not_priced_whatever_its_provider,
 );
 
 /// 100 prompt tokens of which 40 cached, 7 completion tokens: 60 × $1/M + 40 × $0.50/M +
@@ -411,4 +426,88 @@ async fn a_spend_limit_refuses_with_retry_after(backend: &str) {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{e}");
+}
+
+/// docs/budgets.md, "Tasks without a source" (issue 26 item 1): tasks without a
+/// `source` are admitted until their reservations reach the `pocket` policy's $0.05,
+/// then refused with `WORKFLOW_AI_SPEND_BUDGET`; what they reserve and spend is in the
+/// scope's and the app's usage and the spend metrics.
+async fn tasks_without_a_source_count_against_the_spend_limits(backend: &str) {
+    let Some(s) = start(backend).await else {
+        return;
+    };
+    // 5,000 output tokens at $2/M each: at least $0.01 reserved, as in the issue.
+    let unsourced = |prompt: &str| {
+        json!({"kind": "generate_text", "scope": "s5", "budget": "pocket",
+               "request": {"prompt": prompt, "max_output_tokens": 5000}})
+    };
+    let mut admitted = Vec::new();
+    let mut reserved = 0.0;
+    let refusal = loop {
+        assert!(admitted.len() < 10, "never refused: {admitted:?}");
+        let key = format!("u{}", admitted.len());
+        let (status, headers, t) = s
+            .send(
+                reqwest::Method::POST,
+                "/v1/tasks",
+                Some(&key),
+                Some(&unsourced("usage=10/1/0 slow")),
+            )
+            .await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert!(headers.contains_key("retry-after"), "{headers:?}");
+            break t;
+        }
+        assert_eq!(status, StatusCode::CREATED, "{t}");
+        assert!(t["source"].is_null(), "{t}");
+        admitted.push(t["id"].as_str().unwrap().to_string());
+        let u = s.get("/v1/scopes/s5/usage").await;
+        let now = u["reserved_usd"].as_f64().unwrap();
+        assert!(now > reserved, "each reserves: {u}");
+        reserved = now;
+    };
+    assert_eq!(
+        refusal["error"]["code"], "WORKFLOW_AI_SPEND_BUDGET",
+        "{refusal}"
+    );
+    assert!(!admitted.is_empty());
+    assert!(reserved <= 0.05, "the limit holds: {reserved}");
+    let app = s.get("/v1/usage").await;
+    assert!(close(&app["reserved_usd"], reserved), "{app}");
+    assert!(s.metric("tollgate_spend_reserved_nano_usd_total").await > 0.0);
+    // Settled at what they cost: 10 × $1/M + 1 × $2/M = $0.000012 each.
+    for id in &admitted {
+        let done = s.wait_terminal(id).await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+    }
+    let n = admitted.len() as f64;
+    let u = s.get("/v1/scopes/s5/usage").await;
+    assert!(close(&u["settled_usd"], n * 0.000012), "{u}");
+    assert!(close(&u["reserved_usd"], 0.0), "{u}");
+    assert_eq!(u["settled_tokens"], 11 * admitted.len(), "{u}");
+    let app = s.get("/v1/usage").await;
+    assert!(close(&app["settled_usd"], n * 0.000012), "{app}");
+    assert!(s.metric("tollgate_spend_settled_nano_usd_total").await >= n * 12_000.0);
+}
+
+/// SPEC §13 (issue 26 item 6): the built-in `dev` provider's model without prices says
+/// `priced: false` and no `cost_usd`, never a silent $0.
+async fn a_model_without_prices_is_not_priced_whatever_its_provider(backend: &str) {
+    let Some(s) = start(backend).await else {
+        return;
+    };
+    let (status, _, t) = s
+        .send(
+            reqwest::Method::POST,
+            "/v1/tasks",
+            Some("dev-1"),
+            Some(&task("s6", "doc-1", "hello", json!({"model": "dev"}))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{t}");
+    let t = s.wait_terminal(t["id"].as_str().unwrap()).await;
+    assert_eq!(t["status"], "succeeded", "{t}");
+    assert_eq!(t["usage"]["priced"], false, "{t}");
+    assert!(t["usage"]["cost_usd"].is_null(), "{t}");
+    assert!(t["usage"]["input_tokens"].as_u64().unwrap() > 0, "{t}");
 }

@@ -150,10 +150,17 @@ scope_concurrent = 50
 burst = 1
 tasks_per_minute = 1
 
+[budgets.five]
+max_steps_per_source = 50
+sources_per_24_hours = 5
+scope_concurrent = 50
+burst = 100
+tasks_per_minute = 600
+
 [apps.acme]
 api_keys = ["{ACME}"]
 default_budget = "standard"
-allowed_budgets = ["standard", "tight"]
+allowed_budgets = ["standard", "tight", "five"]
 
 [apps.beta]
 api_keys = ["{BETA}"]
@@ -257,7 +264,51 @@ on_both_backends!(
     a_call_answers_a_chat_completion_backed_by_a_task,
     a_call_longer_than_the_longest_wait_names_its_task,
     the_official_sdks_work_unchanged,
+    calls_without_a_source_are_unsourced,
 );
+
+/// Issue 26 item 2: with `sources_per_24_hours = 5`, six calls without
+/// `X-Tollgate-Source` are all answered (a call without a source is unsourced, not a new
+/// source); with the header each names a source, and the sixth new one is refused.
+async fn calls_without_a_source_are_unsourced(backend: &str) {
+    let fake = FakeProvider::start().await;
+    let Some(server) = start(backend, &fake).await else {
+        return;
+    };
+    let body = serde_json::to_vec(&with(json!({}))).unwrap();
+    let policy = [("x-tollgate-budget", "five"), ("x-tollgate-scope", "five")];
+    for i in 0..6 {
+        let (status, headers, answer) = server.chat(Some(ACME), &policy, body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "call {i}: {answer}");
+        let id = headers["x-tollgate-task-id"].to_str().unwrap().to_string();
+        let task: Value = server
+            .http
+            .get(format!("{}/v1/tasks/{id}", server.base))
+            .bearer_auth(ACME)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(task["source"].is_null(), "{task}");
+    }
+    for i in 0..6 {
+        let source = format!("mailbox-{i}");
+        let mut headers = policy.to_vec();
+        headers.push(("x-tollgate-source", source.as_str()));
+        let (status, _, answer) = server.chat(Some(ACME), &headers, body.clone()).await;
+        if i < 5 {
+            assert_eq!(status, StatusCode::OK, "source {i}: {answer}");
+        } else {
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+            assert_eq!(
+                answer["error"]["code"], "WORKFLOW_AI_DAILY_BUDGET",
+                "{answer}"
+            );
+        }
+    }
+}
 
 async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend: &str) {
     let fake = FakeProvider::start().await;
@@ -561,13 +612,8 @@ async fn a_call_answers_a_chat_completion_backed_by_a_task(backend: &str) {
     assert_eq!(task["step"], "openai-chat");
     assert_eq!(task["scope"], "customer-7");
     assert_eq!(task["status"], "succeeded");
-    assert!(
-        task["source"]["id"]
-            .as_str()
-            .unwrap()
-            .starts_with("openai-call-"),
-        "{task}"
-    );
+    // No X-Tollgate-Source: the call is unsourced (docs/budgets.md).
+    assert!(task["source"].is_null(), "{task}");
     // Replayed: the same answer, no second provider call.
     let (status, _, again) = server
         .chat(

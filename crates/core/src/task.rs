@@ -149,6 +149,38 @@ pub struct TaskScope {
     pub reservation: crate::cost::Reservation,
 }
 
+/// The money side of a task without a source (docs/budgets.md, "Tasks without a
+/// source"): the USD limits and the token bucket of its policy (and app) apply to it as
+/// to a sourced task; the limits about sources and task counts do not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskCost {
+    /// The policy it falls under; only its [`Budget::cost`] limits apply.
+    pub budget: Budget,
+    /// What it reserves, as [`TaskScope::reservation`].
+    pub reservation: crate::cost::Reservation,
+}
+
+impl TaskCost {
+    /// Whether a USD or token limit applies: the store then checks the reservation under
+    /// the scope's lock (and the app's, for the app's limit). Otherwise the reservation
+    /// is only recorded, which needs no lock.
+    pub fn limited(&self) -> bool {
+        self.budget.cost.needs_bound()
+    }
+}
+
+impl NewTask {
+    /// The budget and reservation the store checks and records for this task: a sourced
+    /// task's from its [`TaskScope`], an unsourced one's from [`NewTask::cost`].
+    pub fn charge(&self) -> Option<(&Budget, &crate::cost::Reservation)> {
+        match (&self.scope, &self.cost) {
+            (Some(s), _) => Some((&s.budget, &s.reservation)),
+            (None, Some(c)) => Some((&c.budget, &c.reservation)),
+            (None, None) => None,
+        }
+    }
+}
+
 /// A request that passed validation: parsed for its kind, canonical, within the size limit.
 #[derive(Debug, Clone)]
 pub struct ValidatedRequest {
@@ -247,6 +279,11 @@ pub struct NewTask {
     pub model_ref: ModelRef,
     /// Present for scoped tasks: cache and admission apply.
     pub scope: Option<TaskScope>,
+    /// For a task without a source that can cost money (docs/budgets.md, "Tasks without
+    /// a source"): its policy's cost limits and its reservation. `None`: it reserves
+    /// nothing and no limit applies. A sourced task's are in its [`TaskScope`]; this is
+    /// then ignored.
+    pub cost: Option<TaskCost>,
     /// SPEC §14: priority, its scope's weight and the ageing step.
     pub dispatch: crate::dispatch::Dispatch,
 }
@@ -481,7 +518,8 @@ pub struct Task {
     pub completed_at: Option<Timestamp>,
     /// When the application released it.
     pub released_at: Option<Timestamp>,
-    /// SPEC §13: what admission reserved for it (admitted tasks only).
+    /// SPEC §13: what it reserved (admitted tasks, and tasks without a source that can
+    /// cost money: docs/budgets.md, "Tasks without a source").
     pub reservation: Option<crate::cost::Reservation>,
 }
 

@@ -546,7 +546,8 @@ impl WorkerPool {
     }
 
     /// SPEC §13: `cost_usd` of a usage at the task's prices (those it was reserved at, or
-    /// the model's for an unscoped task); an unpriced model's stays `None` (unknown).
+    /// the model's for a task that reserved nothing); an unpriced model's is `None`
+    /// (unknown, `priced: false`) whatever its provider reported.
     fn priced(&self, task: &Task, mut usage: Usage) -> Usage {
         let prices = task.reservation.and_then(|r| r.prices).or_else(|| {
             self.inner
@@ -555,9 +556,7 @@ impl WorkerPool {
                 .ok()
                 .and_then(|m| m.prices)
         });
-        if let Some(p) = prices {
-            usage.cost_usd = Some(tollgate_core::cost::nano_to_usd(p.cost_nano(&usage)));
-        }
+        usage.cost_usd = prices.map(|p| tollgate_core::cost::nano_to_usd(p.cost_nano(&usage)));
         usage
     }
 

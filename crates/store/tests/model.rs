@@ -1735,6 +1735,7 @@ impl Harness {
             },
         };
         NewTask {
+            cost: None,
             dispatch: tollgate_core::Dispatch::default(),
             owner,
             step: StepKey::new(STEPS[usize::from(spec.step)]).expect("step"),

@@ -95,6 +95,7 @@ fn classify(input: &str) -> ValidatedRequest {
 
 fn app_task(app: &str, scope: &str, key: &str, source: Option<&str>) -> NewTask {
     NewTask {
+        cost: None,
         dispatch: tollgate_core::Dispatch::default(),
         owner: Owner::Application {
             app: AppId::new(app).unwrap(),

@@ -73,6 +73,7 @@ async fn sweep_repairs_a_lost_wake() {
         .unwrap();
     let task = store
         .create_task(NewTask {
+            cost: None,
             dispatch: tollgate_core::Dispatch::default(),
             owner: Owner::Run {
                 app: acme.clone(),

@@ -7,7 +7,8 @@ use crate::notify::Event;
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
 use tollgate_core::{
-    AppId, Dispatch, EngineKeySpace, InvalidInput, NewTask, Owner, TaskKind, TaskScope, TaskStatus,
+    AppId, Dispatch, EngineKeySpace, InvalidInput, NewTask, Owner, TaskCost, TaskKind, TaskScope,
+    TaskStatus,
 };
 use tollgate_store::{Created, StoreError};
 
@@ -69,22 +70,29 @@ impl Tollgate {
             },
         };
         // SPEC §13: the task's worst case, reserved at admission (a cache hit or a replay
-        // reserves nothing; the store decides which it is).
-        let reservation = match &s.source {
-            Some(_) => {
-                let counter = TokenCounter::for_model_ref(&inner.config, &model.model_ref);
-                let bound = task_token_bound(
-                    counter,
-                    &model.model_ref,
-                    request.request(),
-                    inner.config.workers.max_output_retries,
-                    inner.config.max_output_bytes,
-                );
-                tollgate_core::cost::reservation(bound.as_ref(), model.prices)
-            }
-            None => tollgate_core::Reservation::default(),
+        // reserves nothing; the store decides which it is). A task without a source
+        // reserves too when it can cost money: its model has prices, or a USD or token
+        // limit applies to it (docs/budgets.md, "Tasks without a source").
+        let reserves = s.source.is_some() || model.prices.is_some() || budget.cost.needs_bound();
+        let reservation = if reserves {
+            let counter = TokenCounter::for_model_ref(&inner.config, &model.model_ref);
+            let bound = task_token_bound(
+                counter,
+                &model.model_ref,
+                request.request(),
+                inner.config.workers.max_output_retries,
+                inner.config.max_output_bytes,
+            );
+            tollgate_core::cost::reservation(bound.as_ref(), model.prices)
+        } else {
+            tollgate_core::Reservation::default()
         };
+        let cost = (s.source.is_none() && reserves).then_some(TaskCost {
+            budget,
+            reservation,
+        });
         Ok(NewTask {
+            cost,
             dispatch,
             owner,
             step,
@@ -133,8 +141,11 @@ impl Tollgate {
                     metrics::counter!(m::SPEND_SAVED_TOTAL, m::app_labels(&task.app))
                         .increment(created.saved_nano);
                 }
-            } else if scoped {
-                metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => "admitted").increment(1);
+            } else {
+                if scoped {
+                    metrics::counter!(m::ADMISSIONS_TOTAL, "outcome" => "admitted").increment(1);
+                }
+                // Sourced or not: every reservation counts (docs/budgets.md).
                 if let Some(r) = task.reservation.filter(|r| r.nano_usd > 0) {
                     metrics::counter!(m::SPEND_RESERVED_TOTAL, m::app_labels(&task.app))
                         .increment(r.nano_usd as u64);

@@ -165,7 +165,8 @@ impl DevProvider {
         let usage = Usage {
             input_tokens: tokens(request_value.to_string().len()),
             output_tokens: tokens(size),
-            cost_usd: Some(0.0),
+            // The dev provider knows no price: the model's prices, if configured, say it.
+            cost_usd: None,
             cached_input_tokens: None,
             estimated: false,
         };

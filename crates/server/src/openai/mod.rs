@@ -22,7 +22,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::OpenAiError;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use tollgate_core::{
     BudgetName, EffectKey, EngineKeySpace, ErrorCode, ModelId, ScopeId, SourceId, SourceRevision,
     StepKey, TaskStatus, ValidatedRequest,
@@ -152,7 +151,7 @@ fn submission(
     let effect_key = header_id(IDEMPOTENCY_HEADER, &effect_key, EffectKey::new)?;
     let revision = header(headers, REVISION_HEADER)?;
     let source = match header(headers, SOURCE_HEADER)? {
-        Some(id) => SourceSpec {
+        Some(id) => Some(SourceSpec {
             id: header_id(SOURCE_HEADER, id, SourceId::new)?,
             revision: header_id(
                 REVISION_HEADER,
@@ -160,23 +159,16 @@ fn submission(
                 SourceRevision::new,
             )?,
             recompute: false,
-        },
+        }),
         None if revision.is_some() => {
             return Err(OpenAiError::invalid(
                 REVISION_HEADER,
                 "X-Tollgate-Source-Revision needs X-Tollgate-Source",
             ));
         }
-        // Each call is its own source: admitted under the budget, never a cache hit.
-        None => SourceSpec {
-            id: header_id(SOURCE_HEADER, &call_source(&effect_key), SourceId::new)?,
-            revision: header_id(
-                REVISION_HEADER,
-                DEFAULT_SOURCE_REVISION,
-                SourceRevision::new,
-            )?,
-            recompute: false,
-        },
+        // A call without a source is unsourced: no cache, no source limits; its policy's
+        // USD and token limits apply (docs/budgets.md, "Tasks without a source").
+        None => None,
     };
     let budget = header(headers, BUDGET_HEADER)?
         .map(|b| header_id(BUDGET_HEADER, b, BudgetName::new))
@@ -192,18 +184,10 @@ fn submission(
         kind: chat.kind,
         request: chat.request.clone(),
         model: Some(model),
-        source: Some(source),
+        source,
         budget,
     };
     Ok((submission, client_key.is_some()))
-}
-
-/// The source of a call that names none: derived from its effect key, so a replay of
-/// the key names the same source.
-fn call_source(key: &EffectKey) -> String {
-    let digest = Sha256::digest(key.as_str().as_bytes());
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("openai-call-{hex}")
 }
 
 fn model_not_found(model: &str) -> OpenAiError {

@@ -149,6 +149,7 @@ pub fn app_owner(app_name: &str, scope_name: &str) -> Owner {
 /// An unscoped application-owned classify task (no cache, no admission).
 pub fn new_app_task(app_name: &str, scope_name: &str, effect_key: &str) -> NewTask {
     NewTask {
+        cost: None,
         dispatch: tollgate_core::Dispatch::default(),
         owner: app_owner(app_name, scope_name),
         step: step("label-email"),

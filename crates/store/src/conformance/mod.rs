@@ -30,6 +30,7 @@ pub mod pace;
 pub mod pipelines;
 pub mod runs;
 pub mod sweep;
+pub mod unsourced;
 
 pub use fixtures::START;
 
@@ -106,6 +107,10 @@ macro_rules! conformance_suite {
             attempts::racing_reasks_and_admissions_never_exceed_a_spend_limit,
             attempts::absurd_usage_is_clamped_and_the_answer_kept,
             attempts::deleting_an_owner_settles_its_in_flight_reservations,
+            unsourced::unsourced_tasks_count_against_the_app_spend_limit,
+            unsourced::unsourced_tasks_count_against_the_scope_limits,
+            unsourced::unsourced_tasks_settle_on_every_ending,
+            unsourced::racing_unsourced_tasks_respect_the_spend_limits_exactly,
             lifecycle::claim_moves_queued_to_running_once,
             lifecycle::claim_refuses_canceled_and_finished_tasks,
             lifecycle::claim_refuses_tasks_of_a_canceled_run,

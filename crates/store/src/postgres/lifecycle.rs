@@ -348,7 +348,7 @@ impl WorkerStore for PostgresStore {
             "UPDATE tasks SET status = 'succeeded', output = $1, usage = $2, completed_at = $3 \
              WHERE id = $4 AND status = 'running' AND worker = $5 AND NOT ",
             cancel_wanted!(),
-            " RETURNING id, app, scope, admitted"
+            " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
         ))
         .bind(output)
         .bind(usage)
@@ -375,7 +375,7 @@ impl WorkerStore for PostgresStore {
             "UPDATE tasks SET status = 'failed', error_code = $1, error_message = $2, \
              completed_at = $3, usage = COALESCE($5, usage) WHERE id = $4 AND ",
             status_in_flight!(),
-            " RETURNING id, app, scope, admitted"
+            " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
         ))
         .bind(code.as_str())
         .bind(truncate_message(message))
@@ -516,7 +516,7 @@ impl WorkerStore for PostgresStore {
             status_in_flight!(),
             " AND ",
             cancel_wanted!(),
-            " RETURNING id, app, scope, admitted"
+            " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
         ))
         .bind(ErrorCode::Canceled.as_str())
         .bind(CANCELED_MESSAGE)
@@ -579,8 +579,9 @@ impl WorkerStore for PostgresStore {
             match encode_completion(task, &item.output, &item.usage) {
                 Ok((output, usage)) => {
                     any_run |= task.run_id().is_some();
-                    // Scoped tasks may be admitted: their capacity is given back below.
-                    any_scoped |= task.source.is_some();
+                    // Scoped tasks may be admitted: their capacity is given back below;
+                    // a reservation (sourced or not) is settled below.
+                    any_scoped |= task.source.is_some() || task.reservation.is_some();
                     ids.push(item.id.to_string());
                     workers.push(item.worker.as_str().to_string());
                     outputs.push(output);
@@ -590,8 +591,8 @@ impl WorkerStore for PostgresStore {
                 Err(e) => return Err(e),
             }
         }
-        // Unscoped application tasks change nothing but their rows: the UPDATE alone is the
-        // transaction (one round trip). Otherwise capacity and runs change with them.
+        // Unscoped application tasks without a reservation change nothing but their rows:
+        // the UPDATE alone is the transaction (one round trip). Otherwise capacity and runs change with them.
         let mut tx = if any_run || any_scoped {
             Some(self.begin().await?)
         } else {

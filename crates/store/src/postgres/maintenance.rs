@@ -76,7 +76,7 @@ async fn expire(
         " THEN 'canceled by request' ELSE $3 END, \
          completed_at = $4 \
          WHERE id = ANY($5) AND status IN ('queued', 'running') \
-         RETURNING id, app, scope, admitted, status"
+         RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved, status"
     ))
     .bind(ErrorCode::Canceled.as_str())
     .bind(code.as_str())

@@ -107,7 +107,7 @@ impl RunStore for PostgresStore {
              UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
              error_message = 'run canceled by request', completed_at = $2 FROM picked \
              WHERE tasks.id = picked.id AND tasks.status IN ('queued', 'running') \
-             RETURNING tasks.id, tasks.app, tasks.scope, tasks.admitted",
+             RETURNING tasks.id, tasks.app, tasks.scope, tasks.admitted, tasks.reservation IS NOT NULL AS reserved",
         )
         .bind(ErrorCode::Canceled.as_str())
         .bind(now.0)

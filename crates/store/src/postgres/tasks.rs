@@ -105,7 +105,7 @@ impl TaskStore for PostgresStore {
             "UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
              error_message = $2, completed_at = $3 WHERE id = $4 AND app = $5 AND ",
             status_in_flight!(),
-            " RETURNING id, app, scope, admitted"
+            " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
         ))
         .bind(ErrorCode::Canceled.as_str())
         .bind(CANCELED_MESSAGE)
@@ -181,7 +181,8 @@ impl TaskStore for PostgresStore {
         lock_scope(&mut tx, app, scope, true).await?;
         // The owner's rows, locked in id order (the lock order for several task rows).
         let rows: Vec<EndedRow> = sqlx::query_as(
-            "SELECT id, app, scope, admitted, status FROM tasks WHERE app = $1 AND scope = $2 \
+            "SELECT id, app, scope, admitted, reservation IS NOT NULL AS reserved, status FROM tasks \
+             WHERE app = $1 AND scope = $2 \
              AND run_id IS NULL AND ($3::TEXT IS NULL OR source_id = $3) ORDER BY id FOR UPDATE",
         )
         .bind(app.as_str())

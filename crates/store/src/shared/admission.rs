@@ -116,15 +116,57 @@ impl AdmissionFacts {
         };
         let token_bucket =
             decide_cost(&budget.cost, reservation, &cost, now).map_err(Refusal::Cost)?;
-        let capacity = budget.cost.token_rate.map_or(0, |r| {
-            i64::from(r.token_burst.get()) * tollgate_core::admission::TOKEN_UNITS
-        });
         // Relative updates: whoever deletes an expired sighting subtracts it, exactly once.
         Ok(ScopeUpdate {
             bucket,
             sources_delta: i64::from(!self.seen) - self.pruned,
-            token_bucket: token_bucket.map(|b| (b, capacity)),
+            token_bucket: token_bucket.map(|b| (b, token_capacity_units(budget))),
         })
+    }
+}
+
+/// The capacity of a policy's model-token bucket in units (0 without a token rate).
+fn token_capacity_units(budget: &Budget) -> i64 {
+    budget.cost.token_rate.map_or(0, |r| {
+        i64::from(r.token_burst.get()) * tollgate_core::admission::TOKEN_UNITS
+    })
+}
+
+/// What the cost checks of a task without a source read under its scope's lock
+/// (docs/budgets.md, "Tasks without a source").
+#[derive(sqlx::FromRow, Debug, Clone, Copy, Default)]
+pub(crate) struct UnsourcedFacts {
+    /// The scope's model-token bucket (`None`: never used).
+    pub(crate) token_units: Option<i64>,
+    pub(crate) token_at: Option<i64>,
+    /// The scope's settled + reserved nano-dollars in the window's buckets.
+    pub(crate) scope_window_nano: i64,
+}
+
+impl UnsourcedFacts {
+    /// Core's [`decide_cost`] (SPEC §13's scope part; SPEC §4's limits are about sources
+    /// and task counts and do not apply). On admission returns the token bucket to store
+    /// with its capacity in units (`None`: the policy has no token rate).
+    pub(crate) fn decide(
+        &self,
+        budget: &Budget,
+        reservation: &Reservation,
+        now: Timestamp,
+    ) -> Result<Option<(BucketState, i64)>, Refusal> {
+        let cost = CostSnapshot {
+            scope_window_nano: self.scope_window_nano,
+            token_bucket: match (self.token_units, self.token_at) {
+                (Some(units), Some(at)) => Some(BucketState {
+                    units,
+                    at: Timestamp(at),
+                }),
+                _ => None,
+            },
+            app_window_nano: 0,
+        };
+        let token_bucket =
+            decide_cost(&budget.cost, reservation, &cost, now).map_err(Refusal::Cost)?;
+        Ok(token_bucket.map(|b| (b, token_capacity_units(budget))))
     }
 }
 

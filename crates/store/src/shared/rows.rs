@@ -268,6 +268,9 @@ pub(crate) struct FinishedRow {
     pub(crate) app: String,
     pub(crate) scope: String,
     pub(crate) admitted: bool,
+    /// It holds a cost reservation to settle (`reservation IS NOT NULL AS reserved`): a
+    /// sourced task admitted, or one without a source that can cost money.
+    pub(crate) reserved: bool,
 }
 
 /// A task a completion moved, as `RETURNING task_columns_qualified, tasks.admitted,
@@ -290,12 +293,13 @@ impl CompletedRow {
             app: self.task.app.clone(),
             scope: self.task.scope.clone(),
             admitted: self.admitted,
+            reserved: self.task.reservation.is_some(),
         }
     }
 }
 
 /// [`FinishedRow`] with the task's status before the statement moved or deleted it
-/// (`RETURNING id, app, scope, admitted, status`).
+/// (`RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved, status`).
 #[derive(sqlx::FromRow, Debug, Clone)]
 pub(crate) struct EndedRow {
     #[sqlx(flatten)]

@@ -6,7 +6,8 @@
 //! ([`TerminalStatements`], on its transaction type).
 //!
 //! SPEC §13's settlement of cost reservations is one step of [`after_terminal`]: the
-//! finished admitted tasks' reservations are read, core's `settle` says what each cost,
+//! finished tasks' reservations (admitted tasks', and those of tasks without a source
+//! that can cost money) are read, core's `settle` says what each cost,
 //! and the backend writes the plan.
 
 use super::cost::{SettleRow, SettlementPlan, plan_settlement};
@@ -143,22 +144,26 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
             .map(|f| (f.app.clone(), f.scope.clone())),
     );
     let total: i64 = per_scope.iter().map(|(_, n)| n).sum();
-    if total > 0 {
-        for (scope, n) in &per_scope {
-            tx.give_back_scope(scope, *n).await?;
-        }
-        // Spend buckets before the finished stripe: the lock order (docs/locking.md).
-        if plan.settle {
-            let admitted: Vec<String> = finished
-                .iter()
-                .filter(|f| f.admitted)
-                .map(|f| f.id.clone())
-                .collect();
-            let rows = tx.unsettled(&admitted).await?;
+    for (scope, n) in &per_scope {
+        tx.give_back_scope(scope, *n).await?;
+    }
+    // Every reservation settles, a sourced task's or not (docs/budgets.md, "Tasks without
+    // a source"). Spend buckets before the finished stripe: the lock order
+    // (docs/locking.md).
+    if plan.settle {
+        let reserved: Vec<String> = finished
+            .iter()
+            .filter(|f| f.reserved)
+            .map(|f| f.id.clone())
+            .collect();
+        if !reserved.is_empty() {
+            let rows = tx.unsettled(&reserved).await?;
             if !rows.is_empty() {
                 tx.apply_settlement(&plan_settlement(&rows)?).await?;
             }
         }
+    }
+    if total > 0 {
         // The apps' slot rows after the spend buckets and before the finished stripe:
         // the order admissions take them in (docs/locking.md).
         let mut per_app: BTreeMap<&str, i64> = BTreeMap::new();

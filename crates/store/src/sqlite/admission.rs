@@ -9,7 +9,7 @@
 
 use super::SqliteStore;
 use super::dispatch::queue_activation;
-use crate::shared::admission::{AdmissionFacts, Refusal, cached_usage};
+use crate::shared::admission::{AdmissionFacts, Refusal, UnsourcedFacts, cached_usage};
 use crate::shared::cost::SpendDelta;
 use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
@@ -19,8 +19,8 @@ use tollgate_core::cost::{
     app_spend_stripe, decide_app_spend, spend_bucket, spend_retry_after, window_first_bucket,
 };
 use tollgate_core::{
-    AppId, Budget, ConfigHash, CostRejection, NewTask, Owner, Reservation, RunState, ScopeId,
-    SourceId, Subject, Task, TaskId, Timestamp, cache_key, join_credit, stride,
+    AppId, BucketState, Budget, ConfigHash, CostRejection, NewTask, Owner, Reservation, RunState,
+    ScopeId, SourceId, Subject, Task, TaskCost, TaskId, Timestamp, cache_key, join_credit, stride,
 };
 
 /// The upserts adding a delta to the scope's and the app's spend bucket, as a literal
@@ -168,6 +168,15 @@ async fn create_in(
     };
 
     let mut admission = None;
+    if let (None, Some(cost)) = (&new.scope, &new.cost) {
+        // A task without a source that can cost money: its reservation is checked
+        // against the USD and token limits and recorded (docs/budgets.md, "Tasks without
+        // a source"); it is not admitted (no admission record, no task-count limit).
+        let reservation = reserve_unsourced(conn, &app, &insert.scope, cost, now)
+            .await?
+            .map_err(StoreError::from)?;
+        insert.reservation = Some(encode_reservation(&reservation)?);
+    }
     if let (Some(scoped), Some(key)) = (&new.scope, key) {
         // Step 4: cache. Same app and scope; the key covers source, revision, request,
         // model config and subject ([`probe`] read it, unless the task recomputes).
@@ -193,10 +202,7 @@ async fn create_in(
             )
             .await?
             .map_err(StoreError::from)?;
-            insert.reservation =
-                Some(serde_json::to_string(&reservation).map_err(|e| {
-                    StoreError::Database(format!("cannot encode reservation: {e}"))
-                })?);
+            insert.reservation = Some(encode_reservation(&reservation)?);
             insert.admitted = true;
             admission = Some((&scoped.source_id, logical_key));
         }
@@ -211,6 +217,12 @@ async fn create_in(
         .unwrap_or(0);
     let task = insert_task(conn, &insert, saved, admission).await?;
     Ok(Created::inserted(task).saving(saved))
+}
+
+/// A reservation as the task row keeps it.
+fn encode_reservation(r: &Reservation) -> StoreResult<String> {
+    serde_json::to_string(r)
+        .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))
 }
 
 /// SPEC §3 step 4's key of a scoped task (`None` for an unscoped one).
@@ -445,19 +457,7 @@ async fn admit(
     .rows_affected() as i64;
     // The scope's spend window is read only under a USD limit, in the same statement
     // (no scope row: never admitted into, so nothing in its buckets counts).
-    let state: Option<ScopeStateRow> = sqlx::query_as(
-        "SELECT bucket_units, bucket_at, sources_in_window, active, token_units, token_at, \
-         CASE WHEN ?3 THEN (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0) \
-           FROM scope_spend WHERE app = ?1 AND scope = ?2 AND bucket >= ?4) ELSE 0 END \
-           AS scope_window_nano \
-         FROM scope_state WHERE app = ?1 AND scope = ?2",
-    )
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(budget.cost.scope_nano_per_24_hours.is_some())
-    .bind(first)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let state = scope_state(tx, app, scope, budget, first).await?;
     let seen: Option<i64> = sqlx::query_scalar(
         "SELECT 1 FROM scope_sources WHERE app = ? AND scope = ? AND source_id = ? \
          AND last_admitted_at > ?",
@@ -500,37 +500,35 @@ async fn admit(
         app_active,
         borrowed,
         pruned,
-        bucket_units: state.as_ref().map(|s| s.bucket_units),
-        bucket_at: state.as_ref().map(|s| s.bucket_at),
-        sources_in_window: state.as_ref().map(|s| s.sources_in_window),
-        active: state.as_ref().map(|s| s.active),
+        bucket_units: state.bucket_units,
+        bucket_at: state.bucket_at,
+        sources_in_window: state.sources_in_window,
+        active: state.active,
         seen: seen.is_some(),
         steps: steps.steps,
         counted: steps.counted != 0,
         global_active,
-        token_units: state.as_ref().and_then(|s| s.token_units),
-        token_at: state.as_ref().and_then(|s| s.token_at),
-        scope_window_nano: state.as_ref().map_or(0, |s| s.scope_window_nano),
+        token_units: state.token_units,
+        token_at: state.token_at,
+        scope_window_nano: state.scope_window_nano,
     };
     let update = match facts.decide(budget, reservation, now) {
         Ok(update) => update,
-        Err(Refusal::Cost(c @ CostRejection::ScopeSpend { .. })) => {
-            let buckets = spend_buckets(tx, app, Some(scope), first).await?;
-            let wait = budget
-                .cost
-                .scope_nano_per_24_hours
-                .and_then(|l| spend_retry_after(&buckets, reservation.nano_usd, l, now));
-            return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
+        Err(refusal) => {
+            return Ok(Err(with_spend_retry(
+                tx,
+                app,
+                scope,
+                budget,
+                reservation,
+                refusal,
+                now,
+            )
+            .await?));
         }
-        Err(refusal) => return Ok(Err(refusal)),
     };
-    if let Some(limit) = budget.cost.app_nano_per_24_hours {
-        let window = window_sum(tx, app, None, first).await?;
-        if let Err(c) = decide_app_spend(&budget.cost, reservation, window) {
-            let buckets = spend_buckets(tx, app, None, first).await?;
-            let wait = spend_retry_after(&buckets, reservation.nano_usd, limit, now);
-            return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
-        }
+    if let Err(refusal) = check_app_spend(tx, app, budget, reservation, now).await? {
+        return Ok(Err(refusal));
     }
     let (bucket, sources_delta) = (update.bucket, update.sources_delta);
     let token = update.token_bucket;
@@ -583,6 +581,150 @@ async fn admit(
         .execute(&mut *tx)
         .await?;
     Ok(Ok(stored))
+}
+
+/// docs/budgets.md, "Tasks without a source": the cost checks of a task without a
+/// source under the write lock — SPEC §13's in order (output bound, the scope's spend,
+/// the scope's token bucket, the app's spend), none of SPEC §4's — then its reservation
+/// in the spend buckets and the token bucket taken. Returns the reservation as stored.
+async fn reserve_unsourced(
+    tx: &mut SqliteConnection,
+    app: &AppId,
+    scope: &ScopeId,
+    cost: &TaskCost,
+    now: Timestamp,
+) -> StoreResult<Result<Reservation, Refusal>> {
+    let (budget, reservation) = (&cost.budget, &cost.reservation);
+    let mut token = None;
+    if cost.limited() {
+        let first = window_first_bucket(now);
+        let state = scope_state(tx, app, scope, budget, first).await?;
+        let facts = UnsourcedFacts {
+            token_units: state.token_units,
+            token_at: state.token_at,
+            scope_window_nano: state.scope_window_nano,
+        };
+        token = match facts.decide(budget, reservation, now) {
+            Ok(token) => token,
+            Err(refusal) => {
+                return Ok(Err(with_spend_retry(
+                    tx,
+                    app,
+                    scope,
+                    budget,
+                    reservation,
+                    refusal,
+                    now,
+                )
+                .await?));
+            }
+        };
+        if let Err(refusal) = check_app_spend(tx, app, budget, reservation, now).await? {
+            return Ok(Err(refusal));
+        }
+    }
+    let stored = Reservation {
+        from_token_bucket: token.is_some(),
+        // docs/budgets.md, "The reservation": each re-ask is checked against these.
+        limits: Some(budget.cost),
+        ..*reservation
+    };
+    let spend = bind_spend(
+        sqlx::query(spend_upserts!()),
+        app,
+        scope,
+        now,
+        SpendDelta::reserve(&stored),
+    );
+    spend.execute(&mut *tx).await?;
+    if let Some((bucket, capacity)) = token {
+        // The scope's row may not exist yet: a task bucket that was never used is full.
+        let tasks = BucketState::full(budget.burst.get(), now);
+        sqlx::query(
+            "INSERT INTO scope_state (app, scope, bucket_units, bucket_at, token_units, \
+             token_at, token_capacity) VALUES (?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (app, scope) DO UPDATE SET token_units = excluded.token_units, \
+             token_at = excluded.token_at, token_capacity = excluded.token_capacity",
+        )
+        .bind(app.as_str())
+        .bind(scope.as_str())
+        .bind(tasks.units)
+        .bind(tasks.at.0)
+        .bind(bucket.units)
+        .bind(bucket.at.0)
+        .bind(capacity)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(Ok(stored))
+}
+
+/// A scope's counters and its spend window (read only under a scope USD limit), whether
+/// or not the scope has a counters row: a task without a source may have reserved in
+/// its buckets before any admission.
+async fn scope_state(
+    tx: &mut SqliteConnection,
+    app: &AppId,
+    scope: &ScopeId,
+    budget: &Budget,
+    first: i64,
+) -> StoreResult<ScopeStateRow> {
+    Ok(sqlx::query_as(
+        "SELECT s.bucket_units, s.bucket_at, s.sources_in_window, s.active, s.token_units, \
+         s.token_at, CASE WHEN ?3 THEN (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0) \
+           FROM scope_spend WHERE app = ?1 AND scope = ?2 AND bucket >= ?4) ELSE 0 END \
+           AS scope_window_nano \
+         FROM (SELECT 1) LEFT JOIN scope_state s ON s.app = ?1 AND s.scope = ?2",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(budget.cost.scope_nano_per_24_hours.is_some())
+    .bind(first)
+    .fetch_one(&mut *tx)
+    .await?)
+}
+
+/// A refusal as reported: a scope-spend refusal with when to retry (from the scope's
+/// buckets), any other as it is.
+async fn with_spend_retry(
+    tx: &mut SqliteConnection,
+    app: &AppId,
+    scope: &ScopeId,
+    budget: &Budget,
+    reservation: &Reservation,
+    refusal: Refusal,
+    now: Timestamp,
+) -> StoreResult<Refusal> {
+    let Refusal::Cost(c @ CostRejection::ScopeSpend { .. }) = refusal else {
+        return Ok(refusal);
+    };
+    let buckets = spend_buckets(tx, app, Some(scope), window_first_bucket(now)).await?;
+    let wait = budget
+        .cost
+        .scope_nano_per_24_hours
+        .and_then(|l| spend_retry_after(&buckets, reservation.nano_usd, l, now));
+    Ok(Refusal::Cost(c.with_retry_after(wait)))
+}
+
+/// SPEC §13's last check: the app's spend, for an app with a limit (under the write lock).
+async fn check_app_spend(
+    tx: &mut SqliteConnection,
+    app: &AppId,
+    budget: &Budget,
+    reservation: &Reservation,
+    now: Timestamp,
+) -> StoreResult<Result<(), Refusal>> {
+    let Some(limit) = budget.cost.app_nano_per_24_hours else {
+        return Ok(Ok(()));
+    };
+    let first = window_first_bucket(now);
+    let window = window_sum(tx, app, None, first).await?;
+    if let Err(c) = decide_app_spend(&budget.cost, reservation, window) {
+        let buckets = spend_buckets(tx, app, None, first).await?;
+        let wait = spend_retry_after(&buckets, reservation.nano_usd, limit, now);
+        return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
+    }
+    Ok(Ok(()))
 }
 
 /// SPEC §13: settled + reserved nano-dollars of a scope's (or, `None`, the app's) window.
@@ -680,13 +822,13 @@ fn bind_spend<'q>(
 /// A query on SQLite with its arguments.
 type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
 
-/// A scope's counters row.
+/// A scope's counters row (`None`s: no row yet) and its spend window.
 #[derive(sqlx::FromRow)]
 struct ScopeStateRow {
-    bucket_units: i64,
-    bucket_at: i64,
-    sources_in_window: i64,
-    active: i64,
+    bucket_units: Option<i64>,
+    bucket_at: Option<i64>,
+    sources_in_window: Option<i64>,
+    active: Option<i64>,
     token_units: Option<i64>,
     token_at: Option<i64>,
     scope_window_nano: i64,

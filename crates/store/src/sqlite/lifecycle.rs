@@ -296,7 +296,7 @@ impl WorkerStore for SqliteStore {
             "UPDATE tasks SET status = 'succeeded', output = ?, usage = ?, completed_at = ? \
              WHERE id = ? AND status = 'running' AND worker = ? AND NOT ",
             cancel_wanted!(),
-            " RETURNING id, app, scope, admitted"
+            " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
         ))
         .bind(output)
         .bind(usage)
@@ -321,7 +321,7 @@ impl WorkerStore for SqliteStore {
         let done: Option<FinishedRow> = sqlx::query_as(
             "UPDATE tasks SET status = 'failed', error_code = ?, error_message = ?, completed_at = ?, \
              usage = COALESCE(?, usage) \
-             WHERE id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted",
+             WHERE id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved",
         )
         .bind(code.as_str())
         .bind(truncate_message(message))
@@ -422,7 +422,7 @@ impl WorkerStore for SqliteStore {
              error_message = ?, completed_at = ? \
              WHERE id = ? AND status IN ('queued', 'running') AND ",
             cancel_wanted!(),
-            " RETURNING id, app, scope, admitted"
+            " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
         ))
         .bind(ErrorCode::Canceled.as_str())
         .bind(CANCELED_MESSAGE)

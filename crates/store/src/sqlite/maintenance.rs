@@ -60,7 +60,7 @@ impl MaintenanceStore for SqliteStore {
                  WHERE id IN (SELECT value FROM json_each(?)) AND status IN ('queued', 'running') \
                  AND ",
                 cancel_wanted!(),
-                " RETURNING id, app, scope, admitted"
+                " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
             ))
             .bind(ErrorCode::Canceled.as_str())
             .bind(now.0)
@@ -82,7 +82,7 @@ impl MaintenanceStore for SqliteStore {
                 "UPDATE tasks SET status = 'failed', error_code = ?, error_message = ?, \
                  completed_at = ? \
                  WHERE id IN (SELECT value FROM json_each(?)) AND status = ? \
-                 RETURNING id, app, scope, admitted",
+                 RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved",
             )
             .bind(code.as_str())
             .bind(message)

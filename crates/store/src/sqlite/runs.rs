@@ -95,7 +95,7 @@ impl RunStore for SqliteStore {
         let canceled: Vec<FinishedRow> = sqlx::query_as(
             "UPDATE tasks SET cancel_requested = 1, status = 'canceled', error_code = ?, \
              error_message = 'run canceled by request', completed_at = ? \
-             WHERE run_id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted",
+             WHERE run_id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved",
         )
         .bind(ErrorCode::Canceled.as_str())
         .bind(now.0)

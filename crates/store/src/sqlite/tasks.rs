@@ -91,7 +91,7 @@ impl TaskStore for SqliteStore {
         let done: Option<FinishedRow> = sqlx::query_as(
             "UPDATE tasks SET cancel_requested = 1, status = 'canceled', error_code = ?, \
              error_message = ?, completed_at = ? \
-             WHERE id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted",
+             WHERE id = ? AND status IN ('queued', 'running') RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved",
         )
         .bind(ErrorCode::Canceled.as_str())
         .bind(CANCELED_MESSAGE)
@@ -168,7 +168,8 @@ impl TaskStore for SqliteStore {
         // (docs/budgets.md, "Settlement"); their workers see cancellation. Admission
         // records and logical keys stay as they are.
         let in_flight: Vec<EndedRow> = sqlx::query_as(
-            "SELECT id, app, scope, admitted, status FROM tasks WHERE app = ?1 AND scope = ?2 \
+            "SELECT id, app, scope, admitted, reservation IS NOT NULL AS reserved, status FROM tasks \
+             WHERE app = ?1 AND scope = ?2 \
              AND run_id IS NULL AND (?3 IS NULL OR source_id = ?3) \
              AND status IN ('queued', 'running') ORDER BY id",
         )

@@ -12,8 +12,8 @@ use crate::{Created, StoreError, StoreResult};
 use sqlx::{FromRow, Row};
 use tollgate_core::cost::{app_spend_stripe, spend_bucket};
 use tollgate_core::{
-    AdmissionRejection, AppId, Budget, NewTask, ScopeId, SourceId, Subject, Task, TaskId,
-    Timestamp, Weight, join_credit, stride,
+    AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
+    TaskId, Timestamp, Weight, join_credit, stride,
 };
 
 /// The columns of a task insert, in the order of [`bind_insert`]'s `$1`–`$28`.
@@ -285,6 +285,62 @@ pub(super) async fn insert_and_commit(
             })),
         };
     }
+    tx.commit().await?;
+    Ok(Some(Created::inserted(task)))
+}
+
+/// docs/budgets.md, "Tasks without a source": inserts a task without a source that can
+/// cost money and records its reservation — the scope's token bucket taken (`token`:
+/// the bucket and its capacity in units; a new scope row starts with a full task bucket,
+/// as one never admitted into), the reservation added to the scope's and the app's spend
+/// bucket, in the lock order (scope row, scope bucket, app bucket) — and commits.
+pub(super) async fn insert_reserved_and_commit(
+    store: &PostgresStore,
+    mut tx: Tx,
+    row: &InsertRow<'_>,
+    app: &AppId,
+    budget: &Budget,
+    token: Option<(BucketState, i64)>,
+    reserve: SpendDelta,
+) -> StoreResult<Option<Created>> {
+    let Some(task) = insert_task(&mut tx, row, true).await? else {
+        // Another replica inserted the same effect key first: keep nothing of ours.
+        tx.rollback().await?;
+        return lost_race(store, app, row.new).await.map(Some);
+    };
+    let tasks = BucketState::full(budget.burst.get(), row.now);
+    sqlx::query(
+        "WITH st AS (INSERT INTO scope_state \
+           (app, scope, bucket_units, bucket_at, token_units, token_at, token_capacity) \
+           SELECT $1, $2, $3, $4, $5, $6, $7 WHERE $5::BIGINT IS NOT NULL \
+           ON CONFLICT (app, scope) DO UPDATE SET token_units = EXCLUDED.token_units, \
+           token_at = EXCLUDED.token_at, token_capacity = EXCLUDED.token_capacity \
+           RETURNING 1), \
+         sp AS (INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens) \
+           SELECT $1, $2, $8, $9, $10 FROM (SELECT COUNT(*) FROM st) AS after_st \
+           ON CONFLICT (app, scope, bucket) DO UPDATE SET \
+           reserved_nano = scope_spend.reserved_nano + EXCLUDED.reserved_nano, \
+           reserved_tokens = scope_spend.reserved_tokens + EXCLUDED.reserved_tokens \
+           RETURNING 1) \
+         INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens) \
+           SELECT $1, $8, $11, $9, $10 FROM sp \
+           ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
+           reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
+           reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens",
+    )
+    .bind(app.as_str())
+    .bind(row.scope.as_str())
+    .bind(tasks.units)
+    .bind(tasks.at.0)
+    .bind(token.map(|(b, _)| b.units))
+    .bind(token.map(|(b, _)| b.at.0))
+    .bind(token.map(|(_, capacity)| capacity))
+    .bind(spend_bucket(row.now))
+    .bind(reserve.reserved_nano)
+    .bind(reserve.reserved_tokens)
+    .bind(app_spend_stripe(row.scope.as_str()) as i32)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(Some(Created::inserted(task)))
 }

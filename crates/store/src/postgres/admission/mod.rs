@@ -22,16 +22,21 @@ pub(super) use probe::{lock_scope, scope_lock_key};
 pub(super) use snapshot::app_lock_key;
 
 use super::{PostgresStore, Tx};
+use crate::shared::admission::Refusal;
 use crate::shared::cost::SpendDelta;
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
-use insert::{AdmissionRecord, InsertRow, activate_queues, insert_and_commit, insert_task};
+use insert::{
+    AdmissionRecord, InsertRow, activate_queues, insert_and_commit, insert_reserved_and_commit,
+    insert_task,
+};
 use probe::{probe, run_owner};
-use snapshot::admit;
-use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskId, Timestamp, cache_key};
+use snapshot::{admit, check_unsourced};
+use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskCost, TaskId, Timestamp, cache_key};
 
 pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
     if new.scope.is_none()
+        && new.cost.is_none()
         && let Owner::Application {
             app,
             scope,
@@ -127,9 +132,12 @@ async fn attempt_create(
         })
     };
     let probe_cache = new.scope.as_ref().is_some_and(|scoped| !scoped.recompute);
+    // Admission, and the cost checks of a task without a source under a USD or token
+    // limit, hold the scope's lock exclusively.
+    let checked = new.scope.is_some() || new.cost.as_ref().is_some_and(TaskCost::limited);
     let (run_id, scope, subject, key, probe) = match &new.owner {
         Owner::Run { run_id, .. } => {
-            let (scope, subject) = run_owner(&mut tx, &app, *run_id, new.scope.is_some()).await?;
+            let (scope, subject) = run_owner(&mut tx, &app, *run_id, checked).await?;
             let key = cache_key_for(subject.as_ref());
             let probe = probe(
                 store,
@@ -148,7 +156,7 @@ async fn attempt_create(
             // Exclusive for admission; shared otherwise, which only keeps owner deletion
             // (exclusive) from interleaving with this creation.
             let key = cache_key_for(subject.as_ref());
-            let lock = (scope_lock_key(&app, scope), new.scope.is_some());
+            let lock = (scope_lock_key(&app, scope), checked);
             let probe = probe(
                 store,
                 &mut tx,
@@ -190,7 +198,29 @@ async fn attempt_create(
     };
 
     let Some(scoped) = &new.scope else {
-        return insert_and_commit(store, tx, &row, &app, None, path).await;
+        let Some(cost) = &new.cost else {
+            return insert_and_commit(store, tx, &row, &app, None, path).await;
+        };
+        // docs/budgets.md, "Tasks without a source": the cost checks under a limit, then
+        // the reservation recorded; never admitted (no task-count limit applies).
+        let (budget, reservation) = (&cost.budget, &cost.reservation);
+        let token = if cost.limited() {
+            match check_unsourced(&mut tx, &app, &row.scope, budget, reservation, now).await? {
+                Ok(token) => token,
+                Err(rejection) => return refused(tx, &app, new, rejection).await,
+            }
+        } else {
+            None
+        };
+        let stored = tollgate_core::Reservation {
+            from_token_bucket: token.is_some(),
+            // docs/budgets.md, "The reservation": each re-ask is checked against these.
+            limits: Some(budget.cost),
+            ..*reservation
+        };
+        row.reservation = Some(encode_reservation(&stored)?);
+        let reserve = SpendDelta::reserve(&stored);
+        return insert_reserved_and_commit(store, tx, &row, &app, budget, token, reserve).await;
     };
     let key = key.unwrap_or_default();
     row.cache_key = Some(key.clone());
@@ -219,16 +249,7 @@ async fn attempt_create(
     .await?;
     let update = match update {
         Ok(update) => update,
-        Err(rejection) => {
-            // A replay is never judged by admission: the probe's snapshot may predate a
-            // creation of this key that committed while this one waited for the lock.
-            let replay = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?;
-            tx.rollback().await?;
-            return match replay {
-                Some(task) => Ok(Some(Created::existing(task))),
-                None => Err(rejection.into()),
-            };
-        }
+        Err(rejection) => return refused(tx, &app, new, rejection).await,
     };
     row.admitted = true;
     let reservation = tollgate_core::Reservation {
@@ -237,10 +258,7 @@ async fn attempt_create(
         limits: Some(scoped.budget.cost),
         ..scoped.reservation
     };
-    row.reservation = Some(
-        serde_json::to_string(&reservation)
-            .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))?,
-    );
+    row.reservation = Some(encode_reservation(&reservation)?);
     let record = AdmissionRecord {
         source: &scoped.source_id,
         logical_key: &logical_key,
@@ -249,6 +267,29 @@ async fn attempt_create(
         reserve: SpendDelta::reserve(&reservation),
     };
     insert_and_commit(store, tx, &row, &app, Some(record), path).await
+}
+
+/// A refused creation: rolled back, and answered with the task of its effect key if one
+/// exists by now (a replay is never judged by admission: the probe's snapshot may
+/// predate a creation of this key that committed while this one waited for the lock).
+async fn refused(
+    mut tx: Tx,
+    app: &AppId,
+    new: &NewTask,
+    rejection: Refusal,
+) -> StoreResult<Option<Created>> {
+    let replay = by_effect_key(&mut tx, app, new.effect_key.as_str()).await?;
+    tx.rollback().await?;
+    match replay {
+        Some(task) => Ok(Some(Created::existing(task))),
+        None => Err(rejection.into()),
+    }
+}
+
+/// A reservation as the task row keeps it.
+fn encode_reservation(r: &tollgate_core::Reservation) -> StoreResult<String> {
+    serde_json::to_string(r)
+        .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))
 }
 
 /// Many creations with as few transactions as correctness allows: consecutive unscoped
@@ -263,7 +304,9 @@ pub(super) async fn create_tasks(
     let mut out = Vec::with_capacity(news.len());
     let mut pending: Vec<NewTask> = Vec::new();
     for new in news {
-        if new.scope.is_none() {
+        // A task without a source that can cost money has its own short transaction, as a
+        // scoped one (its reservation is checked or recorded).
+        if new.scope.is_none() && new.cost.is_none() {
             pending.push(new);
             continue;
         }

@@ -5,11 +5,13 @@
 
 use super::super::Tx;
 use crate::StoreResult;
-use crate::shared::admission::{AdmissionFacts, Refusal, ScopeUpdate};
+use crate::shared::admission::{AdmissionFacts, Refusal, ScopeUpdate, UnsourcedFacts};
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::canonical::sha256_hex;
 use tollgate_core::cost::{decide_app_spend, spend_retry_after, window_first_bucket};
-use tollgate_core::{AppId, Budget, CostRejection, Reservation, ScopeId, SourceId, Timestamp};
+use tollgate_core::{
+    AppId, BucketState, Budget, CostRejection, Reservation, ScopeId, SourceId, Timestamp,
+};
 
 /// SPEC §4 and §13 under the scope lock: prunes the scope's expired sightings, reads the
 /// snapshot, asks core (through [`AdmissionFacts::decide`]), and for an app with a spend
@@ -61,15 +63,99 @@ pub(super) async fn admit(
     .await?;
     let update = match facts.decide(budget, reservation, now) {
         Ok(update) => update,
-        Err(Refusal::Cost(c @ CostRejection::ScopeSpend { .. })) => {
-            let limit = budget.cost.scope_nano_per_24_hours;
-            let buckets = spend_buckets(tx, app, Some(scope), first).await?;
-            let wait =
-                limit.and_then(|l| spend_retry_after(&buckets, reservation.nano_usd, l, now));
-            return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
+        Err(refusal) => {
+            return Ok(Err(with_spend_retry(
+                tx,
+                app,
+                scope,
+                budget,
+                reservation,
+                refusal,
+                now,
+            )
+            .await?));
         }
-        Err(refusal) => return Ok(Err(refusal)),
     };
+    Ok(check_app_spend(tx, app, budget, reservation, now)
+        .await?
+        .map(|()| update))
+}
+
+/// docs/budgets.md, "Tasks without a source": SPEC §13's checks of a task without a
+/// source, under the scope's advisory lock (exclusive) — output bound, the scope's
+/// spend, the scope's token bucket, then the app's spend under the app's lock — and
+/// none of SPEC §4's. On admission returns the token bucket to store with its capacity
+/// in units (`None`: the policy has no token rate).
+pub(super) async fn check_unsourced(
+    tx: &mut Tx,
+    app: &AppId,
+    scope: &ScopeId,
+    budget: &Budget,
+    reservation: &Reservation,
+    now: Timestamp,
+) -> StoreResult<Result<Option<(BucketState, i64)>, Refusal>> {
+    let first = window_first_bucket(now);
+    let facts: UnsourcedFacts = sqlx::query_as(
+        "SELECT s.token_units, s.token_at, \
+         (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0)::BIGINT FROM scope_spend \
+                 WHERE app = $1 AND scope = $2 AND bucket >= $3) AS scope_window_nano \
+         FROM (SELECT 1) AS one LEFT JOIN scope_state s ON s.app = $1 AND s.scope = $2",
+    )
+    .bind(app.as_str())
+    .bind(scope.as_str())
+    .bind(first)
+    .fetch_one(&mut **tx)
+    .await?;
+    let token = match facts.decide(budget, reservation, now) {
+        Ok(token) => token,
+        Err(refusal) => {
+            return Ok(Err(with_spend_retry(
+                tx,
+                app,
+                scope,
+                budget,
+                reservation,
+                refusal,
+                now,
+            )
+            .await?));
+        }
+    };
+    Ok(check_app_spend(tx, app, budget, reservation, now)
+        .await?
+        .map(|()| token))
+}
+
+/// A refusal as reported: a scope-spend refusal with when to retry (from the scope's
+/// buckets), any other as it is.
+async fn with_spend_retry(
+    tx: &mut Tx,
+    app: &AppId,
+    scope: &ScopeId,
+    budget: &Budget,
+    reservation: &Reservation,
+    refusal: Refusal,
+    now: Timestamp,
+) -> StoreResult<Refusal> {
+    let Refusal::Cost(c @ CostRejection::ScopeSpend { .. }) = refusal else {
+        return Ok(refusal);
+    };
+    let limit = budget.cost.scope_nano_per_24_hours;
+    let buckets = spend_buckets(tx, app, Some(scope), window_first_bucket(now)).await?;
+    let wait = limit.and_then(|l| spend_retry_after(&buckets, reservation.nano_usd, l, now));
+    Ok(Refusal::Cost(c.with_retry_after(wait)))
+}
+
+/// SPEC §13's last check, for an app with a spend limit: takes the app's advisory lock
+/// (lock order: scope, then app) and checks the app's window.
+async fn check_app_spend(
+    tx: &mut Tx,
+    app: &AppId,
+    budget: &Budget,
+    reservation: &Reservation,
+    now: Timestamp,
+) -> StoreResult<Result<(), Refusal>> {
+    let first = window_first_bucket(now);
     if let Some(limit) = budget.cost.app_nano_per_24_hours {
         // The app's lock in its own statement, so the read below sees every admission of
         // the app that held it before (lock order: scope, then app).
@@ -91,7 +177,7 @@ pub(super) async fn admit(
             return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
         }
     }
-    Ok(Ok(update))
+    Ok(Ok(()))
 }
 
 /// The advisory lock key of an app's spend (SPEC §13), distinct from every scope key.

@@ -1,0 +1,349 @@
+//! Tasks without a source (docs/budgets.md, "Tasks without a source"): the USD limits
+//! and the token bucket apply to every task that can cost money, sourced or not, owned
+//! by a run or by the application; the limits about sources and task counts do not.
+//! Their reservations show in the usage windows and settle like a sourced task's.
+
+use super::Backend;
+use super::cost::{cost_budget, reserve, tokens};
+use super::fixtures::*;
+use crate::{Created, SpendWindow, Store, StoreError, StoreResult};
+use std::sync::Arc;
+use tokio::sync::Barrier;
+use tollgate_core::{
+    Budget, CostRejection, ErrorCode, NewTask, Reservation, RunId, TaskCost, TaskStatus,
+};
+
+/// An application task without a source, under `budget`'s cost limits, reserving `r`;
+/// the input names the key.
+pub fn unsourced_task(
+    app_name: &str,
+    scope_name: &str,
+    effect_key: &str,
+    budget: Budget,
+    r: Reservation,
+) -> NewTask {
+    NewTask {
+        cost: Some(TaskCost {
+            budget,
+            reservation: r,
+        }),
+        ..with_input(new_app_task(app_name, scope_name, effect_key), effect_key)
+    }
+}
+
+/// A run's task without a source, under `budget`'s cost limits, reserving `r`.
+pub fn unsourced_run_task(
+    app_name: &str,
+    run: RunId,
+    effect_key: &str,
+    budget: Budget,
+    r: Reservation,
+) -> NewTask {
+    NewTask {
+        cost: Some(TaskCost {
+            budget,
+            reservation: r,
+        }),
+        ..with_input(new_run_task(app_name, run, effect_key), effect_key)
+    }
+}
+
+async fn window(s: &dyn Store, app_name: &str, scope_name: Option<&str>) -> SpendWindow {
+    let scope_id = scope_name.map(scope);
+    s.spend(&app(app_name), scope_id.as_ref())
+        .await
+        .expect("spend")
+}
+
+async fn cost_refusal(s: &dyn Store, new: NewTask) -> CostRejection {
+    match s.create_task(new).await {
+        Err(StoreError::Cost(c)) => c,
+        other => panic!("expected a cost refusal, got {other:?}"),
+    }
+}
+
+/// The issue's reproduction: an app near its `usd_per_24_hours` refuses tasks without a
+/// source with `WORKFLOW_AI_SPEND_BUDGET` (and a retry time); what they reserve and
+/// spend is in the scope's and the app's usage, and counts against sourced tasks too.
+pub async fn unsourced_tasks_count_against_the_app_spend_limit(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    let limited = cost_budget(None, None, Some(500_000));
+    // 200,000 n$ reserved by each of two tasks without a source, in two scopes.
+    let a = create_new(
+        &*s,
+        unsourced_task("acme", "s00", "a", limited, reserve(100, 50)),
+    )
+    .await;
+    assert_eq!(
+        a.reservation.map(|r| r.nano_usd),
+        Some(200_000),
+        "it keeps its reservation"
+    );
+    create_new(
+        &*s,
+        unsourced_task("acme", "s01", "b", limited, reserve(100, 50)),
+    )
+    .await;
+    let scope_w = window(&*s, "acme", Some("s00")).await;
+    assert_eq!(
+        (scope_w.reserved_nano, scope_w.reserved_tokens),
+        (200_000, 150)
+    );
+    assert_eq!(window(&*s, "acme", None).await.reserved_nano, 400_000);
+    // A third does not fit the app's limit: refused, nothing written.
+    let r = cost_refusal(
+        &*s,
+        unsourced_task("acme", "s02", "c", limited, reserve(100, 50)),
+    )
+    .await;
+    assert!(matches!(r, CostRejection::AppSpend { .. }), "{r:?}");
+    assert_eq!(r.code(), ErrorCode::SpendBudget);
+    assert!(r.retry_after().is_some(), "the window's buckets say when");
+    assert_eq!(get_by_key(&*s, &app("acme"), "c").await, None);
+    assert_eq!(window(&*s, "acme", None).await.reserved_nano, 400_000);
+    // Sourced tasks see the unsourced spend too.
+    let r = cost_refusal(
+        &*s,
+        super::cost::priced_task("acme", "s03", "d", "doc", limited, reserve(100, 50)),
+    )
+    .await;
+    assert!(matches!(r, CostRejection::AppSpend { .. }), "{r:?}");
+    // Settled at what it cost (40 + 10 tokens: 60,000 n$), the first makes room.
+    claim(&*s, a.id, &w).await;
+    s.complete_task(a.id, &w, spam(), tokens(40, 10))
+        .await
+        .expect("complete");
+    let scope_w = window(&*s, "acme", Some("s00")).await;
+    assert_eq!(
+        (scope_w.reserved_nano, scope_w.settled_nano),
+        (0, 60_000),
+        "settled like a sourced task"
+    );
+    assert_eq!((scope_w.reserved_tokens, scope_w.settled_tokens), (0, 50));
+    let app_w = window(&*s, "acme", None).await;
+    assert_eq!((app_w.reserved_nano, app_w.settled_nano), (200_000, 60_000));
+    create_new(
+        &*s,
+        unsourced_task("acme", "s02", "c", limited, reserve(100, 50)),
+    )
+    .await;
+    // Another app is not affected.
+    create_new(
+        &*s,
+        unsourced_task("globex", "s00", "a", limited, reserve(100, 50)),
+    )
+    .await;
+}
+
+/// The scope's `usd_per_24_hours` and token bucket apply to tasks without a source,
+/// application- or run-owned, shared with sourced tasks; a task without an output bound
+/// under a limit is refused; the source and task-count limits do not apply.
+pub async fn unsourced_tasks_count_against_the_scope_limits(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    // Spend: 550,000 n$ a day. Tokens: 60 a minute, 400 of burst. Task counts: one.
+    let limits = Budget {
+        cost: cost_budget(Some(550_000), Some((60, 400)), None).cost,
+        ..budget(1, 1, 1, 1, 1, 1)
+    };
+    let run = create_run(&*s, new_run("acme", "s")).await;
+    // 150 tokens, 200,000 n$ each; scope_concurrent = burst = 1 do not stop the second.
+    let a = create_new(
+        &*s,
+        unsourced_task("acme", "s", "a", limits, reserve(100, 50)),
+    )
+    .await;
+    create_new(
+        &*s,
+        unsourced_run_task("acme", run.id, "b", limits, reserve(100, 50)),
+    )
+    .await;
+    // Spend: 400,000 + 200,000 is over 550,000 (the spend check comes first).
+    let r = cost_refusal(
+        &*s,
+        unsourced_task("acme", "s", "c", limits, reserve(100, 50)),
+    )
+    .await;
+    assert!(matches!(r, CostRejection::ScopeSpend { .. }), "{r:?}");
+    let wait = r.retry_after().expect("known");
+    assert!(wait > hours(24) && wait <= hours(25), "{wait:?}");
+    // Tokens: 100 left in the bucket; 101 (at 1,000 n$ each, within the spend) is not.
+    let r = cost_refusal(
+        &*s,
+        unsourced_task("acme", "s", "d", limits, reserve(101, 0)),
+    )
+    .await;
+    assert!(matches!(r, CostRejection::TokenRate { .. }), "{r:?}");
+    assert_eq!(r.retry_after(), Some(secs(1)), "one token a second");
+    // A sourced task shares the scope's window and bucket.
+    let sourced = Budget {
+        cost: limits.cost,
+        ..unlimited()
+    };
+    let r = cost_refusal(
+        &*s,
+        super::cost::priced_task("acme", "s", "e", "doc", sourced, reserve(101, 0)),
+    )
+    .await;
+    assert!(matches!(r, CostRejection::TokenRate { .. }), "{r:?}");
+    // No output bound under a limit: refused.
+    let r = cost_refusal(
+        &*s,
+        unsourced_task("acme", "s", "f", limits, Reservation::default()),
+    )
+    .await;
+    assert_eq!(r, CostRejection::OutputBoundRequired);
+    // Settlement gives unused tokens back: 150 reserved, 20 used.
+    claim(&*s, a.id, &w).await;
+    s.complete_task(a.id, &w, spam(), tokens(10, 10))
+        .await
+        .expect("complete");
+    let bucket = window(&*s, "acme", Some("s"))
+        .await
+        .token_bucket
+        .expect("the scope's token bucket");
+    assert_eq!(
+        bucket.units / tollgate_core::admission::TOKEN_UNITS,
+        400 - 150 - 20
+    );
+    create_new(
+        &*s,
+        unsourced_task("acme", "s", "d", limits, reserve(101, 0)),
+    )
+    .await;
+    // Sourced tasks still count sources and tasks: the first is admitted, the second
+    // source is over sources_per_24_hours = 1.
+    create_new(
+        &*s,
+        super::cost::priced_task("acme", "s", "g", "doc-1", limits, reserve(1, 0)),
+    )
+    .await;
+    let err = create_err(
+        &*s,
+        super::cost::priced_task("acme", "s", "h", "doc-2", limits, reserve(1, 0)),
+    )
+    .await;
+    assert_eq!(err.code(), Some(ErrorCode::DailyBudget));
+}
+
+/// Every ending settles a task without a source as it settles a sourced one: canceled
+/// while queued costs nothing, canceled while running its reservation, a failure what
+/// it reported; tasks that reserve nothing change no window.
+pub async fn unsourced_tasks_settle_on_every_ending(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    let free = cost_budget(None, None, None);
+    let queued = create_new(
+        &*s,
+        unsourced_task("acme", "s", "q", free, reserve(100, 50)),
+    )
+    .await;
+    let running = create_new(
+        &*s,
+        unsourced_task("acme", "s", "r", free, reserve(100, 50)),
+    )
+    .await;
+    let failing = create_new(
+        &*s,
+        unsourced_task("acme", "s", "f", free, reserve(100, 50)),
+    )
+    .await;
+    assert_eq!(window(&*s, "acme", Some("s")).await.reserved_nano, 600_000);
+    cancel(&*s, &app("acme"), queued.id).await;
+    claim(&*s, running.id, &w).await;
+    cancel(&*s, &app("acme"), running.id).await;
+    claim(&*s, failing.id, &w).await;
+    s.fail_task(
+        failing.id,
+        ErrorCode::InvalidModelOutput,
+        "bad",
+        Some(&tokens(70, 20)),
+    )
+    .await
+    .expect("fail");
+    let spent = window(&*s, "acme", Some("s")).await;
+    assert_eq!(spent.reserved_nano, 0);
+    assert_eq!(spent.settled_nano, 200_000 + 70_000 + 40_000);
+    assert_eq!(
+        get(&*s, &app("acme"), running.id).await.status,
+        TaskStatus::Canceled
+    );
+    // Interrupted (no heartbeat): its reservation.
+    let lost = create_new(&*s, unsourced_task("acme", "i", "i", free, reserve(10, 10))).await;
+    claim(&*s, lost.id, &w).await;
+    b.clock().advance(hours(1));
+    sweep_all(&*s, &sweep_config()).await;
+    assert_eq!(
+        get(&*s, &app("acme"), lost.id).await.status,
+        TaskStatus::Failed
+    );
+    let spent = window(&*s, "acme", Some("i")).await;
+    assert_eq!((spent.reserved_nano, spent.settled_nano), (0, 30_000));
+    // A task that can cost nothing known reserves nothing and changes no window.
+    let plain = create_new(&*s, new_app_task("acme", "p", "p")).await;
+    assert_eq!(plain.reservation, None);
+    claim(&*s, plain.id, &w).await;
+    s.complete_task(plain.id, &w, spam(), tokens(40, 10))
+        .await
+        .expect("complete");
+    let spent = window(&*s, "acme", Some("p")).await;
+    assert_eq!((spent.reserved_nano, spent.settled_nano), (0, 0));
+}
+
+/// Exact across replicas: 40 tasks without a source, racing on four store instances,
+/// half of them application-owned and half run-owned, each reserving 100,000 n$ under a
+/// scope limit of 750,000 n$ and an app limit of 1,050,000 n$ (across two scopes):
+/// exactly 10 are admitted in all, at most 7 in a scope, and the windows hold exactly
+/// what was admitted.
+pub async fn racing_unsourced_tasks_respect_the_spend_limits_exactly(b: &dyn Backend) {
+    const RACERS: usize = 40;
+    let stores = open_stores(b, 4).await;
+    let limits = cost_budget(Some(750_000), Some((1, 1_000_000)), Some(1_050_000));
+    let run_a = create_run(&*stores[0], new_run("acme", "a")).await;
+    let run_b = create_run(&*stores[0], new_run("acme", "b")).await;
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let mut handles = Vec::with_capacity(RACERS);
+    for i in 0..RACERS {
+        let s = stores[i % stores.len()].clone();
+        let barrier = barrier.clone();
+        // Scope a first: its racers are the even ones.
+        let (scope_name, run) = if i % 2 == 0 {
+            ("a", run_a.id)
+        } else {
+            ("b", run_b.id)
+        };
+        let key = format!("k{i}");
+        let new = if i % 4 < 2 {
+            unsourced_task("acme", scope_name, &key, limits, reserve(50, 25))
+        } else {
+            unsourced_run_task("acme", run, &key, limits, reserve(50, 25))
+        };
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let answer: StoreResult<Created> = s.create_task(new).await;
+            (scope_name, answer)
+        }));
+    }
+    let mut admitted = std::collections::BTreeMap::<&str, i64>::new();
+    for h in handles {
+        let (scope_name, answer) = h.await.expect("racer");
+        match answer {
+            Ok(c) => *admitted.entry(scope_name).or_default() += i64::from(c.created),
+            Err(StoreError::Cost(
+                CostRejection::ScopeSpend { .. } | CostRejection::AppSpend { .. },
+            )) => {}
+            Err(e) => panic!("unexpected answer: {e:?}"),
+        }
+    }
+    let total: i64 = admitted.values().sum();
+    assert_eq!(total, 10, "the app's limit holds exactly: {admitted:?}");
+    for (scope_name, n) in &admitted {
+        assert!(*n <= 7, "a scope's limit holds: {admitted:?}");
+        let w = window(&*stores[0], "acme", Some(scope_name)).await;
+        assert_eq!(w.reserved_nano, n * 100_000, "{scope_name}");
+        assert_eq!(w.reserved_tokens, n * 75, "{scope_name}");
+    }
+    let app_w = window(&*stores[0], "acme", None).await;
+    assert_eq!(app_w.reserved_nano, 1_000_000);
+}
