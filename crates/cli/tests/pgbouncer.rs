@@ -36,23 +36,35 @@ async fn serve_runs_behind_pgbouncer_in_session_mode() {
     let required = std::env::var("TOLLGATE_REQUIRE_PGBOUNCER").is_ok_and(|v| v == "1");
     let bin = Path::new("/usr/sbin/pgbouncer");
     let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
-        assert!(!required, "TOLLGATE_REQUIRE_PGBOUNCER=1 needs TOLLGATE_TEST_DATABASE_URL");
+        assert!(
+            !required,
+            "TOLLGATE_REQUIRE_PGBOUNCER=1 needs TOLLGATE_TEST_DATABASE_URL"
+        );
         eprintln!("skipping: TOLLGATE_TEST_DATABASE_URL is not set");
         return;
     };
     if !bin.exists() {
-        assert!(!required, "TOLLGATE_REQUIRE_PGBOUNCER=1 but /usr/sbin/pgbouncer is missing");
+        assert!(
+            !required,
+            "TOLLGATE_REQUIRE_PGBOUNCER=1 but /usr/sbin/pgbouncer is missing"
+        );
         eprintln!("skipping: no /usr/sbin/pgbouncer");
         return;
     }
     // A database of its own: PgBouncer passes no `search_path` option through.
     let database = format!("tollgate_pgb_{}", uuid::Uuid::new_v4().simple());
-    let admin = url.rsplit_once('/').map(|(base, _)| format!("{base}/postgres")).unwrap();
+    let admin = url
+        .rsplit_once('/')
+        .map(|(base, _)| format!("{base}/postgres"))
+        .unwrap();
     common::psql(&admin, &format!("CREATE DATABASE \"{database}\""));
     struct Drop_(String, String);
     impl Drop for Drop_ {
         fn drop(&mut self) {
-            common::psql(&self.0, &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.1));
+            common::psql(
+                &self.0,
+                &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.1),
+            );
         }
     }
     let _drop = Drop_(admin.clone(), database.clone());
