@@ -114,12 +114,23 @@ test("the SDK's own retry of a slow call waits for the same task", async () => {
 });
 
 test("a budget refusal is a RateLimitError", async () => {
-  const headers = { "X-Tollgate-Scope": `${RUN}-tight`, "X-Tollgate-Budget": "tight" };
+  // The task-rate bucket is a limit about sources: the calls name theirs.
+  const headers = (source) => ({
+    "X-Tollgate-Scope": `${RUN}-tight`,
+    "X-Tollgate-Budget": "tight",
+    "X-Tollgate-Source": `${RUN}-${source}`,
+  });
   const c = client(ACME, { maxRetries: 0 });
-  await c.chat.completions.create({ model: "default", messages: hello("one") }, { headers });
+  await c.chat.completions.create(
+    { model: "default", messages: hello("one") },
+    { headers: headers("one") },
+  );
   const before = await count();
   await assert.rejects(
-    c.chat.completions.create({ model: "default", messages: hello("two") }, { headers }),
+    c.chat.completions.create(
+      { model: "default", messages: hello("two") },
+      { headers: headers("two") },
+    ),
     (e) => {
       assert.ok(e instanceof OpenAI.RateLimitError, `${e}`);
       assert.equal(e.status, 429);

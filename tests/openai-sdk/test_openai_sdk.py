@@ -150,12 +150,16 @@ def test_the_sdks_own_retry_of_a_slow_call_waits_for_the_same_task():
 
 
 def test_a_budget_refusal_is_a_rate_limit_error():
-    headers = {"X-Tollgate-Scope": f"{RUN}-tight", "X-Tollgate-Budget": "tight"}
+    # The task-rate bucket is a limit about sources: the calls name theirs.
+    def headers(source):
+        return {"X-Tollgate-Scope": f"{RUN}-tight", "X-Tollgate-Budget": "tight",
+                "X-Tollgate-Source": f"{RUN}-{source}"}
     c = client(max_retries=0)
-    c.chat.completions.create(model="default", messages=hello("one"), extra_headers=headers)
+    c.chat.completions.create(model="default", messages=hello("one"), extra_headers=headers("one"))
     before = count()
     with pytest.raises(openai.RateLimitError) as e:
-        c.chat.completions.create(model="default", messages=hello("two"), extra_headers=headers)
+        c.chat.completions.create(model="default", messages=hello("two"),
+                                  extra_headers=headers("two"))
     assert e.value.status_code == 429
     assert e.value.code == "WORKFLOW_AI_RATE_LIMIT"
     assert e.value.type == "rate_limit_error"
