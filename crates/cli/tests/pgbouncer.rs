@@ -97,16 +97,33 @@ async fn serve_runs_behind_pgbouncer_in_session_mode() {
         .status()
         .unwrap();
     assert!(owned.success());
-    let _pgbouncer = Kill(
-        Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(bin)
-            .arg(&ini)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("pgbouncer starts"),
-    );
+    // Started as the postgres user directly (not through `runuser`, which would stay
+    // between this test and PgBouncer), so dropping the handle stops PgBouncer itself.
+    let id = |flag: &str| -> u32 {
+        let out = Command::new("id")
+            .args([flag, "postgres"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("the postgres user")
+    };
+    let _pgbouncer = {
+        use std::os::unix::process::CommandExt;
+        Kill(
+            Command::new(bin)
+                .arg("--quiet")
+                .arg(&ini)
+                .uid(id("-u"))
+                .gid(id("-g"))
+                .current_dir(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("pgbouncer starts"),
+        )
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "pgbouncer never listened");

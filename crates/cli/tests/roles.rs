@@ -44,6 +44,19 @@ poll_interval = "200ms"
 
 /// Starts `serve` and returns it with its base URL.
 fn serve(config: &Path, extra: &[&str]) -> (Child, String) {
+    let (child, base, _) = serve_until(config, extra, |line| {
+        line.starts_with("Tollgate listening on ")
+    });
+    (child, base)
+}
+
+/// Starts `serve` and reads what it prints up to and including the line `last` picks:
+/// the process, its base URL and the lines read.
+fn serve_until(
+    config: &Path,
+    extra: &[&str],
+    last: impl Fn(&str) -> bool,
+) -> (Child, String, Vec<String>) {
     let mut child = tollgate()
         .args(["serve", "--addr", "127.0.0.1:0", "--config"])
         .arg(config)
@@ -59,17 +72,27 @@ fn serve(config: &Path, extra: &[&str]) -> (Child, String) {
             let _ = tx.send(line);
         }
     });
+    let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("serve never printed its address");
+            panic!("serve never printed what was awaited: {lines:?}");
         };
-        if let Some(addr) = line.strip_prefix("Tollgate listening on ") {
-            return (child, addr.trim().to_string());
+        let done = last(&line);
+        lines.push(line);
+        if done {
+            break;
         }
     }
+    let base = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("Tollgate listening on "))
+        .expect("the address line")
+        .trim()
+        .to_string();
+    (child, base, lines)
 }
 
 /// Sends SIGTERM and waits for a clean exit.
@@ -365,44 +388,9 @@ fn demo_walks_through_the_guarantees() {
     }
 }
 
-/// Starts `serve` and returns it with the lines it printed up to and including the API
-/// key line (or the listening line, when keys are configured) and its base URL.
+/// Starts a keyless `serve`: its lines up to the development key's.
 fn serve_banner(config: &Path) -> (Child, String, Vec<String>) {
-    let mut child = tollgate()
-        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut lines = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("serve never printed its key: {lines:?}");
-        };
-        let done = line.contains("API key:");
-        lines.push(line);
-        if done {
-            break;
-        }
-    }
-    let base = lines
-        .iter()
-        .find_map(|l| l.strip_prefix("Tollgate listening on "))
-        .expect("the address line")
-        .trim()
-        .to_string();
-    (child, base, lines)
+    serve_until(config, &[], |line| line.contains("API key:"))
 }
 
 /// A raw `GET path` without following redirects: (status line, headers in lower case).
