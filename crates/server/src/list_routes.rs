@@ -364,7 +364,7 @@ pub(crate) struct RunListParams {
     params(
         ("scope" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only runs of this scope"),
         ("state" = Option<Vec<RunStateName>>, Query, style = Form, explode = false, description = "only runs in one of these states, comma-separated (`running,waiting`)"),
-        ("pipeline" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only runs of this pipeline"),
+        ("pipeline" = Option<String>, Query, min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$", description = "only runs of this pipeline (a pipeline name: 1 to 128 letters, digits, `_`, `-` and `.`, not starting with `.`)"),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 500, description = "page size (default 50, at most 500)"),
         ("next" = Option<String>, Query, pattern = r"^r1\.[0-9]{1,15}\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", description = "the `next` of the previous page (opaque: pass it back as given)")),
     responses((status = 200, body = RunPageView, description = "the app's runs, newest first")),

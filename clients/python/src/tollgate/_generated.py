@@ -733,6 +733,11 @@ class UsageView(TypedDict):
     """
     Cost in US dollars, where known.
     """
+    estimated: NotRequired[bool]
+    """
+    `true` when the provider reported no usage for an attempt, which is then counted
+    at its bound (docs/budgets.md, "Settlement"); absent otherwise.
+    """
     input_tokens: int
     """
     Prompt tokens.

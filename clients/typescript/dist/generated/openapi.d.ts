@@ -1176,6 +1176,11 @@ export interface components {
              */
             cost_usd?: number;
             /**
+             * @description `true` when the provider reported no usage for an attempt, which is then counted
+             *     at its bound (docs/budgets.md, "Settlement"); absent otherwise.
+             */
+            estimated?: boolean;
+            /**
              * Format: int64
              * @description Prompt tokens.
              */
@@ -1738,7 +1743,7 @@ export interface operations {
                 limit?: number;
                 /** @description the `next` of the previous page (opaque: pass it back as given) */
                 next?: string;
-                /** @description only runs of this pipeline */
+                /** @description only runs of this pipeline (a pipeline name: 1 to 128 letters, digits, `_`, `-` and `.`, not starting with `.`) */
                 pipeline?: string;
                 /** @description only runs of this scope */
                 scope?: string;
