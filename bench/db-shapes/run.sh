@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The database's ceiling for three shapes of the claim-and-complete work, no client at
-# all (issue 18; docs/benchmarks.md, "Sixth round"): pgbench runs each shape's procedure
+# all (issue 18; docs/benchmarks.md#database-ceiling): pgbench runs each shape's procedure
 # on a fresh database holding Tollgate's migrations and 400,000 queued tasks.
 #
 #   bench/db-shapes/run.sh [postgres://postgres@127.0.0.1:5432/test] [batch=32] [seconds=4]

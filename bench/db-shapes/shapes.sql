@@ -1,5 +1,5 @@
 -- The database's own ceiling for three shapes of a task's claim and completion (issue 18,
--- docs/benchmarks.md "Sixth round"). Run by run.sh on a fresh database that holds
+-- docs/benchmarks.md#database-ceiling). Run by run.sh on a fresh database that holds
 -- Tollgate's migrations; each procedure claims `n` queued tasks with FOR UPDATE SKIP
 -- LOCKED in one transaction and records their ends in a second one.
 
