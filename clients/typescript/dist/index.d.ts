@@ -9,6 +9,7 @@
 import type { components } from "./generated/openapi.js";
 import { TollgateError } from "./errors.js";
 export * from "./errors.js";
+export { OPERATIONS, ROUTES_OUTSIDE_OPENAPI } from "./operations.js";
 export type { components, paths, operations } from "./generated/openapi.js";
 type Schemas = components["schemas"];
 /** The four task kinds. */
@@ -89,6 +90,61 @@ export type KindInfo = Omit<Schemas["KindView"], "kind" | "request_schema" | "ou
     output_schema: Record<string, unknown>;
 };
 export type Model = Schemas["ModelView"];
+/** A page of `GET /v1/tasks` (newest first; pages carry no `request`). */
+export type TaskPage = {
+    tasks: Task[];
+    next?: string;
+};
+/** A run in a listing (`getRun` has its input, output and steps). */
+export type RunSummary = Omit<Schemas["RunSummaryView"], "state"> & {
+    state: RunState;
+};
+/** A page of `GET /v1/runs` (newest first). */
+export type RunPage = {
+    runs: RunSummary[];
+    next?: string;
+};
+/** A pipeline with its versions, newest first. */
+export type PipelineSummary = Schemas["PipelineSummaryView"];
+/** A page of `GET /v1/pipelines` (in name order). */
+export type PipelinePage = Schemas["PipelinePageView"];
+/** A scope's policy in force and its live admission state (`GET /v1/scopes/{scope}`). */
+export type Scope = Schemas["ScopeView"];
+/** A page of `GET /v1/scopes` (in name order). */
+export type ScopePage = Schemas["ScopePageView"];
+/** Spend and model tokens in the 24 h window, of a scope or of the whole app (SPEC §13). */
+export type UsageReport = Schemas["UsageReportView"];
+/** The app's tasks now and over the last hour (`GET /v1/stats`). */
+export type Stats = Schemas["StatsView"];
+/** One page of a listing: `limit` (1–500, default 50) and the previous page's `next`. */
+export interface PageQuery {
+    limit?: number;
+    /** The `next` of the previous page, passed back unchanged (opaque). */
+    next?: string;
+}
+/** `GET /v1/tasks` filters; they narrow together. */
+export interface TaskListQuery extends PageQuery {
+    scope?: string;
+    /** One status or several (sent comma-separated). */
+    status?: TaskStatus | readonly TaskStatus[];
+    kind?: Kind;
+    step?: string;
+    /** A source id. */
+    source?: string;
+    run_id?: string;
+    /** Inclusive; an RFC 3339 string or a `Date`. */
+    created_after?: string | Date;
+    /** Exclusive; an RFC 3339 string or a `Date`. */
+    created_before?: string | Date;
+}
+/** `GET /v1/runs` filters. */
+export interface RunListQuery extends PageQuery {
+    scope?: string;
+    /** One state or several (sent comma-separated). */
+    state?: RunState | readonly RunState[];
+    /** A pipeline name. */
+    pipeline?: string;
+}
 export declare const TERMINAL_TASK_STATUSES: readonly TaskStatus[];
 export declare const TERMINAL_RUN_STATES: readonly RunState[];
 export interface ClientOptions {
@@ -166,6 +222,13 @@ export declare class Tollgate {
     /** `GET /v1/tasks?effect_key=…`. */
     getTaskByEffectKey(effectKey: string, options?: CallOptions): Promise<Task>;
     /**
+     * `GET /v1/tasks`: one page of the app's tasks, newest first. A page may be short (even
+     * empty) and still carry `next` (docs/api.md, "Short pages"): `allTasks` follows it.
+     */
+    listTasks(query?: TaskListQuery, options?: CallOptions): Promise<TaskPage>;
+    /** Every task `listTasks(query)` selects, page after page (`limit` is the page size). */
+    allTasks(query?: TaskListQuery, options?: CallOptions): AsyncGenerator<Task>;
+    /**
      * Waits until the task is terminal, with the server's `?wait=` long-poll (looping while it
      * runs), and returns it. Past `timeoutMs` it throws `WaitTimeoutError` (with the task as
      * last seen); aborting `signal` rejects with its reason. Neither touches the task.
@@ -191,6 +254,17 @@ export declare class Tollgate {
     allUnreleasedSources(scope: string, query?: {
         step?: string;
     }, options?: CallOptions): AsyncGenerator<UnreleasedSource>;
+    /**
+     * `GET /v1/scopes`: one page of the app's scopes with admitted tasks still active or an
+     * admission in the last 24 h, in name order. A key bound to a subject gets `ForbiddenError`.
+     */
+    listScopes(query?: PageQuery, options?: CallOptions): Promise<ScopePage>;
+    /** Every scope `listScopes` lists, page after page. */
+    allScopes(query?: PageQuery, options?: CallOptions): AsyncGenerator<Scope>;
+    /** `GET /v1/scopes/{scope}`: its policy in force and live admission state (any scope: a quiet one shows a full bucket and zeros). */
+    getScope(scope: string, options?: CallOptions): Promise<Scope>;
+    /** `GET /v1/scopes/{scope}/usage`: the scope's spend and model tokens in the 24 h window (SPEC §13). */
+    scopeUsage(scope: string, options?: CallOptions): Promise<UsageReport>;
     /** `DELETE /v1/scopes/{scope}/tasks`: deletes the owner's data (of one source when given). */
     deleteOwnerData(scope: string, query?: {
         source?: string;
@@ -203,6 +277,10 @@ export declare class Tollgate {
         scope: string;
         input?: unknown;
     }, options?: CallOptions): Promise<Run>;
+    /** `GET /v1/runs`: one page of the app's runs, newest first (summaries: `getRun` has input, output and steps). */
+    listRuns(query?: RunListQuery, options?: CallOptions): Promise<RunPage>;
+    /** Every run `listRuns(query)` selects, page after page. */
+    allRuns(query?: RunListQuery, options?: CallOptions): AsyncGenerator<RunSummary>;
     /** `GET /v1/runs/{id}` (with `waitMs`: `?wait=`, answers once terminal or the wait passed). */
     getRun(id: string, options?: CallOptions & {
         waitMs?: number;
@@ -219,6 +297,10 @@ export declare class Tollgate {
         name: string;
         definition: PipelineDefinition;
     }, definition?: PipelineDefinition, options?: CallOptions): Promise<Pipeline>;
+    /** `GET /v1/pipelines`: one page of the app's pipelines in name order, each with its versions (newest first). */
+    listPipelines(query?: PageQuery, options?: CallOptions): Promise<PipelinePage>;
+    /** Every pipeline `listPipelines` lists, page after page. */
+    allPipelines(query?: PageQuery, options?: CallOptions): AsyncGenerator<PipelineSummary>;
     /** `GET /v1/pipelines/{name}` (the newest version, or `version`). */
     getPipeline(name: string, query?: {
         version?: string;
@@ -238,6 +320,10 @@ export declare class Tollgate {
     kinds(options?: CallOptions): Promise<KindInfo[]>;
     /** `GET /v1/models`: the configured models. */
     models(options?: CallOptions): Promise<Model[]>;
+    /** `GET /v1/usage`: the app's spend and model tokens in the 24 h window, all scopes (SPEC §13). A key bound to a subject gets `ForbiddenError`. */
+    usage(options?: CallOptions): Promise<UsageReport>;
+    /** `GET /v1/stats`: the app's queue, throughput, failures, cache hit rate and latency over the last hour. */
+    stats(options?: CallOptions): Promise<Stats>;
     /** `GET /healthz`: `{status: "ok"}` while the process runs. */
     healthz(options?: CallOptions): Promise<{
         status: string;
@@ -246,6 +332,8 @@ export declare class Tollgate {
     readyz(options?: CallOptions): Promise<{
         status: string;
     }>;
+    /** A listing's pages, from the one at `first` (a `next` cursor, or the start) to the last. */
+    private pages;
     private url;
     private backoff;
     /**

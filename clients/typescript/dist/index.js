@@ -8,6 +8,7 @@
  */
 import { AdmissionError, ConnectionError, UnavailableError, WaitTimeoutError, errorFor, } from "./errors.js";
 export * from "./errors.js";
+export { OPERATIONS, ROUTES_OUTSIDE_OPENAPI } from "./operations.js";
 export const TERMINAL_TASK_STATUSES = ["succeeded", "failed", "canceled"];
 export const TERMINAL_RUN_STATES = ["succeeded", "failed", "canceled"];
 /** A new effect key: 32 hex digits from a random UUID. */
@@ -30,6 +31,19 @@ function sleep(ms, signal) {
         }, Math.max(0, ms));
         signal?.addEventListener("abort", onAbort, { once: true });
     });
+}
+/** A comma-separated list parameter (`status=queued,running`). */
+function listParam(value) {
+    if (value === undefined)
+        return undefined;
+    return typeof value === "string" ? value : value.join(",");
+}
+/** An RFC 3339 instant. */
+function timeParam(value) {
+    return value instanceof Date ? value.toISOString() : value;
+}
+function intParam(value) {
+    return value === undefined ? undefined : String(value);
 }
 /** `?wait=` as the server reads it. */
 function waitParam(ms) {
@@ -119,6 +133,37 @@ export class Tollgate {
         return answer.data;
     }
     /**
+     * `GET /v1/tasks`: one page of the app's tasks, newest first. A page may be short (even
+     * empty) and still carry `next` (docs/api.md, "Short pages"): `allTasks` follows it.
+     */
+    async listTasks(query = {}, options = {}) {
+        const answer = await this.request({
+            method: "GET",
+            path: "/v1/tasks",
+            query: {
+                scope: query.scope,
+                status: listParam(query.status),
+                kind: query.kind,
+                step: query.step,
+                source: query.source,
+                run_id: query.run_id,
+                created_after: timeParam(query.created_after),
+                created_before: timeParam(query.created_before),
+                limit: intParam(query.limit),
+                next: query.next,
+            },
+            idempotent: true,
+            options,
+        });
+        return answer.data;
+    }
+    /** Every task `listTasks(query)` selects, page after page (`limit` is the page size). */
+    async *allTasks(query = {}, options = {}) {
+        for await (const page of this.pages(query.next, (next) => this.listTasks({ ...query, next }, options))) {
+            yield* page.tasks;
+        }
+    }
+    /**
      * Waits until the task is terminal, with the server's `?wait=` long-poll (looping while it
      * runs), and returns it. Past `timeoutMs` it throws `WaitTimeoutError` (with the task as
      * last seen); aborting `signal` rejects with its reason. Neither touches the task.
@@ -202,6 +247,46 @@ export class Tollgate {
             after = page.next;
         }
     }
+    /**
+     * `GET /v1/scopes`: one page of the app's scopes with admitted tasks still active or an
+     * admission in the last 24 h, in name order. A key bound to a subject gets `ForbiddenError`.
+     */
+    async listScopes(query = {}, options = {}) {
+        const answer = await this.request({
+            method: "GET",
+            path: "/v1/scopes",
+            query: { limit: intParam(query.limit), next: query.next },
+            idempotent: true,
+            options,
+        });
+        return answer.data;
+    }
+    /** Every scope `listScopes` lists, page after page. */
+    async *allScopes(query = {}, options = {}) {
+        for await (const page of this.pages(query.next, (next) => this.listScopes({ ...query, next }, options))) {
+            yield* page.scopes;
+        }
+    }
+    /** `GET /v1/scopes/{scope}`: its policy in force and live admission state (any scope: a quiet one shows a full bucket and zeros). */
+    async getScope(scope, options = {}) {
+        const answer = await this.request({
+            method: "GET",
+            path: `/v1/scopes/${encodeURIComponent(scope)}`,
+            idempotent: true,
+            options,
+        });
+        return answer.data;
+    }
+    /** `GET /v1/scopes/{scope}/usage`: the scope's spend and model tokens in the 24 h window (SPEC §13). */
+    async scopeUsage(scope, options = {}) {
+        const answer = await this.request({
+            method: "GET",
+            path: `/v1/scopes/${encodeURIComponent(scope)}/usage`,
+            idempotent: true,
+            options,
+        });
+        return answer.data;
+    }
     /** `DELETE /v1/scopes/{scope}/tasks`: deletes the owner's data (of one source when given). */
     async deleteOwnerData(scope, query = {}, options = {}) {
         const answer = await this.request({
@@ -227,6 +312,29 @@ export class Tollgate {
             options,
         });
         return answer.data;
+    }
+    /** `GET /v1/runs`: one page of the app's runs, newest first (summaries: `getRun` has input, output and steps). */
+    async listRuns(query = {}, options = {}) {
+        const answer = await this.request({
+            method: "GET",
+            path: "/v1/runs",
+            query: {
+                scope: query.scope,
+                state: listParam(query.state),
+                pipeline: query.pipeline,
+                limit: intParam(query.limit),
+                next: query.next,
+            },
+            idempotent: true,
+            options,
+        });
+        return answer.data;
+    }
+    /** Every run `listRuns(query)` selects, page after page. */
+    async *allRuns(query = {}, options = {}) {
+        for await (const page of this.pages(query.next, (next) => this.listRuns({ ...query, next }, options))) {
+            yield* page.runs;
+        }
     }
     /** `GET /v1/runs/{id}` (with `waitMs`: `?wait=`, answers once terminal or the wait passed). */
     async getRun(id, options = {}) {
@@ -288,6 +396,23 @@ export class Tollgate {
         });
         return answer.data;
     }
+    /** `GET /v1/pipelines`: one page of the app's pipelines in name order, each with its versions (newest first). */
+    async listPipelines(query = {}, options = {}) {
+        const answer = await this.request({
+            method: "GET",
+            path: "/v1/pipelines",
+            query: { limit: intParam(query.limit), next: query.next },
+            idempotent: true,
+            options,
+        });
+        return answer.data;
+    }
+    /** Every pipeline `listPipelines` lists, page after page. */
+    async *allPipelines(query = {}, options = {}) {
+        for await (const page of this.pages(query.next, (next) => this.listPipelines({ ...query, next }, options))) {
+            yield* page.pipelines;
+        }
+    }
     /** `GET /v1/pipelines/{name}` (the newest version, or `version`). */
     async getPipeline(name, query = {}, options = {}) {
         const answer = await this.request({
@@ -329,6 +454,16 @@ export class Tollgate {
         const answer = await this.request({ method: "GET", path: "/v1/models", idempotent: true, options });
         return answer.data.models;
     }
+    /** `GET /v1/usage`: the app's spend and model tokens in the 24 h window, all scopes (SPEC §13). A key bound to a subject gets `ForbiddenError`. */
+    async usage(options = {}) {
+        const answer = await this.request({ method: "GET", path: "/v1/usage", idempotent: true, options });
+        return answer.data;
+    }
+    /** `GET /v1/stats`: the app's queue, throughput, failures, cache hit rate and latency over the last hour. */
+    async stats(options = {}) {
+        const answer = await this.request({ method: "GET", path: "/v1/stats", idempotent: true, options });
+        return answer.data;
+    }
     /** `GET /healthz`: `{status: "ok"}` while the process runs. */
     async healthz(options = {}) {
         const answer = await this.request({ method: "GET", path: "/healthz", idempotent: true, anonymous: true, options });
@@ -347,6 +482,17 @@ export class Tollgate {
         return answer.data;
     }
     // ---- transport ----
+    /** A listing's pages, from the one at `first` (a `next` cursor, or the start) to the last. */
+    async *pages(first, page) {
+        let next = first;
+        for (;;) {
+            const answer = await page(next);
+            yield answer;
+            if (!answer.next)
+                return;
+            next = answer.next;
+        }
+    }
     url(path, query) {
         const params = new URLSearchParams();
         for (const [k, v] of Object.entries(query ?? {}))
