@@ -1,6 +1,7 @@
 """Starts a real ``tollgate serve`` for the tests: SQLite in a temporary folder, a free
 127.0.0.1 port (``--addr 127.0.0.1:0``; the server prints the one it got), two apps with
-keys, the built-in dev provider, and a tight budget policy."""
+keys (and a key of one of them bound to a subject), the built-in dev provider, and a tight
+budget policy."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ACME_KEY = "acme-key-py-0123456789abcdef"
 BETA_KEY = "beta-key-py-0123456789abcdef"
+#: An acme key bound to the subject ``user:alice``: sees only alice's tasks and runs.
+ALICE_KEY = "acme-alice-key-py-0123456789abcdef"
 #: Requests above this many stored bytes are refused with 413.
 MAX_REQUEST_BYTES = 20000
 
@@ -57,7 +60,7 @@ burst = 1
 tasks_per_minute = 60
 
 [apps.acme]
-api_keys = ["{acme}"]
+api_keys = ["{acme}", {{ key = "{alice}", subject = "user:alice" }}]
 default_budget = "standard"
 allowed_budgets = ["standard", "tight"]
 
@@ -108,6 +111,7 @@ def server() -> Iterator[Server]:
             max_request_bytes=MAX_REQUEST_BYTES,
             database_url=f"sqlite://{folder}/tollgate.db",
             acme=ACME_KEY,
+            alice=ALICE_KEY,
             beta=BETA_KEY,
         )
     )

@@ -12,11 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import ACME_KEY, BETA_KEY, REPO_ROOT, Server
+from conftest import ACME_KEY, ALICE_KEY, BETA_KEY, REPO_ROOT, Server
 from tollgate import (
     AdmissionError,
     AsyncTollgate,
     ConflictError,
+    ForbiddenError,
     InvalidRequestError,
     NotFoundError,
     UnavailableError,
@@ -187,3 +188,42 @@ async def test_runs_and_pipeline(acme: AsyncTollgate, beta: AsyncTollgate) -> No
         await beta.get_pipeline("invoice")
     with pytest.raises(NotFoundError):
         await beta.get_task((done.get("pipeline") or {"steps": [{"task_id": "x"}]})["steps"][0]["task_id"] or "x")
+
+
+async def test_listings_scopes_usage_stats(acme: AsyncTollgate, server: Server) -> None:
+    scope = unique("alist")
+    done = [
+        await acme.run("classify", {"input": s, "labels": ["p", "q"]}, scope=scope,
+                       source={"id": s, "revision": "v1"}, timeout=20)
+        for s in ("s1", "s2")
+    ]  # fmt: skip
+    newest_first = [done[1]["id"], done[0]["id"]]
+    page = await acme.list_tasks(scope=scope, limit=1)
+    assert [t["id"] for t in page["tasks"]] == newest_first[:1] and "next" in page
+    assert [t["id"] async for t in acme.iter_tasks(scope=scope, limit=1)] == newest_first
+    assert (await acme.list_tasks(scope=scope, status=["failed", "canceled"]))["tasks"] == []
+
+    run = await acme.create_run(scope)
+    assert [r["id"] for r in (await acme.list_runs(scope=scope))["runs"]] == [run["id"]]
+    assert [r["id"] async for r in acme.iter_runs(scope=scope, state="running")] == [run["id"]]
+    await acme.cancel_run(run["id"])
+
+    file = json.loads((REPO_ROOT / "docs/examples/invoice-pipeline.json").read_text())
+    name = unique("ainvoice")
+    await acme.register_pipeline(name, file["definition"])
+    assert name in [p["name"] async for p in acme.iter_pipelines()]
+    assert len((await acme.list_pipelines(limit=1))["pipelines"]) == 1
+
+    state = await acme.get_scope(scope)
+    assert state["scope"] == scope and state["admissions_in_window"] == 2
+    assert scope in [s["scope"] async for s in acme.iter_scopes()]
+    assert len((await acme.list_scopes(limit=1))["scopes"]) == 1
+    assert (await acme.scope_usage(scope)).get("scope") == scope
+    assert (await acme.usage()).get("scope") is None
+    assert (await acme.stats())["succeeded"] >= 2
+
+    async with AsyncTollgate(server.base_url, ALICE_KEY) as alice:
+        with pytest.raises(ForbiddenError):
+            await alice.stats()
+        with pytest.raises(ForbiddenError):
+            await alice.get_scope(scope)

@@ -6,16 +6,19 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import httpx
 import pytest
 
-from conftest import ACME_KEY, BETA_KEY, MAX_REQUEST_BYTES, REPO_ROOT, Server
+from conftest import ACME_KEY, ALICE_KEY, BETA_KEY, MAX_REQUEST_BYTES, REPO_ROOT, Server
 from tollgate import (
     AdmissionError,
+    BadRequestError,
     ConflictError,
     ConnectionError,
+    ForbiddenError,
     InvalidRequestError,
     NotFoundError,
     RequestTooLargeError,
@@ -47,6 +50,12 @@ def acme(server: Server) -> Iterator[Tollgate]:
 @pytest.fixture
 def beta(server: Server) -> Iterator[Tollgate]:
     with Tollgate(server.base_url, BETA_KEY) as client:
+        yield client
+
+
+@pytest.fixture
+def alice(server: Server) -> Iterator[Tollgate]:
+    with Tollgate(server.base_url, ALICE_KEY) as client:
         yield client
 
 
@@ -336,6 +345,126 @@ def test_invoice_pipeline(acme: Tollgate) -> None:
     with pytest.raises(InvalidRequestError) as e:
         acme.start_pipeline("invoice", scope, {"text": "no id"})
     assert "invoice_id" in e.value.message
+
+
+def test_list_tasks(acme: Tollgate, beta: Tollgate, alice: Tollgate) -> None:
+    scope = unique("list")
+    before = datetime.now(timezone.utc) - timedelta(seconds=1)
+    done = [
+        acme.run("classify", {"input": s, "labels": ["p", "q"]}, scope=scope, step="label",
+                 source={"id": s, "revision": "v1"}, timeout=20)
+        for s in ("s1", "s2", "s3")
+    ]  # fmt: skip
+    text = acme.run("generate_text", {"prompt": "hello"}, scope=scope, timeout=20)
+    newest_first = [text["id"], *(t["id"] for t in reversed(done))]
+
+    first = acme.list_tasks(scope=scope, limit=3)
+    assert [t["id"] for t in first["tasks"]] == newest_first[:3]
+    assert "next" in first
+    second = acme.list_tasks(scope=scope, limit=3, next=first["next"])
+    assert [t["id"] for t in second["tasks"]] == newest_first[3:]
+    assert "next" not in second
+    assert [t["id"] for t in acme.iter_tasks(scope=scope, limit=1)] == newest_first
+
+    assert [t["id"] for t in acme.list_tasks(scope=scope, kind="classify", step="label")["tasks"]] == newest_first[1:]
+    assert [t["id"] for t in acme.list_tasks(scope=scope, source="s2")["tasks"]] == [done[1]["id"]]
+    assert acme.list_tasks(scope=scope, status=["queued", "running"])["tasks"] == []
+    assert len(acme.list_tasks(scope=scope, status="succeeded")["tasks"]) == 4
+    later = datetime.now(timezone.utc) + timedelta(minutes=1)
+    assert len(acme.list_tasks(scope=scope, created_after=before, created_before=later)["tasks"]) == 4
+    assert acme.list_tasks(scope=scope, created_after=later)["tasks"] == []
+
+    with pytest.raises(BadRequestError) as e:
+        acme.list_tasks(scope=scope, limit=0)
+    assert e.value.status == 400 and e.value.code == "malformed_request"
+    with pytest.raises(BadRequestError):
+        acme.list_tasks(next="not-a-cursor")
+    assert beta.list_tasks(scope=scope)["tasks"] == []
+
+    mine = alice.submit("generate_text", {"prompt": "alice's"}, scope=scope)
+    assert [t["id"] for t in alice.list_tasks(scope=scope)["tasks"]] == [mine["id"]]
+    assert len(acme.list_tasks(scope=scope)["tasks"]) == 5
+
+
+def test_list_runs_and_pipelines(acme: Tollgate, beta: Tollgate) -> None:
+    scope = unique("list-runs")
+    plain = acme.create_run(scope, {"n": 1})
+    other = acme.create_run(scope, {"n": 2})
+    acme.cancel_run(other["id"])
+    definition = invoice_file()["definition"]
+    name = unique("invoice-list")
+    registered = acme.register_pipeline(name, definition)
+    data = {"invoice_id": "inv-9", "revision": "v1", "text": "INVOICE 9 from Nimbus. Total due: 10.00 EUR."}
+    piped = acme.start_pipeline(name, scope, data, wait=20)
+
+    runs = acme.list_runs(scope=scope)
+    assert [r["id"] for r in runs["runs"]] == [piped["id"], other["id"], plain["id"]]
+    assert "next" not in runs
+    assert runs["runs"][0]["pipeline"] == {"name": name, "version": registered["version"]}
+    assert runs["runs"][2]["pipeline"] is None
+    assert [r["id"] for r in acme.list_runs(scope=scope, state="canceled")["runs"]] == [other["id"]]
+    assert [r["id"] for r in acme.list_runs(scope=scope, state=["running", "waiting"])["runs"]] == [plain["id"]]
+    assert [r["id"] for r in acme.list_runs(scope=scope, pipeline=name)["runs"]] == [piped["id"]]
+    page = acme.list_runs(scope=scope, limit=2)
+    assert len(page["runs"]) == 2 and "next" in page
+    assert [r["id"] for r in acme.iter_runs(scope=scope, limit=1)] == [piped["id"], other["id"], plain["id"]]
+    assert beta.list_runs(scope=scope)["runs"] == []
+
+    second = unique("invoice-list")
+    acme.register_pipeline(second, definition)
+    pipelines = list(acme.iter_pipelines(limit=1))
+    names = [p["name"] for p in pipelines]
+    assert names == sorted(names)
+    assert name in names and second in names
+    assert [v["version"] for p in pipelines if p["name"] == name for v in p["versions"]] == [registered["version"]]
+    one = acme.list_pipelines(limit=1)
+    assert len(one["pipelines"]) == 1 and "next" in one
+    assert name not in [p["name"] for p in beta.iter_pipelines()]
+
+
+def test_scopes_usage_and_stats(acme: Tollgate, beta: Tollgate, alice: Tollgate) -> None:
+    scope = unique("scope-state")
+    for source in ("a", "b"):
+        acme.run("classify", {"input": source, "labels": ["p", "q"]}, scope=scope,
+                 source={"id": source, "revision": "v1"}, timeout=20)  # fmt: skip
+
+    state = acme.get_scope(scope)
+    assert state["scope"] == scope and state["policy"]["name"] == "standard"
+    assert state["admissions_in_window"] == 2 and state["sources_in_window"] == 2 and state["active"] == 0
+    quiet = acme.get_scope(unique("quiet"))
+    assert quiet["admissions_in_window"] == 0 and quiet["bucket_tokens"] == quiet["policy"]["burst"]
+    assert beta.get_scope(scope)["admissions_in_window"] == 0
+
+    scopes = list(acme.iter_scopes(limit=2))
+    assert any(s["scope"] == scope and s["admissions_in_window"] == 2 for s in scopes)
+    assert [s["scope"] for s in scopes] == sorted(s["scope"] for s in scopes)
+    assert len(acme.list_scopes(limit=1)["scopes"]) == 1
+    assert scope not in [s["scope"] for s in beta.iter_scopes()]
+
+    scoped = acme.scope_usage(scope)
+    assert scoped.get("scope") == scope
+    for field in ("settled_usd", "reserved_usd", "overrun_usd", "saved_usd"):
+        assert isinstance(scoped[field], (int, float)), field
+    assert scoped["reserved_tokens"] == 0
+    whole = acme.usage()
+    assert whole.get("scope") is None
+    assert whole["settled_tokens"] >= scoped["settled_tokens"]
+
+    stats = acme.stats()
+    assert stats["source"] == "database" and stats["window_seconds"] == 3600
+    assert stats["succeeded"] >= 2
+    assert isinstance(stats["failures_by_code"], list)
+
+    for call in (
+        lambda: alice.get_scope(scope),
+        lambda: alice.list_scopes(),
+        lambda: alice.scope_usage(scope),
+        lambda: alice.usage(),
+        lambda: alice.stats(),
+    ):
+        with pytest.raises(ForbiddenError) as forbidden:
+            call()
+        assert forbidden.value.status == 403 and forbidden.value.code == "subject_not_allowed"
 
 
 def test_another_apps_key_gets_not_found(acme: Tollgate, beta: Tollgate) -> None:

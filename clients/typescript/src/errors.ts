@@ -21,11 +21,15 @@ export class TollgateError extends Error {
   }
 }
 
-/** 400 `malformed_request`: not JSON, the wrong shape, a bad `?wait=` or subject header. */
+/**
+ * 400: `malformed_request` (not JSON, the wrong shape, a bad `?wait=`, filter or cursor, a bad
+ * subject header), `ambiguous_request` (a key named twice, a repeated header),
+ * `reserved_effect_key` (an effect key in the engine's `run:` or `openai-` namespace).
+ */
 export class BadRequestError extends TollgateError {}
 /** 401 `unauthorized`: no key, or an unknown one. */
 export class UnauthorizedError extends TollgateError {}
-/** 403 `subject_not_allowed`: the key may not assert that subject. */
+/** 403 `subject_not_allowed`: the key may not assert that subject, or (scopes, usage, stats, owner deletion) is bound to one. */
 export class ForbiddenError extends TollgateError {}
 /** 404 `not_found`: missing, or another app's (reported exactly alike). */
 export class NotFoundError extends TollgateError {}
@@ -33,14 +37,16 @@ export class NotFoundError extends TollgateError {}
 export class ConflictError extends TollgateError {}
 /** 413 `request_too_large`: over `server.max_request_bytes` measured on the canonical JSON. */
 export class RequestTooLargeError extends TollgateError {}
-/** 422: `invalid_request`, `unknown_model`, `budget_not_allowed`. */
+/** 422: `invalid_request`, `unknown_model`, `budget_not_allowed`, `output_bound_required`. */
 export class InvalidRequestError extends TollgateError {}
 
 /**
- * 429: admission refused the task (SPEC §4). `code` names the limit
- * (`WORKFLOW_AI_RATE_LIMIT`, `WORKFLOW_AI_CAPACITY`, `WORKFLOW_AI_SOURCE_BUDGET`,
- * `WORKFLOW_AI_DAILY_BUDGET`); `retryAfter` is the seconds until a retry may succeed, when
- * the server knows it (the rate limit's next token). Nothing was written.
+ * 429: admission refused the task (SPEC §4, §13), or the app has no waiter or batch slot
+ * free. `code` names the limit (`WORKFLOW_AI_RATE_LIMIT`, `WORKFLOW_AI_CAPACITY`,
+ * `WORKFLOW_AI_SOURCE_BUDGET`, `WORKFLOW_AI_DAILY_BUDGET`, `WORKFLOW_AI_SPEND_BUDGET`,
+ * `WORKFLOW_AI_TOKEN_RATE_LIMIT`, `WORKFLOW_AI_TOO_MANY_WAITERS`,
+ * `WORKFLOW_AI_TOO_MANY_BATCHES`); `retryAfter` is the seconds until a retry may succeed,
+ * when the server knows it (the rate limit's next token). Nothing was written.
  */
 export class AdmissionError extends TollgateError {
   readonly retryAfter: number | undefined;

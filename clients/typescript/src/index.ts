@@ -19,6 +19,7 @@ import {
 } from "./errors.js";
 
 export * from "./errors.js";
+export { OPERATIONS, ROUTES_OUTSIDE_OPENAPI } from "./operations.js";
 export type { components, paths, operations } from "./generated/openapi.js";
 
 type Schemas = components["schemas"];
@@ -93,6 +94,57 @@ export type KindInfo = Omit<Schemas["KindView"], "kind" | "request_schema" | "ou
   output_schema: Record<string, unknown>;
 };
 export type Model = Schemas["ModelView"];
+
+/** A page of `GET /v1/tasks` (newest first; pages carry no `request`). */
+export type TaskPage = { tasks: Task[]; next?: string };
+/** A run in a listing (`getRun` has its input, output and steps). */
+export type RunSummary = Omit<Schemas["RunSummaryView"], "state"> & { state: RunState };
+/** A page of `GET /v1/runs` (newest first). */
+export type RunPage = { runs: RunSummary[]; next?: string };
+/** A pipeline with its versions, newest first. */
+export type PipelineSummary = Schemas["PipelineSummaryView"];
+/** A page of `GET /v1/pipelines` (in name order). */
+export type PipelinePage = Schemas["PipelinePageView"];
+/** A scope's policy in force and its live admission state (`GET /v1/scopes/{scope}`). */
+export type Scope = Schemas["ScopeView"];
+/** A page of `GET /v1/scopes` (in name order). */
+export type ScopePage = Schemas["ScopePageView"];
+/** Spend and model tokens in the 24 h window, of a scope or of the whole app (SPEC §13). */
+export type UsageReport = Schemas["UsageReportView"];
+/** The app's tasks now and over the last hour (`GET /v1/stats`). */
+export type Stats = Schemas["StatsView"];
+
+/** One page of a listing: `limit` (1–500, default 50) and the previous page's `next`. */
+export interface PageQuery {
+  limit?: number;
+  /** The `next` of the previous page, passed back unchanged (opaque). */
+  next?: string;
+}
+
+/** `GET /v1/tasks` filters; they narrow together. */
+export interface TaskListQuery extends PageQuery {
+  scope?: string;
+  /** One status or several (sent comma-separated). */
+  status?: TaskStatus | readonly TaskStatus[];
+  kind?: Kind;
+  step?: string;
+  /** A source id. */
+  source?: string;
+  run_id?: string;
+  /** Inclusive; an RFC 3339 string or a `Date`. */
+  created_after?: string | Date;
+  /** Exclusive; an RFC 3339 string or a `Date`. */
+  created_before?: string | Date;
+}
+
+/** `GET /v1/runs` filters. */
+export interface RunListQuery extends PageQuery {
+  scope?: string;
+  /** One state or several (sent comma-separated). */
+  state?: RunState | readonly RunState[];
+  /** A pipeline name. */
+  pipeline?: string;
+}
 
 export const TERMINAL_TASK_STATUSES: readonly TaskStatus[] = ["succeeded", "failed", "canceled"];
 export const TERMINAL_RUN_STATES: readonly RunState[] = ["succeeded", "failed", "canceled"];
@@ -182,6 +234,21 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
     }, Math.max(0, ms));
     signal?.addEventListener("abort", onAbort, { once: true });
   });
+}
+
+/** A comma-separated list parameter (`status=queued,running`). */
+function listParam(value: string | readonly string[] | undefined): string | undefined {
+  if (value === undefined) return undefined;
+  return typeof value === "string" ? value : value.join(",");
+}
+
+/** An RFC 3339 instant. */
+function timeParam(value: string | Date | undefined): string | undefined {
+  return value instanceof Date ? value.toISOString() : value;
+}
+
+function intParam(value: number | undefined): string | undefined {
+  return value === undefined ? undefined : String(value);
 }
 
 /** `?wait=` as the server reads it. */
@@ -280,6 +347,39 @@ export class Tollgate {
   }
 
   /**
+   * `GET /v1/tasks`: one page of the app's tasks, newest first. A page may be short (even
+   * empty) and still carry `next` (docs/api.md, "Short pages"): `allTasks` follows it.
+   */
+  async listTasks(query: TaskListQuery = {}, options: CallOptions = {}): Promise<TaskPage> {
+    const answer = await this.request<TaskPage>({
+      method: "GET",
+      path: "/v1/tasks",
+      query: {
+        scope: query.scope,
+        status: listParam(query.status),
+        kind: query.kind,
+        step: query.step,
+        source: query.source,
+        run_id: query.run_id,
+        created_after: timeParam(query.created_after),
+        created_before: timeParam(query.created_before),
+        limit: intParam(query.limit),
+        next: query.next,
+      },
+      idempotent: true,
+      options,
+    });
+    return answer.data;
+  }
+
+  /** Every task `listTasks(query)` selects, page after page (`limit` is the page size). */
+  async *allTasks(query: TaskListQuery = {}, options: CallOptions = {}): AsyncGenerator<Task> {
+    for await (const page of this.pages(query.next, (next) => this.listTasks({ ...query, next }, options))) {
+      yield* page.tasks;
+    }
+  }
+
+  /**
    * Waits until the task is terminal, with the server's `?wait=` long-poll (looping while it
    * runs), and returns it. Past `timeoutMs` it throws `WaitTimeoutError` (with the task as
    * last seen); aborting `signal` rejects with its reason. Neither touches the task.
@@ -365,6 +465,50 @@ export class Tollgate {
     }
   }
 
+  /**
+   * `GET /v1/scopes`: one page of the app's scopes with admitted tasks still active or an
+   * admission in the last 24 h, in name order. A key bound to a subject gets `ForbiddenError`.
+   */
+  async listScopes(query: PageQuery = {}, options: CallOptions = {}): Promise<ScopePage> {
+    const answer = await this.request<ScopePage>({
+      method: "GET",
+      path: "/v1/scopes",
+      query: { limit: intParam(query.limit), next: query.next },
+      idempotent: true,
+      options,
+    });
+    return answer.data;
+  }
+
+  /** Every scope `listScopes` lists, page after page. */
+  async *allScopes(query: PageQuery = {}, options: CallOptions = {}): AsyncGenerator<Scope> {
+    for await (const page of this.pages(query.next, (next) => this.listScopes({ ...query, next }, options))) {
+      yield* page.scopes;
+    }
+  }
+
+  /** `GET /v1/scopes/{scope}`: its policy in force and live admission state (any scope: a quiet one shows a full bucket and zeros). */
+  async getScope(scope: string, options: CallOptions = {}): Promise<Scope> {
+    const answer = await this.request<Scope>({
+      method: "GET",
+      path: `/v1/scopes/${encodeURIComponent(scope)}`,
+      idempotent: true,
+      options,
+    });
+    return answer.data;
+  }
+
+  /** `GET /v1/scopes/{scope}/usage`: the scope's spend and model tokens in the 24 h window (SPEC §13). */
+  async scopeUsage(scope: string, options: CallOptions = {}): Promise<UsageReport> {
+    const answer = await this.request<UsageReport>({
+      method: "GET",
+      path: `/v1/scopes/${encodeURIComponent(scope)}/usage`,
+      idempotent: true,
+      options,
+    });
+    return answer.data;
+  }
+
   /** `DELETE /v1/scopes/{scope}/tasks`: deletes the owner's data (of one source when given). */
   async deleteOwnerData(scope: string, query: { source?: string } = {}, options: CallOptions = {}): Promise<Deleted> {
     const answer = await this.request<Deleted>({
@@ -392,6 +536,31 @@ export class Tollgate {
       options,
     });
     return answer.data;
+  }
+
+  /** `GET /v1/runs`: one page of the app's runs, newest first (summaries: `getRun` has input, output and steps). */
+  async listRuns(query: RunListQuery = {}, options: CallOptions = {}): Promise<RunPage> {
+    const answer = await this.request<RunPage>({
+      method: "GET",
+      path: "/v1/runs",
+      query: {
+        scope: query.scope,
+        state: listParam(query.state),
+        pipeline: query.pipeline,
+        limit: intParam(query.limit),
+        next: query.next,
+      },
+      idempotent: true,
+      options,
+    });
+    return answer.data;
+  }
+
+  /** Every run `listRuns(query)` selects, page after page. */
+  async *allRuns(query: RunListQuery = {}, options: CallOptions = {}): AsyncGenerator<RunSummary> {
+    for await (const page of this.pages(query.next, (next) => this.listRuns({ ...query, next }, options))) {
+      yield* page.runs;
+    }
   }
 
   /** `GET /v1/runs/{id}` (with `waitMs`: `?wait=`, answers once terminal or the wait passed). */
@@ -459,6 +628,25 @@ export class Tollgate {
     return answer.data;
   }
 
+  /** `GET /v1/pipelines`: one page of the app's pipelines in name order, each with its versions (newest first). */
+  async listPipelines(query: PageQuery = {}, options: CallOptions = {}): Promise<PipelinePage> {
+    const answer = await this.request<PipelinePage>({
+      method: "GET",
+      path: "/v1/pipelines",
+      query: { limit: intParam(query.limit), next: query.next },
+      idempotent: true,
+      options,
+    });
+    return answer.data;
+  }
+
+  /** Every pipeline `listPipelines` lists, page after page. */
+  async *allPipelines(query: PageQuery = {}, options: CallOptions = {}): AsyncGenerator<PipelineSummary> {
+    for await (const page of this.pages(query.next, (next) => this.listPipelines({ ...query, next }, options))) {
+      yield* page.pipelines;
+    }
+  }
+
   /** `GET /v1/pipelines/{name}` (the newest version, or `version`). */
   async getPipeline(name: string, query: { version?: string } = {}, options: CallOptions = {}): Promise<Pipeline> {
     const answer = await this.request<Pipeline>({
@@ -508,6 +696,18 @@ export class Tollgate {
     return answer.data.models;
   }
 
+  /** `GET /v1/usage`: the app's spend and model tokens in the 24 h window, all scopes (SPEC §13). A key bound to a subject gets `ForbiddenError`. */
+  async usage(options: CallOptions = {}): Promise<UsageReport> {
+    const answer = await this.request<UsageReport>({ method: "GET", path: "/v1/usage", idempotent: true, options });
+    return answer.data;
+  }
+
+  /** `GET /v1/stats`: the app's queue, throughput, failures, cache hit rate and latency over the last hour. */
+  async stats(options: CallOptions = {}): Promise<Stats> {
+    const answer = await this.request<Stats>({ method: "GET", path: "/v1/stats", idempotent: true, options });
+    return answer.data;
+  }
+
   /** `GET /healthz`: `{status: "ok"}` while the process runs. */
   async healthz(options: CallOptions = {}): Promise<{ status: string }> {
     const answer = await this.request<{ status: string }>({ method: "GET", path: "/healthz", idempotent: true, anonymous: true, options });
@@ -528,6 +728,20 @@ export class Tollgate {
   }
 
   // ---- transport ----
+
+  /** A listing's pages, from the one at `first` (a `next` cursor, or the start) to the last. */
+  private async *pages<P extends { next?: string | null }>(
+    first: string | undefined,
+    page: (next: string | undefined) => Promise<P>,
+  ): AsyncGenerator<P> {
+    let next = first;
+    for (;;) {
+      const answer = await page(next);
+      yield answer;
+      if (!answer.next) return;
+      next = answer.next;
+    }
+  }
 
   private url(path: string, query: Record<string, string | undefined> | undefined): string {
     const params = new URLSearchParams();

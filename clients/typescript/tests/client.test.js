@@ -6,8 +6,10 @@ import { join } from "node:path";
 
 import {
   AdmissionError,
+  BadRequestError,
   ConflictError,
   ConnectionError,
+  ForbiddenError,
   InvalidRequestError,
   NotFoundError,
   RequestTooLargeError,
@@ -17,17 +19,19 @@ import {
   WaitTimeoutError,
   batchItemError,
 } from "../dist/index.js";
-import { ACME_KEY, BETA_KEY, MAX_REQUEST_BYTES, repoRoot, startServer } from "./server.js";
+import { ACME_KEY, ALICE_KEY, BETA_KEY, MAX_REQUEST_BYTES, repoRoot, startServer } from "./server.js";
 
 let server;
 let acme;
 let beta;
+let alice;
 const unique = (prefix) => `${prefix}-${Math.random().toString(36).slice(2, 10)}`;
 
 before(async () => {
   server = await startServer();
   acme = new Tollgate({ baseUrl: server.baseUrl, apiKey: ACME_KEY });
   beta = new Tollgate({ baseUrl: server.baseUrl, apiKey: BETA_KEY });
+  alice = new Tollgate({ baseUrl: server.baseUrl, apiKey: ALICE_KEY });
 });
 
 after(async () => {
@@ -406,6 +410,140 @@ describe("runs and pipelines", () => {
       acme.startPipeline("invoice", { scope, input: { text: "no id" } }),
       (e) => e instanceof InvalidRequestError && e.message.includes("invoice_id"),
     );
+  });
+});
+
+describe("listings, scopes, usage and stats", () => {
+  const ids = (items) => items.map((item) => item.id);
+  const collect = async (iterable) => {
+    const items = [];
+    for await (const item of iterable) items.push(item);
+    return items;
+  };
+
+  test("tasks: pages, filters, the iterator, another app's and a subject's view", async () => {
+    const scope = unique("list");
+    const before = new Date(Date.now() - 1000);
+    const done = [];
+    for (const source of ["s1", "s2", "s3"]) {
+      done.push(
+        await acme.run(
+          { kind: "classify", scope, step: "label", source: { id: source, revision: "v1" }, request: { input: source, labels: ["p", "q"] } },
+          { timeoutMs: 20_000 },
+        ),
+      );
+    }
+    const text = await acme.run({ kind: "generate_text", scope, request: { prompt: "hello" } }, { timeoutMs: 20_000 });
+    const newestFirst = [text.id, ...ids(done).reverse()];
+
+    const first = await acme.listTasks({ scope, limit: 3 });
+    assert.deepEqual(ids(first.tasks), newestFirst.slice(0, 3));
+    assert.equal(typeof first.next, "string");
+    const second = await acme.listTasks({ scope, limit: 3, next: first.next });
+    assert.deepEqual(ids(second.tasks), newestFirst.slice(3));
+    assert.equal(second.next, undefined);
+    assert.deepEqual(ids(await collect(acme.allTasks({ scope, limit: 1 }))), newestFirst);
+
+    assert.deepEqual(ids((await acme.listTasks({ scope, kind: "classify", step: "label" })).tasks), newestFirst.slice(1));
+    assert.deepEqual(ids((await acme.listTasks({ scope, source: "s2" })).tasks), [done[1].id]);
+    assert.deepEqual((await acme.listTasks({ scope, status: ["queued", "running"] })).tasks, []);
+    assert.equal((await acme.listTasks({ scope, status: "succeeded" })).tasks.length, 4);
+    assert.equal((await acme.listTasks({ scope, created_after: before, created_before: new Date(Date.now() + 60_000) })).tasks.length, 4);
+    assert.deepEqual((await acme.listTasks({ scope, created_after: new Date(Date.now() + 60_000) })).tasks, []);
+
+    await assert.rejects(acme.listTasks({ scope, limit: 0 }), (e) => e instanceof BadRequestError && e.status === 400 && e.code === "malformed_request");
+    await assert.rejects(acme.listTasks({ next: "not-a-cursor" }), BadRequestError);
+    assert.deepEqual((await beta.listTasks({ scope })).tasks, []);
+
+    const mine = await alice.submit({ kind: "generate_text", scope, request: { prompt: "alice's" } });
+    assert.deepEqual(ids((await alice.listTasks({ scope })).tasks), [mine.id]);
+    assert.equal((await acme.listTasks({ scope })).tasks.length, 5);
+  });
+
+  test("runs and pipelines: pages, filters and iterators", async () => {
+    const scope = unique("list-runs");
+    const plain = await acme.createRun({ scope, input: { n: 1 } });
+    const other = await acme.createRun({ scope, input: { n: 2 } });
+    await acme.cancelRun(other.id);
+    const file = JSON.parse(readFileSync(join(repoRoot, "docs/examples/invoice-pipeline.json"), "utf8"));
+    const name = unique("invoice-list");
+    const registered = await acme.registerPipeline(name, file.definition);
+    const piped = await acme.startPipeline(name, {
+      scope,
+      input: { invoice_id: "inv-9", revision: "v1", text: "INVOICE 9 from Nimbus. Total due: 10.00 EUR." },
+      waitMs: 20_000,
+    });
+
+    const runs = await acme.listRuns({ scope });
+    assert.deepEqual(ids(runs.runs), [piped.id, other.id, plain.id]);
+    assert.equal(runs.next, undefined);
+    assert.deepEqual(runs.runs[0].pipeline, { name, version: registered.version });
+    assert.equal(runs.runs[2].pipeline, null);
+    assert.deepEqual(ids((await acme.listRuns({ scope, state: "canceled" })).runs), [other.id]);
+    assert.deepEqual(ids((await acme.listRuns({ scope, state: ["running", "waiting"] })).runs), [plain.id]);
+    assert.deepEqual(ids((await acme.listRuns({ scope, pipeline: name })).runs), [piped.id]);
+    const page = await acme.listRuns({ scope, limit: 2 });
+    assert.equal(page.runs.length, 2);
+    assert.equal(typeof page.next, "string");
+    assert.deepEqual(ids(await collect(acme.allRuns({ scope, limit: 1 }))), [piped.id, other.id, plain.id]);
+    assert.deepEqual((await beta.listRuns({ scope })).runs, []);
+
+    const second = unique("invoice-list");
+    await acme.registerPipeline(second, file.definition);
+    const pipelines = await collect(acme.allPipelines({ limit: 1 }));
+    const names = pipelines.map((p) => p.name);
+    assert.deepEqual(names, [...names].sort(), "name order");
+    assert.ok(names.includes(name) && names.includes(second), names.join(", "));
+    assert.deepEqual(
+      pipelines.find((p) => p.name === name).versions.map((v) => v.version),
+      [registered.version],
+    );
+    const onePage = await acme.listPipelines({ limit: 1 });
+    assert.equal(onePage.pipelines.length, 1);
+    assert.equal(typeof onePage.next, "string");
+    assert.ok(!(await collect(beta.allPipelines())).some((p) => p.name === name));
+  });
+
+  test("scopes, usage and stats; a subject-bound key is ForbiddenError", async () => {
+    const scope = unique("scope-state");
+    await acme.run({ kind: "classify", scope, source: { id: "a", revision: "v1" }, request: { input: "a", labels: ["p", "q"] } }, { timeoutMs: 20_000 });
+    await acme.run({ kind: "classify", scope, source: { id: "b", revision: "v1" }, request: { input: "b", labels: ["p", "q"] } }, { timeoutMs: 20_000 });
+
+    const state = await acme.getScope(scope);
+    assert.equal(state.scope, scope);
+    assert.equal(state.policy.name, "standard");
+    assert.equal(state.admissions_in_window, 2);
+    assert.equal(state.sources_in_window, 2);
+    assert.equal(state.active, 0);
+    const quiet = await acme.getScope(unique("quiet"));
+    assert.equal(quiet.admissions_in_window, 0);
+    assert.equal(quiet.bucket_tokens, quiet.policy.burst);
+    assert.equal((await beta.getScope(scope)).admissions_in_window, 0);
+
+    const scopes = await collect(acme.allScopes({ limit: 2 }));
+    assert.ok(scopes.some((s) => s.scope === scope && s.admissions_in_window === 2));
+    const names = scopes.map((s) => s.scope);
+    assert.deepEqual(names, [...names].sort(), "name order");
+    assert.ok((await acme.listScopes({ limit: 1 })).scopes.length === 1);
+    assert.ok(!(await collect(beta.allScopes())).some((s) => s.scope === scope));
+
+    const scoped = await acme.scopeUsage(scope);
+    assert.equal(scoped.scope, scope);
+    for (const field of ["settled_usd", "reserved_usd", "overrun_usd", "saved_usd"]) assert.equal(typeof scoped[field], "number", field);
+    assert.equal(scoped.reserved_tokens, 0);
+    const whole = await acme.usage();
+    assert.equal(whole.scope ?? null, null);
+    assert.ok(whole.settled_tokens >= scoped.settled_tokens);
+
+    const stats = await acme.stats();
+    assert.equal(stats.source, "database");
+    assert.equal(stats.window_seconds, 3600);
+    assert.ok(stats.succeeded >= 2, `succeeded ${stats.succeeded}`);
+    assert.ok(Array.isArray(stats.failures_by_code));
+
+    for (const call of [() => alice.getScope(scope), () => alice.listScopes(), () => alice.scopeUsage(scope), () => alice.usage(), () => alice.stats()]) {
+      await assert.rejects(call(), (e) => e instanceof ForbiddenError && e.status === 403 && e.code === "subject_not_allowed");
+    }
   });
 });
 

@@ -1,6 +1,7 @@
 // Starts a real `tollgate serve` for the tests: SQLite in a temporary folder, a free
 // 127.0.0.1 port (the server picks it: --addr 127.0.0.1:0, and prints it), two apps with
-// keys, the built-in dev provider, and a tight budget policy.
+// keys (and a key of one of them bound to a subject), the built-in dev provider, and a
+// tight budget policy.
 import { spawn } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -12,6 +13,8 @@ export const repoRoot = resolve(here, "../../..");
 
 export const ACME_KEY = "acme-key-ts-0123456789abcdef";
 export const BETA_KEY = "beta-key-ts-0123456789abcdef";
+/** An acme key bound to the subject `user:alice`: sees only alice's tasks and runs. */
+export const ALICE_KEY = "acme-alice-key-ts-0123456789abcdef";
 /** Requests above this many stored bytes are refused with 413. */
 export const MAX_REQUEST_BYTES = 20000;
 
@@ -63,7 +66,7 @@ burst = 1
 tasks_per_minute = 60
 
 [apps.acme]
-api_keys = ["${ACME_KEY}"]
+api_keys = ["${ACME_KEY}", { key = "${ALICE_KEY}", subject = "user:alice" }]
 default_budget = "standard"
 allowed_budgets = ["standard", "tight"]
 

@@ -1,5 +1,5 @@
 // Compile-time checks of the public types (tsc -p tsconfig.check.json; not run).
-import { Tollgate, type Task } from "../src/index.js";
+import { Tollgate, type RunState, type Task, type TaskStatus } from "../src/index.js";
 const tg = new Tollgate({ apiKey: "k" });
 async function f() {
   const t = await tg.run({ kind: "classify", scope: "s", request: { input: "x", labels: ["a", { name: "b", description: "B" }] } });
@@ -12,6 +12,16 @@ async function f() {
   await tg.submit({ kind: "summarize", scope: "s", request: {} });
   const g: Task<"generate_text"> = await tg.run({ kind: "generate_text", scope: "s", request: { prompt: "hi" } });
   const text: string | undefined = g.output?.text;
-  return [label, ids, text];
+  const page = await tg.listTasks({ scope: "s", status: ["queued", "running"], created_after: new Date() });
+  const status: TaskStatus | undefined = page.tasks[0]?.status;
+  // @ts-expect-error: not a status
+  await tg.listTasks({ status: "done" });
+  for await (const run of tg.allRuns({ state: "waiting" })) {
+    const state: RunState = run.state;
+    void state;
+  }
+  const spent: number = (await tg.usage()).settled_usd;
+  const queued: number = (await tg.stats()).queued;
+  return [label, ids, text, status, spent, queued];
 }
 f;

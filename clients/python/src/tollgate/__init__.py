@@ -7,6 +7,7 @@ request, task, run and error shapes are TypedDicts generated from the server's
 """
 
 from ._calls import new_idempotency_key
+from ._operations import OPERATIONS, ROUTES_OUTSIDE_OPENAPI
 from ._generated import (
     BatchAnswer,
     BatchItem,
@@ -25,16 +26,25 @@ from ._generated import (
     KindView,
     Label,
     ModelView,
+    PipelinePageView,
     PipelineProgressView,
+    PipelineSummaryView,
     PipelineView,
     ReleaseAnswer,
+    RunPageView,
+    RunSummaryView,
     RunView,
+    ScopePageView,
+    ScopeView,
     SourceBody,
+    StatsView,
     StepView,
     TaskErrorView,
+    TaskPageView,
     TaskView,
     UnreleasedPageView,
     UnreleasedSourceView,
+    UsageReportView,
     UsageView,
 )
 from .client import AsyncTollgate, KindRequest, Tollgate, batch_item
@@ -61,6 +71,8 @@ Task = TaskView
 Run = RunView
 #: A registered pipeline version.
 Pipeline = PipelineView
+#: A scope's policy in force and live admission state.
+Scope = ScopeView
 
 
 def batch_item_error(item: BatchItem) -> TollgateError | None:
@@ -70,14 +82,17 @@ def batch_item_error(item: BatchItem) -> TollgateError | None:
 
 
 __all__ = [
+    "OPERATIONS", "ROUTES_OUTSIDE_OPENAPI",
     "AdmissionError", "AsyncTollgate", "BadRequestError", "BatchAnswer", "BatchItem",
     "ChatMessage", "ClassifyManyOutput", "ClassifyManyRequest", "ClassifyOutput",
     "ClassifyRequest", "ConflictError", "ConnectionError", "DeletedAnswer", "ErrorDetail",
     "ExtractDataOutput", "ExtractDataRequest", "ForbiddenError", "GenerateTextOutput",
     "GenerateTextRequest", "InvalidRequestError", "Kind", "KindRequest", "KindView", "Label",
-    "ModelView", "NotFoundError", "Pipeline", "PipelineProgressView", "PipelineView",
-    "ReleaseAnswer", "RequestTooLargeError", "Run", "RunView", "ServerError", "SourceBody",
-    "StepView", "Task", "TaskErrorView", "TaskView", "Tollgate", "TollgateError",
-    "UnauthorizedError", "UnavailableError", "UnreleasedPageView", "UnreleasedSourceView",
+    "ModelView", "NotFoundError", "Pipeline", "PipelinePageView", "PipelineProgressView",
+    "PipelineSummaryView", "PipelineView", "ReleaseAnswer", "RequestTooLargeError", "Run",
+    "RunPageView", "RunSummaryView", "RunView", "Scope", "ScopePageView", "ScopeView",
+    "ServerError", "SourceBody", "StatsView", "StepView", "Task", "TaskErrorView",
+    "TaskPageView", "TaskView", "Tollgate", "TollgateError", "UnauthorizedError",
+    "UnavailableError", "UnreleasedPageView", "UnreleasedSourceView", "UsageReportView",
     "UsageView", "WaitTimeoutError", "batch_item", "batch_item_error", "new_idempotency_key",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Mapping, Sequence
 from urllib.parse import quote
 
@@ -9,14 +10,24 @@ from ._calls import LONG_POLL_SLACK, Call, clean, new_idempotency_key, wait_para
 from ._generated import (
     BatchAnswer,
     DeletedAnswer,
+    KindName,
     KindView,
     ModelView,
+    PipelinePageView,
     PipelineView,
     ReleaseAnswer,
+    RunPageView,
+    RunStateName,
     RunView,
+    ScopePageView,
+    ScopeView,
     SourceBody,
+    StatsView,
+    TaskPageView,
+    TaskStatusName,
     TaskView,
     UnreleasedPageView,
+    UsageReportView,
 )
 
 
@@ -30,6 +41,30 @@ def _wait_query(wait: float | None) -> dict[str, str]:
 
 def _wait_timeout(wait: float | None) -> float | None:
     return None if wait is None else wait + LONG_POLL_SLACK
+
+
+def _list_param(value: str | Sequence[str] | None) -> str | None:
+    """A comma-separated list parameter (``status=queued,running``)."""
+    if value is None or isinstance(value, str):
+        return value
+    return ",".join(value)
+
+
+def _time_param(value: str | datetime | None) -> str | None:
+    """An RFC 3339 instant; a ``datetime`` must carry its time zone."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"a naive datetime names no instant: {value!r} (give it a tzinfo)")
+        return value.isoformat()
+    return value
+
+
+def _int_param(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _page_query(limit: int | None, next: str | None) -> dict[str, str]:
+    return clean({"limit": _int_param(limit), "next": next})
 
 
 def submission_body(
@@ -94,6 +129,34 @@ def get_task_by_effect_key(effect_key: str) -> Call[TaskView]:
     return Call("GET", "/v1/tasks", query={"effect_key": effect_key})
 
 
+def list_tasks(
+    *,
+    scope: str | None,
+    status: TaskStatusName | Sequence[TaskStatusName] | None,
+    kind: KindName | None,
+    step: str | None,
+    source: str | None,
+    run_id: str | None,
+    created_after: str | datetime | None,
+    created_before: str | datetime | None,
+    limit: int | None,
+    next: str | None,
+) -> Call[TaskPageView]:
+    query = clean(
+        {
+            "scope": scope,
+            "status": _list_param(status),
+            "kind": kind,
+            "step": step,
+            "source": source,
+            "run_id": run_id,
+            "created_after": _time_param(created_after),
+            "created_before": _time_param(created_before),
+        }
+    )
+    return Call("GET", "/v1/tasks", query={**query, **_page_query(limit, next)})
+
+
 def cancel(task_id: str) -> Call[TaskView]:
     return Call("POST", f"/v1/tasks/{_seg(task_id)}/cancel")
 
@@ -112,6 +175,18 @@ def unreleased_sources(
     )
 
 
+def list_scopes(limit: int | None, next: str | None) -> Call[ScopePageView]:
+    return Call("GET", "/v1/scopes", query=_page_query(limit, next))
+
+
+def get_scope(scope: str) -> Call[ScopeView]:
+    return Call("GET", f"/v1/scopes/{_seg(scope)}")
+
+
+def scope_usage(scope: str) -> Call[UsageReportView]:
+    return Call("GET", f"/v1/scopes/{_seg(scope)}/usage")
+
+
 def delete_owner_data(scope: str, source: str | None) -> Call[DeletedAnswer]:
     return Call("DELETE", f"/v1/scopes/{_seg(scope)}/tasks", query=clean({"source": source}))
 
@@ -124,6 +199,18 @@ def create_run(scope: str, input: Any) -> Call[RunView]:
         body={"scope": scope, "input": {} if input is None else input},
         idempotent=False,
     )
+
+
+def list_runs(
+    *,
+    scope: str | None,
+    state: RunStateName | Sequence[RunStateName] | None,
+    pipeline: str | None,
+    limit: int | None,
+    next: str | None,
+) -> Call[RunPageView]:
+    query = clean({"scope": scope, "state": _list_param(state), "pipeline": pipeline})
+    return Call("GET", "/v1/runs", query={**query, **_page_query(limit, next)})
 
 
 def get_run(run_id: str, wait: float | None = None) -> Call[RunView]:
@@ -139,6 +226,10 @@ def cancel_run(run_id: str) -> Call[RunView]:
 def register_pipeline(name: str, definition: Mapping[str, Any]) -> Call[PipelineView]:
     # Registering the same definition again changes nothing: safe to retry.
     return Call("POST", "/v1/pipelines", body={"name": name, "definition": dict(definition)})
+
+
+def list_pipelines(limit: int | None, next: str | None) -> Call[PipelinePageView]:
+    return Call("GET", "/v1/pipelines", query=_page_query(limit, next))
 
 
 def get_pipeline(name: str, version: str | None) -> Call[PipelineView]:
@@ -172,6 +263,14 @@ def kinds() -> Call[list[KindView]]:
 
 def models() -> Call[list[ModelView]]:
     return Call("GET", "/v1/models", unwrap="models")
+
+
+def app_usage() -> Call[UsageReportView]:
+    return Call("GET", "/v1/usage")
+
+
+def stats() -> Call[StatsView]:
+    return Call("GET", "/v1/stats")
 
 
 def healthz() -> Call[dict[str, str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Union
 
@@ -28,15 +29,27 @@ from ._generated import (
     ExtractDataRequest,
     GenerateTextRequest,
     Kind,
+    KindName,
     KindView,
     ModelView,
+    PipelinePageView,
+    PipelineSummaryView,
     PipelineView,
     ReleaseAnswer,
+    RunPageView,
+    RunStateName,
+    RunSummaryView,
     RunView,
+    ScopePageView,
+    ScopeView,
     SourceBody,
+    StatsView,
+    TaskPageView,
+    TaskStatusName,
     TaskView,
     UnreleasedPageView,
     UnreleasedSourceView,
+    UsageReportView,
 )
 from .errors import ConnectionError, TollgateError, WaitTimeoutError
 
@@ -230,6 +243,57 @@ class Tollgate(_Base):
         """``GET /v1/tasks?effect_key=…``."""
         return self._send(_api.get_task_by_effect_key(effect_key))
 
+    def list_tasks(
+        self,
+        *,
+        scope: str | None = None,
+        status: TaskStatusName | Sequence[TaskStatusName] | None = None,
+        kind: KindName | None = None,
+        step: str | None = None,
+        source: str | None = None,
+        run_id: str | None = None,
+        created_after: str | datetime | None = None,
+        created_before: str | datetime | None = None,
+        limit: int | None = None,
+        next: str | None = None,
+    ) -> TaskPageView:
+        """``GET /v1/tasks``: one page of the app's tasks, newest first; the filters narrow
+        together (``status``: one or several; ``created_after`` inclusive and
+        ``created_before`` exclusive, RFC 3339 strings or aware datetimes). A page may be
+        short, even empty, and still carry ``next`` (docs/api.md, "Short pages"):
+        :meth:`iter_tasks` follows it."""
+        return self._send(
+            _api.list_tasks(
+                scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
+                created_after=created_after, created_before=created_before, limit=limit, next=next,
+            )  # fmt: skip
+        )
+
+    def iter_tasks(
+        self,
+        *,
+        scope: str | None = None,
+        status: TaskStatusName | Sequence[TaskStatusName] | None = None,
+        kind: KindName | None = None,
+        step: str | None = None,
+        source: str | None = None,
+        run_id: str | None = None,
+        created_after: str | datetime | None = None,
+        created_before: str | datetime | None = None,
+        limit: int | None = None,
+        next: str | None = None,
+    ) -> Iterator[TaskView]:
+        """Every task :meth:`list_tasks` selects, page after page (``limit``: the page size)."""
+        while True:
+            page = self.list_tasks(
+                scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
+                created_after=created_after, created_before=created_before, limit=limit, next=next,
+            )  # fmt: skip
+            yield from page["tasks"]
+            next = page.get("next")
+            if not next:
+                return
+
     def wait(self, task: TaskView | str, *, timeout: float | None = None) -> TaskView:
         """Waits until the task is terminal, looping over the server's ``?wait=`` long-poll.
         Past ``timeout`` seconds it raises :class:`~tollgate.WaitTimeoutError` (the task goes
@@ -310,6 +374,31 @@ class Tollgate(_Base):
             if not after:
                 return
 
+    def list_scopes(self, *, limit: int | None = None, next: str | None = None) -> ScopePageView:
+        """``GET /v1/scopes``: one page of the app's scopes with admitted tasks still active or
+        an admission in the last 24 h, in name order (a key bound to a subject:
+        :class:`~tollgate.ForbiddenError`)."""
+        return self._send(_api.list_scopes(limit, next))
+
+    def iter_scopes(self, *, limit: int | None = None, next: str | None = None) -> Iterator[ScopeView]:
+        """Every scope :meth:`list_scopes` lists, page after page."""
+        while True:
+            page = self.list_scopes(limit=limit, next=next)
+            yield from page["scopes"]
+            next = page.get("next")
+            if not next:
+                return
+
+    def get_scope(self, scope: str) -> ScopeView:
+        """``GET /v1/scopes/{scope}``: its policy in force and live admission state (any
+        scope: a quiet one shows a full bucket and zeros)."""
+        return self._send(_api.get_scope(scope))
+
+    def scope_usage(self, scope: str) -> UsageReportView:
+        """``GET /v1/scopes/{scope}/usage``: the scope's spend and model tokens in the 24 h
+        window (SPEC §13)."""
+        return self._send(_api.scope_usage(scope))
+
     def delete_owner_data(self, scope: str, *, source: str | None = None) -> DeletedAnswer:
         """``DELETE /v1/scopes/{scope}/tasks``: deletes the owner's data (of one source)."""
         return self._send(_api.delete_owner_data(scope, source))
@@ -319,6 +408,38 @@ class Tollgate(_Base):
     def create_run(self, scope: str, input: Any = None) -> RunView:
         """``POST /v1/runs`` (not idempotent: only a 503 is retried)."""
         return self._send(_api.create_run(scope, input))
+
+    def list_runs(
+        self,
+        *,
+        scope: str | None = None,
+        state: RunStateName | Sequence[RunStateName] | None = None,
+        pipeline: str | None = None,
+        limit: int | None = None,
+        next: str | None = None,
+    ) -> RunPageView:
+        """``GET /v1/runs``: one page of the app's runs, newest first (summaries:
+        :meth:`get_run` has input, output and steps)."""
+        return self._send(
+            _api.list_runs(scope=scope, state=state, pipeline=pipeline, limit=limit, next=next)
+        )
+
+    def iter_runs(
+        self,
+        *,
+        scope: str | None = None,
+        state: RunStateName | Sequence[RunStateName] | None = None,
+        pipeline: str | None = None,
+        limit: int | None = None,
+        next: str | None = None,
+    ) -> Iterator[RunSummaryView]:
+        """Every run :meth:`list_runs` selects, page after page."""
+        while True:
+            page = self.list_runs(scope=scope, state=state, pipeline=pipeline, limit=limit, next=next)
+            yield from page["runs"]
+            next = page.get("next")
+            if not next:
+                return
 
     def get_run(self, run_id: str, *, wait: float | None = None) -> RunView:
         """``GET /v1/runs/{id}`` (``wait``: ``?wait=``)."""
@@ -355,6 +476,22 @@ class Tollgate(_Base):
         """``POST /v1/pipelines`` (``created`` false when the app had this definition)."""
         return self._send(_api.register_pipeline(name, definition))
 
+    def list_pipelines(self, *, limit: int | None = None, next: str | None = None) -> PipelinePageView:
+        """``GET /v1/pipelines``: one page of the app's pipelines in name order, each with its
+        versions (newest first)."""
+        return self._send(_api.list_pipelines(limit, next))
+
+    def iter_pipelines(
+        self, *, limit: int | None = None, next: str | None = None
+    ) -> Iterator[PipelineSummaryView]:
+        """Every pipeline :meth:`list_pipelines` lists, page after page."""
+        while True:
+            page = self.list_pipelines(limit=limit, next=next)
+            yield from page["pipelines"]
+            next = page.get("next")
+            if not next:
+                return
+
     def get_pipeline(self, name: str, *, version: str | None = None) -> PipelineView:
         """``GET /v1/pipelines/{name}``: the newest version, or ``version``."""
         return self._send(_api.get_pipeline(name, version))
@@ -382,6 +519,16 @@ class Tollgate(_Base):
     def models(self) -> list[ModelView]:
         """``GET /v1/models``."""
         return self._send(_api.models())
+
+    def usage(self) -> UsageReportView:
+        """``GET /v1/usage``: the app's spend and model tokens in the 24 h window, all scopes
+        (SPEC §13; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
+        return self._send(_api.app_usage())
+
+    def stats(self) -> StatsView:
+        """``GET /v1/stats``: the app's queue, throughput, failures, cache hit rate and latency
+        over the last hour."""
+        return self._send(_api.stats())
 
     def healthz(self) -> dict[str, str]:
         """``GET /healthz``."""
@@ -486,6 +633,58 @@ class AsyncTollgate(_Base):
     async def get_task_by_effect_key(self, effect_key: str) -> TaskView:
         return await self._send(_api.get_task_by_effect_key(effect_key))
 
+    async def list_tasks(
+        self,
+        *,
+        scope: str | None = None,
+        status: TaskStatusName | Sequence[TaskStatusName] | None = None,
+        kind: KindName | None = None,
+        step: str | None = None,
+        source: str | None = None,
+        run_id: str | None = None,
+        created_after: str | datetime | None = None,
+        created_before: str | datetime | None = None,
+        limit: int | None = None,
+        next: str | None = None,
+    ) -> TaskPageView:
+        """``GET /v1/tasks``: one page of the app's tasks, newest first; the filters narrow
+        together (``status``: one or several; ``created_after`` inclusive and
+        ``created_before`` exclusive, RFC 3339 strings or aware datetimes). A page may be
+        short, even empty, and still carry ``next`` (docs/api.md, "Short pages"):
+        :meth:`iter_tasks` follows it."""
+        return await self._send(
+            _api.list_tasks(
+                scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
+                created_after=created_after, created_before=created_before, limit=limit, next=next,
+            )  # fmt: skip
+        )
+
+    async def iter_tasks(
+        self,
+        *,
+        scope: str | None = None,
+        status: TaskStatusName | Sequence[TaskStatusName] | None = None,
+        kind: KindName | None = None,
+        step: str | None = None,
+        source: str | None = None,
+        run_id: str | None = None,
+        created_after: str | datetime | None = None,
+        created_before: str | datetime | None = None,
+        limit: int | None = None,
+        next: str | None = None,
+    ) -> AsyncIterator[TaskView]:
+        """Every task :meth:`list_tasks` selects, page after page (``limit``: the page size)."""
+        while True:
+            page = await self.list_tasks(
+                scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
+                created_after=created_after, created_before=created_before, limit=limit, next=next,
+            )  # fmt: skip
+            for item in page["tasks"]:
+                yield item
+            next = page.get("next")
+            if not next:
+                return
+
     async def wait(self, task: TaskView | str, *, timeout: float | None = None) -> TaskView:
         """See :meth:`Tollgate.wait`; cancelling the awaiting coroutine stops the wait only."""
         task_id = task if isinstance(task, str) else task["id"]
@@ -561,6 +760,32 @@ class AsyncTollgate(_Base):
             if not after:
                 return
 
+    async def list_scopes(self, *, limit: int | None = None, next: str | None = None) -> ScopePageView:
+        """``GET /v1/scopes``: one page of the app's scopes with admitted tasks still active or
+        an admission in the last 24 h, in name order (a key bound to a subject:
+        :class:`~tollgate.ForbiddenError`)."""
+        return await self._send(_api.list_scopes(limit, next))
+
+    async def iter_scopes(self, *, limit: int | None = None, next: str | None = None) -> AsyncIterator[ScopeView]:
+        """Every scope :meth:`list_scopes` lists, page after page."""
+        while True:
+            page = await self.list_scopes(limit=limit, next=next)
+            for item in page["scopes"]:
+                yield item
+            next = page.get("next")
+            if not next:
+                return
+
+    async def get_scope(self, scope: str) -> ScopeView:
+        """``GET /v1/scopes/{scope}``: its policy in force and live admission state (any
+        scope: a quiet one shows a full bucket and zeros)."""
+        return await self._send(_api.get_scope(scope))
+
+    async def scope_usage(self, scope: str) -> UsageReportView:
+        """``GET /v1/scopes/{scope}/usage``: the scope's spend and model tokens in the 24 h
+        window (SPEC §13)."""
+        return await self._send(_api.scope_usage(scope))
+
     async def delete_owner_data(self, scope: str, *, source: str | None = None) -> DeletedAnswer:
         return await self._send(_api.delete_owner_data(scope, source))
 
@@ -568,6 +793,39 @@ class AsyncTollgate(_Base):
 
     async def create_run(self, scope: str, input: Any = None) -> RunView:
         return await self._send(_api.create_run(scope, input))
+
+    async def list_runs(
+        self,
+        *,
+        scope: str | None = None,
+        state: RunStateName | Sequence[RunStateName] | None = None,
+        pipeline: str | None = None,
+        limit: int | None = None,
+        next: str | None = None,
+    ) -> RunPageView:
+        """``GET /v1/runs``: one page of the app's runs, newest first (summaries:
+        :meth:`get_run` has input, output and steps)."""
+        return await self._send(
+            _api.list_runs(scope=scope, state=state, pipeline=pipeline, limit=limit, next=next)
+        )
+
+    async def iter_runs(
+        self,
+        *,
+        scope: str | None = None,
+        state: RunStateName | Sequence[RunStateName] | None = None,
+        pipeline: str | None = None,
+        limit: int | None = None,
+        next: str | None = None,
+    ) -> AsyncIterator[RunSummaryView]:
+        """Every run :meth:`list_runs` selects, page after page."""
+        while True:
+            page = await self.list_runs(scope=scope, state=state, pipeline=pipeline, limit=limit, next=next)
+            for item in page["runs"]:
+                yield item
+            next = page.get("next")
+            if not next:
+                return
 
     async def get_run(self, run_id: str, *, wait: float | None = None) -> RunView:
         return await self._send(_api.get_run(run_id, wait))
@@ -600,6 +858,23 @@ class AsyncTollgate(_Base):
     async def register_pipeline(self, name: str, definition: Mapping[str, Any]) -> PipelineView:
         return await self._send(_api.register_pipeline(name, definition))
 
+    async def list_pipelines(self, *, limit: int | None = None, next: str | None = None) -> PipelinePageView:
+        """``GET /v1/pipelines``: one page of the app's pipelines in name order, each with its
+        versions (newest first)."""
+        return await self._send(_api.list_pipelines(limit, next))
+
+    async def iter_pipelines(
+        self, *, limit: int | None = None, next: str | None = None
+    ) -> AsyncIterator[PipelineSummaryView]:
+        """Every pipeline :meth:`list_pipelines` lists, page after page."""
+        while True:
+            page = await self.list_pipelines(limit=limit, next=next)
+            for item in page["pipelines"]:
+                yield item
+            next = page.get("next")
+            if not next:
+                return
+
     async def get_pipeline(self, name: str, *, version: str | None = None) -> PipelineView:
         return await self._send(_api.get_pipeline(name, version))
 
@@ -624,6 +899,16 @@ class AsyncTollgate(_Base):
 
     async def models(self) -> list[ModelView]:
         return await self._send(_api.models())
+
+    async def usage(self) -> UsageReportView:
+        """``GET /v1/usage``: the app's spend and model tokens in the 24 h window, all scopes
+        (SPEC §13; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
+        return await self._send(_api.app_usage())
+
+    async def stats(self) -> StatsView:
+        """``GET /v1/stats``: the app's queue, throughput, failures, cache hit rate and latency
+        over the last hour."""
+        return await self._send(_api.stats())
 
     async def healthz(self) -> dict[str, str]:
         return await self._send(_api.healthz())

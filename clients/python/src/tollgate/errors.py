@@ -30,7 +30,9 @@ class TollgateError(Exception):
 
 
 class BadRequestError(TollgateError):
-    """400 ``malformed_request``: not JSON, the wrong shape, a bad ``?wait=`` or subject."""
+    """400: ``malformed_request`` (not JSON, the wrong shape, a bad ``?wait=``, filter or
+    cursor, a bad subject), ``ambiguous_request`` (a key named twice, a repeated header),
+    ``reserved_effect_key`` (an effect key in the engine's ``run:`` or ``openai-`` namespace)."""
 
 
 class UnauthorizedError(TollgateError):
@@ -38,7 +40,8 @@ class UnauthorizedError(TollgateError):
 
 
 class ForbiddenError(TollgateError):
-    """403 ``subject_not_allowed``: the key may not assert that subject."""
+    """403 ``subject_not_allowed``: the key may not assert that subject, or (scopes, usage,
+    stats, owner deletion) is bound to one."""
 
 
 class NotFoundError(TollgateError):
@@ -54,15 +57,18 @@ class RequestTooLargeError(TollgateError):
 
 
 class InvalidRequestError(TollgateError):
-    """422: ``invalid_request``, ``unknown_model``, ``budget_not_allowed``."""
+    """422: ``invalid_request``, ``unknown_model``, ``budget_not_allowed``, ``output_bound_required``."""
 
 
 class AdmissionError(TollgateError):
-    """429: admission refused the task (SPEC §4); nothing was written.
+    """429: admission refused the task (SPEC §4, §13), or the app has no waiter or batch slot
+    free; nothing was written.
 
     ``code`` names the limit (``WORKFLOW_AI_RATE_LIMIT``, ``WORKFLOW_AI_CAPACITY``,
-    ``WORKFLOW_AI_SOURCE_BUDGET``, ``WORKFLOW_AI_DAILY_BUDGET``); ``retry_after`` is the
-    seconds until a retry may succeed, when the server knows it.
+    ``WORKFLOW_AI_SOURCE_BUDGET``, ``WORKFLOW_AI_DAILY_BUDGET``, ``WORKFLOW_AI_SPEND_BUDGET``,
+    ``WORKFLOW_AI_TOKEN_RATE_LIMIT``, ``WORKFLOW_AI_TOO_MANY_WAITERS``,
+    ``WORKFLOW_AI_TOO_MANY_BATCHES``); ``retry_after`` is the seconds until a retry may
+    succeed, when the server knows it.
     """
 
     def __init__(
