@@ -38,7 +38,6 @@
 mod admission;
 mod dispatch;
 mod lifecycle;
-mod list;
 mod maintenance;
 pub mod notify;
 mod pace;
@@ -247,6 +246,36 @@ impl PostgresStore {
     /// Closes the pool.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::shared::sql::Backend for PostgresStore {
+    type Tx = Tx;
+    type Reader = PgPool;
+
+    async fn begin_tx(&self) -> StoreResult<Tx> {
+        self.begin().await
+    }
+
+    async fn now_in(&self, tx: &mut Tx) -> StoreResult<Timestamp> {
+        self.now(tx).await
+    }
+
+    /// The configured clock, or the database's.
+    async fn now_out(&self) -> StoreResult<Timestamp> {
+        match self.fixed_now() {
+            Some(ms) => Ok(Timestamp(ms)),
+            None => Ok(Timestamp(
+                sqlx::query_scalar("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT")
+                    .fetch_one(&self.pool)
+                    .await?,
+            )),
+        }
+    }
+
+    fn reader(&self) -> PgPool {
+        self.pool.clone()
     }
 }
 

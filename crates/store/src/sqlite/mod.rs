@@ -169,6 +169,29 @@ impl SqliteStore {
     }
 }
 
+/// Reads that decide nothing go to the read pool, beside the writer.
+#[async_trait::async_trait]
+impl crate::shared::sql::Backend for SqliteStore {
+    type Tx = Tx;
+    type Reader = SqlitePool;
+
+    async fn begin_tx(&self) -> StoreResult<Tx> {
+        self.begin().await
+    }
+
+    async fn now_in(&self, _tx: &mut Tx) -> StoreResult<tollgate_core::Timestamp> {
+        Ok(self.now())
+    }
+
+    async fn now_out(&self) -> StoreResult<tollgate_core::Timestamp> {
+        Ok(self.now())
+    }
+
+    fn reader(&self) -> SqlitePool {
+        self.reader.clone()
+    }
+}
+
 async fn check_schema_version(pool: &SqlitePool) -> StoreResult<()> {
     let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let has_table: Option<i64> = sqlx::query_scalar(
