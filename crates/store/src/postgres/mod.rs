@@ -45,15 +45,15 @@ mod pipelines;
 mod runs;
 mod stats;
 mod tasks;
+mod terminal;
 
-use crate::shared::rows::{TaskRow, task_columns};
 use crate::{StoreError, StoreResult};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{Clock, Task, Timestamp};
+use tollgate_core::{Clock, Timestamp};
 
 /// SQL for "now" in epoch milliseconds inside one statement: parameter `$n` (the
 /// [`PostgresStore::fixed_now`] clock) when bound, else the database's clock.
@@ -299,16 +299,4 @@ async fn check_schema_version(pool: &PgPool) -> StoreResult<()> {
 /// Ids as a `TEXT[]` parameter.
 pub(crate) fn id_array<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
     ids.iter().map(ToString::to_string).collect()
-}
-
-async fn fetch_task(exec: impl sqlx::PgExecutor<'_>, id: &str) -> StoreResult<Option<Task>> {
-    let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        " FROM tasks WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(exec)
-    .await?;
-    row.map(TaskRow::into_task).transpose()
 }

@@ -187,15 +187,46 @@ pub(crate) trait Backend: Send + Sync {
     fn reader(&self) -> Self::Reader;
 }
 
-/// [`Exec`] on a connection-like `$ty` (`&mut **self` is the connection).
-macro_rules! exec_on_connection {
-    ($ty:ty, $db:ty, $args:ty) => {
+/// [`Exec`] by way of the connection `$ty` dereferences to.
+macro_rules! exec_by_deref {
+    ($ty:ty) => {
         #[async_trait::async_trait]
         impl $crate::shared::sql::Exec for $ty {
             async fn run(&mut self, s: $crate::shared::sql::Statement) -> $crate::StoreResult<u64> {
+                (**self).run(s).await
+            }
+            async fn all<T: $crate::shared::sql::Fetched>(
+                &mut self,
+                s: $crate::shared::sql::Statement,
+            ) -> $crate::StoreResult<Vec<T>> {
+                (**self).all(s).await
+            }
+            async fn optional<T: $crate::shared::sql::Fetched>(
+                &mut self,
+                s: $crate::shared::sql::Statement,
+            ) -> $crate::StoreResult<Option<T>> {
+                (**self).optional(s).await
+            }
+            async fn one<T: $crate::shared::sql::Fetched>(
+                &mut self,
+                s: $crate::shared::sql::Statement,
+            ) -> $crate::StoreResult<T> {
+                (**self).one(s).await
+            }
+        }
+    };
+}
+
+/// [`Exec`] for one backend's connections, transactions, pooled connections and pools (a
+/// pool runs a statement on a connection it lends, as sqlx's own pool executor does).
+macro_rules! exec_for {
+    ($db:ty, $conn:ty, $args:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::shared::sql::Exec for $conn {
+            async fn run(&mut self, s: $crate::shared::sql::Statement) -> $crate::StoreResult<u64> {
                 let a: $args = s.arguments()?;
                 Ok(sqlx::query_with::<$db, _>(sqlx::AssertSqlSafe(s.text), a)
-                    .execute(&mut **self)
+                    .execute(&mut *self)
                     .await?
                     .rows_affected())
             }
@@ -206,7 +237,7 @@ macro_rules! exec_on_connection {
                 let a: $args = s.arguments()?;
                 Ok(
                     sqlx::query_as_with::<$db, T, _>(sqlx::AssertSqlSafe(s.text), a)
-                        .fetch_all(&mut **self)
+                        .fetch_all(&mut *self)
                         .await?,
                 )
             }
@@ -217,7 +248,7 @@ macro_rules! exec_on_connection {
                 let a: $args = s.arguments()?;
                 Ok(
                     sqlx::query_as_with::<$db, T, _>(sqlx::AssertSqlSafe(s.text), a)
-                        .fetch_optional(&mut **self)
+                        .fetch_optional(&mut *self)
                         .await?,
                 )
             }
@@ -228,20 +259,14 @@ macro_rules! exec_on_connection {
                 let a: $args = s.arguments()?;
                 Ok(
                     sqlx::query_as_with::<$db, T, _>(sqlx::AssertSqlSafe(s.text), a)
-                        .fetch_one(&mut **self)
+                        .fetch_one(&mut *self)
                         .await?,
                 )
             }
         }
-    };
-}
 
-/// [`Exec`] for one backend's transactions, pooled connections and pools (a pool runs a
-/// statement on a connection it lends, as sqlx's own pool executor does).
-macro_rules! exec_for {
-    ($db:ty, $args:ty) => {
-        exec_on_connection!(sqlx::Transaction<'static, $db>, $db, $args);
-        exec_on_connection!(sqlx::pool::PoolConnection<$db>, $db, $args);
+        exec_by_deref!(sqlx::Transaction<'static, $db>);
+        exec_by_deref!(sqlx::pool::PoolConnection<$db>);
 
         #[async_trait::async_trait]
         impl $crate::shared::sql::TxExec for sqlx::Transaction<'static, $db> {
@@ -281,6 +306,14 @@ macro_rules! exec_for {
 }
 
 #[cfg(feature = "postgres")]
-exec_for!(sqlx::Postgres, sqlx::postgres::PgArguments);
+exec_for!(
+    sqlx::Postgres,
+    sqlx::PgConnection,
+    sqlx::postgres::PgArguments
+);
 #[cfg(feature = "sqlite")]
-exec_for!(sqlx::Sqlite, sqlx::sqlite::SqliteArguments);
+exec_for!(
+    sqlx::Sqlite,
+    sqlx::SqliteConnection,
+    sqlx::sqlite::SqliteArguments
+);

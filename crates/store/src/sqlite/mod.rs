@@ -17,8 +17,8 @@ mod pace;
 mod pipelines;
 mod runs;
 mod tasks;
+mod terminal;
 
-use crate::shared::rows::{TaskRow, task_columns};
 use crate::{StoreError, StoreResult};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -27,7 +27,7 @@ use sqlx::{Sqlite, Transaction};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{Clock, SystemClock, Task};
+use tollgate_core::{Clock, SystemClock};
 
 /// The migrations this binary ships.
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -219,16 +219,4 @@ pub(crate) fn id_list<T: std::fmt::Display>(ids: &[T]) -> String {
             .collect(),
     )
     .to_string()
-}
-
-async fn fetch_task(exec: impl sqlx::SqliteExecutor<'_>, id: &str) -> StoreResult<Option<Task>> {
-    let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        " FROM tasks WHERE id = ?"
-    ))
-    .bind(id)
-    .fetch_optional(exec)
-    .await?;
-    row.map(TaskRow::into_task).transpose()
 }
