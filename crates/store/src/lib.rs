@@ -7,18 +7,20 @@
 //! sum of small traits, one per concern, and every type that implements them all is
 //! a `Store` (blanket impl):
 //!
-//! | trait | concern | backend module that implements it |
+//! | trait | concern | where it is written |
 //! | --- | --- | --- |
-//! | [`TaskStore`] | the application's side of tasks: create (admission), read, cancel, release, list, owner deletion | `tasks.rs` (creation in `admission`) |
-//! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | `lifecycle.rs` |
-//! | [`RunStore`] | workflow runs, waits and the cancel cascade | `runs.rs` |
-//! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `pipelines.rs` |
-//! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `maintenance.rs` |
-//! | [`PaceStore`] | SPEC §14 provider pace: call and token schedules, pauses | `pace.rs` |
-//! | [`ListStore`] | SPEC §15 listings: tasks, runs, pipelines, scopes, stats | `list.rs` (statements and cursors written once in [`list`]) |
+//! | [`TaskStore`] | the application's side of tasks: create (admission), read, cancel, release, list, owner deletion | `shared/tasks.rs`; each backend's `tasks.rs` (creation in `admission`, owner deletion, its statements) |
+//! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | each backend's `lifecycle.rs` |
+//! | [`RunStore`] | workflow runs, waits and the cancel cascade | `shared/runs.rs`; each backend's `runs.rs` (its row locks, its cascade) |
+//! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `shared/pipelines.rs`; each backend's `pipelines.rs` (its claim, its keyed start) |
+//! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `shared/maintenance.rs`; each backend's `maintenance.rs` (its statements, its expiry) |
+//! | [`PaceStore`] | SPEC §14 provider pace: call and token schedules, pauses | each backend's `pace.rs` |
+//! | [`ListStore`] | SPEC §15 listings: tasks, runs, pipelines, scopes, stats | `shared/list.rs` (statements and cursors in [`list`]) |
 //!
-//! Each backend (`sqlite/`, `postgres/`) implements every trait directly in the module of
-//! its concern; there is no forwarding layer. A wrapper of another store (the bench's
+//! Logic written once runs its statements through `shared::sql` (one text with `$n`
+//! placeholders runs on both backends); a backend supplies only what really differs —
+//! locks, `SKIP LOCKED`, id sets, admission, the claim — as constants and hooks of a
+//! per-concern trait, and states the store trait with one macro line. A wrapper of another store (the bench's
 //! counting store) implements [`wrap::StoreWrapper`] and the traits it does not change are
 //! forwarded for it, one marker trait per concern ([`wrap`]).
 //!
@@ -32,7 +34,7 @@
 //! Policy arithmetic (admission, cost) stays in `tollgate-core`. A new rule goes where its
 //! kind goes: arithmetic in core; what a state change does in `shared` (cost reservations
 //! are settled in the terminal-move plan); cursors and row shapes of a new listing in
-//! `shared`; only the SQL in each backend's module of that concern.
+//! `shared`; only the SQL that differs in each backend's module of that concern.
 //!
 //! # Backends
 //!

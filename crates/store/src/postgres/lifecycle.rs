@@ -2,14 +2,18 @@
 //! complete, fail, acknowledge cancellation; and the statements of a terminal move.
 
 use super::admission::{app_lock_key, lock_scope};
-use super::{PostgresStore, Tx, fetch_task, id_array, now_sql};
+use super::terminal::lock_run_of;
+use super::{PostgresStore, id_array, now_sql};
 use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
-use crate::shared::cost::{AttemptRow, SettleRow, SettlementPlan, decode_reservation};
+use crate::shared::cost::{AttemptRow, decode_reservation};
 use crate::shared::rows::{
     CancelStateRow, CompletedRow, FinishedRow, TaskRow, cancellation_requested, encode_completion,
-    encode_usage, heartbeat_report, run_id, task_columns, task_columns_qualified, tasks,
+    encode_usage, heartbeat_report, task_columns, task_columns_qualified, tasks,
 };
-use crate::shared::terminal::{ScopeKey, TerminalMove, TerminalStatements, Wake, after_terminal};
+use crate::shared::sql::Backend;
+use crate::shared::tasks::{CANCELED_MESSAGE, fetch_task};
+use crate::shared::terminal::finish;
+use crate::shared::terminal::{TerminalMove, Wake, after_terminal};
 use crate::{
     ClaimOrder, Completion, HeartbeatReport, MAX_PAGE, StoreError, StoreResult, Transition,
     WorkerStore,
@@ -18,7 +22,7 @@ use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
 use tollgate_core::cost::window_first_bucket;
 use tollgate_core::{
-    AppId, ErrorCode, Reservation, RunId, ScopeId, Task, TaskId, Timestamp, Usage, WorkerId,
+    AppId, ErrorCode, Reservation, ScopeId, Task, TaskId, Timestamp, Usage, WorkerId,
     truncate_message,
 };
 
@@ -57,190 +61,6 @@ macro_rules! cancel_wanted {
     };
 }
 pub(super) use cancel_wanted;
-
-/// The terminal move's statements in PostgreSQL's dialect (ids as a `TEXT[]`).
-#[async_trait]
-impl TerminalStatements for Tx {
-    async fn give_back_scope(&mut self, (app, scope): &ScopeKey, n: i64) -> StoreResult<()> {
-        sqlx::query("UPDATE scope_state SET active = active - $1 WHERE app = $2 AND scope = $3")
-            .bind(n)
-            .bind(app)
-            .bind(scope)
-            .execute(&mut **self)
-            .await?;
-        Ok(())
-    }
-
-    async fn give_back_app(&mut self, app: &str, n: i64) -> StoreResult<()> {
-        sqlx::query("UPDATE app_slots SET active = active - $1 WHERE app = $2")
-            .bind(n)
-            .bind(app)
-            .execute(&mut **self)
-            .await?;
-        Ok(())
-    }
-
-    async fn count_finished(&mut self, stripe: i64, n: i64) -> StoreResult<()> {
-        sqlx::query("UPDATE global_finished SET finished = finished + $1 WHERE stripe = $2")
-            .bind(n)
-            .bind(stripe)
-            .execute(&mut **self)
-            .await?;
-        Ok(())
-    }
-
-    async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>> {
-        Ok(sqlx::query_as(
-            "SELECT id, app, scope, created_at, claimed_at, reservation, usage FROM tasks \
-             WHERE id = ANY($1) AND reservation IS NOT NULL AND charged_nano IS NULL \
-             ORDER BY id",
-        )
-        .bind(ids)
-        .fetch_all(&mut **self)
-        .await?)
-    }
-
-    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
-        for ((app, scope), refund) in &plan.refunds {
-            let refund = i64::try_from(*refund).unwrap_or(i64::MAX);
-            sqlx::query(
-                "UPDATE scope_state SET token_units = \
-                   GREATEST(token_units, LEAST(token_units + $1 * 60000, token_capacity)) \
-                 WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
-                 AND token_capacity IS NOT NULL",
-            )
-            .bind(refund)
-            .bind(app)
-            .bind(scope)
-            .execute(&mut **self)
-            .await?;
-        }
-        // Buckets in key order, scope buckets before app buckets (the lock order).
-        for ((app, scope, bucket), d) in &plan.scope {
-            sqlx::query(SCOPE_SPEND_SETTLE)
-                .bind(app)
-                .bind(scope)
-                .bind(bucket)
-                .bind(d.reserved_nano)
-                .bind(d.settled_nano)
-                .bind(d.reserved_tokens)
-                .bind(d.settled_tokens)
-                .bind(d.overrun_nano)
-                .execute(&mut **self)
-                .await?;
-        }
-        for ((app, bucket, stripe), d) in &plan.app {
-            sqlx::query(APP_SPEND_SETTLE)
-                .bind(app)
-                .bind(bucket)
-                .bind(*stripe as i32)
-                .bind(d.reserved_nano)
-                .bind(d.settled_nano)
-                .bind(d.reserved_tokens)
-                .bind(d.settled_tokens)
-                .bind(d.overrun_nano)
-                .execute(&mut **self)
-                .await?;
-        }
-        let ids: Vec<&str> = plan.charged.iter().map(|c| c.0.as_str()).collect();
-        let nanos: Vec<i64> = plan.charged.iter().map(|c| c.1).collect();
-        let toks: Vec<i64> = plan.charged.iter().map(|c| c.2).collect();
-        sqlx::query(
-            "UPDATE tasks SET charged_nano = c.nano, charged_tokens = c.tokens \
-             FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS c(id, nano, tokens) \
-             WHERE tasks.id = c.id",
-        )
-        .bind(&ids)
-        .bind(&nanos)
-        .bind(&toks)
-        .execute(&mut **self)
-        .await?;
-        Ok(())
-    }
-
-    async fn clear_logical_keys(&mut self, ids: &[String]) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE admissions SET logical_key = NULL \
-             WHERE task_id = ANY($1) AND logical_key IS NOT NULL",
-        )
-        .bind(ids)
-        .execute(&mut **self)
-        .await?;
-        Ok(())
-    }
-
-    async fn wake_runs(
-        &mut self,
-        ids: &[String],
-        now: Timestamp,
-        skip_locked: bool,
-    ) -> StoreResult<Vec<RunId>> {
-        wake_runs_waiting_on(self, ids, now, skip_locked).await
-    }
-}
-
-/// Wakes runs waiting on any of the tasks. Transactions that already hold the runs' rows
-/// (single-task transitions lock the run first) wait; sweeps, which lock tasks before
-/// runs, skip locked runs instead (a run locked elsewhere is being canceled or is about to
-/// wait and check the task itself; the repair sweep heals anything left).
-pub(super) async fn wake_runs_waiting_on(
-    tx: &mut Tx,
-    ids: &[String],
-    now: Timestamp,
-    skip_locked: bool,
-) -> StoreResult<Vec<RunId>> {
-    let sql = if skip_locked {
-        "UPDATE runs SET state = 'running', waiting_on = NULL, woken_at = $1, updated_at = $1 \
-         WHERE id IN (SELECT id FROM runs WHERE state = 'waiting' AND waiting_on = ANY($2) \
-         FOR NO KEY UPDATE SKIP LOCKED) RETURNING id"
-    } else {
-        "UPDATE runs SET state = 'running', waiting_on = NULL, woken_at = $1, updated_at = $1 \
-         WHERE state = 'waiting' AND waiting_on = ANY($2) RETURNING id"
-    };
-    let woken: Vec<String> = sqlx::query_scalar(sql)
-        .bind(now.0)
-        .bind(ids)
-        .fetch_all(&mut **tx)
-        .await?;
-    woken.iter().map(|r| run_id(r)).collect()
-}
-
-/// Locks the row of the task's run, if it has one (lock order: runs before tasks), so a
-/// transition that wakes the run cannot deadlock with a cancel of that run.
-pub(super) async fn lock_run_of(tx: &mut Tx, id: TaskId) -> StoreResult<()> {
-    sqlx::query(
-        "SELECT 1 FROM runs WHERE id = (SELECT run_id FROM tasks WHERE id = $1) \
-         FOR NO KEY UPDATE",
-    )
-    .bind(id.to_string())
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
-/// Commits a single-task transition, running [`after_terminal`] when it applied.
-pub(super) async fn finish(
-    mut tx: Tx,
-    id: TaskId,
-    finished: Option<FinishedRow>,
-    plan: TerminalMove,
-    now: Timestamp,
-) -> StoreResult<Transition> {
-    let applied = finished.is_some();
-    let woken_runs = match finished {
-        Some(f) => after_terminal(&mut tx, &[f], plan, now).await?,
-        None => Vec::new(),
-    };
-    let task = fetch_task(&mut *tx, &id.to_string()).await?;
-    tx.commit().await?;
-    Ok(Transition {
-        applied,
-        task,
-        woken_runs,
-    })
-}
-
-pub(super) const CANCELED_MESSAGE: &str = "canceled by request";
 
 #[async_trait]
 impl WorkerStore for PostgresStore {
@@ -335,7 +155,7 @@ impl WorkerStore for PostgresStore {
         usage: Usage,
     ) -> StoreResult<Transition> {
         // The request never changes, so its contract is checked before the write.
-        let Some(current) = fetch_task(&self.pool, &id.to_string()).await? else {
+        let Some(current) = fetch_task(&mut self.reader(), &id.to_string()).await? else {
             return Ok(Transition::default());
         };
         let (output, usage) = encode_completion(&current, &output, &usage)?;

@@ -38,7 +38,6 @@
 mod admission;
 mod dispatch;
 mod lifecycle;
-mod list;
 mod maintenance;
 pub mod notify;
 mod pace;
@@ -46,15 +45,15 @@ mod pipelines;
 mod runs;
 mod stats;
 mod tasks;
+mod terminal;
 
-use crate::shared::rows::{TaskRow, task_columns};
 use crate::{StoreError, StoreResult};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{Clock, Task, Timestamp};
+use tollgate_core::{Clock, Timestamp};
 
 /// SQL for "now" in epoch milliseconds inside one statement: parameter `$n` (the
 /// [`PostgresStore::fixed_now`] clock) when bound, else the database's clock.
@@ -250,6 +249,36 @@ impl PostgresStore {
     }
 }
 
+#[async_trait::async_trait]
+impl crate::shared::sql::Backend for PostgresStore {
+    type Tx = Tx;
+    type Reader = PgPool;
+
+    async fn begin_tx(&self) -> StoreResult<Tx> {
+        self.begin().await
+    }
+
+    async fn now_in(&self, tx: &mut Tx) -> StoreResult<Timestamp> {
+        self.now(tx).await
+    }
+
+    /// The configured clock, or the database's.
+    async fn now_out(&self) -> StoreResult<Timestamp> {
+        match self.fixed_now() {
+            Some(ms) => Ok(Timestamp(ms)),
+            None => Ok(Timestamp(
+                sqlx::query_scalar("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT")
+                    .fetch_one(&self.pool)
+                    .await?,
+            )),
+        }
+    }
+
+    fn reader(&self) -> PgPool {
+        self.pool.clone()
+    }
+}
+
 async fn check_schema_version(pool: &PgPool) -> StoreResult<()> {
     let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
@@ -270,16 +299,4 @@ async fn check_schema_version(pool: &PgPool) -> StoreResult<()> {
 /// Ids as a `TEXT[]` parameter.
 pub(crate) fn id_array<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
     ids.iter().map(ToString::to_string).collect()
-}
-
-async fn fetch_task(exec: impl sqlx::PgExecutor<'_>, id: &str) -> StoreResult<Option<Task>> {
-    let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        " FROM tasks WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(exec)
-    .await?;
-    row.map(TaskRow::into_task).transpose()
 }

@@ -1,245 +1,71 @@
-//! Pipelines on PostgreSQL: definitions, pipeline runs and their driver leases. Claims
-//! skip rows other replicas hold, so two replicas never drive one run at once.
+//! Pipelines on PostgreSQL ([`PipelineStore`](crate::PipelineStore), written once in
+//! `shared::pipelines`): the claim skips rows other replicas hold, so two replicas never
+//! drive one run at once; a keyed start looks its key up, inserts under it, and looks
+//! again if another transaction took it meanwhile.
 
 use super::PostgresStore;
-use super::runs::{fetch_run, insert_run};
-use crate::shared::rows::{PipelineRefRow, PipelineRow, RunRow, pipeline_run_id, run_columns};
-use crate::{MAX_PAGE, PipelineRef, PipelineStore, StoreError, StoreResult, StoredPipeline};
+use crate::shared::pipelines::{
+    PipelineStatements, insert_pipeline_run, keyed_run, pipeline_store_for,
+};
+use crate::{PipelineRef, StoreError, StoreResult};
 use async_trait::async_trait;
-use std::time::Duration;
-use tollgate_core::canonical::canonical_json;
-use tollgate_core::{AppId, EffectKey, NewRun, PipelineName, Run, RunId, Timestamp, WorkerId};
+use tollgate_core::{AppId, EffectKey, NewRun, Run};
 
-async fn keyed_run(
+/// The run holding `start_key`, read in a transaction of its own.
+async fn keyed(
     store: &PostgresStore,
     app: &AppId,
     start_key: &EffectKey,
 ) -> StoreResult<Option<Run>> {
     let mut tx = store.begin().await?;
-    let existing: Option<String> =
-        sqlx::query_scalar("SELECT run_id FROM pipeline_runs WHERE app = $1 AND start_key = $2")
-            .bind(app.as_str())
-            .bind(start_key.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-    let Some(id) = existing else {
-        return Ok(None);
-    };
-    let id = pipeline_run_id(&id)?;
-    let run = fetch_run(&mut *tx, app, id).await?;
-    tx.commit().await?;
-    run.map(Some)
-        .ok_or_else(|| StoreError::Corrupt(format!("pipeline run {id} has no run row")))
-}
-
-/// One transaction: the run and its pipeline row. `None`: the key was taken meanwhile
-/// (nothing is written).
-async fn insert_pipeline_run(
-    store: &PostgresStore,
-    new: &NewRun,
-    pipeline: &PipelineRef,
-    start_key: Option<&EffectKey>,
-) -> StoreResult<Option<Run>> {
-    let mut tx = store.begin().await?;
-    let now = store.now(&mut tx).await?;
-    let exists: Option<i32> =
-        sqlx::query_scalar("SELECT 1 FROM pipelines WHERE app = $1 AND name = $2 AND version = $3")
-            .bind(new.app.as_str())
-            .bind(pipeline.name.as_str())
-            .bind(&pipeline.version)
-            .fetch_optional(&mut *tx)
-            .await?;
-    if exists.is_none() {
-        return Err(StoreError::InvalidState(format!(
-            "pipeline {} version {} is not registered",
-            pipeline.name, pipeline.version
-        )));
-    }
-    let id = insert_run(&mut tx, new, now).await?;
-    let inserted = sqlx::query(
-        "INSERT INTO pipeline_runs (run_id, app, pipeline, version, wake_at, start_key) \
-         VALUES ($1, $2, $3, $4, $5, $6) \
-         ON CONFLICT (app, start_key) WHERE start_key IS NOT NULL DO NOTHING",
-    )
-    .bind(id.to_string())
-    .bind(new.app.as_str())
-    .bind(pipeline.name.as_str())
-    .bind(&pipeline.version)
-    .bind(now.0)
-    .bind(start_key.map(EffectKey::as_str))
-    .execute(&mut *tx)
-    .await?;
-    if inserted.rows_affected() == 0 {
-        // Dropping the transaction rolls the run row back.
-        return Ok(None);
-    }
-    let run = fetch_run(&mut *tx, &new.app, id).await?;
+    let run = keyed_run(&mut tx, app, start_key).await?;
     tx.commit().await?;
     Ok(run)
 }
 
 #[async_trait]
-impl PipelineStore for PostgresStore {
-    async fn put_pipeline(
-        &self,
-        app: &AppId,
-        name: &PipelineName,
-        version: &str,
-        definition: &serde_json::Value,
-    ) -> StoreResult<(StoredPipeline, bool)> {
-        let text = canonical_json(definition).map_err(|e| e.within("definition"))?;
-        let mut tx = self.begin().await?;
-        let now = self.now(&mut tx).await?;
-        let created = sqlx::query(
-            "INSERT INTO pipelines (app, name, version, definition, created_at) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (app, name, version) DO NOTHING",
-        )
-        .bind(app.as_str())
-        .bind(name.as_str())
-        .bind(version)
-        .bind(&text)
-        .bind(now.0)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        let row: PipelineRow = sqlx::query_as(
-            "SELECT version, definition, created_at FROM pipelines \
-             WHERE app = $1 AND name = $2 AND version = $3",
-        )
-        .bind(app.as_str())
-        .bind(name.as_str())
-        .bind(version)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok((row.into_stored(app, name)?, created))
-    }
-
-    async fn get_pipeline(
-        &self,
-        app: &AppId,
-        name: &PipelineName,
-        version: Option<&str>,
-    ) -> StoreResult<Option<StoredPipeline>> {
-        let row: Option<PipelineRow> = sqlx::query_as(
-            "SELECT version, definition, created_at FROM pipelines \
-             WHERE app = $1 AND name = $2 AND ($3::TEXT IS NULL OR version = $3) \
-             ORDER BY created_at DESC, version DESC LIMIT 1",
-        )
-        .bind(app.as_str())
-        .bind(name.as_str())
-        .bind(version)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| r.into_stored(app, name)).transpose()
-    }
-
-    async fn create_pipeline_run(&self, new: NewRun, pipeline: &PipelineRef) -> StoreResult<Run> {
-        insert_pipeline_run(self, &new, pipeline, None)
-            .await?
-            .ok_or_else(|| StoreError::Database("inserted run vanished".into()))
-    }
+impl PipelineStatements for PostgresStore {
+    const CLAIM_PIPELINE_RUNS: &'static str = "WITH picked AS MATERIALIZED (SELECT p.run_id \
+         FROM pipeline_runs p JOIN runs r ON r.id = p.run_id \
+         WHERE NOT p.done AND p.wake_at <= $3 AND (p.lease_until IS NULL OR p.lease_until < $3) \
+         AND r.state = 'running' ORDER BY p.wake_at LIMIT $4 FOR UPDATE OF p SKIP LOCKED) \
+         UPDATE pipeline_runs SET driver = $1, lease_until = $2 FROM picked \
+         WHERE pipeline_runs.run_id = picked.run_id RETURNING pipeline_runs.run_id";
 
     /// Inserts under the key; when another transaction holds or committed the key (the
     /// unique index makes a concurrent insert wait, then do nothing), this one rolls back
     /// and answers the run that has it.
-    async fn start_pipeline_run_once(
+    async fn start_run(
         &self,
         new: NewRun,
         pipeline: &PipelineRef,
-        start_key: &EffectKey,
+        start_key: Option<&EffectKey>,
     ) -> StoreResult<(Run, bool)> {
-        if let Some(run) = keyed_run(self, &new.app, start_key).await? {
+        if let Some(key) = start_key
+            && let Some(run) = keyed(self, &new.app, key).await?
+        {
             return Ok((run, false));
         }
-        if let Some(run) = insert_pipeline_run(self, &new, pipeline, Some(start_key)).await? {
+        let mut tx = self.begin().await?;
+        let now = self.now(&mut tx).await?;
+        if let Some(run) = insert_pipeline_run(&mut tx, now, &new, pipeline, start_key).await? {
+            tx.commit().await?;
             return Ok((run, true));
         }
-        keyed_run(self, &new.app, start_key)
+        // Dropping the transaction rolls the run row back.
+        drop(tx);
+        let Some(key) = start_key else {
+            return Err(StoreError::Database("inserted run vanished".into()));
+        };
+        keyed(self, &new.app, key)
             .await?
             .map(|run| (run, false))
             .ok_or_else(|| {
                 StoreError::Database(format!(
-                    "pipeline run key {start_key} was taken, yet no run has it"
+                    "pipeline run key {key} was taken, yet no run has it"
                 ))
             })
     }
-
-    async fn run_pipeline(&self, app: &AppId, run: RunId) -> StoreResult<Option<PipelineRef>> {
-        let row: Option<PipelineRefRow> = sqlx::query_as(
-            "SELECT pipeline, version FROM pipeline_runs WHERE run_id = $1 AND app = $2",
-        )
-        .bind(run.to_string())
-        .bind(app.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(PipelineRefRow::into_ref).transpose()
-    }
-
-    async fn claim_pipeline_runs(
-        &self,
-        driver: &WorkerId,
-        lease: Duration,
-        limit: u32,
-    ) -> StoreResult<Vec<Run>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let mut tx = self.begin().await?;
-        let now = self.now(&mut tx).await?;
-        let ids: Vec<String> = sqlx::query_scalar(
-            "WITH picked AS MATERIALIZED (SELECT p.run_id FROM pipeline_runs p \
-             JOIN runs r ON r.id = p.run_id \
-             WHERE NOT p.done AND p.wake_at <= $3 AND (p.lease_until IS NULL OR p.lease_until < $3) \
-             AND r.state = 'running' ORDER BY p.wake_at LIMIT $4 FOR UPDATE OF p SKIP LOCKED) \
-             UPDATE pipeline_runs SET driver = $1, lease_until = $2 FROM picked \
-             WHERE pipeline_runs.run_id = picked.run_id RETURNING pipeline_runs.run_id",
-        )
-        .bind(driver.as_str())
-        .bind(now.plus(lease).0)
-        .bind(now.0)
-        .bind(i64::from(limit.min(MAX_PAGE)))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut runs = Vec::with_capacity(ids.len());
-        for id in &ids {
-            let row: Option<RunRow> = sqlx::query_as(concat!(
-                "SELECT ",
-                run_columns!(),
-                " FROM runs WHERE id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(r) = row {
-                runs.push(r.into_run()?);
-            }
-        }
-        tx.commit().await?;
-        Ok(runs)
-    }
-
-    async fn release_pipeline_run(
-        &self,
-        run: RunId,
-        driver: &WorkerId,
-        wake_at: Option<Timestamp>,
-    ) -> StoreResult<bool> {
-        let mut tx = self.begin().await?;
-        let now = self.now(&mut tx).await?;
-        let released = sqlx::query(
-            "UPDATE pipeline_runs SET driver = NULL, lease_until = NULL, wake_at = $1 \
-             WHERE run_id = $2 AND driver = $3",
-        )
-        .bind(wake_at.unwrap_or(now).0)
-        .bind(run.to_string())
-        .bind(driver.as_str())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        tx.commit().await?;
-        Ok(released)
-    }
 }
+
+pipeline_store_for!(PostgresStore);

@@ -1,74 +1,28 @@
 //! SPEC §15 listings, written once for both backends: a backend supplies its clock and
-//! a way to read the rows of a shared statement ([`ListRows`]); every listing's logic
-//! (pages, cursors, joins of runs to pipelines, snapshots, stats) lives here.
+//! its read pool ([`Backend`]); every listing's logic (pages, cursors, joins of runs to
+//! pipelines, snapshots, stats) lives here. Listings decide nothing, so they read outside
+//! any transaction and take no lock.
 
 use crate::list::{
-    Arg, Dialect, ListCursor, ListPage, ListSql, ListStore, ListedRun, PipelineSummary,
-    RunListQuery, ScopeSnapshot, TaskListQuery, TaskStatsRaw,
+    ListCursor, ListPage, ListStore, ListedRun, PipelineSummary, RunListQuery, ScopeSnapshot,
+    TaskListQuery, TaskStatsRaw,
 };
 use crate::shared::rows::{RunRow, TaskRow};
+use crate::shared::sql::{Backend, Exec, Fetched, Statement};
 use crate::{PipelineRef, StoreError, StoreResult};
 use async_trait::async_trait;
-use sqlx::{Arguments, Encode, FromRow, Type};
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::{AppId, PipelineName, ScopeId, Task, Timestamp};
 
-/// A statement's arguments, bound in order for the backend `A` belongs to.
-pub(crate) fn arguments<A>(sql: &ListSql) -> StoreResult<A>
-where
-    A: Arguments,
-    String: for<'t> Encode<'t, A::Database> + Type<A::Database>,
-    i64: for<'t> Encode<'t, A::Database> + Type<A::Database>,
-{
-    let mut a = A::default();
-    for arg in &sql.args {
-        match arg {
-            Arg::Text(s) => a.add(s.clone()),
-            Arg::Int(i) => a.add(*i),
-        }
-        .map_err(|e| StoreError::Database(e.to_string()))?;
-    }
-    Ok(a)
-}
-
-/// What a backend gives the listings. Listings decide nothing, so they read outside any
-/// transaction and take no lock.
-#[async_trait]
-pub(crate) trait ListRows: Send + Sync {
-    /// The backend's row type.
-    type Row: sqlx::Row;
-    /// Which placeholders its statements use.
-    const DIALECT: Dialect;
-
-    /// "Now" as the backend's clock has it.
-    async fn list_now(&self) -> StoreResult<Timestamp>;
-
-    /// The rows of one shared statement, its arguments bound in order.
-    async fn rows_of<T>(&self, sql: ListSql) -> StoreResult<Vec<T>>
-    where
-        T: for<'r> FromRow<'r, Self::Row> + Send + Unpin;
+/// The rows of one listing statement, read on the backend's read pool.
+async fn rows_of<S: Backend, T: Fetched>(store: &S, sql: Statement) -> StoreResult<Vec<T>> {
+    store.reader().all(sql).await
 }
 
 #[async_trait]
-impl<S> ListStore for S
-where
-    S: ListRows,
-    TaskRow: for<'r> FromRow<'r, S::Row>,
-    RunRow: for<'r> FromRow<'r, S::Row>,
-    (String,): for<'r> FromRow<'r, S::Row>,
-    (i64,): for<'r> FromRow<'r, S::Row>,
-    (String, i64): for<'r> FromRow<'r, S::Row>,
-    (i64, String): for<'r> FromRow<'r, S::Row>,
-    (i64, i64, i64): for<'r> FromRow<'r, S::Row>,
-    (String, String, i64): for<'r> FromRow<'r, S::Row>,
-    (String, String, String): for<'r> FromRow<'r, S::Row>,
-    (String, i64, i64, Option<i64>): for<'r> FromRow<'r, S::Row>,
-    (String, Option<String>, bool, Option<i64>): for<'r> FromRow<'r, S::Row>,
-{
+impl<S: Backend> ListStore for S {
     async fn list_tasks(&self, app: &AppId, query: &TaskListQuery) -> StoreResult<ListPage<Task>> {
-        let rows: Vec<TaskRow> = self
-            .rows_of(crate::list::tasks_sql(S::DIALECT, app, query))
-            .await?;
+        let rows: Vec<TaskRow> = rows_of(self, crate::list::tasks_sql(app, query)).await?;
         let tasks = crate::shared::rows::tasks(rows)?;
         let mut page = crate::list::page_of(tasks, query.limit, |t| ListCursor::Newest {
             listing: 't',
@@ -78,9 +32,8 @@ where
         // A walked filter read at most LIST_WALK tasks: a page that ended short of its
         // limit goes on from where the walk stopped, if it stopped before the end.
         if page.next.is_none() && crate::list::tasks_walked(query) {
-            let floor: Vec<(i64, String)> = self
-                .rows_of(crate::list::task_walk_floor_sql(S::DIALECT, app, query))
-                .await?;
+            let floor: Vec<(i64, String)> =
+                rows_of(self, crate::list::task_walk_floor_sql(app, query)).await?;
             page.next = floor.into_iter().next().map(|(at, id)| ListCursor::Newest {
                 listing: 't',
                 at: Timestamp(at),
@@ -95,9 +48,7 @@ where
         app: &AppId,
         query: &RunListQuery,
     ) -> StoreResult<ListPage<ListedRun>> {
-        let rows: Vec<RunRow> = self
-            .rows_of(crate::list::runs_sql(S::DIALECT, app, query))
-            .await?;
+        let rows: Vec<RunRow> = rows_of(self, crate::list::runs_sql(app, query)).await?;
         let runs = rows
             .into_iter()
             .map(RunRow::into_run)
@@ -110,8 +61,7 @@ where
         let pipelines: Vec<(String, String, String)> = if page.items.is_empty() {
             Vec::new()
         } else {
-            self.rows_of(crate::list::run_pipelines_sql(S::DIALECT, &page.items))
-                .await?
+            rows_of(self, crate::list::run_pipelines_sql(&page.items)).await?
         };
         Ok(ListPage {
             next: page.next,
@@ -138,14 +88,8 @@ where
         after: Option<&ListCursor>,
         limit: u32,
     ) -> StoreResult<ListPage<PipelineSummary>> {
-        let names: Vec<(String,)> = self
-            .rows_of(crate::list::pipeline_names_sql(
-                S::DIALECT,
-                app,
-                after,
-                limit,
-            ))
-            .await?;
+        let names: Vec<(String,)> =
+            rows_of(self, crate::list::pipeline_names_sql(app, after, limit)).await?;
         let page = crate::list::page_of(names, limit, |n| ListCursor::Name {
             listing: 'p',
             name: n.0.clone(),
@@ -156,14 +100,11 @@ where
                 next: None,
             });
         };
-        let versions: Vec<(String, String, i64)> = self
-            .rows_of(crate::list::pipeline_versions_sql(
-                S::DIALECT,
-                app,
-                &first.0,
-                &last.0,
-            ))
-            .await?;
+        let versions: Vec<(String, String, i64)> = rows_of(
+            self,
+            crate::list::pipeline_versions_sql(app, &first.0, &last.0),
+        )
+        .await?;
         Ok(ListPage {
             items: crate::list::pipelines_of(&page.items, &versions),
             next: page.next,
@@ -176,16 +117,9 @@ where
         after: Option<&ListCursor>,
         limit: u32,
     ) -> StoreResult<ListPage<ScopeSnapshot>> {
-        let cutoff = self.list_now().await?.minus(ADMISSION_WINDOW);
-        let names: Vec<(String,)> = self
-            .rows_of(crate::list::scopes_sql(
-                S::DIALECT,
-                app,
-                cutoff,
-                after,
-                limit,
-            ))
-            .await?;
+        let cutoff = self.now_out().await?.minus(ADMISSION_WINDOW);
+        let names: Vec<(String,)> =
+            rows_of(self, crate::list::scopes_sql(app, cutoff, after, limit)).await?;
         let page = crate::list::page_of(names, limit, |n| ListCursor::Name {
             listing: 's',
             name: n.0.clone(),
@@ -202,15 +136,14 @@ where
     }
 
     async fn scope_snapshot(&self, app: &AppId, scope: &ScopeId) -> StoreResult<ScopeSnapshot> {
-        let now = self.list_now().await?;
+        let now = self.now_out().await?;
         let cutoff = now.minus(ADMISSION_WINDOW);
-        let [state, sources, per_source] = crate::list::scope_sqls(S::DIALECT, app, scope, cutoff);
-        let state: Vec<(i64, i64, i64)> = self.rows_of(state).await?;
-        let sources: Vec<(i64,)> = self.rows_of(sources).await?;
-        let per_source: Vec<(String, i64, i64, Option<i64>)> = self.rows_of(per_source).await?;
-        let steps: Vec<(i64,)> = self
-            .rows_of(crate::list::scope_steps_sql(S::DIALECT, app, scope, cutoff))
-            .await?;
+        let [state, sources, per_source] = crate::list::scope_sqls(app, scope, cutoff);
+        let state: Vec<(i64, i64, i64)> = rows_of(self, state).await?;
+        let sources: Vec<(i64,)> = rows_of(self, sources).await?;
+        let per_source: Vec<(String, i64, i64, Option<i64>)> = rows_of(self, per_source).await?;
+        let steps: Vec<(i64,)> =
+            rows_of(self, crate::list::scope_steps_sql(app, scope, cutoff)).await?;
         Ok(crate::list::snapshot_of(
             scope,
             now,
@@ -222,14 +155,11 @@ where
     }
 
     async fn task_stats(&self, app: &AppId, since: Option<Timestamp>) -> StoreResult<TaskStatsRaw> {
-        let now = self.list_now().await?;
+        let now = self.now_out().await?;
         let since = since.unwrap_or_else(|| now.minus(std::time::Duration::from_secs(3600)));
-        let counts: Vec<(String, i64)> = self
-            .rows_of(crate::list::active_counts_sql(S::DIALECT, app))
-            .await?;
-        let rows: Vec<(String, Option<String>, bool, Option<i64>)> = self
-            .rows_of(crate::list::finished_sql(S::DIALECT, app, since))
-            .await?;
+        let counts: Vec<(String, i64)> = rows_of(self, crate::list::active_counts_sql(app)).await?;
+        let rows: Vec<(String, Option<String>, bool, Option<i64>)> =
+            rows_of(self, crate::list::finished_sql(app, since)).await?;
         Ok(crate::list::stats_of(now, &counts, rows))
     }
 }

@@ -1,13 +1,19 @@
 //! Dialect-free code both backends call (see the crate docs, "One rule, one place"):
 //! row decoding ([`rows`]), what a terminal move does ([`terminal`]) and the admission
 //! facts a backend reads and hands to core's decision ([`admission`]), and the
-//! checks and columns of a run's step ([`runs`]), cost settlement and usage ([`cost`]),
-//! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], SPEC §14).
+//! run transactions ([`runs`]), the application's side of tasks ([`tasks`]), pipelines
+//! ([`pipelines`]), cost settlement and usage ([`cost`]),
+//! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], SPEC §14); and the
+//! one way both backends run a statement written once ([`sql`]).
 
 pub(crate) mod admission;
 pub(crate) mod cost;
 pub(crate) mod dispatch;
 pub(crate) mod list;
+pub(crate) mod maintenance;
+pub(crate) mod pipelines;
 pub(crate) mod rows;
 pub(crate) mod runs;
+pub(crate) mod sql;
+pub(crate) mod tasks;
 pub(crate) mod terminal;

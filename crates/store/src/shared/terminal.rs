@@ -3,19 +3,23 @@
 //! capacity (scope rows in sorted (app, scope) order, the lock order), failed, canceled
 //! and expired tasks free their logical key (their source stays seen), and runs waiting
 //! on any of the tasks are woken. Each backend supplies only the statements
-//! ([`TerminalStatements`], on its transaction type).
+//! that differ ([`TerminalStatements`], on its transaction type).
 //!
 //! SPEC §13's settlement of cost reservations is one step of [`after_terminal`]: the
 //! finished tasks' reservations (admitted tasks', and those of tasks without a source
 //! that can cost money) are read, core's `settle` says what each cost,
 //! and the backend writes the plan.
 
-use super::cost::{SettleRow, SettlementPlan, plan_settlement};
+use super::cost::{
+    APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE, SettleRow, SettlementPlan, SpendDelta, plan_settlement,
+};
 use super::rows::FinishedRow;
-use crate::StoreResult;
+use super::sql::{Exec, Statement, TxExec};
+use super::tasks::fetch_task;
+use crate::{StoreError, StoreResult, Transition};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
-use tollgate_core::{RunId, Timestamp};
+use tollgate_core::{RunId, TaskId, Timestamp};
 
 /// (app, scope) as stored.
 pub(crate) type ScopeKey = (String, String);
@@ -100,21 +104,96 @@ impl TerminalMove {
     };
 }
 
-/// The statements of a terminal move, in a backend's dialect, on its transaction.
+/// The statements of a terminal move on a backend's transaction: the counters and the
+/// settlement are written once here; a backend supplies the statements on sets of ids
+/// (PostgreSQL binds a `TEXT[]`, SQLite a JSON list), its token refund and its charge.
 #[async_trait]
-pub(crate) trait TerminalStatements: Send {
+pub(crate) trait TerminalStatements: Exec {
+    /// SPEC §13: gives unused reserved tokens back to a scope's token bucket, never above
+    /// its capacity nor below what it holds (`$1` tokens, `$2` app, `$3` scope).
+    const REFUND_TOKENS: &'static str;
+
     /// `scope_state.active -= n` for one (app, scope).
-    async fn give_back_scope(&mut self, scope: &ScopeKey, n: i64) -> StoreResult<()>;
+    async fn give_back_scope(&mut self, key: &ScopeKey, n: i64) -> StoreResult<()> {
+        let (app, scope) = key;
+        self.run(
+            Statement::new(
+                "UPDATE scope_state SET active = active - $1 WHERE app = $2 AND scope = $3",
+            )
+            .bind(n)
+            .bind(app)
+            .bind(scope),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// `app_slots.active -= n` for one app (docs/budgets.md, "Each app's share of the
     /// global capacity").
-    async fn give_back_app(&mut self, app: &str, n: i64) -> StoreResult<()>;
+    async fn give_back_app(&mut self, app: &str, n: i64) -> StoreResult<()> {
+        self.run(
+            Statement::new("UPDATE app_slots SET active = active - $1 WHERE app = $2")
+                .bind(n)
+                .bind(app),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// `global_finished.finished += n` on one stripe.
-    async fn count_finished(&mut self, stripe: i64, n: i64) -> StoreResult<()>;
+    async fn count_finished(&mut self, stripe: i64, n: i64) -> StoreResult<()> {
+        self.run(
+            Statement::new("UPDATE global_finished SET finished = finished + $1 WHERE stripe = $2")
+                .bind(n)
+                .bind(stripe),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// SPEC §13: writes a settlement — token refunds, spend buckets (scope, then app, in
+    /// key order: the lock order), and each task's charge (which marks it settled).
+    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
+        for ((app, scope), refund) in &plan.refunds {
+            let refund = i64::try_from(*refund).unwrap_or(i64::MAX);
+            self.run(
+                Statement::new(Self::REFUND_TOKENS)
+                    .bind(refund)
+                    .bind(app)
+                    .bind(scope),
+            )
+            .await?;
+        }
+        for ((app, scope, bucket), d) in &plan.scope {
+            self.run(spend_delta(
+                Statement::new(SCOPE_SPEND_SETTLE)
+                    .bind(app)
+                    .bind(scope)
+                    .bind(*bucket),
+                d,
+            ))
+            .await?;
+        }
+        for ((app, bucket, stripe), d) in &plan.app {
+            // The stripe column is an `INT` on PostgreSQL.
+            let stripe = i32::try_from(*stripe)
+                .map_err(|_| StoreError::Corrupt(format!("spend stripe {stripe}")))?;
+            self.run(spend_delta(
+                Statement::new(APP_SPEND_SETTLE)
+                    .bind(app)
+                    .bind(*bucket)
+                    .bind(stripe),
+                d,
+            ))
+            .await?;
+        }
+        self.charge(&plan.charged).await
+    }
+
+    /// SPEC §13: each task's charge, (id, nano-dollars, tokens), which marks it settled.
+    async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()>;
     /// SPEC §13: the reservations and usage of the tasks not yet settled.
     async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>>;
-    /// SPEC §13: writes a settlement — spend buckets (scope, then app, in key order),
-    /// token refunds, and each task's charge (which marks it settled).
-    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()>;
     /// Frees the admission logical keys of the tasks.
     async fn clear_logical_keys(&mut self, ids: &[String]) -> StoreResult<()>;
     /// Wakes the runs waiting on any of the tasks; returns them.
@@ -124,6 +203,15 @@ pub(crate) trait TerminalStatements: Send {
         now: Timestamp,
         skip_locked: bool,
     ) -> StoreResult<Vec<RunId>>;
+}
+
+/// A spend bucket's delta bound after its key (`$4`–`$8` of the settle statements).
+fn spend_delta(s: Statement, d: &SpendDelta) -> Statement {
+    s.bind(d.reserved_nano)
+        .bind(d.settled_nano)
+        .bind(d.reserved_tokens)
+        .bind(d.settled_tokens)
+        .bind(d.overrun_nano)
 }
 
 /// Runs the [`TerminalMove`] for tasks that just left queued/running (or were deleted
@@ -184,4 +272,26 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
         Wake::Waiting => tx.wake_runs(&ids, now, false).await,
         Wake::SkipLocked => tx.wake_runs(&ids, now, true).await,
     }
+}
+
+/// Commits a single-task transition, running [`after_terminal`] when it applied.
+pub(crate) async fn finish<T: TxExec + TerminalStatements>(
+    mut tx: T,
+    id: TaskId,
+    finished: Option<FinishedRow>,
+    plan: TerminalMove,
+    now: Timestamp,
+) -> StoreResult<Transition> {
+    let applied = finished.is_some();
+    let woken_runs = match finished {
+        Some(f) => after_terminal(&mut tx, &[f], plan, now).await?,
+        None => Vec::new(),
+    };
+    let task = fetch_task(&mut tx, &id.to_string()).await?;
+    tx.commit_tx().await?;
+    Ok(Transition {
+        applied,
+        task,
+        woken_runs,
+    })
 }

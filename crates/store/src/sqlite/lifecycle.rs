@@ -1,22 +1,23 @@
 //! SPEC §5 on SQLite, the worker's side ([`WorkerStore`]): claim, heartbeat, complete,
 //! fail, acknowledge cancellation; and the statements of a terminal move.
 
-use super::{SqliteStore, Tx, fetch_task, id_list};
+use super::{SqliteStore, id_list};
+use crate::shared::cost::AttemptRow;
 use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
-use crate::shared::cost::{AttemptRow, SettleRow, SettlementPlan};
 use crate::shared::rows::{
     CancelStateRow, FinishedRow, TaskRow, cancellation_requested, encode_completion, encode_usage,
-    heartbeat_report, run_id, task_columns, tasks,
+    heartbeat_report, task_columns, tasks,
 };
-use crate::shared::terminal::{ScopeKey, TerminalMove, TerminalStatements, after_terminal};
+use crate::shared::sql::Backend;
+use crate::shared::tasks::{CANCELED_MESSAGE, fetch_task};
+use crate::shared::terminal::TerminalMove;
+use crate::shared::terminal::finish;
 use crate::{
     ClaimOrder, HeartbeatReport, MAX_PAGE, StoreError, StoreResult, Transition, WorkerStore,
 };
 use async_trait::async_trait;
 use tollgate_core::cost::window_first_bucket;
-use tollgate_core::{
-    ErrorCode, Reservation, RunId, Task, TaskId, Timestamp, Usage, WorkerId, truncate_message,
-};
+use tollgate_core::{ErrorCode, Reservation, Task, TaskId, Usage, WorkerId, truncate_message};
 
 /// SQL condition: the task's run (if any) is not canceled.
 macro_rules! run_not_canceled {
@@ -35,165 +36,6 @@ macro_rules! cancel_wanted {
     };
 }
 pub(super) use cancel_wanted;
-
-/// The terminal move's statements in SQLite's dialect (ids as a JSON list for
-/// `json_each`). The writer lock covers every row, so there is nothing to skip.
-#[async_trait]
-impl TerminalStatements for Tx {
-    async fn give_back_scope(&mut self, (app, scope): &ScopeKey, n: i64) -> StoreResult<()> {
-        sqlx::query("UPDATE scope_state SET active = active - ? WHERE app = ? AND scope = ?")
-            .bind(n)
-            .bind(app)
-            .bind(scope)
-            .execute(&mut **self)
-            .await?;
-        Ok(())
-    }
-
-    async fn give_back_app(&mut self, app: &str, n: i64) -> StoreResult<()> {
-        sqlx::query("UPDATE app_slots SET active = active - ? WHERE app = ?")
-            .bind(n)
-            .bind(app)
-            .execute(&mut **self)
-            .await?;
-        Ok(())
-    }
-
-    async fn count_finished(&mut self, stripe: i64, n: i64) -> StoreResult<()> {
-        sqlx::query("UPDATE global_finished SET finished = finished + ? WHERE stripe = ?")
-            .bind(n)
-            .bind(stripe)
-            .execute(&mut **self)
-            .await?;
-        Ok(())
-    }
-
-    async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>> {
-        Ok(sqlx::query_as(
-            "SELECT id, app, scope, created_at, claimed_at, reservation, usage FROM tasks \
-             WHERE id IN (SELECT value FROM json_each(?)) AND reservation IS NOT NULL \
-             AND charged_nano IS NULL ORDER BY id",
-        )
-        .bind(id_list(ids))
-        .fetch_all(&mut **self)
-        .await?)
-    }
-
-    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
-        for ((app, scope), refund) in &plan.refunds {
-            let refund = i64::try_from(*refund).unwrap_or(i64::MAX);
-            sqlx::query(
-                "UPDATE scope_state SET token_units = \
-                   MAX(token_units, MIN(token_units + ? * 60000, token_capacity)) \
-                 WHERE app = ? AND scope = ? AND token_units IS NOT NULL \
-                 AND token_capacity IS NOT NULL",
-            )
-            .bind(refund)
-            .bind(app)
-            .bind(scope)
-            .execute(&mut **self)
-            .await?;
-        }
-        for ((app, scope, bucket), d) in &plan.scope {
-            sqlx::query(SCOPE_SPEND_SETTLE)
-                .bind(app)
-                .bind(scope)
-                .bind(bucket)
-                .bind(d.reserved_nano)
-                .bind(d.settled_nano)
-                .bind(d.reserved_tokens)
-                .bind(d.settled_tokens)
-                .bind(d.overrun_nano)
-                .execute(&mut **self)
-                .await?;
-        }
-        for ((app, bucket, stripe), d) in &plan.app {
-            sqlx::query(APP_SPEND_SETTLE)
-                .bind(app)
-                .bind(bucket)
-                .bind(stripe)
-                .bind(d.reserved_nano)
-                .bind(d.settled_nano)
-                .bind(d.reserved_tokens)
-                .bind(d.settled_tokens)
-                .bind(d.overrun_nano)
-                .execute(&mut **self)
-                .await?;
-        }
-        for (id, nano, tokens) in &plan.charged {
-            sqlx::query("UPDATE tasks SET charged_nano = ?, charged_tokens = ? WHERE id = ?")
-                .bind(nano)
-                .bind(tokens)
-                .bind(id)
-                .execute(&mut **self)
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn clear_logical_keys(&mut self, ids: &[String]) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE admissions SET logical_key = NULL \
-             WHERE task_id IN (SELECT value FROM json_each(?)) AND logical_key IS NOT NULL",
-        )
-        .bind(id_list(ids))
-        .execute(&mut **self)
-        .await?;
-        Ok(())
-    }
-
-    async fn wake_runs(
-        &mut self,
-        ids: &[String],
-        now: Timestamp,
-        _skip_locked: bool,
-    ) -> StoreResult<Vec<RunId>> {
-        wake_runs_waiting_on(self, &id_list(ids), now).await
-    }
-}
-
-/// Wakes runs waiting on any task of a JSON id list.
-pub(super) async fn wake_runs_waiting_on(
-    tx: &mut Tx,
-    list: &str,
-    now: Timestamp,
-) -> StoreResult<Vec<RunId>> {
-    let woken: Vec<String> = sqlx::query_scalar(
-        "UPDATE runs SET state = 'running', waiting_on = NULL, woken_at = ?, updated_at = ? \
-         WHERE state = 'waiting' AND waiting_on IN (SELECT value FROM json_each(?)) \
-         RETURNING id",
-    )
-    .bind(now.0)
-    .bind(now.0)
-    .bind(list)
-    .fetch_all(&mut **tx)
-    .await?;
-    woken.iter().map(|r| run_id(r)).collect()
-}
-
-/// Commits a single-task transition, running [`after_terminal`] when it applied.
-pub(super) async fn finish(
-    mut tx: Tx,
-    id: TaskId,
-    finished: Option<FinishedRow>,
-    plan: TerminalMove,
-    now: Timestamp,
-) -> StoreResult<Transition> {
-    let applied = finished.is_some();
-    let woken_runs = match finished {
-        Some(f) => after_terminal(&mut tx, &[f], plan, now).await?,
-        None => Vec::new(),
-    };
-    let task = fetch_task(&mut *tx, &id.to_string()).await?;
-    tx.commit().await?;
-    Ok(Transition {
-        applied,
-        task,
-        woken_runs,
-    })
-}
-
-pub(super) const CANCELED_MESSAGE: &str = "canceled by request";
 
 #[async_trait]
 impl WorkerStore for SqliteStore {
@@ -286,7 +128,7 @@ impl WorkerStore for SqliteStore {
     ) -> StoreResult<Transition> {
         // The request never changes, so its contract can be checked before taking the write
         // lock. An invalid output is never stored as success.
-        let Some(current) = fetch_task(&self.reader, &id.to_string()).await? else {
+        let Some(current) = fetch_task(&mut self.reader(), &id.to_string()).await? else {
             return Ok(Transition::default());
         };
         let (output, usage) = encode_completion(&current, &output, &usage)?;

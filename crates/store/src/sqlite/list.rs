@@ -1,51 +1,20 @@
-//! SPEC §15 listings on SQLite: the shared statements of [`crate::list`], bound and read
-//! on the read pool (they decide nothing, so they never take the write lock).
-
-use super::SqliteStore;
-use crate::StoreResult;
-use crate::list::{Dialect, ListSql};
-use crate::shared::list::ListRows;
-use async_trait::async_trait;
-use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{FromRow, Sqlite};
-use tollgate_core::Timestamp;
-
-#[cfg(test)]
-const D: Dialect = Dialect::Sqlite;
-
-#[async_trait]
-impl ListRows for SqliteStore {
-    type Row = SqliteRow;
-    const DIALECT: Dialect = Dialect::Sqlite;
-
-    async fn list_now(&self) -> StoreResult<Timestamp> {
-        Ok(self.now())
-    }
-
-    async fn rows_of<T>(&self, sql: ListSql) -> StoreResult<Vec<T>>
-    where
-        T: for<'r> FromRow<'r, SqliteRow> + Send + Unpin,
-    {
-        let a: SqliteArguments = crate::shared::list::arguments(&sql)?;
-        Ok(
-            sqlx::query_as_with::<Sqlite, T, _>(sqlx::AssertSqlSafe(sql.text), a)
-                .fetch_all(&self.reader)
-                .await?,
-        )
-    }
-}
+//! SPEC §15 listings on SQLite: the shared statements of [`crate::list`] run on the read
+//! pool (they decide nothing, so they never take the write lock); this module proves
+//! each of them searches an index.
 
 #[cfg(test)]
 mod tests {
     //! SPEC §15: every listing statement is indexed on SQLite (EXPLAIN QUERY PLAN: every
     //! table is searched through an index, never scanned).
-    use super::*;
+    use super::super::SqliteStore;
     use crate::list::*;
+    use crate::shared::sql::{Backend, Exec, Statement};
     use tollgate_core::{
         AppId, PipelineName, RunId, RunState, ScopeId, SourceId, StepKey, TaskKind, TaskStatus,
+        Timestamp,
     };
 
-    fn statements() -> Vec<ListSql> {
+    fn statements() -> Vec<Statement> {
         let app = AppId::new("a").unwrap();
         let scope = ScopeId::new("s").unwrap();
         let cursor = ListCursor::Newest {
@@ -101,13 +70,12 @@ mod tests {
             },
         ] {
             if tasks_walked(&q) {
-                out.push(task_walk_floor_sql(D, &app, &q));
+                out.push(task_walk_floor_sql(&app, &q));
             }
-            out.push(tasks_sql(D, &app, &q));
+            out.push(tasks_sql(&app, &q));
         }
-        out.push(runs_sql(D, &app, &RunListQuery::default()));
+        out.push(runs_sql(&app, &RunListQuery::default()));
         out.push(runs_sql(
-            D,
             &app,
             &RunListQuery {
                 scope: Some(scope.clone()),
@@ -116,13 +84,13 @@ mod tests {
                 ..Default::default()
             },
         ));
-        out.push(pipeline_names_sql(D, &app, None, 10));
-        out.push(pipeline_versions_sql(D, &app, "a", "b"));
-        out.push(scopes_sql(D, &app, Timestamp(0), None, 10));
-        out.extend(scope_sqls(D, &app, &scope, Timestamp(0)));
-        out.push(scope_steps_sql(D, &app, &scope, Timestamp(0)));
-        out.push(active_counts_sql(D, &app));
-        out.push(finished_sql(D, &app, Timestamp(0)));
+        out.push(pipeline_names_sql(&app, None, 10));
+        out.push(pipeline_versions_sql(&app, "a", "b"));
+        out.push(scopes_sql(&app, Timestamp(0), None, 10));
+        out.extend(scope_sqls(&app, &scope, Timestamp(0)));
+        out.push(scope_steps_sql(&app, &scope, Timestamp(0)));
+        out.push(active_counts_sql(&app));
+        out.push(finished_sql(&app, Timestamp(0)));
         out
     }
 
@@ -141,8 +109,8 @@ mod tests {
             .unwrap();
             for sql in statements() {
                 let mut explain = sql.clone();
-                explain.text = format!("EXPLAIN QUERY PLAN {}", sql.text);
-                let rows: Vec<(i64, i64, i64, String)> = store.rows_of(explain).await.unwrap();
+                explain.text = format!("EXPLAIN QUERY PLAN {}", sql.text).into();
+                let rows: Vec<(i64, i64, i64, String)> = store.reader().all(explain).await.unwrap();
                 for (_, _, _, detail) in &rows {
                     // `walk` is the inner select of a walked filter, LIMITed in index
                     // order: scanning its rows is bounded.

@@ -17,8 +17,8 @@ mod pace;
 mod pipelines;
 mod runs;
 mod tasks;
+mod terminal;
 
-use crate::shared::rows::{TaskRow, task_columns};
 use crate::{StoreError, StoreResult};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -27,7 +27,7 @@ use sqlx::{Sqlite, Transaction};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{Clock, SystemClock, Task};
+use tollgate_core::{Clock, SystemClock};
 
 /// The migrations this binary ships.
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -169,6 +169,29 @@ impl SqliteStore {
     }
 }
 
+/// Reads that decide nothing go to the read pool, beside the writer.
+#[async_trait::async_trait]
+impl crate::shared::sql::Backend for SqliteStore {
+    type Tx = Tx;
+    type Reader = SqlitePool;
+
+    async fn begin_tx(&self) -> StoreResult<Tx> {
+        self.begin().await
+    }
+
+    async fn now_in(&self, _tx: &mut Tx) -> StoreResult<tollgate_core::Timestamp> {
+        Ok(self.now())
+    }
+
+    async fn now_out(&self) -> StoreResult<tollgate_core::Timestamp> {
+        Ok(self.now())
+    }
+
+    fn reader(&self) -> SqlitePool {
+        self.reader.clone()
+    }
+}
+
 async fn check_schema_version(pool: &SqlitePool) -> StoreResult<()> {
     let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let has_table: Option<i64> = sqlx::query_scalar(
@@ -196,16 +219,4 @@ pub(crate) fn id_list<T: std::fmt::Display>(ids: &[T]) -> String {
             .collect(),
     )
     .to_string()
-}
-
-async fn fetch_task(exec: impl sqlx::SqliteExecutor<'_>, id: &str) -> StoreResult<Option<Task>> {
-    let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        " FROM tasks WHERE id = ?"
-    ))
-    .bind(id)
-    .fetch_optional(exec)
-    .await?;
-    row.map(TaskRow::into_task).transpose()
 }

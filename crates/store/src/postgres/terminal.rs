@@ -1,0 +1,107 @@
+//! The statements of a terminal move on PostgreSQL (ids bound as a `TEXT[]`), the ones
+//! `shared::terminal` leaves to a backend, and the run locks of single-task transitions.
+
+use super::Tx;
+use crate::StoreResult;
+use crate::shared::cost::SettleRow;
+use crate::shared::rows::run_id;
+use crate::shared::terminal::TerminalStatements;
+use async_trait::async_trait;
+use tollgate_core::{RunId, TaskId, Timestamp};
+
+#[async_trait]
+impl TerminalStatements for Tx {
+    const REFUND_TOKENS: &'static str = "UPDATE scope_state SET token_units = \
+           GREATEST(token_units, LEAST(token_units + $1 * 60000, token_capacity)) \
+         WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
+         AND token_capacity IS NOT NULL";
+
+    /// One statement for every task of the settlement.
+    async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()> {
+        let ids: Vec<&str> = charged.iter().map(|c| c.0.as_str()).collect();
+        let nanos: Vec<i64> = charged.iter().map(|c| c.1).collect();
+        let toks: Vec<i64> = charged.iter().map(|c| c.2).collect();
+        sqlx::query(
+            "UPDATE tasks SET charged_nano = c.nano, charged_tokens = c.tokens \
+             FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS c(id, nano, tokens) \
+             WHERE tasks.id = c.id",
+        )
+        .bind(&ids)
+        .bind(&nanos)
+        .bind(&toks)
+        .execute(&mut **self)
+        .await?;
+        Ok(())
+    }
+
+    async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, app, scope, created_at, claimed_at, reservation, usage FROM tasks \
+             WHERE id = ANY($1) AND reservation IS NOT NULL AND charged_nano IS NULL \
+             ORDER BY id",
+        )
+        .bind(ids)
+        .fetch_all(&mut **self)
+        .await?)
+    }
+
+    async fn clear_logical_keys(&mut self, ids: &[String]) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE admissions SET logical_key = NULL \
+             WHERE task_id = ANY($1) AND logical_key IS NOT NULL",
+        )
+        .bind(ids)
+        .execute(&mut **self)
+        .await?;
+        Ok(())
+    }
+
+    async fn wake_runs(
+        &mut self,
+        ids: &[String],
+        now: Timestamp,
+        skip_locked: bool,
+    ) -> StoreResult<Vec<RunId>> {
+        wake_runs_waiting_on(self, ids, now, skip_locked).await
+    }
+}
+
+/// Wakes runs waiting on any of the tasks. Transactions that already hold the runs' rows
+/// (single-task transitions lock the run first) wait; sweeps, which lock tasks before
+/// runs, skip locked runs instead (a run locked elsewhere is being canceled or is about to
+/// wait and check the task itself; the repair sweep heals anything left).
+async fn wake_runs_waiting_on(
+    tx: &mut Tx,
+    ids: &[String],
+    now: Timestamp,
+    skip_locked: bool,
+) -> StoreResult<Vec<RunId>> {
+    let sql = if skip_locked {
+        "UPDATE runs SET state = 'running', waiting_on = NULL, woken_at = $1, updated_at = $1 \
+         WHERE id IN (SELECT id FROM runs WHERE state = 'waiting' AND waiting_on = ANY($2) \
+         FOR NO KEY UPDATE SKIP LOCKED) RETURNING id"
+    } else {
+        "UPDATE runs SET state = 'running', waiting_on = NULL, woken_at = $1, updated_at = $1 \
+         WHERE state = 'waiting' AND waiting_on = ANY($2) RETURNING id"
+    };
+    let woken: Vec<String> = sqlx::query_scalar(sql)
+        .bind(now.0)
+        .bind(ids)
+        .fetch_all(&mut **tx)
+        .await?;
+    woken.iter().map(|r| run_id(r)).collect()
+}
+
+/// Locks the row of the task's run (`$1` task), if it has one.
+pub(super) const LOCK_RUN_OF: &str =
+    "SELECT 1 FROM runs WHERE id = (SELECT run_id FROM tasks WHERE id = $1) FOR NO KEY UPDATE";
+
+/// Locks the row of the task's run, if it has one (lock order: runs before tasks), so a
+/// transition that wakes the run cannot deadlock with a cancel of that run.
+pub(super) async fn lock_run_of(tx: &mut Tx, id: TaskId) -> StoreResult<()> {
+    sqlx::query(LOCK_RUN_OF)
+        .bind(id.to_string())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
