@@ -2,9 +2,9 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::SweepConfig;
 use std::time::Duration;
 use tollgate_core::{AdmissionRejection, Budget, ErrorCode, NewTask, TaskStatus};
+use tollgate_store::SweepConfig;
 
 /// SPEC §4 `max_steps_per_source`: distinct logical steps of one source in 24 h;
 /// `WORKFLOW_AI_SOURCE_BUDGET`. Other sources are not affected.

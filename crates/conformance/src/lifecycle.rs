@@ -2,12 +2,12 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::StoreError;
 use serde_json::json;
 use tollgate_core::{
     Clock, DEFAULT_MAX_REQUEST_BYTES, ErrorCode, MAX_ERROR_MESSAGE_CHARS, NewTask, Task, TaskId,
     TaskKind, TaskStatus, ValidatedRequest,
 };
+use tollgate_store::StoreError;
 
 /// SPEC §5 claim: `queued → running`, recorded with the worker and the time; a task is
 /// claimed at most once (a second claim, by anyone, gets nothing).
@@ -292,7 +292,7 @@ pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend
     claim(&*s, d.id, &w).await;
     // The worker's claimed copy stands in for reading the row (`a`, `bad`, and `other`'s
     // copy as another worker claimed it); a copy of another task is ignored (`d`).
-    let item = |id, output, claimed: Option<&Task>| crate::Completion {
+    let item = |id, output, claimed: Option<&Task>| tollgate_store::Completion {
         id,
         worker: w.clone(),
         output,
