@@ -5,12 +5,14 @@ use serde_json::json;
 use std::sync::Arc;
 use tollgate_core::{
     AppId, EffectKey, ManualClock, ModelId, ModelRef, NewRun, NewTask, Owner, RunState, ScopeId,
-    StepKey, TaskKind, ValidatedRequest,
+    StepKey, TaskKind, Timestamp, ValidatedRequest,
 };
-use tollgate_store::conformance::START;
 use tollgate_store::prelude::*;
 use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
 use tollgate_store::{StoreError, SweepConfig, WaitOutcome};
+
+/// The manual clock's start (the conformance suite's `START`: 2026-01-01T00:00:00Z).
+const START: Timestamp = Timestamp(1_767_225_600_000);
 
 fn options(path: &std::path::Path, clock: &ManualClock) -> SqliteOptions {
     SqliteOptions::new(path).with_clock(Arc::new(clock.clone()))

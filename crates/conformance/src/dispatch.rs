@@ -3,13 +3,13 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::Store;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tollgate_core::{
     Dispatch, JOIN_CREDIT_TASKS, NewTask, Priority, ScopeId, Task, TaskId, TaskStatus, Weight,
 };
+use tollgate_store::Store;
 
 /// A backlog of `n` application tasks in `(app, scope)` created in batches of 500, with
 /// the given dispatch settings.

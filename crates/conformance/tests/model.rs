@@ -26,13 +26,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate_conformance::START;
 use tollgate_core::{
     AdmissionRejection, AppId, Budget, EffectKey, ErrorCode, ManualClock, ModelId, ModelRef,
     NewRun, NewTask, Owner, QueueShare, RunId, RunState, ScopeId, SourceId, SourceRevision,
     StepKey, Subject, SubjectKind, Task, TaskId, TaskKind, TaskScope, TaskStatus, Usage,
     ValidatedRequest, Weight, WorkerId, allocate_claims, join_credit, stride, validate_output,
 };
-use tollgate_store::conformance::START;
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
 use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
 use tollgate_store::{

@@ -2,12 +2,12 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::{RunResult, StoreError, WaitOutcome};
 use serde_json::json;
 use tollgate_core::{
     Clock, Dependency, ErrorCode, NewRun, NewTask, RunId, RunState, TaskError, TaskOwner,
     TaskStatus,
 };
+use tollgate_store::{RunResult, StoreError, WaitOutcome};
 
 /// SPEC §7: a run is created `running` in its app and scope, and finishes with its result;
 /// another app can neither see nor finish it.

@@ -4,9 +4,9 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::list::{LIST_WALK, ListCursor, TaskListQuery};
 use std::time::Duration;
 use tollgate_core::NewTask;
+use tollgate_store::list::{LIST_WALK, ListCursor, TaskListQuery};
 
 /// SPEC §15: three matching tasks older than a walk's worth of others are found by
 /// following `next` from a first page that holds none of them.

@@ -2,10 +2,10 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::PaceSlot;
 use std::num::NonZeroU32;
 use std::time::Duration;
 use tollgate_core::pace_cost_us;
+use tollgate_store::PaceSlot;
 
 fn per_minute(n: u32) -> i64 {
     pace_cost_us(

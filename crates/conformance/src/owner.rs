@@ -2,8 +2,8 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::{MAX_PAGE, ScopedSource, UnreleasedQuery};
 use tollgate_core::{Clock, ErrorCode, NewTask};
+use tollgate_store::{MAX_PAGE, ScopedSource, UnreleasedQuery};
 
 /// SPEC §8 release: by (app, scope, effect key) of an application-owned task; answers
 /// whether a task matched. Another scope, another app, an unknown key or a run-owned task
@@ -278,7 +278,7 @@ pub async fn unreleased_sources_last_full_page_has_no_next(b: &dyn Backend) {
 }
 
 async fn collect_pages(
-    s: &dyn crate::Store,
+    s: &dyn tollgate_store::Store,
     app_id: &tollgate_core::AppId,
     mut query: UnreleasedQuery,
 ) -> Vec<Vec<ScopedSource>> {

@@ -6,12 +6,12 @@
 use super::Backend;
 use super::cost::{cost_budget, reserve, tokens};
 use super::fixtures::*;
-use crate::{Created, SpendWindow, Store, StoreError, StoreResult};
 use std::sync::Arc;
 use tokio::sync::Barrier;
 use tollgate_core::{
     Budget, CostRejection, ErrorCode, NewTask, Reservation, RunId, TaskCost, TaskStatus,
 };
+use tollgate_store::{Created, SpendWindow, Store, StoreError, StoreResult};
 
 /// An application task without a source, under `budget`'s cost limits, reserving `r`;
 /// the input names the key.

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tempfile::TempDir;
+use tollgate_conformance::{Backend, START};
 use tollgate_core::ManualClock;
 use tollgate_store::Store;
-use tollgate_store::conformance::{Backend, START};
 use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
 
 /// One test's SQLite database.
@@ -49,4 +49,4 @@ async fn backend(test_name: &str) -> Option<SqliteBackend> {
     })
 }
 
-tollgate_store::conformance_suite!(backend);
+tollgate_conformance::conformance_suite!(backend);

@@ -6,9 +6,9 @@
 use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate_conformance::{Backend, START};
 use tollgate_core::ManualClock;
 use tollgate_store::Store;
-use tollgate_store::conformance::{Backend, START};
 use tollgate_store::postgres::{PostgresOptions, PostgresStore};
 
 /// One test's schema.
@@ -59,7 +59,7 @@ async fn backend(test_name: &str) -> Option<PostgresBackend> {
     })
 }
 
-tollgate_store::conformance_suite!(backend);
+tollgate_conformance::conformance_suite!(backend);
 
 impl Drop for PostgresBackend {
     /// Drops the test's schema so repeated runs leave nothing behind.

@@ -6,19 +6,23 @@
 use super::Backend;
 use super::cost::{cost_budget, priced_task, reserve, tokens};
 use super::fixtures::*;
-use crate::{SpendWindow, StoreError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use tollgate_core::{CostRejection, ErrorCode, MAX_REPORTED_TOKENS, Reservation, TaskStatus};
+use tollgate_store::{SpendWindow, StoreError};
 
-async fn scope_spend(s: &dyn crate::Store, app_name: &str, scope_name: &str) -> SpendWindow {
+async fn scope_spend(
+    s: &dyn tollgate_store::Store,
+    app_name: &str,
+    scope_name: &str,
+) -> SpendWindow {
     s.spend(&app(app_name), Some(&scope(scope_name)))
         .await
         .expect("spend")
 }
 
 async fn refused(
-    s: &dyn crate::Store,
+    s: &dyn tollgate_store::Store,
     id: tollgate_core::TaskId,
     w: &tollgate_core::WorkerId,
     r: &Reservation,

@@ -2,13 +2,13 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::StoreError;
 use serde_json::json;
 use tollgate_core::canonical::{canonical_json, sha256_hex};
 use tollgate_core::{
     Clock, ErrorCode, NewTask, SourceRef, TaskKind, TaskOwner, TaskStatus, ValidatedRequest,
     cache_key,
 };
+use tollgate_store::StoreError;
 
 /// The store answers its readiness probe and names itself.
 pub async fn store_answers_ping(b: &dyn Backend) {

@@ -3,13 +3,13 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::{SpendWindow, StoreError, SweepConfig};
 use std::num::{NonZeroU32, NonZeroU64};
 use std::time::Duration;
 use tollgate_core::cost::{CostLimits, TokenBound, TokenRate, reservation};
 use tollgate_core::{
     Budget, CostRejection, ErrorCode, NewTask, Prices, Reservation, TaskStatus, Usage,
 };
+use tollgate_store::{SpendWindow, StoreError, SweepConfig};
 
 /// $1 / $2 / $0.50 per million input / output / cached input tokens: 1,000 / 2,000 / 500
 /// nano-dollars a token.
@@ -85,17 +85,21 @@ pub fn tokens(input: u64, output: u64) -> Usage {
     }
 }
 
-async fn scope_spend(s: &dyn crate::Store, app_name: &str, scope_name: &str) -> SpendWindow {
+async fn scope_spend(
+    s: &dyn tollgate_store::Store,
+    app_name: &str,
+    scope_name: &str,
+) -> SpendWindow {
     s.spend(&app(app_name), Some(&scope(scope_name)))
         .await
         .expect("spend")
 }
 
-async fn app_spend(s: &dyn crate::Store, app_name: &str) -> SpendWindow {
+async fn app_spend(s: &dyn tollgate_store::Store, app_name: &str) -> SpendWindow {
     s.spend(&app(app_name), None).await.expect("spend")
 }
 
-async fn cost_rejection(s: &dyn crate::Store, new: NewTask) -> CostRejection {
+async fn cost_rejection(s: &dyn tollgate_store::Store, new: NewTask) -> CostRejection {
     match s.create_task(new).await {
         Err(StoreError::Cost(c)) => c,
         other => panic!("expected a SPEC §13 rejection, got {other:?}"),

@@ -1,18 +1,23 @@
-//! The conformance suite: SPEC §3–8 and §14 written once against [`Store`], run by every backend.
+//! The conformance suite: SPEC §3–8 and §14 written once against
+//! [`Store`](tollgate_store::Store), run by every backend.
 //!
-//! A backend's test file implements [`Backend`] and calls
-//! [`conformance_suite!`](crate::conformance_suite), which expands to one
+//! A crate of its own (`publish = false`), beside the store rather than inside it: it uses
+//! only the store's public API, so a backend passes it exactly as any caller would see it,
+//! and normal builds never compile it. A backend's test file implements [`Backend`] and
+//! calls [`conformance_suite!`](crate::conformance_suite), which expands to one
 //! `#[tokio::test]` per rule so each passes or fails on its own and they run in parallel:
 //!
 //! ```ignore
-//! // crates/store/tests/sqlite.rs
+//! // crates/conformance/tests/sqlite.rs
 //! async fn backend(test_name: &str) -> Option<MyBackend> { /* None = skip */ }
-//! tollgate_store::conformance_suite!(backend);
+//! tollgate_conformance::conformance_suite!(backend);
 //! ```
 //!
 //! Every test is a `pub async fn name(b: &dyn Backend)` that panics with a message naming
 //! the broken rule. Time only moves through [`Backend::clock`]; no test sleeps.
 //! `docs/conformance.md` maps every SPEC row to these names.
+
+#![warn(missing_docs)]
 
 pub mod admission;
 pub mod attempts;
@@ -34,10 +39,10 @@ pub mod unsourced;
 
 pub use fixtures::START;
 
-use crate::Store;
 use async_trait::async_trait;
 use std::sync::Arc;
 use tollgate_core::ManualClock;
+use tollgate_store::Store;
 
 /// One test's database, as a backend provides it.
 #[async_trait]
@@ -199,7 +204,7 @@ macro_rules! __conformance_tests {
                 let Some(b) = ($backend)(stringify!($name)).await else {
                     return;
                 };
-                $crate::conformance::$module::$name(&b).await;
+                $crate::$module::$name(&b).await;
             }
         )*
     };

@@ -6,12 +6,12 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::{Created, Store, StoreError, StoreResult};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::Barrier;
 use tollgate_core::{AdmissionRejection, NewTask, TaskId, TaskStatus, WorkerId};
+use tollgate_store::{Created, Store, StoreError, StoreResult};
 
 /// Store instances per race.
 pub const STORES: usize = 4;
@@ -360,7 +360,7 @@ pub async fn delete_owner_data_racing_creates_loses_no_task(b: &dyn Backend) {
 pub async fn racing_sweeps_finish_each_task_once(b: &dyn Backend) {
     let ids = queued_tasks(b, 30).await;
     b.clock().advance(secs(601));
-    let config = crate::SweepConfig {
+    let config = tollgate_store::SweepConfig {
         batch_size: 4,
         ..sweep_config()
     };

@@ -3,9 +3,9 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::{RunResult, StoreError};
 use serde_json::json;
 use tollgate_core::TaskStatus;
+use tollgate_store::{RunResult, StoreError};
 
 /// SPEC §1/§12: another app cannot see a task, by id or by effect key.
 pub async fn another_app_cannot_see_a_task_even_with_its_effect_key(b: &dyn Backend) {

@@ -3,10 +3,10 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::{PipelineRef, RunResult, WaitOutcome};
 use serde_json::json;
 use std::time::Duration;
 use tollgate_core::{EffectKey, PipelineName, RunState};
+use tollgate_store::{PipelineRef, RunResult, WaitOutcome};
 
 fn name(n: &str) -> PipelineName {
     PipelineName::new(n).expect("valid pipeline name")

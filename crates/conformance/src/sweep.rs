@@ -2,8 +2,8 @@
 
 use super::Backend;
 use super::fixtures::*;
-use crate::{SweepConfig, WaitOutcome};
 use tollgate_core::{ErrorCode, RunState, TaskStatus};
+use tollgate_store::{SweepConfig, WaitOutcome};
 
 /// SPEC §6.1: a task queued longer than the queue timeout fails with
 /// `WORKFLOW_AI_QUEUE_TIMEOUT`; one queued for less is untouched.

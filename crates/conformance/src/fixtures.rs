@@ -3,7 +3,6 @@
 //! checks.
 
 use super::Backend;
-use crate::{Created, Store, StoreError, SweepConfig, SweepReport, Transition};
 use serde_json::{Value, json};
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -13,6 +12,7 @@ use tollgate_core::{
     NewRun, NewTask, Owner, Run, RunId, ScopeId, SourceId, SourceRevision, StepKey, Subject,
     SubjectKind, Task, TaskId, TaskKind, TaskScope, Timestamp, Usage, ValidatedRequest, WorkerId,
 };
+use tollgate_store::{Created, Store, StoreError, SweepConfig, SweepReport, Transition};
 
 /// The instant every backend's test clock starts at (2026-01-01T00:00:00Z).
 pub const START: Timestamp = Timestamp(1_767_225_600_000);

@@ -1,0 +1,14 @@
+//! SPEC §5: claim, heartbeat, complete, fail, cancel; SPEC §6.7: recovery listing.
+//!
+//! One test per rule, grouped by operation; every test is
+//! re-exported here, so its name is `lifecycle::<test>` whatever file holds it.
+
+mod claim;
+mod complete;
+mod ending;
+mod recovery;
+
+pub use claim::*;
+pub use complete::*;
+pub use ending::*;
+pub use recovery::*;
