@@ -4,8 +4,9 @@
 //! A claim is one statement: each planned queue's first tasks in dispatch-key order
 //! with `FOR UPDATE SKIP LOCKED` (replicas never wait for each other's task rows and
 //! never claim one task twice), by the shared stride plan ([`crate::shared::dispatch`])
-//! over this instance's view of the active queues. The view is read again at most every
-//! [`QUEUE_VIEW_TTL`](crate::shared::dispatch::QUEUE_VIEW_TTL) (one more statement, after
+//! over this instance's view of the active queues. The view is read again when it is
+//! older than [`QUEUE_VIEW_TTL`](crate::shared::dispatch::QUEUE_VIEW_TTL) or cannot name
+//! the queues a read would list (one more statement, after
 //! writing the pass moves this instance's claims owe, in one statement that skips rows
 //! others hold), so claims never wait on queue-row locks. Replicas that read the same
 //! passes at once serve the same queues a little more than their share for a moment;

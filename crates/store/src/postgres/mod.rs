@@ -17,7 +17,7 @@
 //! | `global_finished` stripe rows | tasks leaving queued/running | the other half of the global count; 64 stripes, so finishing never contends with admitting |
 //! | `app_slots` row, and the share pool's advisory lock for a lent slot | admission (its final statement, or the rebalancing path), tasks leaving queued/running | each app's share of the global capacity (docs/budgets.md) |
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
-//! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), the pass moves a store instance's fair claims owe (one statement every 50 ms at most, `SKIP LOCKED`), deactivation of an empty queue (`SKIP LOCKED`) | SPEC §14: a queue with a queued task is never inactive; virtual times count every claim |
+//! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), the pass moves a store instance's fair claims owe (one statement per read of its queue view, `SKIP LOCKED`), deactivation of an empty queue (`SKIP LOCKED`) | SPEC §14: a queue with a queued task is never inactive; virtual times count every claim |
 //!
 //! **Lock order** (every transaction takes locks in this order, and never more than one
 //! of a kind except where noted): advisory `(app, scope)` → `runs` row → existing task

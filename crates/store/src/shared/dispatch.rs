@@ -151,15 +151,15 @@ pub(crate) trait FairClaim: Send {
 /// statements ([`FairClaim`]).
 ///
 /// Each round plans over at most [`MAX_CLAIM_QUEUES`] queues from the instance's view
-/// (read again only when it is stale or lists no queue left to try), claims, and owes
-/// each queue's pass move. A queue that gave fewer than planned sits out the later
-/// rounds (nothing more of it is claimable now); only one that gave nothing is checked
-/// for emptiness (so a scope submitting one task at a time is not deactivated and
-/// reactivated for every task). Rounds go on until the claim is full or every active
-/// queue has come up short: each round that is not full sets at least one queue aside,
-/// so the loop ends, and a claim never comes back short while a task is claimable
-/// (docs/engine.md, "Dispatch order": a short claim lets workers sleep for the poll
-/// interval). A view with no period ([`QueueView::writes_through`]) writes the claim's
+/// (read again when it is stale or cannot name the queues a read would list:
+/// [`QueueView::fresh`]), claims, and owes each queue's pass move. A queue that gave
+/// fewer than planned sits out the later rounds (nothing more of it is claimable now);
+/// only one that gave nothing is checked for emptiness (so a scope submitting one task
+/// at a time is not deactivated and reactivated for every task). Rounds go on until the
+/// claim is full or every active queue has come up short: each round that is not full
+/// sets at least one queue aside, so the loop ends, and a claim never comes back short
+/// while a task is claimable (docs/engine.md, "Dispatch order": a short claim lets
+/// workers sleep for the poll interval). A view with no period ([`QueueView::writes_through`]) writes the claim's
 /// moves before it returns.
 pub(crate) async fn claim_fair(
     view: &QueueView,
@@ -178,12 +178,15 @@ pub(crate) async fn claim_fair(
             Some(q) if !q.is_empty() => q,
             _ => {
                 // The debt first: the rows read then hold this instance's moves. Read
-                // past the queues set aside, so n others are listed when they exist.
+                // past the queues set aside, so n others are listed when they exist,
+                // and as many as a claim may plan over, so the view serves the next
+                // claims as far as it can (QueueView::fresh).
                 steps.pay_debt(view).await?;
+                let asked = MAX_CLAIM_QUEUES as usize + spent.len();
                 let read = steps
-                    .read_queues(i64::try_from(n + spent.len()).unwrap_or(i64::MAX))
+                    .read_queues(i64::try_from(asked).unwrap_or(i64::MAX))
                     .await?;
-                let mut all = view.keep(read);
+                let mut all = view.keep(read, asked);
                 all.retain(|q| !spent.contains(&(q.app.clone(), q.scope.clone())));
                 all.truncate(n);
                 all
@@ -245,10 +248,12 @@ pub(crate) async fn around_creation<T>(
 /// How long a store instance reuses its last read of the active queues (SPEC §14), by
 /// default (`queue_view_ttl` of the store's options).
 /// Within it, a claim is one statement: the view is moved by this instance's own
-/// claims, dropped by its own creations and whenever a claim comes up short, so it only
-/// misses other replicas' claims and new queues for this long. The same period bounds
-/// how long this instance's claims stay unwritten to the queues' passes
-/// ([`QueueView::owe`]).
+/// claims, dropped by its own creations, and read again sooner only when it cannot name
+/// the queues a read would list ([`QueueView::fresh`]: it holds the least passes, and
+/// this instance's claims moved or emptied those), so claims plan the same at any
+/// timing and the view only misses other replicas' claims and new queues for this long.
+/// The same period bounds how long this instance's claims stay unwritten to the queues'
+/// passes ([`QueueView::owe`]).
 pub(crate) const QUEUE_VIEW_TTL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A queue's pass moves this instance's claims owe the database (SPEC §14).
@@ -256,16 +261,30 @@ pub(crate) type PassDebt = Vec<(String, String, i64)>;
 
 #[derive(Debug, Default)]
 struct ViewState {
-    seen: Option<(std::time::Instant, Vec<QueueRow>)>,
+    seen: Option<Seen>,
     /// Pass moves of this instance's claims not yet written, by (app, scope).
     owed: std::collections::BTreeMap<(String, String), i64>,
+}
+
+/// A read of the active queues with the least passes, as this instance's claims since
+/// moved them.
+#[derive(Debug)]
+struct Seen {
+    at: std::time::Instant,
+    /// The queues read, in claim order.
+    rows: Vec<QueueRow>,
+    /// When the read returned as many rows as it asked for (more queues may be active):
+    /// the last row's (pass, app, scope) as read. Every queue it did not list sorts after
+    /// it, so the rows list every active queue only up to there. `None`: the read
+    /// listed every active queue.
+    horizon: Option<(i64, String, String)>,
 }
 
 /// A store instance's recent view of the active queues (see [`QUEUE_VIEW_TTL`]), and
 /// the pass moves its claims have not written yet.
 ///
 /// A claim does not update the queue rows: it moves this view and owes the move; the
-/// owed moves are written in one statement when the view is read again (at most every
+/// owed moves are written in one statement when the view is read again (at least every
 /// [`QUEUE_VIEW_TTL`] while claims go on). So claims never wait on each other's queue
 /// row locks, and the passes still count every claim: other replicas see this
 /// instance's claims at most one period late, and a crash forgets at most that period
@@ -299,31 +318,54 @@ impl QueueView {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The least-pass queues of a view younger than the TTL, in claim order, leaving out
-    /// `spent` (queues that came up short in this claim).
+    /// The `n` least-pass queues of a view younger than the TTL, in claim order, leaving
+    /// out `spent` (queues that came up short in this claim): the queues a read of the
+    /// database would list now (but for other instances' moves and new queues within
+    /// the period), so a claim plans the same at any timing.
+    ///
+    /// `None` (read again) when the view is stale, or when it listed only the least
+    /// passes (its `horizon`) and cannot name `n` queues sorting before every queue it
+    /// did not list: this instance's claims moved its queues past unlisted ones, or
+    /// emptied them, and a read would list those others.
     pub(crate) fn fresh(
         &self,
         n: usize,
         spent: &std::collections::BTreeSet<(String, String)>,
     ) -> Option<Vec<QueueRow>> {
         let state = self.lock();
-        let (at, rows) = state.seen.as_ref()?;
-        if at.elapsed() >= self.ttl || rows.is_empty() {
+        let seen = state.seen.as_ref()?;
+        if seen.at.elapsed() >= self.ttl || seen.rows.is_empty() {
             return None;
         }
-        let mut rows: Vec<QueueRow> = rows
+        let mut rows: Vec<QueueRow> = seen
+            .rows
             .iter()
             .filter(|q| !spent.contains(&(q.app.clone(), q.scope.clone())))
             .cloned()
             .collect();
         rows.sort_by(|a, b| (a.pass, &a.app, &a.scope).cmp(&(b.pass, &b.app, &b.scope)));
         rows.truncate(n);
+        if let Some((pass, app, scope)) = &seen.horizon {
+            let listed = rows.last().is_some_and(|q| {
+                (q.pass, q.app.as_str(), q.scope.as_str()) <= (*pass, app.as_str(), scope.as_str())
+            });
+            if rows.len() < n || !listed {
+                return None;
+            }
+        }
         Some(rows)
     }
 
-    /// Keeps a fresh read of the database's passes, moved by what this instance still
-    /// owes them (moves it could not write yet), and returns the rows in claim order.
-    pub(crate) fn keep(&self, mut rows: Vec<QueueRow>) -> Vec<QueueRow> {
+    /// Keeps a fresh read of the database's passes (the least ones, in pass order, at
+    /// most `asked` rows), moved by what this instance still owes them (moves it could
+    /// not write yet), and returns the rows in claim order.
+    pub(crate) fn keep(&self, mut rows: Vec<QueueRow>, asked: usize) -> Vec<QueueRow> {
+        let horizon = if rows.len() >= asked {
+            rows.last()
+                .map(|q| (q.pass, q.app.clone(), q.scope.clone()))
+        } else {
+            None
+        };
         let mut state = self.lock();
         for q in &mut rows {
             if let Some(by) = state.owed.get(&(q.app.clone(), q.scope.clone())) {
@@ -331,7 +373,11 @@ impl QueueView {
             }
         }
         rows.sort_by(|a, b| (a.pass, &a.app, &a.scope).cmp(&(b.pass, &b.app, &b.scope)));
-        state.seen = Some((std::time::Instant::now(), rows.clone()));
+        state.seen = Some(Seen {
+            at: std::time::Instant::now(),
+            rows: rows.clone(),
+            horizon,
+        });
         rows
     }
 
@@ -342,8 +388,11 @@ impl QueueView {
             return;
         }
         let mut state = self.lock();
-        if let Some((_, rows)) = state.seen.as_mut()
-            && let Some(q) = rows.iter_mut().find(|q| q.app == app && q.scope == scope)
+        if let Some(seen) = state.seen.as_mut()
+            && let Some(q) = seen
+                .rows
+                .iter_mut()
+                .find(|q| q.app == app && q.scope == scope)
         {
             q.pass = q.pass.saturating_add(by);
         }
@@ -393,8 +442,8 @@ impl QueueView {
 
     /// Drops one queue from the view (it was found empty and deactivated).
     pub(crate) fn forget(&self, app: &str, scope: &str) {
-        if let Some((_, rows)) = self.lock().seen.as_mut() {
-            rows.retain(|q| q.app != app || q.scope != scope);
+        if let Some(seen) = self.lock().seen.as_mut() {
+            seen.rows.retain(|q| q.app != app || q.scope != scope);
         }
     }
 
@@ -413,12 +462,13 @@ impl QueueView {
     /// never do.
     pub(crate) fn covers(&self, news: &[NewTask]) -> bool {
         let state = self.lock();
-        let Some((at, rows)) = state.seen.as_ref() else {
+        let Some(seen) = state.seen.as_ref() else {
             return false;
         };
-        at.elapsed() < self.ttl
+        seen.at.elapsed() < self.ttl
             && news.iter().all(|new| match &new.owner {
-                Owner::Application { app, scope, .. } => rows
+                Owner::Application { app, scope, .. } => seen
+                    .rows
                     .iter()
                     .any(|q| q.app == app.as_str() && q.scope == scope.as_str()),
                 Owner::Run { .. } => false,
@@ -444,7 +494,7 @@ mod tests {
         let view = QueueView::default();
         view.owe("a", "x", 5);
         // A read that does not include the unpaid move yet is moved by it.
-        let rows = view.keep(vec![row("x", 0), row("y", 3)]);
+        let rows = view.keep(vec![row("x", 0), row("y", 3)], 64);
         assert_eq!(
             rows.iter()
                 .map(|q| (q.scope.as_str(), q.pass))
@@ -468,5 +518,49 @@ mod tests {
         view.clear();
         assert!(view.fresh(1, &Default::default()).is_none());
         assert_eq!(view.debt().len(), 1, "clearing the view keeps the debt");
+    }
+
+    #[test]
+    fn a_view_of_the_least_passes_serves_only_what_a_read_would_list() {
+        let view = QueueView::with_ttl(std::time::Duration::from_secs(3600));
+        let none = Default::default();
+        // Asked for 3 rows, got 3: queues past "z" at pass 5 may be active, unlisted.
+        view.keep(vec![row("x", 0), row("y", 1), row("z", 5)], 3);
+        assert_eq!(view.fresh(2, &none).map(|q| q.len()), Some(2));
+        assert!(
+            view.fresh(4, &none).is_none(),
+            "4 queues: a read would list unlisted ones"
+        );
+        // x's claims move it to 5: still before every unlisted queue (after z by scope).
+        view.owe("a", "x", 5);
+        let order: Vec<String> = view
+            .fresh(3, &none)
+            .unwrap()
+            .into_iter()
+            .map(|q| q.scope)
+            .collect();
+        assert_eq!(order, vec!["y", "x", "z"]);
+        // y's claims move it past z: an unlisted queue at pass 5 or 6 would come first.
+        view.owe("a", "y", 6);
+        assert!(view.fresh(3, &none).is_none());
+        assert_eq!(view.fresh(2, &none).map(|q| q.len()), Some(2));
+        // Emptied queues leave too few listed before the horizon.
+        view.forget("a", "x");
+        assert!(view.fresh(2, &none).is_none());
+        assert!(
+            view.fresh(2, &[("a".to_owned(), "z".to_owned())].into_iter().collect())
+                .is_none(),
+            "queues set aside do not count either"
+        );
+        // A read that got fewer rows than it asked for listed every active queue.
+        view.keep(vec![row("x", 0), row("y", 1)], 3);
+        view.owe("a", "x", 100);
+        let order: Vec<String> = view
+            .fresh(3, &none)
+            .unwrap()
+            .into_iter()
+            .map(|q| q.scope)
+            .collect();
+        assert_eq!(order, vec!["y", "x"]);
     }
 }
