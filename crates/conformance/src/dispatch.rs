@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tollgate_core::{
-    Dispatch, JOIN_CREDIT_TASKS, NewTask, Priority, ScopeId, Task, TaskId, TaskStatus, Weight,
+    Dispatch, JOIN_CREDIT_TASKS, ManualClock, NewTask, Priority, ScopeId, Task, TaskId, TaskStatus,
+    Weight,
 };
 use tollgate_store::Store;
 
@@ -359,18 +360,32 @@ pub async fn an_idle_scope_banks_no_credit(b: &dyn Backend) {
 /// app submits one task in each of 10,000 new scopes. The flood as a whole gets at most
 /// one burst ([`JOIN_CREDIT_TASKS`] tasks, plus one tie) ahead of `live`, whose next
 /// task is claimed within a few claim batches; after that the two alternate.
+///
+/// The store claims from its recent view of the queues for a period (50 ms by default),
+/// so here some claims may plan from the view and others read the queues again, as the
+/// machine's speed has it. `tests/queue_view.rs` runs [`flood_shares_one_burst`] with
+/// every claim inside the period and with every claim reading the queues: both keep
+/// these rules, with the same claims.
 pub async fn a_flood_of_new_queues_shares_one_burst(b: &dyn Backend) {
+    let s = b.open().await;
+    flood_shares_one_burst(&*s, b.clock()).await;
+}
+
+/// The scenario and the checks of [`a_flood_of_new_queues_shares_one_burst`] on a store
+/// `s` of a fresh database whose clock is `clock`. Returns the scopes each of its 12
+/// claim batches of 32 took (sorted within the batch), to compare runs at different
+/// claim timings.
+pub async fn flood_shares_one_burst(s: &dyn Store, clock: &ManualClock) -> Vec<Vec<String>> {
     const FLOOD: usize = 10_000;
     const BATCH: u32 = 32;
-    let s = b.open().await;
-    let live: BTreeSet<TaskId> = backlog(&*s, "globex", "live", 400, Dispatch::default())
+    let live: BTreeSet<TaskId> = backlog(s, "globex", "live", 400, Dispatch::default())
         .await
         .into_iter()
         .collect();
     for _ in 0..3 {
-        assert_eq!(claim_batch(&*s, 10).await.len(), 10);
+        assert_eq!(claim_batch(s, 10).await.len(), 10);
     }
-    b.clock().advance(secs(1));
+    clock.advance(secs(1));
     let mut i = 0;
     while i < FLOOD {
         let batch: Vec<NewTask> = (i..FLOOD.min(i + 500))
@@ -386,14 +401,18 @@ pub async fn a_flood_of_new_queues_shares_one_burst(b: &dyn Backend) {
     let mut live_after = 0usize;
     let mut flood_after = 0usize;
     let mut seen_live = false;
+    let mut claims: Vec<Vec<String>> = Vec::new();
     while batches < 12 {
-        let got = claim_batch(&*s, BATCH).await;
+        let got = claim_batch(s, BATCH).await;
         batches += 1;
         assert_eq!(
             got.len(),
             BATCH as usize,
             "batch {batches}: every slot is filled while tasks are claimable"
         );
+        let mut scopes: Vec<String> = got.iter().map(|t| t.scope.as_str().to_owned()).collect();
+        scopes.sort();
+        claims.push(scopes);
         for t in got {
             let is_live = live.contains(&t.id);
             if !seen_live && !is_live {
@@ -423,6 +442,7 @@ pub async fn a_flood_of_new_queues_shares_one_burst(b: &dyn Backend) {
         live_after * 3 >= after && flood_after * 3 >= after,
         "after the burst `live` and the flood take turns (live {live_after}, flood {flood_after})"
     );
+    claims
 }
 
 /// SPEC §14 (docs/engine.md, "Dispatch order"): a claim fills every slot it asks for
