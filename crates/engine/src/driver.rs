@@ -30,10 +30,12 @@
 //!   its tasks still queued or running are canceled.
 
 use crate::error::EngineError;
-use crate::facade::{Inner, SourceSpec, Submission, SubmissionOwner, Tollgate};
+use crate::facade::{SourceSpec, Submission, SubmissionOwner, Tollgate};
+use crate::inner::Inner;
 use crate::metrics as m;
 use crate::notify::Event;
-use crate::pipelines::{Progress, load_pipeline, step_effect_key};
+use crate::pipeline_cache::load_pipeline;
+use crate::pipelines::{Progress, step_effect_key};
 use futures::StreamExt;
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -14,8 +14,8 @@ use tollgate_core::{
 use tollgate_store::StoreError;
 
 /// The field in which a replayed submission (or pipeline start) differs from what its
-/// idempotency key already names. SPEC §3 step 2: the key decides; over HTTP a replay
-/// that differs is refused with 409 naming this field.
+/// idempotency key already names. SPEC §3 step 2: the key decides; a replay that differs
+/// is refused ([`EngineError::TaskConflict`], 409 over HTTP) naming this field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConflictField {
     /// The task's kind.
@@ -100,7 +100,8 @@ pub enum EngineError {
     #[error(transparent)]
     InvalidOutput(#[from] OutputViolation),
     /// The effect key already names a task of the caller's that differs in `field`
-    /// (raised by [`CallerView::submit`](crate::CallerView::submit)); nothing was created.
+    /// (raised by [`Tollgate::submit`](crate::Tollgate::submit) and every caller through
+    /// it); nothing was created.
     #[error("effect key {:?} already names task {task} with a different {field}", effect_key.as_str())]
     TaskConflict {
         /// The key replayed.

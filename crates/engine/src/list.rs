@@ -1,14 +1,15 @@
 //! SPEC §15: what a caller can list and see — its app's tasks, runs, pipelines, scopes
-//! with their budget state, and the app's task stats. Subject visibility applies here
-//! once: a caller bound to a subject lists only that subject's tasks and runs, and may
-//! not read the app-wide aggregates (scopes, stats), which count every subject's work.
+//! with their budget state, and the app's task stats. Subject visibility (its rules in
+//! `access.rs`) applies here once: a caller bound to a subject lists only that subject's
+//! tasks and runs, and may not read the app-wide aggregates (scopes, stats), which count
+//! every subject's work.
 
 use crate::access::CallerView;
 use crate::error::EngineError;
 use std::time::Duration;
+use tollgate_core::SystemClock;
 use tollgate_core::admission::{BucketState, TOKEN_UNITS};
 use tollgate_core::{Budget, BudgetName, ErrorCode, ScopeId, Task, TaskStatus, Timestamp};
-use tollgate_core::{SystemClock, Visibility};
 use tollgate_store::list::{
     ListCursor, ListPage, ListedRun, PipelineSummary, RunListQuery, ScopeSnapshot, TaskListQuery,
 };
@@ -87,20 +88,6 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 }
 
 impl CallerView {
-    fn no_subject(&self, what: &'static str) -> Result<(), EngineError> {
-        match self.visibility() {
-            Visibility::App => Ok(()),
-            Visibility::Subject(_) => Err(EngineError::SubjectNotAllowed(what)),
-        }
-    }
-
-    fn subject_filter(&self) -> Option<tollgate_core::Subject> {
-        match self.visibility() {
-            Visibility::App => None,
-            Visibility::Subject(s) => Some(s.clone()),
-        }
-    }
-
     /// The app's tasks, newest first (a caller bound to a subject: only its own).
     pub async fn list_tasks(&self, query: &TaskListQuery) -> Result<ListPage<Task>, EngineError> {
         let mut query = query.clone();

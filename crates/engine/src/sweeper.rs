@@ -6,7 +6,9 @@
 //! each other. A round that filled a batch is followed by another at once. What a sweep
 //! finished or woke is published, so waiters and workflow workers hear about it.
 
-use crate::facade::Inner;
+use crate::error::EngineError;
+use crate::facade::Tollgate;
+use crate::inner::Inner;
 use crate::metrics as m;
 use crate::notify::Event;
 use std::sync::Arc;
@@ -15,6 +17,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::TaskId;
 use tollgate_store::{StoreError, SweepConfig, SweepReport};
+
+impl Tollgate {
+    /// Runs the SPEC §6 sweep now, in rounds until nothing is left, and publishes what
+    /// finished. The background sweeper does this every `sweeper.interval`.
+    pub async fn sweep_now(&self) -> Result<SweepReport, EngineError> {
+        Ok(sweep_until_done(&self.inner, None).await?)
+    }
+}
 
 /// Most rounds of one sweep before yielding until the next tick.
 const MAX_ROUNDS: usize = 100;

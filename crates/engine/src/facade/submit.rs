@@ -19,13 +19,19 @@ impl Tollgate {
     /// (idempotent per effect key; served from the cache when possible; admitted under
     /// the budget when scoped) and tells the workers. A rejection wrote nothing. A key in
     /// the engine's own namespaces (`run:`, `openai-`) is refused (docs/api.md, "Effect
-    /// keys").
+    /// keys"). A replay of a key answers its task (`created: false`) for the same
+    /// submission, and is [`EngineError::TaskConflict`] naming the first field that
+    /// differs otherwise (the HTTP API's 409), nothing written.
     pub async fn submit(&self, submission: Submission) -> Result<Submitted, EngineError> {
-        self.submit_keyed(submission, None).await
+        let submitted = self.submit_keyed(submission.clone(), None).await?;
+        self.replayed(&submission, submitted)
     }
 
-    /// [`submit`](Self::submit) of a task whose key the engine made in `space` (a
-    /// pipeline step, a door call): the key must lie in that namespace, and only there.
+    /// [`submit`](Self::submit) without comparing a replay (callers that judge it
+    /// themselves: [`CallerView`](crate::CallerView) after its visibility check, the
+    /// pipeline driver, whose keys it derives), of a task whose key the engine made in
+    /// `space` (a pipeline step, a door call) when given: the key must lie in that
+    /// namespace, and only there.
     pub(crate) async fn submit_keyed(
         &self,
         submission: Submission,
@@ -169,8 +175,24 @@ impl Tollgate {
     /// or a run): each group goes to the store's batch creation in order (SQLite: one
     /// transaction per group), so earlier items take a scope's budget first; groups run
     /// concurrently (bounded). A repeated effect key within the batch is submitted after
-    /// its first occurrence, so the first one is the one that creates.
+    /// its first occurrence, so the first one is the one that creates. Each replay is
+    /// judged like [`submit`](Self::submit)'s ([`EngineError::TaskConflict`] when it
+    /// differs).
     pub async fn submit_many(
+        &self,
+        submissions: Vec<Submission>,
+    ) -> Result<Vec<Result<Submitted, EngineError>>, EngineError> {
+        let answers = self.submit_many_unjudged(submissions.clone()).await?;
+        Ok(answers
+            .into_iter()
+            .zip(&submissions)
+            .map(|(answer, submission)| answer.and_then(|s| self.replayed(submission, s)))
+            .collect())
+    }
+
+    /// [`submit_many`](Self::submit_many) without comparing replays (for
+    /// [`CallerView`](crate::CallerView), which checks visibility first).
+    pub(crate) async fn submit_many_unjudged(
         &self,
         submissions: Vec<Submission>,
     ) -> Result<Vec<Result<Submitted, EngineError>>, EngineError> {
@@ -228,7 +250,7 @@ impl Tollgate {
             results[i] = Some(answer);
         }
         for (i, s) in repeated {
-            results[i] = Some(self.submit(s).await);
+            results[i] = Some(self.submit_keyed(s, None).await);
         }
         Ok(results
             .into_iter()

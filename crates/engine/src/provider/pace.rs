@@ -9,7 +9,7 @@
 //! it; the task stays `running` and keeps being heartbeated by the pool meanwhile, so a
 //! wait never fails it. A call that waited checks for a pause set meanwhile by another
 //! replica before it sends. The token schedule holds the call's bound — SPEC §13's
-//! count of the body sent ([`crate::cost::body_input_tokens`]: the model family's
+//! count of the prompt sent ([`crate::cost::prompt_input_tokens`]: the model family's
 //! tokenizer where known, UTF-8 bytes otherwise, template overhead included) plus the
 //! output-token bound — and is settled with the usage the provider reports.
 
