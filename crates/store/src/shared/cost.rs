@@ -80,6 +80,26 @@ impl SpendDelta {
     }
 }
 
+/// Binds what `sql/spend_add.sql` (PostgreSQL) and `sql/spend_upserts.sql` (SQLite) add
+/// to a scope's spend bucket and the app's: `:bucket`, the app's `:stripe` (of `scope`)
+/// and the delta's `:reserved_nano`, `:reserved_tokens` and `:saved_nano` (the statement
+/// binds `:app` and `:scope` itself).
+pub(crate) fn bind_spend<DB: sqlx::Database>(
+    b: &mut crate::shared::statement::Binder<DB>,
+    scope: &str,
+    bucket: i64,
+    d: SpendDelta,
+) where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    i32: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    b.bind("bucket", bucket)
+        .bind("stripe", app_spend_stripe(scope) as i32)
+        .bind("reserved_nano", d.reserved_nano)
+        .bind("reserved_tokens", d.reserved_tokens)
+        .bind("saved_nano", d.saved_nano);
+}
+
 fn tokens(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }

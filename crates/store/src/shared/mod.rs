@@ -2,7 +2,9 @@
 //! row decoding ([`rows`]), what a terminal move does ([`terminal`]) and the admission
 //! facts a backend reads and hands to core's decision ([`admission`]), and the
 //! checks and columns of a run's step ([`runs`]), cost settlement and usage ([`cost`]),
-//! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], SPEC §14).
+//! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], SPEC §14); and
+//! whole SQL texts with named parameters, bound from one struct ([`statement`]), with
+//! the texts both dialects share in `sql/`.
 
 pub(crate) mod admission;
 pub(crate) mod cost;
@@ -10,4 +12,5 @@ pub(crate) mod dispatch;
 pub(crate) mod list;
 pub(crate) mod rows;
 pub(crate) mod runs;
+pub(crate) mod statement;
 pub(crate) mod terminal;
