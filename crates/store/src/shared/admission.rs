@@ -99,34 +99,55 @@ impl AdmissionFacts {
                 borrowed: self.borrowed.max(0) as u64,
             },
         };
-        let bucket = match (self.bucket_units, self.bucket_at) {
-            (Some(units), Some(at)) => Some(BucketState {
-                units,
-                at: Timestamp(at),
-            }),
-            _ => None,
-        };
+        let bucket = stored_bucket(self.bucket_units, self.bucket_at);
         let bucket = decide(budget, &snapshot, bucket, now).map_err(Refusal::Admission)?;
-        let cost = CostSnapshot {
+        let cost = UnsourcedFacts {
+            token_units: self.token_units,
+            token_at: self.token_at,
             scope_window_nano: self.scope_window_nano,
-            token_bucket: match (self.token_units, self.token_at) {
-                (Some(units), Some(at)) => Some(BucketState {
-                    units,
-                    at: Timestamp(at),
-                }),
-                _ => None,
-            },
-            app_window_nano: 0,
         };
-        let token_bucket =
-            decide_cost(&budget.cost, reservation, &cost, now).map_err(Refusal::Cost)?;
+        let token_bucket = cost.decide(budget, reservation, now)?;
         // Relative updates: whoever deletes an expired sighting subtracts it, exactly once.
         Ok(ScopeUpdate {
             bucket,
             sources_delta: i64::from(!self.seen) - self.pruned,
-            token_bucket: token_bucket.map(|b| (b, token_capacity_units(budget))),
+            token_bucket,
         })
     }
+}
+
+/// A bucket as stored (`None`: no row, or never used).
+pub(crate) fn stored_bucket(units: Option<i64>, at: Option<i64>) -> Option<BucketState> {
+    Some(BucketState {
+        units: units?,
+        at: Timestamp(at?),
+    })
+}
+
+/// The reservation an admitted task (or one without a source) stores: `reservation`
+/// with the limits it was admitted under (docs/budgets.md, "The reservation": each
+/// re-ask is checked against these) and whether it took from the token bucket.
+pub(crate) fn stored_reservation(
+    reservation: &Reservation,
+    budget: &Budget,
+    from_token_bucket: bool,
+) -> Reservation {
+    Reservation {
+        from_token_bucket,
+        limits: Some(budget.cost),
+        ..*reservation
+    }
+}
+
+/// Binds a model-token bucket to store with its capacity in units (`:token_units`,
+/// `:token_at`, `:token_capacity`; NULLs: none).
+pub(crate) fn bind_token<DB: sqlx::Database>(b: &mut Binder<DB>, token: Option<(BucketState, i64)>)
+where
+    Option<i64>: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    b.bind("token_units", token.map(|(b, _)| b.units))
+        .bind("token_at", token.map(|(b, _)| b.at.0))
+        .bind("token_capacity", token.map(|(_, capacity)| capacity));
 }
 
 /// The capacity of a policy's model-token bucket in units (0 without a token rate).
@@ -159,13 +180,7 @@ impl UnsourcedFacts {
     ) -> Result<Option<(BucketState, i64)>, Refusal> {
         let cost = CostSnapshot {
             scope_window_nano: self.scope_window_nano,
-            token_bucket: match (self.token_units, self.token_at) {
-                (Some(units), Some(at)) => Some(BucketState {
-                    units,
-                    at: Timestamp(at),
-                }),
-                _ => None,
-            },
+            token_bucket: stored_bucket(self.token_units, self.token_at),
             app_window_nano: 0,
         };
         let token_bucket =
@@ -183,8 +198,29 @@ pub(crate) const SCOPE_BUCKETS: &str = "SELECT bucket, CAST(reserved_nano + sett
 pub(crate) const APP_BUCKETS: &str = "SELECT bucket, CAST(SUM(reserved_nano + settled_nano) AS BIGINT) \
      FROM app_spend WHERE app = $1 AND bucket >= $2 GROUP BY bucket";
 
+/// A window's buckets `(bucket, settled + reserved)` of a scope or (`None`) the app
+/// ([`SCOPE_BUCKETS`], [`APP_BUCKETS`]), for the backend's connection to fetch.
+pub(crate) fn spend_buckets<'q, DB: sqlx::Database>(
+    app: &'q AppId,
+    scope: Option<&'q ScopeId>,
+    first: i64,
+) -> sqlx::query::QueryAs<'q, DB, (i64, i64), DB::Arguments>
+where
+    (i64, i64): for<'r> sqlx::FromRow<'r, DB::Row>,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let query = match scope {
+        Some(scope) => sqlx::query_as(SCOPE_BUCKETS)
+            .bind(app.as_str())
+            .bind(scope.as_str()),
+        None => sqlx::query_as(APP_BUCKETS).bind(app.as_str()),
+    };
+    query.bind(first)
+}
+
 /// What the end of an admission reads, each backend with its own connection
-/// ([`SCOPE_BUCKETS`], [`APP_BUCKETS`]) and its own way of serializing an app's spend.
+/// ([`spend_buckets`]) and its own way of serializing an app's spend.
 #[async_trait::async_trait]
 pub(crate) trait SpendReads: Send {
     /// Takes what serializes the app's spend checks (PostgreSQL: the app's advisory lock,
@@ -271,7 +307,36 @@ pub(crate) struct InsertRow<'a> {
     pub(crate) saved_nano: i64,
 }
 
-impl InsertRow<'_> {
+impl<'a> InsertRow<'a> {
+    /// A queued task's row, not (yet) admitted, cached or reserved: `owner` its run id,
+    /// scope and subject, `model` its configuration hash and encoded model reference.
+    pub(crate) fn new(
+        id: TaskId,
+        new: &'a NewTask,
+        owner: (Option<String>, ScopeId, Option<Subject>),
+        model: (String, String),
+        now: Timestamp,
+    ) -> InsertRow<'a> {
+        let (run_id, scope, subject) = owner;
+        let (config_hash, model_ref) = model;
+        InsertRow {
+            id,
+            new,
+            run_id,
+            scope,
+            subject,
+            config_hash,
+            model_ref,
+            cache_key: None,
+            admitted: false,
+            cached_from: None,
+            cached_output: None,
+            now,
+            reservation: None,
+            saved_nano: 0,
+        }
+    }
+
     /// Binds the task row's values, both backends; `clock`: the statement reads the
     /// creation time itself (no `:now`), and `:dispatch_key` is the key's offset from it.
     pub(crate) fn bind<DB: sqlx::Database>(&self, b: &mut Binder<DB>, clock: bool)

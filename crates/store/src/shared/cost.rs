@@ -7,6 +7,7 @@
 //! to the bucket of its admission hour; settlement moves it from reserved to settled
 //! there, whenever the task ends.
 
+use crate::shared::admission::stored_bucket;
 use crate::{SpendWindow, StoreError, StoreResult};
 use std::collections::BTreeMap;
 use tollgate_core::cost::{
@@ -176,13 +177,7 @@ impl AttemptRow {
         };
         let snapshot = CostSnapshot {
             scope_window_nano: self.scope_window_nano,
-            token_bucket: match (self.token_units, self.token_at) {
-                (Some(units), Some(at)) => Some(tollgate_core::BucketState {
-                    units,
-                    at: Timestamp(at),
-                }),
-                _ => None,
-            },
+            token_bucket: stored_bucket(self.token_units, self.token_at),
             app_window_nano: 0,
         };
         let token = match decide_cost(&limits, &attempt, &snapshot, now) {
@@ -323,13 +318,7 @@ impl SpendSums {
         now: Timestamp,
         bucket: Option<TokenBucketRow>,
     ) -> SpendWindow {
-        let token_bucket = bucket.and_then(|b| match (b.token_units, b.token_at) {
-            (Some(units), Some(at)) => Some(tollgate_core::BucketState {
-                units,
-                at: Timestamp(at),
-            }),
-            _ => None,
-        });
+        let token_bucket = bucket.and_then(|b| stored_bucket(b.token_units, b.token_at));
         SpendWindow {
             since: Timestamp(first * tollgate_core::cost::SPEND_BUCKET_MS),
             now,

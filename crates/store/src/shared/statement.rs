@@ -23,9 +23,13 @@ pub(crate) struct Statement {
     /// What the errors name.
     name: &'static str,
     source: &'static str,
-    parts: &'static [(&'static str, &'static str)],
+    parts: &'static [Parts],
     compiled: OnceLock<Result<Compiled, String>>,
 }
+
+/// Named texts a statement's `{part}` places are filled from (a statement takes a list
+/// of such groups, so statements share theirs).
+pub(crate) type Parts = &'static [(&'static str, &'static str)];
 
 /// A statement as sent: `$n` placeholders, and the names they stand for, in order.
 #[derive(Debug)]
@@ -46,7 +50,7 @@ impl Statement {
     pub(crate) const fn new(
         name: &'static str,
         source: &'static str,
-        parts: &'static [(&'static str, &'static str)],
+        parts: &'static [Parts],
     ) -> Statement {
         Statement {
             name,
@@ -136,12 +140,7 @@ impl Statement {
 
 /// Splits `source` into SQL and names: `'…'` literals are kept whole, `--` comments
 /// dropped, `::` casts kept, `{part}` replaced by its text (split in turn).
-fn split(
-    source: &str,
-    parts: &[(&'static str, &'static str)],
-    out: &mut Vec<Piece>,
-    depth: usize,
-) -> Result<(), String> {
+fn split(source: &str, parts: &[Parts], out: &mut Vec<Piece>, depth: usize) -> Result<(), String> {
     if depth > 4 {
         return Err("parts nest too deep".into());
     }
@@ -178,6 +177,7 @@ fn split(
             let name = &source[i + 1..end];
             let (_, text) = parts
                 .iter()
+                .flat_map(|group| group.iter())
                 .find(|(n, _)| *n == name)
                 .ok_or_else(|| format!("no part {{{name}}}"))?;
             out.push(Piece::Sql(std::mem::take(&mut sql)));
@@ -245,7 +245,7 @@ mod tests {
     static CAST: Statement = Statement::new(
         "cast",
         "-- a comment with :not_a_name\nSELECT :a::BIGINT, ':b', {p} WHERE x = :a",
-        &[("p", "COALESCE(:c, 0)")],
+        &[&[("p", "COALESCE(:c, 0)")]],
     );
 
     #[test]

@@ -5,11 +5,11 @@ use super::super::{PostgresStore, Tx};
 use super::SlotPath;
 use super::slots::{slot_stripe, take_share_rebalancing, take_slot_rebalancing};
 pub(super) use crate::shared::admission::InsertRow;
-use crate::shared::admission::{ScopeUpdate, TASK_INSERT, bind_join};
+use crate::shared::admission::{ScopeUpdate, TASK_INSERT, bind_join, bind_token};
 use crate::shared::cost::{SpendDelta, bind_spend};
 use crate::shared::dispatch::QUEUE_JOIN;
 use crate::shared::rows::{TaskRow, task_columns};
-use crate::shared::statement::Statement;
+use crate::shared::statement::{Parts, Statement};
 use crate::{Created, StoreError, StoreResult};
 use sqlx::{FromRow, Row};
 use tollgate_core::cost::spend_bucket;
@@ -21,28 +21,31 @@ use tollgate_core::{
 /// The spend upserts (`sql/spend_add.sql`), CTEs of the statements that reserve or save.
 const SPEND_ADD: &str = include_str!("../sql/spend_add.sql");
 
+/// The parts of a task row whose creation time and dispatch key are bound.
+const BOUND_ROW: Parts = &[
+    ("task_insert", TASK_INSERT),
+    ("created_at", ":now"),
+    ("dispatch_key", ":dispatch_key"),
+    ("task_columns", task_columns!()),
+];
+
+/// The parts of a queue's join after the task insert `t`.
+const QUEUE: Parts = &[
+    (
+        "task_queue_join",
+        include_str!("../sql/task_queue_join.sql"),
+    ),
+    ("queue_join", QUEUE_JOIN),
+];
+
 /// The task insert alone (a batch's run task: its queues join at the batch's end).
-static TASK_ROW: Statement = Statement::new(
-    "task_insert",
-    TASK_INSERT,
-    &[
-        ("created_at", ":now"),
-        ("dispatch_key", ":dispatch_key"),
-        ("task_columns", task_columns!()),
-    ],
-);
+static TASK_ROW: Statement = Statement::new("task_insert", TASK_INSERT, &[BOUND_ROW]);
 
 /// The task insert and its queue's join.
 static INSERT_TASK: Statement = Statement::new(
     "insert_task",
     include_str!("../sql/insert_task.sql"),
-    &[
-        ("task_insert", TASK_INSERT),
-        ("created_at", ":now"),
-        ("dispatch_key", ":dispatch_key"),
-        ("task_columns", task_columns!()),
-        ("queue_join", QUEUE_JOIN),
-    ],
+    &[BOUND_ROW, QUEUE],
 );
 
 /// An unscoped application task in one statement, with the database's clock.
@@ -50,11 +53,13 @@ static INSERT_APP_TASK: Statement = Statement::new(
     "insert_app_task",
     include_str!("../sql/insert_app_task.sql"),
     &[
-        ("task_insert", TASK_INSERT),
-        ("created_at", "(SELECT now FROM clock)"),
-        ("dispatch_key", "(SELECT now FROM clock) + :dispatch_key"),
-        ("task_columns", task_columns!()),
-        ("queue_join", QUEUE_JOIN),
+        &[
+            ("task_insert", TASK_INSERT),
+            ("created_at", "(SELECT now FROM clock)"),
+            ("dispatch_key", "(SELECT now FROM clock) + :dispatch_key"),
+            ("task_columns", task_columns!()),
+        ],
+        QUEUE,
     ],
 );
 
@@ -63,13 +68,9 @@ static ADMIT_TASK: Statement = Statement::new(
     "admit_task",
     include_str!("../sql/admit_task.sql"),
     &[
-        ("task_insert", TASK_INSERT),
-        ("created_at", ":now"),
-        ("dispatch_key", ":dispatch_key"),
-        ("task_columns", task_columns!()),
-        ("queue_join", QUEUE_JOIN),
-        ("spend_add", SPEND_ADD),
-        ("after", "st"),
+        BOUND_ROW,
+        QUEUE,
+        &[("spend_add", SPEND_ADD), ("after", "st")],
     ],
 );
 
@@ -77,24 +78,24 @@ static ADMIT_TASK: Statement = Statement::new(
 static RESERVE_UNSOURCED: Statement = Statement::new(
     "reserve_unsourced",
     include_str!("../sql/reserve_unsourced.sql"),
-    &[
+    &[&[
         ("spend_add", SPEND_ADD),
         ("after", "(SELECT COUNT(*) FROM st) AS after_st"),
-    ],
+    ]],
 );
 
 /// A cache hit's saving.
 static RECORD_SAVED: Statement = Statement::new(
     "record_saved",
     include_str!("../sql/record_saved.sql"),
-    &[("spend_add", SPEND_ADD), ("after", "(SELECT 1) AS one")],
+    &[&[("spend_add", SPEND_ADD), ("after", "(SELECT 1) AS one")]],
 );
 
 /// One queue of a batch joins.
 static ACTIVATE_QUEUE: Statement = Statement::new(
     "activate_queue",
     include_str!("../sql/activate_queue.sql"),
-    &[("queue_join", QUEUE_JOIN)],
+    &[&[("queue_join", QUEUE_JOIN)]],
 );
 
 pub(super) struct AdmissionRecord<'a> {
@@ -131,16 +132,13 @@ pub(super) async fn insert_and_commit(
     let stripe = slot_stripe(row.id);
     // The task, the admission's writes and (fast path) a slot of this stripe's
     // allowance, in one statement that locks one stripe row only.
-    let token = record.update.token_bucket;
     let mut b = ADMIT_TASK.binder();
     row.bind(&mut b, false);
     bind_join(&mut b, row.new.dispatch.weight);
+    bind_token(&mut b, record.update.token_bucket);
     b.bind("bucket_units", record.update.bucket.units)
         .bind("bucket_at", record.update.bucket.at.0)
         .bind("sources_delta", record.update.sources_delta)
-        .bind("token_units", token.map(|(b, _)| b.units))
-        .bind("token_at", token.map(|(b, _)| b.at.0))
-        .bind("token_capacity", token.map(|(_, capacity)| capacity))
         .bind("source", record.source.as_str())
         .bind("logical_key", record.logical_key);
     bind_spend(
@@ -212,10 +210,8 @@ pub(super) async fn insert_reserved_and_commit(
     b.bind("app", app.as_str())
         .bind("scope", row.scope.as_str())
         .bind("bucket_units", tasks.units)
-        .bind("bucket_at", tasks.at.0)
-        .bind("token_units", token.map(|(b, _)| b.units))
-        .bind("token_at", token.map(|(b, _)| b.at.0))
-        .bind("token_capacity", token.map(|(_, capacity)| capacity));
+        .bind("bucket_at", tasks.at.0);
+    bind_token(&mut b, token);
     bind_spend(&mut b, row.scope.as_str(), spend_bucket(row.now), reserve);
     b.query()?.execute(&mut *tx).await?;
     tx.commit().await?;

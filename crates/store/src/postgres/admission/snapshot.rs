@@ -6,8 +6,7 @@
 use super::super::Tx;
 use crate::StoreResult;
 use crate::shared::admission::{
-    APP_BUCKETS, AdmissionFacts, Refusal, SCOPE_BUCKETS, ScopeUpdate, SpendReads, UnsourcedFacts,
-    spend_checked,
+    AdmissionFacts, Refusal, ScopeUpdate, SpendReads, UnsourcedFacts, spend_buckets, spend_checked,
 };
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::canonical::sha256_hex;
@@ -62,17 +61,11 @@ pub(super) async fn admit(
     .bind(first)
     .fetch_one(&mut **tx)
     .await?;
-    let decided = facts.decide(budget, reservation, now);
-    spend_checked(
+    let (reads, decided) = (
         &mut PgSpendReads(tx),
-        app,
-        scope,
-        budget,
-        reservation,
-        now,
-        decided,
-    )
-    .await
+        facts.decide(budget, reservation, now),
+    );
+    spend_checked(reads, app, scope, budget, reservation, now, decided).await
 }
 
 /// docs/budgets.md, "Tasks without a source": SPEC §13's checks of a task without a
@@ -100,17 +93,11 @@ pub(super) async fn check_unsourced(
     .bind(first)
     .fetch_one(&mut **tx)
     .await?;
-    let decided = facts.decide(budget, reservation, now);
-    spend_checked(
+    let (reads, decided) = (
         &mut PgSpendReads(tx),
-        app,
-        scope,
-        budget,
-        reservation,
-        now,
-        decided,
-    )
-    .await
+        facts.decide(budget, reservation, now),
+    );
+    spend_checked(reads, app, scope, budget, reservation, now, decided).await
 }
 
 /// The advisory lock key of an app's spend (SPEC §13), distinct from every scope key.
@@ -139,12 +126,8 @@ impl SpendReads for PgSpendReads<'_> {
         scope: Option<&ScopeId>,
         first: i64,
     ) -> StoreResult<Vec<(i64, i64)>> {
-        let query = match scope {
-            Some(scope) => sqlx::query_as(SCOPE_BUCKETS)
-                .bind(app.as_str())
-                .bind(scope.as_str()),
-            None => sqlx::query_as(APP_BUCKETS).bind(app.as_str()),
-        };
-        Ok(query.bind(first).fetch_all(&mut **self.0).await?)
+        Ok(spend_buckets(app, scope, first)
+            .fetch_all(&mut **self.0)
+            .await?)
     }
 }

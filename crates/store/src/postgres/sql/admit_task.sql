@@ -7,15 +7,10 @@
 -- app bucket while another held the app bucket and waited for the stripe: a deadlock
 -- under load.)
 WITH t AS ({task_insert}),
-join_params AS (
-  SELECT t.app, t.scope, :weight::BIGINT AS weight, :credit::BIGINT AS credit,
-         :stride::BIGINT AS stride
-  FROM t WHERE t.status = 'queued'
-),
 -- The queue's row stays locked to the commit (ON CONFLICT locks it even when nothing
 -- changes), so a claim that finds the queue empty cannot deactivate it before this task
 -- is visible.
-dq AS ({queue_join}),
+{task_queue_join},
 -- SPEC §4 and §13: the scope's row — its task bucket, distinct sources (relative: whoever
 -- prunes an expired sighting subtracts it, once), active tasks, and its model-token
 -- bucket (NULL: kept as it is).

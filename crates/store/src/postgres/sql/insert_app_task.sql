@@ -11,10 +11,5 @@ clock AS MATERIALIZED (
   FROM lock
 ),
 t AS ({task_insert}),
-join_params AS (
-  SELECT t.app, t.scope, :weight::BIGINT AS weight, :credit::BIGINT AS credit,
-         :stride::BIGINT AS stride
-  FROM t WHERE t.status = 'queued'
-),
-dq AS ({queue_join})
+{task_queue_join}
 SELECT * FROM t

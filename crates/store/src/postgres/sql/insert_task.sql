@@ -2,10 +2,5 @@
 -- the task is queued (a batch inserts task_insert.sql alone and activates its queues at
 -- its end instead).
 WITH t AS ({task_insert}),
-join_params AS (
-  SELECT t.app, t.scope, :weight::BIGINT AS weight, :credit::BIGINT AS credit,
-         :stride::BIGINT AS stride
-  FROM t WHERE t.status = 'queued'
-),
-dq AS ({queue_join})
+{task_queue_join}
 SELECT * FROM t

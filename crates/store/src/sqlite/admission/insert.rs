@@ -19,7 +19,7 @@ pub(super) const SPEND_UPSERTS: &str = include_str!("../sql/spend_upserts.sql");
 static CREATE_TASK: Statement = Statement::new(
     "create_task",
     include_str!("../sql/create_task.sql"),
-    &[
+    &[&[
         ("task_insert", TASK_INSERT),
         ("created_at", ":now"),
         ("dispatch_key", ":dispatch_key"),
@@ -27,7 +27,7 @@ static CREATE_TASK: Statement = Statement::new(
         ("spend_upserts", SPEND_UPSERTS),
         ("spend_when", ":saved_nano > 0"),
         ("queue_join", QUEUE_JOIN),
-    ],
+    ]],
 );
 
 /// Inserts the task and, in the same query (one hop to the connection's thread), what

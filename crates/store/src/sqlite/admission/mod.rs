@@ -121,22 +121,8 @@ async fn create_in(
     };
 
     let id = TaskId::generate();
-    let mut insert = InsertRow {
-        id,
-        new,
-        run_id,
-        scope,
-        subject,
-        config_hash: config_hash.0.clone(),
-        model_ref,
-        cache_key: None,
-        admitted: false,
-        cached_from: None,
-        cached_output: None,
-        now,
-        reservation: None,
-        saved_nano: 0,
-    };
+    let owner = (run_id, scope, subject);
+    let mut insert = InsertRow::new(id, new, owner, (config_hash.0.clone(), model_ref), now);
 
     let mut admission = None;
     if let (None, Some(cost)) = (&new.scope, &new.cost) {

@@ -6,10 +6,11 @@
 use super::insert::SPEND_UPSERTS;
 use crate::StoreResult;
 use crate::shared::admission::{
-    APP_BUCKETS, AdmissionFacts, Refusal, SCOPE_BUCKETS, SpendReads, UnsourcedFacts, spend_checked,
+    AdmissionFacts, Refusal, SpendReads, UnsourcedFacts, bind_token, spend_buckets, spend_checked,
+    stored_reservation,
 };
 use crate::shared::cost::{SpendDelta, bind_spend};
-use crate::shared::statement::Statement;
+use crate::shared::statement::{Parts, Statement};
 use sqlx::{Sqlite, SqliteConnection};
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::cost::{spend_bucket, window_first_bucket};
@@ -17,18 +18,17 @@ use tollgate_core::{
     AppId, BucketState, Budget, Reservation, ScopeId, SourceId, TaskCost, Timestamp,
 };
 
+/// The spend upserts, writing whatever their delta.
+const SPEND_ALWAYS: &[Parts] = &[&[("spend_upserts", SPEND_UPSERTS), ("spend_when", "1")]];
+
 /// An admission's writes but its record.
-static ADMIT: Statement = Statement::new(
-    "admit",
-    include_str!("../sql/admit.sql"),
-    &[("spend_upserts", SPEND_UPSERTS), ("spend_when", "1")],
-);
+static ADMIT: Statement = Statement::new("admit", include_str!("../sql/admit.sql"), SPEND_ALWAYS);
 
 /// A task without a source: its reservation and its scope's token bucket.
 static RESERVE_UNSOURCED: Statement = Statement::new(
     "reserve_unsourced",
     include_str!("../sql/reserve_unsourced.sql"),
-    &[("spend_upserts", SPEND_UPSERTS), ("spend_when", "1")],
+    SPEND_ALWAYS,
 );
 
 /// SPEC §4 and §13 under the write lock: gathers the snapshot, asks core's [`decide`]
@@ -123,12 +123,7 @@ pub(super) async fn admit(
     };
     let (bucket, sources_delta) = (update.bucket, update.sources_delta);
     let token = update.token_bucket;
-    let stored = Reservation {
-        from_token_bucket: token.is_some(),
-        // docs/budgets.md, "The reservation": each re-ask is checked against these.
-        limits: Some(budget.cost),
-        ..*reservation
-    };
+    let stored = stored_reservation(reservation, budget, token.is_some());
     // Every write of the admission in one query (one hop to the connection's thread).
     let mut b = ADMIT.binder::<Sqlite>();
     b.bind("app", app.as_str()).bind("scope", scope.as_str());
@@ -138,12 +133,10 @@ pub(super) async fn admit(
         spend_bucket(now),
         SpendDelta::reserve(&stored),
     );
+    bind_token(&mut b, token);
     b.bind("bucket_units", bucket.units)
         .bind("bucket_at", bucket.at.0)
         .bind("sources_delta", sources_delta)
-        .bind("token_units", token.map(|(b, _)| b.units))
-        .bind("token_at", token.map(|(b, _)| b.at.0))
-        .bind("token_capacity", token.map(|(_, capacity)| capacity))
         .bind("source", source.as_str())
         .bind("now", now.0)
         .bind(
@@ -182,12 +175,7 @@ pub(super) async fn reserve_unsourced(
             Err(refusal) => return Ok(Err(refusal)),
         };
     }
-    let stored = Reservation {
-        from_token_bucket: token.is_some(),
-        // docs/budgets.md, "The reservation": each re-ask is checked against these.
-        limits: Some(budget.cost),
-        ..*reservation
-    };
+    let stored = stored_reservation(reservation, budget, token.is_some());
     // The scope's row may not exist yet: a task bucket that was never used is full.
     let tasks = BucketState::full(budget.burst.get(), now);
     let mut b = RESERVE_UNSOURCED.binder::<Sqlite>();
@@ -199,10 +187,8 @@ pub(super) async fn reserve_unsourced(
         SpendDelta::reserve(&stored),
     );
     b.bind("bucket_units", tasks.units)
-        .bind("bucket_at", tasks.at.0)
-        .bind("token_units", token.map(|(b, _)| b.units))
-        .bind("token_at", token.map(|(b, _)| b.at.0))
-        .bind("token_capacity", token.map(|(_, capacity)| capacity));
+        .bind("bucket_at", tasks.at.0);
+    bind_token(&mut b, token);
     b.query()?.execute(&mut *tx).await?;
     Ok(Ok(stored))
 }
@@ -248,13 +234,9 @@ impl SpendReads for SqliteSpendReads<'_> {
         scope: Option<&ScopeId>,
         first: i64,
     ) -> StoreResult<Vec<(i64, i64)>> {
-        let query = match scope {
-            Some(scope) => sqlx::query_as(SCOPE_BUCKETS)
-                .bind(app.as_str())
-                .bind(scope.as_str()),
-            None => sqlx::query_as(APP_BUCKETS).bind(app.as_str()),
-        };
-        Ok(query.bind(first).fetch_all(&mut *self.0).await?)
+        Ok(spend_buckets(app, scope, first)
+            .fetch_all(&mut *self.0)
+            .await?)
     }
 }
 
