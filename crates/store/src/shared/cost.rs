@@ -7,6 +7,7 @@
 //! to the bucket of its admission hour; settlement moves it from reserved to settled
 //! there, whenever the task ends.
 
+use crate::shared::admission::stored_bucket;
 use crate::{SpendWindow, StoreError, StoreResult};
 use std::collections::BTreeMap;
 use tollgate_core::cost::{
@@ -78,6 +79,26 @@ impl SpendDelta {
             ..SpendDelta::default()
         }
     }
+}
+
+/// Binds what `sql/spend_add.sql` (PostgreSQL) and `sql/spend_upserts.sql` (SQLite) add
+/// to a scope's spend bucket and the app's: `:bucket`, the app's `:stripe` (of `scope`)
+/// and the delta's `:reserved_nano`, `:reserved_tokens` and `:saved_nano` (the statement
+/// binds `:app` and `:scope` itself).
+pub(crate) fn bind_spend<DB: sqlx::Database>(
+    b: &mut crate::shared::statement::Binder<DB>,
+    scope: &str,
+    bucket: i64,
+    d: SpendDelta,
+) where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    i32: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    b.bind("bucket", bucket)
+        .bind("stripe", app_spend_stripe(scope) as i32)
+        .bind("reserved_nano", d.reserved_nano)
+        .bind("reserved_tokens", d.reserved_tokens)
+        .bind("saved_nano", d.saved_nano);
 }
 
 fn tokens(n: u64) -> i64 {
@@ -156,13 +177,7 @@ impl AttemptRow {
         };
         let snapshot = CostSnapshot {
             scope_window_nano: self.scope_window_nano,
-            token_bucket: match (self.token_units, self.token_at) {
-                (Some(units), Some(at)) => Some(tollgate_core::BucketState {
-                    units,
-                    at: Timestamp(at),
-                }),
-                _ => None,
-            },
+            token_bucket: stored_bucket(self.token_units, self.token_at),
             app_window_nano: 0,
         };
         let token = match decide_cost(&limits, &attempt, &snapshot, now) {
@@ -303,13 +318,7 @@ impl SpendSums {
         now: Timestamp,
         bucket: Option<TokenBucketRow>,
     ) -> SpendWindow {
-        let token_bucket = bucket.and_then(|b| match (b.token_units, b.token_at) {
-            (Some(units), Some(at)) => Some(tollgate_core::BucketState {
-                units,
-                at: Timestamp(at),
-            }),
-            _ => None,
-        });
+        let token_bucket = bucket.and_then(|b| stored_bucket(b.token_units, b.token_at));
         SpendWindow {
             since: Timestamp(first * tollgate_core::cost::SPEND_BUCKET_MS),
             now,

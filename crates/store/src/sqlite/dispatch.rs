@@ -10,26 +10,6 @@ use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::rows::{TaskRow, task_columns};
 use tollgate_core::{Timestamp, WorkerId};
 
-/// A creation's part (SPEC §14), as a literal for `concat!` (a statement of the task
-/// insert's query): the task's (app, scope) queue becomes active, joining by the shared
-/// rule ([`queue_join_select`], [`queue_join_conflict`]), and takes the weight of the
-/// task's policy. Positional arguments: app, scope, weight, join credit, stride.
-///
-/// [`queue_join_select`]: crate::shared::dispatch::queue_join_select
-/// [`queue_join_conflict`]: crate::shared::dispatch::queue_join_conflict
-macro_rules! queue_activation {
-    () => {
-        concat!(
-            $crate::shared::dispatch::queue_join_insert!(),
-            $crate::shared::dispatch::queue_join_select!(
-                "SELECT ? AS app, ? AS scope, ? AS weight, ? AS credit, ? AS stride"
-            ),
-            $crate::shared::dispatch::queue_join_conflict!()
-        )
-    };
-}
-pub(super) use queue_activation;
-
 /// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
 /// time, by the stride plan (the shared loop,
 /// [`claim_fair`](crate::shared::dispatch::claim_fair)), inside the claim's write
