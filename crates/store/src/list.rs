@@ -7,8 +7,8 @@
 use crate::StoreResult;
 use async_trait::async_trait;
 use tollgate_core::{
-    AppId, InvalidInput, PipelineName, Run, RunId, RunState, ScopeId, SourceId, StepKey, Subject,
-    Task, TaskKind, TaskStatus, Timestamp,
+    AppId, ErrorCode, InvalidInput, PipelineName, Run, RunId, RunState, ScopeId, SourceId, StepKey,
+    Subject, Task, TaskKind, TaskStatus, Timestamp,
 };
 
 /// Largest page of a listing.
@@ -119,6 +119,10 @@ pub struct TaskListQuery {
     pub created_before: Option<Timestamp>,
     /// Only tasks done for this subject (a caller bound to a subject sees only its own).
     pub subject: Option<Subject>,
+    /// Only tasks that ended with this error code (failed or canceled ones;
+    /// `WORKFLOW_AI_INTERRUPTED` also matches those that ended without a code, as the
+    /// stats count them).
+    pub error_code: Option<String>,
     /// Keyset cursor: the page after this one.
     pub after: Option<ListCursor>,
     /// Page size as [`list_page_size`] reads it.
@@ -215,6 +219,8 @@ pub struct FinishedSample {
     pub cached: bool,
     /// Claimed → finished, in milliseconds (tasks a worker ran).
     pub run_ms: Option<i64>,
+    /// When it finished.
+    pub completed_at: Timestamp,
 }
 
 /// Raw counts of an app's tasks for `GET /v1/stats`; the engine aggregates them.
@@ -378,7 +384,10 @@ pub const LIST_WALK: u32 = 5_000;
 
 /// Whether a task listing filters on something no index serves (see [`LIST_WALK`]).
 pub(crate) fn tasks_walked(q: &TaskListQuery) -> bool {
-    q.kind.is_some() || q.step.is_some() || q.statuses.contains(&TaskStatus::Succeeded)
+    q.kind.is_some()
+        || q.step.is_some()
+        || q.error_code.is_some()
+        || q.statuses.contains(&TaskStatus::Succeeded)
 }
 
 /// Where a walked page that ended short stopped: the `(created_at, id)` of the
@@ -474,6 +483,16 @@ pub(crate) fn tasks_sql(dialect: Dialect, app: &AppId, q: &TaskListQuery) -> Lis
     }
     if let Some(step) = &q.step {
         sql.eq("step", step.as_str());
+    }
+    if let Some(code) = &q.error_code {
+        let p = sql.text_arg(code);
+        // The stats count a failed or canceled task without a code as interrupted.
+        let unset = if code == ErrorCode::Interrupted.as_str() {
+            " OR (error_code IS NULL AND status IN ('failed', 'canceled'))"
+        } else {
+            ""
+        };
+        sql.push(&format!(" AND (error_code = {p}{unset})"));
     }
     if walked {
         let l = sql.bind(Arg::Int(crate::keyset_fetch(list_page_size(q.limit))));
@@ -666,7 +685,7 @@ pub(crate) fn finished_sql(dialect: Dialect, app: &AppId, since: Timestamp) -> L
     let mut sql = ListSql::new(
         dialect,
         "SELECT status, error_code, cached_from IS NOT NULL AS cached, \
-         completed_at - claimed_at AS run_ms FROM tasks WHERE app = ",
+         completed_at - claimed_at AS run_ms, completed_at FROM tasks WHERE app = ",
     );
     let a = sql.text_arg(app.as_str());
     let s = sql.bind(Arg::Int(since.0));
@@ -726,12 +745,14 @@ pub(crate) fn sample_of(
     error_code: Option<String>,
     cached: bool,
     run_ms: Option<i64>,
+    completed_at: i64,
 ) -> Option<FinishedSample> {
     Some(FinishedSample {
         status: TaskStatus::parse(status)?,
         error_code,
         cached,
         run_ms: run_ms.filter(|_| !cached),
+        completed_at: Timestamp(completed_at),
     })
 }
 
@@ -759,12 +780,15 @@ pub(crate) fn pipelines_of(
         .collect()
 }
 
+/// A row of [`finished_sql`]: status, error code, cached, run time, completion time.
+pub(crate) type FinishedRow = (String, Option<String>, bool, Option<i64>, i64);
+
 /// Raw stats from the counts by status and the finished rows (status, error code,
-/// cached, run time).
+/// cached, run time, completion time).
 pub(crate) fn stats_of(
     now: Timestamp,
     counts: &[(String, i64)],
-    rows: Vec<(String, Option<String>, bool, Option<i64>)>,
+    rows: Vec<FinishedRow>,
 ) -> TaskStatsRaw {
     let count = |status: &str| {
         counts
@@ -780,7 +804,7 @@ pub(crate) fn stats_of(
         finished: rows
             .into_iter()
             .take(STATS_SAMPLE as usize)
-            .filter_map(|(status, code, cached, ms)| sample_of(&status, code, cached, ms))
+            .filter_map(|(status, code, cached, ms, at)| sample_of(&status, code, cached, ms, at))
             .collect(),
         truncated,
     }

@@ -63,7 +63,7 @@ where
     (String, String, i64): for<'r> FromRow<'r, S::Row>,
     (String, String, String): for<'r> FromRow<'r, S::Row>,
     (String, i64, i64, Option<i64>): for<'r> FromRow<'r, S::Row>,
-    (String, Option<String>, bool, Option<i64>): for<'r> FromRow<'r, S::Row>,
+    crate::list::FinishedRow: for<'r> FromRow<'r, S::Row>,
 {
     async fn list_tasks(&self, app: &AppId, query: &TaskListQuery) -> StoreResult<ListPage<Task>> {
         let rows: Vec<TaskRow> = self
@@ -227,7 +227,7 @@ where
         let counts: Vec<(String, i64)> = self
             .rows_of(crate::list::active_counts_sql(S::DIALECT, app))
             .await?;
-        let rows: Vec<(String, Option<String>, bool, Option<i64>)> = self
+        let rows: Vec<crate::list::FinishedRow> = self
             .rows_of(crate::list::finished_sql(S::DIALECT, app, since))
             .await?;
         Ok(crate::list::stats_of(now, &counts, rows))
