@@ -177,6 +177,8 @@ macro_rules! conformance_suite {
             concurrency::racing_sweeps_finish_each_task_once,
             list::walked_filter_pages_go_on_past_the_walk,
             list::a_subjects_cursor_carries_only_its_own_positions,
+            list::the_error_code_filter_lists_only_tasks_that_ended_with_it,
+            list::stats_samples_say_when_each_task_finished,
             dispatch::a_backlog_never_holds_back_another_scope,
             dispatch::weights_share_claims_in_proportion,
             dispatch::priority_then_age_within_a_scope,

@@ -80,7 +80,9 @@ pub use facade::{
     MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, TaskWaiter, Tollgate,
     TollgateBuilder,
 };
-pub use list::{STATS_WINDOW, ScopeCost, ScopeState, TaskStats, UsageReport};
+pub use list::{
+    MinuteCount, STATS_RECENT_WINDOW, STATS_WINDOW, ScopeCost, ScopeState, TaskStats, UsageReport,
+};
 pub use notify::{Event, FinishedTask, Notifier};
 pub use pipelines::{
     PipelineProgress, PipelineStart, PipelineStep, StartedRun, StepStatus, step_effect_key,

@@ -393,6 +393,10 @@ pub struct TaskView {
     pub created: bool,
     /// Served from the cache.
     pub cached: bool,
+    /// When served from the cache: the id of the task whose result it copied (`null`
+    /// otherwise).
+    #[schema(required = true)]
+    pub cached_from: Option<String>,
     /// The kind's output, once succeeded (its shape is the kind's output schema, see
     /// `GET /v1/kinds`).
     #[schema(value_type = Option<Value>, required = true)]
@@ -485,6 +489,7 @@ impl TaskView {
             model: task.model.to_string(),
             created,
             cached: task.cached(),
+            cached_from: task.cached_from.map(|id| id.to_string()),
             output: task.output.clone(),
             usage: task.usage.as_ref().map(UsageView::from),
             error: task.error.as_ref().map(TaskErrorView::from),
@@ -819,6 +824,32 @@ pub struct ModelView {
     pub config_hash: String,
     /// Whether it is the default model.
     pub default: bool,
+    /// SPEC §13: its prices (`null`: unpriced, its costs are unknown).
+    #[schema(required = true)]
+    pub prices: Option<PricesView>,
+}
+
+/// A model's prices, US dollars per million tokens.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PricesView {
+    /// Per million input tokens not served from the provider's prompt cache.
+    pub input_usd_per_million: f64,
+    /// Per million output tokens.
+    pub output_usd_per_million: f64,
+    /// Per million input tokens served from the provider's prompt cache.
+    pub cached_input_usd_per_million: f64,
+}
+
+impl From<&tollgate_core::Prices> for PricesView {
+    fn from(p: &tollgate_core::Prices) -> Self {
+        // Pico-dollars per token are micro-dollars per million tokens.
+        let usd = |pico: u64| pico as f64 / 1e6;
+        PricesView {
+            input_usd_per_million: usd(p.input),
+            output_usd_per_million: usd(p.output),
+            cached_input_usd_per_million: usd(p.cached_input),
+        }
+    }
 }
 
 /// `GET /v1/models` answer.

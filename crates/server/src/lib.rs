@@ -23,6 +23,7 @@ pub use config::TollgateConfig;
 pub use error::ApiError;
 pub use openapi::openapi_json;
 pub use serve::{ConnectionTimeouts, serve};
+pub use ui::UI_CSP;
 
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;

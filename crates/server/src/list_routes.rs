@@ -190,6 +190,7 @@ pub(crate) struct TaskListParams {
     run_id: Option<String>,
     created_after: Option<String>,
     created_before: Option<String>,
+    error_code: Option<String>,
     limit: Option<u32>,
     next: Option<String>,
 }
@@ -204,6 +205,7 @@ impl TaskListParams {
             || self.run_id.is_some()
             || self.created_after.is_some()
             || self.created_before.is_some()
+            || self.error_code.is_some()
             || self.limit.is_some()
             || self.next.is_some()
     }
@@ -230,6 +232,7 @@ pub enum TasksAnswer {
         ("run_id" = Option<String>, Query, pattern = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", description = "only tasks of this run"),
         ("created_after" = Option<String>, Query, format = DateTime, description = "only tasks created at or after this instant (RFC 3339)"),
         ("created_before" = Option<String>, Query, format = DateTime, description = "only tasks created before this instant (RFC 3339)"),
+        ("error_code" = Option<String>, Query, min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_]+$", description = "only tasks that ended with this error code (as `GET /v1/stats` counts them in `failures_by_code`)"),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 500, description = "page size (default 50, at most 500)"),
         ("next" = Option<String>, Query, pattern = r"^t1\.[0-9]{1,15}\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", description = "the `next` of the previous page (opaque: pass it back as given)")),
     responses((status = 200, body = TasksAnswer, description = "with `effect_key`: that task (`TaskView`); otherwise a page of the app's tasks, newest first (`TaskPageView`)"),
@@ -274,6 +277,15 @@ pub(crate) async fn list_tasks(
         created_after: filter("created_after", q.created_after, |t| parse_rfc3339(&t))?,
         created_before: filter("created_before", q.created_before, |t| parse_rfc3339(&t))?,
         subject: None,
+        error_code: filter("error_code", q.error_code, |c| {
+            let valid = (1..=64).contains(&c.len())
+                && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if valid {
+                Ok(c)
+            } else {
+                Err("an error code is 1 to 64 of A-Z, a-z, 0-9 and _")
+            }
+        })?,
         after: cursor(q.next, 't')?,
         limit: limit(q.limit)?,
     };
@@ -740,6 +752,19 @@ pub struct FailureCount {
     pub count: u64,
 }
 
+/// Tasks that finished in one minute of the stats window.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MinuteCountView {
+    /// The minute's start (RFC 3339).
+    pub start: String,
+    /// Succeeded in it.
+    pub succeeded: u64,
+    /// Failed in it.
+    pub failed: u64,
+    /// Canceled in it.
+    pub canceled: u64,
+}
+
 /// Claimed → finished times, in milliseconds.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LatencyView {
@@ -771,8 +796,15 @@ pub struct StatsView {
     pub failed: u64,
     /// Tasks canceled in the window.
     pub canceled: u64,
-    /// Tasks finished per minute over the window.
+    /// Tasks finished per minute over the window (the hour's average).
     pub throughput_per_minute: f64,
+    /// The recent window's length, in seconds (60).
+    pub recent_window_seconds: u64,
+    /// Tasks finished per minute over the recent window: the current rate.
+    pub recent_throughput_per_minute: f64,
+    /// The window minute by minute, oldest first (60 buckets, the last one ending now):
+    /// what finished in each.
+    pub per_minute: Vec<MinuteCountView>,
     /// Failed and canceled tasks of the window by error code, most frequent first.
     pub failures_by_code: Vec<FailureCount>,
     /// Succeeded tasks of the window served from the cache.
@@ -793,6 +825,7 @@ impl From<&TaskStats> for StatsView {
     fn from(t: &TaskStats) -> Self {
         let finished = t.succeeded + t.failed + t.canceled;
         let window = tollgate_engine::STATS_WINDOW.as_secs();
+        let recent = tollgate_engine::STATS_RECENT_WINDOW;
         StatsView {
             source: "database".to_string(),
             window_seconds: window,
@@ -804,6 +837,20 @@ impl From<&TaskStats> for StatsView {
             canceled: t.canceled,
             throughput_per_minute: ((finished as f64 * 60.0 / window as f64) * 100.0).round()
                 / 100.0,
+            recent_window_seconds: recent.as_secs(),
+            recent_throughput_per_minute: t.per_minute.last().map_or(0.0, |m| {
+                ((m.finished() as f64 * 60.0 / recent.as_secs_f64()) * 100.0).round() / 100.0
+            }),
+            per_minute: t
+                .per_minute
+                .iter()
+                .map(|m| MinuteCountView {
+                    start: m.start.to_rfc3339(),
+                    succeeded: m.succeeded,
+                    failed: m.failed,
+                    canceled: m.canceled,
+                })
+                .collect(),
             failures_by_code: t
                 .failures_by_code
                 .iter()

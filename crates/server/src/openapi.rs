@@ -54,7 +54,8 @@ use utoipa::{Modify, OpenApi};
         crate::list_routes::PolicyView, crate::list_routes::ScopeView,
         crate::list_routes::CostView, crate::list_routes::ScopePageView,
         crate::list_routes::FailureCount, crate::list_routes::LatencyView,
-        crate::list_routes::StatsView, crate::list_routes::UsageReportView
+        crate::list_routes::StatsView, crate::list_routes::UsageReportView,
+        crate::list_routes::MinuteCountView, crate::dto::PricesView
     )),
     modifiers(&ApiKeyAuth, &ErrorAnswers)
 )]

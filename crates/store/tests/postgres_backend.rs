@@ -558,6 +558,10 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
             ..Default::default()
         },
         TaskListQuery {
+            error_code: Some("WORKFLOW_AI_PROVIDER_ERROR".into()),
+            ..Default::default()
+        },
+        TaskListQuery {
             source: Some(SourceId::new("src-77").unwrap()),
             ..Default::default()
         },

@@ -176,41 +176,26 @@ class LatencyView(TypedDict):
     """
 
 
-class ModelView(TypedDict):
+class MinuteCountView(TypedDict):
     """
-    One configured model.
-    """
-
-    config_hash: str
-    """
-    Hash of the resolved configuration (changes invalidate cached results).
-    """
-    default: bool
-    """
-    Whether it is the default model.
-    """
-    id: str
-    """
-    The id callers use.
-    """
-    model: str
-    """
-    Provider's model name.
-    """
-    provider: str
-    """
-    Provider name.
+    Tasks that finished in one minute of the stats window.
     """
 
-
-class ModelsAnswer(TypedDict):
+    canceled: int
     """
-    `GET /v1/models` answer.
+    Canceled in it.
     """
-
-    models: list[ModelView]
+    failed: int
     """
-    Configured models.
+    Failed in it.
+    """
+    start: str
+    """
+    The minute's start (RFC 3339).
+    """
+    succeeded: int
+    """
+    Succeeded in it.
     """
 
 
@@ -338,6 +323,25 @@ class PolicyView(TypedDict):
     usd_per_24_hours: NotRequired[float | None]
     """
     SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
+    """
+
+
+class PricesView(TypedDict):
+    """
+    A model's prices, US dollars per million tokens.
+    """
+
+    cached_input_usd_per_million: float
+    """
+    Per million input tokens served from the provider's prompt cache.
+    """
+    input_usd_per_million: float
+    """
+    Per million input tokens not served from the provider's prompt cache.
+    """
+    output_usd_per_million: float
+    """
+    Per million output tokens.
     """
 
 
@@ -511,9 +515,22 @@ class StatsView(TypedDict):
     Failed and canceled tasks of the window by error code, most frequent first.
     """
     latency_ms: LatencyView | None
+    per_minute: list[MinuteCountView]
+    """
+    The window minute by minute, oldest first (60 buckets, the last one ending now):
+    what finished in each.
+    """
     queued: int
     """
     Tasks queued now.
+    """
+    recent_throughput_per_minute: float
+    """
+    Tasks finished per minute over the recent window: the current rate.
+    """
+    recent_window_seconds: int
+    """
+    The recent window's length, in seconds (60).
     """
     running: int
     """
@@ -538,7 +555,7 @@ class StatsView(TypedDict):
     """
     throughput_per_minute: float
     """
-    Tasks finished per minute over the window.
+    Tasks finished per minute over the window (the hour's average).
     """
     window_seconds: int
     """
@@ -1046,6 +1063,45 @@ class ErrorBody(TypedDict):
     """
 
 
+class ModelView(TypedDict):
+    """
+    One configured model.
+    """
+
+    config_hash: str
+    """
+    Hash of the resolved configuration (changes invalidate cached results).
+    """
+    default: bool
+    """
+    Whether it is the default model.
+    """
+    id: str
+    """
+    The id callers use.
+    """
+    model: str
+    """
+    Provider's model name.
+    """
+    prices: PricesView | None
+    provider: str
+    """
+    Provider name.
+    """
+
+
+class ModelsAnswer(TypedDict):
+    """
+    `GET /v1/models` answer.
+    """
+
+    models: list[ModelView]
+    """
+    Configured models.
+    """
+
+
 class PipelineSummaryView(TypedDict):
     """
     A pipeline with its versions.
@@ -1156,6 +1212,11 @@ class TaskView(TypedDict):
     cached: bool
     """
     Served from the cache.
+    """
+    cached_from: str | None
+    """
+    When served from the cache: the id of the task whose result it copied (`null`
+    otherwise).
     """
     claimed_at: str | None
     """

@@ -37,6 +37,7 @@ pub(crate) async fn models(
             model: m.model_ref.model.clone(),
             config_hash: m.config_hash.as_str().to_string(),
             default: &id == registry.default_id(),
+            prices: m.prices.as_ref().map(Into::into),
         });
     }
     Ok(Json(ModelsAnswer { models }))

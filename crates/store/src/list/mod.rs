@@ -119,6 +119,10 @@ pub struct TaskListQuery {
     pub created_before: Option<Timestamp>,
     /// Only tasks done for this subject (a caller bound to a subject sees only its own).
     pub subject: Option<Subject>,
+    /// Only tasks that ended with this error code (failed or canceled ones;
+    /// `WORKFLOW_AI_INTERRUPTED` also matches those that ended without a code, as the
+    /// stats count them).
+    pub error_code: Option<String>,
     /// Keyset cursor: the page after this one.
     pub after: Option<ListCursor>,
     /// Page size as [`list_page_size`] reads it.
@@ -215,6 +219,8 @@ pub struct FinishedSample {
     pub cached: bool,
     /// Claimed → finished, in milliseconds (tasks a worker ran).
     pub run_ms: Option<i64>,
+    /// When it finished.
+    pub completed_at: Timestamp,
 }
 
 /// Raw counts of an app's tasks for `GET /v1/stats`; the engine aggregates them.

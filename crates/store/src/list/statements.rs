@@ -6,7 +6,9 @@ use super::{
     STATS_SAMPLE, ScopeSnapshot, TaskListQuery, TaskStatsRaw, list_page_size,
 };
 use crate::shared::sql::{Arg, Statement};
-use tollgate_core::{AppId, PipelineName, Run, ScopeId, Subject, TaskStatus, Timestamp};
+use tollgate_core::{
+    AppId, ErrorCode, PipelineName, Run, ScopeId, Subject, TaskStatus, Timestamp,
+};
 
 /// The pieces listings build their statements from.
 impl Statement {
@@ -71,7 +73,10 @@ pub const LIST_WALK: u32 = 5_000;
 
 /// Whether a task listing filters on something no index serves (see [`LIST_WALK`]).
 pub(crate) fn tasks_walked(q: &TaskListQuery) -> bool {
-    q.kind.is_some() || q.step.is_some() || q.statuses.contains(&TaskStatus::Succeeded)
+    q.kind.is_some()
+        || q.step.is_some()
+        || q.error_code.is_some()
+        || q.statuses.contains(&TaskStatus::Succeeded)
 }
 
 /// Where a walked page that ended short stopped: the `(created_at, id)` of the
@@ -164,6 +169,16 @@ pub(crate) fn tasks_sql(app: &AppId, q: &TaskListQuery) -> Statement {
     }
     if let Some(step) = &q.step {
         sql.eq("step", step.as_str());
+    }
+    if let Some(code) = &q.error_code {
+        let p = sql.text_arg(code);
+        // The stats count a failed or canceled task without a code as interrupted.
+        let unset = if code == ErrorCode::Interrupted.as_str() {
+            " OR (error_code IS NULL AND status IN ('failed', 'canceled'))"
+        } else {
+            ""
+        };
+        sql.push(&format!(" AND (error_code = {p}{unset})"));
     }
     if walked {
         let l = sql.int_arg(crate::keyset_fetch(list_page_size(q.limit)));
@@ -320,7 +335,7 @@ pub(crate) fn active_counts_sql(app: &AppId) -> Statement {
 pub(crate) fn finished_sql(app: &AppId, since: Timestamp) -> Statement {
     let mut sql = Statement::new(
         "SELECT status, error_code, cached_from IS NOT NULL AS cached, \
-         completed_at - claimed_at AS run_ms FROM tasks WHERE app = ",
+         completed_at - claimed_at AS run_ms, completed_at FROM tasks WHERE app = ",
     );
     let a = sql.text_arg(app.as_str());
     let s = sql.int_arg(since.0);
@@ -380,12 +395,14 @@ pub(crate) fn sample_of(
     error_code: Option<String>,
     cached: bool,
     run_ms: Option<i64>,
+    completed_at: i64,
 ) -> Option<FinishedSample> {
     Some(FinishedSample {
         status: TaskStatus::parse(status)?,
         error_code,
         cached,
         run_ms: run_ms.filter(|_| !cached),
+        completed_at: Timestamp(completed_at),
     })
 }
 
@@ -413,12 +430,15 @@ pub(crate) fn pipelines_of(
         .collect()
 }
 
+/// A row of [`finished_sql`]: status, error code, cached, run time, completion time.
+pub(crate) type FinishedRow = (String, Option<String>, bool, Option<i64>, i64);
+
 /// Raw stats from the counts by status and the finished rows (status, error code,
-/// cached, run time).
+/// cached, run time, completion time).
 pub(crate) fn stats_of(
     now: Timestamp,
     counts: &[(String, i64)],
-    rows: Vec<(String, Option<String>, bool, Option<i64>)>,
+    rows: Vec<FinishedRow>,
 ) -> TaskStatsRaw {
     let count = |status: &str| {
         counts
@@ -434,7 +454,7 @@ pub(crate) fn stats_of(
         finished: rows
             .into_iter()
             .take(STATS_SAMPLE as usize)
-            .filter_map(|(status, code, cached, ms)| sample_of(&status, code, cached, ms))
+            .filter_map(|(status, code, cached, ms, at)| sample_of(&status, code, cached, ms, at))
             .collect(),
         truncated,
     }

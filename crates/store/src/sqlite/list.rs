@@ -64,6 +64,10 @@ mod tests {
                 ..Default::default()
             },
             TaskListQuery {
+                error_code: Some("provider_error".into()),
+                ..Default::default()
+            },
+            TaskListQuery {
                 created_after: Some(Timestamp(1)),
                 created_before: Some(Timestamp(9)),
                 ..Default::default()
