@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::kinds::TaskKind;
 use serde_json::json;

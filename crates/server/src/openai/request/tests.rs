@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn ok(body: Value) -> ChatRequest {
