@@ -20,7 +20,7 @@
 //! Each backend (`sqlite/`, `postgres/`) implements every trait directly in the module of
 //! its concern; there is no forwarding layer. A wrapper of another store (the bench's
 //! counting store) implements [`wrap::StoreWrapper`] and the traits it does not change are
-//! forwarded for it, one marker trait per concern ([`wrap`]).
+//! forwarded for it by marker traits ([`wrap`]).
 //!
 //! # One rule, one place
 //!
