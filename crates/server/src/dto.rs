@@ -65,6 +65,35 @@ impl utoipa::PartialSchema for HashableJson {
 
 impl ToSchema for HashableJson {}
 
+/// An identifier (scope, source id and revision, step, effect key, model, budget,
+/// pipeline version): 1 to 256 characters, no control or invisible formatting
+/// character, no white space first or last. Schema only: every identifier of the
+/// document is a `$ref` to this one schema, whose `pattern` the document states from
+/// core's own rule ([`tollgate_core::identifier_pattern`]).
+#[derive(Debug)]
+pub struct Identifier;
+
+/// The `pattern` written where an identifier is declared; the document replaces it by
+/// the whole rule (see `openapi.rs`).
+pub(crate) const ID_PATTERN_IN_ANNOTATIONS: &str = r"^[^\x00-\x1F\x7F-\x9F]+$";
+
+impl utoipa::PartialSchema for Identifier {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(tollgate_core::MAX_ID_CHARS))
+            .pattern(Some(ID_PATTERN_IN_ANNOTATIONS))
+            .description(Some(
+                "An identifier: 1 to 256 characters, no control or invisible formatting character, no white space first or last.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for Identifier {}
+
 /// A JSON object of [`HashableJson`] values. Schema only.
 #[derive(Debug)]
 pub struct HashableObject;

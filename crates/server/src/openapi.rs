@@ -2,13 +2,13 @@
 
 use crate::dto::{
     AttemptView, BatchAnswer, BatchBody, BatchItem, CostView, DefinitionOutline, DeletedAnswer,
-    FailureCount, HashableJson, HashableObject, KindName, KindView, KindsAnswer, LatencyView,
-    ModelView, ModelsAnswer, PipelineBody, PipelinePageView, PipelineProgressView, PipelineRunBody,
-    PipelineSummaryView, PipelineVersionView, PipelineView, PolicyView, ReleaseAnswer, ReleaseBody,
-    RunBody, RunPageView, RunPipelineRef, RunStateName, RunSummaryView, RunView, ScopePageView,
-    ScopeView, SourceBody, SourceView, StatsView, StepStatusName, StepView, SubjectView,
-    SubmitBody, TaskErrorView, TaskPageView, TaskStatusName, TaskView, TasksAnswer,
-    UnreleasedPageView, UnreleasedSourceView, UsageReportView, UsageView,
+    FailureCount, HashableJson, HashableObject, ID_PATTERN_IN_ANNOTATIONS, Identifier, KindName,
+    KindView, KindsAnswer, LatencyView, ModelView, ModelsAnswer, PipelineBody, PipelinePageView,
+    PipelineProgressView, PipelineRunBody, PipelineSummaryView, PipelineVersionView, PipelineView,
+    PolicyView, ReleaseAnswer, ReleaseBody, RunBody, RunPageView, RunPipelineRef, RunStateName,
+    RunSummaryView, RunView, ScopePageView, ScopeView, SourceBody, SourceView, StatsView,
+    StepStatusName, StepView, SubjectView, SubmitBody, TaskErrorView, TaskPageView, TaskStatusName,
+    TaskView, TasksAnswer, UnreleasedPageView, UnreleasedSourceView, UsageReportView, UsageView,
 };
 use crate::error::{ErrorBody, ErrorDetail};
 use utoipa::openapi::header::HeaderBuilder;
@@ -55,7 +55,7 @@ use utoipa::{Modify, OpenApi};
         UnreleasedPageView, DeletedAnswer, RunBody, RunView, KindView, KindsAnswer, ModelView,
         ModelsAnswer, PipelineBody, PipelineView, PipelineRunBody, StepView,
         PipelineProgressView, ErrorBody, ErrorDetail, KindName, TaskStatusName, RunStateName,
-        StepStatusName, HashableJson, HashableObject, DefinitionOutline, SubjectView, AttemptView,
+        StepStatusName, HashableJson, HashableObject, Identifier, DefinitionOutline, SubjectView, AttemptView,
         TaskPageView, TasksAnswer, RunSummaryView, RunPipelineRef, RunPageView,
         PipelineVersionView, PipelineSummaryView, PipelinePageView, PolicyView, ScopeView,
         CostView, ScopePageView, FailureCount, LatencyView, StatsView, UsageReportView
@@ -228,13 +228,10 @@ impl Modify for ErrorAnswers {
     }
 }
 
-/// The `pattern` the handler and shape annotations write for an identifier (utoipa takes
-/// only string literals there). The document carries the whole identifier rule instead,
-/// generated from core's own tables ([`tollgate_core::identifier_pattern`]), so what it
+/// Replaces the identifier pattern [`Identifier`] (and a listing's name cursor) writes
+/// (utoipa takes only string literals in annotations) by the whole rule, generated from
+/// core's own tables ([`tollgate_core::identifier_pattern`]), so what the document
 /// declares and what the server checks are one rule.
-const ID_PATTERN_IN_ANNOTATIONS: &str = r"^[^\x00-\x1F\x7F-\x9F]+$";
-
-/// Replaces every identifier pattern of the document by the whole rule.
 fn state_identifier_rule(node: &mut serde_json::Value, rule: &str) {
     match node {
         serde_json::Value::Object(map) => {

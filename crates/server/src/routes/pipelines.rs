@@ -7,7 +7,7 @@ use super::{
     view,
 };
 use crate::auth::Caller;
-use crate::dto::{HashableObject, KindName, TaskErrorView};
+use crate::dto::{HashableObject, Identifier, KindName, TaskErrorView};
 use crate::error::ApiError;
 use crate::{AppState, body_limit};
 use axum::Json;
@@ -120,11 +120,7 @@ fn object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
 #[serde(deny_unknown_fields)]
 pub struct PipelineRunBody {
     /// The scope the run's tasks are admitted and cached in.
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Identifier)]
     pub scope: String,
     /// The run's input: what the steps' `/input…` references read (default `{}`).
     #[serde(default = "empty_object", deserialize_with = "object")]
@@ -132,11 +128,7 @@ pub struct PipelineRunBody {
     pub input: Value,
     /// The version to run (default: the newest).
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Option<Identifier>)]
     pub version: Option<String>,
 }
 
@@ -239,7 +231,7 @@ pub(crate) struct VersionQuery {
 
 #[utoipa::path(get, path = "/v1/pipelines/{name}", tag = "pipelines",
     params(("name" = String, Path, description = "the pipeline's name"),
-           ("version" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "a version (default: the newest); an identifier")),
+           ("version" = Option<Identifier>, Query, description = "a version (default: the newest); an identifier")),
     responses((status = 200, body = PipelineView), (status = 404, body = crate::error::ErrorBody, description = "no such pipeline (or version) in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn get_pipeline(
@@ -267,7 +259,7 @@ fn not_found_pipeline(version: Option<&str>) -> &'static str {
 
 #[utoipa::path(post, path = "/v1/pipelines/{name}/runs", tag = "pipelines",
     params(("name" = String, Path, description = "the pipeline's name"),
-           ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "starts the run once per key: a retried start answers the run it started"),
+           ("Idempotency-Key" = Option<Identifier>, Header, nullable = false, description = "starts the run once per key: a retried start answers the run it started"),
            ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for the run to end: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
     request_body = PipelineRunBody,
     responses((status = 201, body = RunView, description = "the run was started; `pipeline` shows its steps"),

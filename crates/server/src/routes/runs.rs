@@ -5,7 +5,7 @@ use super::pipelines::PipelineProgressView;
 use super::{NoParams, SMALL_BODY_LIMIT, StrictQuery, WaitQuery, json_body, parse_wait, view};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::dto::{HashableObject, RunStateName, SubjectView, TaskErrorView};
+use crate::dto::{HashableObject, Identifier, RunStateName, SubjectView, TaskErrorView};
 use crate::error::ApiError;
 use axum::Json;
 use axum::body::Body;
@@ -25,11 +25,7 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct RunBody {
     /// The scope the run's tasks are admitted and cached in.
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Identifier)]
     pub scope: String,
     /// The run's input: a JSON object (default `{}`).
     #[serde(default)]
@@ -253,7 +249,7 @@ pub(crate) struct RunListParams {
 
 #[utoipa::path(get, path = "/v1/runs", tag = "runs",
     params(
-        ("scope" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only runs of this scope"),
+        ("scope" = Option<Identifier>, Query, description = "only runs of this scope"),
         ("state" = Option<Vec<RunStateName>>, Query, style = Form, explode = false, description = "only runs in one of these states, comma-separated (`running,waiting`)"),
         ("pipeline" = Option<String>, Query, min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$", description = "only runs of this pipeline (a pipeline name: 1 to 128 letters, digits, `_`, `-` and `.`, not starting with `.`)"),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 500, description = "page size (default 50, at most 500)"),

@@ -4,6 +4,7 @@ use super::listing::{PageParams, cursor, limit, query};
 use super::{NoParams, StrictQuery, view};
 use crate::AppState;
 use crate::auth::Caller;
+use crate::dto::Identifier;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -50,9 +51,9 @@ pub(crate) struct UnreleasedParams {
 }
 
 #[utoipa::path(get, path = "/v1/scopes/{scope}/unreleased-sources", tag = "scopes",
-    params(("scope" = String, Path, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the scope"),
-           ("step" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only tasks of this step"),
-           ("after" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the `next` of the previous page")),
+    params(("scope" = Identifier, Path, description = "the scope"),
+           ("step" = Option<Identifier>, Query, description = "only tasks of this step"),
+           ("after" = Option<Identifier>, Query, description = "the `next` of the previous page")),
     responses((status = 200, body = UnreleasedPageView)), security(("api_key" = [])))]
 pub(crate) async fn unreleased_sources(
     State(s): State<AppState>,
@@ -97,8 +98,8 @@ pub(crate) struct DeleteParams {
 }
 
 #[utoipa::path(delete, path = "/v1/scopes/{scope}/tasks", tag = "scopes",
-    params(("scope" = String, Path, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the scope"),
-           ("source" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only this source's tasks")),
+    params(("scope" = Identifier, Path, description = "the scope"),
+           ("source" = Option<Identifier>, Query, description = "only this source's tasks")),
     responses((status = 200, body = DeletedAnswer)), security(("api_key" = [])))]
 pub(crate) async fn delete_owner_data(
     State(s): State<AppState>,
@@ -251,7 +252,7 @@ pub(crate) async fn list_scopes(
 }
 
 #[utoipa::path(get, path = "/v1/scopes/{scope}", tag = "scopes",
-    params(("scope" = String, Path, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the scope")),
+    params(("scope" = Identifier, Path, description = "the scope")),
     responses((status = 200, body = ScopeView, description = "the policy in force and the live state (a scope never admitted into shows a full bucket and zeros)"),
               (status = 403, body = crate::error::ErrorBody, description = "the key is bound to a subject: a scope's state counts every subject's work")),
     security(("api_key" = [])))]

@@ -4,6 +4,7 @@
 use super::listing::query;
 use super::{NoParams, view};
 use crate::AppState;
+use crate::dto::Identifier;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -80,7 +81,7 @@ impl From<UsageReport> for UsageReportView {
 }
 
 #[utoipa::path(get, path = "/v1/scopes/{scope}/usage", tag = "scopes",
-    params(("scope" = String, Path, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the scope")),
+    params(("scope" = Identifier, Path, description = "the scope")),
     responses((status = 200, body = UsageReportView, description = "the scope's spend and tokens in the 24 h window (SPEC §13)"),
               (status = 403, body = crate::error::ErrorBody, description = "the key is bound to a subject: spend counts every subject's work")),
     security(("api_key" = [])))]

@@ -6,7 +6,7 @@ use super::{
     view,
 };
 use crate::auth::Caller;
-use crate::dto::{HashableObject, KindName, TaskStatusName, TaskView};
+use crate::dto::{HashableObject, Identifier, KindName, TaskStatusName, TaskView};
 use crate::error::ApiError;
 use crate::{AppState, body_limit};
 use axum::Json;
@@ -35,30 +35,18 @@ pub struct SubmitBody {
     pub kind: String,
     /// Model id (one of `GET /v1/models`); defaults to the configured default model.
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Option<Identifier>)]
     pub model: Option<String>,
     /// The caller's name for the step; defaults to the kind.
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Option<Identifier>)]
     pub step: Option<String>,
     /// The kind's request object (its schema per kind: `GET /v1/kinds`).
     #[schema(value_type = HashableObject)]
     pub request: Value,
     /// Application owner's scope. Exactly one of `scope` and `run_id`.
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Option<Identifier>)]
     pub scope: Option<String>,
     /// Owning workflow run. Exactly one of `scope` and `run_id`.
     #[serde(default)]
@@ -71,19 +59,11 @@ pub struct SubmitBody {
     pub source: Option<SourceBody>,
     /// Budget policy name; defaults to the app's default policy.
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Option<Identifier>)]
     pub budget: Option<String>,
     /// The effect key, when not sent as the `Idempotency-Key` header.
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Option<Identifier>)]
     pub effect_key: Option<String>,
     /// SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
     /// level counts as one ageing step (default 60 s) of waiting, so low priority is
@@ -98,18 +78,10 @@ pub struct SubmitBody {
 #[serde(deny_unknown_fields)]
 pub struct SourceBody {
     /// Source id.
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Identifier)]
     pub id: String,
     /// Source revision.
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Identifier)]
     pub revision: String,
     /// Skip the cache and count as a new step.
     #[serde(default)]
@@ -154,18 +126,10 @@ pub struct BatchAnswer {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseBody {
     /// The task's effect key.
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Identifier)]
     pub effect_key: String,
     /// The task's scope.
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
-    )]
+    #[schema(value_type = Identifier)]
     pub scope: String,
 }
 
@@ -263,7 +227,7 @@ fn submit_status(submitted: &Submitted) -> StatusCode {
 }
 
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
-    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the effect key (or the body's `effect_key`; one of them is required, and they must agree)"),
+    params(("Idempotency-Key" = Option<Identifier>, Header, nullable = false, description = "the effect key (or the body's `effect_key`; one of them is required, and they must agree)"),
            ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for a terminal state: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
     request_body = SubmitBody,
     responses((status = 201, body = TaskView, description = "created and queued"),
@@ -525,12 +489,12 @@ pub enum TasksAnswer {
 
 #[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
     params(
-        ("effect_key" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the task with this effect key (answers one task, not a page; no other parameter may be given with it)"),
-        ("scope" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only tasks of this scope"),
+        ("effect_key" = Option<Identifier>, Query, description = "the task with this effect key (answers one task, not a page; no other parameter may be given with it)"),
+        ("scope" = Option<Identifier>, Query, description = "only tasks of this scope"),
         ("status" = Option<Vec<TaskStatusName>>, Query, style = Form, explode = false, description = "only tasks in one of these statuses, comma-separated (`queued,running`)"),
         ("kind" = Option<crate::dto::KindName>, Query, description = "only tasks of this kind"),
-        ("step" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only tasks of this step key"),
-        ("source" = Option<String>, Query, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "only tasks of this source id"),
+        ("step" = Option<Identifier>, Query, description = "only tasks of this step key"),
+        ("source" = Option<Identifier>, Query, description = "only tasks of this source id"),
         ("run_id" = Option<String>, Query, pattern = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", description = "only tasks of this run"),
         ("created_after" = Option<String>, Query, format = DateTime, description = "only tasks created at or after this instant (RFC 3339)"),
         ("created_before" = Option<String>, Query, format = DateTime, description = "only tasks created before this instant (RFC 3339)"),
