@@ -539,6 +539,8 @@ export interface components {
         HashableObject: {
             [key: string]: components["schemas"]["HashableJson"];
         };
+        /** @description An identifier: 1 to 256 characters, no control or invisible formatting character, no white space first or last. */
+        Identifier: string;
         /**
          * @description The four task kinds (GET /v1/kinds).
          * @enum {string}
@@ -639,9 +641,8 @@ export interface components {
             /** @description The run's input: what the steps' `/input…` references read (default `{}`). */
             input?: components["schemas"]["HashableObject"];
             /** @description The scope the run's tasks are admitted and cached in. */
-            scope: string;
-            /** @description The version to run (default: the newest). */
-            version?: string | null;
+            scope: components["schemas"]["Identifier"];
+            version?: null | components["schemas"]["Identifier"];
         };
         /** @description A pipeline with its versions. */
         PipelineSummaryView: {
@@ -734,16 +735,16 @@ export interface components {
         /** @description `POST /v1/tasks/release` body. */
         ReleaseBody: {
             /** @description The task's effect key. */
-            effect_key: string;
+            effect_key: components["schemas"]["Identifier"];
             /** @description The task's scope. */
-            scope: string;
+            scope: components["schemas"]["Identifier"];
         };
         /** @description `POST /v1/runs` body. */
         RunBody: {
             /** @description The run's input: a JSON object (default `{}`). */
             input?: components["schemas"]["HashableObject"];
             /** @description The scope the run's tasks are admitted and cached in. */
-            scope: string;
+            scope: components["schemas"]["Identifier"];
         };
         /** @description `GET /v1/runs` answer. */
         RunPageView: {
@@ -861,11 +862,11 @@ export interface components {
         /** @description The source a scoped task is about. */
         SourceBody: {
             /** @description Source id. */
-            id: string;
+            id: components["schemas"]["Identifier"];
             /** @description Skip the cache and count as a new step. */
             recompute?: boolean;
             /** @description Source revision. */
-            revision: string;
+            revision: components["schemas"]["Identifier"];
         };
         /** @description The source of a task, as shown. */
         SourceView: {
@@ -973,14 +974,11 @@ export interface components {
         };
         /** @description `POST /v1/tasks` body. */
         SubmitBody: {
-            /** @description Budget policy name; defaults to the app's default policy. */
-            budget?: string | null;
-            /** @description The effect key, when not sent as the `Idempotency-Key` header. */
-            effect_key?: string | null;
+            budget?: null | components["schemas"]["Identifier"];
+            effect_key?: null | components["schemas"]["Identifier"];
             /** @description `generate_text`, `classify`, `classify_many` or `extract_data`. */
             kind: components["schemas"]["KindName"];
-            /** @description Model id (one of `GET /v1/models`); defaults to the configured default model. */
-            model?: string | null;
+            model?: null | components["schemas"]["Identifier"];
             /**
              * Format: int64
              * @description SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
@@ -992,11 +990,9 @@ export interface components {
             request: components["schemas"]["HashableObject"];
             /** @description Owning workflow run. Exactly one of `scope` and `run_id`. */
             run_id?: string | null;
-            /** @description Application owner's scope. Exactly one of `scope` and `run_id`. */
-            scope?: string | null;
+            scope?: null | components["schemas"]["Identifier"];
             source?: null | components["schemas"]["SourceBody"];
-            /** @description The caller's name for the step; defaults to the kind. */
-            step?: string | null;
+            step?: null | components["schemas"]["Identifier"];
         };
         /** @description A task error, as shown. */
         TaskErrorView: {
@@ -1500,7 +1496,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description a version (default: the newest); an identifier */
-                version?: string;
+                version?: components["schemas"]["Identifier"];
             };
             header?: never;
             path: {
@@ -1592,7 +1588,7 @@ export interface operations {
             };
             header?: {
                 /** @description starts the run once per key: a retried start answers the run it started */
-                "Idempotency-Key"?: string | null;
+                "Idempotency-Key"?: components["schemas"]["Identifier"];
             };
             path: {
                 /** @description the pipeline's name */
@@ -1746,7 +1742,7 @@ export interface operations {
                 /** @description only runs of this pipeline (a pipeline name: 1 to 128 letters, digits, `_`, `-` and `.`, not starting with `.`) */
                 pipeline?: string;
                 /** @description only runs of this scope */
-                scope?: string;
+                scope?: components["schemas"]["Identifier"];
                 /** @description only runs in one of these states, comma-separated (`running,waiting`) */
                 state?: components["schemas"]["RunStateName"][];
             };
@@ -2157,7 +2153,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2232,12 +2228,12 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description only this source's tasks */
-                source?: string;
+                source?: components["schemas"]["Identifier"];
             };
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2311,14 +2307,14 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description the `next` of the previous page */
-                after?: string;
+                after?: components["schemas"]["Identifier"];
                 /** @description only tasks of this step */
-                step?: string;
+                step?: components["schemas"]["Identifier"];
             };
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2394,7 +2390,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2538,7 +2534,7 @@ export interface operations {
                 /** @description only tasks created before this instant (RFC 3339) */
                 created_before?: string;
                 /** @description the task with this effect key (answers one task, not a page; no other parameter may be given with it) */
-                effect_key?: string;
+                effect_key?: components["schemas"]["Identifier"];
                 /** @description only tasks of this kind */
                 kind?: components["schemas"]["KindName"];
                 /** @description page size (default 50, at most 500) */
@@ -2548,13 +2544,13 @@ export interface operations {
                 /** @description only tasks of this run */
                 run_id?: string;
                 /** @description only tasks of this scope */
-                scope?: string;
+                scope?: components["schemas"]["Identifier"];
                 /** @description only tasks of this source id */
-                source?: string;
+                source?: components["schemas"]["Identifier"];
                 /** @description only tasks in one of these statuses, comma-separated (`queued,running`) */
                 status?: components["schemas"]["TaskStatusName"][];
                 /** @description only tasks of this step key */
-                step?: string;
+                step?: components["schemas"]["Identifier"];
             };
             header?: never;
             path?: never;
@@ -2635,7 +2631,7 @@ export interface operations {
             };
             header?: {
                 /** @description the effect key (or the body's `effect_key`; one of them is required, and they must agree) */
-                "Idempotency-Key"?: string | null;
+                "Idempotency-Key"?: components["schemas"]["Identifier"];
             };
             path?: never;
             cookie?: never;
