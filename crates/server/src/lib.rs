@@ -9,7 +9,6 @@ pub mod auth;
 pub mod config;
 pub mod dto;
 pub mod error;
-mod list_routes;
 mod memory;
 mod openai;
 mod openapi;

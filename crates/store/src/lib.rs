@@ -22,7 +22,7 @@
 //! locks, `SKIP LOCKED`, id sets, admission, the claim — as constants and hooks of a
 //! per-concern trait, and states the store trait with one macro line. A wrapper of another store (the bench's
 //! counting store) implements [`wrap::StoreWrapper`] and the traits it does not change are
-//! forwarded for it, one marker trait per concern ([`wrap`]).
+//! forwarded for it by marker traits ([`wrap`]).
 //!
 //! # One rule, one place
 //!

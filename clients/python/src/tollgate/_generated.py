@@ -119,6 +119,12 @@ A JSON object; numbers within ±(2^53 − 1), nested at most 64 levels deep.
 """
 
 
+Identifier: TypeAlias = str
+"""
+An identifier: 1 to 256 characters, no control or invisible formatting character, no white space first or last.
+"""
+
+
 KindName: TypeAlias = Literal[
     'generate_text', 'classify', 'classify_many', 'extract_data'
 ]
@@ -225,14 +231,11 @@ class PipelineRunBody(TypedDict, closed=True):
     """
     The run's input: what the steps' `/input…` references read (default `{}`).
     """
-    scope: str
+    scope: Identifier
     """
     The scope the run's tasks are admitted and cached in.
     """
-    version: NotRequired[str | None]
-    """
-    The version to run (default: the newest).
-    """
+    version: NotRequired[Identifier | None]
 
 
 class PipelineVersionView(TypedDict):
@@ -361,11 +364,11 @@ class ReleaseBody(TypedDict, closed=True):
     `POST /v1/tasks/release` body.
     """
 
-    effect_key: str
+    effect_key: Identifier
     """
     The task's effect key.
     """
-    scope: str
+    scope: Identifier
     """
     The task's scope.
     """
@@ -380,7 +383,7 @@ class RunBody(TypedDict, closed=True):
     """
     The run's input: a JSON object (default `{}`).
     """
-    scope: str
+    scope: Identifier
     """
     The scope the run's tasks are admitted and cached in.
     """
@@ -459,7 +462,7 @@ class SourceBody(TypedDict, closed=True):
     The source a scoped task is about.
     """
 
-    id: str
+    id: Identifier
     """
     Source id.
     """
@@ -467,7 +470,7 @@ class SourceBody(TypedDict, closed=True):
     """
     Skip the cache and count as a new step.
     """
-    revision: str
+    revision: Identifier
     """
     Source revision.
     """
@@ -591,22 +594,13 @@ class SubmitBody(TypedDict, closed=True):
     `POST /v1/tasks` body.
     """
 
-    budget: NotRequired[str | None]
-    """
-    Budget policy name; defaults to the app's default policy.
-    """
-    effect_key: NotRequired[str | None]
-    """
-    The effect key, when not sent as the `Idempotency-Key` header.
-    """
+    budget: NotRequired[Identifier | None]
+    effect_key: NotRequired[Identifier | None]
     kind: KindName
     """
     `generate_text`, `classify`, `classify_many` or `extract_data`.
     """
-    model: NotRequired[str | None]
-    """
-    Model id (one of `GET /v1/models`); defaults to the configured default model.
-    """
+    model: NotRequired[Identifier | None]
     priority: NotRequired[int | None]
     """
     SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
@@ -621,15 +615,9 @@ class SubmitBody(TypedDict, closed=True):
     """
     Owning workflow run. Exactly one of `scope` and `run_id`.
     """
-    scope: NotRequired[str | None]
-    """
-    Application owner's scope. Exactly one of `scope` and `run_id`.
-    """
+    scope: NotRequired[Identifier | None]
     source: NotRequired[SourceBody | None]
-    step: NotRequired[str | None]
-    """
-    The caller's name for the step; defaults to the kind.
-    """
+    step: NotRequired[Identifier | None]
 
 
 class TaskErrorView(TypedDict):

@@ -540,6 +540,8 @@ export interface components {
         HashableObject: {
             [key: string]: components["schemas"]["HashableJson"];
         };
+        /** @description An identifier: 1 to 256 characters, no control or invisible formatting character, no white space first or last. */
+        Identifier: string;
         /**
          * @description The four task kinds (GET /v1/kinds).
          * @enum {string}
@@ -588,26 +590,6 @@ export interface components {
              */
             p99: number;
         };
-        /** @description Tasks that finished in one minute of the stats window. */
-        MinuteCountView: {
-            /**
-             * Format: int64
-             * @description Canceled in it.
-             */
-            canceled: number;
-            /**
-             * Format: int64
-             * @description Failed in it.
-             */
-            failed: number;
-            /** @description The minute's start (RFC 3339). */
-            start: string;
-            /**
-             * Format: int64
-             * @description Succeeded in it.
-             */
-            succeeded: number;
-        };
         /** @description `GET /v1/models` answer. */
         ModelsAnswer: {
             /** @description Configured models. */
@@ -623,7 +605,6 @@ export interface components {
             id: string;
             /** @description Provider's model name. */
             model: string;
-            prices: null | components["schemas"]["PricesView"];
             /** @description Provider name. */
             provider: string;
         };
@@ -661,9 +642,8 @@ export interface components {
             /** @description The run's input: what the steps' `/input…` references read (default `{}`). */
             input?: components["schemas"]["HashableObject"];
             /** @description The scope the run's tasks are admitted and cached in. */
-            scope: string;
-            /** @description The version to run (default: the newest). */
-            version?: string | null;
+            scope: components["schemas"]["Identifier"];
+            version?: null | components["schemas"]["Identifier"];
         };
         /** @description A pipeline with its versions. */
         PipelineSummaryView: {
@@ -748,24 +728,6 @@ export interface components {
              */
             usd_per_24_hours?: number | null;
         };
-        /** @description A model's prices, US dollars per million tokens. */
-        PricesView: {
-            /**
-             * Format: double
-             * @description Per million input tokens served from the provider's prompt cache.
-             */
-            cached_input_usd_per_million: number;
-            /**
-             * Format: double
-             * @description Per million input tokens not served from the provider's prompt cache.
-             */
-            input_usd_per_million: number;
-            /**
-             * Format: double
-             * @description Per million output tokens.
-             */
-            output_usd_per_million: number;
-        };
         /** @description `POST /v1/tasks/release` answer. */
         ReleaseAnswer: {
             /** @description Always true: an unmatched release answers 404. */
@@ -774,16 +736,16 @@ export interface components {
         /** @description `POST /v1/tasks/release` body. */
         ReleaseBody: {
             /** @description The task's effect key. */
-            effect_key: string;
+            effect_key: components["schemas"]["Identifier"];
             /** @description The task's scope. */
-            scope: string;
+            scope: components["schemas"]["Identifier"];
         };
         /** @description `POST /v1/runs` body. */
         RunBody: {
             /** @description The run's input: a JSON object (default `{}`). */
             input?: components["schemas"]["HashableObject"];
             /** @description The scope the run's tasks are admitted and cached in. */
-            scope: string;
+            scope: components["schemas"]["Identifier"];
         };
         /** @description `GET /v1/runs` answer. */
         RunPageView: {
@@ -901,11 +863,11 @@ export interface components {
         /** @description The source a scoped task is about. */
         SourceBody: {
             /** @description Source id. */
-            id: string;
+            id: components["schemas"]["Identifier"];
             /** @description Skip the cache and count as a new step. */
             recompute?: boolean;
             /** @description Source revision. */
-            revision: string;
+            revision: components["schemas"]["Identifier"];
         };
         /** @description The source of a task, as shown. */
         SourceView: {
@@ -943,25 +905,10 @@ export interface components {
             failures_by_code: components["schemas"]["FailureCount"][];
             latency_ms: null | components["schemas"]["LatencyView"];
             /**
-             * @description The window minute by minute, oldest first (60 buckets, the last one ending now):
-             *     what finished in each.
-             */
-            per_minute: components["schemas"]["MinuteCountView"][];
-            /**
              * Format: int64
              * @description Tasks queued now.
              */
             queued: number;
-            /**
-             * Format: double
-             * @description Tasks finished per minute over the recent window: the current rate.
-             */
-            recent_throughput_per_minute: number;
-            /**
-             * Format: int64
-             * @description The recent window's length, in seconds (60).
-             */
-            recent_window_seconds: number;
             /**
              * Format: int64
              * @description Tasks running now.
@@ -983,7 +930,7 @@ export interface components {
             succeeded: number;
             /**
              * Format: double
-             * @description Tasks finished per minute over the window (the hour's average).
+             * @description Tasks finished per minute over the window.
              */
             throughput_per_minute: number;
             /**
@@ -1028,14 +975,11 @@ export interface components {
         };
         /** @description `POST /v1/tasks` body. */
         SubmitBody: {
-            /** @description Budget policy name; defaults to the app's default policy. */
-            budget?: string | null;
-            /** @description The effect key, when not sent as the `Idempotency-Key` header. */
-            effect_key?: string | null;
+            budget?: null | components["schemas"]["Identifier"];
+            effect_key?: null | components["schemas"]["Identifier"];
             /** @description `generate_text`, `classify`, `classify_many` or `extract_data`. */
             kind: components["schemas"]["KindName"];
-            /** @description Model id (one of `GET /v1/models`); defaults to the configured default model. */
-            model?: string | null;
+            model?: null | components["schemas"]["Identifier"];
             /**
              * Format: int64
              * @description SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
@@ -1047,11 +991,9 @@ export interface components {
             request: components["schemas"]["HashableObject"];
             /** @description Owning workflow run. Exactly one of `scope` and `run_id`. */
             run_id?: string | null;
-            /** @description Application owner's scope. Exactly one of `scope` and `run_id`. */
-            scope?: string | null;
+            scope?: null | components["schemas"]["Identifier"];
             source?: null | components["schemas"]["SourceBody"];
-            /** @description The caller's name for the step; defaults to the kind. */
-            step?: string | null;
+            step?: null | components["schemas"]["Identifier"];
         };
         /** @description A task error, as shown. */
         TaskErrorView: {
@@ -1083,11 +1025,6 @@ export interface components {
             attempts: components["schemas"]["AttemptView"][];
             /** @description Served from the cache. */
             cached: boolean;
-            /**
-             * @description When served from the cache: the id of the task whose result it copied (`null`
-             *     otherwise).
-             */
-            cached_from: string | null;
             /** @description When a worker claimed it (SPEC §15). */
             claimed_at: string | null;
             /** @description Completion time, once terminal. */
@@ -1560,7 +1497,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description a version (default: the newest); an identifier */
-                version?: string;
+                version?: components["schemas"]["Identifier"];
             };
             header?: never;
             path: {
@@ -1652,7 +1589,7 @@ export interface operations {
             };
             header?: {
                 /** @description starts the run once per key: a retried start answers the run it started */
-                "Idempotency-Key"?: string | null;
+                "Idempotency-Key"?: components["schemas"]["Identifier"];
             };
             path: {
                 /** @description the pipeline's name */
@@ -1806,7 +1743,7 @@ export interface operations {
                 /** @description only runs of this pipeline (a pipeline name: 1 to 128 letters, digits, `_`, `-` and `.`, not starting with `.`) */
                 pipeline?: string;
                 /** @description only runs of this scope */
-                scope?: string;
+                scope?: components["schemas"]["Identifier"];
                 /** @description only runs in one of these states, comma-separated (`running,waiting`) */
                 state?: components["schemas"]["RunStateName"][];
             };
@@ -2217,7 +2154,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2292,12 +2229,12 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description only this source's tasks */
-                source?: string;
+                source?: components["schemas"]["Identifier"];
             };
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2371,14 +2308,14 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description the `next` of the previous page */
-                after?: string;
+                after?: components["schemas"]["Identifier"];
                 /** @description only tasks of this step */
-                step?: string;
+                step?: components["schemas"]["Identifier"];
             };
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2454,7 +2391,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2598,9 +2535,7 @@ export interface operations {
                 /** @description only tasks created before this instant (RFC 3339) */
                 created_before?: string;
                 /** @description the task with this effect key (answers one task, not a page; no other parameter may be given with it) */
-                effect_key?: string;
-                /** @description only tasks that ended with this error code (as `GET /v1/stats` counts them in `failures_by_code`) */
-                error_code?: string;
+                effect_key?: components["schemas"]["Identifier"];
                 /** @description only tasks of this kind */
                 kind?: components["schemas"]["KindName"];
                 /** @description page size (default 50, at most 500) */
@@ -2610,13 +2545,13 @@ export interface operations {
                 /** @description only tasks of this run */
                 run_id?: string;
                 /** @description only tasks of this scope */
-                scope?: string;
+                scope?: components["schemas"]["Identifier"];
                 /** @description only tasks of this source id */
-                source?: string;
+                source?: components["schemas"]["Identifier"];
                 /** @description only tasks in one of these statuses, comma-separated (`queued,running`) */
                 status?: components["schemas"]["TaskStatusName"][];
                 /** @description only tasks of this step key */
-                step?: string;
+                step?: components["schemas"]["Identifier"];
             };
             header?: never;
             path?: never;
@@ -2697,7 +2632,7 @@ export interface operations {
             };
             header?: {
                 /** @description the effect key (or the body's `effect_key`; one of them is required, and they must agree) */
-                "Idempotency-Key"?: string | null;
+                "Idempotency-Key"?: components["schemas"]["Identifier"];
             };
             path?: never;
             cookie?: never;

@@ -6,9 +6,7 @@ use super::{
     STATS_SAMPLE, ScopeSnapshot, TaskListQuery, TaskStatsRaw, list_page_size,
 };
 use crate::shared::sql::{Arg, Statement};
-use tollgate_core::{
-    AppId, ErrorCode, PipelineName, Run, ScopeId, Subject, TaskStatus, Timestamp,
-};
+use tollgate_core::{AppId, ErrorCode, PipelineName, Run, ScopeId, Subject, TaskStatus, Timestamp};
 
 /// The pieces listings build their statements from.
 impl Statement {
