@@ -590,6 +590,26 @@ export interface components {
              */
             p99: number;
         };
+        /** @description Tasks that finished in one minute of the stats window. */
+        MinuteCountView: {
+            /**
+             * Format: int64
+             * @description Canceled in it.
+             */
+            canceled: number;
+            /**
+             * Format: int64
+             * @description Failed in it.
+             */
+            failed: number;
+            /** @description The minute's start (RFC 3339). */
+            start: string;
+            /**
+             * Format: int64
+             * @description Succeeded in it.
+             */
+            succeeded: number;
+        };
         /** @description `GET /v1/models` answer. */
         ModelsAnswer: {
             /** @description Configured models. */
@@ -605,6 +625,7 @@ export interface components {
             id: string;
             /** @description Provider's model name. */
             model: string;
+            prices: null | components["schemas"]["PricesView"];
             /** @description Provider name. */
             provider: string;
         };
@@ -727,6 +748,24 @@ export interface components {
              * @description SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
              */
             usd_per_24_hours?: number | null;
+        };
+        /** @description A model's prices, US dollars per million tokens. */
+        PricesView: {
+            /**
+             * Format: double
+             * @description Per million input tokens served from the provider's prompt cache.
+             */
+            cached_input_usd_per_million: number;
+            /**
+             * Format: double
+             * @description Per million input tokens not served from the provider's prompt cache.
+             */
+            input_usd_per_million: number;
+            /**
+             * Format: double
+             * @description Per million output tokens.
+             */
+            output_usd_per_million: number;
         };
         /** @description `POST /v1/tasks/release` answer. */
         ReleaseAnswer: {
@@ -905,10 +944,25 @@ export interface components {
             failures_by_code: components["schemas"]["FailureCount"][];
             latency_ms: null | components["schemas"]["LatencyView"];
             /**
+             * @description The window minute by minute, oldest first (60 buckets, the last one ending now):
+             *     what finished in each.
+             */
+            per_minute: components["schemas"]["MinuteCountView"][];
+            /**
              * Format: int64
              * @description Tasks queued now.
              */
             queued: number;
+            /**
+             * Format: double
+             * @description Tasks finished per minute over the recent window: the current rate.
+             */
+            recent_throughput_per_minute: number;
+            /**
+             * Format: int64
+             * @description The recent window's length, in seconds (60).
+             */
+            recent_window_seconds: number;
             /**
              * Format: int64
              * @description Tasks running now.
@@ -930,7 +984,7 @@ export interface components {
             succeeded: number;
             /**
              * Format: double
-             * @description Tasks finished per minute over the window.
+             * @description Tasks finished per minute over the window (the hour's average).
              */
             throughput_per_minute: number;
             /**
@@ -1025,6 +1079,11 @@ export interface components {
             attempts: components["schemas"]["AttemptView"][];
             /** @description Served from the cache. */
             cached: boolean;
+            /**
+             * @description When served from the cache: the id of the task whose result it copied (`null`
+             *     otherwise).
+             */
+            cached_from: string | null;
             /** @description When a worker claimed it (SPEC §15). */
             claimed_at: string | null;
             /** @description Completion time, once terminal. */
@@ -2536,6 +2595,8 @@ export interface operations {
                 created_before?: string;
                 /** @description the task with this effect key (answers one task, not a page; no other parameter may be given with it) */
                 effect_key?: components["schemas"]["Identifier"];
+                /** @description only tasks that ended with this error code (as `GET /v1/stats` counts them in `failures_by_code`) */
+                error_code?: string;
                 /** @description only tasks of this kind */
                 kind?: components["schemas"]["KindName"];
                 /** @description page size (default 50, at most 500) */
