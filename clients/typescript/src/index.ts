@@ -135,6 +135,8 @@ export interface TaskListQuery extends PageQuery {
   created_after?: string | Date;
   /** Exclusive; an RFC 3339 string or a `Date`. */
   created_before?: string | Date;
+  /** Only tasks that ended with this error code (as `stats().failures_by_code` counts them). */
+  error_code?: string;
 }
 
 /** `GET /v1/runs` filters. */
@@ -363,6 +365,7 @@ export class Tollgate {
         run_id: query.run_id,
         created_after: timeParam(query.created_after),
         created_before: timeParam(query.created_before),
+        error_code: query.error_code,
         limit: intParam(query.limit),
         next: query.next,
       },

@@ -254,18 +254,21 @@ class Tollgate(_Base):
         run_id: str | None = None,
         created_after: str | datetime | None = None,
         created_before: str | datetime | None = None,
+        error_code: str | None = None,
         limit: int | None = None,
         next: str | None = None,
     ) -> TaskPageView:
         """``GET /v1/tasks``: one page of the app's tasks, newest first; the filters narrow
         together (``status``: one or several; ``created_after`` inclusive and
-        ``created_before`` exclusive, RFC 3339 strings or aware datetimes). A page may be
+        ``created_before`` exclusive, RFC 3339 strings or aware datetimes; ``error_code``: tasks
+        that ended with it). A page may be
         short, even empty, and still carry ``next`` (docs/api.md, "Short pages"):
         :meth:`iter_tasks` follows it."""
         return self._send(
             _api.list_tasks(
                 scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
-                created_after=created_after, created_before=created_before, limit=limit, next=next,
+                created_after=created_after, created_before=created_before, error_code=error_code,
+                limit=limit, next=next,
             )  # fmt: skip
         )
 
@@ -280,6 +283,7 @@ class Tollgate(_Base):
         run_id: str | None = None,
         created_after: str | datetime | None = None,
         created_before: str | datetime | None = None,
+        error_code: str | None = None,
         limit: int | None = None,
         next: str | None = None,
     ) -> Iterator[TaskView]:
@@ -287,7 +291,8 @@ class Tollgate(_Base):
         while True:
             page = self.list_tasks(
                 scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
-                created_after=created_after, created_before=created_before, limit=limit, next=next,
+                created_after=created_after, created_before=created_before, error_code=error_code,
+                limit=limit, next=next,
             )  # fmt: skip
             yield from page["tasks"]
             next = page.get("next")
@@ -644,18 +649,21 @@ class AsyncTollgate(_Base):
         run_id: str | None = None,
         created_after: str | datetime | None = None,
         created_before: str | datetime | None = None,
+        error_code: str | None = None,
         limit: int | None = None,
         next: str | None = None,
     ) -> TaskPageView:
         """``GET /v1/tasks``: one page of the app's tasks, newest first; the filters narrow
         together (``status``: one or several; ``created_after`` inclusive and
-        ``created_before`` exclusive, RFC 3339 strings or aware datetimes). A page may be
+        ``created_before`` exclusive, RFC 3339 strings or aware datetimes; ``error_code``: tasks
+        that ended with it). A page may be
         short, even empty, and still carry ``next`` (docs/api.md, "Short pages"):
         :meth:`iter_tasks` follows it."""
         return await self._send(
             _api.list_tasks(
                 scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
-                created_after=created_after, created_before=created_before, limit=limit, next=next,
+                created_after=created_after, created_before=created_before, error_code=error_code,
+                limit=limit, next=next,
             )  # fmt: skip
         )
 
@@ -670,6 +678,7 @@ class AsyncTollgate(_Base):
         run_id: str | None = None,
         created_after: str | datetime | None = None,
         created_before: str | datetime | None = None,
+        error_code: str | None = None,
         limit: int | None = None,
         next: str | None = None,
     ) -> AsyncIterator[TaskView]:
@@ -677,7 +686,8 @@ class AsyncTollgate(_Base):
         while True:
             page = await self.list_tasks(
                 scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
-                created_after=created_after, created_before=created_before, limit=limit, next=next,
+                created_after=created_after, created_before=created_before, error_code=error_code,
+                limit=limit, next=next,
             )  # fmt: skip
             for item in page["tasks"]:
                 yield item
