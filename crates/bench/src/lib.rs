@@ -62,7 +62,7 @@ const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const BENCH_APP: &str = "bench";
 /// The budget policy of every scoped benchmark task: limits that admit everything.
 const BENCH_BUDGET: &str = "bench";
-/// The same policy with SPEC §13's USD and token limits, set high enough to admit
+/// The same policy with docs/conformance.md#cost-limits's USD and token limits, set high enough to admit
 /// everything: what the cost checks add to an admission.
 const BENCH_METERED: &str = "bench-metered";
 /// The model whose answers wait until the heartbeat scenario lets them go.
@@ -155,9 +155,9 @@ pub struct SizeArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
     /// Submit N unscoped tasks, then W workers run them all (vs the raw SQL lifecycle),
-    /// with SPEC §14 fairness on and off.
+    /// with docs/conformance.md#fair-share fairness on and off.
     BurnDown,
-    /// SPEC §14: scope B's 200 tasks behind scope A's backlog of N vs with no backlog.
+    /// docs/conformance.md#fair-share: scope B's 200 tasks behind scope A's backlog of N vs with no backlog.
     Fairness,
     /// 8 clients admit scoped tasks over 64 scopes (vs the reference design's admission
     /// behind one global lock).
@@ -399,7 +399,7 @@ impl Ctx {
     }
 
     /// Like [`counting_store`](Self::counting_store), claiming oldest first across
-    /// everything (SPEC §14 fairness off), on the same database and pool.
+    /// everything (docs/conformance.md#fair-share fairness off), on the same database and pool.
     fn counting_store_oldest_first(&self) -> CountingStore {
         CountingStore::new(self.db.store_ordered(tollgate_store::ClaimOrder::Oldest))
     }
@@ -419,7 +419,7 @@ impl Ctx {
         self.tollgate_with(store, workers, hold, true)
     }
 
-    /// [`tollgate`](Self::tollgate) with SPEC §14 fairness on or off (`store` must claim
+    /// [`tollgate`](Self::tollgate) with docs/conformance.md#fair-share fairness on or off (`store` must claim
     /// in the matching order).
     fn tollgate_with(
         &self,

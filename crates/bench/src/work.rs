@@ -49,7 +49,7 @@ pub(crate) fn scoped(
     .with_source(SourceId::new(source)?, SourceRevision::new("v1")?))
 }
 
-/// [`scoped`] under the [`BENCH_METERED`] policy (SPEC §13 limits that admit everything).
+/// [`scoped`] under the [`BENCH_METERED`] policy (docs/conformance.md#cost-limits limits that admit everything).
 pub(crate) fn scoped_metered(
     scope: &ScopeId,
     source: &str,

@@ -1,4 +1,4 @@
-//! The conformance suite: SPEC §3–8 and §14 written once against
+//! The conformance suite: docs/conformance.md#store-rules, docs/conformance.md#dispatch written once against
 //! [`Store`](tollgate_store::Store), run by every backend.
 //!
 //! A crate of its own (`publish = false`), beside the store rather than inside it: it uses
@@ -15,7 +15,7 @@
 //!
 //! Every test is a `pub async fn name(b: &dyn Backend)` that panics with a message naming
 //! the broken rule. Time only moves through [`Backend::clock`]; no test sleeps.
-//! `docs/conformance.md` maps every SPEC row to these names.
+//! `docs/conformance.md` pairs every rule with these names.
 
 #![warn(missing_docs)]
 

@@ -1,4 +1,4 @@
-//! SPEC §15: listings stay bounded. A filter no index serves (kind, step, a
+//! docs/conformance.md#listings: listings stay bounded. A filter no index serves (kind, step, a
 //! status set with `succeeded`) walks at most [`LIST_WALK`] tasks per page; a page that
 //! ends short there still says where to go on, and following `next` finds every match.
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 use tollgate_core::{Clock, ErrorCode, NewTask, TaskStatus};
 use tollgate_store::list::{LIST_WALK, ListCursor, TaskListQuery};
 
-/// SPEC §15: three matching tasks older than a walk's worth of others are found by
+/// docs/conformance.md#listings: three matching tasks older than a walk's worth of others are found by
 /// following `next` from a first page that holds none of them.
 pub async fn walked_filter_pages_go_on_past_the_walk(b: &dyn Backend) {
     let s = b.open().await;
@@ -122,7 +122,7 @@ pub async fn a_subjects_cursor_carries_only_its_own_positions(b: &dyn Backend) {
     }
 }
 
-/// SPEC §15: `error_code` lists the app's tasks that ended with that code (the dashboard's
+/// docs/conformance.md#listings: `error_code` lists the app's tasks that ended with that code (the dashboard's
 /// click-through from a failure count), and nothing else: not other codes, not
 /// succeeded or queued tasks, not another app's failures.
 pub async fn the_error_code_filter_lists_only_tasks_that_ended_with_it(b: &dyn Backend) {
@@ -171,7 +171,7 @@ pub async fn the_error_code_filter_lists_only_tasks_that_ended_with_it(b: &dyn B
     );
 }
 
-/// SPEC §15 stats: each finished task the stats read says when it finished (the per-minute
+/// docs/conformance.md#listings stats: each finished task the stats read says when it finished (the per-minute
 /// series of `GET /v1/stats` is made from it), newest first.
 pub async fn stats_samples_say_when_each_task_finished(b: &dyn Backend) {
     let s = b.open().await;

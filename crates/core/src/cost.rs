@@ -1,4 +1,4 @@
-//! Money and tokens (SPEC §13) as pure functions: prices, the reservation of a task's
+//! Money and tokens (docs/conformance.md#cost-reservation) as pure functions: prices, the reservation of a task's
 //! worst case, the ordered cost checks of admission, the sliding 24 h spend window over
 //! hourly buckets, and settlement. Both store backends gather a [`CostSnapshot`] under
 //! their locks and call [`decide_cost`]; settlement is [`settle`]; there is no second copy.
@@ -7,7 +7,7 @@
 //! integer **pico-dollars per token** (= micro-dollars per million tokens), so sums are
 //! exact; `f64` appears only at the edges (configuration in, display out).
 //!
-//! ## The spend window (SPEC §13 "Exact", §12 "O(1)")
+//! ## The spend window (docs/conformance.md#cost-exact "Exact", docs/conformance.md#constant-admission "O(1)")
 //!
 //! Spend is kept per (app, scope) and per app in buckets of [`SPEND_BUCKET_MS`] (one
 //! hour), keyed by the hour of the task's **admission**. The window at `now` is read as
@@ -52,7 +52,7 @@ pub fn window_first_bucket(now: Timestamp) -> i64 {
     spend_bucket(Timestamp(now.0 - SPEND_WINDOW_MS))
 }
 
-/// The app spend stripe of a scope (SPEC §13: the app-wide sum without one hot row).
+/// The app spend stripe of a scope (docs/conformance.md#money-and-tokens: the app-wide sum without one hot row).
 pub fn app_spend_stripe(scope: &str) -> i64 {
     let h = scope
         .bytes()
@@ -111,7 +111,7 @@ fn div_ceil(a: u128, b: u128) -> u128 {
 impl Prices {
     /// What `usage` cost, in nano-dollars, rounded up: the uncached input tokens at the
     /// input price, the cached ones at the cached price, the output tokens at the
-    /// output price (SPEC §13 "Prices").
+    /// output price (docs/conformance.md#cost-prices "Prices").
     pub fn cost_nano(&self, usage: &Usage) -> i64 {
         let cached = usage
             .cached_input_tokens
@@ -133,7 +133,7 @@ impl Prices {
     }
 }
 
-/// The token bound of one task (SPEC §13 "Reservation"): what every attempt may send and
+/// The token bound of one task (docs/conformance.md#cost-reservation "Reservation"): what every attempt may send and
 /// receive. Re-asks send the first attempt's messages plus one correction message.
 /// Admission reserves the first attempt only ([`reservation`]); each re-ask is reserved
 /// when the worker makes it, counted exactly ([`attempt_reservation`]).
@@ -158,7 +158,7 @@ impl TokenBound {
     }
 
     /// Model tokens of the dearest single attempt (a re-ask): what one provider call may
-    /// use at most — the per-call figure for provider pacing (SPEC §14).
+    /// use at most — the per-call figure for provider pacing (docs/conformance.md#dispatch).
     pub fn per_attempt(&self) -> u64 {
         let reask = if self.attempts > 1 {
             self.reask_input_tokens
@@ -206,7 +206,7 @@ impl Reservation {
     }
 }
 
-/// SPEC §13 "Reservation": the bound's tokens of the **first attempt**, priced at the
+/// docs/conformance.md#cost-reservation "Reservation": the bound's tokens of the **first attempt**, priced at the
 /// model's prices (input tokens at the dearer input price). Each re-ask is reserved when
 /// the worker makes it ([`attempt_reservation`]). `None` bound: nothing can be reserved
 /// (the task has no output-token bound); admission refuses such a task under any USD or
@@ -252,7 +252,7 @@ pub struct TokenRate {
     pub token_burst: NonZeroU32,
 }
 
-/// The cost limits of a scoped task (SPEC §13), in addition to SPEC §4's.
+/// The cost limits of a scoped task (docs/conformance.md#cost-limits), in addition to docs/conformance.md#admission's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct CostLimits {
     /// The scope's spend in 24 h, settled plus reserved, in nano-dollars (policy
@@ -296,7 +296,7 @@ pub struct CostSnapshot {
     pub app_window_nano: i64,
 }
 
-/// Why the cost checks refused a task (SPEC §13, checked after SPEC §4 in this order).
+/// Why the cost checks refused a task (docs/conformance.md#money-and-tokens, checked after docs/conformance.md#admission-order in this order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CostRejection {
     /// A USD or token limit applies and the task has no output-token bound.
@@ -340,7 +340,7 @@ pub enum CostRejection {
 }
 
 impl CostRejection {
-    /// The SPEC §13 error code.
+    /// The docs/conformance.md#money-and-tokens error code.
     pub fn code(&self) -> ErrorCode {
         match self {
             CostRejection::OutputBoundRequired => ErrorCode::OutputBoundRequired,
@@ -391,7 +391,7 @@ impl CostRejection {
     }
 }
 
-/// The scope part of SPEC §13's checks, in order: output bound, scope spend, token
+/// The scope part of docs/conformance.md#cost-reservation's checks, in order: output bound, scope spend, token
 /// bucket. On admission returns the token bucket to store (`None` without a token rate).
 /// The app's spend is checked by [`decide_app_spend`] once the app is locked.
 pub fn decide_cost(
@@ -430,7 +430,7 @@ pub fn decide_cost(
         })
 }
 
-/// The last check of SPEC §13: the app's spend, read under the app's lock.
+/// The last check of docs/conformance.md#money-and-tokens: the app's spend, read under the app's lock.
 pub fn decide_app_spend(
     limits: &CostLimits,
     reservation: &Reservation,
@@ -480,7 +480,7 @@ pub fn spend_retry_after(
     None
 }
 
-/// What settling one task changes (SPEC §13 "Settlement").
+/// What settling one task changes (docs/conformance.md#cost-settlement "Settlement").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Charge {
     /// What the task is charged, nano-dollars (replaces its reserved amount).
@@ -495,7 +495,7 @@ pub struct Charge {
     pub refund_tokens: u64,
 }
 
-/// SPEC §13 "Settlement": a task's reservation is replaced by what it actually cost.
+/// docs/conformance.md#cost-settlement "Settlement": a task's reservation is replaced by what it actually cost.
 /// `actual` is its usage summed over every attempt; `None` means the usage is unknown:
 /// a task that never started costs nothing, one that was running (canceled or
 /// interrupted mid-call) is charged its whole reservation — the provider may have

@@ -129,7 +129,7 @@ pub struct StepDefinition {
     /// Budget policy name for the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<String>,
-    /// SPEC §14: the priority of the step's tasks within their scope (0–9; default 5).
+    /// docs/conformance.md#priority: the priority of the step's tasks within their scope (0–9; default 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i64>,
     /// Steps whose outputs this one needs.
@@ -168,7 +168,7 @@ pub struct Step {
     pub source: Option<Value>,
     /// Budget policy.
     pub budget: Option<String>,
-    /// SPEC §14 priority of its tasks.
+    /// docs/conformance.md#priority priority of its tasks.
     pub priority: Option<crate::dispatch::Priority>,
     /// Direct dependencies.
     pub depends_on: Vec<StepKey>,

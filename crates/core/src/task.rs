@@ -1,4 +1,4 @@
-//! Tasks, owners, subjects, scopes and runs: the nouns of SPEC §1, §5 and §7.
+//! Tasks, owners, subjects, scopes and runs: the nouns of docs/conformance.md#concepts, docs/conformance.md#lifecycle, docs/conformance.md#workflow-runs.
 
 use crate::budget::Budget;
 use crate::canonical::{canonical_json, check_hashable, hash_value, sha256_hex};
@@ -148,7 +148,7 @@ pub struct TaskScope {
     pub recompute: bool,
     /// The limits to admit under.
     pub budget: Budget,
-    /// SPEC §13: what admission reserves (the engine computes it from the request, the
+    /// docs/conformance.md#cost-reservation: what admission reserves (the engine computes it from the request, the
     /// tokenizer bound and the model's prices; [`Reservation::default`] reserves nothing).
     pub reservation: crate::cost::Reservation,
 }
@@ -195,7 +195,7 @@ pub struct ValidatedRequest {
 }
 
 impl ValidatedRequest {
-    /// Validates a caller's request object for `kind` (SPEC §2–3). The size limit applies
+    /// Validates a caller's request object for `kind` (docs/conformance.md#task-kinds, docs/conformance.md#creating-a-task). The size limit applies
     /// to the canonical text that the store keeps (the request's fields plus `kind`).
     pub fn new(kind: TaskKind, raw: &Value, max_bytes: usize) -> Result<Self, InvalidInput> {
         check_hashable(raw).map_err(|e| e.within("request"))?;
@@ -266,7 +266,7 @@ impl ValidatedRequest {
     }
 }
 
-/// Everything needed to create a task (SPEC §3 input).
+/// Everything needed to create a task (docs/conformance.md#creating-a-task input).
 #[derive(Debug, Clone)]
 pub struct NewTask {
     /// Run or application owner.
@@ -288,11 +288,11 @@ pub struct NewTask {
     /// nothing and no limit applies. A sourced task's are in its [`TaskScope`]; this is
     /// then ignored.
     pub cost: Option<TaskCost>,
-    /// SPEC §14: priority, its scope's weight and the ageing step.
+    /// docs/conformance.md#priority: priority, its scope's weight and the ageing step.
     pub dispatch: crate::dispatch::Dispatch,
 }
 
-/// SPEC §3 step 4: the cache key, a hash of source, revision, request, model config hash
+/// docs/conformance.md#create-cache: the cache key, a hash of source, revision, request, model config hash
 /// and subject. Results never cross apps or scopes because lookups also filter on both.
 pub fn cache_key(
     source_id: &SourceId,
@@ -312,7 +312,7 @@ pub fn cache_key(
     hash_value(&value).unwrap_or_else(|_| sha256_hex(request.canonical().as_bytes()))
 }
 
-/// A task's state (SPEC §5). Terminal states are final.
+/// A task's state (docs/conformance.md#lifecycle). Terminal states are final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskStatus {
@@ -410,7 +410,7 @@ impl Usage {
 /// A failed or canceled task's error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskError {
-    /// Stable code (SPEC §9).
+    /// Stable code (docs/conformance.md#error-codes).
     pub code: ErrorCode,
     /// Human-readable message, at most 2,000 characters.
     pub message: String,
@@ -510,7 +510,7 @@ pub struct Task {
     pub attempt: u32,
     /// The worker that claimed it.
     pub worker: Option<WorkerId>,
-    /// SPEC §14: its priority within its scope.
+    /// docs/conformance.md#priority: its priority within its scope.
     pub priority: crate::dispatch::Priority,
     /// When it was created.
     pub created_at: Timestamp,
@@ -522,7 +522,7 @@ pub struct Task {
     pub completed_at: Option<Timestamp>,
     /// When the application released it.
     pub released_at: Option<Timestamp>,
-    /// SPEC §13: what it reserved (admitted tasks, and tasks without a source that can
+    /// docs/conformance.md#cost-reservation: what it reserved (admitted tasks, and tasks without a source that can
     /// cost money: docs/budgets.md, "Tasks without a source").
     pub reservation: Option<crate::cost::Reservation>,
 }

@@ -1,4 +1,4 @@
-//! SPEC §13 in the engine: the token bound of a task — an upper bound of what each
+//! docs/conformance.md#cost-reservation in the engine: the token bound of a task — an upper bound of what each
 //! attempt sends, and its output-token bound — from which core prices the reservation.
 //!
 //! **Input bound.** The request is rendered as every dialect sends it
@@ -109,8 +109,8 @@ pub fn output_bound(model: &ModelRef, request: &TaskRequest) -> Option<u64> {
     })
 }
 
-/// SPEC §13: the token bound of one task — the pure function both admission (the
-/// reservation) and provider pacing (SPEC §14, [`TokenBound::per_attempt`]) use.
+/// docs/conformance.md#cost-reservation: the token bound of one task — the pure function both admission (the
+/// reservation) and provider pacing (docs/conformance.md#dispatch, [`TokenBound::per_attempt`]) use.
 /// `None` when the request has no output-token bound.
 pub fn task_token_bound(
     counter: TokenCounter,
@@ -146,7 +146,7 @@ pub fn attempt_input_tokens(counter: TokenCounter, call: &ProviderCall<'_>) -> u
     prompt_input_tokens(counter, &Prompt::render(call))
 }
 
-/// SPEC §13/§14: the input-token bound of one prompt as it is sent: every message's
+/// docs/conformance.md#cost-reservation, docs/conformance.md#dispatch: the input-token bound of one prompt as it is sent: every message's
 /// role and content counted by `counter` plus the template's overhead, the reply's
 /// priming, and the structured-output format (with the schema) in bytes. The
 /// reservation ([`task_token_bound`]) and the provider pace (per call, re-asks

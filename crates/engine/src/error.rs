@@ -14,7 +14,7 @@ use tollgate_core::{
 use tollgate_store::StoreError;
 
 /// The field in which a replayed submission (or pipeline start) differs from what its
-/// idempotency key already names. SPEC §3 step 2: the key decides; a replay that differs
+/// idempotency key already names. docs/conformance.md#create-idempotency: the key decides; a replay that differs
 /// is refused ([`EngineError::TaskConflict`], 409 over HTTP) naming this field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConflictField {
@@ -68,7 +68,7 @@ impl fmt::Display for ConflictField {
 /// nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// The input is invalid or too large (SPEC §3 step 1).
+    /// The input is invalid or too large (docs/conformance.md#create-validate).
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
     /// The caller's effect key lies in a namespace the engine keeps for its own tasks
@@ -76,10 +76,10 @@ pub enum EngineError {
     /// Nothing was written.
     #[error(transparent)]
     ReservedEffectKey(InvalidInput),
-    /// Admission refused the task (SPEC §4): rate limit, budget, concurrency, …
+    /// Admission refused the task (docs/conformance.md#admission): rate limit, budget, concurrency, …
     #[error(transparent)]
     Admission(#[from] AdmissionRejection),
-    /// SPEC §13 refused the task: a spend limit (`WORKFLOW_AI_SPEND_BUDGET`), the token
+    /// docs/conformance.md#cost-limits refused the task: a spend limit (`WORKFLOW_AI_SPEND_BUDGET`), the token
     /// bucket (`WORKFLOW_AI_TOKEN_RATE_LIMIT`), or no output bound under a cost limit
     /// (`output_bound_required`). Nothing was written.
     #[error(transparent)]
@@ -147,7 +147,7 @@ pub enum EngineError {
         /// The configured ids.
         known: Vec<String>,
     },
-    /// The budget policy does not exist or the app may not use it (SPEC §10).
+    /// The budget policy does not exist or the app may not use it (docs/conformance.md#budget-policies).
     #[error(
         "budget policy `{budget}` is not allowed for app `{app}` (allowed: {})",
         quoted(allowed)

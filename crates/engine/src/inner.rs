@@ -38,7 +38,7 @@ impl std::fmt::Debug for Inner {
 }
 
 impl Inner {
-    /// SPEC §3 step 1 for a request: valid for its kind, within the request size limit,
+    /// docs/conformance.md#create-validate for a request: valid for its kind, within the request size limit,
     /// and able to produce an output within the output limit. The one check every
     /// submission (and every pipeline step written in full) goes through.
     pub(crate) fn validate_request(

@@ -1,4 +1,4 @@
-//! SPEC §15: what a caller can list and see — its app's tasks, runs, pipelines, scopes
+//! docs/conformance.md#listings: what a caller can list and see — its app's tasks, runs, pipelines, scopes
 //! with their budget state, and the app's task stats. Subject visibility (its rules in
 //! `access.rs`) applies here once: a caller bound to a subject lists only that subject's
 //! tasks and runs, and may not read the app-wide aggregates (scopes, stats), which count
@@ -42,7 +42,7 @@ impl MinuteCount {
     }
 }
 
-/// A scope's budget policy in force and its live state (SPEC §4, §15).
+/// A scope's budget policy in force and its live state (docs/conformance.md#admission, docs/conformance.md#listings).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScopeState {
     /// The scope.
@@ -66,11 +66,11 @@ pub struct ScopeState {
     pub admissions_in_window: u64,
     /// The newest admission in the window.
     pub last_admitted_at: Option<Timestamp>,
-    /// Spend and tokens in the window, settled plus reserved (SPEC §13).
+    /// Spend and tokens in the window, settled plus reserved (docs/conformance.md#cost-usage).
     pub cost: Option<ScopeCost>,
 }
 
-/// A scope's spend and tokens in the 24 h window, settled plus reserved (SPEC §13; the
+/// A scope's spend and tokens in the 24 h window, settled plus reserved (docs/conformance.md#cost-usage; the
 /// usage endpoints give the split).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScopeCost {
@@ -235,7 +235,7 @@ impl CallerView {
         Ok(state)
     }
 
-    /// SPEC §13 for a scope's state: settled plus reserved spend (micro-dollars) and
+    /// docs/conformance.md#cost-usage for a scope's state: settled plus reserved spend (micro-dollars) and
     /// model tokens in the window, from the store's spend buckets.
     async fn scope_cost(&self, scope: &ScopeId) -> Result<ScopeCost, EngineError> {
         let w = self
@@ -402,7 +402,7 @@ mod tests {
     }
 }
 
-/// SPEC §13 "Usage is visible": a scope's or the app's spend and tokens in the 24 h
+/// docs/conformance.md#cost-usage "Usage is visible": a scope's or the app's spend and tokens in the 24 h
 /// window, its limits, and what the cache saved. Amounts are US dollars (summed exactly
 /// in nano-dollars by the store, converted for display).
 #[derive(Debug, Clone, PartialEq)]
@@ -441,7 +441,7 @@ pub struct UsageReport {
 }
 
 impl CallerView {
-    /// SPEC §13: the spend and tokens of `scope` (or, `None`, of the whole app) in the
+    /// docs/conformance.md#cost-usage: the spend and tokens of `scope` (or, `None`, of the whole app) in the
     /// 24 h window, with the limits in force and the cache's savings.
     pub async fn usage(&self, scope: Option<&ScopeId>) -> Result<UsageReport, EngineError> {
         self.no_subject(

@@ -3,7 +3,7 @@
 //!
 //! Every attempt of a step is one run-owned task whose effect key is derived from the
 //! run, the step and the attempt ([`step_effect_key`]). Submitting it again returns the
-//! existing task (SPEC §3 step 2), so a driver that crashed at any instant and a driver
+//! existing task (docs/conformance.md#create-idempotency), so a driver that crashed at any instant and a driver
 //! that takes over never execute a finished step again and never spend a budget twice.
 
 use crate::error::EngineError;
@@ -109,7 +109,7 @@ impl StepProgress<'_> {
     }
 }
 
-/// Whether a finished task ended because its worker died (SPEC §6 item 2).
+/// Whether a finished task ended because its worker died (docs/conformance.md#sweep-liveness).
 fn was_interrupted(task: &Task) -> bool {
     task.status == TaskStatus::Failed
         && task

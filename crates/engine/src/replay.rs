@@ -1,4 +1,4 @@
-//! SPEC §3 step 2 over an idempotency key: a replay answers what the key already names,
+//! docs/conformance.md#create-idempotency over an idempotency key: a replay answers what the key already names,
 //! only for the same submission ([`Tollgate::submit`], and every caller through it) or
 //! start (a [`CallerView`](crate::CallerView)'s), and [`EngineError::TaskConflict`] /
 //! [`EngineError::RunConflict`] naming the first field that differs otherwise. The one

@@ -1,4 +1,4 @@
-//! The JSON shapes of the HTTP API (SPEC §11), with their OpenAPI schemas: here the
+//! The JSON shapes of the HTTP API (docs/conformance.md#http-shapes), with their OpenAPI schemas: here the
 //! ones several resources share (the task object, JSON values, names of kinds and
 //! states); each resource's own bodies and answers live beside its routes and are
 //! re-exported here.
@@ -227,7 +227,7 @@ pub struct UsageView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub cached_input_tokens: Option<u64>,
-    /// SPEC §13: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
+    /// docs/conformance.md#cost-prices: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
     pub priced: bool,
     /// `true` when the provider reported no usage for an attempt, which is then counted
     /// at its bound (docs/budgets.md, "Settlement"); absent otherwise.
@@ -249,7 +249,7 @@ impl From<&Usage> for UsageView {
     }
 }
 
-/// The task object (SPEC §11).
+/// The task object (docs/conformance.md#http-shapes).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TaskView {
     /// Task id.
@@ -301,7 +301,7 @@ pub struct TaskView {
     /// Completion time, once terminal.
     #[schema(required = true)]
     pub completed_at: Option<String>,
-    /// When a worker claimed it (SPEC §15).
+    /// When a worker claimed it (docs/conformance.md#listings).
     #[schema(required = true)]
     pub claimed_at: Option<String>,
     /// Its last heartbeat while running.
@@ -310,7 +310,7 @@ pub struct TaskView {
     /// The worker that ran it.
     #[schema(required = true)]
     pub worker: Option<String>,
-    /// SPEC §14: its priority within its scope (0–9, higher starts first).
+    /// docs/conformance.md#priority: its priority within its scope (0–9, higher starts first).
     #[schema(minimum = 0, maximum = 9)]
     pub priority: u8,
     /// Its attempts (a task runs at most once: none until claimed, then one), each with
@@ -324,7 +324,7 @@ pub struct TaskView {
     pub request: Option<Value>,
 }
 
-/// One attempt of a task (SPEC §15).
+/// One attempt of a task (docs/conformance.md#listings).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AttemptView {
     /// 1 for the first attempt.

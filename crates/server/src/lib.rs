@@ -33,7 +33,7 @@ use tollgate_core::AppId;
 use tollgate_engine::Tollgate;
 
 /// Largest HTTP body of a single submission, whatever `max_request_bytes` says: the
-/// request limit itself is enforced on the canonical stored bytes (SPEC §2); this only
+/// request limit itself is enforced on the canonical stored bytes (docs/conformance.md#task-kinds); this only
 /// bounds what is read off the socket.
 pub fn body_limit(max_request_bytes: usize) -> usize {
     max_request_bytes.saturating_mul(4).max(1 << 20)

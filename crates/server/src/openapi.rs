@@ -202,7 +202,7 @@ impl Modify for ErrorAnswers {
                                     .minimum(Some(1)),
                             )
                             .description(Some(
-                                "seconds until admission may succeed again, where known (the task rate limit, SPEC §13's token rate limit and spend budgets)",
+                                "seconds until admission may succeed again, where known (the task rate limit, docs/conformance.md#cost-limits's token rate limit and spend budgets)",
                             ))
                             .build(),
                     );

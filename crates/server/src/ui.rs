@@ -1,4 +1,4 @@
-//! The dashboard (SPEC §15) at `/ui`: plain HTML, CSS and JavaScript modules with no
+//! The dashboard (docs/conformance.md#listings) at `/ui`: plain HTML, CSS and JavaScript modules with no
 //! build step, embedded in the binary (building or running it never needs Node.js). The
 //! page signs in with an API key kept in the tab's `sessionStorage` and calls the same
 //! API as any client; it renders API data with `textContent` only, and every answer

@@ -1,4 +1,4 @@
-//! SPEC §15, the dashboard over HTTP: every `/ui` answer — a page, a missing file (404)
+//! docs/conformance.md#listings, the dashboard over HTTP: every `/ui` answer — a page, a missing file (404)
 //! or a wrong method (405) — carries the same Content-Security-Policy, X-Frame-Options
 //! and nosniff headers, so an error answer is no weaker than a page.
 

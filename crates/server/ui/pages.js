@@ -171,7 +171,7 @@ export async function tasks(page, _args, query) {
   return () => (live.checked && cursors.length === 1 ? load() : undefined);
 }
 
-/** SPEC §15: one task by its effect key (`GET /v1/tasks?effect_key=`, as `tollgate task
+/** docs/conformance.md#listings: one task by its effect key (`GET /v1/tasks?effect_key=`, as `tollgate task
  * get --effect-key` asks), opened on its page. */
 function effectKeySearch() {
   const key = h("input", { name: "effect_key", id: "effect-key", placeholder: "the exact effect key", spellcheck: "false", required: true });
@@ -201,7 +201,7 @@ function dl(pairs) {
   return h("dl", { class: "facts" }, pairs.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "—")]));
 }
 
-/** Cancel (SPEC §5) for a queued or running task: asks first, then shows the new state. */
+/** Cancel (docs/conformance.md#lifecycle) for a queued or running task: asks first, then shows the new state. */
 function cancelButton(t, done) {
   const problem = h("p", { class: "error", role: "alert", hidden: true });
   const button = h("button", { type: "button", class: "danger", id: "cancel-task", onclick: async () => {
@@ -390,7 +390,7 @@ function scopeGauges(s) {
     spendGauge(s));
 }
 
-/** SPEC §13: settled plus reserved spend against the policy's USD limit; without one
+/** docs/conformance.md#cost-usage: settled plus reserved spend against the policy's USD limit; without one
  * the gauge is "not configured" and its note still shows what the window holds. */
 function spendGauge(s) {
   const p = s.policy;

@@ -21,7 +21,7 @@ class BatchBody(TypedDict, closed=True):
 
 class CostView(TypedDict):
     """
-    Spend and tokens of a scope (SPEC §13).
+    Spend and tokens of a scope (docs/conformance.md#cost-usage).
     """
 
     spent_micros: int
@@ -73,7 +73,7 @@ class ErrorDetail(TypedDict):
 
     code: str
     """
-    Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
+    Stable code: a docs/conformance.md#error-codes code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
     own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
     `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
     `ambiguous_request`, `subject_not_allowed`, `method_not_allowed`, `request_timeout`,
@@ -284,7 +284,7 @@ class PipelineView(TypedDict):
 
 class PolicyView(TypedDict):
     """
-    The budget policy in force for a scope (SPEC §10): the app's default policy.
+    The budget policy in force for a scope (docs/conformance.md#budget-policies): the app's default policy.
     """
 
     burst: int
@@ -317,15 +317,15 @@ class PolicyView(TypedDict):
     """
     token_burst: NotRequired[int | None]
     """
-    SPEC §13: the scope's model-token bucket capacity.
+    docs/conformance.md#cost-limits: the scope's model-token bucket capacity.
     """
     tokens_per_minute: NotRequired[int | None]
     """
-    SPEC §13: the scope's model-token bucket refill, tokens per minute.
+    docs/conformance.md#cost-limits: the scope's model-token bucket refill, tokens per minute.
     """
     usd_per_24_hours: NotRequired[float | None]
     """
-    SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
+    docs/conformance.md#cost-limits: the scope's spend limit in 24 h, USD (absent: none).
     """
 
 
@@ -414,7 +414,7 @@ A run's state.
 
 class ScopeView(TypedDict):
     """
-    A scope's policy and live admission state (SPEC §4, §15).
+    A scope's policy and live admission state (docs/conformance.md#admission, docs/conformance.md#listings).
     """
 
     active: int
@@ -603,7 +603,7 @@ class SubmitBody(TypedDict, closed=True):
     model: NotRequired[Identifier | None]
     priority: NotRequired[int | None]
     """
-    SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
+    docs/conformance.md#priority: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
     level counts as one ageing step (default 60 s) of waiting, so low priority is
     never starved. Not compared on a replay of the effect key.
     """
@@ -660,7 +660,7 @@ class UnreleasedSourceView(TypedDict):
 
 class UsageReportView(TypedDict):
     """
-    SPEC §13 `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
+    docs/conformance.md#cost-usage `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
     tokens in the 24 h window (settled: what ended tasks cost; reserved: the worst case
     of tasks still queued or running), the limits in force, and what cache hits saved.
     """
@@ -753,7 +753,7 @@ class UsageView(TypedDict):
     """
     priced: bool
     """
-    SPEC §13: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
+    docs/conformance.md#cost-prices: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
     """
 
 
@@ -1013,7 +1013,7 @@ The four task kinds (GET /v1/kinds).
 
 class AttemptView(TypedDict):
     """
-    One attempt of a task (SPEC §15).
+    One attempt of a task (docs/conformance.md#listings).
     """
 
     attempt: int
@@ -1189,7 +1189,7 @@ class StepView(TypedDict):
 
 class TaskView(TypedDict):
     """
-    The task object (SPEC §11).
+    The task object (docs/conformance.md#http-shapes).
     """
 
     attempts: list[AttemptView]
@@ -1208,7 +1208,7 @@ class TaskView(TypedDict):
     """
     claimed_at: str | None
     """
-    When a worker claimed it (SPEC §15).
+    When a worker claimed it (docs/conformance.md#listings).
     """
     completed_at: str | None
     """
@@ -1251,7 +1251,7 @@ class TaskView(TypedDict):
     """
     priority: int
     """
-    SPEC §14: its priority within its scope (0–9, higher starts first).
+    docs/conformance.md#priority: its priority within its scope (0–9, higher starts first).
     """
     request: NotRequired[dict[str, Any]]
     """
@@ -1369,7 +1369,7 @@ class RunPageView(TypedDict):
 
 class RunView(TypedDict):
     """
-    A workflow run (SPEC §7).
+    A workflow run (docs/conformance.md#workflow-runs).
     """
 
     cancel_requested: bool

@@ -123,7 +123,7 @@ def batch_item(
     priority: int | None = None,
 ) -> dict[str, Any]:
     """One item of :meth:`Tollgate.submit_batch` (a ``POST /v1/tasks`` body). ``priority``:
-    0-9, default 5 (SPEC §14: higher starts first within a scope, with ageing)."""
+    0-9, default 5 (docs/conformance.md#priority: higher starts first within a scope, with ageing)."""
     return _api.submission_body(
         kind,
         request,
@@ -401,7 +401,7 @@ class Tollgate(_Base):
 
     def scope_usage(self, scope: str) -> UsageReportView:
         """``GET /v1/scopes/{scope}/usage``: the scope's spend and model tokens in the 24 h
-        window (SPEC §13)."""
+        window (docs/conformance.md#money-and-tokens)."""
         return self._send(_api.scope_usage(scope))
 
     def delete_owner_data(self, scope: str, *, source: str | None = None) -> DeletedAnswer:
@@ -527,7 +527,7 @@ class Tollgate(_Base):
 
     def usage(self) -> UsageReportView:
         """``GET /v1/usage``: the app's spend and model tokens in the 24 h window, all scopes
-        (SPEC §13; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
+        (docs/conformance.md#cost-reservation; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
         return self._send(_api.app_usage())
 
     def stats(self) -> StatsView:
@@ -793,7 +793,7 @@ class AsyncTollgate(_Base):
 
     async def scope_usage(self, scope: str) -> UsageReportView:
         """``GET /v1/scopes/{scope}/usage``: the scope's spend and model tokens in the 24 h
-        window (SPEC §13)."""
+        window (docs/conformance.md#money-and-tokens)."""
         return await self._send(_api.scope_usage(scope))
 
     async def delete_owner_data(self, scope: str, *, source: str | None = None) -> DeletedAnswer:
@@ -912,7 +912,7 @@ class AsyncTollgate(_Base):
 
     async def usage(self) -> UsageReportView:
         """``GET /v1/usage``: the app's spend and model tokens in the 24 h window, all scopes
-        (SPEC §13; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
+        (docs/conformance.md#cost-reservation; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
         return await self._send(_api.app_usage())
 
     async def stats(self) -> StatsView:

@@ -328,7 +328,7 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        /** @description One attempt of a task (SPEC §15). */
+        /** @description One attempt of a task (docs/conformance.md#listings). */
         AttemptView: {
             /**
              * Format: int32
@@ -414,7 +414,7 @@ export interface components {
             /** @description The labels to choose from; names are unique. */
             labels: components["schemas"]["Label"][];
         };
-        /** @description Spend and tokens of a scope (SPEC §13). */
+        /** @description Spend and tokens of a scope (docs/conformance.md#cost-usage). */
         CostView: {
             /**
              * Format: int64
@@ -460,7 +460,7 @@ export interface components {
         /** @description What went wrong. */
         ErrorDetail: {
             /**
-             * @description Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
+             * @description Stable code: a docs/conformance.md#error-codes code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
              *     own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
              *     `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
              *     `ambiguous_request`, `subject_not_allowed`, `method_not_allowed`, `request_timeout`,
@@ -699,7 +699,7 @@ export interface components {
              */
             version: string;
         };
-        /** @description The budget policy in force for a scope (SPEC §10): the app's default policy. */
+        /** @description The budget policy in force for a scope (docs/conformance.md#budget-policies): the app's default policy. */
         PolicyView: {
             /**
              * Format: int32
@@ -735,17 +735,17 @@ export interface components {
             tasks_per_minute: number;
             /**
              * Format: int32
-             * @description SPEC §13: the scope's model-token bucket capacity.
+             * @description docs/conformance.md#cost-limits: the scope's model-token bucket capacity.
              */
             token_burst?: number | null;
             /**
              * Format: int32
-             * @description SPEC §13: the scope's model-token bucket refill, tokens per minute.
+             * @description docs/conformance.md#cost-limits: the scope's model-token bucket refill, tokens per minute.
              */
             tokens_per_minute?: number | null;
             /**
              * Format: double
-             * @description SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
+             * @description docs/conformance.md#cost-limits: the scope's spend limit in 24 h, USD (absent: none).
              */
             usd_per_24_hours?: number | null;
         };
@@ -823,7 +823,7 @@ export interface components {
             /** @description Last change. */
             updated_at: string;
         };
-        /** @description A workflow run (SPEC §7). */
+        /** @description A workflow run (docs/conformance.md#workflow-runs). */
         RunView: {
             /** @description Whether cancellation was requested. */
             cancel_requested: boolean;
@@ -858,7 +858,7 @@ export interface components {
             /** @description Scopes with admission activity in the 24 h window, in name order. */
             scopes: components["schemas"]["ScopeView"][];
         };
-        /** @description A scope's policy and live admission state (SPEC §4, §15). */
+        /** @description A scope's policy and live admission state (docs/conformance.md#admission, docs/conformance.md#listings). */
         ScopeView: {
             /**
              * Format: int64
@@ -1036,7 +1036,7 @@ export interface components {
             model?: null | components["schemas"]["Identifier"];
             /**
              * Format: int64
-             * @description SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
+             * @description docs/conformance.md#priority: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
              *     level counts as one ageing step (default 60 s) of waiting, so low priority is
              *     never starved. Not compared on a replay of the effect key.
              */
@@ -1070,7 +1070,7 @@ export interface components {
          * @enum {string}
          */
         TaskStatusName: "queued" | "running" | "succeeded" | "failed" | "canceled";
-        /** @description The task object (SPEC §11). */
+        /** @description The task object (docs/conformance.md#http-shapes). */
         TaskView: {
             /**
              * @description Its attempts (a task runs at most once: none until claimed, then one), each with
@@ -1084,7 +1084,7 @@ export interface components {
              *     otherwise).
              */
             cached_from: string | null;
-            /** @description When a worker claimed it (SPEC §15). */
+            /** @description When a worker claimed it (docs/conformance.md#listings). */
             claimed_at: string | null;
             /** @description Completion time, once terminal. */
             completed_at: string | null;
@@ -1113,7 +1113,7 @@ export interface components {
             output: unknown;
             /**
              * Format: int32
-             * @description SPEC §14: its priority within its scope (0–9, higher starts first).
+             * @description docs/conformance.md#priority: its priority within its scope (0–9, higher starts first).
              */
             priority: number;
             /**
@@ -1151,7 +1151,7 @@ export interface components {
             source: string;
         };
         /**
-         * @description SPEC §13 `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
+         * @description docs/conformance.md#cost-usage `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
          *     tokens in the 24 h window (settled: what ended tasks cost; reserved: the worst case
          *     of tasks still queued or running), the limits in force, and what cache hits saved.
          */
@@ -1246,7 +1246,7 @@ export interface components {
              * @description Completion tokens.
              */
             output_tokens: number;
-            /** @description SPEC §13: whether the model has prices (`false`: `cost_usd` is unknown, not 0). */
+            /** @description docs/conformance.md#cost-prices: whether the model has prices (`false`: `cost_usd` is unknown, not 0). */
             priced: boolean;
         };
     };
@@ -1764,7 +1764,7 @@ export interface operations {
             /** @description refused by admission: the code says which limit; Retry-After on a rate limit */
             429: {
                 headers: {
-                    /** @description seconds until admission may succeed again, where known (the task rate limit, SPEC §13's token rate limit and spend budgets) */
+                    /** @description seconds until admission may succeed again, where known (the task rate limit, docs/conformance.md#cost-limits's token rate limit and spend budgets) */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
@@ -2456,7 +2456,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description the scope's spend and tokens in the 24 h window (SPEC §13) */
+            /** @description the scope's spend and tokens in the 24 h window (docs/conformance.md#cost-usage) */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2806,7 +2806,7 @@ export interface operations {
             /** @description refused by admission: the code says which limit; Retry-After on a rate limit */
             429: {
                 headers: {
-                    /** @description seconds until admission may succeed again, where known (the task rate limit, SPEC §13's token rate limit and spend budgets) */
+                    /** @description seconds until admission may succeed again, where known (the task rate limit, docs/conformance.md#cost-limits's token rate limit and spend budgets) */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
@@ -3226,7 +3226,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description the app's spend and tokens in the 24 h window, all scopes (SPEC §13) */
+            /** @description the app's spend and tokens in the 24 h window, all scopes (docs/conformance.md#cost-usage) */
             200: {
                 headers: {
                     [name: string]: unknown;

@@ -235,7 +235,7 @@ impl Baseline {
     }
 }
 
-/// The reference design's decision, in SPEC §4's order, with its floating-point bucket.
+/// The reference design's decision, in docs/conformance.md#admission-order's order, with its floating-point bucket.
 /// Returns the tokens left after taking one, or `None` when a limit refuses.
 #[allow(clippy::too_many_arguments)]
 fn reference_decide(

@@ -24,8 +24,8 @@ pub struct WindowSeed {
 impl Baseline {
     /// Bulk-loads admission records into one scope's 24 h window of **Tollgate's**
     /// tables, as if `seed.count` scoped tasks had been admitted over the last 23 hours
-    /// and their owner's data deleted since (admission records outlive their tasks, SPEC
-    /// §4). The records go in with ONE statement; then the facts Tollgate keeps beside
+    /// and their owner's data deleted since (admission records outlive their tasks,
+    /// docs/conformance.md#admission). The records go in with ONE statement; then the facts Tollgate keeps beside
     /// them are brought up to date exactly as admissions would have left them: the
     /// scope's source sightings (`scope_sources`, latest admission per source) and its
     /// `scope_state` row (distinct sources in the window; a full token bucket when the
@@ -97,7 +97,7 @@ impl Baseline {
                 .bind(now.0)
                 .execute(&mut *tx)
                 .await?;
-                // SPEC §13: every seeded record is also a reservation (1 µ$, 100 tokens)
+                // docs/conformance.md#cost-reservation: every seeded record is also a reservation (1 µ$, 100 tokens)
                 // in its hour's spend bucket, as admissions would have left them.
                 for sql in [
                     "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens) \

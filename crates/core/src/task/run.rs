@@ -1,4 +1,4 @@
-//! Workflow runs (SPEC §7): their states, what a waiting step waits on, and the stored run.
+//! Workflow runs (docs/conformance.md#workflow-runs): their states, what a waiting step waits on, and the stored run.
 
 use super::{Subject, TaskError};
 use crate::ids::{AppId, RunId, ScopeId, TaskId};
@@ -6,7 +6,7 @@ use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// A workflow run's state (SPEC §7).
+/// A workflow run's state (docs/conformance.md#workflow-runs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
@@ -55,7 +55,7 @@ impl RunState {
     }
 }
 
-/// A dependency a run's step waits on (SPEC §7).
+/// A dependency a run's step waits on (docs/conformance.md#workflow-runs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dependency {
     /// Always `"ai.workflow-task"`.

@@ -3,7 +3,7 @@
 //! during inference) and publishes notifications after the commit.
 //!
 //! Split by what the calls are about: [`submission`] (what a caller submits),
-//! `submit` (SPEC §3 creation, one or a batch), `tasks` (reading, waiting, cancel,
+//! `submit` (docs/conformance.md#creating-a-task creation, one or a batch), `tasks` (reading, waiting, cancel,
 //! release, deletion), `runs` (workflow runs) and `open` (databases and notifiers from a
 //! URL).
 

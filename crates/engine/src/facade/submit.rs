@@ -1,4 +1,4 @@
-//! SPEC §3: submitting tasks, one or a batch.
+//! docs/conformance.md#creating-a-task: submitting tasks, one or a batch.
 
 use crate::cost::{TokenCounter, task_token_bound};
 use crate::error::EngineError;
@@ -15,7 +15,7 @@ use tollgate_store::{Created, StoreError};
 use super::*;
 
 impl Tollgate {
-    /// SPEC §3: resolves the model and budget, validates the request, creates the task
+    /// docs/conformance.md#creating-a-task: resolves the model and budget, validates the request, creates the task
     /// (idempotent per effect key; served from the cache when possible; admitted under
     /// the budget when scoped) and tells the workers. A rejection wrote nothing. A key in
     /// the engine's own namespaces (`run:`, `openai-`) is refused (docs/api.md, "Effect
@@ -51,12 +51,12 @@ impl Tollgate {
         result
     }
 
-    /// SPEC §3 step 1 and the configuration: model, budget policy, request, owner.
+    /// docs/conformance.md#create-validate and the configuration: model, budget policy, request, owner.
     fn prepare(&self, s: Submission) -> Result<NewTask, EngineError> {
         let inner = &self.inner;
         let model = inner.models.resolve(s.model.as_ref())?;
         let (policy, budget) = inner.budgets.resolve(&s.app, s.budget.as_ref())?;
-        // SPEC §14: the task's priority, its scope's weight (the policy's), the ageing.
+        // docs/conformance.md#priority: the task's priority, its scope's weight (the policy's), the ageing.
         let dispatch = Dispatch {
             priority: s.priority.unwrap_or_default(),
             weight: inner.budgets.weight(&policy),
@@ -75,7 +75,7 @@ impl Tollgate {
                 subject: s.subject,
             },
         };
-        // SPEC §13: the task's worst case, reserved at admission (a cache hit or a replay
+        // docs/conformance.md#cost-reservation: the task's worst case, reserved at admission (a cache hit or a replay
         // reserves nothing; the store decides which it is). A task without a source
         // reserves too when it can cost money: its model has prices, or a USD or token
         // limit applies to it (docs/budgets.md, "Tasks without a source").
@@ -142,7 +142,7 @@ impl Tollgate {
         if created.created {
             if task.cached() {
                 metrics::counter!(m::CACHE_HITS_TOTAL, "kind" => kind.as_str()).increment(1);
-                // SPEC §13: what the hit saved (the copied task's charge, from the store).
+                // docs/conformance.md#cost-cache-hits: what the hit saved (the copied task's charge, from the store).
                 if created.saved_nano > 0 {
                     metrics::counter!(m::SPEND_SAVED_TOTAL, m::app_labels(&task.app))
                         .increment(created.saved_nano);

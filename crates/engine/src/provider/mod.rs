@@ -94,7 +94,7 @@ impl ProviderRegistry {
         Self::build(config, None)
     }
 
-    /// [`from_config`](Self::from_config) with SPEC §14 provider pace: providers (and
+    /// [`from_config`](Self::from_config) with docs/conformance.md#provider-pace provider pace: providers (and
     /// models) with `requests_per_minute` / `tokens_per_minute` share `store`'s
     /// schedules with every replica, and every provider's 429s pause it there.
     pub fn from_config_paced(
@@ -114,7 +114,7 @@ impl ProviderRegistry {
             let provider: Arc<dyn Provider> = match conf.kind {
                 ProviderKind::Dev => Arc::new(dev::DevProvider::new()),
                 ProviderKind::Openai => {
-                    // SPEC §14: every provider's 429s pause it on every replica.
+                    // docs/conformance.md#provider-pace: every provider's 429s pause it on every replica.
                     let pace = store
                         .as_ref()
                         .map(|s| pace::ProviderPace::from_config(name, conf, config, s.clone()));

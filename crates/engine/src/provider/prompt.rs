@@ -3,8 +3,8 @@
 //! input or chat, a re-ask's correction) and the structured output it is asked for.
 //!
 //! A dialect's provider turns a [`Prompt`] into its wire format (the OpenAI-compatible
-//! one: [`super::openai::request_body`]); the SPEC §13 token bound
-//! ([`crate::cost::prompt_input_tokens`]) and the SPEC §14 provider pace count the same
+//! one: [`super::openai::request_body`]); the docs/conformance.md#cost-reservation token bound
+//! ([`crate::cost::prompt_input_tokens`]) and the docs/conformance.md#provider-pace provider pace count the same
 //! [`Prompt`], so the reservation never depends on one dialect's request body. A dialect
 //! whose wire format adds input beyond the prompt states its own bound on top of it.
 

@@ -30,7 +30,7 @@ pub(super) struct CompletionBatcher {
 }
 
 impl WorkerPool {
-    /// SPEC §13 metrics of a recorded end: settled spend, and any overrun (logged by
+    /// docs/conformance.md#cost-settlement metrics of a recorded end: settled spend, and any overrun (logged by
     /// the store too). `reservation`: the task's, its re-asks included.
     pub(super) fn count_settlement(
         &self,

@@ -53,7 +53,7 @@ impl WorkerPool {
             if pending.len() > 1 || fair {
                 // Several hints at once (a batch submit, start-up recovery): one batched
                 // `claim_next` below (in dispatch order, any queued task) serves them with
-                // one transaction instead of one claim per id. Under SPEC §14 fairness
+                // one transaction instead of one claim per id. Under docs/conformance.md#fair-share fairness
                 // every hint is only a wake-up: claiming a hinted task by id would let it
                 // pass the fair order. Hints are only hints.
                 pending.clear();
@@ -135,7 +135,7 @@ impl WorkerPool {
     }
 }
 
-/// SPEC §14 metrics of one claim: the task's wait in the queue and the claim, by app only
+/// docs/conformance.md#fair-share metrics of one claim: the task's wait in the queue and the claim, by app only
 /// when the operator opted in (docs/api.md, "Metrics": never by scope).
 fn record_claim(task: &Task) {
     if let Some(claimed) = task.claimed_at {

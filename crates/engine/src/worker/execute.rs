@@ -26,7 +26,7 @@ use tollgate_store::StoreError;
 pub(super) struct Failure {
     pub(super) code: ErrorCode,
     pub(super) message: String,
-    /// SPEC §13: what the attempts used, when every attempt reported it (`None`: unknown,
+    /// docs/conformance.md#money-and-tokens: what the attempts used, when every attempt reported it (`None`: unknown,
     /// and a started task is then charged its whole reservation).
     pub(super) usage: Option<Usage>,
 }
@@ -261,7 +261,7 @@ impl WorkerPool {
         }
     }
 
-    /// SPEC §13: `cost_usd` of a usage at the task's prices (those it was reserved at, or
+    /// docs/conformance.md#cost-reservation: `cost_usd` of a usage at the task's prices (those it was reserved at, or
     /// the model's for a task that reserved nothing); an unpriced model's is `None`
     /// (unknown, `priced: false`) whatever its provider reported.
     fn priced(&self, task: &Task, mut usage: Usage) -> Usage {

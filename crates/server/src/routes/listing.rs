@@ -1,4 +1,4 @@
-//! What the listings (SPEC §15: `GET /v1/tasks`, `/v1/runs`, `/v1/pipelines`,
+//! What the listings (docs/conformance.md#listings: `GET /v1/tasks`, `/v1/runs`, `/v1/pipelines`,
 //! `/v1/scopes`) share: their query parameters' parsing, page sizes and cursors. A bad
 //! filter or cursor is a 400 with the error envelope, and nothing changes.
 

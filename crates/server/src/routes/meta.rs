@@ -49,7 +49,7 @@ pub struct ModelView {
     pub config_hash: String,
     /// Whether it is the default model.
     pub default: bool,
-    /// SPEC §13: its prices (`null`: unpriced, its costs are unknown).
+    /// docs/conformance.md#cost-prices: its prices (`null`: unpriced, its costs are unknown).
     #[schema(required = true)]
     pub prices: Option<PricesView>,
 }

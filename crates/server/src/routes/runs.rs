@@ -33,7 +33,7 @@ pub struct RunBody {
     pub input: serde_json::Map<String, Value>,
 }
 
-/// A workflow run (SPEC §7).
+/// A workflow run (docs/conformance.md#workflow-runs).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RunView {
     /// Run id.

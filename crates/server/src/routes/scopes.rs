@@ -115,7 +115,7 @@ pub(crate) async fn delete_owner_data(
     Ok(Json(DeletedAnswer { deleted }))
 }
 
-/// The budget policy in force for a scope (SPEC §10): the app's default policy.
+/// The budget policy in force for a scope (docs/conformance.md#budget-policies): the app's default policy.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PolicyView {
     /// The policy's name.
@@ -132,18 +132,18 @@ pub struct PolicyView {
     pub burst: u32,
     /// Token-bucket refill, tasks per minute.
     pub tasks_per_minute: u32,
-    /// SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
+    /// docs/conformance.md#cost-limits: the scope's spend limit in 24 h, USD (absent: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usd_per_24_hours: Option<f64>,
-    /// SPEC §13: the scope's model-token bucket refill, tokens per minute.
+    /// docs/conformance.md#cost-limits: the scope's model-token bucket refill, tokens per minute.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<u32>,
-    /// SPEC §13: the scope's model-token bucket capacity.
+    /// docs/conformance.md#cost-limits: the scope's model-token bucket capacity.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_burst: Option<u32>,
 }
 
-/// A scope's policy and live admission state (SPEC §4, §15).
+/// A scope's policy and live admission state (docs/conformance.md#admission, docs/conformance.md#listings).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ScopeView {
     /// The scope.
@@ -166,13 +166,13 @@ pub struct ScopeView {
     /// The newest admission in the window.
     #[schema(required = true)]
     pub last_admitted_at: Option<String>,
-    /// Spend and tokens in the window, settled plus reserved (SPEC §13; see
+    /// Spend and tokens in the window, settled plus reserved (docs/conformance.md#cost-usage; see
     /// `GET /v1/scopes/{scope}/usage` for the split).
     #[schema(required = true)]
     pub cost: Option<CostView>,
 }
 
-/// Spend and tokens of a scope (SPEC §13).
+/// Spend and tokens of a scope (docs/conformance.md#cost-usage).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CostView {
     /// Settled plus reserved spend in the window, micro-dollars (US).

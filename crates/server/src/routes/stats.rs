@@ -15,7 +15,7 @@ use tollgate_core::ScopeId;
 use tollgate_engine::{TaskStats, UsageReport};
 use utoipa::ToSchema;
 
-/// SPEC §13 `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
+/// docs/conformance.md#cost-usage `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
 /// tokens in the 24 h window (settled: what ended tasks cost; reserved: the worst case
 /// of tasks still queued or running), the limits in force, and what cache hits saved.
 #[derive(Debug, Serialize, ToSchema)]
@@ -82,7 +82,7 @@ impl From<UsageReport> for UsageReportView {
 
 #[utoipa::path(get, path = "/v1/scopes/{scope}/usage", tag = "scopes",
     params(("scope" = Identifier, Path, description = "the scope")),
-    responses((status = 200, body = UsageReportView, description = "the scope's spend and tokens in the 24 h window (SPEC §13)"),
+    responses((status = 200, body = UsageReportView, description = "the scope's spend and tokens in the 24 h window (docs/conformance.md#cost-usage)"),
               (status = 403, body = crate::error::ErrorBody, description = "the key is bound to a subject: spend counts every subject's work")),
     security(("api_key" = [])))]
 pub(crate) async fn scope_usage(
@@ -99,7 +99,7 @@ pub(crate) async fn scope_usage(
 }
 
 #[utoipa::path(get, path = "/v1/usage", tag = "discovery",
-    responses((status = 200, body = UsageReportView, description = "the app's spend and tokens in the 24 h window, all scopes (SPEC §13)"),
+    responses((status = 200, body = UsageReportView, description = "the app's spend and tokens in the 24 h window, all scopes (docs/conformance.md#cost-usage)"),
               (status = 403, body = crate::error::ErrorBody, description = "the key is bound to a subject: spend counts every subject's work")),
     security(("api_key" = [])))]
 pub(crate) async fn app_usage(

@@ -65,7 +65,7 @@ pub struct SubmitBody {
     #[serde(default)]
     #[schema(value_type = Option<Identifier>)]
     pub effect_key: Option<String>,
-    /// SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
+    /// docs/conformance.md#priority: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
     /// level counts as one ageing step (default 60 s) of waiting, so low priority is
     /// never starved. Not compared on a replay of the effect key.
     #[serde(default)]

@@ -1,4 +1,4 @@
-//! Listings (SPEC §15): the queries, pages, opaque cursors and the dialect-free SQL both
+//! Listings (docs/conformance.md#listings): the queries, pages, opaque cursors and the dialect-free SQL both
 //! backends run. Each listing is one indexed statement of the app's rows, newest first
 //! (keyset on `(created_at, id)`, so pages never skip or repeat a row that existed when
 //! the first page was read, whatever is inserted meanwhile). The backends only bind the
@@ -18,7 +18,7 @@ pub const LIST_DEFAULT_PAGE: u32 = 50;
 /// Most finished tasks [`ListStore::task_stats`] reads for its percentiles.
 pub const STATS_SAMPLE: u32 = 10_000;
 
-/// A page size as every SPEC §15 listing reads it: 0 means [`LIST_DEFAULT_PAGE`], larger
+/// A page size as every docs/conformance.md#listings listing reads it: 0 means [`LIST_DEFAULT_PAGE`], larger
 /// than [`LIST_MAX_PAGE`] is capped.
 pub fn list_page_size(requested: u32) -> u32 {
     match requested {
@@ -183,7 +183,7 @@ pub struct PipelineSummary {
     pub versions: Vec<PipelineVersionSummary>,
 }
 
-/// What the store keeps about a scope's admission (SPEC §4), read without changing it.
+/// What the store keeps about a scope's admission (docs/conformance.md#admission), read without changing it.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScopeSnapshot {
     /// The scope.
@@ -239,7 +239,7 @@ pub struct TaskStatsRaw {
     pub truncated: bool,
 }
 
-/// The SPEC §15 listings. Every method reads only the app's rows; another app's rows
+/// The docs/conformance.md#listings listings. Every method reads only the app's rows; another app's rows
 /// never appear. Each is one indexed statement (plus bounded lookups per page).
 #[async_trait]
 pub trait ListStore: Send + Sync {

@@ -1,4 +1,4 @@
-//! The listings' statements (SPEC §15), built once for both backends (`$n` placeholders,
+//! The listings' statements (docs/conformance.md#listings), built once for both backends (`$n` placeholders,
 //! see `shared::sql`), and the pure functions that turn their rows into pages.
 
 use super::{
@@ -62,7 +62,7 @@ impl Statement {
 /// for a status filter that leaves `succeeded` out. Redundant with that filter.
 const UNSUCCEEDED: &str = " AND status <> 'succeeded'";
 
-/// Most tasks one page of a listing with a walked filter examines (SPEC §15: no listing
+/// Most tasks one page of a listing with a walked filter examines (docs/conformance.md#listings: no listing
 /// reads a whole table). Kind, step and a status set that includes `succeeded`
 /// have no index of their own (each index is written by every admission, migration 0005);
 /// such a page walks at most this many of the newest-first tasks its indexed filters
@@ -127,7 +127,7 @@ fn indexed_task_filters(sql: &mut Statement, q: &TaskListQuery) {
     }
 }
 
-/// The task listing's statement (SPEC §15). Indexed by `tasks_app_created` and, for the
+/// The task listing's statement (docs/conformance.md#listings). Indexed by `tasks_app_created` and, for the
 /// narrower filters, `tasks_app_scope_created`, `tasks_app_unsucceeded` (statuses other
 /// than `succeeded`), `tasks_app_source_created` and `tasks_run`. With a walked filter
 /// ([`tasks_walked`]) an inner select reads at most [`LIST_WALK`] tasks in index order
@@ -187,7 +187,7 @@ pub(crate) fn tasks_sql(app: &AppId, q: &TaskListQuery) -> Statement {
     sql
 }
 
-/// The run listing's statement (SPEC §15), indexed by `runs_app_created` and
+/// The run listing's statement (docs/conformance.md#listings), indexed by `runs_app_created` and
 /// `pipeline_runs_app_pipeline`.
 pub(crate) fn runs_sql(app: &AppId, q: &RunListQuery) -> Statement {
     let mut sql = Statement::new(concat!(

@@ -1,4 +1,4 @@
-//! SPEC §4 between the SQL and core's [`decide`]: the facts an admission reads (each
+//! docs/conformance.md#admission between the SQL and core's [`decide`]: the facts an admission reads (each
 //! backend reads them its own way, into [`AdmissionFacts`]), the decision, and what the
 //! admission then writes to its scope's row ([`ScopeUpdate`]). A later admission rule
 //! (cost reservations) adds its facts here and its arithmetic in core.
@@ -34,10 +34,10 @@ pub(crate) struct AdmissionFacts {
     pub(crate) counted: bool,
     /// The service's active admitted tasks.
     pub(crate) global_active: i64,
-    /// SPEC §13: the scope's model-token bucket (`None`: never used).
+    /// docs/conformance.md#cost-limits: the scope's model-token bucket (`None`: never used).
     pub(crate) token_units: Option<i64>,
     pub(crate) token_at: Option<i64>,
-    /// SPEC §13: the scope's settled + reserved nano-dollars in the window's buckets.
+    /// docs/conformance.md#cost-settlement: the scope's settled + reserved nano-dollars in the window's buckets.
     pub(crate) scope_window_nano: i64,
     /// The app's active admitted tasks (`app_slots`; docs/budgets.md, "Each app's share
     /// of the global capacity").
@@ -46,12 +46,12 @@ pub(crate) struct AdmissionFacts {
     pub(crate) borrowed: i64,
 }
 
-/// Why admission refused a task: SPEC §4's checks, then SPEC §13's.
+/// Why admission refused a task: docs/conformance.md#admission's checks, then docs/conformance.md#money-and-tokens's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
-    /// A SPEC §4 limit.
+    /// A docs/conformance.md#admission limit.
     Admission(AdmissionRejection),
-    /// A SPEC §13 limit.
+    /// A docs/conformance.md#cost-limits limit.
     Cost(CostRejection),
 }
 
@@ -70,13 +70,13 @@ impl From<Refusal> for StoreError {
 pub(crate) struct ScopeUpdate {
     pub(crate) bucket: BucketState,
     pub(crate) sources_delta: i64,
-    /// SPEC §13: the model-token bucket after taking the reservation, with its capacity
+    /// docs/conformance.md#cost-reservation: the model-token bucket after taking the reservation, with its capacity
     /// in units (`None`: the policy has no token rate; the stored bucket is kept).
     pub(crate) token_bucket: Option<(BucketState, i64)>,
 }
 
 impl AdmissionFacts {
-    /// Asks core's [`decide`] (SPEC §4), then [`decide_cost`] (SPEC §13, the scope's part).
+    /// Asks core's [`decide`] (docs/conformance.md#admission), then [`decide_cost`] (docs/conformance.md#money-and-tokens, the scope's part).
     pub(crate) fn decide(
         &self,
         budget: &Budget,
@@ -169,7 +169,7 @@ pub(crate) struct UnsourcedFacts {
 }
 
 impl UnsourcedFacts {
-    /// Core's [`decide_cost`] (SPEC §13's scope part; SPEC §4's limits are about sources
+    /// Core's [`decide_cost`] (docs/conformance.md#cost-limits's scope part; docs/conformance.md#admission's limits are about sources
     /// and task counts and do not apply). On admission returns the token bucket to store
     /// with its capacity in units (`None`: the policy has no token rate).
     pub(crate) fn decide(
@@ -236,7 +236,7 @@ pub(crate) trait SpendReads: Send {
     ) -> StoreResult<Vec<(i64, i64)>>;
 }
 
-/// SPEC §13 after the scope's decision (`decided`: [`AdmissionFacts::decide`] or
+/// docs/conformance.md#money-and-tokens after the scope's decision (`decided`: [`AdmissionFacts::decide`] or
 /// [`UnsourcedFacts::decide`]), written once for admissions and tasks without a source
 /// on both backends: a scope-spend refusal is reported with when to retry (from the
 /// scope's buckets); a task the scope admits is checked last against the app's spend,
@@ -281,7 +281,7 @@ pub(crate) async fn spend_checked<T: Send>(
     Ok(Ok(value))
 }
 
-/// SPEC §3 step 6, both backends: the task insert (`sql/task_insert.sql`), with its
+/// docs/conformance.md#create-insert, both backends: the task insert (`sql/task_insert.sql`), with its
 /// `{created_at}`, `{dispatch_key}` and `{task_columns}` parts.
 pub(crate) const TASK_INSERT: &str = include_str!("sql/task_insert.sql");
 
@@ -301,9 +301,9 @@ pub(crate) struct InsertRow<'a> {
     pub(crate) cached_from: Option<String>,
     pub(crate) cached_output: Option<String>,
     pub(crate) now: Timestamp,
-    /// SPEC §13: the reservation as stored (admitted tasks only).
+    /// docs/conformance.md#cost-reservation: the reservation as stored (admitted tasks only).
     pub(crate) reservation: Option<String>,
-    /// SPEC §13: what a cache hit saved (the copied task's charge), nano-dollars.
+    /// docs/conformance.md#cost-cache-hits: what a cache hit saved (the copied task's charge), nano-dollars.
     pub(crate) saved_nano: i64,
 }
 

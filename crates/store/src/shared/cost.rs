@@ -1,4 +1,4 @@
-//! SPEC §13 between the SQL and core's cost arithmetic, written once for both backends:
+//! docs/conformance.md#money-and-tokens between the SQL and core's cost arithmetic, written once for both backends:
 //! what a settlement reads of the finished tasks ([`SettleRow`]), what it changes
 //! ([`SettlementPlan`], from core's [`settle`]), and the spend buckets' rows.
 //!
@@ -15,7 +15,7 @@ use tollgate_core::cost::{
 };
 use tollgate_core::{CostLimits, CostRejection, Reservation, Timestamp, Usage};
 
-/// SPEC §13 settlement: a terminal move's delta added to one scope's hourly spend bucket
+/// docs/conformance.md#cost-settlement settlement: a terminal move's delta added to one scope's hourly spend bucket
 /// (`$1` app, `$2` scope, `$3` bucket, `$4`–`$8` reserved and settled nano-dollars and
 /// tokens, overrun). One text for both backends (SQLite reads `$n` by position too).
 pub(crate) const SCOPE_SPEND_SETTLE: &str = "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano, \
@@ -214,7 +214,7 @@ impl AttemptPlan {
     }
 }
 
-/// SPEC §13 "Settlement" for the rows of one terminal move: each task's reservation
+/// docs/conformance.md#cost-settlement "Settlement" for the rows of one terminal move: each task's reservation
 /// leaves the bucket of its admission hour and what it cost ([`settle`]) is added to the
 /// same bucket. Usage above the reservation is recorded as overrun and logged.
 pub(crate) fn plan_settlement(rows: &[SettleRow]) -> StoreResult<SettlementPlan> {
@@ -245,7 +245,7 @@ pub(crate) fn plan_settlement(rows: &[SettleRow]) -> StoreResult<SettlementPlan>
             tracing::warn!(
                 task = %row.id, app = %row.app, scope = %row.scope,
                 overrun_nano_usd = charge.overrun_nano, overrun_tokens = charge.overrun_tokens,
-                "the provider reported more than the task's reservation (SPEC §13 overrun)"
+                "the provider reported more than the task's reservation (docs/conformance.md#cost-reservation overrun)"
             );
         }
         let delta = SpendDelta {
@@ -310,7 +310,7 @@ pub(crate) struct TokenBucketRow {
 }
 
 impl SpendSums {
-    /// The usage report of a window starting at bucket `first` (SPEC §13 "Usage is
+    /// The usage report of a window starting at bucket `first` (docs/conformance.md#cost-limits "Usage is
     /// visible").
     pub(crate) fn into_window(
         self,

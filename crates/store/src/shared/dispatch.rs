@@ -1,4 +1,4 @@
-//! SPEC §14 fair claiming, the dialect-free part both backends call: the queue rows a
+//! docs/conformance.md#fair-share fair claiming, the dialect-free part both backends call: the queue rows a
 //! claim reads and the plan of how many tasks to take from each (core's stride
 //! schedule), and how far each queue's virtual time then moves.
 
@@ -6,7 +6,7 @@ use crate::shared::rows::TaskRow;
 use crate::{MAX_CLAIM_QUEUES, StoreResult};
 use tollgate_core::{NewTask, Owner, QueueShare, Weight, allocate_claims, stride};
 
-/// SPEC §14, both backends: the upsert by which a queued task's (app, scope) queue
+/// docs/conformance.md#fair-share, both backends: the upsert by which a queued task's (app, scope) queue
 /// joins (`sql/queue_join.sql`, its rule in its comments), as the `{queue_join}` part of
 /// a statement that names the queue in a one-row `join_params` CTE (`app`, `scope`,
 /// `weight`, `credit`: core's [`join_credit`](tollgate_core::join_credit) of the
@@ -41,7 +41,7 @@ pub(crate) struct QueueTake {
     pub(crate) take: u32,
 }
 
-/// SPEC §14: splits `n` claim slots across the queues (least virtual time first) by the
+/// docs/conformance.md#fair-share: splits `n` claim slots across the queues (least virtual time first) by the
 /// stride schedule; queues that get nothing are left out.
 pub(crate) fn plan_claim(queues: Vec<QueueRow>, n: u32) -> Vec<QueueTake> {
     let shares: Vec<QueueShare> = queues
@@ -60,7 +60,7 @@ pub(crate) fn plan_claim(queues: Vec<QueueRow>, n: u32) -> Vec<QueueTake> {
         .collect()
 }
 
-/// The backend's statements of a fair claim (SPEC §14), for [`claim_fair`].
+/// The backend's statements of a fair claim (docs/conformance.md#fair-share), for [`claim_fair`].
 #[async_trait::async_trait]
 pub(crate) trait FairClaim: Send {
     /// Writes what `view` owes the queues' passes.
@@ -73,7 +73,7 @@ pub(crate) trait FairClaim: Send {
     async fn deactivate_if_empty(&mut self, app: &str, scope: &str) -> StoreResult<bool>;
 }
 
-/// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
+/// docs/conformance.md#fair-share: claims up to `limit` tasks across the active queues with the least virtual
 /// time, by the stride plan, in rounds; both backends run this loop with their own
 /// statements ([`FairClaim`]).
 ///
@@ -149,7 +149,7 @@ pub(crate) async fn claim_fair(
     Ok(claimed)
 }
 
-/// SPEC §14 around creations, both backends: unless they keep the view (`keeps_view`,
+/// docs/conformance.md#dispatch around creations, both backends: unless they keep the view (`keeps_view`,
 /// [`QueueView::covers`] of the new tasks), the pass debt is paid first (`pay`), so a
 /// queue they activate joins at the passes as this instance's claims left them, and the
 /// view is dropped after (they may have activated a queue it does not list).
@@ -169,7 +169,7 @@ pub(crate) async fn around_creation<T>(
     Ok(created)
 }
 
-/// How long a store instance reuses its last read of the active queues (SPEC §14), by
+/// How long a store instance reuses its last read of the active queues (docs/conformance.md#fair-share), by
 /// default (`queue_view_ttl` of the store's options).
 /// Within it, a claim is one statement: the view is moved by this instance's own
 /// claims, dropped by its own creations and whenever a claim comes up short, so it only
@@ -178,7 +178,7 @@ pub(crate) async fn around_creation<T>(
 /// ([`QueueView::owe`]).
 pub(crate) const QUEUE_VIEW_TTL: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// A queue's pass moves this instance's claims owe the database (SPEC §14).
+/// A queue's pass moves this instance's claims owe the database (docs/conformance.md#fair-share).
 pub(crate) type PassDebt = Vec<(String, String, i64)>;
 
 #[derive(Debug, Default)]

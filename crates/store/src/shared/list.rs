@@ -1,4 +1,4 @@
-//! SPEC §15 listings, written once for both backends: a backend supplies its clock and
+//! docs/conformance.md#listings listings, written once for both backends: a backend supplies its clock and
 //! its read pool ([`Backend`]); every listing's logic (pages, cursors, joins of runs to
 //! pipelines, snapshots, stats) lives here. Listings decide nothing, so they read outside
 //! any transaction and take no lock.

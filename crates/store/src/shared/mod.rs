@@ -3,7 +3,7 @@
 //! facts a backend reads and hands to core's decision ([`admission`]), and the
 //! run transactions ([`runs`]), the application's side of tasks ([`tasks`]), pipelines
 //! ([`pipelines`]), cost settlement and usage ([`cost`]),
-//! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], SPEC §14); the
+//! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], docs/conformance.md#fair-share); the
 //! one way both backends run a statement written once ([`sql`]); and whole SQL texts
 //! with named parameters, bound from one struct ([`statement`]), with the texts both
 //! dialects share in `sql/`.

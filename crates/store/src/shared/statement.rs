@@ -2,7 +2,7 @@
 //!
 //! A statement is written as one text (a `.sql` file read with `include_str!`), top to
 //! bottom, with `:name` parameters and `{part}` places where a shared rule's own text
-//! stands (the queue join of SPEC §14, the task columns, …: each rule written once). Its
+//! stands (the queue join of docs/conformance.md#fair-share, the task columns, …: each rule written once). Its
 //! values are bound by name from one struct ([`Binder::bind`]); the binder numbers the
 //! parameters in the order they are bound (`$1`, `$2`, … in the text sent, which both
 //! PostgreSQL and SQLite read by number, SQLite across the statements of one query too).

@@ -1,4 +1,4 @@
-//! SPEC §14 fair claiming on SQLite. The writer lock covers the whole claim; the plan is
+//! docs/conformance.md#fair-share fair claiming on SQLite. The writer lock covers the whole claim; the plan is
 //! the shared one ([`crate::shared::dispatch`]), taken in one statement, and the passes
 //! move as on PostgreSQL: in the instance's view at once, in the rows when the view is
 //! read again ([`QueueView`]).
@@ -10,7 +10,7 @@ use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::rows::{TaskRow, task_columns};
 use tollgate_core::{Timestamp, WorkerId};
 
-/// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
+/// docs/conformance.md#fair-share: claims up to `limit` tasks across the active queues with the least virtual
 /// time, by the stride plan (the shared loop,
 /// [`claim_fair`](crate::shared::dispatch::claim_fair)), inside the claim's write
 /// transaction.
@@ -122,7 +122,7 @@ async fn pay_pass_debt(view: &QueueView, tx: &mut Tx) -> StoreResult<()> {
 }
 
 impl super::SqliteStore {
-    /// SPEC §14: before a creation, writes what this instance's claims owe the queues'
+    /// docs/conformance.md#fair-share: before a creation, writes what this instance's claims owe the queues'
     /// passes in a short write transaction (none when nothing is owed), so a queue the
     /// creation activates joins at the passes as they really are.
     pub(super) async fn pay_pass_debt(&self) -> StoreResult<()> {

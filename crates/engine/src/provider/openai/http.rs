@@ -1,4 +1,4 @@
-//! Posting a body to the endpoint: SPEC §14 pace and pauses, bounded retries with
+//! Posting a body to the endpoint: docs/conformance.md#provider-pace pace and pauses, bounded retries with
 //! backoff, bounded reading of the answer, and provider headers read defensively.
 
 use super::OpenAiProvider;
@@ -67,7 +67,7 @@ impl OpenAiProvider {
                         metrics::counter!(m::PROVIDER_429S_TOTAL, "provider" => self.name.clone())
                             .increment(1);
                         if let Some(pace) = &self.pace {
-                            // SPEC §14: every provider's 429 pauses it on every replica
+                            // docs/conformance.md#provider-pace: every provider's 429 pauses it on every replica
                             // (cut to `max_pause`). A paced call then waits for its turn
                             // again; an unpaced one retries as below (its retry waits the
                             // pause out first).

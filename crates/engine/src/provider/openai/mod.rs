@@ -22,10 +22,10 @@
 //!   `max_retry_delay` fails the call at once instead of holding a worker.
 //! - Usage comes from `usage.prompt_tokens` and `usage.completion_tokens`; an answer
 //!   without them is marked `estimated` (the worker counts the attempt at its bound).
-//! - SPEC §14 pause ([`super::pace`]): a 429 pauses the provider on every replica for
+//! - docs/conformance.md#provider-pace pause ([`super::pace`]): a 429 pauses the provider on every replica for
 //!   its `Retry-After` (or the backoff), at most `max_pause`, paced or not; every HTTP
 //!   request first waits until no pause is in force.
-//! - SPEC §14 pace: with `requests_per_minute` / `tokens_per_minute` configured, every
+//! - docs/conformance.md#provider-pace pace: with `requests_per_minute` / `tokens_per_minute` configured, every
 //!   HTTP request first waits for its turn on the schedules all replicas share; after a
 //!   429 the call waits and tries again — such waits never count against `max_retries`
 //!   or `max_retry_delay`, so pacing never fails a task. Without a pace, a 429 is retried
@@ -122,7 +122,7 @@ impl OpenAiProvider {
         })
     }
 
-    /// SPEC §14: paces this provider's calls with the schedules every replica shares.
+    /// docs/conformance.md#provider-pace: paces this provider's calls with the schedules every replica shares.
     pub fn with_pace(mut self, pace: Option<ProviderPace>) -> OpenAiProvider {
         self.pace = pace;
         self
@@ -149,7 +149,7 @@ impl Provider for OpenAiProvider {
     async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
         let prompt = Prompt::render(&call);
         let body = request::body(&call, &prompt);
-        // SPEC §14 token pace: this call's bound, counted as SPEC §13 counts a
+        // docs/conformance.md#provider-pace token pace: this call's bound, counted as docs/conformance.md#cost-reservation counts a
         // reservation (its re-ask messages included), settled with the real usage.
         let estimate = if self.pace.as_ref().is_some_and(ProviderPace::is_paced) {
             let counter = TokenCounter::for_model(Some(ProviderKind::Openai), &call.model.model);

@@ -238,7 +238,7 @@ pub(super) async fn lost_race(
     Ok(Created::existing(task))
 }
 
-/// SPEC §13: a cache hit's saving, added to the scope's and the app's bucket of `now`
+/// docs/conformance.md#cost-cache-hits: a cache hit's saving, added to the scope's and the app's bucket of `now`
 /// (scope bucket first: the lock order).
 async fn record_saved(
     tx: &mut Tx,
@@ -260,7 +260,7 @@ async fn record_saved(
 
 /// Inserts the task and returns it; `None` when the effect key was taken meanwhile.
 /// With `activate`, a queued task's dispatch queue is activated in the same statement
-/// (SPEC §14); batches activate theirs at the end instead, in lock order
+/// (docs/conformance.md#dispatch); batches activate theirs at the end instead, in lock order
 /// ([`activate_queues`]).
 pub(super) async fn insert_task(
     tx: &mut Tx,
@@ -283,7 +283,7 @@ pub(super) async fn insert_task(
         .transpose()
 }
 
-/// An unscoped application task (no cache, no admission: SPEC §3 steps 2 and 6) in ONE
+/// An unscoped application task (no cache, no admission: docs/conformance.md#create-idempotency, docs/conformance.md#create-insert) in ONE
 /// statement, its own transaction (`sql/insert_app_task.sql`): the shared lock of its
 /// (app, scope) (`lock`), the database's "now" (the fixed clock when set), the insert (a
 /// taken effect key inserts nothing) and the queue's join. The row's `now` is
@@ -308,7 +308,7 @@ pub(super) async fn insert_app_task(
         .transpose()
 }
 
-/// SPEC §14 for a batch of creations: activates the dispatch queues of its queued tasks
+/// docs/conformance.md#fair-share for a batch of creations: activates the dispatch queues of its queued tasks
 /// as one creation after another would, in the order the batch names them (each queue
 /// joins at the passes as the ones before it left them, as on SQLite), with the rows
 /// held to the commit as a creation's statement holds one task's.

@@ -1,4 +1,4 @@
-//! SPEC §3–4 on PostgreSQL: task creation with idempotency, owner check, cache and
+//! docs/conformance.md#creating-a-task, docs/conformance.md#admission on PostgreSQL: task creation with idempotency, owner check, cache and
 //! admission in one short transaction, correct with any number of replicas.
 //!
 //! A scoped creation holds the exclusive advisory lock of its (app, scope): admissions of
@@ -8,7 +8,7 @@
 //! ending with the conditional global increment, so the global row is locked only from
 //! that statement to the commit.
 //!
-//! Split along the steps: this module runs the creation (SPEC §3 steps 2–6, batches);
+//! Split along the steps: this module runs the creation (docs/conformance.md#create-transaction, batches);
 //! [`probe`] reads what a creation decides on (owner, scope lock, idempotency, cache);
 //! [`snapshot`] reads the admission facts and asks core; [`insert`] writes the task and
 //! the admission in one statement; [`slots`] holds the striped global cap.
@@ -84,7 +84,7 @@ pub(super) enum SlotPath {
     Rebalance,
 }
 
-/// One transaction of SPEC §3 steps 2–6. `Ok(None)`: the fast slot path found no
+/// One transaction of docs/conformance.md#create-transaction. `Ok(None)`: the fast slot path found no
 /// allowance; nothing was written.
 async fn attempt_create(
     store: &PostgresStore,
@@ -378,7 +378,7 @@ async fn create_unscoped(
         };
         out[*n] = Some(result);
     }
-    // SPEC §14: the batch's queues, in lock order, held to the commit.
+    // docs/conformance.md#fair-share: the batch's queues, in lock order, held to the commit.
     activate_queues(&mut tx, &queues).await?;
     tx.commit().await?;
     Ok(out

@@ -1,6 +1,6 @@
-//! SPEC §4's and §13's facts in one statement under the scope's advisory lock; the
+//! docs/conformance.md#admission's and docs/conformance.md#money-and-tokens's facts in one statement under the scope's advisory lock; the
 //! decision is core's, through [`AdmissionFacts::decide`]. The app-wide spend limit
-//! (SPEC §13) is checked last, under the app's advisory lock, taken only when the app
+//! (docs/conformance.md#money-and-tokens) is checked last, under the app's advisory lock, taken only when the app
 //! has such a limit.
 
 use super::super::Tx;
@@ -13,7 +13,7 @@ use tollgate_core::canonical::sha256_hex;
 use tollgate_core::cost::window_first_bucket;
 use tollgate_core::{AppId, BucketState, Budget, Reservation, ScopeId, SourceId, Timestamp};
 
-/// SPEC §4 and §13 under the scope lock: prunes the scope's expired sightings, reads the
+/// docs/conformance.md#admission, docs/conformance.md#money-and-tokens under the scope lock: prunes the scope's expired sightings, reads the
 /// snapshot, asks core (through [`AdmissionFacts::decide`]), and for an app with a spend
 /// limit takes the app's lock and checks the app's window. The global cap is enforced
 /// again by the final conditional increment.
@@ -68,10 +68,10 @@ pub(super) async fn admit(
     spend_checked(reads, app, scope, budget, reservation, now, decided).await
 }
 
-/// docs/budgets.md, "Tasks without a source": SPEC §13's checks of a task without a
+/// docs/budgets.md, "Tasks without a source": docs/conformance.md#money-and-tokens's checks of a task without a
 /// source, under the scope's advisory lock (exclusive) — output bound, the scope's
 /// spend, the scope's token bucket, then the app's spend under the app's lock — and
-/// none of SPEC §4's. On admission returns the token bucket to store with its capacity
+/// none of docs/conformance.md#admission's. On admission returns the token bucket to store with its capacity
 /// in units (`None`: the policy has no token rate).
 pub(super) async fn check_unsourced(
     tx: &mut Tx,
@@ -100,7 +100,7 @@ pub(super) async fn check_unsourced(
     spend_checked(reads, app, scope, budget, reservation, now, decided).await
 }
 
-/// The advisory lock key of an app's spend (SPEC §13), distinct from every scope key.
+/// The advisory lock key of an app's spend (docs/conformance.md#money-and-tokens), distinct from every scope key.
 pub(in crate::postgres) fn app_lock_key(app: &AppId) -> i64 {
     let hex = sha256_hex(format!("tollgate-app-spend\u{1f}{app}").as_bytes());
     u64::from_str_radix(&hex[..16], 16).unwrap_or(0) as i64

@@ -1,5 +1,5 @@
--- SPEC §3 step 6 for an admitted task, in one statement: the task row, its queue's join
--- (SPEC §14), the admission's writes, and on the fast path (:fast) its global slot
+-- docs/conformance.md#create-insert for an admitted task, in one statement: the task row, its queue's join
+-- (docs/conformance.md#dispatch), the admission's writes, and on the fast path (:fast) its global slot
 -- from one stripe's allowance. Every write after the task's reads from the one before,
 -- so nothing is written when the effect key was taken (no row in t), and the rows lock
 -- in the lock order: scope row, scope bucket, app bucket, the app's share, the global
@@ -11,7 +11,7 @@ WITH t AS ({task_insert}),
 -- changes), so a claim that finds the queue empty cannot deactivate it before this task
 -- is visible.
 {task_queue_join},
--- SPEC §4 and §13: the scope's row — its task bucket, distinct sources (relative: whoever
+-- docs/conformance.md#admission, docs/conformance.md#cost-limits: the scope's row — its task bucket, distinct sources (relative: whoever
 -- prunes an expired sighting subtracts it, once), active tasks, and its model-token
 -- bucket (NULL: kept as it is).
 st AS (
@@ -42,7 +42,7 @@ rec AS (
   INSERT INTO admissions (app, scope, source_id, task_id, logical_key, admitted_at)
   SELECT :app, :scope, :source, :id, :logical_key, :now FROM t
 ),
--- SPEC §13: the reservation, in the scope's and the app's spend bucket (sp, ap).
+-- docs/conformance.md#cost-reservation: the reservation, in the scope's and the app's spend bucket (sp, ap).
 {spend_add},
 -- The fast path: the app's share of the global capacity (:share, 0: none; :no_share:
 -- the app has none, so it only counts), then a slot of this stripe's allowance.

@@ -1,9 +1,9 @@
--- An unscoped application task (no cache, no admission: SPEC §3 steps 2 and 6) in ONE
+-- An unscoped application task (no cache, no admission: docs/conformance.md#create-idempotency, docs/conformance.md#create-insert) in ONE
 -- statement, its own transaction: the shared lock of its (app, scope) (owner deletion,
 -- which takes it exclusive, cannot interleave), the database's "now" (:fixed_now when
 -- the clock is fixed), the task row (its {created_at} is that now and its
 -- {dispatch_key} that now plus :dispatch_key, the key's offset from the creation time)
--- and (SPEC §14) its queue joins. No row: the effect key was taken.
+-- and (docs/conformance.md#fair-share) its queue joins. No row: the effect key was taken.
 WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:lock_key) AS locked),
 clock AS MATERIALIZED (
   SELECT COALESCE(:fixed_now::BIGINT,

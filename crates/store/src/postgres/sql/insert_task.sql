@@ -1,4 +1,4 @@
--- SPEC §3 step 6 without admission: the task row, and (SPEC §14) its queue joins when
+-- docs/conformance.md#create-insert without admission: the task row, and (docs/conformance.md#fair-share) its queue joins when
 -- the task is queued (a batch inserts task_insert.sql alone and activates its queues at
 -- its end instead).
 WITH t AS ({task_insert}),

@@ -1,4 +1,4 @@
--- SPEC §13: a delta added to the scope's spend bucket, then to the app's (one stripe of
+-- docs/conformance.md#cost-limits: a delta added to the scope's spend bucket, then to the app's (one stripe of
 -- it), in the lock order (scope bucket, then app bucket), as two CTEs of the statement
 -- around it; {after} is what the scope bucket's upsert reads from (the scope row's CTE,
 -- so the rows lock in order, or one row).

@@ -1,4 +1,4 @@
--- SPEC §14 after the task insert `t` of the statement around it: a queued task's
+-- docs/conformance.md#fair-share after the task insert `t` of the statement around it: a queued task's
 -- (app, scope) queue joins (shared/sql/queue_join.sql), its weight :weight, joining
 -- credit :credit and stride :stride.
 join_params AS (

@@ -1,4 +1,4 @@
--- SPEC §14, both backends (docs/engine.md, "Dispatch order"): the (app, scope) queue of
+-- docs/conformance.md#fair-share, both backends (docs/engine.md, "Dispatch order"): the (app, scope) queue of
 -- a queued task joins. The statement around it names the joining queue in a one-row
 -- `join_params` (app, scope, weight, credit: core's join_credit of the weight, stride:
 -- core's stride); no row there, nothing joins.

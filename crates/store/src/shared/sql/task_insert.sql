@@ -1,4 +1,4 @@
--- SPEC §3 step 6, both backends: a task row. A taken effect key inserts nothing and
+-- docs/conformance.md#create-insert, both backends: a task row. A taken effect key inserts nothing and
 -- returns no row.
 -- {created_at} and {dispatch_key} are the creation time and the dispatch key: bound
 -- (:now, :dispatch_key), or read from the statement's own clock.

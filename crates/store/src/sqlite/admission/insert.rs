@@ -31,8 +31,8 @@ static CREATE_TASK: Statement = Statement::new(
 );
 
 /// Inserts the task and, in the same query (one hop to the connection's thread), what
-/// follows it: a cache hit's saving in the spend buckets (SPEC §13), or a queued task's
-/// queue join (SPEC §14) and `admission` record (source and logical key).
+/// follows it: a cache hit's saving in the spend buckets (docs/conformance.md#cost-cache-hits), or a queued task's
+/// queue join (docs/conformance.md#fair-share) and `admission` record (source and logical key).
 pub(super) async fn insert_task(
     conn: &mut SqliteConnection,
     i: &InsertRow<'_>,

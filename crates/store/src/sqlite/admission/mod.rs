@@ -1,4 +1,4 @@
-//! SPEC §3–4 on SQLite: task creation with idempotency, owner check, cache and
+//! docs/conformance.md#creating-a-task, docs/conformance.md#admission on SQLite: task creation with idempotency, owner check, cache and
 //! admission in one `BEGIN IMMEDIATE` transaction.
 //!
 //! Admission reads only what it needs, each bounded independently of the 24 h window's
@@ -7,7 +7,7 @@
 //! and the partial index of active admitted tasks (at most the concurrency caps).
 //! Expired sources of the scope are pruned on the way, each row once (amortized O(1)).
 //!
-//! Split along the steps: this module runs the creation (SPEC §3 steps 2–6, batches)
+//! Split along the steps: this module runs the creation (docs/conformance.md#create-transaction, batches)
 //! and reads what it decides on (idempotency, owner, cache); [`snapshot`] reads the
 //! admission facts, asks core and writes the admission; [`insert`] writes the task and
 //! what follows it in one query.
@@ -74,7 +74,7 @@ pub(super) async fn create_tasks(
     Ok(out)
 }
 
-/// SPEC §3 steps 2–6 on a connection inside a `BEGIN IMMEDIATE` transaction (or a
+/// docs/conformance.md#create-transaction on a connection inside a `BEGIN IMMEDIATE` transaction (or a
 /// savepoint of one). The caller commits on `Ok` and rolls back on `Err`.
 async fn create_in(
     conn: &mut SqliteConnection,
@@ -180,7 +180,7 @@ fn encode_reservation(r: &Reservation) -> StoreResult<String> {
         .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))
 }
 
-/// SPEC §3 step 4's key of a scoped task (`None` for an unscoped one).
+/// docs/conformance.md#create-cache's key of a scoped task (`None` for an unscoped one).
 fn scoped_cache_key(
     new: &NewTask,
     config_hash: &ConfigHash,
@@ -216,7 +216,7 @@ impl Probe {
     }
 }
 
-/// SPEC §3 steps 2 and 4 in one statement: whether `new`'s effect key is taken in its
+/// docs/conformance.md#create-idempotency, docs/conformance.md#create-cache in one statement: whether `new`'s effect key is taken in its
 /// app, and the newest success under `cache_key` in (app, scope) unless there is no key
 /// or the task recomputes.
 async fn probe(

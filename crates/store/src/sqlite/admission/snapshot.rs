@@ -1,4 +1,4 @@
-//! SPEC §4's and §13's facts under the write lock, read each bounded independently of
+//! docs/conformance.md#admission's and docs/conformance.md#cost-reservation's facts under the write lock, read each bounded independently of
 //! the window's size; the decision is core's, through [`AdmissionFacts::decide`] and the
 //! shared end of an admission ([`spend_checked`]); the writes are one query
 //! (`sql/admit.sql`, `sql/reserve_unsourced.sql`).
@@ -31,7 +31,7 @@ static RESERVE_UNSOURCED: Statement = Statement::new(
     SPEND_ALWAYS,
 );
 
-/// SPEC §4 and §13 under the write lock: gathers the snapshot, asks core's [`decide`]
+/// docs/conformance.md#admission, docs/conformance.md#money-and-tokens under the write lock: gathers the snapshot, asks core's [`decide`]
 /// and cost checks (the app's spend last), and on admission stores the buckets, the
 /// reservation in the spend buckets and the source's sighting. Returns the reservation
 /// as stored. The admission record itself is inserted by the caller once the task row
@@ -148,8 +148,8 @@ pub(super) async fn admit(
 }
 
 /// docs/budgets.md, "Tasks without a source": the cost checks of a task without a
-/// source under the write lock — SPEC §13's in order (output bound, the scope's spend,
-/// the scope's token bucket, the app's spend), none of SPEC §4's — then its reservation
+/// source under the write lock — docs/conformance.md#cost-reservation's in order (output bound, the scope's spend,
+/// the scope's token bucket, the app's spend), none of docs/conformance.md#admission's — then its reservation
 /// in the spend buckets and the token bucket taken. Returns the reservation as stored.
 pub(super) async fn reserve_unsourced(
     tx: &mut SqliteConnection,

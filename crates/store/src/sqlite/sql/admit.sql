@@ -1,4 +1,4 @@
--- SPEC §4 and §13 on SQLite: every write of an admission but its record (inserted with
+-- docs/conformance.md#admission, docs/conformance.md#money-and-tokens on SQLite: every write of an admission but its record (inserted with
 -- the task), in one query: the reservation in the spend buckets, the scope's counters
 -- (its task bucket, distinct sources, relative: whoever prunes an expired sighting
 -- subtracts it, once; active tasks; its model-token bucket, NULL: kept), the source's

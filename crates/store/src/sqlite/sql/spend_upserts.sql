@@ -1,4 +1,4 @@
--- SPEC §13: a delta added to the scope's spend bucket and to the app's (one stripe of
+-- docs/conformance.md#cost-limits: a delta added to the scope's spend bucket and to the app's (one stripe of
 -- it), two statements of the query around them; {spend_when} says whether they write.
 INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens, saved_nano)
 SELECT :app, :scope, :bucket, :reserved_nano, :reserved_tokens, :saved_nano
