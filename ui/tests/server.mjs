@@ -1,5 +1,6 @@
 // Starts a real `tollgate serve` (the debug binary) for the browser tests: SQLite in a
-// temporary folder, a free 127.0.0.1 port, two apps, the built-in dev provider.
+// temporary folder, a free 127.0.0.1 port, three apps (one with a USD limit), the built-in
+// dev provider (one model of it priced).
 import { spawn } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -10,6 +11,7 @@ const here = dirname(fileURLToPath(import.meta.url));
 export const repoRoot = resolve(here, "../..");
 export const ACME_KEY = "acme-dashboard-key-0123456789";
 export const BETA_KEY = "beta-dashboard-key-0123456789";
+export const GAMMA_KEY = "gamma-dashboard-key-0123456789";
 
 export function tollgateBin() {
   const candidates = [
@@ -39,6 +41,17 @@ provider = "dev"
 model = "dev-1"
 params = { latency_ms = 60000 }
 
+# Priced: costs show per task, and the spend gauge moves (USD limits need an output bound).
+[models.priced]
+provider = "dev"
+model = "dev-1"
+max_output_tokens = 64
+
+[models.priced.prices]
+input_per_million = 2.5
+output_per_million = 10
+cached_input_per_million = 1.25
+
 # A bucket that refills slowly, so the gauges visibly move with each admission.
 [budgets.standard]
 max_steps_per_source = 10
@@ -47,6 +60,15 @@ scope_concurrent = 20
 burst = 40
 tasks_per_minute = 1
 
+# The same, with a small daily USD limit: the spend gauge has something to measure against.
+[budgets.spendy]
+max_steps_per_source = 10
+sources_per_24_hours = 100
+scope_concurrent = 20
+burst = 40
+tasks_per_minute = 1
+usd_per_24_hours = 0.01
+
 [apps.acme]
 api_keys = ["${ACME_KEY}"]
 default_budget = "standard"
@@ -54,6 +76,10 @@ default_budget = "standard"
 [apps.beta]
 api_keys = ["${BETA_KEY}"]
 default_budget = "standard"
+
+[apps.gamma]
+api_keys = ["${GAMMA_KEY}"]
+default_budget = "spendy"
 
 [workers]
 concurrency = 4

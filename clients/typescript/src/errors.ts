@@ -41,7 +41,7 @@ export class RequestTooLargeError extends TollgateError {}
 export class InvalidRequestError extends TollgateError {}
 
 /**
- * 429: admission refused the task (SPEC §4, §13), or the app has no waiter or batch slot
+ * 429: admission refused the task (docs/conformance.md#admission, docs/conformance.md#money-and-tokens), or the app has no waiter or batch slot
  * free. `code` names the limit (`WORKFLOW_AI_RATE_LIMIT`, `WORKFLOW_AI_CAPACITY`,
  * `WORKFLOW_AI_SOURCE_BUDGET`, `WORKFLOW_AI_DAILY_BUDGET`, `WORKFLOW_AI_SPEND_BUDGET`,
  * `WORKFLOW_AI_TOKEN_RATE_LIMIT`, `WORKFLOW_AI_TOO_MANY_WAITERS`,

@@ -51,7 +51,7 @@ export type SourceBody = Schemas["SourceBody"];
 export type TaskErrorView = Schemas["TaskErrorView"];
 export type Usage = Schemas["UsageView"];
 
-/** A task (SPEC §11) of kind `K`. */
+/** A task (docs/conformance.md#http-shapes) of kind `K`. */
 export type Task<K extends Kind = Kind> = Omit<Schemas["TaskView"], "kind" | "status" | "output"> & {
   kind: K;
   status: TaskStatus;
@@ -109,7 +109,7 @@ export type PipelinePage = Schemas["PipelinePageView"];
 export type Scope = Schemas["ScopeView"];
 /** A page of `GET /v1/scopes` (in name order). */
 export type ScopePage = Schemas["ScopePageView"];
-/** Spend and model tokens in the 24 h window, of a scope or of the whole app (SPEC §13). */
+/** Spend and model tokens in the 24 h window, of a scope or of the whole app (docs/conformance.md#cost-usage). */
 export type UsageReport = Schemas["UsageReportView"];
 /** The app's tasks now and over the last hour (`GET /v1/stats`). */
 export type Stats = Schemas["StatsView"];
@@ -135,6 +135,8 @@ export interface TaskListQuery extends PageQuery {
   created_after?: string | Date;
   /** Exclusive; an RFC 3339 string or a `Date`. */
   created_before?: string | Date;
+  /** Only tasks that ended with this error code (as `stats().failures_by_code` counts them). */
+  error_code?: string;
 }
 
 /** `GET /v1/runs` filters. */
@@ -363,6 +365,7 @@ export class Tollgate {
         run_id: query.run_id,
         created_after: timeParam(query.created_after),
         created_before: timeParam(query.created_before),
+        error_code: query.error_code,
         limit: intParam(query.limit),
         next: query.next,
       },
@@ -498,7 +501,7 @@ export class Tollgate {
     return answer.data;
   }
 
-  /** `GET /v1/scopes/{scope}/usage`: the scope's spend and model tokens in the 24 h window (SPEC §13). */
+  /** `GET /v1/scopes/{scope}/usage`: the scope's spend and model tokens in the 24 h window (docs/conformance.md#cost-usage). */
   async scopeUsage(scope: string, options: CallOptions = {}): Promise<UsageReport> {
     const answer = await this.request<UsageReport>({
       method: "GET",
@@ -696,7 +699,7 @@ export class Tollgate {
     return answer.data.models;
   }
 
-  /** `GET /v1/usage`: the app's spend and model tokens in the 24 h window, all scopes (SPEC §13). A key bound to a subject gets `ForbiddenError`. */
+  /** `GET /v1/usage`: the app's spend and model tokens in the 24 h window, all scopes (docs/conformance.md#cost-usage). A key bound to a subject gets `ForbiddenError`. */
   async usage(options: CallOptions = {}): Promise<UsageReport> {
     const answer = await this.request<UsageReport>({ method: "GET", path: "/v1/usage", idempotent: true, options });
     return answer.data;

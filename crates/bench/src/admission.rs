@@ -30,7 +30,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     for round in 0..sizes.rounds {
         let label = format!("round {}/{}", round + 1, sizes.rounds);
 
-        // Without and with SPEC §13's USD and token limits (high enough to admit
+        // Without and with docs/conformance.md#cost-limits's USD and token limits (high enough to admit
         // everything), in alternating order so neither side always runs on the bigger
         // table.
         for metered_side in [round % 2 == 1, round % 2 == 0] {
@@ -96,7 +96,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         )
         .ratio_at_least(5.0)
         .row(
-            "tollgate under USD + token limits (SPEC §13)",
+            "tollgate under USD + token limits (docs/conformance.md#cost-limits)",
             Some(metered.per_s()),
             metered.percentiles(),
         )

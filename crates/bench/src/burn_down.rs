@@ -6,7 +6,7 @@
 //! like the facade's batch groups), then W loops of a `SKIP LOCKED` claim and a complete,
 //! one transaction each.
 //!
-//! SPEC §14: Tollgate runs each round twice, with fairness on (the default; the ratio's
+//! docs/conformance.md#fair-share: Tollgate runs each round twice, with fairness on (the default; the ratio's
 //! term) and off (oldest first, priority ignored), so the cost of fair claiming is
 //! measured in the same run. Target: fairness on ≥ 90 % of fairness off.
 
@@ -112,7 +112,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         .extra("tollgate_elapsed_s", super::secs(ours.elapsed))
         .extra("baseline_elapsed_s", super::secs(theirs.elapsed))
         .note(format!(
-            "SPEC §14: fairness on runs at {:.1} % of fairness off (target ≥ 90 %){}",
+            "docs/conformance.md#fair-share: fairness on runs at {:.1} % of fairness off (target ≥ 90 %){}",
             100.0 * fair_vs_unfair,
             if fair_vs_unfair >= 0.9 {
                 ""

@@ -1,4 +1,4 @@
-//! `cache`: C concurrent clients submit scoped tasks that are all cache hits (SPEC §3
+//! `cache`: C concurrent clients submit scoped tasks that are all cache hits (docs/conformance.md#create-cache
 //! step 4: the same source revision, request and model as a task that succeeded), each
 //! under a new effect key, through the facade.
 //!

@@ -11,10 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tollgate_core::{ErrorCode, Task, TaskId, Usage, WorkerId};
-use tollgate_store::wrap::{
-    Call, ForwardMaintenanceStore, ForwardPipelineStore, ForwardRunStore, ForwardTaskStore,
-    StoreWrapper,
-};
+use tollgate_store::wrap::{Call, ForwardStore, StoreWrapper};
 use tollgate_store::{Completion, HeartbeatReport, Store, StoreResult, Transition, WorkerStore};
 
 /// The counters of a [`CountingStore`].
@@ -156,11 +153,7 @@ impl StoreWrapper for CountingStore {
     }
 }
 
-impl ForwardTaskStore for CountingStore {}
-impl ForwardRunStore for CountingStore {}
-impl ForwardPipelineStore for CountingStore {}
-impl ForwardMaintenanceStore for CountingStore {}
-impl tollgate_store::wrap::ForwardPaceStore for CountingStore {}
+impl ForwardStore for CountingStore {}
 
 #[async_trait]
 impl WorkerStore for CountingStore {

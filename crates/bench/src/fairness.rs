@@ -1,4 +1,4 @@
-//! `fairness` (SPEC §14): how long a small scope waits behind another scope's backlog.
+//! `fairness` (docs/conformance.md#fair-share): how long a small scope waits behind another scope's backlog.
 //!
 //! Same run, same engine (W workers, instant provider):
 //! 1. *No backlog*: scope B submits 200 tasks (one batch call) into an empty queue.

@@ -1,6 +1,6 @@
 //! `heartbeat`: R running tasks held by W worker pools (W processes' worth) for T
 //! seconds, for each R; the database writes the heartbeats cost, counted at the store
-//! (every `Store::heartbeat` call is one write transaction). SPEC §12: one write per
+//! (every `Store::heartbeat` call is one write transaction). docs/conformance.md#batched-heartbeats: one write per
 //! worker per interval, not per task — so writes per interval ≤ W for every R.
 //!
 //! The tasks are submitted through a separate engine that runs no workers; the W pools

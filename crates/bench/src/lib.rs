@@ -18,6 +18,7 @@ pub mod baseline;
 mod burn_down;
 mod cache;
 mod counting;
+mod database;
 mod fairness;
 mod heartbeat;
 mod http;
@@ -26,29 +27,32 @@ mod measure;
 mod peer;
 mod report;
 mod window;
+mod work;
 
-use crate::baseline::{Baseline, create_postgres_database, drop_postgres_database};
+use crate::baseline::Baseline;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use counting::CountingStore;
+#[cfg(test)]
+use database::redact;
+use database::{BenchDb, with_database};
 use measure::Progress;
 use report::ScenarioReport;
-use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tollgate_core::{
-    AppId, Budget, Clock, EffectKey, ModelId, ScopeId, SourceId, SourceRevision, SystemClock, Task,
-    TaskKind, Timestamp,
-};
+use std::time::Duration;
+use tollgate_core::{Budget, ModelId};
 use tollgate_engine::config::{BudgetPolicy, Limit, ModelConfig};
 use tollgate_engine::provider::dev::DevProvider;
 use tollgate_engine::{
-    EngineConfig, MAX_BATCH, Provider, ProviderAnswer, ProviderCall, ProviderError, Submission,
-    Tollgate,
+    EngineConfig, Provider, ProviderAnswer, ProviderCall, ProviderError, Tollgate,
 };
 use tollgate_store::Store;
-use tollgate_store::postgres::{PostgresOptions, PostgresStore};
-use tollgate_store::sqlite::{SqliteOptions, SqliteStore};
+#[cfg(test)]
+use work::classify;
+use work::{
+    bench_app, scope_ids, scoped, scoped_metered, secs, stored_classify, submit_all, submit_body,
+    unscoped, wait_for, wall_clock,
+};
 
 /// The database a benchmark runs on when `--database-url` is not given and
 /// `TOLLGATE_TEST_DATABASE_URL` is not set.
@@ -58,7 +62,7 @@ const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const BENCH_APP: &str = "bench";
 /// The budget policy of every scoped benchmark task: limits that admit everything.
 const BENCH_BUDGET: &str = "bench";
-/// The same policy with SPEC §13's USD and token limits, set high enough to admit
+/// The same policy with docs/conformance.md#cost-limits's USD and token limits, set high enough to admit
 /// everything: what the cost checks add to an admission.
 const BENCH_METERED: &str = "bench-metered";
 /// The model whose answers wait until the heartbeat scenario lets them go.
@@ -151,9 +155,9 @@ pub struct SizeArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
     /// Submit N unscoped tasks, then W workers run them all (vs the raw SQL lifecycle),
-    /// with SPEC §14 fairness on and off.
+    /// with docs/conformance.md#fair-share fairness on and off.
     BurnDown,
-    /// SPEC §14: scope B's 200 tasks behind scope A's backlog of N vs with no backlog.
+    /// docs/conformance.md#fair-share: scope B's 200 tasks behind scope A's backlog of N vs with no backlog.
     Fairness,
     /// 8 clients admit scoped tasks over 64 scopes (vs the reference design's admission
     /// behind one global lock).
@@ -395,7 +399,7 @@ impl Ctx {
     }
 
     /// Like [`counting_store`](Self::counting_store), claiming oldest first across
-    /// everything (SPEC §14 fairness off), on the same database and pool.
+    /// everything (docs/conformance.md#fair-share fairness off), on the same database and pool.
     fn counting_store_oldest_first(&self) -> CountingStore {
         CountingStore::new(self.db.store_ordered(tollgate_store::ClaimOrder::Oldest))
     }
@@ -415,7 +419,7 @@ impl Ctx {
         self.tollgate_with(store, workers, hold, true)
     }
 
-    /// [`tollgate`](Self::tollgate) with SPEC §14 fairness on or off (`store` must claim
+    /// [`tollgate`](Self::tollgate) with docs/conformance.md#fair-share fairness on or off (`store` must claim
     /// in the matching order).
     fn tollgate_with(
         &self,
@@ -553,326 +557,5 @@ impl Provider for HoldProvider {
     }
 }
 
-/// A fresh database for one scenario.
-pub(crate) struct BenchDb {
-    store: Arc<dyn Store>,
-    baseline: Baseline,
-    place: Place,
-}
-
-enum Place {
-    Sqlite {
-        store: SqliteStore,
-        /// Deleted with the `BenchDb`.
-        _dir: tempfile::TempDir,
-    },
-    Postgres {
-        store: PostgresStore,
-        /// The server's URL the database was created through (and is dropped through).
-        admin_url: String,
-        name: String,
-    },
-}
-
-impl BenchDb {
-    /// SQLite: a new file in a temporary folder; PostgreSQL: `CREATE DATABASE` with a
-    /// random name on the server of `url`.
-    async fn create(backend: BackendKind, url: &str) -> anyhow::Result<BenchDb> {
-        match backend {
-            BackendKind::Sqlite => {
-                let dir = tempfile::Builder::new()
-                    .prefix("tollgate-bench-")
-                    .tempdir()
-                    .context("cannot create a temporary folder")?;
-                let store = SqliteStore::open(SqliteOptions::new(dir.path().join("bench.db")))
-                    .await
-                    .context("cannot create the SQLite database")?;
-                let baseline = Baseline::sqlite(&store);
-                baseline.prepare().await?;
-                Ok(BenchDb {
-                    store: Arc::new(store.clone()),
-                    baseline,
-                    place: Place::Sqlite { store, _dir: dir },
-                })
-            }
-            BackendKind::Postgres => {
-                let name = format!("tollgate_bench_{}", uuid::Uuid::new_v4().simple());
-                create_postgres_database(url, &name)
-                    .await
-                    .with_context(|| format!("cannot create a database at {}", redact(url)))?;
-                let mut options = PostgresOptions::new(with_database(url, &name)?);
-                options.application_name = "tollgate-bench".to_string();
-                let store = match PostgresStore::open(options).await {
-                    Ok(store) => store,
-                    Err(e) => {
-                        let _ = drop_postgres_database(url, &name).await;
-                        return Err(e)
-                            .with_context(|| format!("cannot open the benchmark database {name}"));
-                    }
-                };
-                let baseline = Baseline::postgres(&store);
-                let db = BenchDb {
-                    store: Arc::new(store.clone()),
-                    baseline,
-                    place: Place::Postgres {
-                        store,
-                        admin_url: url.to_string(),
-                        name,
-                    },
-                };
-                if let Err(e) = db.baseline.prepare().await {
-                    let _ = db.drop().await;
-                    return Err(e.into());
-                }
-                Ok(db)
-            }
-        }
-    }
-
-    /// The same database (same pool) through a store claiming in `order`.
-    fn store_ordered(&self, order: tollgate_store::ClaimOrder) -> Arc<dyn Store> {
-        match &self.place {
-            Place::Sqlite { store, .. } => Arc::new(store.clone().with_claim_order(order)),
-            Place::Postgres { store, .. } => Arc::new(store.clone().with_claim_order(order)),
-        }
-    }
-
-    /// Closes the database and deletes it.
-    async fn drop(&self) -> anyhow::Result<()> {
-        match &self.place {
-            // The temporary folder goes with the BenchDb.
-            Place::Sqlite { store, .. } => {
-                store.close().await;
-                Ok(())
-            }
-            Place::Postgres {
-                store,
-                admin_url,
-                name,
-            } => {
-                store.close().await;
-                drop_postgres_database(admin_url, name)
-                    .await
-                    .with_context(|| format!("cannot drop the benchmark database {name}"))
-            }
-        }
-    }
-}
-
-/// `url` with its database replaced by `name` (query parameters kept).
-fn with_database(url: &str, name: &str) -> anyhow::Result<String> {
-    let scheme = url
-        .find("://")
-        .ok_or_else(|| anyhow::anyhow!("{} is not a postgres:// URL", redact(url)))?;
-    let rest = &url[scheme + 3..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (head, tail) = url.split_at(scheme + 3 + authority_end);
-    let query = tail.find('?').map_or("", |q| &tail[q..]);
-    Ok(format!("{head}/{name}{query}"))
-}
-
-/// A database URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
-/// The JSON value of a duration in seconds.
-fn secs(d: Duration) -> serde_json::Value {
-    json!(d.as_secs_f64())
-}
-
-/// The benchmark app.
-fn bench_app() -> anyhow::Result<AppId> {
-    Ok(AppId::new(BENCH_APP)?)
-}
-
-/// A classify request; `text` makes it unique (or equal, for cache hits).
-fn classify(text: &str) -> Value {
-    json!({"input": text, "labels": ["yes", "no"]})
-}
-
-/// The request as Tollgate stores it (canonical, with its kind), so baseline rows are the
-/// same size as Tollgate's.
-fn stored_classify(text: &str) -> String {
-    json!({"input": text, "kind": "classify", "labels": ["yes", "no"]}).to_string()
-}
-
-/// A scoped classify submission of the benchmark app.
-fn scoped(scope: &ScopeId, source: &str, key: &str, text: &str) -> anyhow::Result<Submission> {
-    Ok(Submission::application(
-        bench_app()?,
-        scope.clone(),
-        EffectKey::new(key)?,
-        TaskKind::Classify,
-        classify(text),
-    )
-    .with_source(SourceId::new(source)?, SourceRevision::new("v1")?))
-}
-
-/// [`scoped`] under the [`BENCH_METERED`] policy (SPEC §13 limits that admit everything).
-fn scoped_metered(
-    scope: &ScopeId,
-    source: &str,
-    key: &str,
-    text: &str,
-) -> anyhow::Result<Submission> {
-    Ok(scoped(scope, source, key, text)?
-        .with_budget(tollgate_core::BudgetName::new(BENCH_METERED)?))
-}
-
-/// An unscoped classify submission of the benchmark app.
-fn unscoped(scope: &ScopeId, key: &str, text: &str) -> anyhow::Result<Submission> {
-    Ok(Submission::application(
-        bench_app()?,
-        scope.clone(),
-        EffectKey::new(key)?,
-        TaskKind::Classify,
-        classify(text),
-    ))
-}
-
-/// The HTTP body (`POST /v1/tasks`, or an item of `POST /v1/tasks/batch`) of
-/// [`unscoped`]'s submission: the same kind, scope, effect key and request (the app comes
-/// from the API key).
-fn submit_body(scope: &ScopeId, key: &str, text: &str) -> Value {
-    json!({
-        "kind": TaskKind::Classify.as_str(),
-        "scope": scope.as_str(),
-        "effect_key": key,
-        "request": classify(text),
-    })
-}
-
-/// `count` scope ids named `<prefix>-<i>`.
-fn scope_ids(prefix: &str, count: usize) -> anyhow::Result<Vec<ScopeId>> {
-    (0..count)
-        .map(|i| Ok(ScopeId::new(format!("{prefix}-{i}"))?))
-        .collect()
-}
-
-/// Submits through the facade's batch call, [`MAX_BATCH`] at a time; every item must be
-/// created. Counts them on the progress line.
-async fn submit_all(
-    tollgate: &Tollgate,
-    submissions: Vec<Submission>,
-    progress: &Progress,
-) -> anyhow::Result<Vec<Task>> {
-    let mut tasks = Vec::with_capacity(submissions.len());
-    let mut rest = submissions.into_iter().peekable();
-    while rest.peek().is_some() {
-        let chunk: Vec<Submission> = rest.by_ref().take(MAX_BATCH).collect();
-        for answer in tollgate.submit_many(chunk).await? {
-            let submitted = answer.context("a benchmark submission was refused")?;
-            anyhow::ensure!(
-                submitted.created,
-                "a benchmark effect key was taken already"
-            );
-            tasks.push(submitted.task);
-        }
-        progress.set(tasks.len() as u64);
-    }
-    Ok(tasks)
-}
-
-/// Waits until `current()` reaches `target`, showing it on the progress line; fails
-/// after `timeout` (a benchmark that stalls says so rather than hang).
-async fn wait_for(
-    progress: &Progress,
-    what: &str,
-    target: u64,
-    timeout: Duration,
-    current: impl Fn() -> u64,
-) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        let now = current();
-        progress.set(now);
-        if now >= target {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            started.elapsed() < timeout,
-            "{what}: only {now} of {target} after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-/// The wall clock, for baseline rows (the stores use it too on SQLite; PostgreSQL reads
-/// the same machine's clock).
-fn wall_clock() -> Timestamp {
-    SystemClock.now()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(
-            redact("postgres://postgres@127.0.0.1/test"),
-            "postgres://postgres@127.0.0.1/test"
-        );
-    }
-
-    #[test]
-    fn database_is_replaced_in_the_url() {
-        assert_eq!(
-            with_database("postgres://u:p@h:5432/test", "b").expect("url"),
-            "postgres://u:p@h:5432/b"
-        );
-        assert_eq!(
-            with_database("postgres://h?sslmode=disable", "b").expect("url"),
-            "postgres://h/b?sslmode=disable"
-        );
-    }
-
-    #[test]
-    fn quick_sizes_are_smaller() {
-        let full = Sizes::resolve(&SizeArgs::default(), false).expect("full");
-        let quick = Sizes::resolve(&SizeArgs::default(), true).expect("quick");
-        assert!(quick.tasks < full.tasks);
-        assert!(quick.duration < full.duration);
-        assert!(quick.large_window < full.large_window);
-        assert_eq!(full.running, vec![100, 10_000]);
-    }
-
-    #[test]
-    fn the_peer_scenario_has_its_own_defaults_and_is_not_in_all() {
-        let sizes = Sizes::resolve(&SizeArgs::default(), false).expect("sizes");
-        assert_eq!((sizes.peer_workers, sizes.peer_rounds), (32, 1));
-        assert_eq!(sizes.workers, 8);
-        let given = SizeArgs {
-            workers: Some(4),
-            rounds: Some(3),
-            ..SizeArgs::default()
-        };
-        let sizes = Sizes::resolve(&given, false).expect("sizes");
-        assert_eq!((sizes.peer_workers, sizes.peer_rounds), (4, 3));
-        assert!(!Scenario::EACH.contains(&Scenario::Peer));
-    }
-
-    #[test]
-    fn nonsense_sizes_are_refused() {
-        let args = SizeArgs {
-            large_window: Some(10),
-            small_window: Some(100),
-            ..SizeArgs::default()
-        };
-        assert!(Sizes::resolve(&args, false).is_err());
-    }
-}
+mod tests;

@@ -1,6 +1,6 @@
 //! `admission-window`: C clients admit into ONE scope whose 24 h window already holds
 //! about 1,000 admission records, then into one whose window holds about 1,000,000.
-//! SPEC §12: one admission must cost the same either way (ratio large / small ≥ 0.8).
+//! docs/conformance.md#constant-admission: one admission must cost the same either way (ratio large / small ≥ 0.8).
 //!
 //! The records are bulk-loaded with one statement
 //! ([`Baseline::seed_admission_window`]), ten steps per source, spread over the last 23
@@ -165,7 +165,7 @@ async fn measure(
             } else {
                 format!("src-{}", (seq / 2 * clients as u64 + client as u64) % known)
             };
-            // Under SPEC §13's USD and token limits: every admission also reads the
+            // Under docs/conformance.md#cost-limits's USD and token limits: every admission also reads the
             // scope's spend window, which the seed filled with one reservation per record.
             let submitted = tg
                 .submit(scoped_metered(&scope, &source, &key, &key)?)

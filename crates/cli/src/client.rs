@@ -112,7 +112,7 @@ pub struct SubmitArgs {
     /// Budget policy.
     #[arg(long)]
     budget: Option<String>,
-    /// Priority within the scope, 0 (lowest) to 9 (highest); default 5 (SPEC §14).
+    /// Priority within the scope, 0 (lowest) to 9 (highest); default 5 (docs/conformance.md#priority).
     #[arg(long, value_parser = clap::value_parser!(i64).range(0..=9))]
     priority: Option<i64>,
     /// Wait for a terminal state, e.g. 30s.

@@ -117,7 +117,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
     };
     if metrics.is_some() {
-        // Every series from the first scrape, with its HELP and TYPE (SPEC §11 /metrics).
+        // Every series from the first scrape, with its HELP and TYPE (docs/conformance.md#http-shapes /metrics).
         tollgate_engine::metrics::describe();
         let models = tollgate.models();
         let providers: Vec<String> = models
@@ -129,7 +129,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tollgate_engine::metrics::register(providers.iter().map(String::as_str));
     }
     let workers = config.engine.workers.concurrency;
-    // Always: an API-only replica runs no tasks but still sweeps (SPEC §6: every replica
+    // Always: an API-only replica runs no tasks but still sweeps (docs/conformance.md#sweeps: every replica
     // sweeps), and drives pipeline runs when `[pipelines] drive_without_workers` says so.
     let engine = tollgate.start().await.context("cannot start the workers")?;
     let listener = tokio::net::TcpListener::bind(addr)

@@ -1,4 +1,4 @@
-//! SPEC §13 over HTTP, end to end: the real `tollgate serve` binary, its model calls going
+//! docs/conformance.md#money-and-tokens over HTTP, end to end: the real `tollgate serve` binary, its model calls going
 //! to a scripted fake OpenAI-compatible provider in this process that reports the usage
 //! each request asks for, on SQLite and (with `TOLLGATE_TEST_DATABASE_URL`) PostgreSQL.
 //!
@@ -490,7 +490,7 @@ async fn tasks_without_a_source_count_against_the_spend_limits(backend: &str) {
     assert!(s.metric("tollgate_spend_settled_nano_usd_total").await >= n * 12_000.0);
 }
 
-/// SPEC §13 (issue 26 item 6): the built-in `dev` provider's model without prices says
+/// docs/conformance.md#cost-prices (issue 26 item 6): the built-in `dev` provider's model without prices says
 /// `priced: false` and no `cost_usd`, never a silent $0.
 async fn a_model_without_prices_is_not_priced_whatever_its_provider(backend: &str) {
     let Some(s) = start(backend).await else {

@@ -771,7 +771,7 @@ macro_rules! on_both_backends {
     };
 }
 
-/// SPEC §14 over HTTP: a task carries its priority (default 5) in submissions, batches
+/// docs/conformance.md#priority over HTTP: a task carries its priority (default 5) in submissions, batches
 /// and reads; an out-of-range one is refused naming the field and stores nothing.
 async fn priority(backend: &str) {
     let Some(s) = start(backend).await else {

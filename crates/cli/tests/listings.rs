@@ -1,4 +1,4 @@
-//! SPEC §15 over HTTP against the real `tollgate serve`, on both backends: every filter
+//! docs/conformance.md#listings over HTTP against the real `tollgate serve`, on both backends: every filter
 //! of `GET /v1/tasks` and `GET /v1/runs`, keyset pages without gaps or duplicates while
 //! tasks are inserted concurrently, pipelines with their versions, scopes with their
 //! budget state, stats, the task answer's claim/heartbeat/worker/attempts, and bad
@@ -275,7 +275,7 @@ async fn filters(backend: &str) {
     assert_eq!(s1["active"], json!(1), "a queued, b canceled: {s1}");
     assert_eq!(s1["busiest_source_steps"], json!(1), "{s1}");
     assert_eq!(s1["policy"]["burst"], json!(1000));
-    // SPEC §13: the dev model has no prices and no output bound: no money, no tokens
+    // docs/conformance.md#cost-reservation: the dev model has no prices and no output bound: no money, no tokens
     // reserved; the canceled task settled at nothing (it never ran).
     assert_eq!(s1["cost"]["spent_micros"], json!(0), "{s1}");
     let tokens = s1["bucket_tokens"].as_f64().unwrap();
@@ -455,7 +455,7 @@ async fn bad_queries_are_400_postgres() {
     bad_queries_are_400("postgres").await;
 }
 
-/// SPEC §15: a task shows when it was claimed and heartbeated, which worker ran it and
+/// docs/conformance.md#listings: a task shows when it was claimed and heartbeated, which worker ran it and
 /// its attempts with their usage.
 async fn task_answers_show_the_run(backend: &str) {
     let Some(s) = start(backend, 2) else {

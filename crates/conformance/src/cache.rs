@@ -1,10 +1,10 @@
-//! SPEC §3 step 4: the result cache.
+//! docs/conformance.md#create-cache: the result cache.
 
 use super::Backend;
 use super::fixtures::*;
 use tollgate_core::{Clock, ErrorCode, NewRun, NewTask, Owner, TaskStatus};
 
-/// SPEC §3 step 4: a scoped request whose cache key matches a succeeded task of the same
+/// docs/conformance.md#create-cache: a scoped request whose cache key matches a succeeded task of the same
 /// app and scope becomes a new task, created directly `succeeded` with a copy of the
 /// output (and `cached_from` naming the original), without admission: it is served even
 /// when the budget is exhausted and spends nothing.
@@ -61,7 +61,7 @@ pub async fn cache_hit_is_a_new_succeeded_task_with_the_copied_output(b: &dyn Ba
     );
 }
 
-/// SPEC §3 step 4: only a *succeeded* task serves the cache; queued, running, failed and
+/// docs/conformance.md#create-cache: only a *succeeded* task serves the cache; queued, running, failed and
 /// canceled tasks do not.
 pub async fn cache_ignores_unfinished_and_unsuccessful_tasks(b: &dyn Backend) {
     let s = b.open().await;
@@ -90,7 +90,7 @@ pub async fn cache_ignores_unfinished_and_unsuccessful_tasks(b: &dyn Backend) {
     );
 }
 
-/// SPEC §3 step 4: results never cross apps, scopes or subjects, and a new source
+/// docs/conformance.md#create-cache: results never cross apps, scopes or subjects, and a new source
 /// revision, another source, another request or another model configuration is new
 /// work. Each variation is created after a succeeded original and must be queued.
 pub async fn cache_never_crosses_app_scope_subject_revision_or_model_config(b: &dyn Backend) {
@@ -177,7 +177,7 @@ pub async fn cache_never_crosses_app_scope_subject_revision_or_model_config(b: &
     }
 }
 
-/// SPEC §3 step 4 and §4: `recompute` skips the cache and is admitted as a new logical
+/// docs/conformance.md#create-cache, docs/conformance.md#admission: `recompute` skips the cache and is admitted as a new logical
 /// step even though its cache key is the same; later cache hits serve the newest success.
 pub async fn recompute_skips_the_cache_and_counts_as_a_new_step(b: &dyn Backend) {
     let s = b.open().await;
@@ -222,7 +222,7 @@ pub async fn recompute_skips_the_cache_and_counts_as_a_new_step(b: &dyn Backend)
     assert_eq!(hit.output, Some(ham()));
 }
 
-/// SPEC §1/§3: a run-owned task is cached in its run's scope and for its run's subject,
+/// docs/conformance.md#concepts, docs/conformance.md#create-cache: a run-owned task is cached in its run's scope and for its run's subject,
 /// sharing results with the application's tasks there.
 pub async fn run_tasks_share_the_cache_of_their_scope_and_subject(b: &dyn Backend) {
     let s = b.open().await;

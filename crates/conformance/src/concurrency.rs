@@ -1,4 +1,4 @@
-//! SPEC §3 ("correct with any number of replicas creating tasks at once") and §4 ("limits
+//! docs/conformance.md#creating-a-task ("correct with any number of replicas creating tasks at once") and docs/conformance.md#admission ("limits
 //! are exact under any concurrency"): racing store instances on one database.
 //!
 //! Every race opens [`STORES`] independent instances (each its own connection pool, as
@@ -71,7 +71,7 @@ async fn race_creates(
     (admitted, rejected)
 }
 
-/// SPEC §3 step 6: ≥ 32 creates racing on one effect key from several instances make
+/// docs/conformance.md#create-insert: ≥ 32 creates racing on one effect key from several instances make
 /// exactly one task; every racer gets it, exactly one with `created = true`.
 pub async fn racing_creates_on_one_effect_key_make_one_task(b: &dyn Backend) {
     let answers = race(b, |_, s| async move {
@@ -97,7 +97,7 @@ pub async fn racing_creates_on_one_effect_key_make_one_task(b: &dyn Backend) {
     assert!(ids.contains(&stored.id));
 }
 
-/// SPEC §3 steps 2 and 6: racing replays of one key are never refused by admission, even
+/// docs/conformance.md#create-idempotency, docs/conformance.md#create-insert: racing replays of one key are never refused by admission, even
 /// with a budget that admits a single task: the key names the one task.
 pub async fn racing_replays_are_never_refused_by_admission(b: &dyn Backend) {
     let tight = budget(1, 1, 1, 1, 1, 1);
@@ -116,7 +116,7 @@ pub async fn racing_replays_are_never_refused_by_admission(b: &dyn Backend) {
     assert_eq!((ids.len(), created), (1, 1));
 }
 
-/// SPEC §4: with `scope_concurrent = 5`, 40 racing admissions in one scope admit exactly
+/// docs/conformance.md#admission-exact: with `scope_concurrent = 5`, 40 racing admissions in one scope admit exactly
 /// 5, the rest are refused with `WORKFLOW_AI_CAPACITY`.
 pub async fn racing_admissions_respect_scope_concurrent_exactly(b: &dyn Backend) {
     let limits = budget(1000, 1000, 5, 1000, 1000, 1000);
@@ -137,7 +137,7 @@ pub async fn racing_admissions_respect_scope_concurrent_exactly(b: &dyn Backend)
     );
 }
 
-/// SPEC §4: with `global_concurrent = 5`, 40 racing admissions in 40 scopes (of two apps)
+/// docs/conformance.md#admission: with `global_concurrent = 5`, 40 racing admissions in 40 scopes (of two apps)
 /// admit exactly 5.
 pub async fn racing_admissions_respect_global_concurrent_exactly(b: &dyn Backend) {
     let limits = budget(1000, 1000, 1000, 5, 1000, 1000);
@@ -165,7 +165,7 @@ pub async fn racing_admissions_respect_global_concurrent_exactly(b: &dyn Backend
     );
 }
 
-/// SPEC §4: at a frozen clock, 40 racing admissions against a bucket of `burst = 7`
+/// docs/conformance.md#admission: at a frozen clock, 40 racing admissions against a bucket of `burst = 7`
 /// admit exactly 7.
 pub async fn racing_admissions_respect_the_token_bucket_exactly(b: &dyn Backend) {
     let limits = budget(1000, 1000, 1000, 1000, 7, 1);
@@ -182,7 +182,7 @@ pub async fn racing_admissions_respect_the_token_bucket_exactly(b: &dyn Backend)
     );
 }
 
-/// SPEC §4: racing admissions never exceed `sources_per_24_hours` (40 new sources, limit 6)
+/// docs/conformance.md#admission: racing admissions never exceed `sources_per_24_hours` (40 new sources, limit 6)
 /// nor `max_steps_per_source` (40 new steps of one source, limit 6).
 pub async fn racing_admissions_respect_daily_and_source_budgets_exactly(b: &dyn Backend) {
     let sources = budget(1000, 6, 1000, 1000, 1000, 1000);
@@ -242,7 +242,7 @@ async fn queued_tasks(b: &dyn Backend, n: usize) -> Vec<TaskId> {
     ids
 }
 
-/// SPEC §5: many workers on several instances racing `claim_task` over the same tasks
+/// docs/conformance.md#lifecycle: many workers on several instances racing `claim_task` over the same tasks
 /// claim each task exactly once.
 pub async fn racing_claims_claim_each_task_once(b: &dyn Backend) {
     let ids = Arc::new(queued_tasks(b, 30).await);
@@ -265,7 +265,7 @@ pub async fn racing_claims_claim_each_task_once(b: &dyn Backend) {
     check_claimed_once(b, &ids, claims).await;
 }
 
-/// SPEC §5/§6.7: many workers racing `claim_next` claim each task exactly once. (An empty
+/// docs/conformance.md#lifecycle, docs/conformance.md#sweep-recovery: many workers racing `claim_next` claim each task exactly once. (An empty
 /// answer does not prove the queue is empty, so workers look again until all are taken.)
 pub async fn racing_claim_next_claims_each_task_once(b: &dyn Backend) {
     let ids = Arc::new(queued_tasks(b, 30).await);
@@ -319,7 +319,7 @@ async fn check_claimed_once(b: &dyn Backend, ids: &[TaskId], claims: Vec<(Worker
     }
 }
 
-/// SPEC §8: owner deletion is serialized with task creation: with creates racing a
+/// docs/conformance.md#application-tasks: owner deletion is serialized with task creation: with creates racing a
 /// deletion, every created task is either counted as deleted or still there.
 pub async fn delete_owner_data_racing_creates_loses_no_task(b: &dyn Backend) {
     let answers = race(b, |i, s| async move {
@@ -355,7 +355,7 @@ pub async fn delete_owner_data_racing_creates_loses_no_task(b: &dyn Backend) {
     );
 }
 
-/// SPEC §6: sweeps of several replicas at once never wait on each other's rows and never
+/// docs/conformance.md#sweeps: sweeps of several replicas at once never wait on each other's rows and never
 /// finish a task twice: every expired task is finished exactly once in total.
 pub async fn racing_sweeps_finish_each_task_once(b: &dyn Backend) {
     let ids = queued_tasks(b, 30).await;

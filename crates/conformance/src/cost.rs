@@ -1,4 +1,4 @@
-//! SPEC §13: money and tokens — reservations at admission, settlement at the end, the
+//! docs/conformance.md#cost-settlement: money and tokens — reservations at admission, settlement at the end, the
 //! spend and token limits, cache savings and the usage report.
 
 use super::Backend;
@@ -35,7 +35,7 @@ pub fn reserve(input: u64, output: u64) -> Reservation {
     )
 }
 
-/// An unlimited SPEC §4 budget with the given cost limits (nano-dollars, tokens).
+/// An unlimited docs/conformance.md#admission budget with the given cost limits (nano-dollars, tokens).
 pub fn cost_budget(
     scope_nano: Option<u64>,
     tokens: Option<(u32, u32)>,
@@ -102,11 +102,11 @@ async fn app_spend(s: &dyn tollgate_store::Store, app_name: &str) -> SpendWindow
 async fn cost_rejection(s: &dyn tollgate_store::Store, new: NewTask) -> CostRejection {
     match s.create_task(new).await {
         Err(StoreError::Cost(c)) => c,
-        other => panic!("expected a SPEC §13 rejection, got {other:?}"),
+        other => panic!("expected a docs/conformance.md#money-and-tokens rejection, got {other:?}"),
     }
 }
 
-/// SPEC §13 "Reservation": admission reserves the task's worst case, keeps it on the
+/// docs/conformance.md#cost-reservation "Reservation": admission reserves the task's worst case, keeps it on the
 /// task, and the scope's and app's windows show it as reserved (not settled).
 pub async fn admission_reserves_the_worst_case(b: &dyn Backend) {
     let s = b.open().await;
@@ -134,7 +134,7 @@ pub async fn admission_reserves_the_worst_case(b: &dyn Backend) {
     assert_eq!(u.reservation, None);
 }
 
-/// SPEC §13 "Settlement": at the end the reservation is replaced by what the task cost
+/// docs/conformance.md#cost-settlement "Settlement": at the end the reservation is replaced by what the task cost
 /// (down when it used less; up, recorded as overrun, when a provider reported more).
 pub async fn settlement_replaces_the_reservation_up_and_down(b: &dyn Backend) {
     let s = b.open().await;
@@ -179,7 +179,7 @@ pub async fn settlement_replaces_the_reservation_up_and_down(b: &dyn Backend) {
     );
 }
 
-/// SPEC §13: the attempts of a task that fails or is canceled are charged too — what a
+/// docs/conformance.md#money-and-tokens: the attempts of a task that fails or is canceled are charged too — what a
 /// failure reports; the whole reservation when a running task ends with its usage
 /// unknown (canceled or interrupted mid-call); nothing for a task that never started.
 pub async fn failed_and_canceled_tasks_are_charged(b: &dyn Backend) {
@@ -263,7 +263,7 @@ pub async fn failed_and_canceled_tasks_are_charged(b: &dyn Backend) {
     assert_eq!((spent.reserved_nano, spent.settled_nano), (0, 30_000));
 }
 
-/// SPEC §13 "Cache hits reserve and spend nothing; what they saved is reported."
+/// docs/conformance.md#cost-reservation "Cache hits reserve and spend nothing; what they saved is reported."
 pub async fn cache_hits_are_free_and_report_savings(b: &dyn Backend) {
     let s = b.open().await;
     let free = cost_budget(None, None, None);
@@ -297,7 +297,7 @@ pub async fn cache_hits_are_free_and_report_savings(b: &dyn Backend) {
     assert_eq!(app_spend(&*s, "acme").await.saved_nano, 60_000);
 }
 
-/// SPEC §13 `usd_per_24_hours` (policy): settled + reserved spend of the scope never
+/// docs/conformance.md#cost-settlement `usd_per_24_hours` (policy): settled + reserved spend of the scope never
 /// exceeds the limit; `WORKFLOW_AI_SPEND_BUDGET` with the time when enough spend leaves
 /// the window; other scopes are not affected; settling below the reservation makes room.
 pub async fn scope_spend_limit_counts_settled_and_reserved(b: &dyn Backend) {
@@ -356,7 +356,7 @@ pub async fn scope_spend_limit_counts_settled_and_reserved(b: &dyn Backend) {
     assert_eq!(spent.reserved_nano + spent.settled_nano, 500_000);
 }
 
-/// SPEC §13 `tokens_per_minute` + `token_burst`: the scope's bucket in model tokens,
+/// docs/conformance.md#cost-limits `tokens_per_minute` + `token_burst`: the scope's bucket in model tokens,
 /// reserved at admission; `WORKFLOW_AI_TOKEN_RATE_LIMIT` with the time until enough
 /// tokens are back; unused reserved tokens are given back at settlement; a reservation
 /// above the burst is refused with no retry time.
@@ -413,7 +413,7 @@ pub async fn token_bucket_reserves_model_tokens(b: &dyn Backend) {
     assert_eq!(r.retry_after(), None);
 }
 
-/// SPEC §13 `usd_per_24_hours` (app): the app's spend over all its scopes; other apps
+/// docs/conformance.md#cost-limits `usd_per_24_hours` (app): the app's spend over all its scopes; other apps
 /// are not affected.
 pub async fn app_spend_limit_spans_every_scope(b: &dyn Backend) {
     let s = b.open().await;
@@ -449,7 +449,7 @@ pub async fn app_spend_limit_spans_every_scope(b: &dyn Backend) {
     assert_eq!(a.reserved_nano, 400_000);
 }
 
-/// SPEC §13 checks run after SPEC §4's, in the table's order: scope spend, token bucket,
+/// docs/conformance.md#cost-limits checks run after docs/conformance.md#admission-order's, in the table's order: scope spend, token bucket,
 /// app spend; and a request under a cost limit without an output bound is refused.
 pub async fn cost_checks_follow_admission_checks_in_order(b: &dyn Backend) {
     let s = b.open().await;
@@ -464,14 +464,14 @@ pub async fn cost_checks_follow_admission_checks_in_order(b: &dyn Backend) {
         priced_task("acme", "s", "a", "doc", all, reserve(100, 50)),
     )
     .await;
-    // The §4 token bucket is empty: its rejection comes first.
+    // The docs/conformance.md#admission token bucket is empty: its rejection comes first.
     let err = create_err(
         &*s,
         priced_task("acme", "s", "b", "doc", all, reserve(100, 50)),
     )
     .await;
     assert_eq!(err.code(), Some(ErrorCode::RateLimit));
-    // One second later the §4 bucket has a token again (and the token bucket 51 tokens).
+    // One second later the docs/conformance.md#admission bucket has a token again (and the token bucket 51 tokens).
     b.clock().advance(secs(1));
     let all = Budget {
         burst: nz(100),
@@ -518,7 +518,7 @@ pub async fn cost_checks_follow_admission_checks_in_order(b: &dyn Backend) {
     .await;
 }
 
-/// SPEC §13: the 24 h window slides; spend is attributed to the admission hour and leaves
+/// docs/conformance.md#money-and-tokens: the 24 h window slides; spend is attributed to the admission hour and leaves
 /// the window at most one hour after 24 h (the conservative side, docs/budgets.md).
 pub async fn spend_window_slides(b: &dyn Backend) {
     let s = b.open().await;

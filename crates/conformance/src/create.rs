@@ -1,4 +1,4 @@
-//! SPEC §2 (as the store shows it) and §3: creating a task, idempotency, effect keys.
+//! docs/conformance.md#task-kinds (as the store shows it) and docs/conformance.md#create-idempotency: creating a task, idempotency, effect keys.
 
 use super::Backend;
 use super::fixtures::*;
@@ -17,7 +17,7 @@ pub async fn store_answers_ping(b: &dyn Backend) {
     assert!(!s.backend().is_empty(), "backend() should name the backend");
 }
 
-/// SPEC §3 step 6: a new task is stored `queued` with everything it was created with, and
+/// docs/conformance.md#create-insert: a new task is stored `queued` with everything it was created with, and
 /// can be read back by id and by effect key.
 pub async fn create_stores_a_queued_task(b: &dyn Backend) {
     let s = b.open().await;
@@ -95,7 +95,7 @@ pub async fn create_stores_a_queued_task(b: &dyn Backend) {
     );
 }
 
-/// SPEC §2: the store keeps the canonical request and its SHA-256 as `input_hash`, so
+/// docs/conformance.md#task-kinds: the store keeps the canonical request and its SHA-256 as `input_hash`, so
 /// equal requests hash equally whatever the client's key order.
 pub async fn stored_request_is_canonical_and_hashed(b: &dyn Backend) {
     let s = b.open().await;
@@ -158,7 +158,7 @@ pub async fn stored_request_is_canonical_and_hashed(b: &dyn Backend) {
     );
 }
 
-/// SPEC §2: the size limit is measured on the exact bytes the store keeps: a request of
+/// docs/conformance.md#task-kinds: the size limit is measured on the exact bytes the store keeps: a request of
 /// exactly the limit is accepted and stored byte for byte; one byte more is refused before
 /// anything is written.
 pub async fn request_at_the_size_limit_is_stored_exactly(b: &dyn Backend) {
@@ -190,7 +190,7 @@ pub async fn request_at_the_size_limit_is_stored_exactly(b: &dyn Backend) {
     );
 }
 
-/// SPEC §3 step 1: a model configuration that cannot be hashed is a clear input error and
+/// docs/conformance.md#create-validate: a model configuration that cannot be hashed is a clear input error and
 /// nothing is written.
 pub async fn invalid_model_config_is_rejected_and_writes_nothing(b: &dyn Backend) {
     let s = b.open().await;
@@ -210,7 +210,7 @@ pub async fn invalid_model_config_is_rejected_and_writes_nothing(b: &dyn Backend
     create_new(&*s, new_scoped_task("acme", "s", "k", "doc", unlimited())).await;
 }
 
-/// SPEC §3 step 2: an existing effect key returns the existing task with
+/// docs/conformance.md#create-idempotency: an existing effect key returns the existing task with
 /// `created = false`, whatever its state, without admission: a replay succeeds even when
 /// the budget is exhausted, and replays spend nothing.
 pub async fn idempotent_create_returns_existing_task_and_spends_no_budget(b: &dyn Backend) {
@@ -271,7 +271,7 @@ pub async fn idempotent_create_returns_existing_task_and_spends_no_budget(b: &dy
     );
 }
 
-/// SPEC §1/§12: an effect key is unique per app, not per scope or owner: the same key in
+/// docs/conformance.md#concepts, docs/conformance.md#per-app-effect-keys: an effect key is unique per app, not per scope or owner: the same key in
 /// another scope of the same app names the same task.
 pub async fn effect_keys_are_unique_per_app(b: &dyn Backend) {
     let s = b.open().await;
@@ -284,7 +284,7 @@ pub async fn effect_keys_are_unique_per_app(b: &dyn Backend) {
     assert_eq!((again.created, again.task.id), (false, first.id));
 }
 
-/// SPEC §3 steps 4–5 and §11: a task without a source is neither cached nor admitted: it
+/// docs/conformance.md#create-cache, docs/conformance.md#create-admission, docs/conformance.md#http-shapes: a task without a source is neither cached nor admitted: it
 /// never copies an output, and it neither needs nor uses any budget.
 pub async fn unscoped_tasks_skip_cache_and_admission(b: &dyn Backend) {
     let s = b.open().await;

@@ -1,4 +1,4 @@
-//! SPEC §14 dispatch order: fair share across (app, scope) queues by weight, priority
+//! docs/conformance.md#priority dispatch order: fair share across (app, scope) queues by weight, priority
 //! then age within a scope, ageing, and fair claims racing on several store instances.
 
 use super::Backend;
@@ -61,7 +61,7 @@ async fn claim_batch(s: &dyn Store, n: u32) -> Vec<Task> {
     s.claim_next(&worker("w"), n).await.expect("claim_next")
 }
 
-/// SPEC §14: a backlog of one scope never holds back a task newly submitted in another
+/// docs/conformance.md#fair-share: a backlog of one scope never holds back a task newly submitted in another
 /// scope for longer than a few claim batches, whatever the backlog's size: with 5,000
 /// tasks queued in scope A, the 10 that scope B submits afterwards are all claimed within
 /// the first two batches of 10.
@@ -93,7 +93,7 @@ pub async fn a_backlog_never_holds_back_another_scope(b: &dyn Backend) {
     }
 }
 
-/// SPEC §14: weights 3:1 give claim shares of 3:1 (within 10 %) over a long backlog
+/// docs/conformance.md#fair-share: weights 3:1 give claim shares of 3:1 (within 10 %) over a long backlog
 /// (after the second queue's joining burst; it is another app's, as an app's queues
 /// opened together share one burst: docs/engine.md, "Dispatch order").
 pub async fn weights_share_claims_in_proportion(b: &dyn Backend) {
@@ -129,7 +129,7 @@ pub async fn weights_share_claims_in_proportion(b: &dyn Backend) {
     );
 }
 
-/// SPEC §14: within one scope higher priority starts first, then oldest first.
+/// docs/conformance.md#priority: within one scope higher priority starts first, then oldest first.
 pub async fn priority_then_age_within_a_scope(b: &dyn Backend) {
     let s = b.open().await;
     let mut made: Vec<(u8, TaskId)> = Vec::new();
@@ -160,7 +160,7 @@ pub async fn priority_then_age_within_a_scope(b: &dyn Backend) {
     );
 }
 
-/// SPEC §14 ageing: a low-priority task is never starved. One priority level is worth
+/// docs/conformance.md#priority ageing: a low-priority task is never starved. One priority level is worth
 /// one ageing step (60 s by default) of waiting: a priority-0 task precedes
 /// priority-9 work submitted more than 9 steps after it, but not work submitted sooner.
 pub async fn ageing_lets_old_low_priority_tasks_start_before_new_high_priority_ones(
@@ -204,7 +204,7 @@ pub async fn ageing_lets_old_low_priority_tasks_start_before_new_high_priority_o
     );
 }
 
-/// SPEC §14 with SPEC §5 under concurrency: 4 store instances claiming fairly while 2
+/// docs/conformance.md#fair-share with docs/conformance.md#lifecycle under concurrency: 4 store instances claiming fairly while 2
 /// others create tasks in 6 scopes never claim one task twice and never lose one (every
 /// created task is claimed, none is left queued in a queue marked idle).
 pub async fn racing_fair_claims_claim_each_task_once_and_lose_none(b: &dyn Backend) {
@@ -315,7 +315,7 @@ pub async fn racing_fair_claims_claim_each_task_once_and_lose_none(b: &dyn Backe
     }
 }
 
-/// SPEC §14: a scope that was idle joins at most one burst ([`JOIN_CREDIT_TASKS`]
+/// docs/conformance.md#dispatch: a scope that was idle joins at most one burst ([`JOIN_CREDIT_TASKS`]
 /// tasks) ahead of the active queues: it gets that burst first, then shares claims
 /// equally; it does not catch up on the time it was idle (300 tasks here), nor wait
 /// behind the others' history.
@@ -355,7 +355,7 @@ pub async fn an_idle_scope_banks_no_credit(b: &dyn Backend) {
     );
 }
 
-/// SPEC §14 (docs/engine.md, "Dispatch order"): a flood of new queues shares one burst of
+/// docs/conformance.md#fair-share (docs/engine.md, "Dispatch order"): a flood of new queues shares one burst of
 /// joining credit. Scope `live` of another app is established (served a while); then one
 /// app submits one task in each of 10,000 new scopes. The flood as a whole gets at most
 /// one burst ([`JOIN_CREDIT_TASKS`] tasks, plus one tie) ahead of `live`, whose next
@@ -445,7 +445,7 @@ pub async fn flood_shares_one_burst(s: &dyn Store, clock: &ManualClock) -> Vec<V
     claims
 }
 
-/// SPEC §14 (docs/engine.md, "Dispatch order"): a claim fills every slot it asks for
+/// docs/conformance.md#fair-share (docs/engine.md, "Dispatch order"): a claim fills every slot it asks for
 /// while anything is claimable, however many drained queues sit ahead of the claimable
 /// ones: 1,000 one-task scopes are claimed beside a long backlog, and every claim of 8
 /// returns 8 (a short claim puts workers to sleep for the poll interval).

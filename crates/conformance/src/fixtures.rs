@@ -101,7 +101,7 @@ pub fn nz(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("positive")
 }
 
-/// A budget from its six numbers, in SPEC §4 order.
+/// A budget from its six numbers, in docs/conformance.md#admission-order order.
 pub fn budget(
     steps: u32,
     sources: u32,
@@ -414,7 +414,7 @@ pub async fn sweep_all(s: &dyn Store, config: &SweepConfig) -> SweepReport {
     panic!("sweep still reports more work after 1,000 sweeps");
 }
 
-/// Asserts that a state change was refused and wrote nothing (SPEC §5: "refused and
+/// Asserts that a state change was refused and wrote nothing (docs/conformance.md#lifecycle: "refused and
 /// changes nothing").
 pub fn assert_refused(result: Result<Transition, StoreError>, what: &str) {
     match result {

@@ -1,4 +1,4 @@
-//! SPEC §1 and §12: tenants never see or touch each other's rows, even with the same
+//! docs/conformance.md#concepts, docs/conformance.md#tenant-isolation: tenants never see or touch each other's rows, even with the same
 //! effect key.
 
 use super::Backend;
@@ -7,7 +7,7 @@ use serde_json::json;
 use tollgate_core::TaskStatus;
 use tollgate_store::{RunResult, StoreError};
 
-/// SPEC §1/§12: another app cannot see a task, by id or by effect key.
+/// docs/conformance.md#concepts, docs/conformance.md#per-app-effect-keys: another app cannot see a task, by id or by effect key.
 pub async fn another_app_cannot_see_a_task_even_with_its_effect_key(b: &dyn Backend) {
     let s = b.open().await;
     let t = create_new(
@@ -25,7 +25,7 @@ pub async fn another_app_cannot_see_a_task_even_with_its_effect_key(b: &dyn Back
     assert_eq!(get(&*s, &app("acme"), t.id).await, t);
 }
 
-/// SPEC §1/§8: another app can neither cancel, release nor delete a task (nor its run).
+/// docs/conformance.md#concepts, docs/conformance.md#application-tasks: another app can neither cancel, release nor delete a task (nor its run).
 pub async fn another_app_cannot_cancel_release_or_delete_a_task(b: &dyn Backend) {
     let s = b.open().await;
     let acme = app("acme");
@@ -91,7 +91,7 @@ pub async fn another_app_cannot_cancel_release_or_delete_a_task(b: &dyn Backend)
     );
 }
 
-/// SPEC §1/§12: two apps use the same effect key independently: each gets its own task,
+/// docs/conformance.md#concepts, docs/conformance.md#per-app-effect-keys: two apps use the same effect key independently: each gets its own task,
 /// replays return each app's own, and ending one leaves the other as it was.
 pub async fn apps_use_the_same_effect_key_independently(b: &dyn Backend) {
     let s = b.open().await;
@@ -166,7 +166,7 @@ pub async fn apps_use_the_same_effect_key_independently(b: &dyn Backend) {
     );
 }
 
-/// SPEC §3 step 3 and §1: a task cannot be attached to another app's run.
+/// docs/conformance.md#create-owner-check, docs/conformance.md#concepts: a task cannot be attached to another app's run.
 pub async fn another_app_cannot_use_a_run(b: &dyn Backend) {
     let s = b.open().await;
     let run = create_run(&*s, new_run("acme", "s")).await;

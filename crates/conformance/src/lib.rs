@@ -1,4 +1,4 @@
-//! The conformance suite: SPEC §3–8 and §14 written once against
+//! The conformance suite: docs/conformance.md#store-rules, docs/conformance.md#dispatch written once against
 //! [`Store`](tollgate_store::Store), run by every backend.
 //!
 //! A crate of its own (`publish = false`), beside the store rather than inside it: it uses
@@ -15,7 +15,7 @@
 //!
 //! Every test is a `pub async fn name(b: &dyn Backend)` that panics with a message naming
 //! the broken rule. Time only moves through [`Backend::clock`]; no test sleeps.
-//! `docs/conformance.md` maps every SPEC row to these names.
+//! `docs/conformance.md` pairs every rule with these names.
 
 #![warn(missing_docs)]
 
@@ -177,6 +177,8 @@ macro_rules! conformance_suite {
             concurrency::racing_sweeps_finish_each_task_once,
             list::walked_filter_pages_go_on_past_the_walk,
             list::a_subjects_cursor_carries_only_its_own_positions,
+            list::the_error_code_filter_lists_only_tasks_that_ended_with_it,
+            list::stats_samples_say_when_each_task_finished,
             dispatch::a_backlog_never_holds_back_another_scope,
             dispatch::weights_share_claims_in_proportion,
             dispatch::priority_then_age_within_a_scope,

@@ -1,14 +1,14 @@
-//! SPEC §15: listings stay bounded. A filter no index serves (kind, step, a
+//! docs/conformance.md#listings: listings stay bounded. A filter no index serves (kind, step, a
 //! status set with `succeeded`) walks at most [`LIST_WALK`] tasks per page; a page that
 //! ends short there still says where to go on, and following `next` finds every match.
 
 use super::Backend;
 use super::fixtures::*;
 use std::time::Duration;
-use tollgate_core::NewTask;
+use tollgate_core::{Clock, ErrorCode, NewTask, TaskStatus};
 use tollgate_store::list::{LIST_WALK, ListCursor, TaskListQuery};
 
-/// SPEC §15: three matching tasks older than a walk's worth of others are found by
+/// docs/conformance.md#listings: three matching tasks older than a walk's worth of others are found by
 /// following `next` from a first page that holds none of them.
 pub async fn walked_filter_pages_go_on_past_the_walk(b: &dyn Backend) {
     let s = b.open().await;
@@ -120,4 +120,81 @@ pub async fn a_subjects_cursor_carries_only_its_own_positions(b: &dyn Backend) {
             "{step_filter:?}: every one of alice's tasks, once"
         );
     }
+}
+
+/// docs/conformance.md#listings: `error_code` lists the app's tasks that ended with that code (the dashboard's
+/// click-through from a failure count), and nothing else: not other codes, not
+/// succeeded or queued tasks, not another app's failures.
+pub async fn the_error_code_filter_lists_only_tasks_that_ended_with_it(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    let failed = create_new(&*s, new_app_task("acme", "s", "failed")).await;
+    fail(&*s, failed.id, "boom").await;
+    let canceled = create_new(&*s, new_app_task("acme", "s", "canceled")).await;
+    cancel(&*s, &acme, canceled.id).await;
+    let done = create_new(&*s, new_app_task("acme", "s", "done")).await;
+    succeed(&*s, done.id).await;
+    create_new(&*s, new_app_task("acme", "s", "queued")).await;
+    let theirs = create_new(&*s, new_app_task("beta", "s", "failed")).await;
+    fail(&*s, theirs.id, "boom").await;
+
+    let code_of = |t: &tollgate_core::Task| t.error.as_ref().map(|e| e.code.as_str().to_string());
+    let canceled_code =
+        code_of(&get(&*s, &acme, canceled.id).await).expect("a canceled task has a code");
+    for (code, want) in [
+        (ErrorCode::ProviderError.as_str(), vec![failed.id]),
+        (canceled_code.as_str(), vec![canceled.id]),
+        (ErrorCode::QueueTimeout.as_str(), vec![]),
+    ] {
+        let query = TaskListQuery {
+            error_code: Some(code.to_string()),
+            limit: 50,
+            ..Default::default()
+        };
+        let page = s.list_tasks(&acme, &query).await.expect("list by code");
+        let got: Vec<_> = page.items.iter().map(|t| t.id).collect();
+        assert_eq!(got, want, "error_code={code}");
+        assert!(page.next.is_none());
+    }
+    let both = TaskListQuery {
+        error_code: Some(ErrorCode::ProviderError.as_str().into()),
+        statuses: vec![TaskStatus::Canceled],
+        ..Default::default()
+    };
+    assert!(
+        s.list_tasks(&acme, &both)
+            .await
+            .expect("list")
+            .items
+            .is_empty(),
+        "the code and the status filter both hold"
+    );
+}
+
+/// docs/conformance.md#listings stats: each finished task the stats read says when it finished (the per-minute
+/// series of `GET /v1/stats` is made from it), newest first.
+pub async fn stats_samples_say_when_each_task_finished(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    let first = create_new(&*s, new_app_task("acme", "s", "first")).await;
+    let second = create_new(&*s, new_app_task("acme", "s", "second")).await;
+    b.clock().advance(Duration::from_secs(5));
+    fail(&*s, first.id, "boom").await;
+    let first_at = b.clock().now();
+    b.clock().advance(Duration::from_secs(90));
+    succeed(&*s, second.id).await;
+    let second_at = b.clock().now();
+    let raw = s.task_stats(&acme, None).await.expect("stats");
+    let seen: Vec<_> = raw
+        .finished
+        .iter()
+        .map(|f| (f.status, f.completed_at))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (TaskStatus::Succeeded, second_at),
+            (TaskStatus::Failed, first_at)
+        ]
+    );
 }

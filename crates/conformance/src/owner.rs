@@ -1,11 +1,11 @@
-//! SPEC §8: application-owned tasks: release, unreleased sources, owner deletion.
+//! docs/conformance.md#application-tasks: application-owned tasks: release, unreleased sources, owner deletion.
 
 use super::Backend;
 use super::fixtures::*;
 use tollgate_core::{Clock, ErrorCode, NewTask};
 use tollgate_store::{MAX_PAGE, ScopedSource, UnreleasedQuery};
 
-/// SPEC §8 release: by (app, scope, effect key) of an application-owned task; answers
+/// docs/conformance.md#application-tasks release: by (app, scope, effect key) of an application-owned task; answers
 /// whether a task matched. Another scope, another app, an unknown key or a run-owned task
 /// match nothing.
 pub async fn release_matches_only_application_tasks_of_the_scope(b: &dyn Backend) {
@@ -53,7 +53,7 @@ pub async fn release_matches_only_application_tasks_of_the_scope(b: &dyn Backend
     );
 }
 
-/// SPEC §8 list unreleased sources: the distinct (scope, source) pairs that still have
+/// docs/conformance.md#application-tasks list unreleased sources: the distinct (scope, source) pairs that still have
 /// unreleased application tasks, ordered by (scope, source), in pages of at most 100 with
 /// a keyset cursor; optionally for one step key or one scope. Released, unscoped, run-owned
 /// and other apps' tasks do not count.
@@ -307,7 +307,7 @@ async fn collect_pages(
     panic!("list_unreleased_sources did not finish within 50 pages");
 }
 
-/// SPEC §8 delete owner data: deletes the app's application-owned tasks of the scope
+/// docs/conformance.md#application-tasks delete owner data: deletes the app's application-owned tasks of the scope
 /// (optionally of one source) and returns how many; run-owned tasks, other scopes and
 /// other apps are untouched.
 pub async fn delete_owner_data_deletes_only_that_scope_and_source(b: &dyn Backend) {
@@ -398,7 +398,7 @@ pub async fn delete_owner_data_deletes_only_that_scope_and_source(b: &dyn Backen
     );
 }
 
-/// SPEC §4/§8: deleting an owner's data keeps admission records: the scope's steps,
+/// docs/conformance.md#admission, docs/conformance.md#application-tasks: deleting an owner's data keeps admission records: the scope's steps,
 /// sources and token bucket stay spent.
 pub async fn delete_owner_data_keeps_admission_records(b: &dyn Backend) {
     let s = b.open().await;
@@ -447,7 +447,7 @@ pub async fn delete_owner_data_keeps_admission_records(b: &dyn Backend) {
     );
 }
 
-/// SPEC §5/§8: a running task whose owner was deleted sees cancellation, must stop, and
+/// docs/conformance.md#lifecycle, docs/conformance.md#application-tasks: a running task whose owner was deleted sees cancellation, must stop, and
 /// cannot complete or fail.
 pub async fn deleted_in_flight_task_sees_cancellation_and_cannot_complete(b: &dyn Backend) {
     let s = b.open().await;

@@ -1,4 +1,4 @@
-//! SPEC §14 provider pace: the call and token schedules every replica shares, and pauses.
+//! docs/conformance.md#provider-pace provider pace: the call and token schedules every replica shares, and pauses.
 
 use super::Backend;
 use super::fixtures::*;
@@ -23,7 +23,7 @@ fn calls(key: &str, per_min: u32) -> PaceSlot {
     }
 }
 
-/// SPEC §14: a provider paced at 6 calls a minute spaces calls 10 s apart, whichever
+/// docs/conformance.md#provider-pace: a provider paced at 6 calls a minute spaces calls 10 s apart, whichever
 /// replica takes them; a call that has waited its turn starts at once.
 pub async fn pace_spaces_calls_across_replicas(b: &dyn Backend) {
     let stores = open_stores(b, 2).await;
@@ -60,7 +60,7 @@ pub async fn pace_spaces_calls_across_replicas(b: &dyn Backend) {
     assert_eq!(other, secs(0));
 }
 
-/// SPEC §14: a call waits for the later of its provider's and its model's schedules.
+/// docs/conformance.md#dispatch: a call waits for the later of its provider's and its model's schedules.
 pub async fn a_call_waits_for_every_schedule_it_takes(b: &dyn Backend) {
     let s = b.open().await;
     let both = [calls("p", 60), calls("p/m", 6)];
@@ -75,7 +75,7 @@ pub async fn a_call_waits_for_every_schedule_it_takes(b: &dyn Backend) {
     );
 }
 
-/// SPEC §14 token pace: a call holds the token schedule for its bound; settling with
+/// docs/conformance.md#provider-pace token pace: a call holds the token schedule for its bound; settling with
 /// the real usage gives back what it did not use.
 pub async fn token_pace_reserves_the_bound_and_settles_real_usage(b: &dyn Backend) {
     let s = b.open().await;
@@ -105,7 +105,7 @@ pub async fn token_pace_reserves_the_bound_and_settles_real_usage(b: &dyn Backen
     );
 }
 
-/// SPEC §14: a 429 with Retry-After pauses the provider on every replica until then; a
+/// docs/conformance.md#provider-pace: a 429 with Retry-After pauses the provider on every replica until then; a
 /// shorter later pause never shortens it.
 pub async fn a_pause_holds_every_replica_until_it_ends(b: &dyn Backend) {
     let stores = open_stores(b, 2).await;

@@ -1,4 +1,4 @@
-//! SPEC §3 step 3 (owner check) and §7: workflow runs, waiting and waking.
+//! docs/conformance.md#create-owner-check (owner check) and docs/conformance.md#workflow-runs: workflow runs, waiting and waking.
 
 use super::Backend;
 use super::fixtures::*;
@@ -9,7 +9,7 @@ use tollgate_core::{
 };
 use tollgate_store::{RunResult, StoreError, WaitOutcome};
 
-/// SPEC §7: a run is created `running` in its app and scope, and finishes with its result;
+/// docs/conformance.md#workflow-runs: a run is created `running` in its app and scope, and finishes with its result;
 /// another app can neither see nor finish it.
 pub async fn runs_are_created_running_and_finish_with_their_result(b: &dyn Backend) {
     let s = b.open().await;
@@ -62,7 +62,7 @@ pub async fn runs_are_created_running_and_finish_with_their_result(b: &dyn Backe
     );
 }
 
-/// SPEC §3 step 3: a run-owned task needs its run to exist in the caller's app
+/// docs/conformance.md#create-owner-check: a run-owned task needs its run to exist in the caller's app
 /// (`RunNotFound`); nothing is written.
 pub async fn run_task_needs_an_existing_run_of_the_app(b: &dyn Backend) {
     let s = b.open().await;
@@ -85,7 +85,7 @@ pub async fn run_task_needs_an_existing_run_of_the_app(b: &dyn Backend) {
     );
 }
 
-/// SPEC §3 step 3: a run-owned task of a canceled run is refused (`RunCanceled`);
+/// docs/conformance.md#create-owner-check: a run-owned task of a canceled run is refused (`RunCanceled`);
 /// nothing is written.
 pub async fn run_task_is_refused_for_a_canceled_run(b: &dyn Backend) {
     let s = b.open().await;
@@ -116,7 +116,7 @@ pub async fn run_task_is_refused_for_a_canceled_run(b: &dyn Backend) {
     );
 }
 
-/// SPEC §1/§3: a run-owned task takes its run's app, scope and subject, and is admitted
+/// docs/conformance.md#concepts, docs/conformance.md#creating-a-task: a run-owned task takes its run's app, scope and subject, and is admitted
 /// against that scope's budget.
 pub async fn run_scope_and_subject_apply_to_its_tasks(b: &dyn Backend) {
     let s = b.open().await;
@@ -159,7 +159,7 @@ pub async fn run_scope_and_subject_apply_to_its_tasks(b: &dyn Backend) {
     .await;
 }
 
-/// SPEC §3: idempotency (step 2) comes before the owner check (step 3): replaying a
+/// docs/conformance.md#create-idempotency: idempotency (step 2) comes before the owner check (step 3): replaying a
 /// run-owned task's key after its run was canceled returns the task.
 pub async fn idempotency_precedes_the_owner_check(b: &dyn Backend) {
     let s = b.open().await;
@@ -175,7 +175,7 @@ pub async fn idempotency_precedes_the_owner_check(b: &dyn Backend) {
     assert_eq!(again.task.status, TaskStatus::Canceled);
 }
 
-/// SPEC §5/§7: every move of a task to a terminal state (complete, fail, cancel) wakes
+/// docs/conformance.md#lifecycle, docs/conformance.md#workflow-runs: every move of a task to a terminal state (complete, fail, cancel) wakes
 /// the run waiting on it: the answer names the run, and the run is runnable again.
 pub async fn waiting_run_is_woken_by_every_terminal_move(b: &dyn Backend) {
     let s = b.open().await;
@@ -219,7 +219,7 @@ pub async fn waiting_run_is_woken_by_every_terminal_move(b: &dyn Backend) {
     }
 }
 
-/// SPEC §7: waiting on a task that is already terminal answers `Ready` with the task, and
+/// docs/conformance.md#workflow-runs: waiting on a task that is already terminal answers `Ready` with the task, and
 /// the run stays runnable.
 pub async fn wait_on_a_terminal_task_is_ready_at_once(b: &dyn Backend) {
     let s = b.open().await;
@@ -238,7 +238,7 @@ pub async fn wait_on_a_terminal_task_is_ready_at_once(b: &dyn Backend) {
     assert_eq!(get_run(&*s, &acme, run.id).await.state, RunState::Running);
 }
 
-/// SPEC §7: a run's step waits only on a task of the same run (not another run's, not an
+/// docs/conformance.md#workflow-runs: a run's step waits only on a task of the same run (not another run's, not an
 /// application task, not another app's); a refused wait leaves the run as it was.
 pub async fn wait_is_refused_for_a_task_of_another_owner(b: &dyn Backend) {
     let s = b.open().await;
@@ -270,7 +270,7 @@ pub async fn wait_is_refused_for_a_task_of_another_owner(b: &dyn Backend) {
     );
 }
 
-/// SPEC §5: application-owned tasks wake nobody, and a task's terminal move wakes only
+/// docs/conformance.md#lifecycle: application-owned tasks wake nobody, and a task's terminal move wakes only
 /// the run waiting on it.
 pub async fn application_tasks_wake_nobody(b: &dyn Backend) {
     let s = b.open().await;
@@ -299,7 +299,7 @@ pub async fn application_tasks_wake_nobody(b: &dyn Backend) {
     assert_eq!(get_run(&*s, &acme, run.id).await.state, RunState::Waiting);
 }
 
-/// SPEC §7: canceling a run marks it and cancels its queued and running tasks (with
+/// docs/conformance.md#workflow-runs: canceling a run marks it and cancels its queued and running tasks (with
 /// `WORKFLOW_AI_CANCELED`, freeing their steps); finished tasks and other runs' tasks are
 /// untouched; another app cannot cancel it.
 pub async fn run_cancel_cascades_to_queued_and_running_tasks(b: &dyn Backend) {

@@ -1,11 +1,11 @@
-//! SPEC §6: background sweeps.
+//! docs/conformance.md#sweeps: background sweeps.
 
 use super::Backend;
 use super::fixtures::*;
 use tollgate_core::{ErrorCode, RunState, TaskStatus};
 use tollgate_store::{SweepConfig, WaitOutcome};
 
-/// SPEC §6.1: a task queued longer than the queue timeout fails with
+/// docs/conformance.md#sweep-queue-timeout: a task queued longer than the queue timeout fails with
 /// `WORKFLOW_AI_QUEUE_TIMEOUT`; one queued for less is untouched.
 pub async fn sweep_fails_tasks_queued_too_long_with_queue_timeout(b: &dyn Backend) {
     let s = b.open().await;
@@ -41,7 +41,7 @@ pub async fn sweep_fails_tasks_queued_too_long_with_queue_timeout(b: &dyn Backen
     assert_eq!(get(&*s, &acme, young.id).await.status, TaskStatus::Running);
 }
 
-/// SPEC §6.2: a running task without a heartbeat for the liveness timeout fails with
+/// docs/conformance.md#sweep-liveness: a running task without a heartbeat for the liveness timeout fails with
 /// `WORKFLOW_AI_INTERRUPTED` (liveness lives in the database).
 pub async fn sweep_interrupts_running_tasks_without_heartbeat(b: &dyn Backend) {
     let s = b.open().await;
@@ -63,7 +63,7 @@ pub async fn sweep_interrupts_running_tasks_without_heartbeat(b: &dyn Backend) {
     assert_eq!(t.error.map(|e| e.code), Some(ErrorCode::Interrupted));
 }
 
-/// SPEC §5 heartbeat / §6.2: heartbeats keep a running task alive past the liveness
+/// docs/conformance.md#heartbeat heartbeat / docs/conformance.md#sweep-liveness: heartbeats keep a running task alive past the liveness
 /// timeout; once they stop, the sweep interrupts it.
 pub async fn heartbeat_keeps_a_running_task_alive(b: &dyn Backend) {
     let s = b.open().await;
@@ -92,7 +92,7 @@ pub async fn heartbeat_keeps_a_running_task_alive(b: &dyn Backend) {
     assert_eq!(sweep_all(&*s, &sweep_config()).await.interrupted, 1);
 }
 
-/// SPEC §6.3: when cancellation was requested (here: the run was canceled), an expired
+/// docs/conformance.md#sweep-cancellation: when cancellation was requested (here: the run was canceled), an expired
 /// task ends `canceled` with `WORKFLOW_AI_CANCELED`, never with a timeout code.
 pub async fn sweep_keeps_cancellation_over_timeouts(b: &dyn Backend) {
     let s = b.open().await;
@@ -119,7 +119,7 @@ pub async fn sweep_keeps_cancellation_over_timeouts(b: &dyn Backend) {
     }
 }
 
-/// SPEC §6: each sweep item works in bounded batches (`batch_size`), and `more` says to
+/// docs/conformance.md#sweeps: each sweep item works in bounded batches (`batch_size`), and `more` says to
 /// sweep again while work remains.
 pub async fn sweep_batches_are_bounded(b: &dyn Backend) {
     let s = b.open().await;
@@ -166,7 +166,7 @@ pub async fn sweep_batches_are_bounded(b: &dyn Backend) {
     }
 }
 
-/// SPEC §4/§6.5: admission records older than 24 h are pruned (one per admitted task;
+/// docs/conformance.md#admission, docs/conformance.md#sweep-prune: admission records older than 24 h are pruned (one per admitted task;
 /// cache hits leave none).
 pub async fn sweep_prunes_admission_records_older_than_24_hours(b: &dyn Backend) {
     let s = b.open().await;
@@ -208,7 +208,7 @@ pub async fn sweep_prunes_admission_records_older_than_24_hours(b: &dyn Backend)
     );
 }
 
-/// SPEC §6.6 retention: an application-owned task is deleted only when it is terminal,
+/// docs/conformance.md#sweep-retention retention: an application-owned task is deleted only when it is terminal,
 /// released, and both released and completed more than the retention ago; never an
 /// unreleased, an unfinished, or a run-owned task.
 pub async fn retention_deletes_released_terminal_application_tasks_only(b: &dyn Backend) {
@@ -296,7 +296,7 @@ pub async fn retention_deletes_released_terminal_application_tasks_only(b: &dyn 
     );
 }
 
-/// SPEC §6.1–3/§7: a task the sweep finishes wakes the run waiting on it.
+/// docs/conformance.md#sweep-queue-timeout, docs/conformance.md#sweep-liveness, docs/conformance.md#sweep-cancellation, docs/conformance.md#workflow-runs: a task the sweep finishes wakes the run waiting on it.
 pub async fn sweep_wakes_runs_of_tasks_it_finishes(b: &dyn Backend) {
     let s = b.open().await;
     let acme = app("acme");
@@ -330,7 +330,7 @@ pub async fn sweep_wakes_runs_of_tasks_it_finishes(b: &dyn Backend) {
     }
 }
 
-/// SPEC §6.4 repair of lost wakes: the trait offers no way to lose a wake (the store
+/// docs/conformance.md#sweep-lost-wakes repair of lost wakes: the trait offers no way to lose a wake (the store
 /// wakes in the same transaction), so this checks the invariant the repair protects:
 /// after many terminal moves of every kind, no run waits on a terminal task and the sweep
 /// finds nothing to repair.

@@ -2,7 +2,7 @@
 //! random budgets, owners, sources and subjects; batches; runs; claim, heartbeat,
 //! complete, fail, cancel, acknowledge; release, unreleased listing, owner deletion;
 //! sweeps; recovery listing; waiting runs; clock moves) run against a pure reference model
-//! written here from SPEC §3–8, and against each backend. After every step the answer of
+//! written here from docs/conformance.md#store-rules, and against each backend. After every step the answer of
 //! the store must equal the model's (created flags, admission outcomes with their exact
 //! limits and retry times, error kinds, transitions, sweep reports), and every task and run
 //! must read back exactly as the model says, from the owning app, and not at all from the
@@ -10,7 +10,7 @@
 //!
 //! The model is deliberately naive: it keeps every admission record and counts the 24 h
 //! window, the steps per source, the distinct sources and the active tasks from scratch
-//! on every admission, which is what SPEC §4 says; the backends keep counters instead
+//! on every admission, which is what docs/conformance.md#admission says; the backends keep counters instead
 //! (docs/locking.md), and this test is what shows the counters never drift.
 //!
 //! Every case gets a fresh SQLite file (and, with `TOLLGATE_TEST_DATABASE_URL`, a fresh
@@ -115,7 +115,7 @@ struct BudgetSpec {
     cost: CostSpec,
 }
 
-/// SPEC §13 limits of a budget: scope USD (nano-dollars), the token bucket (tokens per
+/// docs/conformance.md#cost-limits limits of a budget: scope USD (nano-dollars), the token bucket (tokens per
 /// minute, burst) and the app's USD.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct CostSpec {
@@ -212,7 +212,7 @@ struct ScopedSpec {
     revision: u8,
     recompute: bool,
     budget: BudgetSpec,
-    /// SPEC §13: which reservation ([`reservation_of`]).
+    /// docs/conformance.md#cost-reservation: which reservation ([`reservation_of`]).
     reserve: u8,
 }
 
@@ -339,7 +339,7 @@ fn budget_spec() -> impl Strategy<Value = BudgetSpec> {
         )
 }
 
-/// SPEC §13 limits: none half the time; otherwise limits that one to four reservations
+/// docs/conformance.md#cost-reservation limits: none half the time; otherwise limits that one to four reservations
 /// fill.
 fn cost_spec() -> impl Strategy<Value = CostSpec> {
     prop_oneof![
@@ -450,7 +450,7 @@ enum RRef {
 #[derive(Debug, Clone, PartialEq)]
 enum ErrKind {
     Admission(AdmissionRejection),
-    /// SPEC §13 refusals, compared by code (the retry time is core's arithmetic over the
+    /// docs/conformance.md#money-and-tokens refusals, compared by code (the retry time is core's arithmetic over the
     /// buckets, exercised by the conformance suite).
     Cost(ErrorCode),
     RunNotFound,
@@ -553,7 +553,7 @@ struct TaskView {
     request_input: String,
     model: String,
     has_cache_key: bool,
-    /// SPEC §13: the stored reservation (tokens, nano-dollars, taken from the bucket).
+    /// docs/conformance.md#cost-reservation: the stored reservation (tokens, nano-dollars, taken from the bucket).
     reservation: Option<(u64, i64, bool)>,
 }
 
@@ -610,7 +610,7 @@ struct MTask {
     completed_at: Option<i64>,
     released_at: Option<i64>,
     deleted: bool,
-    /// SPEC §13: what admission reserved, and what settlement charged (nano-dollars,
+    /// docs/conformance.md#cost-settlement: what admission reserved, and what settlement charged (nano-dollars,
     /// tokens).
     reservation: Option<tollgate_core::Reservation>,
     charged: Option<(i64, u64)>,
@@ -654,13 +654,13 @@ struct Model {
     admissions: Vec<MAdmission>,
     /// (app, scope) → token bucket (units, at).
     buckets: HashMap<(usize, usize), (i64, i64)>,
-    /// SPEC §13: (app, scope) → model-token bucket (units, at, capacity).
+    /// docs/conformance.md#cost-limits: (app, scope) → model-token bucket (units, at, capacity).
     token_buckets: HashMap<(usize, usize), (i64, i64, i64)>,
     runs: Vec<MRun>,
     now: i64,
-    /// SPEC §14 dispatch queues: (app, scope) → (pass, active).
+    /// docs/conformance.md#fair-share dispatch queues: (app, scope) → (pass, active).
     queues: HashMap<(usize, usize), (i64, bool)>,
-    /// SPEC §14 the floor each queue found when it last became active, and the pass it
+    /// docs/conformance.md#fair-share the floor each queue found when it last became active, and the pass it
     /// joined at (docs/engine.md, "Dispatch order").
     joins: HashMap<(usize, usize), (i64, i64)>,
 }
@@ -707,7 +707,7 @@ impl Model {
             })
     }
 
-    /// SPEC §13: the reservation is replaced by what the task cost; unknown usage of a
+    /// docs/conformance.md#cost-reservation: the reservation is replaced by what the task cost; unknown usage of a
     /// started task is its whole reservation; unused reserved tokens go back.
     fn settle(&mut self, i: usize) {
         let t = &mut self.tasks[i];
@@ -769,7 +769,7 @@ impl Model {
         }
     }
 
-    /// SPEC §4, straight from its text, over every admission record still in the window.
+    /// docs/conformance.md#admission, straight from its text, over every admission record still in the window.
     fn admit(
         &self,
         app: usize,
@@ -837,7 +837,7 @@ impl Model {
         }
     }
 
-    /// SPEC §13 after §4, straight from its text: the spend of the window summed from
+    /// docs/conformance.md#money-and-tokens after docs/conformance.md#admission, straight from its text: the spend of the window summed from
     /// every admitted task (deleted ones too: their spend stays), each at its charge once
     /// settled and at its reservation before; the window is the hourly buckets from the
     /// hour of now − 24 h (docs/budgets.md); then the token bucket; then the app's spend.
@@ -897,7 +897,7 @@ impl Model {
         Ok(bucket)
     }
 
-    /// SPEC §3 steps 2–6.
+    /// docs/conformance.md#create-transaction.
     /// The app a creation is made by: the run's own app for a run owner, unless `foreign`.
     fn caller(&self, spec: &CreateSpec) -> usize {
         match spec.owner {
@@ -1031,7 +1031,7 @@ impl Model {
         Ok((TRef::Known(idx), true))
     }
 
-    /// SPEC §14: a queued task activates its queue; a new or idle one joins one burst
+    /// docs/conformance.md#fair-share: a queued task activates its queue; a new or idle one joins one burst
     /// (`join_credit`) below the floor (the least standing of the active queues: a
     /// queue's pass, or its base while its pass is below it), but no earlier than one
     /// stride after its app's furthest fresh queue (active, nothing claimed since it
@@ -1086,7 +1086,7 @@ impl Model {
             .insert((app, scope), (floor.unwrap_or(top), pass));
     }
 
-    /// SPEC §14 fair claim, as the store runs it: rounds of the stride plan over the
+    /// docs/conformance.md#fair-share fair claim, as the store runs it: rounds of the stride plan over the
     /// active queues with the least pass (then app and scope names).
     fn claim_fair(&mut self, worker: usize, limit: usize) -> Vec<usize> {
         let mut claimed: Vec<usize> = Vec::new();
@@ -1289,7 +1289,7 @@ impl Model {
                     return Outcome::Skipped;
                 };
                 if self.tasks[i].active() {
-                    // SPEC §13: a failure records what its attempts used.
+                    // docs/conformance.md#money-and-tokens: a failure records what its attempts used.
                     self.tasks[i].usage = Some(completion_usage());
                     let woken =
                         self.finish(i, TaskStatus::Failed, Some(ErrorCode::ProviderError), true);
@@ -1532,7 +1532,7 @@ impl Model {
         }
     }
 
-    /// SPEC §6 items 1–6, all batches.
+    /// docs/conformance.md#sweeps, all batches.
     fn sweep(&mut self) -> SweepView {
         let now = self.now;
         let mut v = SweepView::default();
@@ -2468,7 +2468,7 @@ fn postgres_agrees_with_the_model() {
     }));
 }
 
-/// SPEC §14 across replicas: claims of one task taking turns between two instances
+/// docs/conformance.md#fair-share across replicas: claims of one task taking turns between two instances
 /// (each step runs on the other instance). Each claim must see the other instance's
 /// last claim in the passes (the model's truth), not only its own: a claim with no view
 /// period moves the passes before it returns.
@@ -2506,7 +2506,7 @@ fn claims_taking_turns() -> Vec<Op> {
     ]
 }
 
-/// SPEC §14 for a batch: its new queues join as if created one after another, in the
+/// docs/conformance.md#fair-share for a batch: its new queues join as if created one after another, in the
 /// batch's order (the second one below the first), on both backends.
 fn batch_queues_join_in_order() -> Vec<Op> {
     let spec = |app, key| CreateSpec {

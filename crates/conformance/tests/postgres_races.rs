@@ -109,7 +109,7 @@ struct Attempt {
     key: String,
 }
 
-/// SPEC §4 "limits are exact under any concurrency and any number of replicas", the long
+/// docs/conformance.md#admission-exact "limits are exact under any concurrency and any number of replicas", the long
 /// way round: 4 store instances (separate pools, as 4 replicas) race ≥ 10,000 admission
 /// attempts (`TOLLGATE_RACE_ATTEMPTS`; 100,000 with `TOLLGATE_LONG_TESTS=1`) over 2 apps
 /// × 3 scopes with random small budgets, in phases of 100 at a frozen clock (32 racers);
@@ -464,7 +464,7 @@ async fn racing_replicas_never_exceed_a_limit() {
     }
 }
 
-/// SPEC §13 "Exact … under any concurrency and any number of replicas", the long way
+/// docs/conformance.md#cost-exact "Exact … under any concurrency and any number of replicas", the long way
 /// round: 4 store instances race ≥ 10,000 admissions (`TOLLGATE_COST_RACE_ATTEMPTS`)
 /// with random token counts and prices under random scope and app USD limits and token
 /// buckets, between phases completing, failing and canceling tasks with actual usage at

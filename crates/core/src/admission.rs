@@ -1,4 +1,4 @@
-//! Admission arithmetic (SPEC §4) as pure functions. Both store backends gather a
+//! Admission arithmetic (docs/conformance.md#admission) as pure functions. Both store backends gather a
 //! [`AdmissionSnapshot`] under their locks and call [`decide`]; there is no second copy.
 
 use crate::budget::Budget;
@@ -60,7 +60,7 @@ impl BucketState {
             .map_err(|wait| wait.unwrap_or(Duration::MAX))
     }
 
-    /// Takes `n` tokens after refilling (SPEC §4 takes one task, SPEC §13 a task's
+    /// Takes `n` tokens after refilling (docs/conformance.md#admission takes one task, docs/conformance.md#money-and-tokens a task's
     /// reserved model tokens), or says how long until `n` are there — `None` when `n`
     /// exceeds the capacity and never will be.
     pub fn take_n(
@@ -111,7 +111,7 @@ pub struct AdmissionSnapshot {
     pub share: crate::ShareUse,
 }
 
-/// Why admission refused a task. The first failing check in SPEC §4's order decides.
+/// Why admission refused a task. The first failing check in docs/conformance.md#admission-order's order decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AdmissionRejection {
     /// `max_steps_per_source` reached.
@@ -165,7 +165,7 @@ pub enum AdmissionRejection {
 }
 
 impl AdmissionRejection {
-    /// The SPEC §9 error code.
+    /// The docs/conformance.md#error-codes error code.
     pub fn code(&self) -> ErrorCode {
         match self {
             AdmissionRejection::SourceBudget { .. } => ErrorCode::SourceBudget,
@@ -186,7 +186,7 @@ impl AdmissionRejection {
     }
 }
 
-/// The ordered decision of SPEC §4: steps per source, distinct sources, scope
+/// The ordered decision of docs/conformance.md#admission: steps per source, distinct sources, scope
 /// concurrency, global concurrency, then the token bucket. On admission returns the
 /// bucket state to store.
 pub fn decide(

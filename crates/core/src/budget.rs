@@ -1,11 +1,11 @@
-//! Budgets: the admission limits of a scoped task (SPEC §4, §10).
+//! Budgets: the admission limits of a scoped task (docs/conformance.md#admission, docs/conformance.md#budget-policies).
 
 use crate::cost::CostLimits;
 use crate::error::InvalidInput;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroU32;
 
-/// The six admission limits of SPEC §4 and the optional cost limits of SPEC §13 of a scoped task. Every field is a positive integer, so a
+/// The six admission limits of docs/conformance.md#admission and the optional cost limits of docs/conformance.md#cost-limits of a scoped task. Every field is a positive integer, so a
 /// budget of zero cannot be represented.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,7 +22,7 @@ pub struct Budget {
     pub burst: NonZeroU32,
     /// Token-bucket refill, in tasks per minute.
     pub tasks_per_minute: NonZeroU32,
-    /// SPEC §13: the optional money and model-token limits, checked after the six above.
+    /// docs/conformance.md#cost-limits: the optional money and model-token limits, checked after the six above.
     #[serde(default, skip_serializing_if = "cost_limits_unset")]
     pub cost: CostLimits,
     /// The app's share of `global_concurrent` (docs/budgets.md, "Each app's share of

@@ -1,4 +1,4 @@
-//! SPEC §14 dispatch arithmetic: task priority and its ageing, scope weights, and the
+//! docs/conformance.md#priority dispatch arithmetic: task priority and its ageing, scope weights, and the
 //! stride schedule that shares claims across (app, scope) queues. Pure functions; the
 //! store turns them into SQL and the engine's provider pace calls [`pace_cost_us`].
 //!
@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-/// A task's priority (SPEC §14): an integer from [`Priority::MIN`] to [`Priority::MAX`],
+/// A task's priority (docs/conformance.md#priority): an integer from [`Priority::MIN`] to [`Priority::MAX`],
 /// higher starts first within its scope; [`Priority::DEFAULT`] when a request names none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "i64", into = "i64")]
@@ -89,7 +89,7 @@ impl From<Priority> for i64 {
     }
 }
 
-/// A scope's share of claims relative to other scopes (SPEC §14): the `weight` of its
+/// A scope's share of claims relative to other scopes (docs/conformance.md#fair-share): the `weight` of its
 /// budget policy, from 1 (the default) to [`Weight::MAX`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "i64", into = "i64")]
@@ -140,10 +140,10 @@ impl From<Weight> for i64 {
     }
 }
 
-/// Default value of one priority level in waiting time (SPEC §14 ageing).
+/// Default value of one priority level in waiting time (docs/conformance.md#priority ageing).
 pub const DEFAULT_AGEING_STEP: Duration = Duration::from_secs(60);
 
-/// How a new task is dispatched (SPEC §14): its priority, its scope's weight (from the
+/// How a new task is dispatched (docs/conformance.md#priority): its priority, its scope's weight (from the
 /// budget policy) and what one priority level is worth in waiting time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dispatch {
@@ -173,7 +173,7 @@ impl Dispatch {
     }
 }
 
-/// SPEC §14: the within-scope start order of a task, smallest first:
+/// docs/conformance.md#dispatch: the within-scope start order of a task, smallest first:
 /// `created_at − (priority − DEFAULT) × ageing_step` in milliseconds. A default-priority
 /// task's key is its creation time; each level above the default moves it one ageing step
 /// earlier, each level below one step later. Saturates instead of overflowing.
@@ -183,19 +183,19 @@ pub fn dispatch_key(created_at: Timestamp, priority: Priority, ageing_step: Dura
     created_at.0.saturating_sub(levels.saturating_mul(step))
 }
 
-/// Pass units one claim costs a queue of weight 1 (SPEC §14 stride scheduling).
+/// Pass units one claim costs a queue of weight 1 (docs/conformance.md#fair-share stride scheduling).
 pub const PASS_SCALE: i64 = 1_000_000;
 
-/// SPEC §14: how far one claimed task advances the pass of a queue of this weight.
+/// docs/conformance.md#fair-share: how far one claimed task advances the pass of a queue of this weight.
 pub fn stride(weight: Weight) -> i64 {
     PASS_SCALE / i64::from(weight.get())
 }
 
 /// How many of its own tasks a queue that becomes active may start ahead of the active
-/// queues (SPEC §14): the most an idle queue ever banks ([`join_credit`]).
+/// queues (docs/conformance.md#fair-share): the most an idle queue ever banks ([`join_credit`]).
 pub const JOIN_CREDIT_TASKS: u32 = 100;
 
-/// SPEC §14: how far below the floor (the least standing of the active queues) a queue
+/// docs/conformance.md#fair-share: how far below the floor (the least standing of the active queues) a queue
 /// of this weight that becomes active may start: [`JOIN_CREDIT_TASKS`] of its strides.
 /// The store (one SQL statement for both backends) starts a joining queue at
 /// `max(its own last pass, floor − this, its app's furthest fresh pass + stride)`; with
@@ -213,7 +213,7 @@ pub struct QueueShare {
     pub weight: Weight,
 }
 
-/// SPEC §14: how many of `n` claim slots go to each queue, in the order given: stride
+/// docs/conformance.md#fair-share: how many of `n` claim slots go to each queue, in the order given: stride
 /// scheduling run forward `n` steps (each step serves the queue with the smallest
 /// `pass + taken × stride`, ties to the earlier queue). Sums to `n` whenever `queues` is
 /// not empty.
@@ -235,7 +235,7 @@ pub fn allocate_claims(queues: &[QueueShare], n: u32) -> Vec<u32> {
     taken
 }
 
-/// SPEC §14 provider pace: how long, in microseconds, `amount` (calls or tokens) holds
+/// docs/conformance.md#provider-pace provider pace: how long, in microseconds, `amount` (calls or tokens) holds
 /// a schedule that allows `per_window` of them per `window` (GCRA without burst: each
 /// call moves the schedule on by this much, so no window ever holds more than the limit
 /// plus one call). Rounded up, so the pace is never exceeded by rounding.

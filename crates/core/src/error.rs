@@ -1,4 +1,4 @@
-//! Stable error codes (SPEC §9) and the typed errors of the pure domain.
+//! Stable error codes (docs/conformance.md#error-codes) and the typed errors of the pure domain.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -7,35 +7,35 @@ use std::fmt;
 /// they appear in task rows, HTTP bodies and logs, and never change once published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ErrorCode {
-    /// SPEC §4: too many distinct steps for one source in 24 h.
+    /// docs/conformance.md#admission: too many distinct steps for one source in 24 h.
     #[serde(rename = "WORKFLOW_AI_SOURCE_BUDGET")]
     SourceBudget,
-    /// SPEC §4: too many distinct sources in the scope in 24 h.
+    /// docs/conformance.md#admission: too many distinct sources in the scope in 24 h.
     #[serde(rename = "WORKFLOW_AI_DAILY_BUDGET")]
     DailyBudget,
-    /// SPEC §4: scope or global concurrency cap reached.
+    /// docs/conformance.md#admission: scope or global concurrency cap reached.
     #[serde(rename = "WORKFLOW_AI_CAPACITY")]
     Capacity,
-    /// SPEC §4: the scope's token bucket is empty.
+    /// docs/conformance.md#admission: the scope's token bucket is empty.
     #[serde(rename = "WORKFLOW_AI_RATE_LIMIT")]
     RateLimit,
-    /// SPEC §13: a scope's or app's `usd_per_24_hours` would be exceeded.
+    /// docs/conformance.md#cost-limits: a scope's or app's `usd_per_24_hours` would be exceeded.
     #[serde(rename = "WORKFLOW_AI_SPEND_BUDGET")]
     SpendBudget,
-    /// SPEC §13: the scope's model-token bucket lacks the task's reservation.
+    /// docs/conformance.md#cost-reservation: the scope's model-token bucket lacks the task's reservation.
     #[serde(rename = "WORKFLOW_AI_TOKEN_RATE_LIMIT")]
     TokenRateLimit,
-    /// SPEC §13: a task under a USD or token limit has no output-token bound
+    /// docs/conformance.md#cost-reservation: a task under a USD or token limit has no output-token bound
     /// (`max_output_tokens`).
     #[serde(rename = "output_bound_required")]
     OutputBoundRequired,
-    /// SPEC §6: queued longer than the queue timeout.
+    /// docs/conformance.md#sweep-queue-timeout: queued longer than the queue timeout.
     #[serde(rename = "WORKFLOW_AI_QUEUE_TIMEOUT")]
     QueueTimeout,
-    /// SPEC §6: running without a heartbeat for the liveness timeout.
+    /// docs/conformance.md#sweep-liveness: running without a heartbeat for the liveness timeout.
     #[serde(rename = "WORKFLOW_AI_INTERRUPTED")]
     Interrupted,
-    /// SPEC §5/§6: canceled by request (task or run).
+    /// docs/conformance.md#lifecycle, docs/conformance.md#sweeps: canceled by request (task or run).
     #[serde(rename = "WORKFLOW_AI_CANCELED")]
     Canceled,
     /// The request is malformed or invalid for its kind.
@@ -134,7 +134,7 @@ impl fmt::Display for ErrorCode {
     }
 }
 
-/// Input that Tollgate refuses before writing anything (SPEC §3 step 1).
+/// Input that Tollgate refuses before writing anything (docs/conformance.md#create-validate).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidInput {
     /// A field is missing, of the wrong type, out of range or otherwise invalid.
@@ -210,7 +210,7 @@ pub struct OutputTooLarge {
     pub limit: usize,
 }
 
-/// A model output that violates its kind's contract (SPEC §2). Never stored as success.
+/// A model output that violates its kind's contract (docs/conformance.md#task-kinds). Never stored as success.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid model output: {0}")]
 pub struct OutputViolation(pub String);

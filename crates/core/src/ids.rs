@@ -283,7 +283,7 @@ text_id!(
     "worker"
 );
 text_id!(
-    /// A named budget policy (SPEC §10).
+    /// A named budget policy (docs/conformance.md#budget-policies).
     BudgetName,
     "budget"
 );

@@ -1,4 +1,4 @@
-//! Tasks, owners, subjects, scopes and runs: the nouns of SPEC §1, §5 and §7.
+//! Tasks, owners, subjects, scopes and runs: the nouns of docs/conformance.md#concepts, docs/conformance.md#lifecycle, docs/conformance.md#workflow-runs.
 
 use crate::budget::Budget;
 use crate::canonical::{canonical_json, check_hashable, hash_value, sha256_hex};
@@ -11,6 +11,10 @@ use crate::model::{ConfigHash, ModelRef};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+mod run;
+
+pub use run::{Dependency, NewRun, Run, RunState};
 
 /// Default request size limit: 256 KiB of stored (canonical) bytes.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 256 * 1024;
@@ -144,7 +148,7 @@ pub struct TaskScope {
     pub recompute: bool,
     /// The limits to admit under.
     pub budget: Budget,
-    /// SPEC §13: what admission reserves (the engine computes it from the request, the
+    /// docs/conformance.md#cost-reservation: what admission reserves (the engine computes it from the request, the
     /// tokenizer bound and the model's prices; [`Reservation::default`] reserves nothing).
     pub reservation: crate::cost::Reservation,
 }
@@ -191,7 +195,7 @@ pub struct ValidatedRequest {
 }
 
 impl ValidatedRequest {
-    /// Validates a caller's request object for `kind` (SPEC §2–3). The size limit applies
+    /// Validates a caller's request object for `kind` (docs/conformance.md#task-kinds, docs/conformance.md#creating-a-task). The size limit applies
     /// to the canonical text that the store keeps (the request's fields plus `kind`).
     pub fn new(kind: TaskKind, raw: &Value, max_bytes: usize) -> Result<Self, InvalidInput> {
         check_hashable(raw).map_err(|e| e.within("request"))?;
@@ -262,7 +266,7 @@ impl ValidatedRequest {
     }
 }
 
-/// Everything needed to create a task (SPEC §3 input).
+/// Everything needed to create a task (docs/conformance.md#creating-a-task input).
 #[derive(Debug, Clone)]
 pub struct NewTask {
     /// Run or application owner.
@@ -284,11 +288,11 @@ pub struct NewTask {
     /// nothing and no limit applies. A sourced task's are in its [`TaskScope`]; this is
     /// then ignored.
     pub cost: Option<TaskCost>,
-    /// SPEC §14: priority, its scope's weight and the ageing step.
+    /// docs/conformance.md#priority: priority, its scope's weight and the ageing step.
     pub dispatch: crate::dispatch::Dispatch,
 }
 
-/// SPEC §3 step 4: the cache key, a hash of source, revision, request, model config hash
+/// docs/conformance.md#create-cache: the cache key, a hash of source, revision, request, model config hash
 /// and subject. Results never cross apps or scopes because lookups also filter on both.
 pub fn cache_key(
     source_id: &SourceId,
@@ -308,7 +312,7 @@ pub fn cache_key(
     hash_value(&value).unwrap_or_else(|_| sha256_hex(request.canonical().as_bytes()))
 }
 
-/// A task's state (SPEC §5). Terminal states are final.
+/// A task's state (docs/conformance.md#lifecycle). Terminal states are final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskStatus {
@@ -406,7 +410,7 @@ impl Usage {
 /// A failed or canceled task's error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskError {
-    /// Stable code (SPEC §9).
+    /// Stable code (docs/conformance.md#error-codes).
     pub code: ErrorCode,
     /// Human-readable message, at most 2,000 characters.
     pub message: String,
@@ -506,7 +510,7 @@ pub struct Task {
     pub attempt: u32,
     /// The worker that claimed it.
     pub worker: Option<WorkerId>,
-    /// SPEC §14: its priority within its scope.
+    /// docs/conformance.md#priority: its priority within its scope.
     pub priority: crate::dispatch::Priority,
     /// When it was created.
     pub created_at: Timestamp,
@@ -518,7 +522,7 @@ pub struct Task {
     pub completed_at: Option<Timestamp>,
     /// When the application released it.
     pub released_at: Option<Timestamp>,
-    /// SPEC §13: what it reserved (admitted tasks, and tasks without a source that can
+    /// docs/conformance.md#cost-reservation: what it reserved (admitted tasks, and tasks without a source that can
     /// cost money: docs/budgets.md, "Tasks without a source").
     pub reservation: Option<crate::cost::Reservation>,
 }
@@ -543,172 +547,5 @@ impl Task {
     }
 }
 
-/// A workflow run's state (SPEC §7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunState {
-    /// Runnable: its workflow worker may drive it.
-    Running,
-    /// A step waits on a task.
-    Waiting,
-    /// Finished with an output.
-    Succeeded,
-    /// Finished with an error.
-    Failed,
-    /// Canceled by request.
-    Canceled,
-}
-
-impl RunState {
-    /// The stable string form.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Running => "running",
-            RunState::Waiting => "waiting",
-            RunState::Succeeded => "succeeded",
-            RunState::Failed => "failed",
-            RunState::Canceled => "canceled",
-        }
-    }
-
-    /// Parses the stable string form.
-    pub fn parse(s: &str) -> Option<RunState> {
-        match s {
-            "running" => Some(RunState::Running),
-            "waiting" => Some(RunState::Waiting),
-            "succeeded" => Some(RunState::Succeeded),
-            "failed" => Some(RunState::Failed),
-            "canceled" => Some(RunState::Canceled),
-            _ => None,
-        }
-    }
-
-    /// Succeeded, failed or canceled.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            RunState::Succeeded | RunState::Failed | RunState::Canceled
-        )
-    }
-}
-
-/// A dependency a run's step waits on (SPEC §7).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dependency {
-    /// Always `"ai.workflow-task"`.
-    pub kind: String,
-    /// The task id.
-    pub key: TaskId,
-}
-
-impl Dependency {
-    /// The dependency kind for AI tasks.
-    pub const AI_TASK: &'static str = "ai.workflow-task";
-
-    /// A dependency on a task.
-    pub fn on_task(task: TaskId) -> Dependency {
-        Dependency {
-            kind: Self::AI_TASK.to_string(),
-            key: task,
-        }
-    }
-}
-
-/// Everything needed to create a run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewRun {
-    /// The app.
-    pub app: AppId,
-    /// The scope its tasks are admitted and cached in.
-    pub scope: ScopeId,
-    /// The subject its tasks are done for.
-    pub subject: Option<Subject>,
-    /// The run's input.
-    pub input: Value,
-}
-
-/// A stored workflow run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Run {
-    /// Identifier.
-    pub id: RunId,
-    /// Owning tenant.
-    pub app: AppId,
-    /// Scope of its tasks.
-    pub scope: ScopeId,
-    /// Subject of its tasks.
-    pub subject: Option<Subject>,
-    /// Lifecycle state.
-    pub state: RunState,
-    /// Whether cancellation was requested.
-    pub cancel_requested: bool,
-    /// The run's input.
-    pub input: Value,
-    /// The output, once succeeded.
-    pub output: Option<Value>,
-    /// The error, once failed or canceled.
-    pub error: Option<TaskError>,
-    /// What a waiting step waits on.
-    pub waiting_on: Option<Dependency>,
-    /// When it was created.
-    pub created_at: Timestamp,
-    /// Last change.
-    pub updated_at: Timestamp,
-    /// Last time it was woken by a terminal task (for its workflow worker).
-    pub woken_at: Option<Timestamp>,
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn messages_are_cut_to_2000_characters() {
-        let long = "é".repeat(2_500);
-        let cut = truncate_message(&long);
-        assert_eq!(cut.chars().count(), 2_000);
-        assert_eq!(truncate_message("short"), "short");
-        assert_eq!(truncate_message("a\0b"), "a\u{FFFD}b");
-    }
-
-    #[test]
-    fn status_strings_round_trip() {
-        for s in [
-            TaskStatus::Queued,
-            TaskStatus::Running,
-            TaskStatus::Succeeded,
-            TaskStatus::Failed,
-            TaskStatus::Canceled,
-        ] {
-            assert_eq!(TaskStatus::parse(s.as_str()), Some(s));
-        }
-        for s in [
-            RunState::Running,
-            RunState::Waiting,
-            RunState::Succeeded,
-            RunState::Failed,
-            RunState::Canceled,
-        ] {
-            assert_eq!(RunState::parse(s.as_str()), Some(s));
-        }
-    }
-
-    #[test]
-    fn validated_request_is_canonical_and_size_limited() {
-        let a: Value = serde_json::from_str(r#"{"labels":["spam","ham"],"input":"Win!"}"#).unwrap();
-        let b: Value = serde_json::from_str(r#"{"input":"Win!","labels":["spam","ham"]}"#).unwrap();
-        let ra = ValidatedRequest::new(TaskKind::Classify, &a, DEFAULT_MAX_REQUEST_BYTES).unwrap();
-        let rb = ValidatedRequest::new(TaskKind::Classify, &b, DEFAULT_MAX_REQUEST_BYTES).unwrap();
-        assert_eq!(ra.input_hash(), rb.input_hash());
-        assert_eq!(
-            ra.canonical(),
-            r#"{"input":"Win!","kind":"classify","labels":["spam","ham"]}"#
-        );
-        let exact = ra.canonical().len();
-        assert!(ValidatedRequest::new(TaskKind::Classify, &a, exact).is_ok());
-        let err = ValidatedRequest::new(TaskKind::Classify, &a, exact - 1).unwrap_err();
-        assert_eq!(err.code(), ErrorCode::RequestTooLarge);
-        let back = ValidatedRequest::from_stored(ra.value()).unwrap();
-        assert_eq!(back.input_hash(), ra.input_hash());
-    }
-}
+mod tests;

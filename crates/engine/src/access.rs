@@ -55,6 +55,23 @@ impl CallerView {
         self.visibility.sees(subject)
     }
 
+    /// What only a caller of the whole app may do (`what` says why not):
+    /// [`EngineError::SubjectNotAllowed`] for a caller bound to a subject.
+    pub(crate) fn no_subject(&self, what: &'static str) -> Result<(), EngineError> {
+        match self.visibility {
+            Visibility::App => Ok(()),
+            Visibility::Subject(_) => Err(EngineError::SubjectNotAllowed(what)),
+        }
+    }
+
+    /// The subject a listing is narrowed to: the caller's, when bound to one.
+    pub(crate) fn subject_filter(&self) -> Option<Subject> {
+        match &self.visibility {
+            Visibility::App => None,
+            Visibility::Subject(s) => Some(s.clone()),
+        }
+    }
+
     fn visible_task(&self, task: Option<Task>) -> Option<Task> {
         task.filter(|t| self.sees(t.subject.as_ref()))
     }
@@ -77,9 +94,7 @@ impl CallerView {
         if !self.sees(submitted.task.subject.as_ref()) {
             return Err(EngineError::EffectKeyTaken);
         }
-        self.tollgate
-            .check_same_submission(submission, &submitted.task)?;
-        Ok(submitted)
+        self.tollgate.replayed(submission, submitted)
     }
 
     /// A task submitted into a run the caller cannot see is refused like a missing run.
@@ -99,7 +114,7 @@ impl CallerView {
     pub async fn submit(&self, mut submission: Submission) -> Result<Submitted, EngineError> {
         submission.app = self.app.clone();
         self.check_owner(&submission).await?;
-        let submitted = self.tollgate.submit(submission.clone()).await?;
+        let submitted = self.tollgate.submit_keyed(submission.clone(), None).await?;
         self.replay(&submission, submitted)
     }
 
@@ -138,7 +153,7 @@ impl CallerView {
         }
         let mut answers = self
             .tollgate
-            .submit_many(allowed.clone())
+            .submit_many_unjudged(allowed.clone())
             .await?
             .into_iter()
             .zip(allowed);
@@ -225,8 +240,8 @@ impl CallerView {
         query: &UnreleasedQuery,
     ) -> Result<UnreleasedPage, EngineError> {
         let mut query = query.clone();
-        if let Visibility::Subject(s) = &self.visibility {
-            query.subject = Some(s.clone());
+        if let Some(s) = self.subject_filter() {
+            query.subject = Some(s);
         }
         self.tollgate
             .list_unreleased_sources(&self.app, &query)
@@ -240,11 +255,9 @@ impl CallerView {
         scope: &ScopeId,
         source: Option<&SourceId>,
     ) -> Result<u64, EngineError> {
-        if matches!(self.visibility, Visibility::Subject(_)) {
-            return Err(EngineError::SubjectNotAllowed(
-                "a key bound to a subject may not delete a scope's tasks: use a key of the app",
-            ));
-        }
+        self.no_subject(
+            "a key bound to a subject may not delete a scope's tasks: use a key of the app",
+        )?;
         self.tollgate
             .delete_owner_data(&self.app, scope, source)
             .await

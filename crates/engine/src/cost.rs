@@ -1,16 +1,17 @@
-//! SPEC §13 in the engine: the token bound of a task — an upper bound of what each
+//! docs/conformance.md#cost-reservation in the engine: the token bound of a task — an upper bound of what each
 //! attempt sends, and its output-token bound — from which core prices the reservation.
 //!
-//! **Input bound.** The request is rendered exactly as the OpenAI-compatible provider
-//! sends it ([`openai::request_body`]: system prompt, instructions, labels, the schema,
-//! the chat) and every message is counted with its role and the chat template's
-//! overhead ([`MESSAGE_OVERHEAD_TOKENS`] per message, [`REPLY_PRIMING_TOKENS`] for the
+//! **Input bound.** The request is rendered as every dialect sends it
+//! ([`Prompt::render`]: system prompt, instructions, labels, the schema, the chat, the
+//! structured-output format) and every message is counted with its role and the chat
+//! template's overhead ([`MESSAGE_OVERHEAD_TOKENS`] per message, [`REPLY_PRIMING_TOKENS`] for the
 //! reply). Where the model family's tokenizer is known (OpenAI models on an `openai`
 //! provider: `o200k_base` for gpt-4o/4.1/5 and the o-series, `cl100k_base` for gpt-4 and
 //! gpt-3.5; counted with the `tiktoken-rs` crate, whose encodings are compiled in) the
 //! messages are counted with it; otherwise by UTF-8 bytes, which no byte-level BPE can
-//! exceed (every token covers at least one byte). The structured-output format
-//! (`response_format`, with the schema) is always counted by its JSON bytes. A re-ask
+//! exceed (every token covers at least one byte). The structured-output format (with
+//! the schema, [`OutputFormat::to_json`](crate::provider::prompt::OutputFormat::to_json))
+//! is always counted by its JSON bytes. A re-ask
 //! adds one correction message whose error text the worker cuts to
 //! [`MAX_REASK_ERROR_CHARS`] characters, bounded by bytes (the per-call bound of
 //! provider pacing); admission reserves the first attempt only, and the worker reserves
@@ -22,7 +23,7 @@
 
 use crate::config::{EngineConfig, ProviderKind};
 use crate::provider::ProviderCall;
-use crate::provider::openai;
+use crate::provider::prompt::{self, Prompt};
 use serde_json::Value;
 use tollgate_core::{ModelRef, TaskRequest, TokenBound};
 
@@ -38,8 +39,11 @@ pub const REPLY_PRIMING_TOKENS: u64 = 8;
 /// cuts longer ones, so the re-ask's bound holds).
 pub const MAX_REASK_ERROR_CHARS: usize = 600;
 
-/// The fixed text around a re-ask's error (`openai::request_body`), in bytes, bounded.
+/// The fixed text around a re-ask's error ([`Prompt::render`]), in bytes, bounded.
 const REASK_FRAME_BYTES: u64 = 128;
+
+// The bound holds the frame the prompt really sends.
+const _: () = assert!(prompt::REASK_FRAME_BYTES as u64 <= REASK_FRAME_BYTES);
 
 /// How a model's input tokens are counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,8 +109,8 @@ pub fn output_bound(model: &ModelRef, request: &TaskRequest) -> Option<u64> {
     })
 }
 
-/// SPEC §13: the token bound of one task — the pure function both admission (the
-/// reservation) and provider pacing (SPEC §14, [`TokenBound::per_attempt`]) use.
+/// docs/conformance.md#cost-reservation: the token bound of one task — the pure function both admission (the
+/// reservation) and provider pacing (docs/conformance.md#dispatch, [`TokenBound::per_attempt`]) use.
 /// `None` when the request has no output-token bound.
 pub fn task_token_bound(
     counter: TokenCounter,
@@ -134,33 +138,50 @@ pub fn task_token_bound(
     })
 }
 
-/// docs/budgets.md, "The reservation": the input tokens of one attempt, its body
-/// rendered exactly as the provider is sent it and counted by [`body_input_tokens`].
+/// docs/budgets.md, "The reservation": the input tokens of one attempt, its prompt
+/// rendered as it is sent ([`Prompt::render`]) and counted by [`prompt_input_tokens`].
 /// Admission counts the first attempt with it; the worker counts each re-ask (whose
 /// error text is known then) with it before reserving the re-ask.
 pub fn attempt_input_tokens(counter: TokenCounter, call: &ProviderCall<'_>) -> u64 {
-    let (body, _) = openai::request_body(call);
-    body_input_tokens(counter, &body)
+    prompt_input_tokens(counter, &Prompt::render(call))
 }
 
-/// SPEC §13/§14: the input-token bound of one chat-completions body as it is sent:
-/// every message's role and content counted by `counter` plus the template's overhead,
-/// the reply's priming, and the `response_format` (schema) in bytes. The reservation
-/// ([`task_token_bound`]) and the provider pace (per call, re-asks included) both count
-/// with it.
+/// docs/conformance.md#cost-reservation, docs/conformance.md#dispatch: the input-token bound of one prompt as it is sent: every message's
+/// role and content counted by `counter` plus the template's overhead, the reply's
+/// priming, and the structured-output format (with the schema) in bytes. The
+/// reservation ([`task_token_bound`]) and the provider pace (per call, re-asks
+/// included) both count with it.
+pub fn prompt_input_tokens(counter: TokenCounter, prompt: &Prompt) -> u64 {
+    let mut input = REPLY_PRIMING_TOKENS;
+    for m in &prompt.messages {
+        input += message_tokens(counter, m.role_name(), &m.content);
+    }
+    if let Some(format) = &prompt.format {
+        input += format.to_json().to_string().len() as u64;
+    }
+    input
+}
+
+/// [`prompt_input_tokens`] of a chat-completions body as sent (its `messages` and
+/// `response_format`), for checking a body a provider was sent against the bound: for
+/// a body built from a prompt the two are equal.
 pub fn body_input_tokens(counter: TokenCounter, body: &Value) -> u64 {
     let mut input = REPLY_PRIMING_TOKENS;
     if let Some(messages) = body.get("messages").and_then(Value::as_array) {
         for m in messages {
             let text = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("");
-            input += counter.count(text("role")) + counter.count(text("content"));
-            input += MESSAGE_OVERHEAD_TOKENS;
+            input += message_tokens(counter, text("role"), text("content"));
         }
     }
     if let Some(format) = body.get("response_format") {
         input += format.to_string().len() as u64;
     }
     input
+}
+
+/// One message: its role and content counted, plus the chat template's overhead.
+fn message_tokens(counter: TokenCounter, role: &str, content: &str) -> u64 {
+    counter.count(role) + counter.count(content) + MESSAGE_OVERHEAD_TOKENS
 }
 
 /// Cuts a re-ask's error text to [`MAX_REASK_ERROR_CHARS`] characters.
@@ -242,6 +263,61 @@ mod tests {
             TokenCounter::for_model(Some(ProviderKind::Dev), "gpt-4o"),
             TokenCounter::Bytes
         );
+    }
+
+    /// The bound counts the prompt; the OpenAI-compatible body built from it counts the
+    /// same, re-asks and every kind included.
+    #[test]
+    fn the_prompt_and_the_body_sent_count_the_same() {
+        use crate::provider::openai::request_body;
+        let mut model = ModelRef::new("openai", "gpt-4o");
+        model.params.insert("temperature".into(), json!(0));
+        let requests = [
+            request(
+                TaskKind::Classify,
+                json!({"input": "Win a cruise", "labels": ["spam", {"name": "ham", "description": "fine"}], "instructions": "Be strict."}),
+            ),
+            request(
+                TaskKind::ClassifyMany,
+                json!({"items": [{"id": "a", "input": "x"}, {"id": "b", "input": "y"}], "labels": ["p", "q"]}),
+            ),
+            request(
+                TaskKind::ExtractData,
+                json!({"input": "Ada, 36", "schema": {"type": "array", "items": {"type": "integer"}}}),
+            ),
+            request(
+                TaskKind::ExtractData,
+                json!({"messages": [{"role": "user", "content": "u"}], "schema": {"type": "object"}, "instructions": "i"}),
+            ),
+            request(
+                TaskKind::GenerateText,
+                json!({"system": "Be brief.", "prompt": "Tell me more.", "temperature": 0.2}),
+            ),
+            request(
+                TaskKind::GenerateText,
+                json!({"system": "Be brief.", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}], "max_output_tokens": 5}),
+            ),
+        ];
+        for r in &requests {
+            let schema = r.output_schema();
+            for previous_error in [None, Some("label `eggs` is not one of the labels")] {
+                let call = ProviderCall {
+                    model: &model,
+                    request: r,
+                    output_schema: &schema,
+                    previous_error,
+                    max_output_bytes: 1 << 16,
+                };
+                let (body, _) = request_body(&call);
+                for counter in [TokenCounter::O200kBase, TokenCounter::Bytes] {
+                    assert_eq!(
+                        attempt_input_tokens(counter, &call),
+                        body_input_tokens(counter, &body),
+                        "{r:?} {previous_error:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

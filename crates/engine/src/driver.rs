@@ -19,8 +19,8 @@
 //!   ([`step_effect_key`](crate::pipelines::step_effect_key)). A driver that crashed at
 //!   any instant — before or after submitting, waiting, finishing — leaves nothing a new
 //!   driver could repeat: submitting again returns the existing task, without admission
-//!   and without spending budget (SPEC §3 step 2).
-//! - **Admission.** A step refused by admission (`WORKFLOW_AI_*`, SPEC §13's spend and
+//!   and without spending budget (docs/conformance.md#create-idempotency).
+//! - **Admission.** A step refused by admission (`WORKFLOW_AI_*`, docs/conformance.md#money-and-tokens's spend and
 //!   token limits too when the retry time is known) makes the run wait
 //!   until the reported retry time (or `pipelines.admission_default_delay` when none is
 //!   known) and try again; with `pipelines.admission_retry = false` the run fails with
@@ -30,10 +30,12 @@
 //!   its tasks still queued or running are canceled.
 
 use crate::error::EngineError;
-use crate::facade::{Inner, SourceSpec, Submission, SubmissionOwner, Tollgate};
+use crate::facade::{SourceSpec, Submission, SubmissionOwner, Tollgate};
+use crate::inner::Inner;
 use crate::metrics as m;
 use crate::notify::Event;
-use crate::pipelines::{Progress, load_pipeline, step_effect_key};
+use crate::pipeline_cache::load_pipeline;
+use crate::pipelines::{Progress, step_effect_key};
 use futures::StreamExt;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -371,7 +373,7 @@ impl Driver {
                     .increment(1);
                 Ok(task)
             }
-            // SPEC §13: a spend or token-rate refusal that will pass in time waits like
+            // docs/conformance.md#cost-limits: a spend or token-rate refusal that will pass in time waits like
             // any admission; one that never can (no output bound, a reservation above
             // the limit itself) fails the run.
             Err(EngineError::Cost(rejection)) => {

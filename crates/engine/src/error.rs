@@ -14,8 +14,8 @@ use tollgate_core::{
 use tollgate_store::StoreError;
 
 /// The field in which a replayed submission (or pipeline start) differs from what its
-/// idempotency key already names. SPEC §3 step 2: the key decides; over HTTP a replay
-/// that differs is refused with 409 naming this field.
+/// idempotency key already names. docs/conformance.md#create-idempotency: the key decides; a replay that differs
+/// is refused ([`EngineError::TaskConflict`], 409 over HTTP) naming this field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConflictField {
     /// The task's kind.
@@ -68,7 +68,7 @@ impl fmt::Display for ConflictField {
 /// nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// The input is invalid or too large (SPEC §3 step 1).
+    /// The input is invalid or too large (docs/conformance.md#create-validate).
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
     /// The caller's effect key lies in a namespace the engine keeps for its own tasks
@@ -76,10 +76,10 @@ pub enum EngineError {
     /// Nothing was written.
     #[error(transparent)]
     ReservedEffectKey(InvalidInput),
-    /// Admission refused the task (SPEC §4): rate limit, budget, concurrency, …
+    /// Admission refused the task (docs/conformance.md#admission): rate limit, budget, concurrency, …
     #[error(transparent)]
     Admission(#[from] AdmissionRejection),
-    /// SPEC §13 refused the task: a spend limit (`WORKFLOW_AI_SPEND_BUDGET`), the token
+    /// docs/conformance.md#cost-limits refused the task: a spend limit (`WORKFLOW_AI_SPEND_BUDGET`), the token
     /// bucket (`WORKFLOW_AI_TOKEN_RATE_LIMIT`), or no output bound under a cost limit
     /// (`output_bound_required`). Nothing was written.
     #[error(transparent)]
@@ -100,7 +100,8 @@ pub enum EngineError {
     #[error(transparent)]
     InvalidOutput(#[from] OutputViolation),
     /// The effect key already names a task of the caller's that differs in `field`
-    /// (raised by [`CallerView::submit`](crate::CallerView::submit)); nothing was created.
+    /// (raised by [`Tollgate::submit`](crate::Tollgate::submit) and every caller through
+    /// it); nothing was created.
     #[error("effect key {:?} already names task {task} with a different {field}", effect_key.as_str())]
     TaskConflict {
         /// The key replayed.
@@ -146,7 +147,7 @@ pub enum EngineError {
         /// The configured ids.
         known: Vec<String>,
     },
-    /// The budget policy does not exist or the app may not use it (SPEC §10).
+    /// The budget policy does not exist or the app may not use it (docs/conformance.md#budget-policies).
     #[error(
         "budget policy `{budget}` is not allowed for app `{app}` (allowed: {})",
         quoted(allowed)

@@ -59,9 +59,11 @@ mod cpu;
 mod driver;
 mod error;
 mod facade;
+mod inner;
 mod list;
 pub mod metrics;
 pub mod notify;
+mod pipeline_cache;
 mod pipelines;
 pub mod prelude;
 pub mod provider;
@@ -78,7 +80,9 @@ pub use facade::{
     MAX_BATCH, SourceSpec, Submission, SubmissionOwner, Submitted, TaskWaiter, Tollgate,
     TollgateBuilder,
 };
-pub use list::{STATS_WINDOW, ScopeCost, ScopeState, TaskStats, UsageReport};
+pub use list::{
+    MinuteCount, STATS_RECENT_WINDOW, STATS_WINDOW, ScopeCost, ScopeState, TaskStats, UsageReport,
+};
 pub use notify::{Event, FinishedTask, Notifier};
 pub use pipelines::{
     PipelineProgress, PipelineStart, PipelineStep, StartedRun, StepStatus, step_effect_key,

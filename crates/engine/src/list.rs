@@ -1,14 +1,15 @@
-//! SPEC §15: what a caller can list and see — its app's tasks, runs, pipelines, scopes
-//! with their budget state, and the app's task stats. Subject visibility applies here
-//! once: a caller bound to a subject lists only that subject's tasks and runs, and may
-//! not read the app-wide aggregates (scopes, stats), which count every subject's work.
+//! docs/conformance.md#listings: what a caller can list and see — its app's tasks, runs, pipelines, scopes
+//! with their budget state, and the app's task stats. Subject visibility (its rules in
+//! `access.rs`) applies here once: a caller bound to a subject lists only that subject's
+//! tasks and runs, and may not read the app-wide aggregates (scopes, stats), which count
+//! every subject's work.
 
 use crate::access::CallerView;
 use crate::error::EngineError;
 use std::time::Duration;
+use tollgate_core::SystemClock;
 use tollgate_core::admission::{BucketState, TOKEN_UNITS};
 use tollgate_core::{Budget, BudgetName, ErrorCode, ScopeId, Task, TaskStatus, Timestamp};
-use tollgate_core::{SystemClock, Visibility};
 use tollgate_store::list::{
     ListCursor, ListPage, ListedRun, PipelineSummary, RunListQuery, ScopeSnapshot, TaskListQuery,
 };
@@ -16,7 +17,32 @@ use tollgate_store::list::{
 /// The window `GET /v1/stats` looks back over.
 pub const STATS_WINDOW: Duration = Duration::from_secs(3600);
 
-/// A scope's budget policy in force and its live state (SPEC §4, §15).
+/// The recent window of `GET /v1/stats`' current throughput: the last minute (a burst
+/// shows at its rate, not averaged over the hour). It is also the width of each bucket
+/// of the per-minute series.
+pub const STATS_RECENT_WINDOW: Duration = Duration::from_secs(60);
+
+/// Tasks that finished in one minute of the stats window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinuteCount {
+    /// The minute's start (the window's start plus whole minutes).
+    pub start: Timestamp,
+    /// Succeeded in it.
+    pub succeeded: u64,
+    /// Failed in it.
+    pub failed: u64,
+    /// Canceled in it.
+    pub canceled: u64,
+}
+
+impl MinuteCount {
+    /// Every task that finished in the minute.
+    pub fn finished(&self) -> u64 {
+        self.succeeded + self.failed + self.canceled
+    }
+}
+
+/// A scope's budget policy in force and its live state (docs/conformance.md#admission, docs/conformance.md#listings).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScopeState {
     /// The scope.
@@ -40,11 +66,11 @@ pub struct ScopeState {
     pub admissions_in_window: u64,
     /// The newest admission in the window.
     pub last_admitted_at: Option<Timestamp>,
-    /// Spend and tokens in the window, settled plus reserved (SPEC §13).
+    /// Spend and tokens in the window, settled plus reserved (docs/conformance.md#cost-usage).
     pub cost: Option<ScopeCost>,
 }
 
-/// A scope's spend and tokens in the 24 h window, settled plus reserved (SPEC §13; the
+/// A scope's spend and tokens in the 24 h window, settled plus reserved (docs/conformance.md#cost-usage; the
 /// usage endpoints give the split).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScopeCost {
@@ -79,6 +105,9 @@ pub struct TaskStats {
     pub run_ms_percentiles: Option<[i64; 3]>,
     /// Whether the window held more finished tasks than were sampled.
     pub sampled: bool,
+    /// The window minute by minute, oldest first: 60 buckets of [`STATS_RECENT_WINDOW`],
+    /// the last one ending now (so it is the recent throughput).
+    pub per_minute: Vec<MinuteCount>,
 }
 
 fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -87,20 +116,6 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 }
 
 impl CallerView {
-    fn no_subject(&self, what: &'static str) -> Result<(), EngineError> {
-        match self.visibility() {
-            Visibility::App => Ok(()),
-            Visibility::Subject(_) => Err(EngineError::SubjectNotAllowed(what)),
-        }
-    }
-
-    fn subject_filter(&self) -> Option<tollgate_core::Subject> {
-        match self.visibility() {
-            Visibility::App => None,
-            Visibility::Subject(s) => Some(s.clone()),
-        }
-    }
-
     /// The app's tasks, newest first (a caller bound to a subject: only its own).
     pub async fn list_tasks(&self, query: &TaskListQuery) -> Result<ListPage<Task>, EngineError> {
         let mut query = query.clone();
@@ -220,7 +235,7 @@ impl CallerView {
         Ok(state)
     }
 
-    /// SPEC §13 for a scope's state: settled plus reserved spend (micro-dollars) and
+    /// docs/conformance.md#cost-usage for a scope's state: settled plus reserved spend (micro-dollars) and
     /// model tokens in the window, from the store's spend buckets.
     async fn scope_cost(&self, scope: &ScopeId) -> Result<ScopeCost, EngineError> {
         let w = self
@@ -262,10 +277,19 @@ impl CallerView {
             cache_hit_rate: None,
             run_ms_percentiles: None,
             sampled: raw.truncated,
+            per_minute: minute_buckets(now),
         };
         let mut codes: std::collections::BTreeMap<String, u64> = Default::default();
         let mut run_ms = Vec::new();
         for f in &raw.finished {
+            if let Some(bucket) = minute_of(&mut stats.per_minute, stats.since, f.completed_at) {
+                match f.status {
+                    TaskStatus::Succeeded => bucket.succeeded += 1,
+                    TaskStatus::Failed => bucket.failed += 1,
+                    TaskStatus::Canceled => bucket.canceled += 1,
+                    _ => {}
+                }
+            }
             match f.status {
                 TaskStatus::Succeeded => {
                     stats.succeeded += 1;
@@ -305,6 +329,34 @@ impl CallerView {
     }
 }
 
+/// The empty buckets of the window ending at `now`, oldest first.
+fn minute_buckets(now: Timestamp) -> Vec<MinuteCount> {
+    let width = STATS_RECENT_WINDOW.as_millis() as i64;
+    let count = (STATS_WINDOW.as_millis() as i64) / width;
+    let since = now.minus(STATS_WINDOW);
+    (0..count)
+        .map(|i| MinuteCount {
+            start: Timestamp(since.0 + i * width),
+            succeeded: 0,
+            failed: 0,
+            canceled: 0,
+        })
+        .collect()
+}
+
+/// The bucket a completion time falls in (`None` outside the window).
+fn minute_of(
+    buckets: &mut [MinuteCount],
+    since: Timestamp,
+    at: Timestamp,
+) -> Option<&mut MinuteCount> {
+    let offset = at.0.checked_sub(since.0).filter(|o| *o >= 0)?;
+    let index = offset / STATS_RECENT_WINDOW.as_millis() as i64;
+    // A task finished exactly now belongs to the last minute.
+    let last = buckets.len().checked_sub(1)?;
+    buckets.get_mut((index as usize).min(last))
+}
+
 /// "Now" for refilling a bucket: the store's clock as it read the snapshot.
 fn snapshot_now(snapshot: &ScopeSnapshot) -> Timestamp {
     snapshot
@@ -314,7 +366,31 @@ fn snapshot_now(snapshot: &ScopeSnapshot) -> Timestamp {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::*;
+
+    #[test]
+    fn minute_buckets_cover_the_window_and_end_now() {
+        let now = Timestamp(10_000_000);
+        let mut buckets = minute_buckets(now);
+        assert_eq!(buckets.len(), 60);
+        let since = now.minus(STATS_WINDOW);
+        assert_eq!(buckets[0].start, since);
+        assert_eq!(buckets[59].start, Timestamp(now.0 - 60_000));
+        for (at, want) in [
+            (now.0, Some(59)),
+            (now.0 - 60_000, Some(59)),
+            (now.0 - 60_001, Some(58)),
+            (since.0, Some(0)),
+            (since.0 - 1, None),
+        ] {
+            let got = minute_of(&mut buckets, since, Timestamp(at)).map(|b| b.start);
+            assert_eq!(got, want.map(|i: usize| buckets_start(since, i)), "{at}");
+        }
+    }
+
+    fn buckets_start(since: Timestamp, i: usize) -> Timestamp {
+        Timestamp(since.0 + i as i64 * 60_000)
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {
@@ -326,7 +402,7 @@ mod tests {
     }
 }
 
-/// SPEC §13 "Usage is visible": a scope's or the app's spend and tokens in the 24 h
+/// docs/conformance.md#cost-usage "Usage is visible": a scope's or the app's spend and tokens in the 24 h
 /// window, its limits, and what the cache saved. Amounts are US dollars (summed exactly
 /// in nano-dollars by the store, converted for display).
 #[derive(Debug, Clone, PartialEq)]
@@ -365,7 +441,7 @@ pub struct UsageReport {
 }
 
 impl CallerView {
-    /// SPEC §13: the spend and tokens of `scope` (or, `None`, of the whole app) in the
+    /// docs/conformance.md#cost-usage: the spend and tokens of `scope` (or, `None`, of the whole app) in the
     /// 24 h window, with the limits in force and the cache's savings.
     pub async fn usage(&self, scope: Option<&ScopeId>) -> Result<UsageReport, EngineError> {
         self.no_subject(

@@ -65,16 +65,16 @@ pub const SWEEP_ROWS_TOTAL: &str = "tollgate_sweep_rows_total";
 /// Notifications by `direction` (`published`, `received`, `dropped`).
 pub const NOTIFICATIONS_TOTAL: &str = "tollgate_notifications_total";
 
-/// SPEC §14: seconds a task waited from creation to its claim ([`app_labels`]; per-scope
+/// docs/conformance.md#fair-share: seconds a task waited from creation to its claim ([`app_labels`]; per-scope
 /// figures are in the authenticated API, never here).
 pub const QUEUE_WAIT_SECONDS: &str = "tollgate_queue_wait_seconds";
-/// SPEC §14: tasks this process claimed ([`app_labels`]; never by scope).
+/// docs/conformance.md#fair-share: tasks this process claimed ([`app_labels`]; never by scope).
 pub const SCOPE_CLAIMS_TOTAL: &str = "tollgate_scope_claims_total";
-/// SPEC §14: provider calls that waited for pace capacity (or a pause), by `provider`.
+/// docs/conformance.md#provider-pace: provider calls that waited for pace capacity (or a pause), by `provider`.
 pub const PACE_WAITS_TOTAL: &str = "tollgate_provider_pace_waits_total";
-/// SPEC §14: seconds provider calls waited for pace capacity, by `provider`.
+/// docs/conformance.md#provider-pace: seconds provider calls waited for pace capacity, by `provider`.
 pub const PACE_WAIT_SECONDS: &str = "tollgate_provider_pace_wait_seconds";
-/// SPEC §14: 429 answers from providers, by `provider`.
+/// docs/conformance.md#provider-pace: 429 answers from providers, by `provider`.
 pub const PROVIDER_429S_TOTAL: &str = "tollgate_provider_429s_total";
 
 /// Calls refused because their app had all its waiter slots taken
@@ -92,15 +92,15 @@ pub const PIPELINE_STEPS_SUBMITTED_TOTAL: &str = "tollgate_pipeline_steps_submit
 /// Pipeline steps refused by admission whose run waits to try again.
 pub const PIPELINE_ADMISSION_WAITS_TOTAL: &str = "tollgate_pipeline_admission_waits_total";
 
-/// SPEC §13: nano-dollars reserved at admission (a task's worst case) ([`app_labels`]).
+/// docs/conformance.md#cost-reservation: nano-dollars reserved at admission (a task's worst case) ([`app_labels`]).
 pub const SPEND_RESERVED_TOTAL: &str = "tollgate_spend_reserved_nano_usd_total";
-/// SPEC §13: nano-dollars settled — what ended tasks actually cost, as the workers that
+/// docs/conformance.md#cost-settlement: nano-dollars settled — what ended tasks actually cost, as the workers that
 /// ran them recorded it (failed and canceled attempts included) ([`app_labels`]).
 pub const SPEND_SETTLED_TOTAL: &str = "tollgate_spend_settled_nano_usd_total";
-/// SPEC §13: nano-dollars settled above their reservation (a provider reported more
+/// docs/conformance.md#cost-settlement: nano-dollars settled above their reservation (a provider reported more
 /// than the bound) ([`app_labels`]). Each occurrence is also logged.
 pub const SPEND_OVERRUN_TOTAL: &str = "tollgate_spend_overrun_nano_usd_total";
-/// SPEC §13: nano-dollars cache hits saved (what the copied task cost) ([`app_labels`]).
+/// docs/conformance.md#cost-cache-hits: nano-dollars cache hits saved (what the copied task cost) ([`app_labels`]).
 pub const SPEND_SAVED_TOTAL: &str = "tollgate_spend_saved_nano_usd_total";
 
 /// Registers descriptions and units of every metric above with the installed recorder.
@@ -234,22 +234,22 @@ pub fn describe() {
     describe_counter!(
         SPEND_RESERVED_TOTAL,
         Unit::Count,
-        "Nano-dollars reserved at admission (SPEC 13)."
+        "Nano-dollars reserved at admission (docs/conformance.md#cost-reservation)."
     );
     describe_counter!(
         SPEND_SETTLED_TOTAL,
         Unit::Count,
-        "Nano-dollars ended tasks actually cost (SPEC 13)."
+        "Nano-dollars ended tasks actually cost (docs/conformance.md#money-and-tokens)."
     );
     describe_counter!(
         SPEND_OVERRUN_TOTAL,
         Unit::Count,
-        "Nano-dollars settled above their reservation (SPEC 13)."
+        "Nano-dollars settled above their reservation (docs/conformance.md#cost-settlement)."
     );
     describe_counter!(
         SPEND_SAVED_TOTAL,
         Unit::Count,
-        "Nano-dollars saved by cache hits (SPEC 13)."
+        "Nano-dollars saved by cache hits (docs/conformance.md#cost-cache-hits)."
     );
 }
 

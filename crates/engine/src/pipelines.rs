@@ -3,15 +3,16 @@
 //!
 //! Every attempt of a step is one run-owned task whose effect key is derived from the
 //! run, the step and the attempt ([`step_effect_key`]). Submitting it again returns the
-//! existing task (SPEC §3 step 2), so a driver that crashed at any instant and a driver
+//! existing task (docs/conformance.md#create-idempotency), so a driver that crashed at any instant and a driver
 //! that takes over never execute a finished step again and never spend a budget twice.
 
 use crate::error::EngineError;
-use crate::facade::{Inner, Tollgate};
+use crate::facade::Tollgate;
 use crate::notify::Event;
+use crate::pipeline_cache::{load_pipeline, parsed};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::pipeline::{Pipeline, Step, check_pipeline_name, has_references};
 use tollgate_core::{
@@ -20,9 +21,6 @@ use tollgate_core::{
     TaskOwner, TaskStatus,
 };
 use tollgate_store::{PipelineRef, StoredPipeline};
-
-/// Parsed definitions kept per process; beyond this many the cache starts afresh.
-const CACHE_CAPACITY: usize = 256;
 
 /// How often [`Tollgate::wait_run`] looks at a run. A run finishes in a drive right after
 /// its last task did, on whichever replica drives it: polling the database is the one
@@ -58,69 +56,6 @@ fn parse_step_effect_key(run: RunId, key: &str) -> Option<(&str, u32)> {
             (attempt > 0 && n == attempt.to_string()).then_some((step, attempt))
         }
     }
-}
-
-/// Parsed definitions by version (a version is the hash of its definition, so one
-/// version always parses to the same pipeline, whichever app registered it).
-#[derive(Debug, Default)]
-pub(crate) struct PipelineCache(Mutex<HashMap<String, Arc<Pipeline>>>);
-
-impl PipelineCache {
-    fn get(&self, version: &str) -> Option<Arc<Pipeline>> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(version)
-            .cloned()
-    }
-
-    fn insert(&self, pipeline: Arc<Pipeline>) {
-        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if map.len() >= CACHE_CAPACITY {
-            map.clear();
-        }
-        map.insert(pipeline.version.clone(), pipeline);
-    }
-}
-
-/// The pipeline version a run runs, from the cache or the store. `None`: the app has no
-/// such version. A stored definition that no longer parses is [`EngineError::Invalid`].
-pub(crate) async fn load_pipeline(
-    inner: &Inner,
-    app: &AppId,
-    pipeline: &PipelineRef,
-) -> Result<Option<Arc<Pipeline>>, EngineError> {
-    if let Some(p) = inner.pipelines.get(&pipeline.version) {
-        return Ok(Some(p));
-    }
-    let Some(stored) = inner
-        .store
-        .get_pipeline(app, &pipeline.name, Some(&pipeline.version))
-        .await?
-    else {
-        return Ok(None);
-    };
-    parsed(inner, &stored).map(Some)
-}
-
-/// Parses a stored definition (through the cache).
-fn parsed(inner: &Inner, stored: &StoredPipeline) -> Result<Arc<Pipeline>, EngineError> {
-    if let Some(p) = inner.pipelines.get(&stored.version) {
-        return Ok(p);
-    }
-    let pipeline = Arc::new(Pipeline::parse(&stored.definition)?);
-    if pipeline.version != stored.version {
-        return Err(InvalidInput::field(
-            "definition",
-            format!(
-                "the stored definition of {} hashes to {}, not to its version {}",
-                stored.name, pipeline.version, stored.version
-            ),
-        )
-        .into());
-    }
-    inner.pipelines.insert(pipeline.clone());
-    Ok(pipeline)
 }
 
 /// Where one step stands: its latest attempt and that attempt's task.
@@ -174,7 +109,7 @@ impl StepProgress<'_> {
     }
 }
 
-/// Whether a finished task ended because its worker died (SPEC §6 item 2).
+/// Whether a finished task ended because its worker died (docs/conformance.md#sweep-liveness).
 fn was_interrupted(task: &Task) -> bool {
     task.status == TaskStatus::Failed
         && task

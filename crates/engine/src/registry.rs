@@ -1,5 +1,5 @@
 //! What configuration resolves at submit time: model ids to model refs and config hashes,
-//! and budget policy names to [`Budget`]s (SPEC §1, §10).
+//! and budget policy names to [`Budget`]s (docs/conformance.md#concepts, docs/conformance.md#budget-policies).
 
 use crate::config::{ConfigError, EngineConfig};
 use crate::error::EngineError;
@@ -19,7 +19,7 @@ pub struct ResolvedModel {
     /// Hash of `model_ref`: changing any parameter changes it, so old cache entries stop
     /// matching.
     pub config_hash: ConfigHash,
-    /// SPEC §13: the model's prices (`None`: unpriced).
+    /// docs/conformance.md#cost-prices: the model's prices (`None`: unpriced).
     pub prices: Option<Prices>,
 }
 
@@ -98,18 +98,18 @@ impl ModelRegistry {
 struct AppPolicy {
     default: BudgetName,
     allowed: Vec<BudgetName>,
-    /// SPEC §13: the app-wide spend limit, nano-dollars.
+    /// docs/conformance.md#cost-limits: the app-wide spend limit, nano-dollars.
     usd_per_24_hours: Option<std::num::NonZeroU64>,
     /// Its share of the global capacity (docs/budgets.md).
     global_share: Option<GlobalShare>,
 }
 
-/// Budget policy names → [`Budget`]s, per app (SPEC §10). Callers never send budget
+/// Budget policy names → [`Budget`]s, per app (docs/conformance.md#budget-policies). Callers never send budget
 /// numbers: they may only name a policy their app is allowed to use.
 #[derive(Debug, Clone)]
 pub struct BudgetPolicies {
     policies: HashMap<BudgetName, Budget>,
-    /// SPEC §14: each policy's dispatch weight.
+    /// docs/conformance.md#fair-share: each policy's dispatch weight.
     weights: HashMap<BudgetName, Weight>,
     apps: HashMap<AppId, AppPolicy>,
     /// The policy of apps without one of their own (the top-level `default_budget`);
@@ -232,7 +232,7 @@ impl BudgetPolicies {
         })
     }
 
-    /// SPEC §14: the dispatch weight of a policy (1 for a name that is not one).
+    /// docs/conformance.md#fair-share: the dispatch weight of a policy (1 for a name that is not one).
     pub fn weight(&self, name: &BudgetName) -> Weight {
         self.weights.get(name).copied().unwrap_or_default()
     }
@@ -269,7 +269,7 @@ impl BudgetPolicies {
         Ok((name.clone(), budget))
     }
 
-    /// SPEC §13: the app-wide spend limit in nano-dollars, if any.
+    /// docs/conformance.md#cost-limits: the app-wide spend limit in nano-dollars, if any.
     pub fn app_spend_limit(&self, app: &AppId) -> Option<std::num::NonZeroU64> {
         self.apps
             .get(app)

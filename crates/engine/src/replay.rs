@@ -1,10 +1,11 @@
-//! SPEC §3 step 2 over an idempotency key: a replay answers what the key already names;
-//! a caller ([`CallerView`](crate::CallerView)) gets that answer only for the same
-//! submission or start, and [`EngineError::TaskConflict`] / [`EngineError::RunConflict`]
-//! naming the first field that differs otherwise. The one statement of "the same".
+//! docs/conformance.md#create-idempotency over an idempotency key: a replay answers what the key already names,
+//! only for the same submission ([`Tollgate::submit`], and every caller through it) or
+//! start (a [`CallerView`](crate::CallerView)'s), and [`EngineError::TaskConflict`] /
+//! [`EngineError::RunConflict`] naming the first field that differs otherwise. The one
+//! statement of "the same".
 
 use crate::error::{ConflictField, EngineError};
-use crate::facade::{Submission, SubmissionOwner, Tollgate};
+use crate::facade::{Submission, SubmissionOwner, Submitted, Tollgate};
 use crate::pipelines::PipelineStart;
 use serde_json::Value;
 use tollgate_core::{Run, Task, TaskOwner, ValidatedRequest};
@@ -52,6 +53,19 @@ impl Tollgate {
             return Ok(Some(ConflictField::Request));
         }
         Ok(None)
+    }
+
+    /// `submitted` as the answer to `submission`: a new task as it is, a replayed one only
+    /// when it is what `submission` asks for ([`EngineError::TaskConflict`] otherwise).
+    pub(crate) fn replayed(
+        &self,
+        submission: &Submission,
+        submitted: Submitted,
+    ) -> Result<Submitted, EngineError> {
+        if !submitted.created {
+            self.check_same_submission(submission, &submitted.task)?;
+        }
+        Ok(submitted)
     }
 
     /// [`EngineError::TaskConflict`] when `task` (named by the submission's key) is not

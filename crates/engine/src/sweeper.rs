@@ -1,4 +1,4 @@
-//! The background sweeper (SPEC §6) and start-up recovery (SPEC §6.7).
+//! The background sweeper (docs/conformance.md#sweep-recovery) and start-up recovery (docs/conformance.md#sweep-recovery).
 //!
 //! Every replica sweeps at `sweeper.interval`: the store expires queued and silent
 //! running tasks, repairs lost run wakes, prunes admission records and applies retention,
@@ -6,7 +6,9 @@
 //! each other. A round that filled a batch is followed by another at once. What a sweep
 //! finished or woke is published, so waiters and workflow workers hear about it.
 
-use crate::facade::Inner;
+use crate::error::EngineError;
+use crate::facade::Tollgate;
+use crate::inner::Inner;
 use crate::metrics as m;
 use crate::notify::Event;
 use std::sync::Arc;
@@ -15,6 +17,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tollgate_core::TaskId;
 use tollgate_store::{StoreError, SweepConfig, SweepReport};
+
+impl Tollgate {
+    /// Runs the docs/conformance.md#sweeps sweep now, in rounds until nothing is left, and publishes what
+    /// finished. The background sweeper does this every `sweeper.interval`.
+    pub async fn sweep_now(&self) -> Result<SweepReport, EngineError> {
+        Ok(sweep_until_done(&self.inner, None).await?)
+    }
+}
 
 /// Most rounds of one sweep before yielding until the next tick.
 const MAX_ROUNDS: usize = 100;
@@ -115,7 +125,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
     }
 }
 
-/// SPEC §6.7: on start, queued tasks left by any replica are dispatched. The dispatcher
+/// docs/conformance.md#sweep-recovery: on start, queued tasks left by any replica are dispatched. The dispatcher
 /// claims in batches (`claim_next`, in dispatch order) as soon as it starts and goes on
 /// while batches come back full, so recovery only has to wake it when something is
 /// queued: one queued task's id, as a hint. (Listing every queued task as hints did the

@@ -239,7 +239,7 @@ fn environment_variables_override_the_file() {
     });
 }
 
-/// SPEC §14 keys: the pace of a provider and of a model, the pace window, a policy's
+/// docs/conformance.md#provider-pace keys: the pace of a provider and of a model, the pace window, a policy's
 /// weight and `[dispatch]`; bad values are reported at their key.
 #[test]
 fn dispatch_and_pace_keys_are_configuration() {

@@ -17,6 +17,7 @@ use tollgate_store::{RunResult, UnreleasedQuery, WaitOutcome};
 on_both_backends!(
     dev_provider_runs_every_kind,
     submit_is_idempotent_per_effect_key,
+    a_replay_that_differs_is_a_conflict_through_the_rust_api,
     unknown_models_budgets_and_bad_requests_write_nothing,
     submit_many_answers_each_item_in_order,
     cache_hits_skip_the_provider_until_the_model_changes,
@@ -96,11 +97,9 @@ async fn dev_provider_runs_every_kind(db: TestDb) {
 async fn submit_is_idempotent_per_effect_key(db: TestDb) {
     let engine = db.engine(fast_config()).await;
     let first = engine.submit(classify("same", "hello")).await.unwrap();
-    // Same key, different request: still the same task, nothing new written.
-    let again = engine
-        .submit(classify("same", "something else"))
-        .await
-        .unwrap();
+    // Same key, same request: the same task, nothing new written (a different request
+    // is a conflict: `a_replay_that_differs_is_a_conflict_through_the_rust_api`).
+    let again = engine.submit(classify("same", "hello")).await.unwrap();
     assert!(first.created);
     assert!(!again.created);
     assert_eq!(first.task.id, again.task.id);
@@ -113,6 +112,92 @@ async fn submit_is_idempotent_per_effect_key(db: TestDb) {
     // Another app never sees it.
     let other = tollgate_core::AppId::new("other").unwrap();
     assert!(engine.get(&other, first.task.id).await.unwrap().is_none());
+}
+
+/// Issue 28: the 409 rule lives in `Tollgate::submit`, so the Rust API answers a replay
+/// that differs as HTTP does — `TaskConflict` naming the key's task and the first field
+/// that differs, alone, in a batch and through a `CallerView` alike — and writes nothing;
+/// the same submission still answers its task.
+async fn a_replay_that_differs_is_a_conflict_through_the_rust_api(db: TestDb) {
+    use tollgate_core::Visibility;
+    use tollgate_engine::{ConflictField, Submitted};
+    let engine = db.engine(fast_config()).await;
+    let first = engine.submit(classify("same", "hello")).await.unwrap();
+    assert!(first.created);
+    let conflict = |answer: &Result<Submitted, EngineError>, field: ConflictField| match answer {
+        Err(EngineError::TaskConflict {
+            effect_key,
+            task,
+            field: differs,
+        }) => {
+            assert_eq!(effect_key, &key("same"));
+            assert_eq!(*task, first.task.id);
+            assert_eq!(*differs, field);
+            assert_eq!(
+                answer.as_ref().unwrap_err().to_string(),
+                format!(
+                    "effect key \"same\" already names task {} with a different {field}",
+                    first.task.id
+                )
+            );
+        }
+        other => panic!("expected a conflict on {field}, got {other:?}"),
+    };
+    let other_request = engine.submit(classify("same", "something else")).await;
+    conflict(&other_request, ConflictField::Request);
+    let other_kind = Submission::application(
+        app(),
+        scope(),
+        key("same"),
+        TaskKind::GenerateText,
+        json!({"prompt": "hello"}),
+    );
+    conflict(&engine.submit(other_kind).await, ConflictField::Kind);
+    let (id, rev) = source("doc-1");
+    let with_source = classify("same", "hello").with_source(id, rev);
+    conflict(&engine.submit(with_source).await, ConflictField::Source);
+    // In a batch: a replay that differs, and a key repeated with another request.
+    let answers = engine
+        .submit_many(vec![
+            classify("same", "something else"),
+            classify("fresh", "a"),
+            classify("fresh", "b"),
+        ])
+        .await
+        .unwrap();
+    conflict(&answers[0], ConflictField::Request);
+    let fresh = answers[1].as_ref().unwrap();
+    assert!(fresh.created);
+    match &answers[2] {
+        Err(EngineError::TaskConflict { task, field, .. }) => {
+            assert_eq!((*task, *field), (fresh.task.id, ConflictField::Request));
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    // The same answer as a caller of the whole app (what the HTTP API calls) gets.
+    let view = engine.as_caller(app(), Visibility::App);
+    conflict(
+        &view.submit(classify("same", "something else")).await,
+        ConflictField::Request,
+    );
+    // Nothing was written: the key still names the first task, as it was.
+    let by_key = engine
+        .get_by_effect_key(&app(), &key("same"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (by_key.id, by_key.input_hash, by_key.kind, by_key.source),
+        (
+            first.task.id,
+            first.task.input_hash.clone(),
+            TaskKind::Classify,
+            None
+        )
+    );
+    let again = engine.submit(classify("same", "hello")).await.unwrap();
+    assert!(!again.created);
+    assert_eq!(again.task.id, first.task.id);
 }
 
 /// docs/api.md "Effect keys": the Rust API refuses a caller's key in the engine's own
@@ -236,7 +321,7 @@ async fn submit_many_answers_each_item_in_order(db: TestDb) {
             json!({"input": 1, "labels": ["a"]}),
         ),
         scoped("s3", "doc-3"),
-        classify("plain", "repeated key"),
+        classify("plain", "unscoped"),
     ];
     let answers = engine.submit_many(batch).await.unwrap();
     assert_eq!(answers.len(), 6);
@@ -253,7 +338,8 @@ async fn submit_many_answers_each_item_in_order(db: TestDb) {
     let rejected = answers[4].as_ref().unwrap_err();
     assert_eq!(rejected.code(), Some(ErrorCode::RateLimit));
     assert!(rejected.retry_after().is_some());
-    // The repeated key is answered after its first occurrence: the same task, not created.
+    // The repeated key (the same submission) is answered after its first occurrence: the
+    // same task, not created.
     assert!(!ok(5).created);
     assert_eq!(ok(5).task.id, ok(1).task.id);
 

@@ -1,4 +1,4 @@
-//! SPEC §14 provider pace, in real time against the scripted fake OpenAI-compatible
+//! docs/conformance.md#provider-pace provider pace, in real time against the scripted fake OpenAI-compatible
 //! server: several engines on one PostgreSQL database share the provider's pace, so the
 //! fake (which answers 429 above N calls per window) never has to refuse a call, and a
 //! 429 with `Retry-After` stops every engine until then.
@@ -117,7 +117,7 @@ async fn all_finished(engine: &Tollgate, ids: &[tollgate_core::TaskId], limit: D
     }
 }
 
-/// SPEC §14: with the provider paced at N calls per window, three engines on one
+/// docs/conformance.md#provider-pace: with the provider paced at N calls per window, three engines on one
 /// PostgreSQL database send 1,000 tasks' calls without a single 429 from a fake that
 /// refuses calls above N per window, and use at least 90 % of N.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -175,7 +175,7 @@ async fn engines_sharing_a_pace_never_collect_a_429_and_use_90_percent_of_it() {
     }
 }
 
-/// SPEC §14: a 429 with `Retry-After` pauses the provider on every replica until then:
+/// docs/conformance.md#provider-pace: a 429 with `Retry-After` pauses the provider on every replica until then:
 /// after the fake answers one 429 with `Retry-After: 2`, no engine calls it again
 /// within those 2 s (beyond calls already on the wire when the pause was recorded), and
 /// the paced task still succeeds.

@@ -881,7 +881,7 @@ async fn an_admission_rejection_waits_and_retries(db: TestDb) {
     handle.shutdown(Duration::from_secs(5)).await;
 }
 
-/// SPEC §13 through a pipeline: a step goes through the same reservation as any task.
+/// docs/conformance.md#cost-reservation through a pipeline: a step goes through the same reservation as any task.
 /// An application task reserves all but 5 tokens of the scope's model-token bucket
 /// (60,000 tokens, refilled 500 a second); the run's step is refused with a known retry
 /// time, waits, and goes through once the bucket has refilled. A step that can never be

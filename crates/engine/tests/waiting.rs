@@ -19,10 +19,7 @@ use tollgate_store::list::{
     ListCursor, ListPage, ListedRun, PipelineSummary, RunListQuery, ScopeSnapshot, TaskListQuery,
     TaskStatsRaw,
 };
-use tollgate_store::wrap::{
-    Call, ForwardMaintenanceStore, ForwardPaceStore, ForwardPipelineStore, ForwardRunStore,
-    ForwardTaskStore, ForwardWorkerStore, StoreWrapper,
-};
+use tollgate_store::wrap::{Call, ForwardStore, ForwardWorkerStore, StoreWrapper};
 use tollgate_store::{ListStore, StoreResult};
 
 /// Counts the task reads (`get_task`) of the store it wraps.
@@ -43,12 +40,8 @@ impl StoreWrapper for CountingReads {
         run
     }
 }
-impl ForwardTaskStore for CountingReads {}
+impl ForwardStore for CountingReads {}
 impl ForwardWorkerStore for CountingReads {}
-impl ForwardRunStore for CountingReads {}
-impl ForwardPipelineStore for CountingReads {}
-impl ForwardMaintenanceStore for CountingReads {}
-impl ForwardPaceStore for CountingReads {}
 
 /// Listings are not on any waiting path: forwarded.
 #[async_trait]

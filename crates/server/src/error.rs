@@ -1,5 +1,5 @@
 //! Every error answer: `{"error": {"code", "message", "retry_after_s"?}}` with the status
-//! SPEC §9 gives it. One mapping from typed errors to statuses, here and nowhere else.
+//! docs/conformance.md#error-codes gives it. One mapping from typed errors to statuses, here and nowhere else.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -26,7 +26,7 @@ pub struct ErrorBody {
 /// What went wrong.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
+    /// Stable code: a docs/conformance.md#error-codes code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
     /// own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
     /// `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
     /// `ambiguous_request`, `subject_not_allowed`, `method_not_allowed`, `request_timeout`,
@@ -195,7 +195,7 @@ impl From<EngineError> for ApiError {
                 message: r.to_string(),
                 retry_after: r.retry_after(),
             },
-            // SPEC §13: spend and token limits are admission (429, Retry-After where
+            // docs/conformance.md#cost-limits: spend and token limits are admission (429, Retry-After where
             // known); a missing output bound is bad input (422).
             EngineError::Cost(r) if r.code() == ErrorCode::OutputBoundRequired => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -9,7 +9,6 @@ pub mod auth;
 pub mod config;
 pub mod dto;
 pub mod error;
-mod list_routes;
 mod memory;
 mod openai;
 mod openapi;
@@ -23,6 +22,7 @@ pub use config::TollgateConfig;
 pub use error::ApiError;
 pub use openapi::openapi_json;
 pub use serve::{ConnectionTimeouts, serve};
+pub use ui::UI_CSP;
 
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -33,7 +33,7 @@ use tollgate_core::AppId;
 use tollgate_engine::Tollgate;
 
 /// Largest HTTP body of a single submission, whatever `max_request_bytes` says: the
-/// request limit itself is enforced on the canonical stored bytes (SPEC §2); this only
+/// request limit itself is enforced on the canonical stored bytes (docs/conformance.md#task-kinds); this only
 /// bounds what is read off the socket.
 pub fn body_limit(max_request_bytes: usize) -> usize {
     max_request_bytes.saturating_mul(4).max(1 << 20)

@@ -1,6 +1,16 @@
 //! The OpenAPI document, generated from the handlers and shapes (utoipa).
 
-use crate::dto::*;
+use crate::dto::{
+    AttemptView, BatchAnswer, BatchBody, BatchItem, CostView, DefinitionOutline, DeletedAnswer,
+    FailureCount, HashableJson, HashableObject, ID_PATTERN_IN_ANNOTATIONS, Identifier, KindName,
+    KindView, KindsAnswer, LatencyView, MinuteCountView, ModelView, ModelsAnswer, PipelineBody,
+    PipelinePageView, PipelineProgressView, PipelineRunBody, PipelineSummaryView,
+    PipelineVersionView, PipelineView, PolicyView, PricesView, ReleaseAnswer, ReleaseBody, RunBody,
+    RunPageView, RunPipelineRef, RunStateName, RunSummaryView, RunView, ScopePageView, ScopeView,
+    SourceBody, SourceView, StatsView, StepStatusName, StepView, SubjectView, SubmitBody,
+    TaskErrorView, TaskPageView, TaskStatusName, TaskView, TasksAnswer, UnreleasedPageView,
+    UnreleasedSourceView, UsageReportView, UsageView,
+};
 use crate::error::{ErrorBody, ErrorDetail};
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::HttpMethod;
@@ -16,29 +26,29 @@ use utoipa::{Modify, OpenApi};
         version = env!("CARGO_PKG_VERSION")
     ),
     paths(
-        crate::routes::submit,
-        crate::routes::submit_batch,
-        crate::list_routes::list_tasks,
-        crate::routes::get_task,
-        crate::routes::cancel_task,
-        crate::routes::release,
-        crate::routes::unreleased_sources,
-        crate::routes::delete_owner_data,
-        crate::routes::create_run,
-        crate::routes::get_run,
-        crate::routes::cancel_run,
-        crate::routes::register_pipeline,
-        crate::routes::get_pipeline,
-        crate::routes::start_pipeline_run,
-        crate::routes::kinds,
-        crate::routes::models,
-        crate::list_routes::list_runs,
-        crate::list_routes::list_pipelines,
-        crate::list_routes::list_scopes,
-        crate::list_routes::get_scope,
-        crate::list_routes::stats,
-        crate::list_routes::scope_usage,
-        crate::list_routes::app_usage,
+        crate::routes::tasks::submit,
+        crate::routes::tasks::submit_batch,
+        crate::routes::tasks::list_tasks,
+        crate::routes::tasks::get_task,
+        crate::routes::tasks::cancel_task,
+        crate::routes::tasks::release,
+        crate::routes::scopes::unreleased_sources,
+        crate::routes::scopes::delete_owner_data,
+        crate::routes::runs::create_run,
+        crate::routes::runs::get_run,
+        crate::routes::runs::cancel_run,
+        crate::routes::pipelines::register_pipeline,
+        crate::routes::pipelines::get_pipeline,
+        crate::routes::pipelines::start_pipeline_run,
+        crate::routes::meta::kinds,
+        crate::routes::meta::models,
+        crate::routes::runs::list_runs,
+        crate::routes::pipelines::list_pipelines,
+        crate::routes::scopes::list_scopes,
+        crate::routes::scopes::get_scope,
+        crate::routes::stats::stats,
+        crate::routes::stats::scope_usage,
+        crate::routes::stats::app_usage,
     ),
     components(schemas(
         SubmitBody, SourceBody, BatchBody, BatchItem, BatchAnswer, TaskView, SourceView,
@@ -46,15 +56,11 @@ use utoipa::{Modify, OpenApi};
         UnreleasedPageView, DeletedAnswer, RunBody, RunView, KindView, KindsAnswer, ModelView,
         ModelsAnswer, PipelineBody, PipelineView, PipelineRunBody, StepView,
         PipelineProgressView, ErrorBody, ErrorDetail, KindName, TaskStatusName, RunStateName,
-        StepStatusName, HashableJson, HashableObject, DefinitionOutline, SubjectView, AttemptView,
-        crate::list_routes::TaskPageView, crate::list_routes::TasksAnswer,
-        crate::list_routes::RunSummaryView, crate::list_routes::RunPipelineRef,
-        crate::list_routes::RunPageView, crate::list_routes::PipelineVersionView,
-        crate::list_routes::PipelineSummaryView, crate::list_routes::PipelinePageView,
-        crate::list_routes::PolicyView, crate::list_routes::ScopeView,
-        crate::list_routes::CostView, crate::list_routes::ScopePageView,
-        crate::list_routes::FailureCount, crate::list_routes::LatencyView,
-        crate::list_routes::StatsView, crate::list_routes::UsageReportView
+        StepStatusName, HashableJson, HashableObject, Identifier, DefinitionOutline, SubjectView, AttemptView,
+        TaskPageView, TasksAnswer, RunSummaryView, RunPipelineRef, RunPageView,
+        PipelineVersionView, PipelineSummaryView, PipelinePageView, PolicyView, ScopeView,
+        CostView, ScopePageView, FailureCount, LatencyView, StatsView, UsageReportView,
+        MinuteCountView, PricesView
     )),
     modifiers(&ApiKeyAuth, &ErrorAnswers)
 )]
@@ -196,7 +202,7 @@ impl Modify for ErrorAnswers {
                                     .minimum(Some(1)),
                             )
                             .description(Some(
-                                "seconds until admission may succeed again, where known (the task rate limit, SPEC §13's token rate limit and spend budgets)",
+                                "seconds until admission may succeed again, where known (the task rate limit, docs/conformance.md#cost-limits's token rate limit and spend budgets)",
                             ))
                             .build(),
                     );
@@ -224,13 +230,10 @@ impl Modify for ErrorAnswers {
     }
 }
 
-/// The `pattern` the handler and shape annotations write for an identifier (utoipa takes
-/// only string literals there). The document carries the whole identifier rule instead,
-/// generated from core's own tables ([`tollgate_core::identifier_pattern`]), so what it
+/// Replaces the identifier pattern [`Identifier`] (and a listing's name cursor) writes
+/// (utoipa takes only string literals in annotations) by the whole rule, generated from
+/// core's own tables ([`tollgate_core::identifier_pattern`]), so what the document
 /// declares and what the server checks are one rule.
-const ID_PATTERN_IN_ANNOTATIONS: &str = r"^[^\x00-\x1F\x7F-\x9F]+$";
-
-/// Replaces every identifier pattern of the document by the whole rule.
 fn state_identifier_rule(node: &mut serde_json::Value, rule: &str) {
     match node {
         serde_json::Value::Object(map) => {

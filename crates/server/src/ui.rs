@@ -1,4 +1,4 @@
-//! The dashboard (SPEC §15) at `/ui`: plain HTML, CSS and JavaScript modules with no
+//! The dashboard (docs/conformance.md#listings) at `/ui`: plain HTML, CSS and JavaScript modules with no
 //! build step, embedded in the binary (building or running it never needs Node.js). The
 //! page signs in with an API key kept in the tab's `sessionStorage` and calls the same
 //! API as any client; it renders API data with `textContent` only, and every answer
@@ -58,12 +58,31 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
             "/",
             get(|| async { axum::response::Redirect::temporary("/ui") }),
         )
-        .route("/ui", get(|| async { asset("index.html") }))
-        .route("/ui/", get(|| async { asset("index.html") }))
+        .route(
+            "/ui",
+            get(|| async { asset("index.html") }).fallback(wrong_method),
+        )
+        .route(
+            "/ui/",
+            get(|| async { asset("index.html") }).fallback(wrong_method),
+        )
         .route(
             "/ui/{file}",
-            get(|Path(file): Path<String>| async move { asset(&file) }),
+            get(|Path(file): Path<String>| async move { asset(&file) }).fallback(wrong_method),
         )
+        // Every answer of these routes, a 404 for a missing file or a 405 for a wrong
+        // method included, carries the pages' headers. (The 405 is this module's own: the
+        // API's method-not-allowed fallback would replace a layered default one.)
+        .layer(axum::middleware::map_response(page_headers))
+}
+
+async fn wrong_method() -> Response {
+    crate::ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "the dashboard's files are only read (GET)",
+    )
+    .into_response()
 }
 
 fn asset(name: &str) -> Response {
@@ -71,8 +90,16 @@ fn asset(name: &str) -> Response {
         return crate::ApiError::not_found("file").into_response();
     };
     let mut response = (StatusCode::OK, *body).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// The headers of every dashboard answer: the policy, no sniffing, no framing, no
+/// referrer, and revalidation of the embedded files.
+async fn page_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(UI_CSP),

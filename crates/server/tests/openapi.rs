@@ -119,7 +119,13 @@ fn enforced_constraints_are_in_the_schemas() {
         ("PipelineRunBody", "scope"),
         ("SourceBody", "id"),
     ] {
-        let f = &schemas[schema]["properties"][field];
+        // Every identifier is the one `Identifier` schema.
+        let field_ref = &schemas[schema]["properties"][field]["$ref"];
+        assert_eq!(
+            field_ref, "#/components/schemas/Identifier",
+            "{schema}.{field}"
+        );
+        let f = &schemas["Identifier"];
         assert_eq!(f["minLength"], 1, "{schema}.{field}");
         assert_eq!(f["maxLength"], 256, "{schema}.{field}");
         assert_eq!(

@@ -23,7 +23,16 @@ export class ApiError extends Error {
 }
 
 /** GET a path of the API (with query parameters); JSON answer or ApiError. */
-export async function get(path, params = {}, key = apiKey()) {
+export function get(path, params = {}, key = apiKey()) {
+  return call("GET", path, params, key);
+}
+
+/** POST to a path of the API with no body (an action such as cancel); JSON answer or ApiError. */
+export function post(path, key = apiKey()) {
+  return call("POST", path, {}, key);
+}
+
+async function call(method, path, params, key) {
   const url = new URL(path, window.location.origin);
   for (const [name, value] of Object.entries(params)) {
     if (value !== undefined && value !== null && value !== "") url.searchParams.set(name, value);
@@ -31,7 +40,8 @@ export async function get(path, params = {}, key = apiKey()) {
   let response;
   try {
     response = await fetch(url, {
-      headers: { Authorization: `Bearer ${key ?? ""}`, Accept: "application/json" },
+      method,
+      headers: { Authorization: `Bearer ${key ?? ""}`, Accept: "application/json", "Content-Type": "application/json" },
       cache: "no-store",
       credentials: "omit",
     });

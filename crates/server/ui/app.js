@@ -29,10 +29,18 @@ function showSignin(message) {
   $("key").focus();
 }
 
+/** The route of the hash; `bad` holds the address when a part of it is not well-formed
+ * percent-encoding (`#/tasks/%E0%A4%A`): that is shown as such, never thrown. */
 function parseHash() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [path, search] = hash.split("?");
-  const [name, ...args] = path.split("/").filter(Boolean).map(decodeURIComponent);
+  let parts;
+  try {
+    parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  } catch (e) {
+    return { name: "bad", args: [], query: new URLSearchParams(), bad: location.hash };
+  }
+  const [name, ...args] = parts;
   return { name: routes[name] ? name : "overview", args, query: new URLSearchParams(search || "") };
 }
 
@@ -40,7 +48,7 @@ async function route() {
   if (!apiKey()) return showSignin();
   clearInterval(timer);
   const mine = ++generation;
-  const { name, args, query } = parseHash();
+  const { name, args, query, bad } = parseHash();
   $("signin").hidden = true;
   $("nav").hidden = false;
   $("signout").hidden = false;
@@ -49,7 +57,8 @@ async function route() {
   page.hidden = false;
   page.dataset.page = name;
   page.setAttribute("aria-busy", "true");
-  const refresh = await routes[name](page, args, query).catch((e) => {
+  const render = bad !== undefined ? async () => pages.badAddress(page, bad) : routes[name];
+  const refresh = await render(page, args, query).catch((e) => {
     if (e && e.status === 401) {
       forget();
       showSignin("The key is no longer accepted: sign in again.");

@@ -1,8 +1,8 @@
 // The pages. Each takes the page element and the route's arguments, renders into it, and
 // may return a refresh function that the app calls every few seconds while it is shown.
 
-import { get } from "./api.js";
-import { ago, badge, clear, fmt, gauge, h, json, replace, table, time } from "./dom.js";
+import { get, post } from "./api.js";
+import { ago, badge, clear, fmt, gauge, h, json, minuteChart, replace, shortId, table, taskCost, time, usd, usdDecimals } from "./dom.js";
 
 const TASK_STATUSES = ["queued", "running", "succeeded", "failed", "canceled"];
 const RUN_STATES = ["running", "waiting", "succeeded", "failed", "canceled"];
@@ -23,18 +23,28 @@ function notice(err) {
   return h("p", { class: "error", role: "alert" }, err.message || String(err));
 }
 
-function short(id) {
-  return id ? `${String(id).slice(0, 8)}…` : "—";
+const short = shortId;
+
+/** The view of an address the dashboard cannot read (a malformed or unknown route). */
+export function badAddress(page, text) {
+  replace(page, title("Not found"),
+    h("section", { class: "card", id: "bad-address" },
+      h("p", { class: "error", role: "alert" }, "This address is not a page of the dashboard or names no valid id: ",
+        h("span", { class: "mono" }, text)),
+      h("p", {}, h("a", { href: "#/overview" }, "Back to the overview"))));
 }
 
 // ---------------------------------------------------------------- overview
 
 export async function overview(page) {
   const stats = h("div", { class: "stats" });
+  const chart = h("div", { class: "chart-wrap" });
   const failures = h("div");
   const recent = h("div");
   replace(page, title("Overview", h("span", { class: "muted live" }, "live · last hour")),
-    stats, h("div", { class: "grid2" },
+    stats, h("section", { class: "card" }, h("h2", {}, "Finished per minute, last hour"),
+      chart, h("div", { class: "legend muted" }, h("span", { class: "key ok" }), "succeeded ", h("span", { class: "key bad" }), "failed or canceled")),
+    h("div", { class: "grid2" },
       h("section", { class: "card" }, h("h2", {}, "Failures by code"), failures),
       h("section", { class: "card" }, h("h2", {}, "Latest tasks"), recent)));
   async function refresh() {
@@ -45,13 +55,17 @@ export async function overview(page) {
       replace(stats,
         stat("Queued", fmt(s.queued), "waiting for a worker"),
         stat("Running", fmt(s.running), "claimed now"),
-        stat("Throughput", `${fmt(s.throughput_per_minute)}/min`, `${fmt(s.succeeded + s.failed + s.canceled)} finished`),
+        stat("Throughput", `${fmt(s.recent_throughput_per_minute)}/min`,
+          `last ${s.recent_window_seconds === 60 ? "minute" : `${fmt(s.recent_window_seconds)} s`} · hour average ${fmt(s.throughput_per_minute)}/min · ${fmt(s.succeeded + s.failed + s.canceled)} finished`),
         stat("Succeeded", fmt(s.succeeded), "in the last hour"),
         stat("Failed", fmt(s.failed), s.canceled ? `${fmt(s.canceled)} canceled` : "in the last hour"),
         stat("Cache hit rate", rate, `${fmt(s.cache_hits)} served from cache`),
         stat("Latency p50", lat, s.latency_ms ? `p90 ${fmt(s.latency_ms.p90)} · p99 ${fmt(s.latency_ms.p99)} ms` : "no runs yet"));
+      replace(chart, minuteChart(s.per_minute || []));
       replace(failures, table(["Code", "Tasks"],
-        s.failures_by_code.map((f) => h("tr", {}, h("td", { class: "mono" }, f.code), h("td", { class: "num" }, fmt(f.count)))),
+        s.failures_by_code.map((f) => h("tr", { dataset: { code: f.code } },
+          h("td", {}, h("a", { class: "mono", href: `#/tasks?error_code=${encodeURIComponent(f.code)}`, title: `the tasks that ended with ${f.code}` }, f.code)),
+          h("td", { class: "num" }, fmt(f.count)))),
         "No failures in the last hour."));
     } catch (e) {
       replace(stats, notice(e));
@@ -70,12 +84,13 @@ export async function overview(page) {
 // ---------------------------------------------------------------- tasks
 
 function taskTable(tasks, compact = false) {
-  const headers = compact ? ["Task", "Status", "Kind", "Created"] : ["Task", "Status", "Kind", "Step", "Scope", "Source", "Created", "Worker"];
+  const headers = compact ? ["Task", "Status", "Kind", "Cost", "Created"] : ["Task", "Status", "Kind", "Step", "Scope", "Source", "Cost", "Created", "Worker"];
   return table(headers, tasks.map((t) => {
-    const link = h("a", { href: `#/tasks/${encodeURIComponent(t.id)}`, class: "mono", title: t.id }, short(t.id));
+    const link = h("a", { href: `#/tasks/${encodeURIComponent(t.id)}`, class: "mono task-id", title: t.id }, short(t.id));
+    const status = [badge(t.status), t.cached ? h("span", { class: "badge s-cached", title: "served from the cache" }, "cached") : null];
     const cells = compact
-      ? [link, badge(t.status), t.kind, ago(t.created_at)]
-      : [link, badge(t.status), t.kind, t.step, t.scope, t.source ? t.source.id : "—", ago(t.created_at), t.worker || "—"];
+      ? [link, status, t.kind, taskCost(t), ago(t.created_at)]
+      : [link, status, t.kind, t.step, t.scope, t.source ? t.source.id : "—", taskCost(t), ago(t.created_at), t.worker || "—"];
     return h("tr", { dataset: { task: t.id, status: t.status } }, cells.map((c) => h("td", {}, c)));
   }), "No tasks match.");
 }
@@ -106,6 +121,7 @@ export async function tasks(page, _args, query) {
     h("div", { class: "row" },
       field("Scope", input("scope", "any")), field("Kind", kind), field("Step", input("step", "any")),
       field("Source", input("source", "any")), field("Run id", input("run_id", "any")),
+      field("Error code", input("error_code", "any")),
       field("Created after", after), field("Created before", before)),
     h("div", { class: "row actions" },
       h("button", { type: "submit" }, "Apply"),
@@ -115,7 +131,7 @@ export async function tasks(page, _args, query) {
     ev.preventDefault();
     const data = new FormData(form);
     const q = new URLSearchParams();
-    for (const name of ["scope", "kind", "step", "source", "run_id"]) {
+    for (const name of ["scope", "kind", "step", "source", "run_id", "error_code"]) {
       const v = String(data.get(name) || "").trim();
       if (v) q.set(name, v);
     }
@@ -129,10 +145,10 @@ export async function tasks(page, _args, query) {
   });
   const results = h("div", { id: "task-results" });
   const pager = h("div", { class: "pager" });
-  replace(page, title("Tasks"), h("section", { class: "card" }, form), h("section", { class: "card" }, results, pager));
+  replace(page, title("Tasks"), effectKeySearch(), h("section", { class: "card" }, form), h("section", { class: "card" }, results, pager));
 
   const params = {};
-  for (const name of ["scope", "status", "kind", "step", "source", "run_id", "created_after", "created_before"]) {
+  for (const name of ["scope", "status", "kind", "step", "source", "run_id", "created_after", "created_before", "error_code"]) {
     if (query.get(name)) params[name] = query.get(name);
   }
   const cursors = [undefined];
@@ -155,10 +171,62 @@ export async function tasks(page, _args, query) {
   return () => (live.checked && cursors.length === 1 ? load() : undefined);
 }
 
+/** docs/conformance.md#listings: one task by its effect key (`GET /v1/tasks?effect_key=`, as `tollgate task
+ * get --effect-key` asks), opened on its page. */
+function effectKeySearch() {
+  const key = h("input", { name: "effect_key", id: "effect-key", placeholder: "the exact effect key", spellcheck: "false", required: true });
+  const answer = h("p", { id: "effect-key-answer", role: "status", hidden: true });
+  const form = h("form", { class: "row", id: "effect-key-search" }, field("Find a task by effect key", key),
+    h("button", { type: "submit" }, "Find"));
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const wanted = key.value.trim();
+    if (!wanted) return;
+    answer.hidden = true;
+    try {
+      const t = await get("/v1/tasks", { effect_key: wanted });
+      location.hash = `#/tasks/${encodeURIComponent(t.id)}`;
+    } catch (e) {
+      answer.hidden = false;
+      answer.className = "error";
+      answer.textContent = e.status === 404 ? `No task of this app has the effect key “${wanted}”.` : e.message;
+    }
+  });
+  return h("section", { class: "card" }, form, answer);
+}
+
 // ---------------------------------------------------------------- task detail
 
 function dl(pairs) {
   return h("dl", { class: "facts" }, pairs.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "—")]));
+}
+
+/** Cancel (docs/conformance.md#lifecycle) for a queued or running task: asks first, then shows the new state. */
+function cancelButton(t, done) {
+  const problem = h("p", { class: "error", role: "alert", hidden: true });
+  const button = h("button", { type: "button", class: "danger", id: "cancel-task", onclick: async () => {
+    if (!window.confirm(`Cancel task ${t.id}? A queued task never runs; a running one is stopped.`)) return;
+    button.disabled = true;
+    try {
+      await post(`/v1/tasks/${encodeURIComponent(t.id)}/cancel`);
+      await done();
+    } catch (e) {
+      button.disabled = false;
+      problem.hidden = false;
+      problem.textContent = `Cancel failed: ${e.message}`;
+    }
+  } }, "Cancel task");
+  return h("span", { class: "cancel" }, button, problem);
+}
+
+/** Where a task served from the cache got its result. */
+function cacheNote(t) {
+  return h("section", { class: "card cache-note", id: "cache-note" },
+    h("p", {}, "Served from the cache: no worker ran this task and it cost nothing. Its output was copied from task ",
+      t.cached_from
+        ? h("a", { href: `#/tasks/${encodeURIComponent(t.cached_from)}`, class: "mono", id: "cached-from" }, t.cached_from)
+        : h("span", { class: "muted" }, "(not recorded)"),
+      "."));
 }
 
 export async function task(page, [id]) {
@@ -166,7 +234,9 @@ export async function task(page, [id]) {
     const t = await get(`/v1/tasks/${encodeURIComponent(id)}`);
     const usage = t.usage ? `${fmt(t.usage.input_tokens)} in · ${fmt(t.usage.output_tokens)} out` : "—";
     replace(page,
-      title("Task", badge(t.status), t.cached ? h("span", { class: "badge s-cached" }, "cached") : null),
+      title("Task", badge(t.status), t.cached ? h("span", { class: "badge s-cached" }, "served from cache") : null,
+        ["queued", "running"].includes(t.status) ? cancelButton(t, render) : null),
+      t.cached ? cacheNote(t) : null,
       h("section", { class: "card" }, dl([
         ["Id", h("span", { class: "mono", id: "task-id" }, t.id)],
         ["Effect key", h("span", { class: "mono" }, t.effect_key)],
@@ -177,14 +247,14 @@ export async function task(page, [id]) {
         ["Subject", t.subject ? `${t.subject.type}:${t.subject.id}` : "—"],
         ["Created", time(t.created_at)], ["Claimed", time(t.claimed_at)],
         ["Last heartbeat", time(t.heartbeat_at)], ["Finished", time(t.completed_at)],
-        ["Worker", t.worker || "—"], ["Usage", usage],
+        ["Worker", t.worker || "—"], ["Usage", usage], ["Cost", h("span", { id: "task-cost" }, taskCost(t))],
       ])),
       t.error ? h("section", { class: "card" }, h("h2", {}, "Error"),
         h("p", { class: "mono error-code" }, t.error.code), h("p", {}, t.error.message)) : null,
       h("section", { class: "card" }, h("h2", {}, "Attempts"), table(["#", "Worker", "Claimed", "Last heartbeat", "Finished", "Usage", "Error"],
         t.attempts.map((a) => h("tr", {}, [a.attempt, a.worker || "—", time(a.claimed_at), time(a.heartbeat_at), time(a.finished_at),
           a.usage ? `${fmt(a.usage.input_tokens)} / ${fmt(a.usage.output_tokens)}` : "—", a.error ? a.error.code : "—"].map((c) => h("td", {}, c)))),
-        "Not claimed yet.")),
+        t.cached ? "None: served from the cache." : t.status === "queued" ? "Not claimed yet." : "None: it ended before a worker claimed it.")),
       h("div", { class: "grid2" },
         h("section", { class: "card" }, h("h2", {}, "Request"), json(t.request)),
         h("section", { class: "card" }, h("h2", {}, "Output"), t.output === null ? h("p", { class: "muted" }, "No output yet.") : json(t.output))));
@@ -320,15 +390,18 @@ function scopeGauges(s) {
     spendGauge(s));
 }
 
-/** SPEC §13: settled plus reserved spend against the policy's USD limit; without one
+/** docs/conformance.md#cost-usage: settled plus reserved spend against the policy's USD limit; without one
  * the gauge is "not configured" and its note still shows what the window holds. */
 function spendGauge(s) {
   const p = s.policy;
-  const usd = s.cost ? s.cost.spent_micros / 1e6 : 0;
+  const spent = s.cost ? s.cost.spent_micros / 1e6 : 0;
   const tokens = s.cost ? s.cost.tokens : 0;
-  const held = `$${usd.toFixed(usd < 1 ? 4 : 2)} · ${fmt(tokens)} tokens, settled + reserved, 24 h`;
+  // One precision for the spend, the limit and the note: amounts read alike side by side.
+  const decimals = Math.max(usdDecimals(spent), p.usd_per_24_hours ? usdDecimals(p.usd_per_24_hours) : 2);
+  const money = (n) => usd(n, decimals);
+  const held = `${money(spent)} · ${fmt(tokens)} tokens, settled + reserved, 24 h`;
   return p.usd_per_24_hours
-    ? gauge("Spend", usd, p.usd_per_24_hours, held)
+    ? gauge("Spend", spent, p.usd_per_24_hours, held, false, money)
     : gauge("Spend", null, 0, `no USD limit · ${held}`);
 }
 
@@ -383,9 +456,12 @@ export async function scope(page, [name]) {
 export async function models(page) {
   try {
     const m = await get("/v1/models");
-    replace(page, title("Models"), h("section", { class: "card" }, table(["Id", "Provider", "Model", "Config hash", ""],
-      m.models.map((x) => h("tr", {}, [h("span", { class: "mono" }, x.id), x.provider, x.model,
-        h("span", { class: "mono", title: x.config_hash }, short(x.config_hash)), x.default ? h("span", { class: "badge s-default" }, "default") : ""].map((c) => h("td", {}, c)))))));
+    const price = (x, field) => (x.prices ? h("span", { class: "num" }, usd(x.prices[field])) : h("span", { class: "muted" }, "unpriced"));
+    replace(page, title("Models"), h("section", { class: "card" }, table(["Id", "Provider", "Model", "Input $/M tokens", "Output $/M tokens", "Cached input $/M tokens", "Config hash", ""],
+      m.models.map((x) => h("tr", { dataset: { model: x.id } }, [h("span", { class: "mono" }, x.id), x.provider, x.model,
+        price(x, "input_usd_per_million"), price(x, "output_usd_per_million"), price(x, "cached_input_usd_per_million"),
+        h("span", { class: "mono", title: x.config_hash }, short(x.config_hash)), x.default ? h("span", { class: "badge s-default" }, "default") : ""].map((c) => h("td", {}, c))))),
+      h("p", { class: "muted" }, "Prices in US dollars per million tokens, as configured ([models.<id>.prices]); an unpriced model's costs are unknown.")));
   } catch (e) {
     replace(page, title("Models"), notice(e));
   }

@@ -5,13 +5,13 @@ use tollgate_core::{AdmissionRejection, CostRejection, ErrorCode, InvalidInput, 
 /// What a store call can fail with. Every variant changes nothing in the database.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The input is invalid (SPEC §3 step 1).
+    /// The input is invalid (docs/conformance.md#create-validate).
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
-    /// Admission refused the task (SPEC §4).
+    /// Admission refused the task (docs/conformance.md#admission).
     #[error(transparent)]
     Admission(#[from] AdmissionRejection),
-    /// The cost checks refused the task (SPEC §13).
+    /// The cost checks refused the task (docs/conformance.md#money-and-tokens).
     #[error(transparent)]
     Cost(#[from] CostRejection),
     /// The run a task names does not exist in the caller's app.

@@ -2,7 +2,7 @@
 //!
 //! # Store shape
 //!
-//! [`Store`] is the one interface the engine holds (`Arc<dyn Store>`): SPEC §3–8 whole,
+//! [`Store`] is the one interface the engine holds (`Arc<dyn Store>`): docs/conformance.md#store-rules whole,
 //! each operation one short transaction that is never held during inference. It is the
 //! sum of small traits, one per concern, and every type that implements them all is
 //! a `Store` (blanket impl):
@@ -14,15 +14,15 @@
 //! | [`RunStore`] | workflow runs, waits and the cancel cascade | `shared/runs.rs`; each backend's `runs.rs` (its row locks, its cascade) |
 //! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `shared/pipelines.rs`; each backend's `pipelines.rs` (its claim, its keyed start) |
 //! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `shared/maintenance.rs`; each backend's `maintenance.rs` (its statements, its expiry) |
-//! | [`PaceStore`] | SPEC §14 provider pace: call and token schedules, pauses | each backend's `pace.rs` |
-//! | [`ListStore`] | SPEC §15 listings: tasks, runs, pipelines, scopes, stats | `shared/list.rs` (statements and cursors in [`list`]) |
+//! | [`PaceStore`] | docs/conformance.md#provider-pace provider pace: call and token schedules, pauses | each backend's `pace.rs` |
+//! | [`ListStore`] | docs/conformance.md#listings listings: tasks, runs, pipelines, scopes, stats | `shared/list.rs` (statements and cursors in [`list`]) |
 //!
 //! Logic written once runs its statements through `shared::sql` (one text with `$n`
 //! placeholders runs on both backends); a backend supplies only what really differs —
 //! locks, `SKIP LOCKED`, id sets, admission, the claim — as constants and hooks of a
 //! per-concern trait, and states the store trait with one macro line. A wrapper of another store (the bench's
 //! counting store) implements [`wrap::StoreWrapper`] and the traits it does not change are
-//! forwarded for it, one marker trait per concern ([`wrap`]).
+//! forwarded for it by marker traits ([`wrap`]).
 //!
 //! # One rule, one place
 //!
@@ -40,7 +40,7 @@
 //!
 //! Each behind the cargo feature of its name (both on by default): `sqlite::SqliteStore`
 //! (embedded, the default) and `postgres::PostgresStore` (scale-out). The suite every
-//! backend runs to prove it behaves exactly as the SPEC says is a crate of its own,
+//! backend runs to prove it behaves exactly as docs/conformance.md states it is a crate of its own,
 //! `tollgate-conformance` (`crates/conformance`), written against this crate's public API
 //! only; normal builds never compile it. What the shared suite cannot express (schema
 //! versions, lost-wake repair behind the store's back, index use) is tested beside each
@@ -109,7 +109,7 @@ pub mod prelude {
     };
 }
 
-/// The application's side of tasks (SPEC §3, §5 cancel, §8): create (idempotency, owner
+/// The application's side of tasks (docs/conformance.md#create-idempotency, docs/conformance.md#lifecycle cancel, docs/conformance.md#application-tasks): create (idempotency, owner
 /// check, cache, admission), read, cancel, release, list and delete an owner's data.
 ///
 /// Where the next rules go: cost reservations are taken in creation (the admission
@@ -118,12 +118,12 @@ pub mod prelude {
 /// `tasks.rs` / `admission` module.
 #[async_trait]
 pub trait TaskStore: Send + Sync {
-    /// SPEC §3: validate, idempotency, owner check, cache, admission, insert — one short
+    /// docs/conformance.md#create-idempotency: validate, idempotency, owner check, cache, admission, insert — one short
     /// transaction. Returns the existing task with `created = false` when the effect key
     /// is taken in the app, whatever its state.
     async fn create_task(&self, new: NewTask) -> StoreResult<Created>;
 
-    /// Creates many tasks (SPEC §3 for each, in order), each admitted or refused on its own:
+    /// Creates many tasks (docs/conformance.md#creating-a-task for each, in order), each admitted or refused on its own:
     /// the answer has one result per item, in order. Errors that concern an item
     /// ([`StoreError::is_per_item`]) are reported in its place; a database failure fails
     /// the call. Backends use as few transactions as correctness allows (SQLite: one, with
@@ -149,15 +149,15 @@ pub trait TaskStore: Send + Sync {
         key: &EffectKey,
     ) -> StoreResult<Option<Task>>;
 
-    /// SPEC §5 request cancel: marks the task; a queued or running task becomes
+    /// docs/conformance.md#lifecycle request cancel: marks the task; a queued or running task becomes
     /// `canceled` at once. `None` when the app has no such task.
     async fn request_cancel(&self, app: &AppId, id: TaskId) -> StoreResult<Option<Transition>>;
 
-    /// SPEC §8 release by (app, scope, effect key) of an application-owned task. Returns
+    /// docs/conformance.md#application-tasks release by (app, scope, effect key) of an application-owned task. Returns
     /// whether a task matched.
     async fn release(&self, app: &AppId, scope: &ScopeId, key: &EffectKey) -> StoreResult<bool>;
 
-    /// SPEC §8: distinct (scope, source) pairs that still have unreleased application
+    /// docs/conformance.md#application-tasks: distinct (scope, source) pairs that still have unreleased application
     /// tasks, ordered, in keyset pages.
     async fn list_unreleased_sources(
         &self,
@@ -165,7 +165,7 @@ pub trait TaskStore: Send + Sync {
         query: &UnreleasedQuery,
     ) -> StoreResult<UnreleasedPage>;
 
-    /// SPEC §8: deletes an app's application-owned tasks of a scope (optionally one
+    /// docs/conformance.md#application-tasks: deletes an app's application-owned tasks of a scope (optionally one
     /// source), serialized with task creation; keeps admission records. Returns how many.
     async fn delete_owner_data(
         &self,
@@ -174,13 +174,13 @@ pub trait TaskStore: Send + Sync {
         source: Option<&SourceId>,
     ) -> StoreResult<u64>;
 
-    /// SPEC §13: the spend and tokens of one scope of the app (`Some`) or of the whole
+    /// docs/conformance.md#cost-usage: the spend and tokens of one scope of the app (`Some`) or of the whole
     /// app (`None`) in the 24 h window. Reads at most 25 bucket rows per scope (25 × 8
     /// for an app).
     async fn spend(&self, app: &AppId, scope: Option<&ScopeId>) -> StoreResult<SpendWindow>;
 }
 
-/// The worker's side of tasks (SPEC §5): claim, heartbeat, complete, fail, acknowledge
+/// The worker's side of tasks (docs/conformance.md#heartbeat): claim, heartbeat, complete, fail, acknowledge
 /// cancellation. Methods address tasks by id, since workers serve every app.
 ///
 /// Where the next rules go: fair claiming is the order `claim_next` picks in (written
@@ -189,24 +189,24 @@ pub trait TaskStore: Send + Sync {
 /// module, which every move to a terminal state runs.
 #[async_trait]
 pub trait WorkerStore: Send + Sync {
-    /// SPEC §5 claim: `queued → running` only if neither the task nor its run is canceled.
+    /// docs/conformance.md#lifecycle claim: `queued → running` only if neither the task nor its run is canceled.
     /// Returns the claimed task, or `None` when it is not claimable (taken, canceled,
     /// finished, gone).
     async fn claim_task(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<Task>>;
 
     /// Claims up to `limit` claimable queued tasks in the store's [`ClaimOrder`], skipping
-    /// rows other transactions hold. SPEC §14 (the default, [`ClaimOrder::Fair`]): the
+    /// rows other transactions hold. docs/conformance.md#fair-share (the default, [`ClaimOrder::Fair`]): the
     /// (app, scope) queues with the least virtual time share the batch by their weights
     /// (stride scheduling), each queue's tasks by priority then age with ageing
     /// (`tollgate_core::dispatch`). An empty answer does not prove the queue is empty.
     async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>>;
 
-    /// SPEC §5 heartbeat for many running tasks in one write. Reports which tasks the
+    /// docs/conformance.md#heartbeat heartbeat for many running tasks in one write. Reports which tasks the
     /// worker should stop (canceled, cancellation requested, expired, deleted, or not
     /// held by this worker).
     async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport>;
 
-    /// SPEC §5 complete: `running → succeeded` with output and usage, only if not canceled
+    /// docs/conformance.md#lifecycle complete: `running → succeeded` with output and usage, only if not canceled
     /// and the output satisfies the kind's contract. A late completion is refused and
     /// changes nothing.
     async fn complete_task(
@@ -240,9 +240,9 @@ pub trait WorkerStore: Send + Sync {
         Ok(out)
     }
 
-    /// SPEC §5 fail: `queued/running → failed` with a code and a message cut to 2,000
+    /// docs/conformance.md#lifecycle fail: `queued/running → failed` with a code and a message cut to 2,000
     /// characters; clears the admission logical key. `usage` is what the task's attempts
-    /// used (SPEC §13: tokens spent on a failed task are real money and are recorded
+    /// used (docs/conformance.md#money-and-tokens: tokens spent on a failed task are real money and are recorded
     /// and settled); `None` when unknown (a running task is then charged its whole
     /// reservation).
     async fn fail_task(
@@ -273,26 +273,26 @@ pub trait WorkerStore: Send + Sync {
     /// (`WORKFLOW_AI_CANCELED`) when cancellation was requested for the task or its run.
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition>;
 
-    /// SPEC §5: true if the task or its run is canceled or cancellation was requested,
+    /// docs/conformance.md#lifecycle: true if the task or its run is canceled or cancellation was requested,
     /// and true if the task no longer exists.
     async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool>;
 }
 
-/// Workflow runs (SPEC §7): create, read, cancel with its cascade, wait on a task,
+/// Workflow runs (docs/conformance.md#workflow-runs): create, read, cancel with its cascade, wait on a task,
 /// finish, and the tasks of a run.
 #[async_trait]
 pub trait RunStore: Send + Sync {
-    /// SPEC §7: creates a run in state `running`.
+    /// docs/conformance.md#workflow-runs: creates a run in state `running`.
     async fn create_run(&self, new: NewRun) -> StoreResult<Run>;
 
     /// A run of the app by id.
     async fn get_run(&self, app: &AppId, id: RunId) -> StoreResult<Option<Run>>;
 
-    /// SPEC §7: cancels the run and its queued and running tasks. `None` when the app
+    /// docs/conformance.md#workflow-runs: cancels the run and its queued and running tasks. `None` when the app
     /// has no such run.
     async fn request_run_cancel(&self, app: &AppId, id: RunId) -> StoreResult<Option<RunCancel>>;
 
-    /// SPEC §7: a run's step waits on a task of the same run. If the task is already
+    /// docs/conformance.md#workflow-runs: a run's step waits on a task of the same run. If the task is already
     /// terminal the run stays runnable and the answer says so. Errors:
     /// [`StoreError::RunNotFound`] (no such run in the app), [`StoreError::InvalidState`]
     /// (the run is finished), [`StoreError::TaskNotFound`] (no such task of this run).
@@ -372,7 +372,7 @@ pub trait PipelineStore: Send + Sync {
     ) -> StoreResult<bool>;
 }
 
-/// SPEC §14 provider pace shared by every replica: schedules of calls and tokens per
+/// docs/conformance.md#provider-pace provider pace shared by every replica: schedules of calls and tokens per
 /// provider (and model), and pauses after a 429. Time is the store's clock (the
 /// database's on PostgreSQL), so replicas' own clocks never matter: answers are waits
 /// from now.
@@ -399,8 +399,8 @@ pub trait PaceStore: Send + Sync {
     async fn pace_pause_left(&self, keys: &[String]) -> StoreResult<Duration>;
 }
 
-/// The service's own upkeep: which backend, readiness, the background sweep (SPEC §6) and
-/// recovery after a restart (SPEC §6.7).
+/// The service's own upkeep: which backend, readiness, the background sweep (docs/conformance.md#sweeps) and
+/// recovery after a restart (docs/conformance.md#sweep-recovery).
 #[async_trait]
 pub trait MaintenanceStore: Send + Sync {
     /// Which backend this is (`"sqlite"`, `"postgres"`).
@@ -409,11 +409,11 @@ pub trait MaintenanceStore: Send + Sync {
     /// Checks that the database answers (for readiness probes).
     async fn ping(&self) -> StoreResult<()>;
 
-    /// SPEC §6 items 1–6, each one bounded batch. Call again while
+    /// docs/conformance.md#sweeps, each one bounded batch. Call again while
     /// [`SweepReport::more`] is true.
     async fn sweep(&self, config: &SweepConfig) -> StoreResult<SweepReport>;
 
-    /// SPEC §6.7: the oldest queued task (by creation time, then id), if any: after a
+    /// docs/conformance.md#sweep-recovery: the oldest queued task (by creation time, then id), if any: after a
     /// restart, recovery wakes the dispatcher with it, which then claims every queued
     /// task in dispatch order.
     async fn first_queued(&self) -> StoreResult<Option<TaskId>>;

@@ -37,7 +37,7 @@ pub fn keyset_page<T: Clone>(mut rows: Vec<T>, limit: u32) -> (Vec<T>, Option<T>
     }
 }
 
-/// SPEC §13 "Usage is visible": a scope's or an app's spend and tokens in the 24 h
+/// docs/conformance.md#cost-usage "Usage is visible": a scope's or an app's spend and tokens in the 24 h
 /// window, read from the window's hourly buckets (`since` is the start of the oldest
 /// bucket counted, so the window read is 24 to 25 hours long: the conservative side).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +71,7 @@ pub struct Created {
     pub task: Task,
     /// False when the effect key already named a task.
     pub created: bool,
-    /// SPEC §13: what a new cache hit saved, in nano-dollars: the charge of the task it
+    /// docs/conformance.md#cost-cache-hits: what a new cache hit saved, in nano-dollars: the charge of the task it
     /// copied (0 for anything else). The store has added it to the saved spend.
     pub saved_nano: u64,
 }
@@ -179,7 +179,7 @@ pub struct UnreleasedPage {
     pub next: Option<ScopedSource>,
 }
 
-/// Timeouts and batch size of a sweep (SPEC §6; configuration, not constants).
+/// Timeouts and batch size of a sweep (docs/conformance.md#sweeps; configuration, not constants).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepConfig {
     /// Queued longer than this fails with `WORKFLOW_AI_QUEUE_TIMEOUT`.
@@ -281,20 +281,20 @@ pub struct PipelineRef {
 /// The order [`WorkerStore::claim_next`](crate::WorkerStore::claim_next) claims in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ClaimOrder {
-    /// SPEC §14 (the default): round-robin across (app, scope) queues weighted by their
+    /// docs/conformance.md#fair-share (the default): round-robin across (app, scope) queues weighted by their
     /// policy's weight (stride scheduling), and within a queue priority then age with
     /// ageing (`tollgate_core::dispatch`).
     #[default]
     Fair,
-    /// Oldest first across everything, priority ignored: the order before SPEC §14, kept
+    /// Oldest first across everything, priority ignored: the order before docs/conformance.md#priority, kept
     /// for comparison (`tollgate bench`) and as an escape hatch.
     Oldest,
 }
 
-/// Most queues one fair claim reads (SPEC §14): the queues with the least virtual time.
+/// Most queues one fair claim reads (docs/conformance.md#fair-share): the queues with the least virtual time.
 pub const MAX_CLAIM_QUEUES: u32 = 64;
 
-/// One schedule a provider call takes a start from (SPEC §14 provider pace): a provider's,
+/// One schedule a provider call takes a start from (docs/conformance.md#provider-pace provider pace): a provider's,
 /// or one model's of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaceSlot {

@@ -1,17 +1,13 @@
 //! Wrapping a store: a type that holds another [`Store`] implements [`StoreWrapper`],
-//! hand-writes the traits whose calls it changes, and opts in to forwarding for the rest,
-//! one marker trait per concern ([`ForwardTaskStore`], [`ForwardWorkerStore`],
-//! [`ForwardRunStore`], [`ForwardPipelineStore`], [`ForwardMaintenanceStore`],
-//! [`ForwardPaceStore`]). Every
-//! forwarded call passes through [`StoreWrapper::around`] with its [`Call`], so a wrapper
-//! that observes every call (timing, counting writes) writes that once.
+//! hand-writes the traits whose calls it changes, and opts in to forwarding for the rest
+//! with [`ForwardStore`] (task, run, pipeline, maintenance and pace calls) and, when it
+//! leaves the worker calls alone too, [`ForwardWorkerStore`]. Every forwarded call passes
+//! through [`StoreWrapper::around`] with its [`Call`], so a wrapper that observes every
+//! call (timing, counting writes) writes that once.
 //!
 //! ```ignore
 //! impl StoreWrapper for Counting { fn inner(&self) -> &dyn Store { &*self.inner } }
-//! impl ForwardTaskStore for Counting {}
-//! impl ForwardRunStore for Counting {}
-//! impl ForwardPipelineStore for Counting {}
-//! impl ForwardMaintenanceStore for Counting {}
+//! impl ForwardStore for Counting {}
 //! #[async_trait] impl WorkerStore for Counting { /* the calls it counts */ }
 //! ```
 
@@ -68,18 +64,11 @@ pub trait StoreWrapper: Send + Sync + 'static {
     }
 }
 
-/// Forward [`TaskStore`] to [`StoreWrapper::inner`].
-pub trait ForwardTaskStore: StoreWrapper {}
-/// Forward [`WorkerStore`] to [`StoreWrapper::inner`].
+/// Forward [`TaskStore`], [`RunStore`], [`PipelineStore`], [`MaintenanceStore`] and
+/// [`PaceStore`] to [`StoreWrapper::inner`]: every concern but the worker's.
+pub trait ForwardStore: StoreWrapper {}
+/// Forward [`WorkerStore`] to [`StoreWrapper::inner`] as well.
 pub trait ForwardWorkerStore: StoreWrapper {}
-/// Forward [`RunStore`] to [`StoreWrapper::inner`].
-pub trait ForwardRunStore: StoreWrapper {}
-/// Forward [`PipelineStore`] to [`StoreWrapper::inner`].
-pub trait ForwardPipelineStore: StoreWrapper {}
-/// Forward [`MaintenanceStore`] to [`StoreWrapper::inner`].
-pub trait ForwardMaintenanceStore: StoreWrapper {}
-/// Forward [`PaceStore`] to [`StoreWrapper::inner`].
-pub trait ForwardPaceStore: StoreWrapper {}
 
 /// `self.around(Call::$kind("method"), self.inner().method(args))`.
 macro_rules! forward {
@@ -91,7 +80,7 @@ macro_rules! forward {
 }
 
 #[async_trait]
-impl<W: ForwardTaskStore> TaskStore for W {
+impl<W: ForwardStore> TaskStore for W {
     async fn create_task(&self, new: NewTask) -> StoreResult<Created> {
         forward!(self, write, create_task(new))
     }
@@ -186,7 +175,7 @@ impl<W: ForwardWorkerStore> WorkerStore for W {
 }
 
 #[async_trait]
-impl<W: ForwardRunStore> RunStore for W {
+impl<W: ForwardStore> RunStore for W {
     async fn create_run(&self, new: NewRun) -> StoreResult<Run> {
         forward!(self, write, create_run(new))
     }
@@ -218,7 +207,7 @@ impl<W: ForwardRunStore> RunStore for W {
 }
 
 #[async_trait]
-impl<W: ForwardPipelineStore> PipelineStore for W {
+impl<W: ForwardStore> PipelineStore for W {
     async fn put_pipeline(
         &self,
         app: &AppId,
@@ -273,7 +262,7 @@ impl<W: ForwardPipelineStore> PipelineStore for W {
 }
 
 #[async_trait]
-impl<W: ForwardMaintenanceStore> MaintenanceStore for W {
+impl<W: ForwardStore> MaintenanceStore for W {
     fn backend(&self) -> &'static str {
         self.inner().backend()
     }
@@ -292,7 +281,7 @@ impl<W: ForwardMaintenanceStore> MaintenanceStore for W {
 }
 
 #[async_trait]
-impl<W: ForwardPaceStore> PaceStore for W {
+impl<W: ForwardStore> PaceStore for W {
     async fn reserve_pace(&self, slots: &[PaceSlot]) -> StoreResult<Duration> {
         forward!(self, write, reserve_pace(slots))
     }

@@ -313,7 +313,7 @@ async fn sweep_repairs_a_lost_wake() {
     );
 }
 
-/// SPEC §12 / issue 3: with ≥ 100,000 tasks (and as many admission records), none of the
+/// docs/conformance.md#constant-admission / issue 3: with ≥ 100,000 tasks (and as many admission records), none of the
 /// hot statements scans a whole table. Measured from PostgreSQL's own counters: every
 /// store operation on the hot paths runs, and `seq_scan` of `tasks` and `admissions`
 /// must not move.
@@ -353,7 +353,7 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
     .execute(&pool)
     .await
     .unwrap();
-    // SPEC §13: a day of hourly spend buckets for every scope, and for 500 apps.
+    // docs/conformance.md#cost-limits: a day of hourly spend buckets for every scope, and for 500 apps.
     let hour = tollgate_core::cost::spend_bucket(START);
     sqlx::query(
         "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano) \
@@ -407,7 +407,7 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         .create_task(app_task("bulk", "scope-8", "new-2", Some("src-8")))
         .await
         .unwrap();
-    // SPEC §13: an admission under every cost limit, and the usage reads.
+    // docs/conformance.md#cost-limits: an admission under every cost limit, and the usage reads.
     let mut costly = app_task("bulk", "scope-6", "new-costly", Some("src-costly"));
     if let Some(scoped) = costly.scope.as_mut() {
         scoped.budget.cost = tollgate_core::CostLimits {
@@ -530,7 +530,7 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         .delete_owner_data(&acme, &ScopeId::new("scope-5").unwrap(), None)
         .await
         .unwrap();
-    // SPEC §15 listings: every filter of every listing, and a second page.
+    // docs/conformance.md#listings listings: every filter of every listing, and a second page.
     use tollgate_store::list::{RunListQuery, TaskListQuery};
     let queries = [
         TaskListQuery::default(),
@@ -555,6 +555,10 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         },
         TaskListQuery {
             step: Some(tollgate_core::StepKey::new("label").unwrap()),
+            ..Default::default()
+        },
+        TaskListQuery {
+            error_code: Some("WORKFLOW_AI_PROVIDER_ERROR".into()),
             ..Default::default()
         },
         TaskListQuery {

@@ -65,7 +65,7 @@ from .errors import (
     error_for,
 )
 
-#: A task (SPEC §11).
+#: A task (docs/conformance.md#http-shapes).
 Task = TaskView
 #: A workflow run; a pipeline run has ``pipeline`` with its steps.
 Run = RunView

@@ -139,6 +139,7 @@ def list_tasks(
     run_id: str | None,
     created_after: str | datetime | None,
     created_before: str | datetime | None,
+    error_code: str | None,
     limit: int | None,
     next: str | None,
 ) -> Call[TaskPageView]:
@@ -152,6 +153,7 @@ def list_tasks(
             "run_id": run_id,
             "created_after": _time_param(created_after),
             "created_before": _time_param(created_before),
+            "error_code": error_code,
         }
     )
     return Call("GET", "/v1/tasks", query={**query, **_page_query(limit, next)})

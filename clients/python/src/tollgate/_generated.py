@@ -21,7 +21,7 @@ class BatchBody(TypedDict, closed=True):
 
 class CostView(TypedDict):
     """
-    Spend and tokens of a scope (SPEC §13).
+    Spend and tokens of a scope (docs/conformance.md#cost-usage).
     """
 
     spent_micros: int
@@ -73,7 +73,7 @@ class ErrorDetail(TypedDict):
 
     code: str
     """
-    Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
+    Stable code: a docs/conformance.md#error-codes code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
     own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
     `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
     `ambiguous_request`, `subject_not_allowed`, `method_not_allowed`, `request_timeout`,
@@ -116,6 +116,12 @@ Any JSON value with numbers within ±(2^53 − 1), nested at most 64 levels deep
 HashableObject: TypeAlias = dict[str, HashableJson]
 """
 A JSON object; numbers within ±(2^53 − 1), nested at most 64 levels deep.
+"""
+
+
+Identifier: TypeAlias = str
+"""
+An identifier: 1 to 256 characters, no control or invisible formatting character, no white space first or last.
 """
 
 
@@ -176,41 +182,26 @@ class LatencyView(TypedDict):
     """
 
 
-class ModelView(TypedDict):
+class MinuteCountView(TypedDict):
     """
-    One configured model.
-    """
-
-    config_hash: str
-    """
-    Hash of the resolved configuration (changes invalidate cached results).
-    """
-    default: bool
-    """
-    Whether it is the default model.
-    """
-    id: str
-    """
-    The id callers use.
-    """
-    model: str
-    """
-    Provider's model name.
-    """
-    provider: str
-    """
-    Provider name.
+    Tasks that finished in one minute of the stats window.
     """
 
-
-class ModelsAnswer(TypedDict):
+    canceled: int
     """
-    `GET /v1/models` answer.
+    Canceled in it.
     """
-
-    models: list[ModelView]
+    failed: int
     """
-    Configured models.
+    Failed in it.
+    """
+    start: str
+    """
+    The minute's start (RFC 3339).
+    """
+    succeeded: int
+    """
+    Succeeded in it.
     """
 
 
@@ -240,14 +231,11 @@ class PipelineRunBody(TypedDict, closed=True):
     """
     The run's input: what the steps' `/input…` references read (default `{}`).
     """
-    scope: str
+    scope: Identifier
     """
     The scope the run's tasks are admitted and cached in.
     """
-    version: NotRequired[str | None]
-    """
-    The version to run (default: the newest).
-    """
+    version: NotRequired[Identifier | None]
 
 
 class PipelineVersionView(TypedDict):
@@ -296,7 +284,7 @@ class PipelineView(TypedDict):
 
 class PolicyView(TypedDict):
     """
-    The budget policy in force for a scope (SPEC §10): the app's default policy.
+    The budget policy in force for a scope (docs/conformance.md#budget-policies): the app's default policy.
     """
 
     burst: int
@@ -329,15 +317,34 @@ class PolicyView(TypedDict):
     """
     token_burst: NotRequired[int | None]
     """
-    SPEC §13: the scope's model-token bucket capacity.
+    docs/conformance.md#cost-limits: the scope's model-token bucket capacity.
     """
     tokens_per_minute: NotRequired[int | None]
     """
-    SPEC §13: the scope's model-token bucket refill, tokens per minute.
+    docs/conformance.md#cost-limits: the scope's model-token bucket refill, tokens per minute.
     """
     usd_per_24_hours: NotRequired[float | None]
     """
-    SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
+    docs/conformance.md#cost-limits: the scope's spend limit in 24 h, USD (absent: none).
+    """
+
+
+class PricesView(TypedDict):
+    """
+    A model's prices, US dollars per million tokens.
+    """
+
+    cached_input_usd_per_million: float
+    """
+    Per million input tokens served from the provider's prompt cache.
+    """
+    input_usd_per_million: float
+    """
+    Per million input tokens not served from the provider's prompt cache.
+    """
+    output_usd_per_million: float
+    """
+    Per million output tokens.
     """
 
 
@@ -357,11 +364,11 @@ class ReleaseBody(TypedDict, closed=True):
     `POST /v1/tasks/release` body.
     """
 
-    effect_key: str
+    effect_key: Identifier
     """
     The task's effect key.
     """
-    scope: str
+    scope: Identifier
     """
     The task's scope.
     """
@@ -376,7 +383,7 @@ class RunBody(TypedDict, closed=True):
     """
     The run's input: a JSON object (default `{}`).
     """
-    scope: str
+    scope: Identifier
     """
     The scope the run's tasks are admitted and cached in.
     """
@@ -407,7 +414,7 @@ A run's state.
 
 class ScopeView(TypedDict):
     """
-    A scope's policy and live admission state (SPEC §4, §15).
+    A scope's policy and live admission state (docs/conformance.md#admission, docs/conformance.md#listings).
     """
 
     active: int
@@ -455,7 +462,7 @@ class SourceBody(TypedDict, closed=True):
     The source a scoped task is about.
     """
 
-    id: str
+    id: Identifier
     """
     Source id.
     """
@@ -463,7 +470,7 @@ class SourceBody(TypedDict, closed=True):
     """
     Skip the cache and count as a new step.
     """
-    revision: str
+    revision: Identifier
     """
     Source revision.
     """
@@ -511,9 +518,22 @@ class StatsView(TypedDict):
     Failed and canceled tasks of the window by error code, most frequent first.
     """
     latency_ms: LatencyView | None
+    per_minute: list[MinuteCountView]
+    """
+    The window minute by minute, oldest first (60 buckets, the last one ending now):
+    what finished in each.
+    """
     queued: int
     """
     Tasks queued now.
+    """
+    recent_throughput_per_minute: float
+    """
+    Tasks finished per minute over the recent window: the current rate.
+    """
+    recent_window_seconds: int
+    """
+    The recent window's length, in seconds (60).
     """
     running: int
     """
@@ -538,7 +558,7 @@ class StatsView(TypedDict):
     """
     throughput_per_minute: float
     """
-    Tasks finished per minute over the window.
+    Tasks finished per minute over the window (the hour's average).
     """
     window_seconds: int
     """
@@ -574,25 +594,16 @@ class SubmitBody(TypedDict, closed=True):
     `POST /v1/tasks` body.
     """
 
-    budget: NotRequired[str | None]
-    """
-    Budget policy name; defaults to the app's default policy.
-    """
-    effect_key: NotRequired[str | None]
-    """
-    The effect key, when not sent as the `Idempotency-Key` header.
-    """
+    budget: NotRequired[Identifier | None]
+    effect_key: NotRequired[Identifier | None]
     kind: KindName
     """
     `generate_text`, `classify`, `classify_many` or `extract_data`.
     """
-    model: NotRequired[str | None]
-    """
-    Model id (one of `GET /v1/models`); defaults to the configured default model.
-    """
+    model: NotRequired[Identifier | None]
     priority: NotRequired[int | None]
     """
-    SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
+    docs/conformance.md#priority: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
     level counts as one ageing step (default 60 s) of waiting, so low priority is
     never starved. Not compared on a replay of the effect key.
     """
@@ -604,15 +615,9 @@ class SubmitBody(TypedDict, closed=True):
     """
     Owning workflow run. Exactly one of `scope` and `run_id`.
     """
-    scope: NotRequired[str | None]
-    """
-    Application owner's scope. Exactly one of `scope` and `run_id`.
-    """
+    scope: NotRequired[Identifier | None]
     source: NotRequired[SourceBody | None]
-    step: NotRequired[str | None]
-    """
-    The caller's name for the step; defaults to the kind.
-    """
+    step: NotRequired[Identifier | None]
 
 
 class TaskErrorView(TypedDict):
@@ -655,7 +660,7 @@ class UnreleasedSourceView(TypedDict):
 
 class UsageReportView(TypedDict):
     """
-    SPEC §13 `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
+    docs/conformance.md#cost-usage `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
     tokens in the 24 h window (settled: what ended tasks cost; reserved: the worst case
     of tasks still queued or running), the limits in force, and what cache hits saved.
     """
@@ -748,7 +753,7 @@ class UsageView(TypedDict):
     """
     priced: bool
     """
-    SPEC §13: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
+    docs/conformance.md#cost-prices: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
     """
 
 
@@ -1008,7 +1013,7 @@ The four task kinds (GET /v1/kinds).
 
 class AttemptView(TypedDict):
     """
-    One attempt of a task (SPEC §15).
+    One attempt of a task (docs/conformance.md#listings).
     """
 
     attempt: int
@@ -1043,6 +1048,45 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
     """
     The error.
+    """
+
+
+class ModelView(TypedDict):
+    """
+    One configured model.
+    """
+
+    config_hash: str
+    """
+    Hash of the resolved configuration (changes invalidate cached results).
+    """
+    default: bool
+    """
+    Whether it is the default model.
+    """
+    id: str
+    """
+    The id callers use.
+    """
+    model: str
+    """
+    Provider's model name.
+    """
+    prices: PricesView | None
+    provider: str
+    """
+    Provider name.
+    """
+
+
+class ModelsAnswer(TypedDict):
+    """
+    `GET /v1/models` answer.
+    """
+
+    models: list[ModelView]
+    """
+    Configured models.
     """
 
 
@@ -1145,7 +1189,7 @@ class StepView(TypedDict):
 
 class TaskView(TypedDict):
     """
-    The task object (SPEC §11).
+    The task object (docs/conformance.md#http-shapes).
     """
 
     attempts: list[AttemptView]
@@ -1157,9 +1201,14 @@ class TaskView(TypedDict):
     """
     Served from the cache.
     """
+    cached_from: str | None
+    """
+    When served from the cache: the id of the task whose result it copied (`null`
+    otherwise).
+    """
     claimed_at: str | None
     """
-    When a worker claimed it (SPEC §15).
+    When a worker claimed it (docs/conformance.md#listings).
     """
     completed_at: str | None
     """
@@ -1202,7 +1251,7 @@ class TaskView(TypedDict):
     """
     priority: int
     """
-    SPEC §14: its priority within its scope (0–9, higher starts first).
+    docs/conformance.md#priority: its priority within its scope (0–9, higher starts first).
     """
     request: NotRequired[dict[str, Any]]
     """
@@ -1320,7 +1369,7 @@ class RunPageView(TypedDict):
 
 class RunView(TypedDict):
     """
-    A workflow run (SPEC §7).
+    A workflow run (docs/conformance.md#workflow-runs).
     """
 
     cancel_requested: bool

@@ -123,7 +123,7 @@ def batch_item(
     priority: int | None = None,
 ) -> dict[str, Any]:
     """One item of :meth:`Tollgate.submit_batch` (a ``POST /v1/tasks`` body). ``priority``:
-    0-9, default 5 (SPEC §14: higher starts first within a scope, with ageing)."""
+    0-9, default 5 (docs/conformance.md#priority: higher starts first within a scope, with ageing)."""
     return _api.submission_body(
         kind,
         request,
@@ -254,18 +254,21 @@ class Tollgate(_Base):
         run_id: str | None = None,
         created_after: str | datetime | None = None,
         created_before: str | datetime | None = None,
+        error_code: str | None = None,
         limit: int | None = None,
         next: str | None = None,
     ) -> TaskPageView:
         """``GET /v1/tasks``: one page of the app's tasks, newest first; the filters narrow
         together (``status``: one or several; ``created_after`` inclusive and
-        ``created_before`` exclusive, RFC 3339 strings or aware datetimes). A page may be
+        ``created_before`` exclusive, RFC 3339 strings or aware datetimes; ``error_code``: tasks
+        that ended with it). A page may be
         short, even empty, and still carry ``next`` (docs/api.md, "Short pages"):
         :meth:`iter_tasks` follows it."""
         return self._send(
             _api.list_tasks(
                 scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
-                created_after=created_after, created_before=created_before, limit=limit, next=next,
+                created_after=created_after, created_before=created_before, error_code=error_code,
+                limit=limit, next=next,
             )  # fmt: skip
         )
 
@@ -280,6 +283,7 @@ class Tollgate(_Base):
         run_id: str | None = None,
         created_after: str | datetime | None = None,
         created_before: str | datetime | None = None,
+        error_code: str | None = None,
         limit: int | None = None,
         next: str | None = None,
     ) -> Iterator[TaskView]:
@@ -287,7 +291,8 @@ class Tollgate(_Base):
         while True:
             page = self.list_tasks(
                 scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
-                created_after=created_after, created_before=created_before, limit=limit, next=next,
+                created_after=created_after, created_before=created_before, error_code=error_code,
+                limit=limit, next=next,
             )  # fmt: skip
             yield from page["tasks"]
             next = page.get("next")
@@ -396,7 +401,7 @@ class Tollgate(_Base):
 
     def scope_usage(self, scope: str) -> UsageReportView:
         """``GET /v1/scopes/{scope}/usage``: the scope's spend and model tokens in the 24 h
-        window (SPEC §13)."""
+        window (docs/conformance.md#money-and-tokens)."""
         return self._send(_api.scope_usage(scope))
 
     def delete_owner_data(self, scope: str, *, source: str | None = None) -> DeletedAnswer:
@@ -522,7 +527,7 @@ class Tollgate(_Base):
 
     def usage(self) -> UsageReportView:
         """``GET /v1/usage``: the app's spend and model tokens in the 24 h window, all scopes
-        (SPEC §13; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
+        (docs/conformance.md#cost-reservation; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
         return self._send(_api.app_usage())
 
     def stats(self) -> StatsView:
@@ -644,18 +649,21 @@ class AsyncTollgate(_Base):
         run_id: str | None = None,
         created_after: str | datetime | None = None,
         created_before: str | datetime | None = None,
+        error_code: str | None = None,
         limit: int | None = None,
         next: str | None = None,
     ) -> TaskPageView:
         """``GET /v1/tasks``: one page of the app's tasks, newest first; the filters narrow
         together (``status``: one or several; ``created_after`` inclusive and
-        ``created_before`` exclusive, RFC 3339 strings or aware datetimes). A page may be
+        ``created_before`` exclusive, RFC 3339 strings or aware datetimes; ``error_code``: tasks
+        that ended with it). A page may be
         short, even empty, and still carry ``next`` (docs/api.md, "Short pages"):
         :meth:`iter_tasks` follows it."""
         return await self._send(
             _api.list_tasks(
                 scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
-                created_after=created_after, created_before=created_before, limit=limit, next=next,
+                created_after=created_after, created_before=created_before, error_code=error_code,
+                limit=limit, next=next,
             )  # fmt: skip
         )
 
@@ -670,6 +678,7 @@ class AsyncTollgate(_Base):
         run_id: str | None = None,
         created_after: str | datetime | None = None,
         created_before: str | datetime | None = None,
+        error_code: str | None = None,
         limit: int | None = None,
         next: str | None = None,
     ) -> AsyncIterator[TaskView]:
@@ -677,7 +686,8 @@ class AsyncTollgate(_Base):
         while True:
             page = await self.list_tasks(
                 scope=scope, status=status, kind=kind, step=step, source=source, run_id=run_id,
-                created_after=created_after, created_before=created_before, limit=limit, next=next,
+                created_after=created_after, created_before=created_before, error_code=error_code,
+                limit=limit, next=next,
             )  # fmt: skip
             for item in page["tasks"]:
                 yield item
@@ -783,7 +793,7 @@ class AsyncTollgate(_Base):
 
     async def scope_usage(self, scope: str) -> UsageReportView:
         """``GET /v1/scopes/{scope}/usage``: the scope's spend and model tokens in the 24 h
-        window (SPEC §13)."""
+        window (docs/conformance.md#money-and-tokens)."""
         return await self._send(_api.scope_usage(scope))
 
     async def delete_owner_data(self, scope: str, *, source: str | None = None) -> DeletedAnswer:
@@ -902,7 +912,7 @@ class AsyncTollgate(_Base):
 
     async def usage(self) -> UsageReportView:
         """``GET /v1/usage``: the app's spend and model tokens in the 24 h window, all scopes
-        (SPEC §13; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
+        (docs/conformance.md#cost-reservation; a key bound to a subject: :class:`~tollgate.ForbiddenError`)."""
         return await self._send(_api.app_usage())
 
     async def stats(self) -> StatsView:

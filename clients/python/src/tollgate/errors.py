@@ -61,7 +61,7 @@ class InvalidRequestError(TollgateError):
 
 
 class AdmissionError(TollgateError):
-    """429: admission refused the task (SPEC §4, §13), or the app has no waiter or batch slot
+    """429: admission refused the task (docs/conformance.md#admission, docs/conformance.md#money-and-tokens), or the app has no waiter or batch slot
     free; nothing was written.
 
     ``code`` names the limit (``WORKFLOW_AI_RATE_LIMIT``, ``WORKFLOW_AI_CAPACITY``,

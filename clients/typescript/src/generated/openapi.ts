@@ -328,7 +328,7 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        /** @description One attempt of a task (SPEC §15). */
+        /** @description One attempt of a task (docs/conformance.md#listings). */
         AttemptView: {
             /**
              * Format: int32
@@ -414,7 +414,7 @@ export interface components {
             /** @description The labels to choose from; names are unique. */
             labels: components["schemas"]["Label"][];
         };
-        /** @description Spend and tokens of a scope (SPEC §13). */
+        /** @description Spend and tokens of a scope (docs/conformance.md#cost-usage). */
         CostView: {
             /**
              * Format: int64
@@ -460,7 +460,7 @@ export interface components {
         /** @description What went wrong. */
         ErrorDetail: {
             /**
-             * @description Stable code: a SPEC §9 code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
+             * @description Stable code: a docs/conformance.md#error-codes code (`WORKFLOW_AI_RATE_LIMIT`, …) or one of the service's
              *     own (`invalid_request`, `malformed_request`, `request_too_large`, `unauthorized`,
              *     `not_found`, `idempotency_key_conflict`, `unknown_model`, `budget_not_allowed`,
              *     `ambiguous_request`, `subject_not_allowed`, `method_not_allowed`, `request_timeout`,
@@ -540,6 +540,8 @@ export interface components {
         HashableObject: {
             [key: string]: components["schemas"]["HashableJson"];
         };
+        /** @description An identifier: 1 to 256 characters, no control or invisible formatting character, no white space first or last. */
+        Identifier: string;
         /**
          * @description The four task kinds (GET /v1/kinds).
          * @enum {string}
@@ -588,6 +590,26 @@ export interface components {
              */
             p99: number;
         };
+        /** @description Tasks that finished in one minute of the stats window. */
+        MinuteCountView: {
+            /**
+             * Format: int64
+             * @description Canceled in it.
+             */
+            canceled: number;
+            /**
+             * Format: int64
+             * @description Failed in it.
+             */
+            failed: number;
+            /** @description The minute's start (RFC 3339). */
+            start: string;
+            /**
+             * Format: int64
+             * @description Succeeded in it.
+             */
+            succeeded: number;
+        };
         /** @description `GET /v1/models` answer. */
         ModelsAnswer: {
             /** @description Configured models. */
@@ -603,6 +625,7 @@ export interface components {
             id: string;
             /** @description Provider's model name. */
             model: string;
+            prices: null | components["schemas"]["PricesView"];
             /** @description Provider name. */
             provider: string;
         };
@@ -640,9 +663,8 @@ export interface components {
             /** @description The run's input: what the steps' `/input…` references read (default `{}`). */
             input?: components["schemas"]["HashableObject"];
             /** @description The scope the run's tasks are admitted and cached in. */
-            scope: string;
-            /** @description The version to run (default: the newest). */
-            version?: string | null;
+            scope: components["schemas"]["Identifier"];
+            version?: null | components["schemas"]["Identifier"];
         };
         /** @description A pipeline with its versions. */
         PipelineSummaryView: {
@@ -677,7 +699,7 @@ export interface components {
              */
             version: string;
         };
-        /** @description The budget policy in force for a scope (SPEC §10): the app's default policy. */
+        /** @description The budget policy in force for a scope (docs/conformance.md#budget-policies): the app's default policy. */
         PolicyView: {
             /**
              * Format: int32
@@ -713,19 +735,37 @@ export interface components {
             tasks_per_minute: number;
             /**
              * Format: int32
-             * @description SPEC §13: the scope's model-token bucket capacity.
+             * @description docs/conformance.md#cost-limits: the scope's model-token bucket capacity.
              */
             token_burst?: number | null;
             /**
              * Format: int32
-             * @description SPEC §13: the scope's model-token bucket refill, tokens per minute.
+             * @description docs/conformance.md#cost-limits: the scope's model-token bucket refill, tokens per minute.
              */
             tokens_per_minute?: number | null;
             /**
              * Format: double
-             * @description SPEC §13: the scope's spend limit in 24 h, USD (absent: none).
+             * @description docs/conformance.md#cost-limits: the scope's spend limit in 24 h, USD (absent: none).
              */
             usd_per_24_hours?: number | null;
+        };
+        /** @description A model's prices, US dollars per million tokens. */
+        PricesView: {
+            /**
+             * Format: double
+             * @description Per million input tokens served from the provider's prompt cache.
+             */
+            cached_input_usd_per_million: number;
+            /**
+             * Format: double
+             * @description Per million input tokens not served from the provider's prompt cache.
+             */
+            input_usd_per_million: number;
+            /**
+             * Format: double
+             * @description Per million output tokens.
+             */
+            output_usd_per_million: number;
         };
         /** @description `POST /v1/tasks/release` answer. */
         ReleaseAnswer: {
@@ -735,16 +775,16 @@ export interface components {
         /** @description `POST /v1/tasks/release` body. */
         ReleaseBody: {
             /** @description The task's effect key. */
-            effect_key: string;
+            effect_key: components["schemas"]["Identifier"];
             /** @description The task's scope. */
-            scope: string;
+            scope: components["schemas"]["Identifier"];
         };
         /** @description `POST /v1/runs` body. */
         RunBody: {
             /** @description The run's input: a JSON object (default `{}`). */
             input?: components["schemas"]["HashableObject"];
             /** @description The scope the run's tasks are admitted and cached in. */
-            scope: string;
+            scope: components["schemas"]["Identifier"];
         };
         /** @description `GET /v1/runs` answer. */
         RunPageView: {
@@ -783,7 +823,7 @@ export interface components {
             /** @description Last change. */
             updated_at: string;
         };
-        /** @description A workflow run (SPEC §7). */
+        /** @description A workflow run (docs/conformance.md#workflow-runs). */
         RunView: {
             /** @description Whether cancellation was requested. */
             cancel_requested: boolean;
@@ -818,7 +858,7 @@ export interface components {
             /** @description Scopes with admission activity in the 24 h window, in name order. */
             scopes: components["schemas"]["ScopeView"][];
         };
-        /** @description A scope's policy and live admission state (SPEC §4, §15). */
+        /** @description A scope's policy and live admission state (docs/conformance.md#admission, docs/conformance.md#listings). */
         ScopeView: {
             /**
              * Format: int64
@@ -862,11 +902,11 @@ export interface components {
         /** @description The source a scoped task is about. */
         SourceBody: {
             /** @description Source id. */
-            id: string;
+            id: components["schemas"]["Identifier"];
             /** @description Skip the cache and count as a new step. */
             recompute?: boolean;
             /** @description Source revision. */
-            revision: string;
+            revision: components["schemas"]["Identifier"];
         };
         /** @description The source of a task, as shown. */
         SourceView: {
@@ -904,10 +944,25 @@ export interface components {
             failures_by_code: components["schemas"]["FailureCount"][];
             latency_ms: null | components["schemas"]["LatencyView"];
             /**
+             * @description The window minute by minute, oldest first (60 buckets, the last one ending now):
+             *     what finished in each.
+             */
+            per_minute: components["schemas"]["MinuteCountView"][];
+            /**
              * Format: int64
              * @description Tasks queued now.
              */
             queued: number;
+            /**
+             * Format: double
+             * @description Tasks finished per minute over the recent window: the current rate.
+             */
+            recent_throughput_per_minute: number;
+            /**
+             * Format: int64
+             * @description The recent window's length, in seconds (60).
+             */
+            recent_window_seconds: number;
             /**
              * Format: int64
              * @description Tasks running now.
@@ -929,7 +984,7 @@ export interface components {
             succeeded: number;
             /**
              * Format: double
-             * @description Tasks finished per minute over the window.
+             * @description Tasks finished per minute over the window (the hour's average).
              */
             throughput_per_minute: number;
             /**
@@ -974,17 +1029,14 @@ export interface components {
         };
         /** @description `POST /v1/tasks` body. */
         SubmitBody: {
-            /** @description Budget policy name; defaults to the app's default policy. */
-            budget?: string | null;
-            /** @description The effect key, when not sent as the `Idempotency-Key` header. */
-            effect_key?: string | null;
+            budget?: null | components["schemas"]["Identifier"];
+            effect_key?: null | components["schemas"]["Identifier"];
             /** @description `generate_text`, `classify`, `classify_many` or `extract_data`. */
             kind: components["schemas"]["KindName"];
-            /** @description Model id (one of `GET /v1/models`); defaults to the configured default model. */
-            model?: string | null;
+            model?: null | components["schemas"]["Identifier"];
             /**
              * Format: int64
-             * @description SPEC §14: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
+             * @description docs/conformance.md#priority: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
              *     level counts as one ageing step (default 60 s) of waiting, so low priority is
              *     never starved. Not compared on a replay of the effect key.
              */
@@ -993,11 +1045,9 @@ export interface components {
             request: components["schemas"]["HashableObject"];
             /** @description Owning workflow run. Exactly one of `scope` and `run_id`. */
             run_id?: string | null;
-            /** @description Application owner's scope. Exactly one of `scope` and `run_id`. */
-            scope?: string | null;
+            scope?: null | components["schemas"]["Identifier"];
             source?: null | components["schemas"]["SourceBody"];
-            /** @description The caller's name for the step; defaults to the kind. */
-            step?: string | null;
+            step?: null | components["schemas"]["Identifier"];
         };
         /** @description A task error, as shown. */
         TaskErrorView: {
@@ -1020,7 +1070,7 @@ export interface components {
          * @enum {string}
          */
         TaskStatusName: "queued" | "running" | "succeeded" | "failed" | "canceled";
-        /** @description The task object (SPEC §11). */
+        /** @description The task object (docs/conformance.md#http-shapes). */
         TaskView: {
             /**
              * @description Its attempts (a task runs at most once: none until claimed, then one), each with
@@ -1029,7 +1079,12 @@ export interface components {
             attempts: components["schemas"]["AttemptView"][];
             /** @description Served from the cache. */
             cached: boolean;
-            /** @description When a worker claimed it (SPEC §15). */
+            /**
+             * @description When served from the cache: the id of the task whose result it copied (`null`
+             *     otherwise).
+             */
+            cached_from: string | null;
+            /** @description When a worker claimed it (docs/conformance.md#listings). */
             claimed_at: string | null;
             /** @description Completion time, once terminal. */
             completed_at: string | null;
@@ -1058,7 +1113,7 @@ export interface components {
             output: unknown;
             /**
              * Format: int32
-             * @description SPEC §14: its priority within its scope (0–9, higher starts first).
+             * @description docs/conformance.md#priority: its priority within its scope (0–9, higher starts first).
              */
             priority: number;
             /**
@@ -1096,7 +1151,7 @@ export interface components {
             source: string;
         };
         /**
-         * @description SPEC §13 `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
+         * @description docs/conformance.md#cost-usage `GET /v1/scopes/{scope}/usage` and `GET /v1/usage` answer: spend and model
          *     tokens in the 24 h window (settled: what ended tasks cost; reserved: the worst case
          *     of tasks still queued or running), the limits in force, and what cache hits saved.
          */
@@ -1191,7 +1246,7 @@ export interface components {
              * @description Completion tokens.
              */
             output_tokens: number;
-            /** @description SPEC §13: whether the model has prices (`false`: `cost_usd` is unknown, not 0). */
+            /** @description docs/conformance.md#cost-prices: whether the model has prices (`false`: `cost_usd` is unknown, not 0). */
             priced: boolean;
         };
     };
@@ -1501,7 +1556,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description a version (default: the newest); an identifier */
-                version?: string;
+                version?: components["schemas"]["Identifier"];
             };
             header?: never;
             path: {
@@ -1593,7 +1648,7 @@ export interface operations {
             };
             header?: {
                 /** @description starts the run once per key: a retried start answers the run it started */
-                "Idempotency-Key"?: string | null;
+                "Idempotency-Key"?: components["schemas"]["Identifier"];
             };
             path: {
                 /** @description the pipeline's name */
@@ -1709,7 +1764,7 @@ export interface operations {
             /** @description refused by admission: the code says which limit; Retry-After on a rate limit */
             429: {
                 headers: {
-                    /** @description seconds until admission may succeed again, where known (the task rate limit, SPEC §13's token rate limit and spend budgets) */
+                    /** @description seconds until admission may succeed again, where known (the task rate limit, docs/conformance.md#cost-limits's token rate limit and spend budgets) */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
@@ -1747,7 +1802,7 @@ export interface operations {
                 /** @description only runs of this pipeline (a pipeline name: 1 to 128 letters, digits, `_`, `-` and `.`, not starting with `.`) */
                 pipeline?: string;
                 /** @description only runs of this scope */
-                scope?: string;
+                scope?: components["schemas"]["Identifier"];
                 /** @description only runs in one of these states, comma-separated (`running,waiting`) */
                 state?: components["schemas"]["RunStateName"][];
             };
@@ -2158,7 +2213,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2233,12 +2288,12 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description only this source's tasks */
-                source?: string;
+                source?: components["schemas"]["Identifier"];
             };
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2312,14 +2367,14 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description the `next` of the previous page */
-                after?: string;
+                after?: components["schemas"]["Identifier"];
                 /** @description only tasks of this step */
-                step?: string;
+                step?: components["schemas"]["Identifier"];
             };
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -2395,13 +2450,13 @@ export interface operations {
             header?: never;
             path: {
                 /** @description the scope */
-                scope: string;
+                scope: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description the scope's spend and tokens in the 24 h window (SPEC §13) */
+            /** @description the scope's spend and tokens in the 24 h window (docs/conformance.md#cost-usage) */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2539,7 +2594,9 @@ export interface operations {
                 /** @description only tasks created before this instant (RFC 3339) */
                 created_before?: string;
                 /** @description the task with this effect key (answers one task, not a page; no other parameter may be given with it) */
-                effect_key?: string;
+                effect_key?: components["schemas"]["Identifier"];
+                /** @description only tasks that ended with this error code (as `GET /v1/stats` counts them in `failures_by_code`) */
+                error_code?: string;
                 /** @description only tasks of this kind */
                 kind?: components["schemas"]["KindName"];
                 /** @description page size (default 50, at most 500) */
@@ -2549,13 +2606,13 @@ export interface operations {
                 /** @description only tasks of this run */
                 run_id?: string;
                 /** @description only tasks of this scope */
-                scope?: string;
+                scope?: components["schemas"]["Identifier"];
                 /** @description only tasks of this source id */
-                source?: string;
+                source?: components["schemas"]["Identifier"];
                 /** @description only tasks in one of these statuses, comma-separated (`queued,running`) */
                 status?: components["schemas"]["TaskStatusName"][];
                 /** @description only tasks of this step key */
-                step?: string;
+                step?: components["schemas"]["Identifier"];
             };
             header?: never;
             path?: never;
@@ -2636,7 +2693,7 @@ export interface operations {
             };
             header?: {
                 /** @description the effect key (or the body's `effect_key`; one of them is required, and they must agree) */
-                "Idempotency-Key"?: string | null;
+                "Idempotency-Key"?: components["schemas"]["Identifier"];
             };
             path?: never;
             cookie?: never;
@@ -2749,7 +2806,7 @@ export interface operations {
             /** @description refused by admission: the code says which limit; Retry-After on a rate limit */
             429: {
                 headers: {
-                    /** @description seconds until admission may succeed again, where known (the task rate limit, SPEC §13's token rate limit and spend budgets) */
+                    /** @description seconds until admission may succeed again, where known (the task rate limit, docs/conformance.md#cost-limits's token rate limit and spend budgets) */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
@@ -3169,7 +3226,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description the app's spend and tokens in the 24 h window, all scopes (SPEC §13) */
+            /** @description the app's spend and tokens in the 24 h window, all scopes (docs/conformance.md#cost-usage) */
             200: {
                 headers: {
                     [name: string]: unknown;

@@ -1,4 +1,4 @@
-//! SPEC §4's table: each limit, its refusal, the order of the checks, and that a refusal
+//! docs/conformance.md#admission-order's table: each limit, its refusal, the order of the checks, and that a refusal
 //! writes nothing.
 
 use crate::Backend;
@@ -6,7 +6,7 @@ use crate::fixtures::*;
 use std::time::Duration;
 use tollgate_core::{AdmissionRejection, Budget, ErrorCode, NewTask, TaskStatus};
 
-/// SPEC §4 `max_steps_per_source`: distinct logical steps of one source in 24 h;
+/// docs/conformance.md#admission `max_steps_per_source`: distinct logical steps of one source in 24 h;
 /// `WORKFLOW_AI_SOURCE_BUDGET`. Other sources are not affected.
 pub async fn source_budget_limits_distinct_steps_per_source(b: &dyn Backend) {
     let s = b.open().await;
@@ -40,7 +40,7 @@ pub async fn source_budget_limits_distinct_steps_per_source(b: &dyn Backend) {
     .await;
 }
 
-/// SPEC §4 `sources_per_24_hours`: distinct sources of the scope in 24 h;
+/// docs/conformance.md#admission `sources_per_24_hours`: distinct sources of the scope in 24 h;
 /// `WORKFLOW_AI_DAILY_BUDGET`. A source already seen in the window is always allowed.
 pub async fn daily_budget_limits_distinct_sources_and_allows_seen_ones(b: &dyn Backend) {
     let s = b.open().await;
@@ -61,7 +61,7 @@ pub async fn daily_budget_limits_distinct_sources_and_allows_seen_ones(b: &dyn B
     create_new(&*s, new_scoped_task("globex", "s", "c3", "doc-c", two)).await;
 }
 
-/// SPEC §4 `scope_concurrent`: scoped tasks of the scope that are queued or running;
+/// docs/conformance.md#admission `scope_concurrent`: scoped tasks of the scope that are queued or running;
 /// `WORKFLOW_AI_CAPACITY`. A task that ends frees its slot; other scopes are not affected.
 pub async fn scope_capacity_counts_queued_and_running_tasks(b: &dyn Backend) {
     let s = b.open().await;
@@ -86,7 +86,7 @@ pub async fn scope_capacity_counts_queued_and_running_tasks(b: &dyn Backend) {
     create_new(&*s, new_scoped_task("acme", "s", "d", "doc-d", two)).await;
 }
 
-/// SPEC §4 `global_concurrent`: scoped tasks of all apps and scopes that are queued or
+/// docs/conformance.md#admission `global_concurrent`: scoped tasks of all apps and scopes that are queued or
 /// running; `WORKFLOW_AI_CAPACITY`.
 pub async fn global_capacity_counts_scoped_tasks_of_every_app_and_scope(b: &dyn Backend) {
     let s = b.open().await;
@@ -102,7 +102,7 @@ pub async fn global_capacity_counts_scoped_tasks_of_every_app_and_scope(b: &dyn 
     create_new(&*s, new_scoped_task("initech", "s3", "c", "doc", two)).await;
 }
 
-/// SPEC §4 token bucket: `burst` tasks at once, then one every `60 / tasks_per_minute`
+/// docs/conformance.md#admission token bucket: `burst` tasks at once, then one every `60 / tasks_per_minute`
 /// seconds; `WORKFLOW_AI_RATE_LIMIT` carries the exact time until the next token, and
 /// advancing the clock by exactly that much admits again.
 pub async fn rate_limit_admits_burst_then_reports_time_until_next_token(b: &dyn Backend) {
@@ -153,7 +153,7 @@ pub async fn rate_limit_admits_burst_then_reports_time_until_next_token(b: &dyn 
     .await;
 }
 
-/// SPEC §4 `scope_concurrent`/`global_concurrent`: a scoped task stops counting as soon
+/// docs/conformance.md#admission `scope_concurrent`/`global_concurrent`: a scoped task stops counting as soon
 /// as it leaves queued/running, whichever way (complete, fail, cancel while queued or
 /// running, run cancel, queue timeout, interruption, deletion of its owner's data), and it
 /// stops counting exactly once.
@@ -266,7 +266,7 @@ pub async fn every_ending_frees_the_concurrency_slot(b: &dyn Backend) {
     }
 }
 
-/// SPEC §4: checks run in the order of the table; when several limits fail, the earliest
+/// docs/conformance.md#admission-order: checks run in the order of the table; when several limits fail, the earliest
 /// decides. Each case leaves two or more limits failing.
 pub async fn admission_checks_run_in_spec_order(b: &dyn Backend) {
     let s = b.open().await;
@@ -338,7 +338,7 @@ pub async fn admission_checks_run_in_spec_order(b: &dyn Backend) {
     }
 }
 
-/// SPEC §3 step 5 and §4: a rejection writes nothing: no task exists under its effect key,
+/// docs/conformance.md#create-admission, docs/conformance.md#admission: a rejection writes nothing: no task exists under its effect key,
 /// no token is taken, and a later create with the same key is admitted normally.
 pub async fn rejections_write_nothing(b: &dyn Backend) {
     let s = b.open().await;

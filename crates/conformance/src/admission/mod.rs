@@ -1,4 +1,4 @@
-//! SPEC §4: admission control of scoped tasks.
+//! docs/conformance.md#admission: admission control of scoped tasks.
 //!
 //! One test per rule, grouped by what the rule counts; every test is re-exported here, so
 //! its name is `admission::<test>` whatever file holds it.

@@ -1,4 +1,4 @@
-//! SPEC §4 logical steps: the same step counts once; a succeeded task keeps its step,
+//! docs/conformance.md#admission logical steps: the same step counts once; a succeeded task keeps its step,
 //! every other ending frees it while its source stays seen.
 
 use crate::Backend;
@@ -6,7 +6,7 @@ use crate::fixtures::*;
 use tollgate_core::{ErrorCode, TaskStatus};
 use tollgate_store::SweepConfig;
 
-/// SPEC §4: the logical key is the cache key, so asking again for the same logical step
+/// docs/conformance.md#admission: the logical key is the cache key, so asking again for the same logical step
 /// (another effect key, same source and request) does not count as another step.
 pub async fn same_logical_step_counts_once(b: &dyn Backend) {
     let s = b.open().await;
@@ -30,7 +30,7 @@ pub async fn same_logical_step_counts_once(b: &dyn Backend) {
     assert_eq!(r.code(), ErrorCode::SourceBudget);
 }
 
-/// SPEC §4: a succeeded task keeps its logical key: its step still counts.
+/// docs/conformance.md#admission: a succeeded task keeps its logical key: its step still counts.
 pub async fn succeeded_task_keeps_its_step(b: &dyn Backend) {
     let s = b.open().await;
     let one = budget(1, 100, 100, 100, 100, 100);
@@ -107,22 +107,22 @@ async fn ended_task_frees_its_step(b: &dyn Backend, ending: Ending) {
     );
 }
 
-/// SPEC §4/§5: a failed task frees its step; its source stays seen.
+/// docs/conformance.md#admission, docs/conformance.md#lifecycle: a failed task frees its step; its source stays seen.
 pub async fn failed_task_frees_its_step_but_source_stays_seen(b: &dyn Backend) {
     ended_task_frees_its_step(b, Ending::Failed).await;
 }
 
-/// SPEC §4/§5: a canceled task frees its step; its source stays seen.
+/// docs/conformance.md#admission, docs/conformance.md#lifecycle: a canceled task frees its step; its source stays seen.
 pub async fn canceled_task_frees_its_step_but_source_stays_seen(b: &dyn Backend) {
     ended_task_frees_its_step(b, Ending::Canceled).await;
 }
 
-/// SPEC §4/§6.1: a task expired by the queue timeout frees its step; its source stays seen.
+/// docs/conformance.md#admission, docs/conformance.md#sweep-queue-timeout: a task expired by the queue timeout frees its step; its source stays seen.
 pub async fn queue_timed_out_task_frees_its_step_but_source_stays_seen(b: &dyn Backend) {
     ended_task_frees_its_step(b, Ending::QueueTimeout).await;
 }
 
-/// SPEC §4/§6.2: an interrupted task frees its step; its source stays seen.
+/// docs/conformance.md#admission, docs/conformance.md#sweep-liveness: an interrupted task frees its step; its source stays seen.
 pub async fn interrupted_task_frees_its_step_but_source_stays_seen(b: &dyn Backend) {
     ended_task_frees_its_step(b, Ending::Interrupted).await;
 }

@@ -1,4 +1,4 @@
-//! SPEC §4 the 24 h window: records count for exactly 24 h, slide out one by one, and
+//! docs/conformance.md#admission-exact the 24 h window: records count for exactly 24 h, slide out one by one, and
 //! sweeps pruning them change no decision.
 
 use crate::Backend;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use tollgate_core::ErrorCode;
 use tollgate_store::SweepConfig;
 
-/// SPEC §4: steps and sources count for 24 h only, without any sweep: just before the
+/// docs/conformance.md#admission: steps and sources count for 24 h only, without any sweep: just before the
 /// window ends they still count, just after it they no longer do.
 pub async fn admission_window_is_24_hours(b: &dyn Backend) {
     let s = b.open().await;
@@ -45,14 +45,14 @@ pub async fn admission_window_is_24_hours(b: &dyn Backend) {
     create_new(&*s, next_source()).await;
 }
 
-/// SPEC §4 and §12: the window slides record by record, exactly: each source or step
+/// docs/conformance.md#admission-exact, docs/conformance.md#constant-admission: the window slides record by record, exactly: each source or step
 /// stops counting 24 h after *its latest* admission, not when the oldest record of the
 /// scope expires (a trap for backends that keep running counters).
 pub async fn admission_window_slides_record_by_record(b: &dyn Backend) {
     window_slides(b, false).await;
 }
 
-/// SPEC §4 and §6.5: the same sliding window with a sweep (pruning admission records)
+/// docs/conformance.md#admission, docs/conformance.md#sweep-prune: the same sliding window with a sweep (pruning admission records)
 /// after every move of the clock: pruning changes no admission decision.
 pub async fn admission_window_slides_the_same_with_sweeps(b: &dyn Backend) {
     window_slides(b, true).await;

@@ -1,10 +1,10 @@
-//! SPEC §5 claim and heartbeat: who holds a running task.
+//! docs/conformance.md#heartbeat claim and heartbeat: who holds a running task.
 
 use crate::Backend;
 use crate::fixtures::*;
 use tollgate_core::{Clock, TaskId, TaskStatus};
 
-/// SPEC §5 claim: `queued → running`, recorded with the worker and the time; a task is
+/// docs/conformance.md#lifecycle claim: `queued → running`, recorded with the worker and the time; a task is
 /// claimed at most once (a second claim, by anyone, gets nothing).
 pub async fn claim_moves_queued_to_running_once(b: &dyn Backend) {
     let s = b.open().await;
@@ -35,7 +35,7 @@ pub async fn claim_moves_queued_to_running_once(b: &dyn Backend) {
     );
 }
 
-/// SPEC §5 claim: a canceled task is never claimed, nor a failed or succeeded one.
+/// docs/conformance.md#lifecycle claim: a canceled task is never claimed, nor a failed or succeeded one.
 pub async fn claim_refuses_canceled_and_finished_tasks(b: &dyn Backend) {
     let s = b.open().await;
     let acme = app("acme");
@@ -62,7 +62,7 @@ pub async fn claim_refuses_canceled_and_finished_tasks(b: &dyn Backend) {
     );
 }
 
-/// SPEC §5 claim: a task of a canceled run is never claimed.
+/// docs/conformance.md#lifecycle claim: a task of a canceled run is never claimed.
 pub async fn claim_refuses_tasks_of_a_canceled_run(b: &dyn Backend) {
     let s = b.open().await;
     let acme = app("acme");
@@ -80,7 +80,7 @@ pub async fn claim_refuses_tasks_of_a_canceled_run(b: &dyn Backend) {
     );
 }
 
-/// SPEC §5/§6.7: `claim_next` claims claimable queued tasks of every app, oldest first,
+/// docs/conformance.md#lifecycle, docs/conformance.md#sweep-recovery: `claim_next` claims claimable queued tasks of every app, oldest first,
 /// at most `limit` at a time, skipping canceled ones.
 pub async fn claim_next_claims_oldest_claimable_first(b: &dyn Backend) {
     let s = b.open().await;
@@ -120,7 +120,7 @@ pub async fn claim_next_claims_oldest_claimable_first(b: &dyn Backend) {
     assert!(s.claim_next(&w, 10).await.expect("claim_next").is_empty());
 }
 
-/// SPEC §5 heartbeat and §12: one call covers many tasks; it keeps the worker's running
+/// docs/conformance.md#heartbeat heartbeat and docs/conformance.md#batched-heartbeats: one call covers many tasks; it keeps the worker's running
 /// tasks alive and reports in `stop` every task the worker must stop: canceled, held by
 /// another worker, not running, deleted or never existing.
 pub async fn heartbeat_reports_alive_and_stop_in_one_call(b: &dyn Backend) {

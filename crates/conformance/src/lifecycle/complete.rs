@@ -1,4 +1,4 @@
-//! SPEC §5 complete (and §2: only a contract-valid output is stored as success).
+//! docs/conformance.md#lifecycle complete (and docs/conformance.md#task-kinds: only a contract-valid output is stored as success).
 
 use crate::Backend;
 use crate::fixtures::*;
@@ -9,7 +9,7 @@ use tollgate_core::{
 };
 use tollgate_store::StoreError;
 
-/// SPEC §5 complete and §2: `running → succeeded` with the output and the usage.
+/// docs/conformance.md#lifecycle complete and docs/conformance.md#task-kinds: `running → succeeded` with the output and the usage.
 pub async fn complete_records_output_and_usage(b: &dyn Backend) {
     let s = b.open().await;
     let acme = app("acme");
@@ -33,7 +33,7 @@ pub async fn complete_records_output_and_usage(b: &dyn Backend) {
     assert_eq!(get(&*s, &acme, t.id).await, done);
 }
 
-/// SPEC §5 complete: a late completion of a task that was canceled, failed, or expired
+/// docs/conformance.md#lifecycle complete: a late completion of a task that was canceled, failed, or expired
 /// (queue timeout or interruption) is refused and changes nothing.
 pub async fn complete_refuses_canceled_failed_and_expired_tasks(b: &dyn Backend) {
     let s = b.open().await;
@@ -72,7 +72,7 @@ pub async fn complete_refuses_canceled_failed_and_expired_tasks(b: &dyn Backend)
     }
 }
 
-/// SPEC §5: only the worker holding a running task completes it; a queued task cannot be
+/// docs/conformance.md#lifecycle: only the worker holding a running task completes it; a queued task cannot be
 /// completed.
 pub async fn complete_refuses_a_task_not_held_by_the_worker(b: &dyn Backend) {
     let s = b.open().await;
@@ -98,7 +98,7 @@ pub async fn complete_refuses_a_task_not_held_by_the_worker(b: &dyn Backend) {
     );
 }
 
-/// SPEC §5, batched: `complete_tasks` answers each item exactly as `complete_task` would
+/// docs/conformance.md#lifecycle, batched: `complete_tasks` answers each item exactly as `complete_task` would
 /// (applied, refused for another worker's or a missing task, `InvalidOutput` for a bad
 /// output), in order, and only the applied items change.
 pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend) {
@@ -167,7 +167,7 @@ pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend
     }
 }
 
-/// SPEC §2/§5: an output that violates the kind's contract is never stored as success:
+/// docs/conformance.md#task-kinds, docs/conformance.md#lifecycle: an output that violates the kind's contract is never stored as success:
 /// `StoreError::InvalidOutput`, and the task is unchanged (still running, so the worker may
 /// ask again).
 pub async fn complete_refuses_invalid_output_and_changes_nothing(b: &dyn Backend) {

@@ -1,11 +1,11 @@
-//! SPEC §5 fail, request cancel and mark canceled: the other endings, and that every
+//! docs/conformance.md#lifecycle fail, request cancel and mark canceled: the other endings, and that every
 //! terminal state is final.
 
 use crate::Backend;
 use crate::fixtures::*;
 use tollgate_core::{Clock, ErrorCode, MAX_ERROR_MESSAGE_CHARS, TaskId, TaskStatus};
 
-/// SPEC §5 fail: `queued/running → failed` with the code and a message cut to 2,000
+/// docs/conformance.md#lifecycle fail: `queued/running → failed` with the code and a message cut to 2,000
 /// characters (characters, not bytes).
 pub async fn fail_cuts_message_to_2000_characters(b: &dyn Backend) {
     let s = b.open().await;
@@ -47,7 +47,7 @@ pub async fn fail_cuts_message_to_2000_characters(b: &dyn Backend) {
     );
 }
 
-/// SPEC §5: `fail` of a task that is already terminal is refused and changes nothing.
+/// docs/conformance.md#lifecycle: `fail` of a task that is already terminal is refused and changes nothing.
 pub async fn fail_refuses_terminal_tasks(b: &dyn Backend) {
     let s = b.open().await;
     let acme = app("acme");
@@ -76,7 +76,7 @@ pub async fn fail_refuses_terminal_tasks(b: &dyn Backend) {
     }
 }
 
-/// SPEC §5 request cancel: a queued or a running task becomes `canceled` at once with
+/// docs/conformance.md#lifecycle request cancel: a queued or a running task becomes `canceled` at once with
 /// `WORKFLOW_AI_CANCELED`, and its worker sees cancellation.
 pub async fn request_cancel_cancels_queued_and_running_tasks(b: &dyn Backend) {
     let s = b.open().await;
@@ -112,7 +112,7 @@ pub async fn request_cancel_cancels_queued_and_running_tasks(b: &dyn Backend) {
     );
 }
 
-/// SPEC §5: terminal states are final: cancel, fail, complete and claim change nothing
+/// docs/conformance.md#lifecycle: terminal states are final: cancel, fail, complete and claim change nothing
 /// once a task succeeded, failed or was canceled.
 pub async fn terminal_states_are_final(b: &dyn Backend) {
     let s = b.open().await;
@@ -153,7 +153,7 @@ pub async fn terminal_states_are_final(b: &dyn Backend) {
     }
 }
 
-/// SPEC §5 is cancellation requested: false for a live task, true once it is canceled,
+/// docs/conformance.md#cancellation-requested is cancellation requested: false for a live task, true once it is canceled,
 /// true when its run is canceled, and true when the task no longer exists (deleted owner,
 /// or an id that never existed).
 pub async fn is_cancellation_requested_for_canceled_run_canceled_and_missing_tasks(

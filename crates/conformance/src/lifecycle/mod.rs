@@ -1,4 +1,4 @@
-//! SPEC §5: claim, heartbeat, complete, fail, cancel; SPEC §6.7: recovery listing.
+//! docs/conformance.md#heartbeat: claim, heartbeat, complete, fail, cancel; docs/conformance.md#sweep-recovery: recovery listing.
 //!
 //! One test per rule, grouped by operation; every test is
 //! re-exported here, so its name is `lifecycle::<test>` whatever file holds it.

@@ -1,11 +1,11 @@
-//! What a restarted or another replica reads back: SPEC §6.7 recovery listing and kept
+//! What a restarted or another replica reads back: docs/conformance.md#sweep-recovery recovery listing and kept
 //! settings.
 
 use crate::Backend;
 use crate::fixtures::*;
 use tollgate_core::Task;
 
-/// SPEC §6.7 recovery: `first_queued` is the oldest queued task (creation time, then
+/// docs/conformance.md#sweep-recovery recovery: `first_queued` is the oldest queued task (creation time, then
 /// id) of any app — not a running or terminal one — and none once nothing is queued.
 pub async fn first_queued_is_the_oldest_queued_task(b: &dyn Backend) {
     let s = b.open().await;

@@ -1,4 +1,4 @@
-//! The four task kinds (SPEC §2): their request types, request parsing and validation,
+//! The four task kinds (docs/conformance.md#task-kinds): their request types, request parsing and validation,
 //! the JSON Schemas of requests and outputs, and validation of model outputs.
 //!
 //! Requests are parsed field by field so every error names the exact path that is wrong
@@ -69,7 +69,7 @@ pub const MAX_SEED: i64 = 1 << 53;
 // TaskKind
 // ---------------------------------------------------------------------------------------
 
-/// The kind of a task (SPEC §2). Its string form (`generate_text`, …) is part of the API.
+/// The kind of a task (docs/conformance.md#task-kinds). Its string form (`generate_text`, …) is part of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskKind {

@@ -1,4 +1,4 @@
-//! Validation of model outputs against a request's contract (SPEC §2).
+//! Validation of model outputs against a request's contract (docs/conformance.md#task-kinds).
 
 use std::collections::HashMap;
 
@@ -14,7 +14,7 @@ use crate::error::OutputViolation;
 /// How many schema errors `validate_output` reports for `extract_data`.
 const MAX_REPORTED_SCHEMA_ERRORS: usize = 3;
 
-/// Validates a model output against the request's contract (SPEC §2) and returns the
+/// Validates a model output against the request's contract (docs/conformance.md#task-kinds) and returns the
 /// normalized output:
 /// - `generate_text`: `{"text": string}`, nothing else;
 /// - `classify`: `{"label": one of the labels, "confidence"?: number in [0, 1]}` (a `null`

@@ -1,4 +1,4 @@
-//! `[budgets]`, `[apps]` and `[admission]`: budget policies and who may use them (SPEC §10).
+//! `[budgets]`, `[apps]` and `[admission]`: budget policies and who may use them (docs/conformance.md#budget-policies).
 
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -69,7 +69,7 @@ impl<'de> Deserialize<'de> for Limit {
     }
 }
 
-/// `[budgets.<name>]`: the five per-scope admission limits of SPEC §4 (the sixth,
+/// `[budgets.<name>]`: the five per-scope admission limits of docs/conformance.md#admission (the sixth,
 /// `global_concurrent`, is the server-wide `[admission]` setting).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,17 +84,17 @@ pub struct BudgetPolicy {
     pub burst: Limit,
     /// Token-bucket refill in tasks per minute.
     pub tasks_per_minute: Limit,
-    /// SPEC §13: the scope's spend in 24 h (settled plus reserved), USD.
+    /// docs/conformance.md#cost-usage: the scope's spend in 24 h (settled plus reserved), USD.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usd_per_24_hours: Option<f64>,
-    /// SPEC §13: the scope's model-token bucket refill, tokens per minute (with
+    /// docs/conformance.md#cost-limits: the scope's model-token bucket refill, tokens per minute (with
     /// `token_burst`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<Limit>,
-    /// SPEC §13: the scope's model-token bucket capacity (with `tokens_per_minute`).
+    /// docs/conformance.md#cost-limits: the scope's model-token bucket capacity (with `tokens_per_minute`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_burst: Option<Limit>,
-    /// SPEC §14: the scope's share of claims against other scopes (1 to 1000; default 1).
+    /// docs/conformance.md#fair-share: the scope's share of claims against other scopes (1 to 1000; default 1).
     /// Applies to every task of a scope that uses the policy, scoped or not.
     #[serde(default = "default_weight")]
     pub weight: Limit,
@@ -121,7 +121,7 @@ impl Default for BudgetPolicy {
 }
 
 impl BudgetPolicy {
-    /// SPEC §13: the policy's cost limits (the app's limit is added per app), or the
+    /// docs/conformance.md#cost-limits: the policy's cost limits (the app's limit is added per app), or the
     /// first invalid field and why.
     pub fn cost_limits(&self) -> Result<tollgate_core::CostLimits, (&'static str, String)> {
         let scope_nano_per_24_hours = self
@@ -177,7 +177,7 @@ pub struct AppConfig {
     /// accepts and ignores them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_keys: Option<Value>,
-    /// SPEC §13: the whole app's spend in 24 h, all scopes, USD.
+    /// docs/conformance.md#money-and-tokens: the whole app's spend in 24 h, all scopes, USD.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usd_per_24_hours: Option<f64>,
     /// The global slots (`[admission] global_concurrent`) only this app may use

@@ -1,11 +1,11 @@
-//! `[dispatch]` and the provider pace keys (SPEC §14).
+//! `[dispatch]` and the provider pace keys (docs/conformance.md#provider-pace).
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 use super::*;
 
-/// `[dispatch]`: the order workers start queued tasks in (SPEC §14).
+/// `[dispatch]`: the order workers start queued tasks in (docs/conformance.md#fair-share).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DispatchConfig {
@@ -38,7 +38,7 @@ impl DispatchConfig {
     }
 }
 
-/// SPEC §14 provider pace, on a `[providers.<name>]` or a `[models.<id>]` entry: what all
+/// docs/conformance.md#provider-pace provider pace, on a `[providers.<name>]` or a `[models.<id>]` entry: what all
 /// replicas together may send per `pace_window` (one minute unless shortened).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

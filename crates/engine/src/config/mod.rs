@@ -24,7 +24,7 @@
 //! timeout = "60s"
 //! max_retries = 2
 //!
-//! requests_per_minute = 500             # SPEC §14 pace across all replicas (optional)
+//! requests_per_minute = 500             # docs/conformance.md#provider-pace pace across all replicas (optional)
 //! tokens_per_minute = 200000            # (optional; per model too, under [models.<id>])
 //! pace_window = "60s"                   # the window the per-minute limits count over
 //!
@@ -34,7 +34,7 @@
 //! scope_concurrent = 50
 //! burst = 60
 //! tasks_per_minute = 600
-//! weight = 1                            # SPEC §14 share of claims against other scopes
+//! weight = 1                            # docs/conformance.md#fair-share share of claims against other scopes
 //!
 //! [dispatch]
 //! fairness = true                       # false: oldest first across everything
@@ -133,7 +133,7 @@ pub struct EngineConfig {
     pub models: BTreeMap<String, ModelConfig>,
     /// Providers the models use, by name.
     pub providers: BTreeMap<String, ProviderConfig>,
-    /// Named budget policies (SPEC §10).
+    /// Named budget policies (docs/conformance.md#budget-policies).
     pub budgets: BTreeMap<String, BudgetPolicy>,
     /// Per-app budget choices.
     pub apps: BTreeMap<String, AppConfig>,
@@ -141,13 +141,13 @@ pub struct EngineConfig {
     pub admission: AdmissionConfig,
     /// The worker pool of this process.
     pub workers: WorkerConfig,
-    /// The background sweeper of this process (SPEC §6).
+    /// The background sweeper of this process (docs/conformance.md#sweeps).
     pub sweeper: SweeperConfig,
     /// How replicas hint each other.
     pub notifications: NotificationConfig,
     /// The pipeline driver of this process.
     pub pipelines: PipelineConfig,
-    /// The order workers start queued tasks in (SPEC §14).
+    /// The order workers start queued tasks in (docs/conformance.md#fair-share).
     pub dispatch: DispatchConfig,
 }
 

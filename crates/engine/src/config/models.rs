@@ -22,26 +22,26 @@ pub struct ModelConfig {
     /// matching.
     #[serde(default)]
     pub params: Map<String, Value>,
-    /// SPEC §13: what the model costs, in USD per million tokens. Without prices a task
+    /// docs/conformance.md#cost-prices: what the model costs, in USD per million tokens. Without prices a task
     /// of the model costs nothing known (`cost_usd: null`) and reserves no money.
     /// Prices are not part of the model config hash (they change no output).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prices: Option<ModelPrices>,
-    /// SPEC §13: the output-token bound of a request that sets none
+    /// docs/conformance.md#cost-reservation: the output-token bound of a request that sets none
     /// (`max_output_tokens`), sent to the provider as `max_tokens` (so it is part of the
     /// model config hash) and reserved at admission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
-    /// SPEC §14: calls per `pace_window` of its provider to this model, from all
+    /// docs/conformance.md#provider-pace: calls per `pace_window` of its provider to this model, from all
     /// replicas together (in addition to the provider's own pace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_minute: Option<Limit>,
-    /// SPEC §14: model tokens per `pace_window` of its provider to this model.
+    /// docs/conformance.md#provider-pace: model tokens per `pace_window` of its provider to this model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<Limit>,
 }
 
-/// `[models.<id>.prices]` (SPEC §13), USD per million tokens.
+/// `[models.<id>.prices]` (docs/conformance.md#cost-prices), USD per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelPrices {
@@ -75,7 +75,7 @@ impl ModelPrices {
 }
 
 impl ModelConfig {
-    /// SPEC §14: this model's own pace limits.
+    /// docs/conformance.md#provider-pace: this model's own pace limits.
     pub fn pace(&self) -> PaceLimits {
         PaceLimits {
             requests_per_minute: self.requests_per_minute,
@@ -137,10 +137,10 @@ pub struct ProviderConfig {
     /// the call at once instead of holding a worker.
     #[serde(default = "default_max_retry_delay", with = "duration_text")]
     pub max_retry_delay: Duration,
-    /// SPEC §14: calls per `pace_window` to this provider, from all replicas together.
+    /// docs/conformance.md#provider-pace: calls per `pace_window` to this provider, from all replicas together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_minute: Option<Limit>,
-    /// SPEC §14: model tokens (input bound plus output bound, settled with the reported
+    /// docs/conformance.md#dispatch: model tokens (input bound plus output bound, settled with the reported
     /// usage) per `pace_window` to this provider, from all replicas together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<Limit>,
@@ -173,7 +173,7 @@ fn default_max_pause() -> Duration {
 }
 
 impl ProviderConfig {
-    /// SPEC §14: the provider's pace limits.
+    /// docs/conformance.md#provider-pace: the provider's pace limits.
     pub fn pace(&self) -> PaceLimits {
         PaceLimits {
             requests_per_minute: self.requests_per_minute,

@@ -60,7 +60,7 @@ impl Problems {
         });
     }
 
-    /// SPEC §14 pace limits: positive integers where set.
+    /// docs/conformance.md#provider-pace pace limits: positive integers where set.
     fn pace(&mut self, key: &str, pace: PaceLimits) {
         for (field, value) in pace.fields() {
             if let Some(Err(message)) = value.map(Limit::positive) {

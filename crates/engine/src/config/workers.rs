@@ -1,4 +1,4 @@
-//! `[workers]` and `[sweeper]`: this process's worker pool and the SPEC §6 sweep.
+//! `[workers]` and `[sweeper]`: this process's worker pool and the docs/conformance.md#sweeps sweep.
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -29,7 +29,7 @@ impl Default for WorkerConfig {
     }
 }
 
-/// `[sweeper]`: SPEC §6 timeouts and batches (configuration, not constants).
+/// `[sweeper]`: docs/conformance.md#sweeps timeouts and batches (configuration, not constants).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SweeperConfig {

@@ -3,7 +3,7 @@
 //! during inference) and publishes notifications after the commit.
 //!
 //! Split by what the calls are about: [`submission`] (what a caller submits),
-//! `submit` (SPEC §3 creation, one or a batch), `tasks` (reading, waiting, cancel,
+//! `submit` (docs/conformance.md#creating-a-task creation, one or a batch), `tasks` (reading, waiting, cancel,
 //! release, deletion), `runs` (workflow runs) and `open` (databases and notifiers from a
 //! URL).
 
@@ -18,80 +18,17 @@ pub use tasks::TaskWaiter;
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
-use crate::notify::{Event, FinishedTask, Notifier};
-use crate::pipelines::PipelineCache;
+use crate::inner::Inner;
+use crate::notify::Notifier;
+use crate::pipeline_cache::PipelineCache;
 use crate::provider::{Provider, ProviderRegistry};
 use crate::registry::{BudgetPolicies, ModelRegistry};
-use crate::sweeper;
 use crate::watch::Watches;
-use crate::worker::{EngineHandle, WorkerPool};
-use serde_json::Value;
 use std::sync::Arc;
-use tollgate_core::{InvalidInput, TaskKind, ValidatedRequest, check_output_fits};
-use tollgate_store::{Store, SweepReport, Transition};
+use tollgate_store::Store;
 
 /// Most submissions one [`Tollgate::submit_many`] call accepts.
 pub const MAX_BATCH: usize = 1000;
-
-/// What the engine shares between the facade, the workers and the sweeper.
-pub(crate) struct Inner {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) config: EngineConfig,
-    pub(crate) models: ModelRegistry,
-    pub(crate) budgets: BudgetPolicies,
-    pub(crate) providers: ProviderRegistry,
-    pub(crate) notifier: Notifier,
-    pub(crate) pipelines: PipelineCache,
-    /// Shared watches of waited-on tasks and each app's waiter slots.
-    pub(crate) watches: Arc<Watches>,
-}
-
-impl std::fmt::Debug for Inner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inner")
-            .field("store", &self.store.backend())
-            .field("models", &self.models)
-            .field("notifier", &self.notifier)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Inner {
-    /// SPEC §3 step 1 for a request: valid for its kind, within the request size limit,
-    /// and able to produce an output within the output limit. The one check every
-    /// submission (and every pipeline step written in full) goes through.
-    pub(crate) fn validate_request(
-        &self,
-        kind: TaskKind,
-        raw: &Value,
-    ) -> Result<ValidatedRequest, InvalidInput> {
-        let request = ValidatedRequest::new(kind, raw, self.config.max_request_bytes)?;
-        check_output_fits(request.request(), self.config.max_output_bytes)?;
-        Ok(request)
-    }
-
-    /// Notifies about a state change that took effect: the task's app and the runs woken.
-    pub(crate) fn publish_transition(&self, transition: &Transition) {
-        if !transition.applied {
-            return;
-        }
-        let app = transition.task.as_ref().map(|t| t.app.clone());
-        if let Some(task) = &transition.task {
-            self.notifier.publish(Event::TaskFinished {
-                app: Some(task.app.clone()),
-                id: task.id,
-                status: Some(task.status),
-                task: Some(FinishedTask(Arc::new(task.clone()))),
-            });
-        }
-        for run in &transition.woken_runs {
-            self.notifier.publish(Event::RunWoken {
-                app: app.clone(),
-                id: *run,
-            });
-        }
-    }
-}
 
 /// Builds a [`Tollgate`] with a chosen notifier or extra providers.
 pub struct TollgateBuilder {
@@ -158,7 +95,7 @@ impl TollgateBuilder {
 }
 
 /// Tollgate: submit, inspect, wait for and cancel AI tasks; run the workers and the
-/// sweeper. Cloning shares one engine.
+/// sweeper ([`Tollgate::start`], [`Tollgate::sweep_now`]). Cloning shares one engine.
 #[derive(Debug, Clone)]
 pub struct Tollgate {
     pub(crate) inner: Arc<Inner>,
@@ -224,17 +161,5 @@ impl Tollgate {
     /// The notifier (subscribe to hear tasks finish and runs wake).
     pub fn notifier(&self) -> &Notifier {
         &self.inner.notifier
-    }
-
-    /// Runs the SPEC §6 sweep now, in rounds until nothing is left, and publishes what
-    /// finished. The background sweeper does this every `sweeper.interval`.
-    pub async fn sweep_now(&self) -> Result<SweepReport, EngineError> {
-        Ok(sweeper::sweep_until_done(&self.inner, None).await?)
-    }
-
-    /// Starts this process's workers, sweeper and pipeline driver, and dispatches the
-    /// queued tasks found at start (recovery). Returns the handle that shuts them down.
-    pub async fn start(&self) -> Result<EngineHandle, EngineError> {
-        WorkerPool::start(self.inner.clone()).await
     }
 }

@@ -1,4 +1,4 @@
-//! Workflow runs (SPEC §7).
+//! Workflow runs (docs/conformance.md#workflow-runs).
 
 use crate::error::EngineError;
 use crate::notify::Event;
@@ -8,7 +8,7 @@ use tollgate_store::{RunCancel, RunResult, WaitOutcome};
 use super::*;
 
 impl Tollgate {
-    /// SPEC §7: creates a workflow run.
+    /// docs/conformance.md#workflow-runs: creates a workflow run.
     pub async fn create_run(&self, new: NewRun) -> Result<Run, EngineError> {
         Ok(self.inner.store.create_run(new).await?)
     }
@@ -18,7 +18,7 @@ impl Tollgate {
         Ok(self.inner.store.get_run(app, id).await?)
     }
 
-    /// SPEC §7: cancels the run and its queued and running tasks (their workers stop).
+    /// docs/conformance.md#workflow-runs: cancels the run and its queued and running tasks (their workers stop).
     pub async fn cancel_run(
         &self,
         app: &AppId,
@@ -38,7 +38,7 @@ impl Tollgate {
         Ok(answer)
     }
 
-    /// SPEC §7: the run's step waits on one of its tasks; it is woken (and a
+    /// docs/conformance.md#workflow-runs: the run's step waits on one of its tasks; it is woken (and a
     /// [`Event::RunWoken`] published) when the task becomes terminal.
     pub async fn wait_on_task(
         &self,

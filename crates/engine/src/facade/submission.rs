@@ -27,7 +27,7 @@ pub enum SubmissionOwner {
     },
 }
 
-/// The source a scoped task is about: cache and admission apply (SPEC §3–4).
+/// The source a scoped task is about: cache and admission apply (docs/conformance.md#creating-a-task, docs/conformance.md#admission).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceSpec {
     /// The source's id.
@@ -62,7 +62,7 @@ pub struct Submission {
     pub source: Option<SourceSpec>,
     /// A budget policy the app may use (default: the app's default policy).
     pub budget: Option<BudgetName>,
-    /// SPEC §14: priority within its scope (default [`Priority::DEFAULT`]).
+    /// docs/conformance.md#priority: priority within its scope (default [`Priority::DEFAULT`]).
     pub priority: Option<Priority>,
 }
 
@@ -196,7 +196,7 @@ impl Submission {
         self
     }
 
-    /// SPEC §14: sets the priority within its scope.
+    /// docs/conformance.md#priority: sets the priority within its scope.
     pub fn with_priority(mut self, priority: Priority) -> Submission {
         self.priority = Some(priority);
         self

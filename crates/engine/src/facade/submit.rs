@@ -1,4 +1,4 @@
-//! SPEC §3: submitting tasks, one or a batch.
+//! docs/conformance.md#creating-a-task: submitting tasks, one or a batch.
 
 use crate::cost::{TokenCounter, task_token_bound};
 use crate::error::EngineError;
@@ -15,17 +15,23 @@ use tollgate_store::{Created, StoreError};
 use super::*;
 
 impl Tollgate {
-    /// SPEC §3: resolves the model and budget, validates the request, creates the task
+    /// docs/conformance.md#creating-a-task: resolves the model and budget, validates the request, creates the task
     /// (idempotent per effect key; served from the cache when possible; admitted under
     /// the budget when scoped) and tells the workers. A rejection wrote nothing. A key in
     /// the engine's own namespaces (`run:`, `openai-`) is refused (docs/api.md, "Effect
-    /// keys").
+    /// keys"). A replay of a key answers its task (`created: false`) for the same
+    /// submission, and is [`EngineError::TaskConflict`] naming the first field that
+    /// differs otherwise (the HTTP API's 409), nothing written.
     pub async fn submit(&self, submission: Submission) -> Result<Submitted, EngineError> {
-        self.submit_keyed(submission, None).await
+        let submitted = self.submit_keyed(submission.clone(), None).await?;
+        self.replayed(&submission, submitted)
     }
 
-    /// [`submit`](Self::submit) of a task whose key the engine made in `space` (a
-    /// pipeline step, a door call): the key must lie in that namespace, and only there.
+    /// [`submit`](Self::submit) without comparing a replay (callers that judge it
+    /// themselves: [`CallerView`](crate::CallerView) after its visibility check, the
+    /// pipeline driver, whose keys it derives), of a task whose key the engine made in
+    /// `space` (a pipeline step, a door call) when given: the key must lie in that
+    /// namespace, and only there.
     pub(crate) async fn submit_keyed(
         &self,
         submission: Submission,
@@ -45,12 +51,12 @@ impl Tollgate {
         result
     }
 
-    /// SPEC §3 step 1 and the configuration: model, budget policy, request, owner.
+    /// docs/conformance.md#create-validate and the configuration: model, budget policy, request, owner.
     fn prepare(&self, s: Submission) -> Result<NewTask, EngineError> {
         let inner = &self.inner;
         let model = inner.models.resolve(s.model.as_ref())?;
         let (policy, budget) = inner.budgets.resolve(&s.app, s.budget.as_ref())?;
-        // SPEC §14: the task's priority, its scope's weight (the policy's), the ageing.
+        // docs/conformance.md#priority: the task's priority, its scope's weight (the policy's), the ageing.
         let dispatch = Dispatch {
             priority: s.priority.unwrap_or_default(),
             weight: inner.budgets.weight(&policy),
@@ -69,7 +75,7 @@ impl Tollgate {
                 subject: s.subject,
             },
         };
-        // SPEC §13: the task's worst case, reserved at admission (a cache hit or a replay
+        // docs/conformance.md#cost-reservation: the task's worst case, reserved at admission (a cache hit or a replay
         // reserves nothing; the store decides which it is). A task without a source
         // reserves too when it can cost money: its model has prices, or a USD or token
         // limit applies to it (docs/budgets.md, "Tasks without a source").
@@ -136,7 +142,7 @@ impl Tollgate {
         if created.created {
             if task.cached() {
                 metrics::counter!(m::CACHE_HITS_TOTAL, "kind" => kind.as_str()).increment(1);
-                // SPEC §13: what the hit saved (the copied task's charge, from the store).
+                // docs/conformance.md#cost-cache-hits: what the hit saved (the copied task's charge, from the store).
                 if created.saved_nano > 0 {
                     metrics::counter!(m::SPEND_SAVED_TOTAL, m::app_labels(&task.app))
                         .increment(created.saved_nano);
@@ -169,8 +175,24 @@ impl Tollgate {
     /// or a run): each group goes to the store's batch creation in order (SQLite: one
     /// transaction per group), so earlier items take a scope's budget first; groups run
     /// concurrently (bounded). A repeated effect key within the batch is submitted after
-    /// its first occurrence, so the first one is the one that creates.
+    /// its first occurrence, so the first one is the one that creates. Each replay is
+    /// judged like [`submit`](Self::submit)'s ([`EngineError::TaskConflict`] when it
+    /// differs).
     pub async fn submit_many(
+        &self,
+        submissions: Vec<Submission>,
+    ) -> Result<Vec<Result<Submitted, EngineError>>, EngineError> {
+        let answers = self.submit_many_unjudged(submissions.clone()).await?;
+        Ok(answers
+            .into_iter()
+            .zip(&submissions)
+            .map(|(answer, submission)| answer.and_then(|s| self.replayed(submission, s)))
+            .collect())
+    }
+
+    /// [`submit_many`](Self::submit_many) without comparing replays (for
+    /// [`CallerView`](crate::CallerView), which checks visibility first).
+    pub(crate) async fn submit_many_unjudged(
         &self,
         submissions: Vec<Submission>,
     ) -> Result<Vec<Result<Submitted, EngineError>>, EngineError> {
@@ -228,7 +250,7 @@ impl Tollgate {
             results[i] = Some(answer);
         }
         for (i, s) in repeated {
-            results[i] = Some(self.submit(s).await);
+            results[i] = Some(self.submit_keyed(s, None).await);
         }
         Ok(results
             .into_iter()

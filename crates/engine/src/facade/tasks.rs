@@ -1,4 +1,4 @@
-//! Tasks by id or effect key: get, wait, cancel, release, unreleased sources, deletion (SPEC §5, §8).
+//! Tasks by id or effect key: get, wait, cancel, release, unreleased sources, deletion (docs/conformance.md#lifecycle, docs/conformance.md#application-tasks).
 
 use crate::error::EngineError;
 use crate::notify::{Event, FinishedTask};
@@ -73,7 +73,7 @@ impl Tollgate {
         self.inner.watches.watched()
     }
 
-    /// SPEC §5 request cancel: a queued or running task becomes `canceled` at once and
+    /// docs/conformance.md#lifecycle request cancel: a queued or running task becomes `canceled` at once and
     /// its worker stops the provider call within one heartbeat interval (at once when
     /// the worker is in this process or hears the notification). A terminal task is
     /// returned unchanged. `None`: no such task in this app.
@@ -85,7 +85,7 @@ impl Tollgate {
         Ok(transition.task)
     }
 
-    /// SPEC §8 release: the application stored or discarded the result of the
+    /// docs/conformance.md#application-tasks release: the application stored or discarded the result of the
     /// application-owned task with this effect key. Returns whether a task matched.
     pub async fn release(
         &self,
@@ -96,7 +96,7 @@ impl Tollgate {
         Ok(self.inner.store.release(app, scope, key).await?)
     }
 
-    /// SPEC §8: distinct (scope, source) pairs with unreleased application tasks, in
+    /// docs/conformance.md#application-tasks: distinct (scope, source) pairs with unreleased application tasks, in
     /// keyset pages of at most 100.
     pub async fn list_unreleased_sources(
         &self,
@@ -106,7 +106,7 @@ impl Tollgate {
         Ok(self.inner.store.list_unreleased_sources(app, query).await?)
     }
 
-    /// SPEC §8: deletes the app's application-owned tasks of a scope (optionally of one
+    /// docs/conformance.md#application-tasks: deletes the app's application-owned tasks of a scope (optionally of one
     /// source) and returns how many. In-flight ones stop: their workers' next heartbeat
     /// reports them gone. Admission records are kept.
     pub async fn delete_owner_data(

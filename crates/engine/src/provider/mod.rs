@@ -6,11 +6,14 @@
 //! contract happens in the worker (`tollgate_core::validate_output`), never here alone.
 //!
 //! Built in: [`openai::OpenAiProvider`] (any OpenAI-compatible chat completions API) and
-//! [`dev::DevProvider`] (offline and deterministic, for development and tests).
+//! [`dev::DevProvider`] (offline and deterministic, for development and tests). What a
+//! call sends is rendered once for every dialect ([`prompt::Prompt`]); each dialect turns
+//! it into its wire format, and the token bound counts it.
 
 pub mod dev;
 pub mod openai;
 pub mod pace;
+pub mod prompt;
 
 use crate::config::{ConfigError, DEV_PROVIDER, EngineConfig, ProviderKind};
 use async_trait::async_trait;
@@ -91,7 +94,7 @@ impl ProviderRegistry {
         Self::build(config, None)
     }
 
-    /// [`from_config`](Self::from_config) with SPEC §14 provider pace: providers (and
+    /// [`from_config`](Self::from_config) with docs/conformance.md#provider-pace provider pace: providers (and
     /// models) with `requests_per_minute` / `tokens_per_minute` share `store`'s
     /// schedules with every replica, and every provider's 429s pause it there.
     pub fn from_config_paced(
@@ -111,7 +114,7 @@ impl ProviderRegistry {
             let provider: Arc<dyn Provider> = match conf.kind {
                 ProviderKind::Dev => Arc::new(dev::DevProvider::new()),
                 ProviderKind::Openai => {
-                    // SPEC §14: every provider's 429s pause it on every replica.
+                    // docs/conformance.md#provider-pace: every provider's 429s pause it on every replica.
                     let pace = store
                         .as_ref()
                         .map(|s| pace::ProviderPace::from_config(name, conf, config, s.clone()));
@@ -131,56 +134,5 @@ impl ProviderRegistry {
     /// The provider of a name.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Provider>> {
         self.providers.get(name)
-    }
-}
-
-/// Instructions shared by providers that prompt a chat model, per kind.
-pub(crate) fn task_instructions(request: &TaskRequest) -> String {
-    match request {
-        TaskRequest::GenerateText(_) => String::new(),
-        TaskRequest::Classify(r) => {
-            let mut text = String::from(
-                "Classify the user's input. Answer with a JSON object whose `label` is exactly \
-                 one of the labels below, and `confidence` a number from 0 to 1 (or null).\n\
-                 Labels:\n",
-            );
-            push_labels(&mut text, &r.labels);
-            push_extra(&mut text, r.instructions.as_deref());
-            text
-        }
-        TaskRequest::ClassifyMany(r) => {
-            let mut text = String::from(
-                "Classify every item of the user's JSON list. Answer with a JSON object \
-                 `{\"results\": [{\"id\", \"label\"}]}` holding exactly one result per item id, \
-                 no other ids, each label exactly one of the labels below.\nLabels:\n",
-            );
-            push_labels(&mut text, &r.labels);
-            push_extra(&mut text, r.instructions.as_deref());
-            text
-        }
-        TaskRequest::ExtractData(r) => {
-            let mut text = String::from(
-                "Extract data from the user's input. Answer with JSON that is valid against \
-                 the given JSON Schema, and nothing else.",
-            );
-            push_extra(&mut text, r.instructions.as_deref());
-            text
-        }
-    }
-}
-
-fn push_labels(text: &mut String, labels: &[tollgate_core::kinds::Label]) {
-    for label in labels {
-        match label.description() {
-            Some(d) => text.push_str(&format!("- {}: {d}\n", label.name())),
-            None => text.push_str(&format!("- {}\n", label.name())),
-        }
-    }
-}
-
-fn push_extra(text: &mut String, instructions: Option<&str>) {
-    if let Some(extra) = instructions {
-        text.push_str("\nInstructions: ");
-        text.push_str(extra);
     }
 }

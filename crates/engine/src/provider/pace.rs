@@ -1,4 +1,4 @@
-//! SPEC §14 provider pace: `requests_per_minute` and `tokens_per_minute` of a provider
+//! docs/conformance.md#provider-pace provider pace: `requests_per_minute` and `tokens_per_minute` of a provider
 //! (and of its models), enforced across every replica through the store's shared
 //! schedules ([`tollgate_store::PaceStore`]), and the pause a 429 with `Retry-After`
 //! sets for every replica — on every `openai` provider, paced or not, at most
@@ -8,8 +8,8 @@
 //! the provider's schedule and on its model's, if that has its own pace, and waits for
 //! it; the task stays `running` and keeps being heartbeated by the pool meanwhile, so a
 //! wait never fails it. A call that waited checks for a pause set meanwhile by another
-//! replica before it sends. The token schedule holds the call's bound — SPEC §13's
-//! count of the body sent ([`crate::cost::body_input_tokens`]: the model family's
+//! replica before it sends. The token schedule holds the call's bound — docs/conformance.md#cost-reservation's
+//! count of the prompt sent ([`crate::cost::prompt_input_tokens`]: the model family's
 //! tokenizer where known, UTF-8 bytes otherwise, template overhead included) plus the
 //! output-token bound — and is settled with the usage the provider reports.
 
@@ -24,7 +24,7 @@ use tollgate_core::pace_cost_us;
 use tollgate_store::{PaceSlot, Store};
 
 /// Output-token bound the pace assumes for a call with none (no `max_output_tokens` on
-/// the request and none configured on the model, SPEC §13). The token schedule is
+/// the request and none configured on the model, docs/conformance.md#money-and-tokens). The token schedule is
 /// settled with the real usage afterwards.
 pub const DEFAULT_PACE_OUTPUT_TOKENS: u32 = 4096;
 

@@ -1,6 +1,88 @@
 //! Discovery (`/v1/kinds`, `/v1/models`), `/openapi.json`, health, `/metrics`.
 
-use super::*;
+use super::{NoParams, StrictQuery};
+use crate::AppState;
+use crate::auth::{Caller, single_header};
+use crate::dto::KindName;
+use crate::error::ApiError;
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::Value;
+use tollgate_core::TaskKind;
+use tollgate_core::kinds::{output_schema, request_schema};
+use utoipa::ToSchema;
+
+/// One kind's published schemas.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KindView {
+    /// The kind.
+    #[schema(value_type = KindName)]
+    pub kind: String,
+    /// JSON Schema of its request object.
+    #[schema(value_type = Object)]
+    pub request_schema: Value,
+    /// JSON Schema of its output.
+    #[schema(value_type = Object)]
+    pub output_schema: Value,
+}
+
+/// `GET /v1/kinds` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KindsAnswer {
+    /// The four kinds.
+    pub kinds: Vec<KindView>,
+}
+
+/// One configured model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelView {
+    /// The id callers use.
+    pub id: String,
+    /// Provider name.
+    pub provider: String,
+    /// Provider's model name.
+    pub model: String,
+    /// Hash of the resolved configuration (changes invalidate cached results).
+    pub config_hash: String,
+    /// Whether it is the default model.
+    pub default: bool,
+    /// docs/conformance.md#cost-prices: its prices (`null`: unpriced, its costs are unknown).
+    #[schema(required = true)]
+    pub prices: Option<PricesView>,
+}
+
+/// A model's prices, US dollars per million tokens.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PricesView {
+    /// Per million input tokens not served from the provider's prompt cache.
+    pub input_usd_per_million: f64,
+    /// Per million output tokens.
+    pub output_usd_per_million: f64,
+    /// Per million input tokens served from the provider's prompt cache.
+    pub cached_input_usd_per_million: f64,
+}
+
+impl From<&tollgate_core::Prices> for PricesView {
+    fn from(p: &tollgate_core::Prices) -> Self {
+        // Pico-dollars per token are micro-dollars per million tokens.
+        let usd = |pico: u64| pico as f64 / 1e6;
+        PricesView {
+            input_usd_per_million: usd(p.input),
+            output_usd_per_million: usd(p.output),
+            cached_input_usd_per_million: usd(p.cached_input),
+        }
+    }
+}
+
+/// `GET /v1/models` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelsAnswer {
+    /// Configured models.
+    pub models: Vec<ModelView>,
+}
 
 #[utoipa::path(get, path = "/v1/kinds", tag = "discovery",
     responses((status = 200, body = KindsAnswer)), security(("api_key" = [])))]
@@ -37,6 +119,7 @@ pub(crate) async fn models(
             model: m.model_ref.model.clone(),
             config_hash: m.config_hash.as_str().to_string(),
             default: &id == registry.default_id(),
+            prices: m.prices.as_ref().map(Into::into),
         });
     }
     Ok(Json(ModelsAnswer { models }))

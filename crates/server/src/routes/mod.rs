@@ -3,50 +3,34 @@
 //! calls, and turns the answer (or the typed error) into JSON. The rules themselves
 //! (idempotency, defaults, visibility) are the engine's.
 
-mod meta;
-mod pipelines;
-mod runs;
-mod scopes;
-mod tasks;
+mod listing;
+pub(crate) mod meta;
+pub(crate) mod pipelines;
+pub(crate) mod runs;
+pub(crate) mod scopes;
+pub(crate) mod stats;
+pub(crate) mod tasks;
 
-pub(crate) use meta::*;
-pub(crate) use pipelines::*;
-pub(crate) use runs::*;
-pub(crate) use scopes::*;
-pub(crate) use tasks::*;
-
-pub(crate) use crate::auth::{Caller, single_header};
-pub(crate) use crate::dto::*;
-pub(crate) use crate::error::ApiError;
-pub(crate) use crate::{AppState, body_limit};
-pub(crate) use axum::body::{Body, Bytes};
-pub(crate) use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
-pub(crate) use axum::http::request::Parts;
-pub(crate) use axum::http::{HeaderMap, StatusCode, header};
-pub(crate) use axum::response::{IntoResponse, Response};
-pub(crate) use axum::routing::{delete, get, post};
-pub(crate) use axum::{Json, Router};
-pub(crate) use futures::StreamExt;
-pub(crate) use serde::Deserialize;
-pub(crate) use serde::de::DeserializeOwned;
-pub(crate) use serde_json::Value;
-pub(crate) use std::time::Duration;
-pub(crate) use tollgate_core::kinds::{output_schema, request_schema};
-pub(crate) use tollgate_core::{
-    BudgetName, DurationSyntax, EffectKey, ModelId, PipelineName, Run, RunId, ScopeId, SourceId,
-    SourceRevision, StepKey, Task, TaskId, TaskKind, parse_duration,
-};
-pub(crate) use tollgate_engine::{
-    CallerView, PipelineStart, SourceSpec, Submission, SubmissionOwner, Submitted, TaskWaiter,
-};
-pub(crate) use tollgate_store::{ScopedSource, UnreleasedQuery};
+use crate::AppState;
+use crate::auth::{Caller, single_header};
+use crate::error::ApiError;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Query};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use std::time::Duration;
+use tollgate_core::{DurationSyntax, EffectKey, parse_duration};
+use tollgate_engine::CallerView;
 
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
-        .route(
-            "/v1/tasks",
-            post(tasks::submit).get(crate::list_routes::list_tasks),
-        )
+        .route("/v1/tasks", post(tasks::submit).get(tasks::list_tasks))
         .route("/v1/tasks/batch", post(tasks::submit_batch))
         .route("/v1/tasks/release", post(tasks::release))
         .route("/v1/tasks/{id}", get(tasks::get_task))
@@ -59,10 +43,13 @@ pub(crate) fn router(state: AppState) -> Router {
             "/v1/scopes/{scope}/tasks",
             delete(scopes::delete_owner_data),
         )
-        .route("/v1/runs", post(runs::create_run))
+        .route("/v1/runs", post(runs::create_run).get(runs::list_runs))
         .route("/v1/runs/{id}", get(runs::get_run))
         .route("/v1/runs/{id}/cancel", post(runs::cancel_run))
-        .route("/v1/pipelines", post(pipelines::register_pipeline))
+        .route(
+            "/v1/pipelines",
+            post(pipelines::register_pipeline).get(pipelines::list_pipelines),
+        )
         .route("/v1/pipelines/{name}", get(pipelines::get_pipeline))
         .route(
             "/v1/pipelines/{name}/runs",
@@ -74,7 +61,11 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/healthz", get(meta::healthz))
         .route("/readyz", get(meta::readyz))
         .route("/metrics", get(meta::metrics))
-        .merge(crate::list_routes::routes())
+        .route("/v1/scopes", get(scopes::list_scopes))
+        .route("/v1/scopes/{scope}", get(scopes::get_scope))
+        .route("/v1/stats", get(stats::stats))
+        .route("/v1/scopes/{scope}/usage", get(stats::scope_usage))
+        .route("/v1/usage", get(stats::app_usage))
         .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("route") })
         .method_not_allowed_fallback(|| async {

@@ -1,6 +1,144 @@
-//! `/v1/tasks…`: submit (one or a batch), get, wait, cancel, release.
+//! `/v1/tasks…`: submit (one or a batch), get, wait, cancel, release; the listing (`GET /v1/tasks`).
 
-use super::*;
+use super::listing::{cursor, filter, limit, list_of, parse_rfc3339, query};
+use super::{
+    NoParams, SMALL_BODY_LIMIT, StrictQuery, WaitQuery, idempotency_key, json_body, parse_wait,
+    view,
+};
+use crate::auth::Caller;
+use crate::dto::{HashableObject, Identifier, KindName, TaskStatusName, TaskView};
+use crate::error::ApiError;
+use crate::{AppState, body_limit};
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::time::Duration;
+use tollgate_core::{
+    BudgetName, EffectKey, ModelId, RunId, ScopeId, SourceId, SourceRevision, StepKey, Task,
+    TaskId, TaskKind, TaskStatus,
+};
+use tollgate_engine::{CallerView, SourceSpec, Submission, SubmissionOwner, Submitted, TaskWaiter};
+use tollgate_store::list::TaskListQuery;
+use utoipa::ToSchema;
+
+/// `POST /v1/tasks` body.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBody {
+    /// `generate_text`, `classify`, `classify_many` or `extract_data`.
+    #[schema(value_type = KindName)]
+    pub kind: String,
+    /// Model id (one of `GET /v1/models`); defaults to the configured default model.
+    #[serde(default)]
+    #[schema(value_type = Option<Identifier>)]
+    pub model: Option<String>,
+    /// The caller's name for the step; defaults to the kind.
+    #[serde(default)]
+    #[schema(value_type = Option<Identifier>)]
+    pub step: Option<String>,
+    /// The kind's request object (its schema per kind: `GET /v1/kinds`).
+    #[schema(value_type = HashableObject)]
+    pub request: Value,
+    /// Application owner's scope. Exactly one of `scope` and `run_id`.
+    #[serde(default)]
+    #[schema(value_type = Option<Identifier>)]
+    pub scope: Option<String>,
+    /// Owning workflow run. Exactly one of `scope` and `run_id`.
+    #[serde(default)]
+    #[schema(
+        pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
+    pub run_id: Option<String>,
+    /// Makes the task scoped: cache and admission apply.
+    #[serde(default)]
+    pub source: Option<SourceBody>,
+    /// Budget policy name; defaults to the app's default policy.
+    #[serde(default)]
+    #[schema(value_type = Option<Identifier>)]
+    pub budget: Option<String>,
+    /// The effect key, when not sent as the `Idempotency-Key` header.
+    #[serde(default)]
+    #[schema(value_type = Option<Identifier>)]
+    pub effect_key: Option<String>,
+    /// docs/conformance.md#priority: priority within its scope, 0 (lowest) to 9 (highest); default 5. Each
+    /// level counts as one ageing step (default 60 s) of waiting, so low priority is
+    /// never starved. Not compared on a replay of the effect key.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 9)]
+    pub priority: Option<i64>,
+}
+
+/// The source a scoped task is about.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SourceBody {
+    /// Source id.
+    #[schema(value_type = Identifier)]
+    pub id: String,
+    /// Source revision.
+    #[schema(value_type = Identifier)]
+    pub revision: String,
+    /// Skip the cache and count as a new step.
+    #[serde(default)]
+    pub recompute: bool,
+}
+
+/// `POST /v1/tasks/batch` body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// Up to 1,000 submissions, each with its own `effect_key`. Each item is answered
+    /// in place: one that is not a valid submission gets its error in its result.
+    #[schema(value_type = Vec<Value>, max_items = 1000)]
+    pub tasks: Vec<Value>,
+}
+
+/// One item of a batch answer: the task, or the error it got.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchItem {
+    /// HTTP status this item would have had on its own.
+    #[schema(minimum = 200, maximum = 599)]
+    pub status: u16,
+    /// The task, when submitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub task: Option<TaskView>,
+    /// The error, when refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub error: Option<crate::error::ErrorDetail>,
+}
+
+/// `POST /v1/tasks/batch` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchAnswer {
+    /// One item per submission, in order.
+    pub results: Vec<BatchItem>,
+}
+
+/// `POST /v1/tasks/release` body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The task's effect key.
+    #[schema(value_type = Identifier)]
+    pub effect_key: String,
+    /// The task's scope.
+    #[schema(value_type = Identifier)]
+    pub scope: String,
+}
+
+/// `POST /v1/tasks/release` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReleaseAnswer {
+    /// Always true: an unmatched release answers 404.
+    pub released: bool,
+}
 
 fn task_id(text: &str) -> Result<TaskId, ApiError> {
     // An id that cannot exist is reported like a missing one.
@@ -89,7 +227,7 @@ fn submit_status(submitted: &Submitted) -> StatusCode {
 }
 
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
-    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1F\x7F-\x9F]+$", description = "the effect key (or the body's `effect_key`; one of them is required, and they must agree)"),
+    params(("Idempotency-Key" = Option<Identifier>, Header, nullable = false, description = "the effect key (or the body's `effect_key`; one of them is required, and they must agree)"),
            ("wait" = Option<String>, Query, pattern = r"^[0-9]{1,9}(ms|s|m|h)?$", description = "wait up to this long for a terminal state: a number of seconds, or a number with `ms`, `s`, `m` or `h` (at most the server's `max_wait`)")),
     request_body = SubmitBody,
     responses((status = 201, body = TaskView, description = "created and queued"),
@@ -294,4 +432,134 @@ pub(crate) async fn release(
             "application task with that effect key in that scope",
         ))
     }
+}
+
+/// A page of `GET /v1/tasks`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskPageView {
+    /// Tasks, newest first.
+    pub tasks: Vec<TaskView>,
+    /// Pass as `next` for the following page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub next: Option<String>,
+}
+
+/// Query of `GET /v1/tasks`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TaskListParams {
+    effect_key: Option<String>,
+    scope: Option<String>,
+    status: Option<String>,
+    kind: Option<String>,
+    step: Option<String>,
+    source: Option<String>,
+    run_id: Option<String>,
+    created_after: Option<String>,
+    created_before: Option<String>,
+    error_code: Option<String>,
+    limit: Option<u32>,
+    next: Option<String>,
+}
+
+impl TaskListParams {
+    fn is_listing(&self) -> bool {
+        self.scope.is_some()
+            || self.status.is_some()
+            || self.kind.is_some()
+            || self.step.is_some()
+            || self.source.is_some()
+            || self.run_id.is_some()
+            || self.created_after.is_some()
+            || self.created_before.is_some()
+            || self.error_code.is_some()
+            || self.limit.is_some()
+            || self.next.is_some()
+    }
+}
+
+/// The `GET /v1/tasks` answer: one task for `?effect_key=`, a page otherwise.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum TasksAnswer {
+    /// `?effect_key=…`: the task with that effect key.
+    Task(Box<TaskView>),
+    /// Without `effect_key`: a page of tasks.
+    Page(TaskPageView),
+}
+
+#[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
+    params(
+        ("effect_key" = Option<Identifier>, Query, description = "the task with this effect key (answers one task, not a page; no other parameter may be given with it)"),
+        ("scope" = Option<Identifier>, Query, description = "only tasks of this scope"),
+        ("status" = Option<Vec<TaskStatusName>>, Query, style = Form, explode = false, description = "only tasks in one of these statuses, comma-separated (`queued,running`)"),
+        ("kind" = Option<crate::dto::KindName>, Query, description = "only tasks of this kind"),
+        ("step" = Option<Identifier>, Query, description = "only tasks of this step key"),
+        ("source" = Option<Identifier>, Query, description = "only tasks of this source id"),
+        ("run_id" = Option<String>, Query, pattern = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", description = "only tasks of this run"),
+        ("created_after" = Option<String>, Query, format = DateTime, description = "only tasks created at or after this instant (RFC 3339)"),
+        ("created_before" = Option<String>, Query, format = DateTime, description = "only tasks created before this instant (RFC 3339)"),
+        ("error_code" = Option<String>, Query, min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_]+$", description = "only tasks that ended with this error code (as `GET /v1/stats` counts them in `failures_by_code`)"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 500, description = "page size (default 50, at most 500)"),
+        ("next" = Option<String>, Query, pattern = r"^t1\.[0-9]{1,15}\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", description = "the `next` of the previous page (opaque: pass it back as given)")),
+    responses((status = 200, body = TasksAnswer, description = "with `effect_key`: that task (`TaskView`); otherwise a page of the app's tasks, newest first (`TaskPageView`)"),
+              (status = 404, body = crate::error::ErrorBody, description = "`effect_key` names no task of the caller's app")),
+    security(("api_key" = [])))]
+pub(crate) async fn list_tasks(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<TaskListParams>, QueryRejection>,
+) -> Result<Json<TasksAnswer>, ApiError> {
+    let caller = s.auth.authenticate(&headers)?;
+    let q = query(q)?;
+    let view = view(&s, &caller);
+    if let Some(key) = q.effect_key.clone() {
+        if q.is_listing() {
+            return Err(ApiError::ambiguous(
+                "effect_key names one task: give it alone, or list with the other parameters",
+            ));
+        }
+        let key = EffectKey::new(key).map_err(|_| ApiError::not_found("task"))?;
+        let task = view
+            .get_by_effect_key(&key)
+            .await?
+            .ok_or_else(|| ApiError::not_found("task"))?;
+        return Ok(Json(TasksAnswer::Task(Box::new(TaskView::detail(&task)))));
+    }
+    let query = TaskListQuery {
+        scope: filter("scope", q.scope, ScopeId::new)?,
+        statuses: list_of(
+            "status",
+            q.status,
+            TaskStatus::parse,
+            "queued, running, succeeded, failed, canceled",
+        )?,
+        kind: filter("kind", q.kind, |k| {
+            TaskKind::parse(&k)
+                .ok_or("not one of generate_text, classify, classify_many, extract_data")
+        })?,
+        step: filter("step", q.step, StepKey::new)?,
+        source: filter("source", q.source, SourceId::new)?,
+        run: filter("run_id", q.run_id, |r| RunId::parse(&r))?,
+        created_after: filter("created_after", q.created_after, |t| parse_rfc3339(&t))?,
+        created_before: filter("created_before", q.created_before, |t| parse_rfc3339(&t))?,
+        error_code: filter("error_code", q.error_code, |c| {
+            let valid = (1..=64).contains(&c.len())
+                && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if valid {
+                Ok(c)
+            } else {
+                Err("an error code is 1 to 64 of A-Z, a-z, 0-9 and _")
+            }
+        })?,
+        subject: None,
+        after: cursor(q.next, 't')?,
+        limit: limit(q.limit)?,
+    };
+    let page = view.list_tasks(&query).await?;
+    Ok(Json(TasksAnswer::Page(TaskPageView {
+        tasks: page.items.iter().map(|t| TaskView::of(t, false)).collect(),
+        next: page.next.map(|c| c.encode()),
+    })))
 }

@@ -1,4 +1,4 @@
-//! Listings (SPEC §15): the queries, pages, opaque cursors and the dialect-free SQL both
+//! Listings (docs/conformance.md#listings): the queries, pages, opaque cursors and the dialect-free SQL both
 //! backends run. Each listing is one indexed statement of the app's rows, newest first
 //! (keyset on `(created_at, id)`, so pages never skip or repeat a row that existed when
 //! the first page was read, whatever is inserted meanwhile). The backends only bind the
@@ -18,7 +18,7 @@ pub const LIST_DEFAULT_PAGE: u32 = 50;
 /// Most finished tasks [`ListStore::task_stats`] reads for its percentiles.
 pub const STATS_SAMPLE: u32 = 10_000;
 
-/// A page size as every SPEC §15 listing reads it: 0 means [`LIST_DEFAULT_PAGE`], larger
+/// A page size as every docs/conformance.md#listings listing reads it: 0 means [`LIST_DEFAULT_PAGE`], larger
 /// than [`LIST_MAX_PAGE`] is capped.
 pub fn list_page_size(requested: u32) -> u32 {
     match requested {
@@ -119,6 +119,10 @@ pub struct TaskListQuery {
     pub created_before: Option<Timestamp>,
     /// Only tasks done for this subject (a caller bound to a subject sees only its own).
     pub subject: Option<Subject>,
+    /// Only tasks that ended with this error code (failed or canceled ones;
+    /// `WORKFLOW_AI_INTERRUPTED` also matches those that ended without a code, as the
+    /// stats count them).
+    pub error_code: Option<String>,
     /// Keyset cursor: the page after this one.
     pub after: Option<ListCursor>,
     /// Page size as [`list_page_size`] reads it.
@@ -179,7 +183,7 @@ pub struct PipelineSummary {
     pub versions: Vec<PipelineVersionSummary>,
 }
 
-/// What the store keeps about a scope's admission (SPEC §4), read without changing it.
+/// What the store keeps about a scope's admission (docs/conformance.md#admission), read without changing it.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScopeSnapshot {
     /// The scope.
@@ -215,6 +219,8 @@ pub struct FinishedSample {
     pub cached: bool,
     /// Claimed → finished, in milliseconds (tasks a worker ran).
     pub run_ms: Option<i64>,
+    /// When it finished.
+    pub completed_at: Timestamp,
 }
 
 /// Raw counts of an app's tasks for `GET /v1/stats`; the engine aggregates them.
@@ -233,7 +239,7 @@ pub struct TaskStatsRaw {
     pub truncated: bool,
 }
 
-/// The SPEC §15 listings. Every method reads only the app's rows; another app's rows
+/// The docs/conformance.md#listings listings. Every method reads only the app's rows; another app's rows
 /// never appear. Each is one indexed statement (plus bounded lookups per page).
 #[async_trait]
 pub trait ListStore: Send + Sync {

@@ -1,4 +1,4 @@
-//! The listings' statements (SPEC §15), built once for both backends (`$n` placeholders,
+//! The listings' statements (docs/conformance.md#listings), built once for both backends (`$n` placeholders,
 //! see `shared::sql`), and the pure functions that turn their rows into pages.
 
 use super::{
@@ -6,7 +6,7 @@ use super::{
     STATS_SAMPLE, ScopeSnapshot, TaskListQuery, TaskStatsRaw, list_page_size,
 };
 use crate::shared::sql::{Arg, Statement};
-use tollgate_core::{AppId, PipelineName, Run, ScopeId, Subject, TaskStatus, Timestamp};
+use tollgate_core::{AppId, ErrorCode, PipelineName, Run, ScopeId, Subject, TaskStatus, Timestamp};
 
 /// The pieces listings build their statements from.
 impl Statement {
@@ -62,7 +62,7 @@ impl Statement {
 /// for a status filter that leaves `succeeded` out. Redundant with that filter.
 const UNSUCCEEDED: &str = " AND status <> 'succeeded'";
 
-/// Most tasks one page of a listing with a walked filter examines (SPEC §15: no listing
+/// Most tasks one page of a listing with a walked filter examines (docs/conformance.md#listings: no listing
 /// reads a whole table). Kind, step and a status set that includes `succeeded`
 /// have no index of their own (each index is written by every admission, migration 0005);
 /// such a page walks at most this many of the newest-first tasks its indexed filters
@@ -71,7 +71,10 @@ pub const LIST_WALK: u32 = 5_000;
 
 /// Whether a task listing filters on something no index serves (see [`LIST_WALK`]).
 pub(crate) fn tasks_walked(q: &TaskListQuery) -> bool {
-    q.kind.is_some() || q.step.is_some() || q.statuses.contains(&TaskStatus::Succeeded)
+    q.kind.is_some()
+        || q.step.is_some()
+        || q.error_code.is_some()
+        || q.statuses.contains(&TaskStatus::Succeeded)
 }
 
 /// Where a walked page that ended short stopped: the `(created_at, id)` of the
@@ -124,7 +127,7 @@ fn indexed_task_filters(sql: &mut Statement, q: &TaskListQuery) {
     }
 }
 
-/// The task listing's statement (SPEC §15). Indexed by `tasks_app_created` and, for the
+/// The task listing's statement (docs/conformance.md#listings). Indexed by `tasks_app_created` and, for the
 /// narrower filters, `tasks_app_scope_created`, `tasks_app_unsucceeded` (statuses other
 /// than `succeeded`), `tasks_app_source_created` and `tasks_run`. With a walked filter
 /// ([`tasks_walked`]) an inner select reads at most [`LIST_WALK`] tasks in index order
@@ -165,6 +168,16 @@ pub(crate) fn tasks_sql(app: &AppId, q: &TaskListQuery) -> Statement {
     if let Some(step) = &q.step {
         sql.eq("step", step.as_str());
     }
+    if let Some(code) = &q.error_code {
+        let p = sql.text_arg(code);
+        // The stats count a failed or canceled task without a code as interrupted.
+        let unset = if code == ErrorCode::Interrupted.as_str() {
+            " OR (error_code IS NULL AND status IN ('failed', 'canceled'))"
+        } else {
+            ""
+        };
+        sql.push(&format!(" AND (error_code = {p}{unset})"));
+    }
     if walked {
         let l = sql.int_arg(crate::keyset_fetch(list_page_size(q.limit)));
         sql.push(&format!(" ORDER BY created_at DESC, id DESC LIMIT {l}"));
@@ -174,7 +187,7 @@ pub(crate) fn tasks_sql(app: &AppId, q: &TaskListQuery) -> Statement {
     sql
 }
 
-/// The run listing's statement (SPEC §15), indexed by `runs_app_created` and
+/// The run listing's statement (docs/conformance.md#listings), indexed by `runs_app_created` and
 /// `pipeline_runs_app_pipeline`.
 pub(crate) fn runs_sql(app: &AppId, q: &RunListQuery) -> Statement {
     let mut sql = Statement::new(concat!(
@@ -320,7 +333,7 @@ pub(crate) fn active_counts_sql(app: &AppId) -> Statement {
 pub(crate) fn finished_sql(app: &AppId, since: Timestamp) -> Statement {
     let mut sql = Statement::new(
         "SELECT status, error_code, cached_from IS NOT NULL AS cached, \
-         completed_at - claimed_at AS run_ms FROM tasks WHERE app = ",
+         completed_at - claimed_at AS run_ms, completed_at FROM tasks WHERE app = ",
     );
     let a = sql.text_arg(app.as_str());
     let s = sql.int_arg(since.0);
@@ -380,12 +393,14 @@ pub(crate) fn sample_of(
     error_code: Option<String>,
     cached: bool,
     run_ms: Option<i64>,
+    completed_at: i64,
 ) -> Option<FinishedSample> {
     Some(FinishedSample {
         status: TaskStatus::parse(status)?,
         error_code,
         cached,
         run_ms: run_ms.filter(|_| !cached),
+        completed_at: Timestamp(completed_at),
     })
 }
 
@@ -413,12 +428,15 @@ pub(crate) fn pipelines_of(
         .collect()
 }
 
+/// A row of [`finished_sql`]: status, error code, cached, run time, completion time.
+pub(crate) type FinishedRow = (String, Option<String>, bool, Option<i64>, i64);
+
 /// Raw stats from the counts by status and the finished rows (status, error code,
-/// cached, run time).
+/// cached, run time, completion time).
 pub(crate) fn stats_of(
     now: Timestamp,
     counts: &[(String, i64)],
-    rows: Vec<(String, Option<String>, bool, Option<i64>)>,
+    rows: Vec<FinishedRow>,
 ) -> TaskStatsRaw {
     let count = |status: &str| {
         counts
@@ -434,7 +452,7 @@ pub(crate) fn stats_of(
         finished: rows
             .into_iter()
             .take(STATS_SAMPLE as usize)
-            .filter_map(|(status, code, cached, ms)| sample_of(&status, code, cached, ms))
+            .filter_map(|(status, code, cached, ms, at)| sample_of(&status, code, cached, ms, at))
             .collect(),
         truncated,
     }

@@ -1,4 +1,4 @@
-//! SPEC §14 fair claiming on PostgreSQL, correct with any number of replicas claiming at
+//! docs/conformance.md#fair-share fair claiming on PostgreSQL, correct with any number of replicas claiming at
 //! once.
 //!
 //! A claim is one statement: each planned queue's first tasks in dispatch-key order
@@ -25,7 +25,7 @@ use crate::shared::rows::{TaskRow, task_columns_qualified};
 use std::sync::{Arc, LazyLock};
 use tollgate_core::WorkerId;
 
-/// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
+/// docs/conformance.md#fair-share: claims up to `limit` tasks across the active queues with the least virtual
 /// time, by the stride plan (the shared loop, [`claim_fair`](crate::shared::dispatch::claim_fair)).
 pub(super) async fn claim_fair(
     store: &PostgresStore,
@@ -217,7 +217,7 @@ async fn deactivate_if_empty(store: &PostgresStore, app: &str, scope: &str) -> S
 }
 
 impl PostgresStore {
-    /// SPEC §14: before a creation, writes what this instance's claims owe the queues'
+    /// docs/conformance.md#fair-share: before a creation, writes what this instance's claims owe the queues'
     /// passes (nothing to do, and no statement, when nothing is owed), so a queue the
     /// creation activates joins at the passes as they really are.
     pub(super) async fn pay_pass_debt(&self) -> StoreResult<()> {

@@ -1,4 +1,4 @@
-//! SPEC §5 on PostgreSQL, the worker's side ([`WorkerStore`]): claim, heartbeat,
+//! docs/conformance.md#heartbeat on PostgreSQL, the worker's side ([`WorkerStore`]): claim, heartbeat,
 //! complete, fail, acknowledge cancellation; and the statements of a terminal move.
 
 use super::admission::{app_lock_key, lock_scope};

@@ -1,4 +1,4 @@
-//! SPEC §6 on PostgreSQL ([`MaintenanceStore`](crate::MaintenanceStore), written once in
+//! docs/conformance.md#sweeps on PostgreSQL ([`MaintenanceStore`](crate::MaintenanceStore), written once in
 //! `shared::maintenance`): every replica sweeps; each item is one bounded batch in its own
 //! short transaction that skips rows other replicas hold (`FOR UPDATE SKIP LOCKED`), so
 //! replicas never wait on each other and never process a row twice.

@@ -17,7 +17,7 @@
 //! | `global_finished` stripe rows | tasks leaving queued/running | the other half of the global count; 64 stripes, so finishing never contends with admitting |
 //! | `app_slots` row, and the share pool's advisory lock for a lent slot | admission (its final statement, or the rebalancing path), tasks leaving queued/running | each app's share of the global capacity (docs/budgets.md) |
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
-//! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), the pass moves a store instance's fair claims owe (one statement per read of its queue view, `SKIP LOCKED`), deactivation of an empty queue (`SKIP LOCKED`) | SPEC §14: a queue with a queued task is never inactive; virtual times count every claim |
+//! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), the pass moves a store instance's fair claims owe (one statement per read of its queue view, `SKIP LOCKED`), deactivation of an empty queue (`SKIP LOCKED`) | docs/conformance.md#fair-share: a queue with a queued task is never inactive; virtual times count every claim |
 //!
 //! **Lock order** (every transaction takes locks in this order, and never more than one
 //! of a kind except where noted): advisory `(app, scope)` → `runs` row → existing task
@@ -88,9 +88,9 @@ pub struct PostgresOptions {
     pub schema: Option<String>,
     /// `application_name` of the connections (shows in `pg_stat_activity`).
     pub application_name: String,
-    /// The order `claim_next` claims in (SPEC §14; default fair).
+    /// The order `claim_next` claims in (docs/conformance.md#fair-share; default fair).
     pub claim_order: crate::ClaimOrder,
-    /// SPEC §14: how long this instance's fair claims reuse its last read of the active
+    /// docs/conformance.md#fair-share: how long this instance's fair claims reuse its last read of the active
     /// queues (default 50 ms; other instances' new queues and claims show after at most
     /// this long). Zero reads them for every claim and writes each claim's pass moves
     /// before it returns: for tests that compare several instances with a model of the
@@ -138,7 +138,7 @@ pub struct PostgresStore {
     pool: PgPool,
     clock: Option<Arc<dyn Clock>>,
     claim_order: crate::ClaimOrder,
-    /// SPEC §14: this instance's recent view of the active queues.
+    /// docs/conformance.md#fair-share: this instance's recent view of the active queues.
     queue_view: Arc<crate::shared::dispatch::QueueView>,
     /// Keeps the planner's statistics in step with fast-growing tables.
     stats: Arc<stats::StatsWatch>,
@@ -147,7 +147,7 @@ pub struct PostgresStore {
 type Tx = Transaction<'static, Postgres>;
 
 impl PostgresStore {
-    /// The same store (same pool) claiming in another order (SPEC §14; benchmarks
+    /// The same store (same pool) claiming in another order (docs/conformance.md#fair-share; benchmarks
     /// compare fair and oldest-first claiming on one database).
     pub fn with_claim_order(mut self, order: crate::ClaimOrder) -> PostgresStore {
         self.claim_order = order;

@@ -1,4 +1,4 @@
-//! SPEC §14 provider pace on PostgreSQL ([`PaceStore`]): one row per schedule, moved by
+//! docs/conformance.md#provider-pace provider pace on PostgreSQL ([`PaceStore`]): one row per schedule, moved by
 //! single statements under its row lock (rows locked in key order), times from the
 //! database's clock (or the configured test clock) in microseconds.
 

@@ -1,4 +1,4 @@
-//! SPEC §7 on PostgreSQL ([`RunStore`](crate::RunStore)): the transactions are written
+//! docs/conformance.md#workflow-runs on PostgreSQL ([`RunStore`](crate::RunStore)): the transactions are written
 //! once in `shared::runs`; here are PostgreSQL's row locks and its cancel cascade. Lock
 //! order: the run's row first, then its tasks (see the module docs of `postgres`).
 

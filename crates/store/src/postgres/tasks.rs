@@ -1,4 +1,4 @@
-//! SPEC §3, §5 cancel and §8 on PostgreSQL, the application's side of tasks
+//! docs/conformance.md#creating-a-task, docs/conformance.md#lifecycle cancel and docs/conformance.md#application-tasks on PostgreSQL, the application's side of tasks
 //! ([`TaskStore`](crate::TaskStore)): reads, cancel, release and spend are written once in
 //! `shared::tasks`; here are creation (in [`admission`](super::admission)), owner deletion
 //! under the scope's advisory lock, and the statements whose SQL differs.

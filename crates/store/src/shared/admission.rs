@@ -1,13 +1,17 @@
-//! SPEC §4 between the SQL and core's [`decide`]: the facts an admission reads (each
+//! docs/conformance.md#admission between the SQL and core's [`decide`]: the facts an admission reads (each
 //! backend reads them its own way, into [`AdmissionFacts`]), the decision, and what the
 //! admission then writes to its scope's row ([`ScopeUpdate`]). A later admission rule
 //! (cost reservations) adds its facts here and its arithmetic in core.
 
-use crate::StoreError;
-use tollgate_core::cost::{CostSnapshot, decide_cost};
+use crate::shared::statement::Binder;
+use crate::{StoreError, StoreResult};
+use tollgate_core::cost::{
+    CostSnapshot, decide_app_spend, decide_cost, spend_retry_after, window_first_bucket,
+};
 use tollgate_core::{
-    AdmissionRejection, AdmissionSnapshot, BucketState, Budget, CostRejection, Reservation,
-    ShareUse, Timestamp, Usage, decide,
+    AdmissionRejection, AdmissionSnapshot, AppId, BucketState, Budget, CostRejection, NewTask,
+    Reservation, ScopeId, ShareUse, Subject, TaskId, Timestamp, Usage, Weight, decide, join_credit,
+    stride,
 };
 
 /// What an admission reads under its scope's lock.
@@ -30,10 +34,10 @@ pub(crate) struct AdmissionFacts {
     pub(crate) counted: bool,
     /// The service's active admitted tasks.
     pub(crate) global_active: i64,
-    /// SPEC §13: the scope's model-token bucket (`None`: never used).
+    /// docs/conformance.md#cost-limits: the scope's model-token bucket (`None`: never used).
     pub(crate) token_units: Option<i64>,
     pub(crate) token_at: Option<i64>,
-    /// SPEC §13: the scope's settled + reserved nano-dollars in the window's buckets.
+    /// docs/conformance.md#cost-settlement: the scope's settled + reserved nano-dollars in the window's buckets.
     pub(crate) scope_window_nano: i64,
     /// The app's active admitted tasks (`app_slots`; docs/budgets.md, "Each app's share
     /// of the global capacity").
@@ -42,12 +46,12 @@ pub(crate) struct AdmissionFacts {
     pub(crate) borrowed: i64,
 }
 
-/// Why admission refused a task: SPEC §4's checks, then SPEC §13's.
+/// Why admission refused a task: docs/conformance.md#admission's checks, then docs/conformance.md#money-and-tokens's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
-    /// A SPEC §4 limit.
+    /// A docs/conformance.md#admission limit.
     Admission(AdmissionRejection),
-    /// A SPEC §13 limit.
+    /// A docs/conformance.md#cost-limits limit.
     Cost(CostRejection),
 }
 
@@ -66,13 +70,13 @@ impl From<Refusal> for StoreError {
 pub(crate) struct ScopeUpdate {
     pub(crate) bucket: BucketState,
     pub(crate) sources_delta: i64,
-    /// SPEC §13: the model-token bucket after taking the reservation, with its capacity
+    /// docs/conformance.md#cost-reservation: the model-token bucket after taking the reservation, with its capacity
     /// in units (`None`: the policy has no token rate; the stored bucket is kept).
     pub(crate) token_bucket: Option<(BucketState, i64)>,
 }
 
 impl AdmissionFacts {
-    /// Asks core's [`decide`] (SPEC §4), then [`decide_cost`] (SPEC §13, the scope's part).
+    /// Asks core's [`decide`] (docs/conformance.md#admission), then [`decide_cost`] (docs/conformance.md#money-and-tokens, the scope's part).
     pub(crate) fn decide(
         &self,
         budget: &Budget,
@@ -95,34 +99,55 @@ impl AdmissionFacts {
                 borrowed: self.borrowed.max(0) as u64,
             },
         };
-        let bucket = match (self.bucket_units, self.bucket_at) {
-            (Some(units), Some(at)) => Some(BucketState {
-                units,
-                at: Timestamp(at),
-            }),
-            _ => None,
-        };
+        let bucket = stored_bucket(self.bucket_units, self.bucket_at);
         let bucket = decide(budget, &snapshot, bucket, now).map_err(Refusal::Admission)?;
-        let cost = CostSnapshot {
+        let cost = UnsourcedFacts {
+            token_units: self.token_units,
+            token_at: self.token_at,
             scope_window_nano: self.scope_window_nano,
-            token_bucket: match (self.token_units, self.token_at) {
-                (Some(units), Some(at)) => Some(BucketState {
-                    units,
-                    at: Timestamp(at),
-                }),
-                _ => None,
-            },
-            app_window_nano: 0,
         };
-        let token_bucket =
-            decide_cost(&budget.cost, reservation, &cost, now).map_err(Refusal::Cost)?;
+        let token_bucket = cost.decide(budget, reservation, now)?;
         // Relative updates: whoever deletes an expired sighting subtracts it, exactly once.
         Ok(ScopeUpdate {
             bucket,
             sources_delta: i64::from(!self.seen) - self.pruned,
-            token_bucket: token_bucket.map(|b| (b, token_capacity_units(budget))),
+            token_bucket,
         })
     }
+}
+
+/// A bucket as stored (`None`: no row, or never used).
+pub(crate) fn stored_bucket(units: Option<i64>, at: Option<i64>) -> Option<BucketState> {
+    Some(BucketState {
+        units: units?,
+        at: Timestamp(at?),
+    })
+}
+
+/// The reservation an admitted task (or one without a source) stores: `reservation`
+/// with the limits it was admitted under (docs/budgets.md, "The reservation": each
+/// re-ask is checked against these) and whether it took from the token bucket.
+pub(crate) fn stored_reservation(
+    reservation: &Reservation,
+    budget: &Budget,
+    from_token_bucket: bool,
+) -> Reservation {
+    Reservation {
+        from_token_bucket,
+        limits: Some(budget.cost),
+        ..*reservation
+    }
+}
+
+/// Binds a model-token bucket to store with its capacity in units (`:token_units`,
+/// `:token_at`, `:token_capacity`; NULLs: none).
+pub(crate) fn bind_token<DB: sqlx::Database>(b: &mut Binder<DB>, token: Option<(BucketState, i64)>)
+where
+    Option<i64>: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    b.bind("token_units", token.map(|(b, _)| b.units))
+        .bind("token_at", token.map(|(b, _)| b.at.0))
+        .bind("token_capacity", token.map(|(_, capacity)| capacity));
 }
 
 /// The capacity of a policy's model-token bucket in units (0 without a token rate).
@@ -144,7 +169,7 @@ pub(crate) struct UnsourcedFacts {
 }
 
 impl UnsourcedFacts {
-    /// Core's [`decide_cost`] (SPEC §13's scope part; SPEC §4's limits are about sources
+    /// Core's [`decide_cost`] (docs/conformance.md#cost-limits's scope part; docs/conformance.md#admission's limits are about sources
     /// and task counts and do not apply). On admission returns the token bucket to store
     /// with its capacity in units (`None`: the policy has no token rate).
     pub(crate) fn decide(
@@ -155,19 +180,224 @@ impl UnsourcedFacts {
     ) -> Result<Option<(BucketState, i64)>, Refusal> {
         let cost = CostSnapshot {
             scope_window_nano: self.scope_window_nano,
-            token_bucket: match (self.token_units, self.token_at) {
-                (Some(units), Some(at)) => Some(BucketState {
-                    units,
-                    at: Timestamp(at),
-                }),
-                _ => None,
-            },
+            token_bucket: stored_bucket(self.token_units, self.token_at),
             app_window_nano: 0,
         };
         let token_bucket =
             decide_cost(&budget.cost, reservation, &cost, now).map_err(Refusal::Cost)?;
         Ok(token_bucket.map(|b| (b, token_capacity_units(budget))))
     }
+}
+
+/// A window's spend buckets `(bucket, settled + reserved nano-dollars)` of a scope
+/// (`$1` app, `$2` scope, `$3` the window's first bucket). One text for both backends.
+pub(crate) const SCOPE_BUCKETS: &str = "SELECT bucket, CAST(reserved_nano + settled_nano AS BIGINT) \
+     FROM scope_spend WHERE app = $1 AND scope = $2 AND bucket >= $3";
+
+/// The same of the app, its stripes summed (`$1` app, `$2` the window's first bucket).
+pub(crate) const APP_BUCKETS: &str = "SELECT bucket, CAST(SUM(reserved_nano + settled_nano) AS BIGINT) \
+     FROM app_spend WHERE app = $1 AND bucket >= $2 GROUP BY bucket";
+
+/// A window's buckets `(bucket, settled + reserved)` of a scope or (`None`) the app
+/// ([`SCOPE_BUCKETS`], [`APP_BUCKETS`]), for the backend's connection to fetch.
+pub(crate) fn spend_buckets<'q, DB: sqlx::Database>(
+    app: &'q AppId,
+    scope: Option<&'q ScopeId>,
+    first: i64,
+) -> sqlx::query::QueryAs<'q, DB, (i64, i64), DB::Arguments>
+where
+    (i64, i64): for<'r> sqlx::FromRow<'r, DB::Row>,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let query = match scope {
+        Some(scope) => sqlx::query_as(SCOPE_BUCKETS)
+            .bind(app.as_str())
+            .bind(scope.as_str()),
+        None => sqlx::query_as(APP_BUCKETS).bind(app.as_str()),
+    };
+    query.bind(first)
+}
+
+/// What the end of an admission reads, each backend with its own connection
+/// ([`spend_buckets`]) and its own way of serializing an app's spend.
+#[async_trait::async_trait]
+pub(crate) trait SpendReads: Send {
+    /// Takes what serializes the app's spend checks (PostgreSQL: the app's advisory lock,
+    /// after the scope's; SQLite: nothing, the write lock does), in its own statement, so
+    /// the reads after it see every admission of the app that held it before.
+    async fn lock_app(&mut self, app: &AppId) -> StoreResult<()>;
+    /// A window's buckets `(bucket, settled + reserved)` of a scope or (`None`) the app.
+    async fn spend_buckets(
+        &mut self,
+        app: &AppId,
+        scope: Option<&ScopeId>,
+        first: i64,
+    ) -> StoreResult<Vec<(i64, i64)>>;
+}
+
+/// docs/conformance.md#money-and-tokens after the scope's decision (`decided`: [`AdmissionFacts::decide`] or
+/// [`UnsourcedFacts::decide`]), written once for admissions and tasks without a source
+/// on both backends: a scope-spend refusal is reported with when to retry (from the
+/// scope's buckets); a task the scope admits is checked last against the app's spend,
+/// for an app with a limit, under the app's lock, a refusal with when to retry (from the
+/// app's buckets).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn spend_checked<T: Send>(
+    reads: &mut dyn SpendReads,
+    app: &AppId,
+    scope: &ScopeId,
+    budget: &Budget,
+    reservation: &Reservation,
+    now: Timestamp,
+    decided: Result<T, Refusal>,
+) -> StoreResult<Result<T, Refusal>> {
+    let first = window_first_bucket(now);
+    let cost = &budget.cost;
+    let retry = |buckets: &[(i64, i64)], limit: Option<std::num::NonZeroU64>| {
+        limit.and_then(|l| spend_retry_after(buckets, reservation.nano_usd, l, now))
+    };
+    let value = match decided {
+        Ok(value) => value,
+        Err(Refusal::Cost(c @ CostRejection::ScopeSpend { .. })) => {
+            let buckets = reads.spend_buckets(app, Some(scope), first).await?;
+            let wait = retry(&buckets, cost.scope_nano_per_24_hours);
+            return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
+        }
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    if cost.app_nano_per_24_hours.is_none() {
+        return Ok(Ok(value));
+    }
+    reads.lock_app(app).await?;
+    let buckets = reads.spend_buckets(app, None, first).await?;
+    let window = buckets
+        .iter()
+        .fold(0i64, |sum, (_, nano)| sum.saturating_add(*nano));
+    if let Err(c) = decide_app_spend(cost, reservation, window) {
+        let wait = retry(&buckets, cost.app_nano_per_24_hours);
+        return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
+    }
+    Ok(Ok(value))
+}
+
+/// docs/conformance.md#create-insert, both backends: the task insert (`sql/task_insert.sql`), with its
+/// `{created_at}`, `{dispatch_key}` and `{task_columns}` parts.
+pub(crate) const TASK_INSERT: &str = include_str!("sql/task_insert.sql");
+
+/// Everything a task row is inserted with (`sql/task_insert.sql` of each backend),
+/// resolved from [`NewTask`] and the owner.
+pub(crate) struct InsertRow<'a> {
+    pub(crate) id: TaskId,
+    pub(crate) new: &'a NewTask,
+    pub(crate) run_id: Option<String>,
+    pub(crate) scope: ScopeId,
+    pub(crate) subject: Option<Subject>,
+    pub(crate) config_hash: String,
+    pub(crate) model_ref: String,
+    pub(crate) cache_key: Option<String>,
+    pub(crate) admitted: bool,
+    /// A cache hit: the task copied and its output (the task is then succeeded).
+    pub(crate) cached_from: Option<String>,
+    pub(crate) cached_output: Option<String>,
+    pub(crate) now: Timestamp,
+    /// docs/conformance.md#cost-reservation: the reservation as stored (admitted tasks only).
+    pub(crate) reservation: Option<String>,
+    /// docs/conformance.md#cost-cache-hits: what a cache hit saved (the copied task's charge), nano-dollars.
+    pub(crate) saved_nano: i64,
+}
+
+impl<'a> InsertRow<'a> {
+    /// A queued task's row, not (yet) admitted, cached or reserved: `owner` its run id,
+    /// scope and subject, `model` its configuration hash and encoded model reference.
+    pub(crate) fn new(
+        id: TaskId,
+        new: &'a NewTask,
+        owner: (Option<String>, ScopeId, Option<Subject>),
+        model: (String, String),
+        now: Timestamp,
+    ) -> InsertRow<'a> {
+        let (run_id, scope, subject) = owner;
+        let (config_hash, model_ref) = model;
+        InsertRow {
+            id,
+            new,
+            run_id,
+            scope,
+            subject,
+            config_hash,
+            model_ref,
+            cache_key: None,
+            admitted: false,
+            cached_from: None,
+            cached_output: None,
+            now,
+            reservation: None,
+            saved_nano: 0,
+        }
+    }
+
+    /// Binds the task row's values, both backends; `clock`: the statement reads the
+    /// creation time itself (no `:now`), and `:dispatch_key` is the key's offset from it.
+    pub(crate) fn bind<DB: sqlx::Database>(&self, b: &mut Binder<DB>, clock: bool)
+    where
+        for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> Option<&'t str>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        Option<String>: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        bool: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        Option<i64>: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    {
+        let new = self.new;
+        let cached = self.cached_from.is_some();
+        let scoped = new.scope.as_ref();
+        let subject = self.subject.as_ref();
+        b.bind("id", self.id.to_string())
+            .bind("app", new.owner.app().as_str())
+            .bind("effect_key", new.effect_key.as_str())
+            .bind("kind", new.request.kind().as_str())
+            .bind("step", new.step.as_str())
+            .bind("run_id", self.run_id.as_deref())
+            .bind("scope", self.scope.as_str())
+            .bind("subject_type", subject.map(|s| s.kind.as_str()))
+            .bind("subject_id", subject.map(|s| s.id.as_str()))
+            .bind("source_id", scoped.map(|s| s.source_id.as_str()))
+            .bind(
+                "source_revision",
+                scoped.map(|s| s.source_revision.as_str()),
+            )
+            .bind("recompute", scoped.is_some_and(|s| s.recompute))
+            .bind("admitted", self.admitted)
+            .bind("model_id", new.model.as_str())
+            .bind("model_ref", self.model_ref.as_str())
+            .bind("model_config_hash", self.config_hash.as_str())
+            .bind("request", new.request.canonical())
+            .bind("input_hash", new.request.input_hash())
+            .bind("cache_key", self.cache_key.as_deref())
+            .bind("status", if cached { "succeeded" } else { "queued" })
+            .bind("cached_from", self.cached_from.as_deref())
+            .bind("output", self.cached_output.as_deref())
+            .bind("usage", cached.then(cached_usage))
+            .bind("completed_at", cached.then_some(self.now.0))
+            .bind("reservation", self.reservation.as_deref())
+            .bind("priority", i64::from(new.dispatch.priority))
+            .bind("dispatch_key", new.dispatch.key(self.now));
+        if !clock {
+            b.bind("now", self.now.0);
+        }
+    }
+}
+
+/// Binds a queue join's `join_params` for a task of `weight` (`shared/sql/queue_join.sql`):
+/// `:weight`, `:credit` (core's join credit) and `:stride`.
+pub(crate) fn bind_join<DB: sqlx::Database>(b: &mut Binder<DB>, weight: Weight)
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    b.bind("weight", i64::from(weight))
+        .bind("credit", join_credit(weight))
+        .bind("stride", stride(weight));
 }
 
 /// The usage stored with a cache hit (no tokens were spent), in one form for both

@@ -1,4 +1,4 @@
-//! SPEC §13 between the SQL and core's cost arithmetic, written once for both backends:
+//! docs/conformance.md#money-and-tokens between the SQL and core's cost arithmetic, written once for both backends:
 //! what a settlement reads of the finished tasks ([`SettleRow`]), what it changes
 //! ([`SettlementPlan`], from core's [`settle`]), and the spend buckets' rows.
 //!
@@ -7,6 +7,7 @@
 //! to the bucket of its admission hour; settlement moves it from reserved to settled
 //! there, whenever the task ends.
 
+use crate::shared::admission::stored_bucket;
 use crate::{SpendWindow, StoreError, StoreResult};
 use std::collections::BTreeMap;
 use tollgate_core::cost::{
@@ -14,7 +15,7 @@ use tollgate_core::cost::{
 };
 use tollgate_core::{CostLimits, CostRejection, Reservation, Timestamp, Usage};
 
-/// SPEC §13 settlement: a terminal move's delta added to one scope's hourly spend bucket
+/// docs/conformance.md#cost-settlement settlement: a terminal move's delta added to one scope's hourly spend bucket
 /// (`$1` app, `$2` scope, `$3` bucket, `$4`–`$8` reserved and settled nano-dollars and
 /// tokens, overrun). One text for both backends (SQLite reads `$n` by position too).
 pub(crate) const SCOPE_SPEND_SETTLE: &str = "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano, \
@@ -78,6 +79,26 @@ impl SpendDelta {
             ..SpendDelta::default()
         }
     }
+}
+
+/// Binds what `sql/spend_add.sql` (PostgreSQL) and `sql/spend_upserts.sql` (SQLite) add
+/// to a scope's spend bucket and the app's: `:bucket`, the app's `:stripe` (of `scope`)
+/// and the delta's `:reserved_nano`, `:reserved_tokens` and `:saved_nano` (the statement
+/// binds `:app` and `:scope` itself).
+pub(crate) fn bind_spend<DB: sqlx::Database>(
+    b: &mut crate::shared::statement::Binder<DB>,
+    scope: &str,
+    bucket: i64,
+    d: SpendDelta,
+) where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    i32: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    b.bind("bucket", bucket)
+        .bind("stripe", app_spend_stripe(scope) as i32)
+        .bind("reserved_nano", d.reserved_nano)
+        .bind("reserved_tokens", d.reserved_tokens)
+        .bind("saved_nano", d.saved_nano);
 }
 
 fn tokens(n: u64) -> i64 {
@@ -156,13 +177,7 @@ impl AttemptRow {
         };
         let snapshot = CostSnapshot {
             scope_window_nano: self.scope_window_nano,
-            token_bucket: match (self.token_units, self.token_at) {
-                (Some(units), Some(at)) => Some(tollgate_core::BucketState {
-                    units,
-                    at: Timestamp(at),
-                }),
-                _ => None,
-            },
+            token_bucket: stored_bucket(self.token_units, self.token_at),
             app_window_nano: 0,
         };
         let token = match decide_cost(&limits, &attempt, &snapshot, now) {
@@ -199,7 +214,7 @@ impl AttemptPlan {
     }
 }
 
-/// SPEC §13 "Settlement" for the rows of one terminal move: each task's reservation
+/// docs/conformance.md#cost-settlement "Settlement" for the rows of one terminal move: each task's reservation
 /// leaves the bucket of its admission hour and what it cost ([`settle`]) is added to the
 /// same bucket. Usage above the reservation is recorded as overrun and logged.
 pub(crate) fn plan_settlement(rows: &[SettleRow]) -> StoreResult<SettlementPlan> {
@@ -230,7 +245,7 @@ pub(crate) fn plan_settlement(rows: &[SettleRow]) -> StoreResult<SettlementPlan>
             tracing::warn!(
                 task = %row.id, app = %row.app, scope = %row.scope,
                 overrun_nano_usd = charge.overrun_nano, overrun_tokens = charge.overrun_tokens,
-                "the provider reported more than the task's reservation (SPEC §13 overrun)"
+                "the provider reported more than the task's reservation (docs/conformance.md#cost-reservation overrun)"
             );
         }
         let delta = SpendDelta {
@@ -295,7 +310,7 @@ pub(crate) struct TokenBucketRow {
 }
 
 impl SpendSums {
-    /// The usage report of a window starting at bucket `first` (SPEC §13 "Usage is
+    /// The usage report of a window starting at bucket `first` (docs/conformance.md#cost-limits "Usage is
     /// visible").
     pub(crate) fn into_window(
         self,
@@ -303,13 +318,7 @@ impl SpendSums {
         now: Timestamp,
         bucket: Option<TokenBucketRow>,
     ) -> SpendWindow {
-        let token_bucket = bucket.and_then(|b| match (b.token_units, b.token_at) {
-            (Some(units), Some(at)) => Some(tollgate_core::BucketState {
-                units,
-                at: Timestamp(at),
-            }),
-            _ => None,
-        });
+        let token_bucket = bucket.and_then(|b| stored_bucket(b.token_units, b.token_at));
         SpendWindow {
             since: Timestamp(first * tollgate_core::cost::SPEND_BUCKET_MS),
             now,

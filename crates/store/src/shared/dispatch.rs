@@ -1,4 +1,4 @@
-//! SPEC §14 fair claiming, the dialect-free part both backends call: the queue rows a
+//! docs/conformance.md#fair-share fair claiming, the dialect-free part both backends call: the queue rows a
 //! claim reads and the plan of how many tasks to take from each (core's stride
 //! schedule), and how far each queue's virtual time then moves.
 
@@ -6,85 +6,12 @@ use crate::shared::rows::TaskRow;
 use crate::{MAX_CLAIM_QUEUES, StoreResult};
 use tollgate_core::{NewTask, Owner, QueueShare, Weight, allocate_claims, stride};
 
-/// SPEC §14, both backends (docs/engine.md, "Dispatch order"): the row an (app, scope)
-/// queue joins with when one of its tasks is queued, as `SELECT app, scope, weight,
-/// pass, base, joined, TRUE … WHERE TRUE` (an `INSERT … SELECT` with an upsert after
-/// it). `$params` is a one-row `SELECT` of `app`, `scope`, `weight`, `credit` (core's
-/// [`join_credit`](tollgate_core::join_credit) of the weight) and `stride` (core's
-/// [`stride`]).
-///
-/// - The *floor* is the least standing of the active queues, a queue's standing being
-///   its pass, or while it still holds joining credit (pass below its `base`) the floor
-///   it joined at. Joining queues never lower it (they stand at the floor they found),
-///   so it never runs away however many queues join; with no queue active it is the
-///   greatest pass of all (0 for the first queue ever).
-/// - A queue joins one burst (`credit`) below the floor, but no earlier than one stride
-///   after the furthest *fresh* queue of its app (active and not claimed from since it
-///   joined: `pass = joined`). So the queues an app opens together share one burst of
-///   credit, one after another, and a flood of new queues is at most one burst ahead
-///   of everybody else; another app's newcomer still gets its own burst.
-/// - `base` is the floor it found, `joined` the pass it joined at.
-///
-/// Its reads are index lookups (migration 0011): the least `base` of the queues below
-/// theirs, the least pass of the others (after skipping the credit holders), and the
-/// app's furthest fresh pass.
-macro_rules! queue_join_select {
-    ($($params:tt)+) => {
-        concat!(
-            "SELECT y.app, y.scope, y.weight, y.pass, y.base, y.pass, TRUE FROM (\
-             SELECT x.app, x.scope, x.weight, \
-             CASE WHEN x.floor IS NULL THEN x.top \
-                  WHEN x.fresh IS NOT NULL AND x.fresh + x.stride > x.floor - x.credit \
-                  THEN x.fresh + x.stride \
-                  ELSE x.floor - x.credit END AS pass, \
-             COALESCE(x.floor, x.top) AS base FROM (\
-             SELECT p.app, p.scope, p.weight, p.credit, p.stride, \
-             (SELECT MIN(m) FROM (\
-               SELECT MIN(base) AS m FROM dispatch_queues WHERE active AND pass < base \
-               UNION ALL \
-               SELECT MIN(pass) AS m FROM dispatch_queues WHERE active AND pass >= base\
-             ) u) AS floor, \
-             COALESCE((SELECT MAX(pass) FROM dispatch_queues), 0) AS top, \
-             (SELECT MAX(f.pass) FROM dispatch_queues f WHERE f.app = p.app AND f.active \
-               AND f.pass = f.joined) AS fresh \
-             FROM (",
-            $($params)+,
-            ") p) x) y WHERE TRUE "
-        )
-    };
-}
-pub(crate) use queue_join_select;
-
-/// SPEC §14, both backends: the upsert's conflict clause for a queue that gets a queued
-/// task (after [`queue_join_select`]). An active queue keeps its pass; an idle one
-/// becomes active at the greater of its own last pass and the joining pass, so it banks
-/// at most one burst of credit however long it idled (and keeps only what is left of it
-/// when it drained just now), standing at the floor it found. The weight follows the
-/// task's policy.
-macro_rules! queue_join_conflict {
-    () => {
-        "ON CONFLICT (app, scope) DO UPDATE SET weight = excluded.weight, \
-         pass = CASE WHEN dispatch_queues.active THEN dispatch_queues.pass \
-                WHEN dispatch_queues.pass > excluded.pass THEN dispatch_queues.pass \
-                ELSE excluded.pass END, \
-         base = CASE WHEN dispatch_queues.active THEN dispatch_queues.base \
-                ELSE excluded.base END, \
-         joined = CASE WHEN dispatch_queues.active THEN dispatch_queues.joined \
-                WHEN dispatch_queues.pass > excluded.pass THEN dispatch_queues.pass \
-                ELSE excluded.pass END, \
-         active = TRUE \
-         WHERE NOT dispatch_queues.active OR dispatch_queues.weight <> excluded.weight"
-    };
-}
-pub(crate) use queue_join_conflict;
-
-/// SPEC §14, both backends: the columns [`queue_join_select`] fills.
-macro_rules! queue_join_insert {
-    () => {
-        "INSERT INTO dispatch_queues (app, scope, weight, pass, base, joined, active) "
-    };
-}
-pub(crate) use queue_join_insert;
+/// docs/conformance.md#fair-share, both backends: the upsert by which a queued task's (app, scope) queue
+/// joins (`sql/queue_join.sql`, its rule in its comments), as the `{queue_join}` part of
+/// a statement that names the queue in a one-row `join_params` CTE (`app`, `scope`,
+/// `weight`, `credit`: core's [`join_credit`](tollgate_core::join_credit) of the
+/// weight, `stride`: core's [`stride`]).
+pub(crate) const QUEUE_JOIN: &str = include_str!("sql/queue_join.sql");
 
 /// An active (app, scope) queue as a claim reads it.
 #[derive(sqlx::FromRow, Debug, Clone)]
@@ -114,7 +41,7 @@ pub(crate) struct QueueTake {
     pub(crate) take: u32,
 }
 
-/// SPEC §14: splits `n` claim slots across the queues (least virtual time first) by the
+/// docs/conformance.md#fair-share: splits `n` claim slots across the queues (least virtual time first) by the
 /// stride schedule; queues that get nothing are left out.
 pub(crate) fn plan_claim(queues: Vec<QueueRow>, n: u32) -> Vec<QueueTake> {
     let shares: Vec<QueueShare> = queues
@@ -133,7 +60,7 @@ pub(crate) fn plan_claim(queues: Vec<QueueRow>, n: u32) -> Vec<QueueTake> {
         .collect()
 }
 
-/// The backend's statements of a fair claim (SPEC §14), for [`claim_fair`].
+/// The backend's statements of a fair claim (docs/conformance.md#fair-share), for [`claim_fair`].
 #[async_trait::async_trait]
 pub(crate) trait FairClaim: Send {
     /// Writes what `view` owes the queues' passes.
@@ -146,7 +73,7 @@ pub(crate) trait FairClaim: Send {
     async fn deactivate_if_empty(&mut self, app: &str, scope: &str) -> StoreResult<bool>;
 }
 
-/// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
+/// docs/conformance.md#fair-share: claims up to `limit` tasks across the active queues with the least virtual
 /// time, by the stride plan, in rounds; both backends run this loop with their own
 /// statements ([`FairClaim`]).
 ///
@@ -225,7 +152,7 @@ pub(crate) async fn claim_fair(
     Ok(claimed)
 }
 
-/// SPEC §14 around creations, both backends: unless they keep the view (`keeps_view`,
+/// docs/conformance.md#dispatch around creations, both backends: unless they keep the view (`keeps_view`,
 /// [`QueueView::covers`] of the new tasks), the pass debt is paid first (`pay`), so a
 /// queue they activate joins at the passes as this instance's claims left them, and the
 /// view is dropped after (they may have activated a queue it does not list).
@@ -245,7 +172,7 @@ pub(crate) async fn around_creation<T>(
     Ok(created)
 }
 
-/// How long a store instance reuses its last read of the active queues (SPEC §14), by
+/// How long a store instance reuses its last read of the active queues (docs/conformance.md#fair-share), by
 /// default (`queue_view_ttl` of the store's options).
 /// Within it, a claim is one statement: the view is moved by this instance's own
 /// claims, dropped by its own creations, and read again sooner only when it cannot name
@@ -256,7 +183,7 @@ pub(crate) async fn around_creation<T>(
 /// passes ([`QueueView::owe`]).
 pub(crate) const QUEUE_VIEW_TTL: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// A queue's pass moves this instance's claims owe the database (SPEC §14).
+/// A queue's pass moves this instance's claims owe the database (docs/conformance.md#fair-share).
 pub(crate) type PassDebt = Vec<(String, String, i64)>;
 
 #[derive(Debug, Default)]

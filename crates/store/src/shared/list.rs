@@ -1,4 +1,4 @@
-//! SPEC §15 listings, written once for both backends: a backend supplies its clock and
+//! docs/conformance.md#listings listings, written once for both backends: a backend supplies its clock and
 //! its read pool ([`Backend`]); every listing's logic (pages, cursors, joins of runs to
 //! pipelines, snapshots, stats) lives here. Listings decide nothing, so they read outside
 //! any transaction and take no lock.
@@ -158,7 +158,7 @@ impl<S: Backend> ListStore for S {
         let now = self.now_out().await?;
         let since = since.unwrap_or_else(|| now.minus(std::time::Duration::from_secs(3600)));
         let counts: Vec<(String, i64)> = rows_of(self, crate::list::active_counts_sql(app)).await?;
-        let rows: Vec<(String, Option<String>, bool, Option<i64>)> =
+        let rows: Vec<crate::list::FinishedRow> =
             rows_of(self, crate::list::finished_sql(app, since)).await?;
         Ok(crate::list::stats_of(now, &counts, rows))
     }

@@ -1,4 +1,4 @@
-//! SPEC §6 written once ([`Maintenance`]): the sweep's items, each one bounded batch in
+//! docs/conformance.md#sweeps written once ([`Maintenance`]): the sweep's items, each one bounded batch in
 //! its own short transaction, the recovery listing, ping and kept settings. A backend
 //! supplies its statements ([`MaintenanceStatements`]: PostgreSQL's skip rows other
 //! replicas hold, so replicas never wait on each other and never process a row twice)
@@ -27,7 +27,7 @@ pub(crate) trait MaintenanceStatements: Backend {
     const EXPIRE_SOURCES: &'static str;
     /// Item 5: `sources_in_window -= $1`, never below zero, for (`$2` app, `$3` scope).
     const FORGET_SOURCES: &'static str;
-    /// SPEC §13: delete up to `$2` scope, then app, spend buckets older than `$1`.
+    /// docs/conformance.md#cost-limits: delete up to `$2` scope, then app, spend buckets older than `$1`.
     const PRUNE_SPEND: [&'static str; 2];
     /// Item 6: deletes up to `$2` released terminal application tasks, released and
     /// completed at or before `$1`.
@@ -126,7 +126,7 @@ impl Maintenance {
                 )
                 .await?;
             }
-            // SPEC §13: spend buckets older than any window reads (the window's first
+            // docs/conformance.md#cost-limits: spend buckets older than any window reads (the window's first
             // bucket, minus one spare hour).
             let stale = tollgate_core::cost::window_first_bucket(now) - 1;
             for sql in B::PRUNE_SPEND {

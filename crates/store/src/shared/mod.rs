@@ -3,8 +3,10 @@
 //! facts a backend reads and hands to core's decision ([`admission`]), and the
 //! run transactions ([`runs`]), the application's side of tasks ([`tasks`]), pipelines
 //! ([`pipelines`]), cost settlement and usage ([`cost`]),
-//! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], SPEC §14); and the
-//! one way both backends run a statement written once ([`sql`]).
+//! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], docs/conformance.md#fair-share); the
+//! one way both backends run a statement written once ([`sql`]); and whole SQL texts
+//! with named parameters, bound from one struct ([`statement`]), with the texts both
+//! dialects share in `sql/`.
 
 pub(crate) mod admission;
 pub(crate) mod cost;
@@ -15,5 +17,6 @@ pub(crate) mod pipelines;
 pub(crate) mod rows;
 pub(crate) mod runs;
 pub(crate) mod sql;
+pub(crate) mod statement;
 pub(crate) mod tasks;
 pub(crate) mod terminal;

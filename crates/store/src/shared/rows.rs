@@ -327,7 +327,7 @@ pub(crate) struct CancelStateRow {
     run_state: Option<String>,
 }
 
-/// SPEC §5: true if the task or its run is canceled or cancellation was requested, and
+/// docs/conformance.md#lifecycle: true if the task or its run is canceled or cancellation was requested, and
 /// true if the task no longer exists (it was removed with its owner: never finish it).
 pub(crate) fn cancellation_requested(row: Option<CancelStateRow>) -> bool {
     match row {
@@ -423,7 +423,7 @@ pub(crate) struct ScopeRow {
 pub(crate) struct CacheHitRow {
     pub(crate) id: String,
     pub(crate) output: String,
-    /// SPEC §13: what the hit's task was charged (what the hit saves).
+    /// docs/conformance.md#money-and-tokens: what the hit's task was charged (what the hit saves).
     pub(crate) charged_nano: Option<i64>,
 }
 
@@ -441,7 +441,7 @@ pub(crate) fn stored_subject(
     subject(kind, id)
 }
 
-/// A completion's output (checked against the task's contract, SPEC §5) and usage, as
+/// A completion's output (checked against the task's contract, docs/conformance.md#lifecycle) and usage, as
 /// stored. The request never changes, so the check needs no lock.
 pub(crate) fn encode_completion(
     task: &Task,
@@ -463,7 +463,7 @@ pub(crate) fn encode_usage(usage: &Usage) -> Result<String, StoreError> {
         .map_err(|e| StoreError::Database(format!("cannot encode usage: {e}")))
 }
 
-/// SPEC §5 heartbeat's answer: of the ids asked about, those the statement kept alive
+/// docs/conformance.md#heartbeat heartbeat's answer: of the ids asked about, those the statement kept alive
 /// (`RETURNING id`) and the rest, which the worker must stop.
 pub(crate) fn heartbeat_report(
     ids: &[TaskId],

@@ -1,4 +1,4 @@
-//! SPEC §7 written once: the dialect-free rules of a run's step (when a run may wait on a
+//! docs/conformance.md#workflow-runs written once: the dialect-free rules of a run's step (when a run may wait on a
 //! task, when it may finish, the columns of its ending) and the [`RunStore`](crate::RunStore)
 //! transactions themselves ([`Runs`]); a backend supplies only the statements that differ
 //! ([`RunStatements`]: PostgreSQL's row locks, the cancel cascade).

@@ -1,4 +1,4 @@
-//! SPEC §3, §5 cancel, §8 and §13's spend window, the application's side of tasks
+//! docs/conformance.md#creating-a-task, docs/conformance.md#lifecycle cancel, docs/conformance.md#application-tasks, docs/conformance.md#money-and-tokens's spend window, the application's side of tasks
 //! ([`TaskStore`](crate::TaskStore)), written once ([`Tasks`]): reads, cancel, release,
 //! the unreleased sources and spend. A backend supplies what really differs
 //! ([`TaskStatements`]): creation (its admission), owner deletion (its locks), the lock of
@@ -34,11 +34,11 @@ pub(crate) trait TaskStatements: Backend {
     /// subject; a `NULL` filter matches everything).
     const UNRELEASED_SOURCES: &'static str;
 
-    /// SPEC §3–4: creates one task (the backend's admission).
+    /// docs/conformance.md#creating-a-task, docs/conformance.md#admission: creates one task (the backend's admission).
     async fn create_one(&self, new: NewTask) -> StoreResult<Created>;
-    /// SPEC §3–4: creates several tasks.
+    /// docs/conformance.md#creating-a-task, docs/conformance.md#admission: creates several tasks.
     async fn create_many(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>>;
-    /// SPEC §8: deletes an owner's application tasks under the backend's locks.
+    /// docs/conformance.md#application-tasks: deletes an owner's application tasks under the backend's locks.
     async fn delete_owner(
         &self,
         app: &AppId,
@@ -111,7 +111,7 @@ impl Tasks {
         .await
     }
 
-    /// SPEC §5: terminal states are final: only a queued or running task is marked and
+    /// docs/conformance.md#lifecycle: terminal states are final: only a queued or running task is marked and
     /// canceled.
     pub(crate) async fn request_cancel<B: TaskStatements>(
         store: &B,
@@ -201,7 +201,7 @@ impl Tasks {
         unreleased_page(rows, limit)
     }
 
-    /// SPEC §13: the spend window of a scope (with its token bucket) or of the app. Reads
+    /// docs/conformance.md#cost-limits: the spend window of a scope (with its token bucket) or of the app. Reads
     /// that decide nothing: on the read pool.
     pub(crate) async fn spend<B: TaskStatements>(
         store: &B,

@@ -1,11 +1,11 @@
-//! What every move of tasks to a terminal state does besides the rows themselves (SPEC
-//! §4–5, §7), written once: admitted tasks give back their scope's and the service's
+//! What every move of tasks to a terminal state does besides the rows themselves
+//! (docs/conformance.md#admission, docs/conformance.md#lifecycle, docs/conformance.md#workflow-runs), written once: admitted tasks give back their scope's and the service's
 //! capacity (scope rows in sorted (app, scope) order, the lock order), failed, canceled
 //! and expired tasks free their logical key (their source stays seen), and runs waiting
 //! on any of the tasks are woken. Each backend supplies only the statements
 //! that differ ([`TerminalStatements`], on its transaction type).
 //!
-//! SPEC §13's settlement of cost reservations is one step of [`after_terminal`]: the
+//! docs/conformance.md#cost-settlement's settlement of cost reservations is one step of [`after_terminal`]: the
 //! finished tasks' reservations (admitted tasks', and those of tasks without a source
 //! that can cost money) are read, core's `settle` says what each cost,
 //! and the backend writes the plan.
@@ -70,7 +70,7 @@ pub(crate) struct TerminalMove {
     pub(crate) clear_logical_keys: bool,
     /// Wake the waiting runs.
     pub(crate) wake: Wake,
-    /// Settle the cost reservations (SPEC §13; every move, deletion included: a deleted
+    /// Settle the cost reservations (docs/conformance.md#cost-settlement; every move, deletion included: a deleted
     /// in-flight task settles as a cancel does, before its row goes — docs/budgets.md,
     /// "Settlement").
     pub(crate) settle: bool,
@@ -109,7 +109,7 @@ impl TerminalMove {
 /// (PostgreSQL binds a `TEXT[]`, SQLite a JSON list), its token refund and its charge.
 #[async_trait]
 pub(crate) trait TerminalStatements: Exec {
-    /// SPEC §13: gives unused reserved tokens back to a scope's token bucket, never above
+    /// docs/conformance.md#cost-reservation: gives unused reserved tokens back to a scope's token bucket, never above
     /// its capacity nor below what it holds (`$1` tokens, `$2` app, `$3` scope).
     const REFUND_TOKENS: &'static str;
 
@@ -151,7 +151,7 @@ pub(crate) trait TerminalStatements: Exec {
         Ok(())
     }
 
-    /// SPEC §13: writes a settlement — token refunds, spend buckets (scope, then app, in
+    /// docs/conformance.md#cost-settlement: writes a settlement — token refunds, spend buckets (scope, then app, in
     /// key order: the lock order), and each task's charge (which marks it settled).
     async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
         for ((app, scope), refund) in &plan.refunds {
@@ -190,9 +190,9 @@ pub(crate) trait TerminalStatements: Exec {
         self.charge(&plan.charged).await
     }
 
-    /// SPEC §13: each task's charge, (id, nano-dollars, tokens), which marks it settled.
+    /// docs/conformance.md#cost-settlement: each task's charge, (id, nano-dollars, tokens), which marks it settled.
     async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()>;
-    /// SPEC §13: the reservations and usage of the tasks not yet settled.
+    /// docs/conformance.md#cost-settlement: the reservations and usage of the tasks not yet settled.
     async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>>;
     /// Frees the admission logical keys of the tasks.
     async fn clear_logical_keys(&mut self, ids: &[String]) -> StoreResult<()>;

@@ -1,4 +1,4 @@
-//! SPEC §14 fair claiming on SQLite. The writer lock covers the whole claim; the plan is
+//! docs/conformance.md#fair-share fair claiming on SQLite. The writer lock covers the whole claim; the plan is
 //! the shared one ([`crate::shared::dispatch`]), taken in one statement, and the passes
 //! move as on PostgreSQL: in the instance's view at once, in the rows when the view is
 //! read again ([`QueueView`]).
@@ -10,27 +10,7 @@ use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::rows::{TaskRow, task_columns};
 use tollgate_core::{Timestamp, WorkerId};
 
-/// A creation's part (SPEC §14), as a literal for `concat!` (a statement of the task
-/// insert's query): the task's (app, scope) queue becomes active, joining by the shared
-/// rule ([`queue_join_select`], [`queue_join_conflict`]), and takes the weight of the
-/// task's policy. Positional arguments: app, scope, weight, join credit, stride.
-///
-/// [`queue_join_select`]: crate::shared::dispatch::queue_join_select
-/// [`queue_join_conflict`]: crate::shared::dispatch::queue_join_conflict
-macro_rules! queue_activation {
-    () => {
-        concat!(
-            $crate::shared::dispatch::queue_join_insert!(),
-            $crate::shared::dispatch::queue_join_select!(
-                "SELECT ? AS app, ? AS scope, ? AS weight, ? AS credit, ? AS stride"
-            ),
-            $crate::shared::dispatch::queue_join_conflict!()
-        )
-    };
-}
-pub(super) use queue_activation;
-
-/// SPEC §14: claims up to `limit` tasks across the active queues with the least virtual
+/// docs/conformance.md#fair-share: claims up to `limit` tasks across the active queues with the least virtual
 /// time, by the stride plan (the shared loop,
 /// [`claim_fair`](crate::shared::dispatch::claim_fair)), inside the claim's write
 /// transaction.
@@ -142,7 +122,7 @@ async fn pay_pass_debt(view: &QueueView, tx: &mut Tx) -> StoreResult<()> {
 }
 
 impl super::SqliteStore {
-    /// SPEC §14: before a creation, writes what this instance's claims owe the queues'
+    /// docs/conformance.md#fair-share: before a creation, writes what this instance's claims owe the queues'
     /// passes in a short write transaction (none when nothing is owed), so a queue the
     /// creation activates joins at the passes as they really are.
     pub(super) async fn pay_pass_debt(&self) -> StoreResult<()> {

@@ -1,4 +1,4 @@
-//! SPEC §5 on SQLite, the worker's side ([`WorkerStore`]): claim, heartbeat, complete,
+//! docs/conformance.md#heartbeat on SQLite, the worker's side ([`WorkerStore`]): claim, heartbeat, complete,
 //! fail, acknowledge cancellation; and the statements of a terminal move.
 
 use super::{SqliteStore, id_list};

@@ -1,10 +1,10 @@
-//! SPEC §15 listings on SQLite: the shared statements of [`crate::list`] run on the read
+//! docs/conformance.md#listings listings on SQLite: the shared statements of [`crate::list`] run on the read
 //! pool (they decide nothing, so they never take the write lock); this module proves
 //! each of them searches an index.
 
 #[cfg(test)]
 mod tests {
-    //! SPEC §15: every listing statement is indexed on SQLite (EXPLAIN QUERY PLAN: every
+    //! docs/conformance.md#listings: every listing statement is indexed on SQLite (EXPLAIN QUERY PLAN: every
     //! table is searched through an index, never scanned).
     use super::super::SqliteStore;
     use crate::list::*;
@@ -61,6 +61,10 @@ mod tests {
             },
             TaskListQuery {
                 run: Some(RunId::generate()),
+                ..Default::default()
+            },
+            TaskListQuery {
+                error_code: Some("provider_error".into()),
                 ..Default::default()
             },
             TaskListQuery {

@@ -1,4 +1,4 @@
-//! SPEC §6 on SQLite ([`MaintenanceStore`](crate::MaintenanceStore), written once in
+//! docs/conformance.md#sweeps on SQLite ([`MaintenanceStore`](crate::MaintenanceStore), written once in
 //! `shared::maintenance`): each sweep item one bounded batch in its own short
 //! transaction; the writer lock covers every row, so nothing is skipped.
 

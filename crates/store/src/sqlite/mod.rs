@@ -46,9 +46,9 @@ pub struct SqliteOptions {
     /// `synchronous = FULL` (the default: a committed task survives power loss) or
     /// `NORMAL` (survives process crashes; faster).
     pub synchronous_full: bool,
-    /// The order `claim_next` claims in (SPEC §14; default fair).
+    /// The order `claim_next` claims in (docs/conformance.md#fair-share; default fair).
     pub claim_order: crate::ClaimOrder,
-    /// SPEC §14: how long this instance's fair claims reuse its last read of the active
+    /// docs/conformance.md#fair-share: how long this instance's fair claims reuse its last read of the active
     /// queues (default 50 ms; other instances' new queues and claims show after at most
     /// this long). Zero reads them for every claim and writes each claim's pass moves
     /// before it returns: for tests that compare several instances with a model of the
@@ -90,14 +90,14 @@ pub struct SqliteStore {
     reader: SqlitePool,
     clock: Arc<dyn Clock>,
     claim_order: crate::ClaimOrder,
-    /// SPEC §14: this instance's recent view of the active queues.
+    /// docs/conformance.md#fair-share: this instance's recent view of the active queues.
     queue_view: Arc<crate::shared::dispatch::QueueView>,
 }
 
 type Tx = Transaction<'static, Sqlite>;
 
 impl SqliteStore {
-    /// The same store (same pool) claiming in another order (SPEC §14; benchmarks
+    /// The same store (same pool) claiming in another order (docs/conformance.md#fair-share; benchmarks
     /// compare fair and oldest-first claiming on one database).
     pub fn with_claim_order(mut self, order: crate::ClaimOrder) -> SqliteStore {
         self.claim_order = order;

@@ -1,4 +1,4 @@
-//! SPEC §14 provider pace on SQLite ([`PaceStore`]): the same rows and arithmetic as
+//! docs/conformance.md#provider-pace provider pace on SQLite ([`PaceStore`]): the same rows and arithmetic as
 //! PostgreSQL, under the writer lock, times from the store's clock in microseconds.
 
 use super::SqliteStore;

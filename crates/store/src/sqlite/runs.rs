@@ -1,4 +1,4 @@
-//! SPEC §7 on SQLite ([`RunStore`](crate::RunStore)): the transactions are written once in
+//! docs/conformance.md#workflow-runs on SQLite ([`RunStore`](crate::RunStore)): the transactions are written once in
 //! `shared::runs`; `BEGIN IMMEDIATE` holds every row, so no row lock is taken, and the
 //! cancel cascade is one plain update.
 

@@ -1,126 +1,102 @@
 //! Step 6: the task insert and, for an admitted task, the admission's writes and the
 //! global slot in the same final statement.
 
-use super::super::{PostgresStore, Tx, now_sql};
+use super::super::{PostgresStore, Tx};
 use super::SlotPath;
 use super::slots::{slot_stripe, take_share_rebalancing, take_slot_rebalancing};
-use crate::shared::admission::{ScopeUpdate, cached_usage};
-use crate::shared::cost::SpendDelta;
-use crate::shared::dispatch::{queue_join_conflict, queue_join_insert, queue_join_select};
+pub(super) use crate::shared::admission::InsertRow;
+use crate::shared::admission::{ScopeUpdate, TASK_INSERT, bind_join, bind_token};
+use crate::shared::cost::{SpendDelta, bind_spend};
+use crate::shared::dispatch::QUEUE_JOIN;
 use crate::shared::rows::{TaskRow, task_columns};
+use crate::shared::statement::{Parts, Statement};
 use crate::{Created, StoreError, StoreResult};
 use sqlx::{FromRow, Row};
-use tollgate_core::cost::{app_spend_stripe, spend_bucket};
+use tollgate_core::cost::spend_bucket;
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
     TaskId, Timestamp, Weight, join_credit, stride,
 };
 
-/// The columns of a task insert, in the order of [`bind_insert`]'s `$1`–`$28`.
-macro_rules! task_insert_into {
-    () => {
-        "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
-         subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
-         model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
-         usage, created_at, completed_at, reservation, priority, dispatch_key) "
-    };
-}
+/// The spend upserts (`sql/spend_add.sql`), CTEs of the statements that reserve or save.
+const SPEND_ADD: &str = include_str!("../sql/spend_add.sql");
 
-/// The task insert (`$1`–`$28`, bound by [`bind_insert`]); a taken effect key inserts
-/// nothing (`ON CONFLICT DO NOTHING`) and returns no row.
-macro_rules! task_insert {
-    () => {
-        concat!(
-            task_insert_into!(),
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-             $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28) \
-             ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
-            task_columns!()
-        )
-    };
-}
+/// The parts of a task row whose creation time and dispatch key are bound.
+const BOUND_ROW: Parts = &[
+    ("task_insert", TASK_INSERT),
+    ("created_at", ":now"),
+    ("dispatch_key", ":dispatch_key"),
+    ("task_columns", task_columns!()),
+];
 
-/// SPEC §14, after the task insert `t` in the same statement (`$29` the policy's weight,
-/// `$credit` its joining credit, `$stride` its stride): a queued task makes its (app,
-/// scope) queue active, joining by the shared rule ([`queue_join_select`],
-/// [`queue_join_conflict`]). The row stays locked to the commit (ON CONFLICT locks it
-/// even when nothing changes), so a claim that finds the queue empty cannot deactivate
-/// it before this task is visible.
-macro_rules! queue_activation {
-    ($credit:literal, $stride:literal) => {
-        concat!(
-            ", dq AS (",
-            queue_join_insert!(),
-            queue_join_select!(concat!(
-                "SELECT t.app, t.scope, $29::BIGINT AS weight, ",
-                $credit,
-                "::BIGINT AS credit, ",
-                $stride,
-                "::BIGINT AS stride FROM t WHERE t.status = 'queued'"
-            )),
-            queue_join_conflict!(),
-            ") "
-        )
-    };
-}
+/// The parts of a queue's join after the task insert `t`.
+const QUEUE: Parts = &[
+    (
+        "task_queue_join",
+        include_str!("../sql/task_queue_join.sql"),
+    ),
+    ("queue_join", QUEUE_JOIN),
+];
 
-pub(super) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+/// The task insert alone (a batch's run task: its queues join at the batch's end).
+static TASK_ROW: Statement = Statement::new("task_insert", TASK_INSERT, &[BOUND_ROW]);
 
-/// Binds [`task_insert`]'s `$1`–`$28` (a statement with [`queue_activation`] binds the
-/// weight as `$29` next, and its joining credit after its own parameters).
-pub(super) fn bind_insert<'q>(q: PgQuery<'q>, i: &'q InsertRow<'_>) -> PgQuery<'q> {
-    let new = i.new;
-    let cached = i.cached_from.is_some();
-    let scoped = new.scope.as_ref();
-    let usage = cached.then(cached_usage);
-    q.bind(i.id.to_string())
-        .bind(new.owner.app().as_str())
-        .bind(new.effect_key.as_str())
-        .bind(new.request.kind().as_str())
-        .bind(new.step.as_str())
-        .bind(i.run_id.as_deref())
-        .bind(i.scope.as_str())
-        .bind(i.subject.as_ref().map(|s| s.kind.as_str()))
-        .bind(i.subject.as_ref().map(|s| s.id.as_str()))
-        .bind(scoped.map(|s| s.source_id.as_str()))
-        .bind(scoped.map(|s| s.source_revision.as_str()))
-        .bind(scoped.is_some_and(|s| s.recompute))
-        .bind(i.admitted)
-        .bind(new.model.as_str())
-        .bind(&i.model_ref)
-        .bind(&i.config_hash)
-        .bind(new.request.canonical())
-        .bind(new.request.input_hash())
-        .bind(i.cache_key.as_deref())
-        .bind(if cached { "succeeded" } else { "queued" })
-        .bind(i.cached_from.as_deref())
-        .bind(i.cached_output.as_deref())
-        .bind(usage)
-        .bind(i.now.0)
-        .bind(cached.then_some(i.now.0))
-        .bind(i.reservation.as_deref())
-        .bind(i64::from(new.dispatch.priority))
-        .bind(new.dispatch.key(i.now))
-}
+/// The task insert and its queue's join.
+static INSERT_TASK: Statement = Statement::new(
+    "insert_task",
+    include_str!("../sql/insert_task.sql"),
+    &[BOUND_ROW, QUEUE],
+);
 
-pub(super) struct InsertRow<'a> {
-    pub(super) id: TaskId,
-    pub(super) new: &'a NewTask,
-    pub(super) run_id: Option<String>,
-    pub(super) scope: ScopeId,
-    pub(super) subject: Option<Subject>,
-    pub(super) config_hash: String,
-    pub(super) model_ref: String,
-    pub(super) cache_key: Option<String>,
-    pub(super) admitted: bool,
-    pub(super) cached_from: Option<String>,
-    pub(super) cached_output: Option<String>,
-    pub(super) now: Timestamp,
-    /// SPEC §13: the reservation as stored (admitted tasks only).
-    pub(super) reservation: Option<String>,
-    /// SPEC §13: what a cache hit saved (the copied task's charge), nano-dollars.
-    pub(super) saved_nano: i64,
-}
+/// An unscoped application task in one statement, with the database's clock.
+static INSERT_APP_TASK: Statement = Statement::new(
+    "insert_app_task",
+    include_str!("../sql/insert_app_task.sql"),
+    &[
+        &[
+            ("task_insert", TASK_INSERT),
+            ("created_at", "(SELECT now FROM clock)"),
+            ("dispatch_key", "(SELECT now FROM clock) + :dispatch_key"),
+            ("task_columns", task_columns!()),
+        ],
+        QUEUE,
+    ],
+);
+
+/// An admitted task: the task, its queue, the admission's writes and (fast path) its slot.
+static ADMIT_TASK: Statement = Statement::new(
+    "admit_task",
+    include_str!("../sql/admit_task.sql"),
+    &[
+        BOUND_ROW,
+        QUEUE,
+        &[("spend_add", SPEND_ADD), ("after", "st")],
+    ],
+);
+
+/// A task without a source: its reservation, after its task row.
+static RESERVE_UNSOURCED: Statement = Statement::new(
+    "reserve_unsourced",
+    include_str!("../sql/reserve_unsourced.sql"),
+    &[&[
+        ("spend_add", SPEND_ADD),
+        ("after", "(SELECT COUNT(*) FROM st) AS after_st"),
+    ]],
+);
+
+/// A cache hit's saving.
+static RECORD_SAVED: Statement = Statement::new(
+    "record_saved",
+    include_str!("../sql/record_saved.sql"),
+    &[&[("spend_add", SPEND_ADD), ("after", "(SELECT 1) AS one")]],
+);
+
+/// One queue of a batch joins.
+static ACTIVATE_QUEUE: Statement = Statement::new(
+    "activate_queue",
+    include_str!("../sql/activate_queue.sql"),
+    &[&[("queue_join", QUEUE_JOIN)]],
+);
 
 pub(super) struct AdmissionRecord<'a> {
     pub(super) source: &'a SourceId,
@@ -128,58 +104,6 @@ pub(super) struct AdmissionRecord<'a> {
     pub(super) budget: &'a Budget,
     pub(super) update: ScopeUpdate,
     pub(super) reserve: SpendDelta,
-}
-
-/// The writes of an admission after its task insert, as CTEs of its final statement:
-/// the scope's row (bucket, sources, active, SPEC §13 token bucket), the source's
-/// sighting, the admission record, and the reservation added to the scope's and the
-/// app's spend bucket — only when the task row was inserted (`t`). The spend upserts
-/// read from the scope row's CTE (and the app's from the scope's, and the fast path's
-/// global slot from the app's), so the rows are locked in the lock order: scope row,
-/// scope bucket, app bucket, global slot stripe. (Without that chain a statement could
-/// take its slot stripe before its app bucket while another held the app bucket and
-/// waited for the stripe: a deadlock under load.) Parameters follow the
-/// task insert's and the queue activation's (`$29`): `$30` source, `$31` logical key, `$32` bucket units, `$33` bucket
-/// time, `$34` sources delta, (`$35` stripe, `$36` cap: the slot's), `$37`–`$39` token
-/// bucket units, time and capacity (NULL: keep), `$40` spend bucket, `$41` reserved
-/// nano-dollars, `$42` reserved tokens, `$43` app stripe, `$44` the queue's joining
-/// credit, `$45` its stride, `$46` the app's share of the global capacity (0: none),
-/// `$47` whether the app has no share (app, scope, task id and now are the insert's `$2`, `$7`, `$1`, `$24`).
-macro_rules! admission_writes {
-    () => {
-        ", st AS (INSERT INTO scope_state \
-           (app, scope, bucket_units, bucket_at, sources_in_window, active, \
-            token_units, token_at, token_capacity) \
-           SELECT $2, $7, $32, $33, GREATEST($34, 0), 1, $37, $38, $39 FROM t \
-           ON CONFLICT (app, scope) DO UPDATE SET bucket_units = EXCLUDED.bucket_units, \
-           bucket_at = EXCLUDED.bucket_at, \
-           sources_in_window = scope_state.sources_in_window + $34, \
-           active = scope_state.active + 1, \
-           token_units = COALESCE(EXCLUDED.token_units, scope_state.token_units), \
-           token_at = COALESCE(EXCLUDED.token_at, scope_state.token_at), \
-           token_capacity = COALESCE(EXCLUDED.token_capacity, scope_state.token_capacity) \
-           RETURNING 1), \
-         ss AS (INSERT INTO scope_sources (app, scope, source_id, last_admitted_at) \
-           SELECT $2, $7, $30, $24 FROM t \
-           ON CONFLICT (app, scope, source_id) DO UPDATE SET \
-           last_admitted_at = GREATEST(scope_sources.last_admitted_at, \
-                                       EXCLUDED.last_admitted_at)), \
-         rec AS (INSERT INTO admissions \
-           (app, scope, source_id, task_id, logical_key, admitted_at) \
-           SELECT $2, $7, $30, $1, $31, $24 FROM t), \
-         sp AS (INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens) \
-           SELECT $2, $7, $40, $41, $42 FROM st \
-           ON CONFLICT (app, scope, bucket) DO UPDATE SET \
-           reserved_nano = scope_spend.reserved_nano + EXCLUDED.reserved_nano, \
-           reserved_tokens = scope_spend.reserved_tokens + EXCLUDED.reserved_tokens \
-           RETURNING 1), \
-         ap AS (INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens) \
-           SELECT $2, $40, $43, $41, $42 FROM sp \
-           ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
-           reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
-           reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens \
-           RETURNING 1) "
-    };
 }
 
 /// Step 6: insert the task; for an admitted task, then record the admission and take the
@@ -208,55 +132,28 @@ pub(super) async fn insert_and_commit(
     let stripe = slot_stripe(row.id);
     // The task, the admission's writes and (fast path) a slot of this stripe's
     // allowance, in one statement that locks one stripe row only.
-    let sql = match path {
-        SlotPath::Fast => concat!(
-            "WITH t AS (",
-            task_insert!(),
-            ")",
-            queue_activation!("$44", "$45"),
-            admission_writes!(),
-            ", own AS (INSERT INTO app_slots (app, active, share) \
-               SELECT $2, 1, $46 FROM ap WHERE $47 OR $46 > 0 \
-               ON CONFLICT (app) DO UPDATE SET active = app_slots.active + 1, \
-               share = EXCLUDED.share WHERE $47 OR app_slots.active < EXCLUDED.share \
-               RETURNING 1), \
-             slot AS (UPDATE global_slots SET admitted = admitted + 1 \
-               WHERE stripe = $35 AND admitted < capacity AND cap_for = $36 \
-               AND EXISTS (SELECT 1 FROM own) RETURNING admitted) \
-             SELECT t.*, (SELECT admitted FROM slot) AS took FROM t"
-        ),
-        SlotPath::Rebalance => concat!(
-            "WITH t AS (",
-            task_insert!(),
-            ")",
-            queue_activation!("$44", "$45"),
-            admission_writes!(),
-            "SELECT t.*, 0::BIGINT AS took FROM t"
-        ),
-    };
-    let token = record.update.token_bucket;
-    let inserted = bind_insert(sqlx::query(sql), row)
-        .bind(i64::from(row.new.dispatch.weight))
-        .bind(record.source.as_str())
-        .bind(record.logical_key)
-        .bind(record.update.bucket.units)
-        .bind(record.update.bucket.at.0)
-        .bind(record.update.sources_delta)
-        .bind(stripe)
-        .bind(cap)
-        .bind(token.map(|(b, _)| b.units))
-        .bind(token.map(|(b, _)| b.at.0))
-        .bind(token.map(|(_, capacity)| capacity))
-        .bind(spend_bucket(row.now))
-        .bind(record.reserve.reserved_nano)
-        .bind(record.reserve.reserved_tokens)
-        .bind(app_spend_stripe(row.scope.as_str()) as i32)
-        .bind(join_credit(row.new.dispatch.weight))
-        .bind(stride(row.new.dispatch.weight))
-        .bind(record.budget.global_share.map_or(0, |s| i64::from(s.share)))
-        .bind(record.budget.global_share.is_none())
-        .fetch_optional(&mut *tx)
-        .await?;
+    let mut b = ADMIT_TASK.binder();
+    row.bind(&mut b, false);
+    bind_join(&mut b, row.new.dispatch.weight);
+    bind_token(&mut b, record.update.token_bucket);
+    b.bind("bucket_units", record.update.bucket.units)
+        .bind("bucket_at", record.update.bucket.at.0)
+        .bind("sources_delta", record.update.sources_delta)
+        .bind("source", record.source.as_str())
+        .bind("logical_key", record.logical_key);
+    bind_spend(
+        &mut b,
+        row.scope.as_str(),
+        spend_bucket(row.now),
+        record.reserve,
+    );
+    let share = record.budget.global_share;
+    b.bind("fast", path == SlotPath::Fast)
+        .bind("share", share.map_or(0, |s| i64::from(s.share)))
+        .bind("no_share", share.is_none())
+        .bind("slot_stripe", stripe)
+        .bind("cap", cap);
+    let inserted = b.query()?.fetch_optional(&mut *tx).await?;
     let Some(inserted) = inserted else {
         // Another replica inserted the same effect key first: keep nothing of ours.
         tx.rollback().await?;
@@ -309,38 +206,14 @@ pub(super) async fn insert_reserved_and_commit(
         return lost_race(store, app, row.new).await.map(Some);
     };
     let tasks = BucketState::full(budget.burst.get(), row.now);
-    sqlx::query(
-        "WITH st AS (INSERT INTO scope_state \
-           (app, scope, bucket_units, bucket_at, token_units, token_at, token_capacity) \
-           SELECT $1, $2, $3, $4, $5, $6, $7 WHERE $5::BIGINT IS NOT NULL \
-           ON CONFLICT (app, scope) DO UPDATE SET token_units = EXCLUDED.token_units, \
-           token_at = EXCLUDED.token_at, token_capacity = EXCLUDED.token_capacity \
-           RETURNING 1), \
-         sp AS (INSERT INTO scope_spend (app, scope, bucket, reserved_nano, reserved_tokens) \
-           SELECT $1, $2, $8, $9, $10 FROM (SELECT COUNT(*) FROM st) AS after_st \
-           ON CONFLICT (app, scope, bucket) DO UPDATE SET \
-           reserved_nano = scope_spend.reserved_nano + EXCLUDED.reserved_nano, \
-           reserved_tokens = scope_spend.reserved_tokens + EXCLUDED.reserved_tokens \
-           RETURNING 1) \
-         INSERT INTO app_spend (app, bucket, stripe, reserved_nano, reserved_tokens) \
-           SELECT $1, $8, $11, $9, $10 FROM sp \
-           ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
-           reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
-           reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens",
-    )
-    .bind(app.as_str())
-    .bind(row.scope.as_str())
-    .bind(tasks.units)
-    .bind(tasks.at.0)
-    .bind(token.map(|(b, _)| b.units))
-    .bind(token.map(|(b, _)| b.at.0))
-    .bind(token.map(|(_, capacity)| capacity))
-    .bind(spend_bucket(row.now))
-    .bind(reserve.reserved_nano)
-    .bind(reserve.reserved_tokens)
-    .bind(app_spend_stripe(row.scope.as_str()) as i32)
-    .execute(&mut *tx)
-    .await?;
+    let mut b = RESERVE_UNSOURCED.binder();
+    b.bind("app", app.as_str())
+        .bind("scope", row.scope.as_str())
+        .bind("bucket_units", tasks.units)
+        .bind("bucket_at", tasks.at.0);
+    bind_token(&mut b, token);
+    bind_spend(&mut b, row.scope.as_str(), spend_bucket(row.now), reserve);
+    b.query()?.execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(Some(Created::inserted(task)))
 }
@@ -365,7 +238,7 @@ pub(super) async fn lost_race(
     Ok(Created::existing(task))
 }
 
-/// SPEC §13: a cache hit's saving, added to the scope's and the app's bucket of `now`
+/// docs/conformance.md#cost-cache-hits: a cache hit's saving, added to the scope's and the app's bucket of `now`
 /// (scope bucket first: the lock order).
 async fn record_saved(
     tx: &mut Tx,
@@ -374,105 +247,71 @@ async fn record_saved(
     now: Timestamp,
     saved: i64,
 ) -> StoreResult<()> {
-    sqlx::query(
-        "WITH sp AS (INSERT INTO scope_spend (app, scope, bucket, saved_nano) \
-           VALUES ($1, $2, $3, $4) ON CONFLICT (app, scope, bucket) DO UPDATE SET \
-           saved_nano = scope_spend.saved_nano + EXCLUDED.saved_nano RETURNING 1) \
-         INSERT INTO app_spend (app, bucket, stripe, saved_nano) \
-           SELECT $1, $3, $5, $4 FROM sp ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
-           saved_nano = app_spend.saved_nano + EXCLUDED.saved_nano",
-    )
-    .bind(app.as_str())
-    .bind(scope.as_str())
-    .bind(spend_bucket(now))
-    .bind(saved)
-    .bind(app_spend_stripe(scope.as_str()) as i32)
-    .execute(&mut **tx)
-    .await?;
+    let saved = SpendDelta {
+        saved_nano: saved,
+        ..SpendDelta::default()
+    };
+    let mut b = RECORD_SAVED.binder();
+    b.bind("app", app.as_str()).bind("scope", scope.as_str());
+    bind_spend(&mut b, scope.as_str(), spend_bucket(now), saved);
+    b.query()?.execute(&mut **tx).await?;
     Ok(())
 }
 
 /// Inserts the task and returns it; `None` when the effect key was taken meanwhile.
 /// With `activate`, a queued task's dispatch queue is activated in the same statement
-/// (SPEC §14); batches activate theirs at the end instead, in lock order
+/// (docs/conformance.md#dispatch); batches activate theirs at the end instead, in lock order
 /// ([`activate_queues`]).
 pub(super) async fn insert_task(
     tx: &mut Tx,
     i: &InsertRow<'_>,
     activate: bool,
 ) -> StoreResult<Option<Task>> {
-    let query = if activate {
-        bind_insert(
-            sqlx::query(concat!(
-                "WITH t AS (",
-                task_insert!(),
-                ")",
-                queue_activation!("$30", "$31"),
-                "SELECT * FROM t"
-            )),
-            i,
-        )
-        .bind(i64::from(i.new.dispatch.weight))
-        .bind(join_credit(i.new.dispatch.weight))
-        .bind(stride(i.new.dispatch.weight))
+    let mut b = if activate {
+        INSERT_TASK.binder()
     } else {
-        bind_insert(sqlx::query(task_insert!()), i)
+        TASK_ROW.binder()
     };
-    let row = query.fetch_optional(&mut **tx).await?;
+    i.bind(&mut b, false);
+    if activate {
+        bind_join(&mut b, i.new.dispatch.weight);
+    }
+    let row = b.query()?.fetch_optional(&mut **tx).await?;
     row.map(|r| TaskRow::from_row(&r).map_err(StoreError::from))
         .transpose()?
         .map(TaskRow::into_task)
         .transpose()
 }
 
-/// An unscoped application task (no cache, no admission: SPEC §3 steps 2 and 6) in ONE
-/// statement, its own transaction: the shared lock of its (app, scope) (`$31`; owner
-/// deletion, which takes it exclusive, cannot interleave), the database's "now"
-/// (`$32`, the fixed clock when set), the insert (a taken effect key inserts nothing) and
-/// the queue's activation (weight `$29`, joining credit `$30`, stride `$33`). The row's `now` is
-/// [`Timestamp`]`(0)`, so [`bind_insert`]'s `$24` is unused and `$28` is the dispatch
-/// key's offset from the creation time (`dispatch_key(t) = t + dispatch_key(0)`), added
-/// to the statement's "now". `None`: the key was taken.
+/// An unscoped application task (no cache, no admission: docs/conformance.md#create-idempotency, docs/conformance.md#create-insert) in ONE
+/// statement, its own transaction (`sql/insert_app_task.sql`): the shared lock of its
+/// (app, scope) (`lock`), the database's "now" (the fixed clock when set), the insert (a
+/// taken effect key inserts nothing) and the queue's join. The row's `now` is
+/// [`Timestamp`]`(0)`, so its dispatch key is the key's offset from the creation time
+/// (`dispatch_key(t) = t + dispatch_key(0)`), added to the statement's "now". `None`:
+/// the key was taken.
 pub(super) async fn insert_app_task(
     store: &PostgresStore,
     i: &InsertRow<'_>,
     lock: i64,
 ) -> StoreResult<Option<Task>> {
     debug_assert_eq!(i.now, Timestamp(0), "the statement reads now itself");
-    let row = bind_insert(
-        sqlx::query(concat!(
-            "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared($31) AS locked), \
-             clock AS MATERIALIZED (SELECT ",
-            now_sql!(32),
-            " AS now FROM lock), t AS (",
-            task_insert_into!(),
-            "SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-             $17, $18, $19, $20, $21, $22, $23, clock.now, $25, $26, $27, clock.now + $28 \
-             FROM clock ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
-            task_columns!(),
-            ")",
-            queue_activation!("$30", "$33"),
-            "SELECT * FROM t"
-        )),
-        i,
-    )
-    .bind(i64::from(i.new.dispatch.weight))
-    .bind(join_credit(i.new.dispatch.weight))
-    .bind(lock)
-    .bind(store.fixed_now())
-    .bind(stride(i.new.dispatch.weight))
-    .fetch_optional(&store.pool)
-    .await?;
+    let mut b = INSERT_APP_TASK.binder();
+    b.bind("lock_key", lock)
+        .bind("fixed_now", store.fixed_now());
+    i.bind(&mut b, true);
+    bind_join(&mut b, i.new.dispatch.weight);
+    let row = b.query()?.fetch_optional(&store.pool).await?;
     row.map(|r| TaskRow::from_row(&r).map_err(StoreError::from))
         .transpose()?
         .map(TaskRow::into_task)
         .transpose()
 }
 
-/// SPEC §14 for a batch of creations: activates the dispatch queues of its queued tasks
+/// docs/conformance.md#fair-share for a batch of creations: activates the dispatch queues of its queued tasks
 /// as one creation after another would, in the order the batch names them (each queue
 /// joins at the passes as the ones before it left them, as on SQLite), with the rows
-/// held to the commit as [`queue_activation`] holds one task's.
+/// held to the commit as a creation's statement holds one task's.
 ///
 /// One queue (the usual batch) is one statement. With several, the existing rows are
 /// locked first in (app, scope) order (the lock order among queue rows), then each queue
@@ -507,22 +346,14 @@ pub(super) async fn activate_queues(
         .await?;
     }
     for (app, scope, weight) in ordered {
+        let mut b = ACTIVATE_QUEUE.binder();
         let w = Weight::new(*weight).unwrap_or_default();
-        sqlx::query(concat!(
-            queue_join_insert!(),
-            queue_join_select!(
-                "SELECT $1::TEXT AS app, $2::TEXT AS scope, $3::BIGINT AS weight, \
-                 $4::BIGINT AS credit, $5::BIGINT AS stride"
-            ),
-            queue_join_conflict!()
-        ))
-        .bind(app)
-        .bind(scope)
-        .bind(weight)
-        .bind(join_credit(w))
-        .bind(stride(w))
-        .execute(&mut **tx)
-        .await?;
+        b.bind("app", app.as_str())
+            .bind("scope", scope.as_str())
+            .bind("weight", *weight)
+            .bind("credit", join_credit(w))
+            .bind("stride", stride(w));
+        b.query()?.execute(&mut **tx).await?;
     }
     Ok(())
 }
@@ -611,4 +442,25 @@ pub(super) async fn insert_app_tasks(
     .fetch_all(&mut **tx)
     .await?;
     rows.into_iter().map(TaskRow::into_task).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::statement::check_text;
+
+    #[test]
+    fn every_statement_splits() {
+        for statement in [
+            &TASK_ROW,
+            &INSERT_TASK,
+            &INSERT_APP_TASK,
+            &ADMIT_TASK,
+            &RESERVE_UNSOURCED,
+            &RECORD_SAVED,
+            &ACTIVATE_QUEUE,
+        ] {
+            check_text(statement);
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! SPEC §3–4 on PostgreSQL: task creation with idempotency, owner check, cache and
+//! docs/conformance.md#creating-a-task, docs/conformance.md#admission on PostgreSQL: task creation with idempotency, owner check, cache and
 //! admission in one short transaction, correct with any number of replicas.
 //!
 //! A scoped creation holds the exclusive advisory lock of its (app, scope): admissions of
@@ -8,7 +8,7 @@
 //! ending with the conditional global increment, so the global row is locked only from
 //! that statement to the commit.
 //!
-//! Split along the steps: this module runs the creation (SPEC §3 steps 2–6, batches);
+//! Split along the steps: this module runs the creation (docs/conformance.md#create-transaction, batches);
 //! [`probe`] reads what a creation decides on (owner, scope lock, idempotency, cache);
 //! [`snapshot`] reads the admission facts and asks core; [`insert`] writes the task and
 //! the admission in one statement; [`slots`] holds the striped global cap.
@@ -22,7 +22,7 @@ pub(super) use probe::{lock_scope, scope_lock_key};
 pub(super) use snapshot::app_lock_key;
 
 use super::{PostgresStore, Tx};
-use crate::shared::admission::Refusal;
+use crate::shared::admission::{Refusal, stored_reservation};
 use crate::shared::cost::SpendDelta;
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
@@ -66,22 +66,9 @@ async fn create_app_task(
     subject: Option<&Subject>,
 ) -> StoreResult<Created> {
     let item = app_insert(new, scope, subject)?;
-    let row = InsertRow {
-        id: item.id,
-        new,
-        run_id: None,
-        scope: scope.clone(),
-        subject: subject.cloned(),
-        config_hash: item.config_hash,
-        model_ref: item.model_ref,
-        cache_key: None,
-        admitted: false,
-        cached_from: None,
-        cached_output: None,
-        now: Timestamp(0),
-        reservation: None,
-        saved_nano: 0,
-    };
+    let owner = (None, scope.clone(), subject.cloned());
+    let model = (item.config_hash, item.model_ref);
+    let row = InsertRow::new(item.id, new, owner, model, Timestamp(0));
     match insert::insert_app_task(store, &row, scope_lock_key(app, scope)).await? {
         Some(task) => Ok(Created::inserted(task)),
         None => insert::lost_race(store, app, new).await,
@@ -97,7 +84,7 @@ pub(super) enum SlotPath {
     Rebalance,
 }
 
-/// One transaction of SPEC §3 steps 2–6. `Ok(None)`: the fast slot path found no
+/// One transaction of docs/conformance.md#create-transaction. `Ok(None)`: the fast slot path found no
 /// allowance; nothing was written.
 async fn attempt_create(
     store: &PostgresStore,
@@ -180,22 +167,8 @@ async fn attempt_create(
     let (hit_id, hit_output, now) = (probe.hit_id, probe.hit_output, Timestamp(probe.now));
     let hit_charged = probe.hit_charged_nano;
     let id = TaskId::generate();
-    let mut row = InsertRow {
-        id,
-        new,
-        run_id,
-        scope,
-        subject,
-        config_hash: config_hash.0.clone(),
-        model_ref,
-        cache_key: None,
-        admitted: false,
-        cached_from: None,
-        cached_output: None,
-        now,
-        reservation: None,
-        saved_nano: 0,
-    };
+    let owner = (run_id, scope, subject);
+    let mut row = InsertRow::new(id, new, owner, (config_hash.0.clone(), model_ref), now);
 
     let Some(scoped) = &new.scope else {
         let Some(cost) = &new.cost else {
@@ -212,12 +185,7 @@ async fn attempt_create(
         } else {
             None
         };
-        let stored = tollgate_core::Reservation {
-            from_token_bucket: token.is_some(),
-            // docs/budgets.md, "The reservation": each re-ask is checked against these.
-            limits: Some(budget.cost),
-            ..*reservation
-        };
+        let stored = stored_reservation(reservation, budget, token.is_some());
         row.reservation = Some(encode_reservation(&stored)?);
         let reserve = SpendDelta::reserve(&stored);
         return insert_reserved_and_commit(store, tx, &row, &app, budget, token, reserve).await;
@@ -252,12 +220,8 @@ async fn attempt_create(
         Err(rejection) => return refused(tx, &app, new, rejection).await,
     };
     row.admitted = true;
-    let reservation = tollgate_core::Reservation {
-        from_token_bucket: update.token_bucket.is_some(),
-        // docs/budgets.md, "The reservation": each re-ask is checked against these.
-        limits: Some(scoped.budget.cost),
-        ..scoped.reservation
-    };
+    let from_token_bucket = update.token_bucket.is_some();
+    let reservation = stored_reservation(&scoped.reservation, &scoped.budget, from_token_bucket);
     row.reservation = Some(encode_reservation(&reservation)?);
     let record = AdmissionRecord {
         source: &scoped.source_id,
@@ -414,7 +378,7 @@ async fn create_unscoped(
         };
         out[*n] = Some(result);
     }
-    // SPEC §14: the batch's queues, in lock order, held to the commit.
+    // docs/conformance.md#fair-share: the batch's queues, in lock order, held to the commit.
     activate_queues(&mut tx, &queues).await?;
     tx.commit().await?;
     Ok(out
@@ -475,22 +439,14 @@ async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> Store
         }
         Owner::Application { scope, subject, .. } => (None, scope.clone(), subject.clone()),
     };
-    let row = InsertRow {
-        id: TaskId::generate(),
+    let owner = (run_id, scope, subject);
+    let row = InsertRow::new(
+        TaskId::generate(),
         new,
-        run_id,
-        scope,
-        subject,
-        config_hash: config_hash.0,
-        model_ref,
-        cache_key: None,
-        admitted: false,
-        cached_from: None,
-        cached_output: None,
+        owner,
+        (config_hash.0, model_ref),
         now,
-        reservation: None,
-        saved_nano: 0,
-    };
+    );
     match insert_task(tx, &row, false).await? {
         Some(task) => Ok(Created::inserted(task)),
         // The key is taken: before this call, or by a transaction that committed

@@ -40,7 +40,7 @@ pub(super) struct Probe {
     pub(super) taken: bool,
     pub(super) hit_id: Option<String>,
     pub(super) hit_output: Option<String>,
-    /// SPEC §13: what the hit's task was charged (what the hit saves).
+    /// docs/conformance.md#money-and-tokens: what the hit's task was charged (what the hit saves).
     pub(super) hit_charged_nano: Option<i64>,
     pub(super) now: i64,
 }
@@ -95,7 +95,7 @@ pub(super) async fn probe(
         .await?)
 }
 
-/// SPEC §3 step 3 for a run's task: the run exists in the app and is not canceled; its
+/// docs/conformance.md#create-owner-check for a run's task: the run exists in the app and is not canceled; its
 /// scope and subject apply. With `lock_for_admission`, the run's scope lock is taken
 /// (exclusive) before the run row (the lock order).
 pub(super) async fn run_owner(

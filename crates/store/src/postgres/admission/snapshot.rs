@@ -1,19 +1,19 @@
-//! SPEC §4's and §13's facts in one statement under the scope's advisory lock; the
+//! docs/conformance.md#admission's and docs/conformance.md#money-and-tokens's facts in one statement under the scope's advisory lock; the
 //! decision is core's, through [`AdmissionFacts::decide`]. The app-wide spend limit
-//! (SPEC §13) is checked last, under the app's advisory lock, taken only when the app
+//! (docs/conformance.md#money-and-tokens) is checked last, under the app's advisory lock, taken only when the app
 //! has such a limit.
 
 use super::super::Tx;
 use crate::StoreResult;
-use crate::shared::admission::{AdmissionFacts, Refusal, ScopeUpdate, UnsourcedFacts};
+use crate::shared::admission::{
+    AdmissionFacts, Refusal, ScopeUpdate, SpendReads, UnsourcedFacts, spend_buckets, spend_checked,
+};
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::canonical::sha256_hex;
-use tollgate_core::cost::{decide_app_spend, spend_retry_after, window_first_bucket};
-use tollgate_core::{
-    AppId, BucketState, Budget, CostRejection, Reservation, ScopeId, SourceId, Timestamp,
-};
+use tollgate_core::cost::window_first_bucket;
+use tollgate_core::{AppId, BucketState, Budget, Reservation, ScopeId, SourceId, Timestamp};
 
-/// SPEC §4 and §13 under the scope lock: prunes the scope's expired sightings, reads the
+/// docs/conformance.md#admission, docs/conformance.md#money-and-tokens under the scope lock: prunes the scope's expired sightings, reads the
 /// snapshot, asks core (through [`AdmissionFacts::decide`]), and for an app with a spend
 /// limit takes the app's lock and checks the app's window. The global cap is enforced
 /// again by the final conditional increment.
@@ -61,30 +61,17 @@ pub(super) async fn admit(
     .bind(first)
     .fetch_one(&mut **tx)
     .await?;
-    let update = match facts.decide(budget, reservation, now) {
-        Ok(update) => update,
-        Err(refusal) => {
-            return Ok(Err(with_spend_retry(
-                tx,
-                app,
-                scope,
-                budget,
-                reservation,
-                refusal,
-                now,
-            )
-            .await?));
-        }
-    };
-    Ok(check_app_spend(tx, app, budget, reservation, now)
-        .await?
-        .map(|()| update))
+    let (reads, decided) = (
+        &mut PgSpendReads(tx),
+        facts.decide(budget, reservation, now),
+    );
+    spend_checked(reads, app, scope, budget, reservation, now, decided).await
 }
 
-/// docs/budgets.md, "Tasks without a source": SPEC §13's checks of a task without a
+/// docs/budgets.md, "Tasks without a source": docs/conformance.md#money-and-tokens's checks of a task without a
 /// source, under the scope's advisory lock (exclusive) — output bound, the scope's
 /// spend, the scope's token bucket, then the app's spend under the app's lock — and
-/// none of SPEC §4's. On admission returns the token bucket to store with its capacity
+/// none of docs/conformance.md#admission's. On admission returns the token bucket to store with its capacity
 /// in units (`None`: the policy has no token rate).
 pub(super) async fn check_unsourced(
     tx: &mut Tx,
@@ -106,115 +93,41 @@ pub(super) async fn check_unsourced(
     .bind(first)
     .fetch_one(&mut **tx)
     .await?;
-    let token = match facts.decide(budget, reservation, now) {
-        Ok(token) => token,
-        Err(refusal) => {
-            return Ok(Err(with_spend_retry(
-                tx,
-                app,
-                scope,
-                budget,
-                reservation,
-                refusal,
-                now,
-            )
-            .await?));
-        }
-    };
-    Ok(check_app_spend(tx, app, budget, reservation, now)
-        .await?
-        .map(|()| token))
+    let (reads, decided) = (
+        &mut PgSpendReads(tx),
+        facts.decide(budget, reservation, now),
+    );
+    spend_checked(reads, app, scope, budget, reservation, now, decided).await
 }
 
-/// A refusal as reported: a scope-spend refusal with when to retry (from the scope's
-/// buckets), any other as it is.
-async fn with_spend_retry(
-    tx: &mut Tx,
-    app: &AppId,
-    scope: &ScopeId,
-    budget: &Budget,
-    reservation: &Reservation,
-    refusal: Refusal,
-    now: Timestamp,
-) -> StoreResult<Refusal> {
-    let Refusal::Cost(c @ CostRejection::ScopeSpend { .. }) = refusal else {
-        return Ok(refusal);
-    };
-    let limit = budget.cost.scope_nano_per_24_hours;
-    let buckets = spend_buckets(tx, app, Some(scope), window_first_bucket(now)).await?;
-    let wait = limit.and_then(|l| spend_retry_after(&buckets, reservation.nano_usd, l, now));
-    Ok(Refusal::Cost(c.with_retry_after(wait)))
-}
-
-/// SPEC §13's last check, for an app with a spend limit: takes the app's advisory lock
-/// (lock order: scope, then app) and checks the app's window.
-async fn check_app_spend(
-    tx: &mut Tx,
-    app: &AppId,
-    budget: &Budget,
-    reservation: &Reservation,
-    now: Timestamp,
-) -> StoreResult<Result<(), Refusal>> {
-    let first = window_first_bucket(now);
-    if let Some(limit) = budget.cost.app_nano_per_24_hours {
-        // The app's lock in its own statement, so the read below sees every admission of
-        // the app that held it before (lock order: scope, then app).
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(app_lock_key(app))
-            .execute(&mut **tx)
-            .await?;
-        let window: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(SUM(reserved_nano + settled_nano), 0)::BIGINT FROM app_spend \
-             WHERE app = $1 AND bucket >= $2",
-        )
-        .bind(app.as_str())
-        .bind(first)
-        .fetch_one(&mut **tx)
-        .await?;
-        if let Err(c) = decide_app_spend(&budget.cost, reservation, window) {
-            let buckets = spend_buckets(tx, app, None, first).await?;
-            let wait = spend_retry_after(&buckets, reservation.nano_usd, limit, now);
-            return Ok(Err(Refusal::Cost(c.with_retry_after(wait))));
-        }
-    }
-    Ok(Ok(()))
-}
-
-/// The advisory lock key of an app's spend (SPEC §13), distinct from every scope key.
+/// The advisory lock key of an app's spend (docs/conformance.md#money-and-tokens), distinct from every scope key.
 pub(in crate::postgres) fn app_lock_key(app: &AppId) -> i64 {
     let hex = sha256_hex(format!("tollgate-app-spend\u{1f}{app}").as_bytes());
     u64::from_str_radix(&hex[..16], 16).unwrap_or(0) as i64
 }
 
-/// A window's buckets `(bucket, settled + reserved)` of a scope or (`None`) the app.
-async fn spend_buckets(
-    tx: &mut Tx,
-    app: &AppId,
-    scope: Option<&ScopeId>,
-    first: i64,
-) -> StoreResult<Vec<(i64, i64)>> {
-    let rows: Vec<(i64, i64)> = match scope {
-        Some(scope) => {
-            sqlx::query_as(
-                "SELECT bucket, (reserved_nano + settled_nano)::BIGINT FROM scope_spend \
-                 WHERE app = $1 AND scope = $2 AND bucket >= $3",
-            )
-            .bind(app.as_str())
-            .bind(scope.as_str())
-            .bind(first)
-            .fetch_all(&mut **tx)
-            .await?
-        }
-        None => {
-            sqlx::query_as(
-                "SELECT bucket, SUM(reserved_nano + settled_nano)::BIGINT FROM app_spend \
-                 WHERE app = $1 AND bucket >= $2 GROUP BY bucket",
-            )
-            .bind(app.as_str())
-            .bind(first)
-            .fetch_all(&mut **tx)
-            .await?
-        }
-    };
-    Ok(rows)
+/// PostgreSQL's reads of the end of an admission ([`spend_checked`]).
+struct PgSpendReads<'a>(&'a mut Tx);
+
+#[async_trait::async_trait]
+impl SpendReads for PgSpendReads<'_> {
+    async fn lock_app(&mut self, app: &AppId) -> StoreResult<()> {
+        // Lock order: scope, then app.
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(app_lock_key(app))
+            .execute(&mut **self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn spend_buckets(
+        &mut self,
+        app: &AppId,
+        scope: Option<&ScopeId>,
+        first: i64,
+    ) -> StoreResult<Vec<(i64, i64)>> {
+        Ok(spend_buckets(app, scope, first)
+            .fetch_all(&mut **self.0)
+            .await?)
+    }
 }

@@ -1,0 +1,75 @@
+//! What the engine shares between the facade, the workers, the sweeper and the pipeline
+//! driver: one [`Inner`] per engine, built by [`TollgateBuilder`](crate::TollgateBuilder)
+//! and held behind an `Arc`. The facade builds it; the parts that run (workers, sweeper,
+//! driver) only read it, so none of them depends on the facade that starts them.
+
+use crate::config::EngineConfig;
+use crate::notify::{Event, FinishedTask, Notifier};
+use crate::pipeline_cache::PipelineCache;
+use crate::provider::ProviderRegistry;
+use crate::registry::{BudgetPolicies, ModelRegistry};
+use crate::watch::Watches;
+use serde_json::Value;
+use std::sync::Arc;
+use tollgate_core::{InvalidInput, TaskKind, ValidatedRequest, check_output_fits};
+use tollgate_store::{Store, Transition};
+
+/// What the engine shares between the facade, the workers and the sweeper.
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) config: EngineConfig,
+    pub(crate) models: ModelRegistry,
+    pub(crate) budgets: BudgetPolicies,
+    pub(crate) providers: ProviderRegistry,
+    pub(crate) notifier: Notifier,
+    pub(crate) pipelines: PipelineCache,
+    /// Shared watches of waited-on tasks and each app's waiter slots.
+    pub(crate) watches: Arc<Watches>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("store", &self.store.backend())
+            .field("models", &self.models)
+            .field("notifier", &self.notifier)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    /// docs/conformance.md#create-validate for a request: valid for its kind, within the request size limit,
+    /// and able to produce an output within the output limit. The one check every
+    /// submission (and every pipeline step written in full) goes through.
+    pub(crate) fn validate_request(
+        &self,
+        kind: TaskKind,
+        raw: &Value,
+    ) -> Result<ValidatedRequest, InvalidInput> {
+        let request = ValidatedRequest::new(kind, raw, self.config.max_request_bytes)?;
+        check_output_fits(request.request(), self.config.max_output_bytes)?;
+        Ok(request)
+    }
+
+    /// Notifies about a state change that took effect: the task's app and the runs woken.
+    pub(crate) fn publish_transition(&self, transition: &Transition) {
+        if !transition.applied {
+            return;
+        }
+        let app = transition.task.as_ref().map(|t| t.app.clone());
+        if let Some(task) = &transition.task {
+            self.notifier.publish(Event::TaskFinished {
+                app: Some(task.app.clone()),
+                id: task.id,
+                status: Some(task.status),
+                task: Some(FinishedTask(Arc::new(task.clone()))),
+            });
+        }
+        for run in &transition.woken_runs {
+            self.notifier.publish(Event::RunWoken {
+                app: app.clone(),
+                id: *run,
+            });
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The chat completions request body: the [`Prompt`]'s messages and `response_format`,
+//! the model's `params` merged in, the request's own sampling fields over them.
+
+use crate::provider::ProviderCall;
+use crate::provider::prompt::{AnswerShape, Prompt};
+use serde_json::{Map, Value, json};
+use tollgate_core::TaskRequest;
+
+/// The chat completions request body for a call, and how to read its answer.
+pub fn request_body(call: &ProviderCall<'_>) -> (Value, AnswerShape) {
+    let prompt = Prompt::render(call);
+    (body(call, &prompt), prompt.shape)
+}
+
+/// The body of `call` whose prompt is `prompt`.
+pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
+    let mut body: Map<String, Value> = call.model.params.clone();
+    body.insert("model".into(), json!(call.model.model));
+    if let Some(format) = &prompt.format {
+        body.insert("response_format".into(), format.to_json());
+    }
+    let sampling = match call.request {
+        TaskRequest::GenerateText(r) => Some(Sampling {
+            max_output_tokens: r.max_output_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            stop: r.stop.as_deref(),
+            seed: r.seed,
+        }),
+        TaskRequest::ExtractData(r) => Some(Sampling {
+            max_output_tokens: r.max_output_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            stop: r.stop.as_deref(),
+            seed: r.seed,
+        }),
+        TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) => None,
+    };
+    if let Some(s) = sampling {
+        insert_sampling(&mut body, s);
+    }
+    let messages: Vec<Value> = prompt
+        .messages
+        .iter()
+        .map(|m| json!({"role": m.role, "content": m.content}))
+        .collect();
+    body.insert("messages".into(), Value::Array(messages));
+    Value::Object(body)
+}
+
+/// The request's own sampling fields, borrowed.
+struct Sampling<'a> {
+    max_output_tokens: Option<u32>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    stop: Option<&'a [String]>,
+    seed: Option<i64>,
+}
+
+/// The request's sampling fields win over the model's `params`; `max_output_tokens` is
+/// sent as `max_tokens` (what every OpenAI-compatible server reads).
+fn insert_sampling(body: &mut Map<String, Value>, s: Sampling<'_>) {
+    if let Some(t) = s.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(n) = s.max_output_tokens {
+        body.insert("max_tokens".into(), json!(n));
+    }
+    if let Some(p) = s.top_p {
+        body.insert("top_p".into(), json!(p));
+    }
+    if let Some(stop) = s.stop {
+        body.insert("stop".into(), json!(stop));
+    }
+    if let Some(seed) = s.seed {
+        body.insert("seed".into(), json!(seed));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::openai::parse_answer;
+    use tollgate_core::{ModelRef, TaskKind};
+
+    fn call_for(kind: TaskKind, raw: Value) -> (TaskRequest, Value) {
+        let request = TaskRequest::parse(kind, &raw).unwrap();
+        let schema = request.output_schema();
+        (request, schema)
+    }
+
+    #[test]
+    fn classify_asks_for_strict_nested_json_schema() {
+        let (request, schema) = call_for(
+            TaskKind::Classify,
+            json!({"input": "Win a cruise", "labels": ["spam", "ham"]}),
+        );
+        let mut model = ModelRef::new("openai", "gpt-x");
+        model.params.insert("temperature".into(), json!(0));
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &schema,
+            previous_error: Some("label `eggs` is not one of the labels"),
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        let (body, shape) = request_body(&call);
+        assert_eq!(shape, AnswerShape::Json);
+        assert_eq!(body["model"], "gpt-x");
+        assert_eq!(body["temperature"], 0);
+        assert_eq!(body["response_format"]["type"], "json_schema");
+        assert_eq!(body["response_format"]["json_schema"]["strict"], true);
+        assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
+        let messages = body["messages"].as_array().unwrap();
+        assert!(
+            messages.last().unwrap()["content"]
+                .as_str()
+                .unwrap()
+                .contains("eggs")
+        );
+    }
+
+    #[test]
+    fn non_object_extract_schemas_are_wrapped_and_unwrapped() {
+        let (request, schema) = call_for(
+            TaskKind::ExtractData,
+            json!({"input": "x", "schema": {
+                "type": "array", "items": {"$ref": "#/$defs/n"},
+                "$defs": {"n": {"type": "integer"}}
+            }}),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &schema,
+            previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        let (body, shape) = request_body(&call);
+        assert_eq!(shape, AnswerShape::WrappedJson);
+        let sent = &body["response_format"]["json_schema"]["schema"];
+        assert_eq!(sent["properties"]["value"]["type"], "array");
+        assert_eq!(sent["$defs"]["n"]["type"], "integer");
+        let answer = json!({
+            "choices": [{"message": {"content": "{\"value\": [1, 2]}"}}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3}
+        });
+        let parsed = parse_answer(&answer, shape).unwrap();
+        assert_eq!(parsed.output, json!([1, 2]));
+        assert_eq!(parsed.usage.input_tokens, 7);
+        assert_eq!(parsed.usage.output_tokens, 3);
+    }
+
+    #[test]
+    fn a_chat_extract_is_sent_as_given_with_its_sampling() {
+        let schema = json!({
+            "type": "object", "properties": {"a": {"type": "integer"}},
+            "required": ["a"], "additionalProperties": false
+        });
+        let (request, output_schema) = call_for(
+            TaskKind::ExtractData,
+            json!({
+                "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                "schema": schema, "top_p": 0.5, "stop": ["END"], "seed": 9,
+                "max_output_tokens": 20, "temperature": 0.1
+            }),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &output_schema,
+            previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        let (body, shape) = request_body(&call);
+        assert_eq!(shape, AnswerShape::Json);
+        assert_eq!(
+            body["messages"],
+            json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+        );
+        assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
+        assert_eq!(body["response_format"]["json_schema"]["strict"], true);
+        assert_eq!(
+            (
+                &body["top_p"],
+                &body["stop"],
+                &body["seed"],
+                &body["max_tokens"]
+            ),
+            (&json!(0.5), &json!(["END"]), &json!(9), &json!(20))
+        );
+        assert_eq!(body["temperature"], 0.1);
+    }
+
+    #[test]
+    fn any_object_is_json_mode() {
+        let (request, output_schema) = call_for(
+            TaskKind::ExtractData,
+            json!({"messages": [{"role": "user", "content": "u"}], "schema": {"type": "object"}}),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &output_schema,
+            previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        let (body, _) = request_body(&call);
+        assert_eq!(body["response_format"], json!({"type": "json_object"}));
+    }
+}

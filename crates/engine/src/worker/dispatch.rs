@@ -1,0 +1,146 @@
+//! Claiming (see the [module docs](super)): hints claimed by id when alone, batches
+//! claimed with `claim_next` otherwise, never more than the free execution slots; each
+//! claimed task is spawned as one execution.
+
+use super::{HeldUntilDropped, MAX_COMPLETION_BATCH, WorkerPool};
+use crate::metrics as m;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tollgate_core::{Task, TaskId};
+use tollgate_store::MAX_PAGE;
+
+/// Hints waiting for the dispatcher; when full, new ones are dropped (polling covers).
+pub(super) const HINT_CAPACITY: usize = 4096;
+
+impl WorkerPool {
+    /// Claims tasks while there are free slots; waits for hints, freed slots or the poll
+    /// interval otherwise.
+    pub(super) async fn dispatch(self: Arc<Self>, mut hints: mpsc::Receiver<TaskId>) {
+        let poll = self.inner.config.notifications.poll_interval;
+        let stop = self.control.stop_claiming.clone();
+        let crash = self.control.crash.clone();
+        let mut pending: VecDeque<TaskId> = VecDeque::new();
+        let fair = self.inner.config.dispatch.fairness;
+        loop {
+            if stop.is_cancelled() || crash.is_cancelled() {
+                return;
+            }
+            while let Ok(id) = hints.try_recv() {
+                if pending.len() < HINT_CAPACITY {
+                    pending.push_back(id);
+                }
+            }
+            // Free execution slots, and never more held in all (executing plus waiting
+            // for their completion's commit) than the concurrency and two completion
+            // batches (one committing, the next forming): while completions keep up,
+            // claims take every free slot; when they fall behind, claiming waits.
+            let held_cap =
+                self.inner.config.workers.concurrency as usize + 2 * MAX_COMPLETION_BATCH;
+            let free = self
+                .slots
+                .available_permits()
+                .min(held_cap.saturating_sub(self.held().len()));
+            if free == 0 {
+                tokio::select! {
+                    _ = self.slot_freed.notified() => continue,
+                    _ = stop.cancelled() => return,
+                    _ = crash.cancelled() => return,
+                }
+            }
+            let mut claimed: Vec<(Task, &'static str)> = Vec::new();
+            let mut failed = false;
+            if pending.len() > 1 || fair {
+                // Several hints at once (a batch submit, start-up recovery): one batched
+                // `claim_next` below (in dispatch order, any queued task) serves them with
+                // one transaction instead of one claim per id. Under docs/conformance.md#fair-share fairness
+                // every hint is only a wake-up: claiming a hinted task by id would let it
+                // pass the fair order. Hints are only hints.
+                pending.clear();
+            }
+            while claimed.len() < free {
+                let Some(id) = pending.pop_front() else { break };
+                if self.held().contains_key(&id) {
+                    continue;
+                }
+                match self.inner.store.claim_task(id, &self.worker).await {
+                    Ok(Some(task)) => claimed.push((task, "hint")),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "claim failed");
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            let mut more = false;
+            if !failed && claimed.len() < free {
+                let want = (free - claimed.len()).min(MAX_PAGE as usize) as u32;
+                match self.inner.store.claim_next(&self.worker, want).await {
+                    Ok(tasks) => {
+                        more = tasks.len() == want as usize;
+                        claimed.extend(tasks.into_iter().map(|t| (t, "poll")));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "claim failed");
+                        failed = true;
+                    }
+                }
+            }
+            for (task, via) in claimed {
+                metrics::counter!(m::CLAIMS_TOTAL, "via" => via).increment(1);
+                record_claim(&task);
+                // Slots are only taken here, so one is free for every claimed task.
+                let permit = match self.slots.clone().acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => return,
+                };
+                self.executions
+                    .spawn(self.clone().run_task(Arc::new(task), permit));
+            }
+            if !failed && (more || !pending.is_empty()) {
+                // Let the executions just started run first: short ones end and free
+                // their slots now, so the next claim takes a batch instead of the few
+                // slots still free this instant.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = crash.cancelled() => return,
+                hint = hints.recv() => match hint {
+                    Some(id) => pending.push_back(id),
+                    None => tokio::time::sleep(poll).await,
+                },
+                _ = tokio::time::sleep(poll) => {}
+            }
+        }
+    }
+
+    /// One execution, from claim to its recorded end. Frees its slot when done.
+    async fn run_task(self: Arc<Self>, task: Arc<Task>, permit: OwnedSemaphorePermit) {
+        metrics::gauge!(m::TASKS_IN_FLIGHT).increment(1.0);
+        // However this ends (a crash, or a panic outside the caught execution), the task
+        // is no longer held, so it is no longer heartbeated and the sweeper ends it.
+        let _held = HeldUntilDropped {
+            pool: self.clone(),
+            id: task.id,
+        };
+        let crash = self.control.crash.clone();
+        tokio::select! {
+            biased;
+            _ = crash.cancelled() => {}
+            _ = self.clone().execute_and_record(task, permit) => {}
+        }
+    }
+}
+
+/// docs/conformance.md#fair-share metrics of one claim: the task's wait in the queue and the claim, by app only
+/// when the operator opted in (docs/api.md, "Metrics": never by scope).
+fn record_claim(task: &Task) {
+    if let Some(claimed) = task.claimed_at {
+        let waited = (claimed.0 - task.created_at.0).max(0) as f64 / 1000.0;
+        metrics::histogram!(m::QUEUE_WAIT_SECONDS, m::app_labels(&task.app)).record(waited);
+    }
+    metrics::counter!(m::SCOPE_CLAIMS_TOTAL, m::app_labels(&task.app)).increment(1);
+}

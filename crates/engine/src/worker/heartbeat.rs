@@ -1,0 +1,75 @@
+//! Keeping held tasks alive: one heartbeat per interval for all of them, and stopping
+//! the executions of tasks the store or a notification says ended elsewhere.
+
+use super::WorkerPool;
+use crate::metrics as m;
+use crate::notify::Event;
+use std::sync::Arc;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{broadcast, mpsc};
+use tollgate_core::TaskId;
+
+impl WorkerPool {
+    /// One heartbeat per interval for every held task; stops the ones the store reports.
+    pub(super) async fn heartbeat_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.inner.config.workers.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stop = self.control.stop_background.clone();
+        let crash = self.control.crash.clone();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = crash.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let ids: Vec<TaskId> = self.held().keys().copied().collect();
+            if ids.is_empty() {
+                continue;
+            }
+            match self.inner.store.heartbeat(&self.worker, &ids).await {
+                Ok(report) => {
+                    let held = self.held();
+                    for id in &report.stop {
+                        if let Some(token) = held.get(id) {
+                            metrics::counter!(m::HEARTBEAT_STOPS_TOTAL).increment(1);
+                            token.cancel();
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            }
+        }
+    }
+
+    /// Turns notifications into claim hints, and stops held tasks that finished elsewhere
+    /// (canceled by another replica, expired by a sweep).
+    pub(super) async fn event_loop(
+        self: Arc<Self>,
+        mut events: broadcast::Receiver<Event>,
+        hints: mpsc::Sender<TaskId>,
+    ) {
+        let stop = self.control.stop_background.clone();
+        let crash = self.control.crash.clone();
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = crash.cancelled() => return,
+                event = events.recv() => event,
+            };
+            match event {
+                Ok(Event::TaskQueued { id, .. }) => {
+                    if !self.control.stop_claiming.is_cancelled() {
+                        let _ = hints.try_send(id);
+                    }
+                }
+                Ok(Event::TaskFinished { id, .. }) => {
+                    if let Some(token) = self.held().get(&id) {
+                        token.cancel();
+                    }
+                }
+                Ok(Event::RunWoken { .. }) | Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
+}

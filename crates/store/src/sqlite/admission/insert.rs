@@ -1,0 +1,68 @@
+//! Step 6 on SQLite: the task row and what follows it, in one query
+//! (`sql/create_task.sql`).
+
+use crate::shared::admission::{InsertRow, TASK_INSERT, bind_join};
+use crate::shared::cost::{SpendDelta, bind_spend};
+use crate::shared::dispatch::QUEUE_JOIN;
+use crate::shared::rows::{TaskRow, task_columns};
+use crate::shared::statement::Statement;
+use crate::{StoreError, StoreResult};
+use sqlx::{FromRow, Sqlite, SqliteConnection};
+use tollgate_core::cost::spend_bucket;
+use tollgate_core::{SourceId, Task};
+
+/// The spend upserts (`sql/spend_upserts.sql`), statements of the queries that reserve
+/// or save.
+pub(super) const SPEND_UPSERTS: &str = include_str!("../sql/spend_upserts.sql");
+
+/// The task, a cache hit's saving, its queue's join and its admission record.
+static CREATE_TASK: Statement = Statement::new(
+    "create_task",
+    include_str!("../sql/create_task.sql"),
+    &[&[
+        ("task_insert", TASK_INSERT),
+        ("created_at", ":now"),
+        ("dispatch_key", ":dispatch_key"),
+        ("task_columns", task_columns!()),
+        ("spend_upserts", SPEND_UPSERTS),
+        ("spend_when", ":saved_nano > 0"),
+        ("queue_join", QUEUE_JOIN),
+    ]],
+);
+
+/// Inserts the task and, in the same query (one hop to the connection's thread), what
+/// follows it: a cache hit's saving in the spend buckets (docs/conformance.md#cost-cache-hits), or a queued task's
+/// queue join (docs/conformance.md#fair-share) and `admission` record (source and logical key).
+pub(super) async fn insert_task(
+    conn: &mut SqliteConnection,
+    i: &InsertRow<'_>,
+    admission: Option<(&SourceId, String)>,
+) -> StoreResult<Task> {
+    let mut b = CREATE_TASK.binder::<Sqlite>();
+    i.bind(&mut b, false);
+    let saved = SpendDelta {
+        saved_nano: i.saved_nano,
+        ..SpendDelta::default()
+    };
+    bind_spend(&mut b, i.scope.as_str(), spend_bucket(i.now), saved);
+    bind_join(&mut b, i.new.dispatch.weight);
+    let (source, logical_key) = admission.map(|(s, k)| (s.as_str(), k)).unzip();
+    b.bind("source", source).bind("logical_key", logical_key);
+    // The insert's row comes first; the statements after it return none.
+    let rows = b.query()?.fetch_all(&mut *conn).await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| StoreError::Database("the task insert returned no row".into()))?;
+    TaskRow::from_row(row)?.into_task()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::statement::check_text;
+
+    #[test]
+    fn the_statement_splits() {
+        check_text(&CREATE_TASK);
+    }
+}
