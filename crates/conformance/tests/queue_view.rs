@@ -1,4 +1,4 @@
-//! SPEC §14 fair claims do not depend on how fast claims come. A store instance plans
+//! docs/conformance.md#fair-share fair claims do not depend on how fast claims come. A store instance plans
 //! its claims from its recent view of the active queues for a period (`queue_view_ttl`,
 //! 50 ms by default) and reads them again after it; the suite's
 //! `a_flood_of_new_queues_shares_one_burst` runs at the default, where the machine's
