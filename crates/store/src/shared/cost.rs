@@ -96,12 +96,23 @@ pub(crate) fn bind_spend<DB: sqlx::Database>(
     i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     i32: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
 {
-    b.bind("bucket", bucket)
-        .bind("stripe", app_spend_stripe(scope) as i32)
-        .bind("reserved_nano", d.reserved_nano)
-        .bind("reserved_tokens", d.reserved_tokens)
-        .bind("saved_nano", d.saved_nano);
+    b.group(SPEND_NAMES, |b| {
+        b.bind("bucket", bucket)
+            .bind("stripe", app_spend_stripe(scope) as i32)
+            .bind("reserved_nano", d.reserved_nano)
+            .bind("reserved_tokens", d.reserved_tokens)
+            .bind("saved_nano", d.saved_nano);
+    });
 }
+
+/// The names [`bind_spend`] binds.
+pub(crate) const SPEND_NAMES: &[&str] = &[
+    "bucket",
+    "stripe",
+    "reserved_nano",
+    "reserved_tokens",
+    "saved_nano",
+];
 
 fn tokens(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
