@@ -4,8 +4,7 @@
 use super::admission::{app_lock_key, lock_scope};
 use super::terminal::lock_run_of;
 use super::{PostgresStore, id_array, now_sql};
-use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
-use crate::shared::cost::{AttemptRow, decode_reservation};
+use crate::shared::cost::{AttemptRow, decode_reservation, reserve_checked};
 use crate::shared::rows::{
     CancelStateRow, CompletedRow, FinishedRow, TaskRow, cancellation_requested, encode_completion,
     encode_usage, heartbeat_report, task_columns, task_columns_qualified, tasks,
@@ -265,64 +264,9 @@ impl WorkerStore for PostgresStore {
         let Some(row) = row else {
             return Ok(None);
         };
-        let plan = match row.plan(attempt, now)? {
-            Ok(plan) => plan,
-            Err(rejection) => return Err(StoreError::Cost(rejection)),
-        };
-        if plan.limits.app_nano_per_24_hours.is_some() {
-            let window: i64 = sqlx::query_scalar(
-                "SELECT COALESCE(SUM(reserved_nano + settled_nano), 0)::BIGINT FROM app_spend \
-                 WHERE app = $1 AND bucket >= $2",
-            )
-            .bind(&row.app)
-            .bind(first)
-            .fetch_one(&mut *tx)
-            .await?;
-            plan.app_check(window).map_err(StoreError::Cost)?;
-        }
-        sqlx::query("UPDATE tasks SET reservation = $1 WHERE id = $2")
-            .bind(&plan.encoded)
-            .bind(&row.id)
-            .execute(&mut *tx)
-            .await?;
-        if let Some((bucket, capacity)) = plan.token {
-            sqlx::query(
-                "UPDATE scope_state SET token_units = $1, token_at = $2, token_capacity = $3 \
-                 WHERE app = $4 AND scope = $5",
-            )
-            .bind(bucket.units)
-            .bind(bucket.at.0)
-            .bind(capacity)
-            .bind(&row.app)
-            .bind(&row.scope)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let d = plan.delta;
-        sqlx::query(SCOPE_SPEND_SETTLE)
-            .bind(&row.app)
-            .bind(&row.scope)
-            .bind(plan.bucket)
-            .bind(d.reserved_nano)
-            .bind(d.settled_nano)
-            .bind(d.reserved_tokens)
-            .bind(d.settled_tokens)
-            .bind(d.overrun_nano)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(APP_SPEND_SETTLE)
-            .bind(&row.app)
-            .bind(plan.bucket)
-            .bind(plan.stripe as i32)
-            .bind(d.reserved_nano)
-            .bind(d.settled_nano)
-            .bind(d.reserved_tokens)
-            .bind(d.settled_tokens)
-            .bind(d.overrun_nano)
-            .execute(&mut *tx)
-            .await?;
+        let stored = reserve_checked(&mut tx, &row, attempt, now).await?;
         tx.commit().await?;
-        Ok(Some(plan.stored))
+        Ok(Some(stored))
     }
 
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {

@@ -145,10 +145,15 @@ pub(crate) fn bind_token<DB: sqlx::Database>(b: &mut Binder<DB>, token: Option<(
 where
     Option<i64>: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
 {
-    b.bind("token_units", token.map(|(b, _)| b.units))
-        .bind("token_at", token.map(|(b, _)| b.at.0))
-        .bind("token_capacity", token.map(|(_, capacity)| capacity));
+    b.group(TOKEN_NAMES, |b| {
+        b.bind("token_units", token.map(|(b, _)| b.units))
+            .bind("token_at", token.map(|(b, _)| b.at.0))
+            .bind("token_capacity", token.map(|(_, capacity)| capacity));
+    });
 }
+
+/// The names [`bind_token`] binds.
+pub(crate) const TOKEN_NAMES: &[&str] = &["token_units", "token_at", "token_capacity"];
 
 /// The capacity of a policy's model-token bucket in units (0 without a token rate).
 fn token_capacity_units(budget: &Budget) -> i64 {
@@ -353,41 +358,80 @@ impl<'a> InsertRow<'a> {
         let cached = self.cached_from.is_some();
         let scoped = new.scope.as_ref();
         let subject = self.subject.as_ref();
-        b.bind("id", self.id.to_string())
-            .bind("app", new.owner.app().as_str())
-            .bind("effect_key", new.effect_key.as_str())
-            .bind("kind", new.request.kind().as_str())
-            .bind("step", new.step.as_str())
-            .bind("run_id", self.run_id.as_deref())
-            .bind("scope", self.scope.as_str())
-            .bind("subject_type", subject.map(|s| s.kind.as_str()))
-            .bind("subject_id", subject.map(|s| s.id.as_str()))
-            .bind("source_id", scoped.map(|s| s.source_id.as_str()))
-            .bind(
-                "source_revision",
-                scoped.map(|s| s.source_revision.as_str()),
-            )
-            .bind("recompute", scoped.is_some_and(|s| s.recompute))
-            .bind("admitted", self.admitted)
-            .bind("model_id", new.model.as_str())
-            .bind("model_ref", self.model_ref.as_str())
-            .bind("model_config_hash", self.config_hash.as_str())
-            .bind("request", new.request.canonical())
-            .bind("input_hash", new.request.input_hash())
-            .bind("cache_key", self.cache_key.as_deref())
-            .bind("status", if cached { "succeeded" } else { "queued" })
-            .bind("cached_from", self.cached_from.as_deref())
-            .bind("output", self.cached_output.as_deref())
-            .bind("usage", cached.then(cached_usage))
-            .bind("completed_at", cached.then_some(self.now.0))
-            .bind("reservation", self.reservation.as_deref())
-            .bind("priority", i64::from(new.dispatch.priority))
-            .bind("dispatch_key", new.dispatch.key(self.now));
+        b.group(ROW_NAMES, |b| {
+            b.bind("id", self.id.to_string())
+                .bind("app", new.owner.app().as_str())
+                .bind("effect_key", new.effect_key.as_str())
+                .bind("kind", new.request.kind().as_str())
+                .bind("step", new.step.as_str())
+                .bind("run_id", self.run_id.as_deref())
+                .bind("scope", self.scope.as_str())
+                .bind("subject_type", subject.map(|s| s.kind.as_str()))
+                .bind("subject_id", subject.map(|s| s.id.as_str()))
+                .bind("source_id", scoped.map(|s| s.source_id.as_str()))
+                .bind(
+                    "source_revision",
+                    scoped.map(|s| s.source_revision.as_str()),
+                )
+                .bind("recompute", scoped.is_some_and(|s| s.recompute))
+                .bind("admitted", self.admitted)
+                .bind("model_id", new.model.as_str())
+                .bind("model_ref", self.model_ref.as_str())
+                .bind("model_config_hash", self.config_hash.as_str())
+                .bind("request", new.request.canonical())
+                .bind("input_hash", new.request.input_hash())
+                .bind("cache_key", self.cache_key.as_deref())
+                .bind("status", if cached { "succeeded" } else { "queued" })
+                .bind("cached_from", self.cached_from.as_deref())
+                .bind("output", self.cached_output.as_deref())
+                .bind("usage", cached.then(cached_usage))
+                .bind("completed_at", cached.then_some(self.now.0))
+                .bind("reservation", self.reservation.as_deref())
+                .bind("priority", i64::from(new.dispatch.priority))
+                .bind("dispatch_key", new.dispatch.key(self.now));
+        });
         if !clock {
-            b.bind("now", self.now.0);
+            b.group(NOW_NAMES, |b| {
+                b.bind("now", self.now.0);
+            });
         }
     }
 }
+
+/// The names [`InsertRow::bind`] binds of the task row (every statement that inserts one).
+pub(crate) const ROW_NAMES: &[&str] = &[
+    "id",
+    "app",
+    "effect_key",
+    "kind",
+    "step",
+    "run_id",
+    "scope",
+    "subject_type",
+    "subject_id",
+    "source_id",
+    "source_revision",
+    "recompute",
+    "admitted",
+    "model_id",
+    "model_ref",
+    "model_config_hash",
+    "request",
+    "input_hash",
+    "cache_key",
+    "status",
+    "cached_from",
+    "output",
+    "usage",
+    "completed_at",
+    "reservation",
+    "priority",
+    "dispatch_key",
+];
+
+/// The name [`InsertRow::bind`] binds besides [`ROW_NAMES`] unless the statement reads its
+/// clock: the creation time.
+pub(crate) const NOW_NAMES: &[&str] = &["now"];
 
 /// Binds a queue join's `join_params` for a task of `weight` (`shared/sql/queue_join.sql`):
 /// `:weight`, `:credit` (core's join credit) and `:stride`.
@@ -395,10 +439,15 @@ pub(crate) fn bind_join<DB: sqlx::Database>(b: &mut Binder<DB>, weight: Weight)
 where
     i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
 {
-    b.bind("weight", i64::from(weight))
-        .bind("credit", join_credit(weight))
-        .bind("stride", stride(weight));
+    b.group(JOIN_NAMES, |b| {
+        b.bind("weight", i64::from(weight))
+            .bind("credit", join_credit(weight))
+            .bind("stride", stride(weight));
+    });
 }
+
+/// The names [`bind_join`] binds.
+pub(crate) const JOIN_NAMES: &[&str] = &["weight", "credit", "stride"];
 
 /// The usage stored with a cache hit (no tokens were spent), in one form for both
 /// backends.

@@ -8,10 +8,12 @@
 //! there, whenever the task ends.
 
 use crate::shared::admission::stored_bucket;
+use crate::shared::sql::{Exec, Statement};
 use crate::{SpendWindow, StoreError, StoreResult};
 use std::collections::BTreeMap;
 use tollgate_core::cost::{
     CostSnapshot, app_spend_stripe, decide_app_spend, decide_cost, settle, spend_bucket,
+    window_first_bucket,
 };
 use tollgate_core::{CostLimits, CostRejection, Reservation, Timestamp, Usage};
 
@@ -94,12 +96,23 @@ pub(crate) fn bind_spend<DB: sqlx::Database>(
     i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     i32: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
 {
-    b.bind("bucket", bucket)
-        .bind("stripe", app_spend_stripe(scope) as i32)
-        .bind("reserved_nano", d.reserved_nano)
-        .bind("reserved_tokens", d.reserved_tokens)
-        .bind("saved_nano", d.saved_nano);
+    b.group(SPEND_NAMES, |b| {
+        b.bind("bucket", bucket)
+            .bind("stripe", app_spend_stripe(scope) as i32)
+            .bind("reserved_nano", d.reserved_nano)
+            .bind("reserved_tokens", d.reserved_tokens)
+            .bind("saved_nano", d.saved_nano);
+    });
 }
+
+/// The names [`bind_spend`] binds.
+pub(crate) const SPEND_NAMES: &[&str] = &[
+    "bucket",
+    "stripe",
+    "reserved_nano",
+    "reserved_tokens",
+    "saved_nano",
+];
 
 fn tokens(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -212,6 +225,96 @@ impl AttemptPlan {
     pub(crate) fn app_check(&self, window: i64) -> Result<(), CostRejection> {
         decide_app_spend(&self.limits, &self.attempt, window)
     }
+}
+
+/// An app's spend in its window: settled + reserved nano-dollars of its buckets from `$2`
+/// (`$1` app).
+const APP_WINDOW_NANO: &str = "SELECT CAST(COALESCE(SUM(reserved_nano + settled_nano), 0) AS BIGINT) \
+     AS window_nano FROM app_spend WHERE app = $1 AND bucket >= $2";
+
+/// A scope's token bucket after an attempt took its tokens (`$1` units, `$2` at, `$3`
+/// capacity in units; `$4` app, `$5` scope).
+const ATTEMPT_TOKEN_UPDATE: &str = "UPDATE scope_state SET token_units = $1, token_at = $2, \
+     token_capacity = $3 WHERE app = $4 AND scope = $5";
+
+/// The [`APP_WINDOW_NANO`] sum.
+#[derive(sqlx::FromRow)]
+struct WindowNano {
+    window_nano: i64,
+}
+
+/// The end of `reserve_attempt`, written once for both backends: after the backend's locks
+/// (docs/locking.md: the scope's, the app's spend lock when the app is limited, then the
+/// task row) and its read of the task (`row`), the scope's checks ([`AttemptRow::plan`]),
+/// the app's spend check, then the writes: the task's reservation, the scope's token
+/// bucket, the spend buckets of the task's admission hour (scope, then app). Returns the
+/// task's reservation after it; the caller commits.
+pub(crate) async fn reserve_checked<E: Exec + ?Sized>(
+    tx: &mut E,
+    row: &AttemptRow,
+    attempt: &Reservation,
+    now: Timestamp,
+) -> StoreResult<Reservation> {
+    let plan = row.plan(attempt, now)?.map_err(StoreError::Cost)?;
+    if plan.limits.app_nano_per_24_hours.is_some() {
+        let window: WindowNano = tx
+            .one(
+                Statement::new(APP_WINDOW_NANO)
+                    .bind(&row.app)
+                    .bind(window_first_bucket(now)),
+            )
+            .await?;
+        plan.app_check(window.window_nano)
+            .map_err(StoreError::Cost)?;
+    }
+    tx.run(
+        Statement::new("UPDATE tasks SET reservation = $1 WHERE id = $2")
+            .bind(&plan.encoded)
+            .bind(&row.id),
+    )
+    .await?;
+    if let Some((bucket, capacity)) = plan.token {
+        tx.run(
+            Statement::new(ATTEMPT_TOKEN_UPDATE)
+                .bind(bucket.units)
+                .bind(bucket.at.0)
+                .bind(capacity)
+                .bind(&row.app)
+                .bind(&row.scope),
+        )
+        .await?;
+    }
+    // The stripe column is an `INT` on PostgreSQL.
+    let stripe = i32::try_from(plan.stripe)
+        .map_err(|_| StoreError::Corrupt(format!("spend stripe {}", plan.stripe)))?;
+    let d = plan.delta;
+    tx.run(spend_delta(
+        Statement::new(SCOPE_SPEND_SETTLE)
+            .bind(&row.app)
+            .bind(&row.scope)
+            .bind(plan.bucket),
+        &d,
+    ))
+    .await?;
+    tx.run(spend_delta(
+        Statement::new(APP_SPEND_SETTLE)
+            .bind(&row.app)
+            .bind(plan.bucket)
+            .bind(stripe),
+        &d,
+    ))
+    .await?;
+    Ok(plan.stored)
+}
+
+/// A [`SpendDelta`]'s five amounts bound after a spend bucket's key (`$4`–`$8` of
+/// [`SCOPE_SPEND_SETTLE`] and [`APP_SPEND_SETTLE`]).
+pub(crate) fn spend_delta(s: Statement, d: &SpendDelta) -> Statement {
+    s.bind(d.reserved_nano)
+        .bind(d.settled_nano)
+        .bind(d.reserved_tokens)
+        .bind(d.settled_tokens)
+        .bind(d.overrun_nano)
 }
 
 /// docs/conformance.md#cost-settlement "Settlement" for the rows of one terminal move: each task's reservation

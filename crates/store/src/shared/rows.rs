@@ -14,14 +14,30 @@ use tollgate_core::{
     WorkerId, validate_output,
 };
 
-/// The columns every task query selects, as a literal for `concat!`.
+/// The columns every task query selects, as a literal for `concat!`: `task_columns!()`.
+/// The list is written once, below; `task_columns!(qualified)` is the same list with each
+/// column qualified by the `tasks.` table name, for statements that join.
 macro_rules! task_columns {
     () => {
-        "id, app, effect_key, kind, step, run_id, scope, subject_type, subject_id, source_id, \
-         source_revision, recompute, model_id, model_ref, model_config_hash, request, \
-         input_hash, cache_key, status, cancel_requested, cached_from, output, usage, \
-         error_code, error_message, attempt, worker, created_at, claimed_at, heartbeat_at, \
-         completed_at, released_at, reservation, priority"
+        $crate::shared::rows::task_columns!(@list plain)
+    };
+    (qualified) => {
+        $crate::shared::rows::task_columns!(@list qualified)
+    };
+    (@list $form:ident) => {
+        $crate::shared::rows::task_columns!(@$form
+            id, app, effect_key, kind, step, run_id, scope, subject_type, subject_id, source_id,
+            source_revision, recompute, model_id, model_ref, model_config_hash, request,
+            input_hash, cache_key, status, cancel_requested, cached_from, output, usage,
+            error_code, error_message, attempt, worker, created_at, claimed_at, heartbeat_at,
+            completed_at, released_at, reservation, priority
+        )
+    };
+    (@plain $first:ident $(, $column:ident)*) => {
+        concat!(stringify!($first) $(, ", ", stringify!($column))*)
+    };
+    (@qualified $first:ident $(, $column:ident)*) => {
+        concat!("tasks.", stringify!($first) $(, ", tasks.", stringify!($column))*)
     };
 }
 pub(crate) use task_columns;
@@ -30,14 +46,7 @@ pub(crate) use task_columns;
 #[cfg(feature = "postgres")]
 macro_rules! task_columns_qualified {
     () => {
-        "tasks.id, tasks.app, tasks.effect_key, tasks.kind, tasks.step, tasks.run_id, \
-         tasks.scope, tasks.subject_type, tasks.subject_id, tasks.source_id, \
-         tasks.source_revision, tasks.recompute, tasks.model_id, tasks.model_ref, \
-         tasks.model_config_hash, tasks.request, tasks.input_hash, tasks.cache_key, \
-         tasks.status, tasks.cancel_requested, tasks.cached_from, tasks.output, tasks.usage, \
-         tasks.error_code, tasks.error_message, tasks.attempt, tasks.worker, tasks.created_at, \
-         tasks.claimed_at, tasks.heartbeat_at, tasks.completed_at, tasks.released_at, \
-         tasks.reservation, tasks.priority"
+        $crate::shared::rows::task_columns!(qualified)
     };
 }
 #[cfg(feature = "postgres")]
@@ -480,4 +489,18 @@ pub(crate) fn heartbeat_report(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod column_list_tests {
+    #[test]
+    fn the_task_columns_are_the_row_fields_and_the_qualified_form_is_the_same_list() {
+        let plain: Vec<&str> = task_columns!().split(", ").collect();
+        assert_eq!(plain.len(), 34, "{plain:?}");
+        assert_eq!(plain.first(), Some(&"id"));
+        assert_eq!(plain.last(), Some(&"priority"));
+        let qualified: Vec<&str> = task_columns!(qualified).split(", ").collect();
+        let expected: Vec<String> = plain.iter().map(|c| format!("tasks.{c}")).collect();
+        assert_eq!(qualified, expected);
+    }
 }

@@ -11,8 +11,10 @@
 //! compiles its text for the names as bound, refusing a name bound twice, a bound name
 //! the text does not use and a name of the text not bound
 //! ([`StoreError::Database`]); every later use checks that it binds the same names in
-//! the same order (pointer-cheap: the names are `&'static str`). Each statement's tests
-//! bind it once from a default struct, so a disagreement fails a unit test first.
+//! the same order (pointer-cheap: the names are `&'static str`). Each binder binds its
+//! names in groups, each group a constant list it must bind exactly ([`Binder::group`]),
+//! so each statement's unit test lists its binder's groups and checks them against the
+//! text without a database ([`check_binds`]): a disagreement fails a unit test first.
 
 use crate::{StoreError, StoreResult};
 use sqlx::{Arguments, Database, Encode, IntoArguments, Type};
@@ -216,6 +218,24 @@ impl<DB: Database> Binder<DB> {
         self
     }
 
+    /// Binds a group of names with `bind`, which must bind exactly `names`, in that order
+    /// (each binder's names are a constant, so tests enumerate a statement's binds
+    /// without a database: [`check_binds`]); otherwise the query fails.
+    pub(crate) fn group(
+        &mut self,
+        names: &'static [&'static str],
+        bind: impl FnOnce(&mut Self),
+    ) -> &mut Self {
+        let start = self.names.len();
+        bind(self);
+        if self.names[start..] != *names {
+            let bound = self.names[start..].to_vec();
+            self.failed
+                .get_or_insert_with(|| format!("bound {bound:?} for the group {names:?}"));
+        }
+        self
+    }
+
     /// The query, once every name is bound (see the module's checks).
     pub(crate) fn query<'q>(self) -> StoreResult<sqlx::query::Query<'q, DB, DB::Arguments>>
     where
@@ -236,6 +256,18 @@ impl<DB: Database> Binder<DB> {
 pub(crate) fn check_text(statement: &'static Statement) {
     let names = statement.names().expect("the statement splits");
     assert!(!names.is_empty(), "{}: no parameter", statement.name);
+}
+
+/// What tests check of every statement and its binder, without a database: the names
+/// its binder binds (`groups`, the constants of the groups it binds, in order) are
+/// exactly the names its text uses, none missing, none extra, none twice.
+#[cfg(test)]
+pub(crate) fn check_binds(statement: &'static Statement, groups: &[&[&'static str]]) {
+    check_text(statement);
+    let bound: Vec<&'static str> = groups.iter().flat_map(|g| g.iter().copied()).collect();
+    if let Err(e) = statement.compile(&bound) {
+        panic!("statement {}: {e}", statement.name);
+    }
 }
 
 #[cfg(test)]
@@ -273,5 +305,34 @@ mod tests {
         );
         static MISSING: Statement = Statement::new("missing", "SELECT {nope}", &[]);
         assert!(MISSING.names().is_err());
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn a_group_binds_exactly_its_names() {
+        let mut b = CAST.binder::<sqlx::Sqlite>();
+        b.group(&["a", "c"], |b| {
+            b.bind("a", 1_i64).bind("c", 2_i64);
+        });
+        assert!(b.query().is_ok());
+        let mut b = CAST.binder::<sqlx::Sqlite>();
+        b.group(&["a", "c"], |b| {
+            b.bind("a", 1_i64);
+        })
+        .bind("c", 2_i64);
+        let e = b.query().err().expect("a group that binds less is refused");
+        assert!(e.to_string().contains("for the group"), "{e}");
+    }
+
+    #[test]
+    #[should_panic(expected = ":c is used but not bound")]
+    fn check_binds_fails_on_a_missing_name() {
+        check_binds(&CAST, &[&["a"]]);
+    }
+
+    #[test]
+    #[should_panic(expected = ":d is bound but the text does not use it")]
+    fn check_binds_fails_on_an_extra_name() {
+        check_binds(&CAST, &[&["a", "c"], &["d"]]);
     }
 }

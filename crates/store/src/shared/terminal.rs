@@ -11,7 +11,7 @@
 //! and the backend writes the plan.
 
 use super::cost::{
-    APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE, SettleRow, SettlementPlan, SpendDelta, plan_settlement,
+    APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE, SettleRow, SettlementPlan, plan_settlement, spend_delta,
 };
 use super::rows::FinishedRow;
 use super::sql::{Exec, Statement, TxExec};
@@ -203,15 +203,6 @@ pub(crate) trait TerminalStatements: Exec {
         now: Timestamp,
         skip_locked: bool,
     ) -> StoreResult<Vec<RunId>>;
-}
-
-/// A spend bucket's delta bound after its key (`$4`–`$8` of the settle statements).
-fn spend_delta(s: Statement, d: &SpendDelta) -> Statement {
-    s.bind(d.reserved_nano)
-        .bind(d.settled_nano)
-        .bind(d.reserved_tokens)
-        .bind(d.settled_tokens)
-        .bind(d.overrun_nano)
 }
 
 /// Runs the [`TerminalMove`] for tasks that just left queued/running (or were deleted

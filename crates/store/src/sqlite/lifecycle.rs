@@ -2,8 +2,7 @@
 //! fail, acknowledge cancellation; and the statements of a terminal move.
 
 use super::{SqliteStore, id_list};
-use crate::shared::cost::AttemptRow;
-use crate::shared::cost::{APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE};
+use crate::shared::cost::{AttemptRow, reserve_checked};
 use crate::shared::rows::{
     CancelStateRow, FinishedRow, TaskRow, cancellation_requested, encode_completion, encode_usage,
     heartbeat_report, task_columns, tasks,
@@ -12,9 +11,7 @@ use crate::shared::sql::Backend;
 use crate::shared::tasks::{CANCELED_MESSAGE, fetch_task};
 use crate::shared::terminal::TerminalMove;
 use crate::shared::terminal::finish;
-use crate::{
-    ClaimOrder, HeartbeatReport, MAX_PAGE, StoreError, StoreResult, Transition, WorkerStore,
-};
+use crate::{ClaimOrder, HeartbeatReport, MAX_PAGE, StoreResult, Transition, WorkerStore};
 use async_trait::async_trait;
 use tollgate_core::cost::window_first_bucket;
 use tollgate_core::{ErrorCode, Reservation, Task, TaskId, Usage, WorkerId, truncate_message};
@@ -203,57 +200,9 @@ impl WorkerStore for SqliteStore {
         let Some(row) = row else {
             return Ok(None);
         };
-        let plan = match row.plan(attempt, now)? {
-            Ok(plan) => plan,
-            Err(rejection) => return Err(StoreError::Cost(rejection)),
-        };
-        if plan.limits.app_nano_per_24_hours.is_some() {
-            let window: i64 = sqlx::query_scalar(
-                "SELECT COALESCE(SUM(reserved_nano + settled_nano), 0) FROM app_spend \
-                 WHERE app = ? AND bucket >= ?",
-            )
-            .bind(&row.app)
-            .bind(window_first_bucket(now))
-            .fetch_one(&mut *tx)
-            .await?;
-            plan.app_check(window).map_err(StoreError::Cost)?;
-        }
-        sqlx::query("UPDATE tasks SET reservation = ? WHERE id = ?")
-            .bind(&plan.encoded)
-            .bind(&row.id)
-            .execute(&mut *tx)
-            .await?;
-        if let Some((bucket, capacity)) = plan.token {
-            sqlx::query(
-                "UPDATE scope_state SET token_units = ?, token_at = ?, token_capacity = ? \
-                 WHERE app = ? AND scope = ?",
-            )
-            .bind(bucket.units)
-            .bind(bucket.at.0)
-            .bind(capacity)
-            .bind(&row.app)
-            .bind(&row.scope)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let d = plan.delta;
-        for sql in [SCOPE_SPEND_SETTLE, APP_SPEND_SETTLE] {
-            let q = sqlx::query(sql).bind(&row.app);
-            let q = if sql == SCOPE_SPEND_SETTLE {
-                q.bind(&row.scope).bind(plan.bucket)
-            } else {
-                q.bind(plan.bucket).bind(plan.stripe)
-            };
-            q.bind(d.reserved_nano)
-                .bind(d.settled_nano)
-                .bind(d.reserved_tokens)
-                .bind(d.settled_tokens)
-                .bind(d.overrun_nano)
-                .execute(&mut *tx)
-                .await?;
-        }
+        let stored = reserve_checked(&mut tx, &row, attempt, now).await?;
         tx.commit().await?;
-        Ok(Some(plan.stored))
+        Ok(Some(stored))
     }
 
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {

@@ -98,6 +98,26 @@ static ACTIVATE_QUEUE: Statement = Statement::new(
     &[&[("queue_join", QUEUE_JOIN)]],
 );
 
+/// The names [`insert_and_commit`] binds of an admission's writes ([`ADMIT_TASK`]).
+const ADMISSION_NAMES: &[&str] = &[
+    "bucket_units",
+    "bucket_at",
+    "sources_delta",
+    "source",
+    "logical_key",
+];
+/// The names [`insert_and_commit`] binds of the global slot ([`ADMIT_TASK`]).
+const SLOT_NAMES: &[&str] = &["fast", "share", "no_share", "slot_stripe", "cap"];
+/// The names [`insert_reserved_and_commit`] binds besides the token and spend groups
+/// ([`RESERVE_UNSOURCED`]).
+const UNSOURCED_NAMES: &[&str] = &["app", "scope", "bucket_units", "bucket_at"];
+/// The names `record_saved` binds besides the spend group ([`RECORD_SAVED`]).
+const SAVED_NAMES: &[&str] = &["app", "scope"];
+/// The names [`insert_app_task`] binds besides the row and the join ([`INSERT_APP_TASK`]).
+const APP_TASK_NAMES: &[&str] = &["lock_key", "fixed_now"];
+/// The names [`activate_queues`] binds ([`ACTIVATE_QUEUE`]).
+const ACTIVATE_NAMES: &[&str] = &["app", "scope", "weight", "credit", "stride"];
+
 pub(super) struct AdmissionRecord<'a> {
     pub(super) source: &'a SourceId,
     pub(super) logical_key: &'a str,
@@ -136,11 +156,13 @@ pub(super) async fn insert_and_commit(
     row.bind(&mut b, false);
     bind_join(&mut b, row.new.dispatch.weight);
     bind_token(&mut b, record.update.token_bucket);
-    b.bind("bucket_units", record.update.bucket.units)
-        .bind("bucket_at", record.update.bucket.at.0)
-        .bind("sources_delta", record.update.sources_delta)
-        .bind("source", record.source.as_str())
-        .bind("logical_key", record.logical_key);
+    b.group(ADMISSION_NAMES, |b| {
+        b.bind("bucket_units", record.update.bucket.units)
+            .bind("bucket_at", record.update.bucket.at.0)
+            .bind("sources_delta", record.update.sources_delta)
+            .bind("source", record.source.as_str())
+            .bind("logical_key", record.logical_key);
+    });
     bind_spend(
         &mut b,
         row.scope.as_str(),
@@ -148,11 +170,13 @@ pub(super) async fn insert_and_commit(
         record.reserve,
     );
     let share = record.budget.global_share;
-    b.bind("fast", path == SlotPath::Fast)
-        .bind("share", share.map_or(0, |s| i64::from(s.share)))
-        .bind("no_share", share.is_none())
-        .bind("slot_stripe", stripe)
-        .bind("cap", cap);
+    b.group(SLOT_NAMES, |b| {
+        b.bind("fast", path == SlotPath::Fast)
+            .bind("share", share.map_or(0, |s| i64::from(s.share)))
+            .bind("no_share", share.is_none())
+            .bind("slot_stripe", stripe)
+            .bind("cap", cap);
+    });
     let inserted = b.query()?.fetch_optional(&mut *tx).await?;
     let Some(inserted) = inserted else {
         // Another replica inserted the same effect key first: keep nothing of ours.
@@ -207,10 +231,12 @@ pub(super) async fn insert_reserved_and_commit(
     };
     let tasks = BucketState::full(budget.burst.get(), row.now);
     let mut b = RESERVE_UNSOURCED.binder();
-    b.bind("app", app.as_str())
-        .bind("scope", row.scope.as_str())
-        .bind("bucket_units", tasks.units)
-        .bind("bucket_at", tasks.at.0);
+    b.group(UNSOURCED_NAMES, |b| {
+        b.bind("app", app.as_str())
+            .bind("scope", row.scope.as_str())
+            .bind("bucket_units", tasks.units)
+            .bind("bucket_at", tasks.at.0);
+    });
     bind_token(&mut b, token);
     bind_spend(&mut b, row.scope.as_str(), spend_bucket(row.now), reserve);
     b.query()?.execute(&mut *tx).await?;
@@ -252,7 +278,9 @@ async fn record_saved(
         ..SpendDelta::default()
     };
     let mut b = RECORD_SAVED.binder();
-    b.bind("app", app.as_str()).bind("scope", scope.as_str());
+    b.group(SAVED_NAMES, |b| {
+        b.bind("app", app.as_str()).bind("scope", scope.as_str());
+    });
     bind_spend(&mut b, scope.as_str(), spend_bucket(now), saved);
     b.query()?.execute(&mut **tx).await?;
     Ok(())
@@ -297,8 +325,10 @@ pub(super) async fn insert_app_task(
 ) -> StoreResult<Option<Task>> {
     debug_assert_eq!(i.now, Timestamp(0), "the statement reads now itself");
     let mut b = INSERT_APP_TASK.binder();
-    b.bind("lock_key", lock)
-        .bind("fixed_now", store.fixed_now());
+    b.group(APP_TASK_NAMES, |b| {
+        b.bind("lock_key", lock)
+            .bind("fixed_now", store.fixed_now());
+    });
     i.bind(&mut b, true);
     bind_join(&mut b, i.new.dispatch.weight);
     let row = b.query()?.fetch_optional(&store.pool).await?;
@@ -348,11 +378,13 @@ pub(super) async fn activate_queues(
     for (app, scope, weight) in ordered {
         let mut b = ACTIVATE_QUEUE.binder();
         let w = Weight::new(*weight).unwrap_or_default();
-        b.bind("app", app.as_str())
-            .bind("scope", scope.as_str())
-            .bind("weight", *weight)
-            .bind("credit", join_credit(w))
-            .bind("stride", stride(w));
+        b.group(ACTIVATE_NAMES, |b| {
+            b.bind("app", app.as_str())
+                .bind("scope", scope.as_str())
+                .bind("weight", *weight)
+                .bind("credit", join_credit(w))
+                .bind("stride", stride(w));
+        });
         b.query()?.execute(&mut **tx).await?;
     }
     Ok(())
@@ -447,20 +479,33 @@ pub(super) async fn insert_app_tasks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared::statement::check_text;
+    use crate::shared::admission::{JOIN_NAMES, NOW_NAMES, ROW_NAMES, TOKEN_NAMES};
+    use crate::shared::cost::SPEND_NAMES;
+    use crate::shared::statement::check_binds;
 
+    /// Every statement of this module, with the groups its binder binds, in order.
     #[test]
-    fn every_statement_splits() {
-        for statement in [
-            &TASK_ROW,
-            &INSERT_TASK,
-            &INSERT_APP_TASK,
+    fn every_statement_and_its_binder_agree() {
+        check_binds(&TASK_ROW, &[ROW_NAMES, NOW_NAMES]);
+        check_binds(&INSERT_TASK, &[ROW_NAMES, NOW_NAMES, JOIN_NAMES]);
+        check_binds(&INSERT_APP_TASK, &[APP_TASK_NAMES, ROW_NAMES, JOIN_NAMES]);
+        check_binds(
             &ADMIT_TASK,
+            &[
+                ROW_NAMES,
+                NOW_NAMES,
+                JOIN_NAMES,
+                TOKEN_NAMES,
+                ADMISSION_NAMES,
+                SPEND_NAMES,
+                SLOT_NAMES,
+            ],
+        );
+        check_binds(
             &RESERVE_UNSOURCED,
-            &RECORD_SAVED,
-            &ACTIVATE_QUEUE,
-        ] {
-            check_text(statement);
-        }
+            &[UNSOURCED_NAMES, TOKEN_NAMES, SPEND_NAMES],
+        );
+        check_binds(&RECORD_SAVED, &[SAVED_NAMES, SPEND_NAMES]);
+        check_binds(&ACTIVATE_QUEUE, &[ACTIVATE_NAMES]);
     }
 }

@@ -30,6 +30,10 @@ static CREATE_TASK: Statement = Statement::new(
     ]],
 );
 
+/// The names [`insert_task`] binds of the admission record, after the row, spend and
+/// join groups.
+const ADMISSION_NAMES: &[&str] = &["source", "logical_key"];
+
 /// Inserts the task and, in the same query (one hop to the connection's thread), what
 /// follows it: a cache hit's saving in the spend buckets (docs/conformance.md#cost-cache-hits), or a queued task's
 /// queue join (docs/conformance.md#fair-share) and `admission` record (source and logical key).
@@ -47,7 +51,9 @@ pub(super) async fn insert_task(
     bind_spend(&mut b, i.scope.as_str(), spend_bucket(i.now), saved);
     bind_join(&mut b, i.new.dispatch.weight);
     let (source, logical_key) = admission.map(|(s, k)| (s.as_str(), k)).unzip();
-    b.bind("source", source).bind("logical_key", logical_key);
+    b.group(ADMISSION_NAMES, |b| {
+        b.bind("source", source).bind("logical_key", logical_key);
+    });
     // The insert's row comes first; the statements after it return none.
     let rows = b.query()?.fetch_all(&mut *conn).await?;
     let row = rows
@@ -59,10 +65,21 @@ pub(super) async fn insert_task(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared::statement::check_text;
+    use crate::shared::admission::{JOIN_NAMES, NOW_NAMES, ROW_NAMES};
+    use crate::shared::cost::SPEND_NAMES;
+    use crate::shared::statement::check_binds;
 
     #[test]
-    fn the_statement_splits() {
-        check_text(&CREATE_TASK);
+    fn the_statement_and_its_binder_agree() {
+        check_binds(
+            &CREATE_TASK,
+            &[
+                ROW_NAMES,
+                NOW_NAMES,
+                SPEND_NAMES,
+                JOIN_NAMES,
+                ADMISSION_NAMES,
+            ],
+        );
     }
 }

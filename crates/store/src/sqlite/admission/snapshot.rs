@@ -31,6 +31,20 @@ static RESERVE_UNSOURCED: Statement = Statement::new(
     SPEND_ALWAYS,
 );
 
+/// The names [`admit`] and [`reserve_unsourced`] bind first.
+const SCOPE_NAMES: &[&str] = &["app", "scope"];
+/// The names [`admit`] binds of the admission's counters, after the spend and token groups.
+const ADMISSION_NAMES: &[&str] = &[
+    "bucket_units",
+    "bucket_at",
+    "sources_delta",
+    "source",
+    "now",
+    "share",
+];
+/// The names [`reserve_unsourced`] binds of the scope's task bucket.
+const TASK_BUCKET_NAMES: &[&str] = &["bucket_units", "bucket_at"];
+
 /// docs/conformance.md#admission, docs/conformance.md#money-and-tokens under the write lock: gathers the snapshot, asks core's [`decide`]
 /// and cost checks (the app's spend last), and on admission stores the buckets, the
 /// reservation in the spend buckets and the source's sighting. Returns the reservation
@@ -126,7 +140,9 @@ pub(super) async fn admit(
     let stored = stored_reservation(reservation, budget, token.is_some());
     // Every write of the admission in one query (one hop to the connection's thread).
     let mut b = ADMIT.binder::<Sqlite>();
-    b.bind("app", app.as_str()).bind("scope", scope.as_str());
+    b.group(SCOPE_NAMES, |b| {
+        b.bind("app", app.as_str()).bind("scope", scope.as_str());
+    });
     bind_spend(
         &mut b,
         scope.as_str(),
@@ -134,15 +150,17 @@ pub(super) async fn admit(
         SpendDelta::reserve(&stored),
     );
     bind_token(&mut b, token);
-    b.bind("bucket_units", bucket.units)
-        .bind("bucket_at", bucket.at.0)
-        .bind("sources_delta", sources_delta)
-        .bind("source", source.as_str())
-        .bind("now", now.0)
-        .bind(
-            "share",
-            budget.global_share.map_or(0, |s| i64::from(s.share)),
-        );
+    b.group(ADMISSION_NAMES, |b| {
+        b.bind("bucket_units", bucket.units)
+            .bind("bucket_at", bucket.at.0)
+            .bind("sources_delta", sources_delta)
+            .bind("source", source.as_str())
+            .bind("now", now.0)
+            .bind(
+                "share",
+                budget.global_share.map_or(0, |s| i64::from(s.share)),
+            );
+    });
     b.query()?.execute(&mut *tx).await?;
     Ok(Ok(stored))
 }
@@ -179,15 +197,19 @@ pub(super) async fn reserve_unsourced(
     // The scope's row may not exist yet: a task bucket that was never used is full.
     let tasks = BucketState::full(budget.burst.get(), now);
     let mut b = RESERVE_UNSOURCED.binder::<Sqlite>();
-    b.bind("app", app.as_str()).bind("scope", scope.as_str());
+    b.group(SCOPE_NAMES, |b| {
+        b.bind("app", app.as_str()).bind("scope", scope.as_str());
+    });
     bind_spend(
         &mut b,
         scope.as_str(),
         spend_bucket(now),
         SpendDelta::reserve(&stored),
     );
-    b.bind("bucket_units", tasks.units)
-        .bind("bucket_at", tasks.at.0);
+    b.group(TASK_BUCKET_NAMES, |b| {
+        b.bind("bucket_units", tasks.units)
+            .bind("bucket_at", tasks.at.0);
+    });
     bind_token(&mut b, token);
     b.query()?.execute(&mut *tx).await?;
     Ok(Ok(stored))
@@ -262,11 +284,20 @@ struct SourceStepsRow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared::statement::check_text;
+    use crate::shared::admission::TOKEN_NAMES;
+    use crate::shared::cost::SPEND_NAMES;
+    use crate::shared::statement::check_binds;
 
+    /// Every statement of this module, with the groups its binder binds, in order.
     #[test]
-    fn every_statement_splits() {
-        check_text(&ADMIT);
-        check_text(&RESERVE_UNSOURCED);
+    fn every_statement_and_its_binder_agree() {
+        check_binds(
+            &ADMIT,
+            &[SCOPE_NAMES, SPEND_NAMES, TOKEN_NAMES, ADMISSION_NAMES],
+        );
+        check_binds(
+            &RESERVE_UNSOURCED,
+            &[SCOPE_NAMES, SPEND_NAMES, TASK_BUCKET_NAMES, TOKEN_NAMES],
+        );
     }
 }
