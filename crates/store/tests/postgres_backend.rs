@@ -18,63 +18,9 @@ use tollgate_store::{StoreError, SweepConfig, UnreleasedQuery, WaitOutcome};
 /// The manual clock's start (the conformance suite's `START`: 2026-01-01T00:00:00Z).
 const START: Timestamp = Timestamp(1_767_225_600_000);
 
-fn database_url(test: &str) -> Option<String> {
-    match std::env::var("TOLLGATE_TEST_DATABASE_URL") {
-        Ok(url) => Some(url),
-        Err(_) => {
-            if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-                panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
-            }
-            eprintln!("skipping {test}: TOLLGATE_TEST_DATABASE_URL is not set");
-            None
-        }
-    }
-}
-
-/// A fresh schema, dropped at the end.
-struct Schema {
-    url: String,
-    name: String,
-}
-
-impl Schema {
-    fn new(url: &str, test: &str) -> Schema {
-        Schema {
-            url: url.to_string(),
-            name: format!("b_{test}_{}", uuid::Uuid::new_v4().simple()),
-        }
-    }
-
-    fn options(&self, clock: &ManualClock) -> PostgresOptions {
-        let mut o = PostgresOptions::new(self.url.clone())
-            .with_clock(Arc::new(clock.clone()))
-            .with_schema(self.name.clone());
-        o.max_connections = 4;
-        o
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let (url, name) = (self.url.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                if let Ok(pool) = sqlx::PgPool::connect(&url).await {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DROP SCHEMA IF EXISTS \"{name}\" CASCADE"
-                    )))
-                    .execute(&pool)
-                    .await;
-                }
-            });
-        })
-        .join();
-    }
-}
+#[path = "support/pg_schema.rs"]
+mod pg_schema;
+use pg_schema::{Schema, database_url};
 
 /// Waits for other connections to publish their statistics counters (they do when idle)
 /// and drops this connection's cached snapshot, so the next read sees them.
