@@ -486,6 +486,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             api_keys: None,
             usd_per_24_hours: None,
             global_concurrent_share: None,
+            trace_content: false,
         },
     );
     // Every scoped task is reserved (priced, bounded), with or without cost limits.

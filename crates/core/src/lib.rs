@@ -18,6 +18,7 @@ pub mod model;
 pub mod pipeline;
 pub mod task;
 pub mod time;
+pub mod trace;
 
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::{Budget, GlobalShare, ShareUse, decide_global_share};
@@ -37,3 +38,4 @@ pub use kinds::{TaskKind, TaskRequest, check_output_fits, check_output_size, val
 pub use model::{ConfigHash, ModelRef};
 pub use task::*;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use trace::{TraceParent, TraceParentError};

@@ -290,6 +290,10 @@ pub struct NewTask {
     pub cost: Option<TaskCost>,
     /// docs/conformance.md#priority: priority, its scope's weight and the ageing step.
     pub dispatch: crate::dispatch::Dispatch,
+    /// Where the task's trace continues (docs/telemetry.md): the submitting span, so the
+    /// worker that claims it, on any replica, adds its spans to the same trace. `None`
+    /// when traces are off.
+    pub trace_parent: Option<crate::trace::TraceParent>,
 }
 
 /// docs/conformance.md#create-cache: the cache key, a hash of source, revision, request, model config hash
@@ -525,6 +529,10 @@ pub struct Task {
     /// docs/conformance.md#cost-reservation: what it reserved (admitted tasks, and tasks without a source that can
     /// cost money: docs/budgets.md, "Tasks without a source").
     pub reservation: Option<crate::cost::Reservation>,
+    /// Where the task's trace continues (docs/telemetry.md); `None` when it was submitted
+    /// with traces off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_parent: Option<crate::trace::TraceParent>,
 }
 
 impl Task {

@@ -25,6 +25,8 @@ pub(crate) struct Inner {
     pub(crate) pipelines: PipelineCache,
     /// Shared watches of waited-on tasks and each app's waiter slots.
     pub(crate) watches: Arc<Watches>,
+    /// Traces (docs/telemetry.md): off unless a tracer was given.
+    pub(crate) traces: crate::telemetry::Traces,
 }
 
 impl std::fmt::Debug for Inner {

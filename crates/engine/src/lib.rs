@@ -70,6 +70,7 @@ pub mod provider;
 mod registry;
 mod replay;
 mod sweeper;
+pub mod telemetry;
 mod watch;
 mod worker;
 
@@ -89,6 +90,7 @@ pub use pipelines::{
 };
 pub use provider::{Provider, ProviderAnswer, ProviderCall, ProviderError};
 pub use registry::{BudgetPolicies, ModelRegistry, ResolvedModel};
+pub use telemetry::{TraceSpan, Traces};
 pub use worker::{EngineHandle, ShutdownReport};
 
 /// The pure rules crate, for what the [`prelude`] does not name.

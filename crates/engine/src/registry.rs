@@ -302,6 +302,7 @@ mod tests {
                 api_keys: None,
                 usd_per_24_hours: None,
                 global_concurrent_share: None,
+                trace_content: false,
             },
         );
         c.admission.global_concurrent = Limit::Integer(77);

@@ -740,6 +740,7 @@ async fn apps_may_use_only_their_allowed_policies() {
             api_keys: None,
             usd_per_24_hours: None,
             global_concurrent_share: None,
+            trace_content: false,
         },
     );
     let engine = db.engine(config).await;

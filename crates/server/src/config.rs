@@ -20,7 +20,7 @@ use tollgate_core::AppId;
 use tollgate_engine::config::{ConfigError, EngineConfig};
 
 /// The sections `TollgateConfig` reads itself; every other top-level key is the engine's.
-const SERVER_SECTIONS: [&str; 3] = ["server", "metrics", "database"];
+const SERVER_SECTIONS: [&str; 4] = ["server", "metrics", "database", "telemetry"];
 
 /// Every top-level key of the configuration, derived from the types (the server's
 /// sections and every field of [`EngineConfig`]), so no section can be missed by the
@@ -169,6 +169,8 @@ pub struct TollgateConfig {
     pub database: DatabaseSection,
     /// `[metrics]`.
     pub metrics: MetricsSection,
+    /// `[telemetry]`: trace export (docs/telemetry.md).
+    pub telemetry: crate::telemetry::TelemetrySection,
     /// The token `/metrics` requires (`[metrics] token` or `token_env`), read at load.
     pub metrics_token: Option<String>,
     /// Models, providers, budgets, apps, workers, sweeper, notifications.
@@ -217,6 +219,8 @@ impl TollgateConfig {
         let database: DatabaseSection = section(map.remove("database"), "database")?;
         let metrics: MetricsSection = section(map.remove("metrics"), "metrics")?;
         let metrics_token = metrics.resolve_token()?;
+        let telemetry: crate::telemetry::TelemetrySection =
+            section(map.remove("telemetry"), "telemetry")?;
         if let Some(addr) = metrics.addr
             && addr == server.addr
             && addr.port() != 0
@@ -294,6 +298,7 @@ impl TollgateConfig {
             server,
             database,
             metrics,
+            telemetry,
             metrics_token,
             engine,
             api_keys,

@@ -313,6 +313,11 @@ pub struct TaskView {
     /// docs/conformance.md#priority: its priority within its scope (0–9, higher starts first).
     #[schema(minimum = 0, maximum = 9)]
     pub priority: u8,
+    /// The id of the trace that follows the task (docs/telemetry.md): 32 hexadecimal
+    /// digits, the caller's own trace when it sent a `traceparent`; `null` when the task
+    /// was submitted with traces off.
+    #[schema(required = true)]
+    pub trace_id: Option<String>,
     /// Its attempts (a task runs at most once: none until claimed, then one), each with
     /// its worker, times and usage.
     pub attempts: Vec<AttemptView>,
@@ -388,6 +393,7 @@ impl TaskView {
             heartbeat_at: task.heartbeat_at.map(|t| t.to_rfc3339()),
             worker: task.worker.as_ref().map(ToString::to_string),
             priority: task.priority.get(),
+            trace_id: task.trace_parent.map(|t| t.trace_id_hex()),
             attempts: (1..=task.attempt)
                 .map(|attempt| AttemptView {
                     attempt,

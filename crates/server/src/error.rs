@@ -68,7 +68,8 @@ impl ApiError {
     /// the details (they can hold database text).
     pub fn internal(status: StatusCode, code: &str, detail: impl std::fmt::Display) -> Self {
         let id = crate::request_id::current();
-        tracing::error!(request_id = %id, code, detail = %detail, "request failed");
+        let trace_id = crate::request_id::current_trace_id();
+        tracing::error!(request_id = %id, trace_id = %trace_id, code, detail = %detail, "request failed");
         Self::new(
             status,
             code,
@@ -150,7 +151,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
             let id = crate::request_id::current();
-            tracing::error!(request_id = %id, code = %self.code, message = %self.message, "request failed");
+            let trace_id = crate::request_id::current_trace_id();
+            tracing::error!(request_id = %id, trace_id = %trace_id, code = %self.code, message = %self.message, "request failed");
         }
         let retry = self.retry_after.map(retry_seconds);
         let mut response = (self.status, Json(self.body())).into_response();

@@ -15,6 +15,7 @@ mod openapi;
 pub mod request_id;
 mod routes;
 mod serve;
+pub mod telemetry;
 mod ui;
 
 pub use auth::{Auth, Caller, KeyConfig};

@@ -21,6 +21,12 @@ pub fn current() -> String {
         .unwrap_or_else(|_| "-".to_string())
 }
 
+/// The id of the request's trace (docs/telemetry.md), logged beside the request id so a
+/// log line leads to its trace (`-` when traces are off).
+pub fn current_trace_id() -> String {
+    tollgate_engine::telemetry::current_trace_id().unwrap_or_else(|| "-".to_string())
+}
+
 /// Middleware: a fresh id for the request, in scope while it is handled and in the
 /// response's `x-request-id` header.
 pub(crate) async fn layer(request: Request, next: Next) -> Response {

@@ -185,6 +185,10 @@ pub struct AppConfig {
     /// split of half of `global_concurrent` when two or more apps are configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_concurrent_share: Option<u32>,
+    /// Whether the app's prompts and outputs may be written into its tasks' trace spans
+    /// (docs/telemetry.md); off by default: spans carry sizes, tokens and costs only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trace_content: bool,
 }
 
 /// docs/budgets.md, "Each app's share of the global capacity": each configured app's

@@ -36,6 +36,7 @@ pub struct TollgateBuilder {
     config: EngineConfig,
     notifier: Option<Notifier>,
     providers: Vec<(String, Arc<dyn Provider>)>,
+    tracer: Option<opentelemetry::global::BoxedTracer>,
 }
 
 impl std::fmt::Debug for TollgateBuilder {
@@ -61,6 +62,12 @@ impl TollgateBuilder {
         self
     }
 
+    /// Records traces with `tracer` (docs/telemetry.md; default: no traces, at no cost).
+    pub fn tracer(mut self, tracer: Option<opentelemetry::global::BoxedTracer>) -> Self {
+        self.tracer = tracer;
+        self
+    }
+
     /// Validates the configuration and builds the engine (nothing runs until
     /// [`Tollgate::start`]).
     pub fn build(self) -> Result<Tollgate, EngineError> {
@@ -79,8 +86,10 @@ impl TollgateBuilder {
             self.config.notifications.poll_interval,
             self.config.notifications.waiters_per_app,
         ));
+        let traces = crate::telemetry::Traces::new(self.tracer, &self.config);
         Ok(Tollgate {
             inner: Arc::new(Inner {
+                traces,
                 store: self.store,
                 config: self.config,
                 models,
@@ -114,6 +123,7 @@ impl Tollgate {
             config,
             notifier: None,
             providers: Vec::new(),
+            tracer: None,
         }
     }
 
@@ -121,6 +131,15 @@ impl Tollgate {
     /// PostgreSQL; `sqlite://path`, `sqlite:path` or a plain path is SQLite (created if
     /// missing). The notifier follows `[notifications] transport`.
     pub async fn open(database_url: &str, config: EngineConfig) -> Result<Tollgate, EngineError> {
+        Tollgate::open_traced(database_url, config, None).await
+    }
+
+    /// [`open`](Self::open), recording traces with `tracer` when given (docs/telemetry.md).
+    pub async fn open_traced(
+        database_url: &str,
+        config: EngineConfig,
+        tracer: Option<opentelemetry::global::BoxedTracer>,
+    ) -> Result<Tollgate, EngineError> {
         config.validate()?;
         let (store, notifier) = if database_url.starts_with("postgres://")
             || database_url.starts_with("postgresql://")
@@ -129,7 +148,15 @@ impl Tollgate {
         } else {
             open::open_sqlite(database_url, &config).await?
         };
-        Tollgate::builder(store, config).notifier(notifier).build()
+        Tollgate::builder(store, config)
+            .notifier(notifier)
+            .tracer(tracer)
+            .build()
+    }
+
+    /// The engine's traces (the HTTP layer starts its request spans with them).
+    pub fn traces(&self) -> &crate::telemetry::Traces {
+        &self.inner.traces
     }
 
     /// The database backend in use: `sqlite` or `postgres`.

@@ -38,15 +38,25 @@ impl Tollgate {
         space: Option<EngineKeySpace>,
     ) -> Result<Submitted, EngineError> {
         let kind = submission.kind;
+        let traces = &self.inner.traces;
+        let span = traces.start_here("submit");
         let result =
             match check_key_space(&submission, space).and_then(|()| self.prepare(submission)) {
-                Ok(prepared) => {
+                Ok(mut prepared) => {
+                    prepared.trace_parent = span.trace_parent();
                     let scoped = prepared.scope.is_some();
+                    let admission = traces.child(&span, "admission");
                     let created = self.inner.store.create_task(prepared).await;
-                    self.created(kind, scoped, created)
+                    let answer = self.created(kind, scoped, created);
+                    crate::telemetry::record_admission(&admission, &answer);
+                    answer
                 }
                 Err(e) => Err(e),
             };
+        match &result {
+            Ok(s) => span.set_task(&s.task),
+            Err(e) => span.error(e.to_string()),
+        }
         count_submit(kind, &result);
         result
     }
@@ -113,6 +123,7 @@ impl Tollgate {
                 budget,
                 reservation,
             }),
+            trace_parent: None,
         })
     }
 
@@ -207,6 +218,9 @@ impl Tollgate {
             .into());
         }
         let total = submissions.len();
+        // One `submit` span for the batch: every task of it continues this trace.
+        let span = self.inner.traces.start_here("submit");
+        span.set("tollgate.batch.size", total as i64);
         let mut results: Vec<Option<Result<Submitted, EngineError>>> =
             (0..total).map(|_| None).collect();
         let mut seen = HashSet::new();
@@ -225,7 +239,8 @@ impl Tollgate {
             };
             let app = s.app.clone();
             match check_key_space(&s, None).and_then(|()| self.prepare(s)) {
-                Ok(new) => {
+                Ok(mut new) => {
+                    new.trace_parent = span.trace_parent();
                     let next = groups.len();
                     let g = *group_of.entry((app, owner)).or_insert(next);
                     if g == next {
@@ -242,7 +257,7 @@ impl Tollgate {
         }
         let answered: Vec<Vec<(usize, Result<Submitted, EngineError>)>> =
             futures::stream::iter(groups)
-                .map(|group| self.create_group(group))
+                .map(|group| self.create_group(group, &span))
                 .buffer_unordered(BATCH_PARALLELISM)
                 .collect()
                 .await;
@@ -269,7 +284,9 @@ impl Tollgate {
     async fn create_group(
         &self,
         group: Vec<(usize, TaskKind, NewTask)>,
+        submit: &crate::TraceSpan,
     ) -> Vec<(usize, Result<Submitted, EngineError>)> {
+        let admission = self.inner.traces.child(submit, "admission");
         let meta: Vec<(usize, TaskKind, bool)> = group
             .iter()
             .map(|(i, kind, new)| (*i, *kind, new.scope.is_some()))
@@ -280,6 +297,7 @@ impl Tollgate {
                 let mut out = Vec::with_capacity(meta.len());
                 for ((i, kind, scoped), answer) in meta.into_iter().zip(answers) {
                     let result = self.created(kind, scoped, answer);
+                    crate::telemetry::record_admission(&admission, &result);
                     count_submit(kind, &result);
                     out.push((i, result));
                 }

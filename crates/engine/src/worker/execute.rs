@@ -72,12 +72,13 @@ impl WorkerPool {
         let interrupt = self.control.interrupt.clone();
         // The task's reservation as it grows with each re-ask (docs/budgets.md).
         let mut reservation = task.reservation;
+        let trace = self.inner.traces.execution(&task, self.worker.as_str());
         let ended = tokio::select! {
             biased;
             _ = stop.cancelled() => Ended::Stopped,
             _ = interrupt.cancelled() => Ended::Interrupted,
             // docs/engine.md, "Workers": a panicking execution fails its task at once.
-            result = AssertUnwindSafe(self.execute(&task, &mut reservation)).catch_unwind() => match result {
+            result = AssertUnwindSafe(self.execute(&task, &mut reservation, &trace)).catch_unwind() => match result {
                 Ok(result) => Ended::Done(result),
                 Err(panic) => {
                     let message = cpu::panic_message(&*panic);
@@ -97,6 +98,7 @@ impl WorkerPool {
             other => other,
         };
         let r = reservation.as_ref();
+        let settle = self.inner.traces.child(&trace, "settle");
         let (outcome, code) = match ended {
             Ended::Done(Ok((output, usage))) => self.complete(&task, r, output, usage).await,
             Ended::Done(Err(failure)) => {
@@ -121,6 +123,7 @@ impl WorkerPool {
                 ("interrupted", code)
             }
         };
+        crate::telemetry::record_settle(&settle, outcome, code);
         metrics::counter!(m::TASK_OUTCOMES_TOTAL, "outcome" => outcome, "code" => code)
             .increment(1);
         metrics::histogram!(m::TASK_EXECUTION_SECONDS, "kind" => task.kind.as_str())
@@ -136,6 +139,7 @@ impl WorkerPool {
         &self,
         task: &Task,
         reservation: &mut Option<Reservation>,
+        trace: &crate::TraceSpan,
     ) -> Result<(Value, Usage), Failure> {
         let request = task.parsed_request().map_err(|e| {
             Failure::new(
@@ -172,6 +176,10 @@ impl WorkerPool {
                     .increment(1);
             }
             let started = Instant::now();
+            let span = self
+                .inner
+                .traces
+                .provider_call(&self.inner.config, trace, task, attempt);
             let answer = provider.complete(call).await;
             metrics::histogram!(m::PROVIDER_LATENCY_SECONDS, "provider" => provider_name.to_string())
                 .record(started.elapsed().as_secs_f64());
@@ -181,21 +189,29 @@ impl WorkerPool {
                     (None, usage, Some(reask_error(message)))
                 }
                 Err(ProviderError::Failed(message)) => {
+                    span.error(message.clone());
                     provider_call(provider_name, "error");
                     return Err(Failure::new(ErrorCode::ProviderError, message));
                 }
                 Err(ProviderError::OutputTooLarge(message)) => {
+                    span.error(message.clone());
                     provider_call(provider_name, "too_large");
                     return Err(Failure::new(ErrorCode::OutputTooLarge, message));
                 }
             };
             let used = attempt_usage(task, counter, &call, used);
+            self.inner
+                .traces
+                .call_answered(span, task, output.as_ref(), &self.priced(task, used));
             if let Some(refused) = refused {
                 previous = Some(refused);
             }
             add_usage(&mut usage, used, provider_name);
             if let Some(output) = output {
-                match check_output(request.request(), output, max_output_bytes).await? {
+                let check = self.inner.traces.child(trace, "validate");
+                let checked = check_output(request.request(), output, max_output_bytes).await?;
+                check.set(crate::telemetry::attr::OUTPUT_VALID, checked.is_ok());
+                match checked {
                     Ok(valid) => {
                         provider_call(provider_name, "ok");
                         return Ok((valid, self.priced(task, usage)));

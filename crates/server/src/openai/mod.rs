@@ -72,6 +72,10 @@ pub(crate) fn router(state: AppState) -> Router {
             )
         })
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::telemetry::layer,
+        ))
         .layer(axum::middleware::from_fn(crate::request_id::layer))
         .with_state(state)
 }

@@ -80,6 +80,10 @@ pub(crate) fn router(state: AppState) -> Router {
         .layer(axum::middleware::map_response(envelope_errors))
         // Bodies are read by `read_body` with each route's own limit.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::telemetry::layer,
+        ))
         .layer(axum::middleware::from_fn(crate::request_id::layer))
         .with_state(state)
 }

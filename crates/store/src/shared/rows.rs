@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use tollgate_core::{
     AppId, ConfigHash, Dependency, EffectKey, ErrorCode, ModelId, ModelRef, PipelineName, Priority,
     Run, RunId, RunState, ScopeId, SourceId, SourceRef, SourceRevision, StepKey, Subject,
-    SubjectKind, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus, Timestamp, Usage,
-    WorkerId, validate_output,
+    SubjectKind, Task, TaskError, TaskId, TaskKind, TaskOwner, TaskStatus, Timestamp, TraceParent,
+    Usage, WorkerId, validate_output,
 };
 
 /// The columns every task query selects, as a literal for `concat!`: `task_columns!()`.
@@ -30,7 +30,7 @@ macro_rules! task_columns {
             source_revision, recompute, model_id, model_ref, model_config_hash, request,
             input_hash, cache_key, status, cancel_requested, cached_from, output, usage,
             error_code, error_message, attempt, worker, created_at, claimed_at, heartbeat_at,
-            completed_at, released_at, reservation, priority
+            completed_at, released_at, reservation, priority, trace_parent
         )
     };
     (@plain $first:ident $(, $column:ident)*) => {
@@ -97,6 +97,7 @@ pub(crate) struct TaskRow {
     released_at: Option<i64>,
     reservation: Option<String>,
     priority: i64,
+    trace_parent: Option<String>,
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -212,6 +213,11 @@ impl TaskRow {
                 .map(|r| json("reservation", r))
                 .transpose()?,
             priority: text("priority", Priority::new(self.priority))?,
+            trace_parent: self
+                .trace_parent
+                .as_deref()
+                .map(|t| TraceParent::parse(t).map_err(|e| corrupt("trace_parent", e)))
+                .transpose()?,
         })
     }
 }
