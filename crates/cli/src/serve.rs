@@ -5,6 +5,7 @@ use anyhow::{Context, bail};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tollgate_core::AppId;
 use tollgate_engine::Tollgate;
+use tollgate_server::telemetry::TraceExport;
 use tollgate_server::{AppState, Auth, BatchLimits, KeyConfig, MetricsAccess, TollgateConfig};
 
 /// The development app `serve` runs when no API key is configured.
@@ -24,8 +25,34 @@ fn load(args: &DatabaseArgs) -> anyhow::Result<TollgateConfig> {
 /// Opens the database and the notifier, saying which of the three failed: invalid
 /// configuration, the database, or the notification transport.
 async fn open(config: &TollgateConfig) -> anyhow::Result<Tollgate> {
+    open_traced(config, None).await
+}
+
+/// Starts trace export when `[telemetry]` or the `OTEL_*` variables ask for it
+/// (docs/telemetry.md), then [`open`]s with its tracer. The export is flushed by
+/// [`TraceExport::shutdown`] when the process stops.
+async fn open_with_traces(
+    config: &TollgateConfig,
+) -> anyhow::Result<(Tollgate, Option<TraceExport>)> {
+    let settings = config
+        .telemetry
+        .resolve(|name| std::env::var(name).ok())
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    let Some(settings) = settings else {
+        return Ok((open(config).await?, None));
+    };
+    let (export, tracer) = TraceExport::start(&settings).map_err(anyhow::Error::msg)?;
+    tracing::info!(endpoint = %settings.endpoint, protocol = ?settings.protocol, "exporting traces");
+    let tollgate = open_traced(config, Some(tracer)).await?;
+    Ok((tollgate, Some(export)))
+}
+
+async fn open_traced(
+    config: &TollgateConfig,
+    tracer: Option<opentelemetry::global::BoxedTracer>,
+) -> anyhow::Result<Tollgate> {
     use tollgate_engine::EngineError;
-    match Tollgate::open(&config.database.url, config.engine.clone()).await {
+    match Tollgate::open_traced(&config.database.url, config.engine.clone(), tracer).await {
         Ok(tollgate) => Ok(tollgate),
         Err(e @ (EngineError::Config(_) | EngineError::Invalid(_))) => {
             bail!("invalid configuration: {e}")
@@ -96,7 +123,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     tollgate_engine::metrics::set_app_labels(config.metrics.app_labels);
     let metrics = PrometheusBuilder::new().install_recorder().ok();
-    let tollgate = open(&config).await?;
+    let (tollgate, traces) = open_with_traces(&config).await?;
     let (auth, dev_key) = if config.has_keys() {
         (
             Auth::new(&config.api_keys).map_err(anyhow::Error::msg)?,
@@ -229,6 +256,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let ((), report) = tokio::join!(drain_http, engine.shutdown(grace));
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
     println!(
         "stopped (in-flight finished: {}, interrupted: {})",
         report.drained, report.interrupted
@@ -275,7 +305,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if config.engine.workers.concurrency == 0 {
         bail!("a worker needs --workers 1 or more ([workers] concurrency)");
     }
-    let tollgate = open(&config).await?;
+    let (tollgate, traces) = open_with_traces(&config).await?;
     let engine = tollgate.start().await.context("cannot start the workers")?;
     println!(
         "Tollgate worker {} running {} executions on {}",
@@ -285,6 +315,9 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     );
     shutdown_signal().await;
     let report = engine.shutdown(config.server.shutdown_grace).await;
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
     println!(
         "stopped (in-flight finished: {}, interrupted: {})",
         report.drained, report.interrupted

@@ -231,10 +231,14 @@ impl TraceExport {
         Ok((TraceExport { provider }, tracer))
     }
 
-    /// Sends the spans still batched and stops the exporter.
-    pub fn shutdown(self) {
-        if let Err(e) = self.provider.shutdown() {
-            tracing::warn!(error = %e, "the trace exporter did not shut down cleanly");
+    /// Sends the spans still batched and stops the exporter (off the async threads: the
+    /// SDK waits for its export task, which runs on them).
+    pub async fn shutdown(self) {
+        let provider = self.provider;
+        match tokio::task::spawn_blocking(move || provider.shutdown()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "the trace exporter did not shut down cleanly"),
+            Err(e) => tracing::warn!(error = %e, "the trace exporter did not shut down cleanly"),
         }
     }
 }

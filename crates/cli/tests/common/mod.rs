@@ -83,6 +83,16 @@ pub fn start(
     schema_prefix: &str,
     config_text: impl FnOnce(&str) -> String,
 ) -> Option<Server> {
+    start_with_env(backend, schema_prefix, config_text, &[])
+}
+
+/// [`start`] with extra environment variables for the `serve` process.
+pub fn start_with_env(
+    backend: &str,
+    schema_prefix: &str,
+    config_text: impl FnOnce(&str) -> String,
+    env: &[(&str, &str)],
+) -> Option<Server> {
     let dir = tempfile::tempdir().unwrap();
     let (db, schema) = database(backend, dir.path(), schema_prefix)?;
     let config = dir.path().join("tollgate.toml");
@@ -91,6 +101,7 @@ pub fn start(
         .args(["serve", "--addr", "127.0.0.1:0", "--config"])
         .arg(&config)
         .current_dir(dir.path())
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
