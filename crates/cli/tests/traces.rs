@@ -263,7 +263,11 @@ async fn submit_traced(s: &Server, key: &str, effect_key: &str) -> Value {
 /// The tree one task's trace must have, under the caller's span.
 fn assert_task_tree(spans: &[Exported], task_id: &str) {
     let http = named(spans, "POST /v1/tasks");
-    assert_eq!(hex(&http.parent_span_id), CALLER_SPAN, "the caller's span is continued");
+    assert_eq!(
+        hex(&http.parent_span_id),
+        CALLER_SPAN,
+        "the caller's span is continued"
+    );
     assert_eq!(http.kind, 2, "SERVER");
     assert_eq!(int_attr(http, "http.response.status_code"), Some(201));
     let submit = named(spans, "submit");
@@ -274,7 +278,10 @@ fn assert_task_tree(spans: &[Exported], task_id: &str) {
         text_attr(admission, "tollgate.admission.decision").as_deref(),
         Some("created")
     );
-    assert_eq!(text_attr(admission, "tollgate.task.id").as_deref(), Some(task_id));
+    assert_eq!(
+        text_attr(admission, "tollgate.task.id").as_deref(),
+        Some(task_id)
+    );
     let queue = named(spans, "queue");
     assert_child(queue, submit);
     assert!(queue.end_time_unix_nano >= queue.start_time_unix_nano);
@@ -285,8 +292,14 @@ fn assert_task_tree(spans: &[Exported], task_id: &str) {
     assert_child(chat, execute);
     assert_eq!(chat.kind, 3, "CLIENT");
     assert_eq!(text_attr(chat, "gen_ai.system").as_deref(), Some("dev"));
-    assert_eq!(text_attr(chat, "gen_ai.operation.name").as_deref(), Some("chat"));
-    assert_eq!(text_attr(chat, "gen_ai.request.model").as_deref(), Some("dev-1"));
+    assert_eq!(
+        text_attr(chat, "gen_ai.operation.name").as_deref(),
+        Some("chat")
+    );
+    assert_eq!(
+        text_attr(chat, "gen_ai.request.model").as_deref(),
+        Some("dev-1")
+    );
     assert!(int_attr(chat, "gen_ai.usage.input_tokens").is_some_and(|t| t > 0));
     assert!(int_attr(chat, "gen_ai.usage.output_tokens").is_some_and(|t| t > 0));
     assert_eq!(int_attr(chat, "tollgate.attempt"), Some(0));
@@ -298,7 +311,10 @@ fn assert_task_tree(spans: &[Exported], task_id: &str) {
     );
     let settle = named(spans, "settle");
     assert_child(settle, execute);
-    assert_eq!(text_attr(settle, "tollgate.outcome").as_deref(), Some("succeeded"));
+    assert_eq!(
+        text_attr(settle, "tollgate.outcome").as_deref(),
+        Some("succeeded")
+    );
     for e in spans {
         assert_eq!(e.service, "tollgate-under-test");
     }
@@ -324,8 +340,7 @@ async fn over_http(backend: &str) {
         ("OTEL_SERVICE_NAME", "tollgate-under-test"),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ];
-    let Some(s) = common::start_with_env(backend, "traces", |db| config_text(db, ""), &env)
-    else {
+    let Some(s) = common::start_with_env(backend, "traces", |db| config_text(db, ""), &env) else {
         return;
     };
     let task = submit_traced(&s, ACME, "t-1").await;
@@ -370,8 +385,7 @@ async fn over_grpc(backend: &str) {
          service_name = \"tollgate-under-test\"\n"
     );
     let env = [("OTEL_BSP_SCHEDULE_DELAY", "100")];
-    let Some(s) =
-        common::start_with_env(backend, "traces", |db| config_text(db, &telemetry), &env)
+    let Some(s) = common::start_with_env(backend, "traces", |db| config_text(db, &telemetry), &env)
     else {
         return;
     };

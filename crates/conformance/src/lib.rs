@@ -35,6 +35,7 @@ pub mod pace;
 pub mod pipelines;
 pub mod runs;
 pub mod sweep;
+pub mod trace;
 pub mod unsourced;
 
 pub use fixtures::START;
@@ -73,6 +74,7 @@ macro_rules! conformance_suite {
             create::effect_keys_are_unique_per_app,
             create::unscoped_tasks_skip_cache_and_admission,
             create::create_many_admits_or_refuses_each_item_on_its_own,
+            trace::tasks_keep_their_trace_parent,
             pipelines::pipelines_are_versioned_per_app,
             pipelines::pipeline_runs_are_driven_by_one_driver_at_a_time,
             pipelines::racing_drivers_claim_each_run_once,

@@ -237,7 +237,9 @@ impl TraceExport {
         let provider = self.provider;
         match tokio::task::spawn_blocking(move || provider.shutdown()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "the trace exporter did not shut down cleanly"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the trace exporter did not shut down cleanly")
+            }
             Err(e) => tracing::warn!(error = %e, "the trace exporter did not shut down cleanly"),
         }
     }
