@@ -76,7 +76,7 @@ pub struct TelemetrySection {
     pub headers: BTreeMap<String, String>,
     /// The `service.name` resource attribute (default `tollgate`).
     pub service_name: Option<String>,
-    /// Longest one export may take (default 10 s).
+    /// Longest one export may take (default: `OTEL_EXPORTER_OTLP_TIMEOUT`, else 10 s).
     #[serde(with = "humantime_serde_opt")]
     pub timeout: Option<Duration>,
 }
@@ -104,8 +104,8 @@ pub struct ExportSettings {
     pub headers: BTreeMap<String, String>,
     /// `service.name`.
     pub service_name: String,
-    /// Longest one export may take.
-    pub timeout: Duration,
+    /// Longest one export may take (`None`: `OTEL_EXPORTER_OTLP_TIMEOUT`, else 10 s).
+    pub timeout: Option<Duration>,
 }
 
 impl TelemetrySection {
@@ -167,7 +167,7 @@ impl TelemetrySection {
             protocol,
             headers: self.headers.clone(),
             service_name,
-            timeout: self.timeout.unwrap_or(Duration::from_secs(10)),
+            timeout: self.timeout,
         }))
     }
 }
@@ -192,28 +192,33 @@ impl TraceExport {
     /// task of it) and returns it with the tracer to give the engine.
     pub fn start(settings: &ExportSettings) -> Result<(TraceExport, BoxedTracer), String> {
         let exporter = match settings.protocol {
-            OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(settings.endpoint.clone())
-                .with_timeout(settings.timeout)
-                .with_headers(
-                    settings
-                        .headers
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect::<HashMap<_, _>>(),
-                )
-                .build(),
+            OtlpProtocol::HttpProtobuf => {
+                let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_endpoint(settings.endpoint.clone())
+                    .with_headers(
+                        settings
+                            .headers
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect::<HashMap<_, _>>(),
+                    );
+                if let Some(timeout) = settings.timeout {
+                    builder = builder.with_timeout(timeout);
+                }
+                builder.build()
+            }
             OtlpProtocol::Grpc => {
-                let metadata = tonic_metadata(&settings.headers)?;
-                opentelemetry_otlp::SpanExporter::builder()
+                let mut builder = opentelemetry_otlp::SpanExporter::builder()
                     .with_tonic()
                     .with_protocol(Protocol::Grpc)
                     .with_endpoint(settings.endpoint.clone())
-                    .with_timeout(settings.timeout)
-                    .with_metadata(metadata)
-                    .build()
+                    .with_metadata(tonic_metadata(&settings.headers)?);
+                if let Some(timeout) = settings.timeout {
+                    builder = builder.with_timeout(timeout);
+                }
+                builder.build()
             }
         }
         .map_err(|e| format!("cannot build the OTLP exporter: {e}"))?;
