@@ -346,8 +346,10 @@ impl Driver {
         let tollgate = Tollgate {
             inner: self.inner.clone(),
         };
-        match tollgate
-            .submit_keyed(submission, Some(EngineKeySpace::PipelineStep))
+        // docs/telemetry.md: the step is the parent of its task's trace.
+        let span = self.inner.traces.pipeline_step(run, &step.key, attempt);
+        match span
+            .in_scope(tollgate.submit_keyed(submission, Some(EngineKeySpace::PipelineStep)))
             .await
         {
             Ok(submitted) => {

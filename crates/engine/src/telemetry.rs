@@ -69,6 +69,10 @@ pub mod attr {
     pub const OUTCOME: &str = "tollgate.outcome";
     /// The error code a failed task ended with.
     pub const ERROR_CODE: &str = "tollgate.error.code";
+    /// The pipeline run a step belongs to.
+    pub const RUN_ID: &str = "tollgate.run.id";
+    /// A pipeline step's key.
+    pub const STEP: &str = "tollgate.step";
     /// The HTTP request's id (`x-request-id`).
     pub const REQUEST_ID: &str = "tollgate.request_id";
 }
@@ -145,6 +149,25 @@ impl Traces {
             return TraceSpan::off();
         }
         self.start(name, SpanKind::Internal, &Context::current(), None)
+    }
+
+    /// Starts the span of a pipeline run's step submission (a new trace, the parent of
+    /// the step's task): the run, the step and its attempt.
+    pub(crate) fn pipeline_step(
+        &self,
+        run: &tollgate_core::Run,
+        step: &tollgate_core::StepKey,
+        attempt: u32,
+    ) -> TraceSpan {
+        if !self.enabled() {
+            return TraceSpan::off();
+        }
+        let span = self.start("pipeline step", SpanKind::Internal, &Context::new(), None);
+        span.set(attr::RUN_ID, run.id.to_string());
+        span.set(attr::APP, run.app.to_string());
+        span.set(attr::STEP, step.to_string());
+        span.set(attr::ATTEMPT, i64::from(attempt));
+        span
     }
 
     /// Starts `name` as a child of `parent`.
@@ -237,12 +260,12 @@ impl Traces {
         span: TraceSpan,
         task: &Task,
         output: Option<&serde_json::Value>,
-        used: &Usage,
+        used: impl FnOnce() -> Usage,
     ) {
         if !span.is_recording() {
             return;
         }
-        span.set_usage(used);
+        span.set_usage(&used());
         match output {
             Some(output) if self.records_content(&task.app) => {
                 span.set(attr::GEN_AI_OUTPUT, output.to_string());
@@ -258,6 +281,7 @@ pub(crate) fn record_settle(span: &TraceSpan, outcome: &'static str, code: &'sta
     span.set(attr::OUTCOME, outcome);
     if code != "none" {
         span.set(attr::ERROR_CODE, code);
+        span.error(code);
     }
 }
 

@@ -16,7 +16,7 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tollgate_core::{ModelId, TaskStatus, Usage};
+use tollgate_core::{ModelId, PipelineName, RunState, TaskStatus, Usage};
 use tollgate_engine::config::{AppConfig, ModelConfig, ModelPrices};
 use tollgate_engine::{EngineConfig, Provider, ProviderAnswer, ProviderCall, ProviderError};
 
@@ -24,6 +24,7 @@ on_both_backends!(
     a_reasked_task_is_one_trace_of_submit_queue_calls_validations_and_settle,
     content_goes_into_spans_only_for_apps_that_allow_it,
     without_a_tracer_tasks_carry_no_trace,
+    a_pipeline_step_is_the_parent_of_its_task,
 );
 
 const SECRET: &str = "the secret prompt text";
@@ -39,7 +40,7 @@ struct WrongThenRight {
 impl Provider for WrongThenRight {
     async fn complete(&self, _call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
-        let label = if n % 2 == 0 { "nonsense" } else { "spam" };
+        let label = if n.is_multiple_of(2) { "nonsense" } else { "spam" };
         Ok(ProviderAnswer {
             output: json!({"label": label, "confidence": null}),
             usage: Usage {
@@ -267,4 +268,75 @@ async fn without_a_tracer_tasks_carry_no_trace(db: TestDb) {
     assert!(!engine.traces().enabled());
     let done = run_one(&engine, "untraced").await;
     assert_eq!(done.trace_parent, None);
+}
+
+async fn a_pipeline_step_is_the_parent_of_its_task(db: TestDb) {
+    let mut config = config(false);
+    config.pipelines.concurrency = 2;
+    config.pipelines.poll_interval = std::time::Duration::from_millis(100);
+    let (engine, exporter) = traced_engine(&db, config).await;
+    let handle = engine.start().await.unwrap();
+    let name = PipelineName::new("two-steps").unwrap();
+    let definition = json!({
+        "steps": [
+            {"key": "first", "kind": "generate_text", "request": {"prompt": "one"}},
+            {"key": "second", "kind": "generate_text", "depends_on": ["first"],
+             "request": {"prompt": {"$template": "two: {/steps/first/output/text}"}}}
+        ],
+        "output": {"text": "/steps/second/output/text"}
+    });
+    engine
+        .register_pipeline(&app(), &name, &definition)
+        .await
+        .unwrap();
+    let run = engine
+        .start_pipeline_run(&app(), None, &name, None, scope(), json!({}))
+        .await
+        .unwrap()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let done = loop {
+        let now = engine.get_run(&app(), run.id).await.unwrap().unwrap();
+        if now.state.is_terminal() {
+            break now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run never ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(done.state, RunState::Succeeded, "{:?}", done.error);
+    handle.shutdown(std::time::Duration::from_secs(5)).await;
+    let spans = exporter.get_finished_spans().unwrap();
+    let steps: Vec<&SpanData> = all_named(&spans, "pipeline step");
+    let mut keys: Vec<String> = steps
+        .iter()
+        .map(|s| {
+            value(s, "tollgate.step")
+                .expect("the step")
+                .as_str()
+                .into_owned()
+        })
+        .collect();
+    keys.sort();
+    assert_eq!(keys, vec!["first", "second"]);
+    for step in steps {
+        assert_eq!(
+            value(step, "tollgate.run.id"),
+            Some(&Value::from(run.id.to_string()))
+        );
+        let trace = step.span_context.trace_id();
+        let submit = spans
+            .iter()
+            .find(|s| s.name == "submit" && s.span_context.trace_id() == trace)
+            .expect("the step's task is submitted in the step's trace");
+        parent_is(submit, step);
+        assert!(
+            spans
+                .iter()
+                .any(|s| s.name == "settle" && s.span_context.trace_id() == trace),
+            "the step's task runs and settles in the same trace"
+        );
+    }
 }

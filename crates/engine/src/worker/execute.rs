@@ -202,7 +202,7 @@ impl WorkerPool {
             let used = attempt_usage(task, counter, &call, used);
             self.inner
                 .traces
-                .call_answered(span, task, output.as_ref(), &self.priced(task, used));
+                .call_answered(span, task, output.as_ref(), || self.priced(task, used));
             if let Some(refused) = refused {
                 previous = Some(refused);
             }
