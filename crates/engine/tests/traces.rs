@@ -40,7 +40,11 @@ struct WrongThenRight {
 impl Provider for WrongThenRight {
     async fn complete(&self, _call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
-        let label = if n.is_multiple_of(2) { "nonsense" } else { "spam" };
+        let label = if n.is_multiple_of(2) {
+            "nonsense"
+        } else {
+            "spam"
+        };
         Ok(ProviderAnswer {
             output: json!({"label": label, "confidence": null}),
             usage: Usage {
