@@ -459,11 +459,10 @@ fn routes_in_router() -> BTreeSet<(String, String)> {
     let mut routers =
         vec![&source[source.find("Router::new()").unwrap()..source.find(".fallback(").unwrap()]];
     // The module the router merges (dashboard): its `Router::new()`.
-    for source in [include_str!("../../server/src/ui.rs")] {
-        let start = source.find("Router::new()").unwrap();
-        let end = start + source[start..].find("\n}\n").unwrap();
-        routers.push(&source[start..end]);
-    }
+    let source = include_str!("../../server/src/ui.rs");
+    let start = source.find("Router::new()").unwrap();
+    let end = start + source[start..].find("\n}\n").unwrap();
+    routers.push(&source[start..end]);
     let mut routes = BTreeSet::new();
     for part in routers.iter().flat_map(|r| r.split(".route(").skip(1)) {
         let path = part.split('"').nth(1).unwrap().to_string();
