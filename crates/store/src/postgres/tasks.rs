@@ -5,9 +5,8 @@
 
 use super::PostgresStore;
 use super::admission::{self, lock_scope};
-use super::lifecycle::status_in_flight;
-use super::terminal::LOCK_RUN_OF;
 use crate::shared::dispatch::around_creation;
+use crate::shared::lifecycle::status_in_flight;
 use crate::shared::rows::EndedRow;
 use crate::shared::tasks::{TaskStatements, task_store_for};
 use crate::shared::terminal::{TerminalMove, after_terminal};
@@ -17,7 +16,6 @@ use tollgate_core::{AppId, NewTask, ScopeId, SourceId, Timestamp};
 
 #[async_trait]
 impl TaskStatements for PostgresStore {
-    const LOCK_RUN_OF: Option<&'static str> = Some(LOCK_RUN_OF);
     const CANCEL_TASK: &'static str = concat!(
         "UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
          error_message = $2, completed_at = $3 WHERE id = $4 AND app = $5 AND ",

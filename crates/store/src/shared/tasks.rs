@@ -7,7 +7,7 @@
 use crate::shared::cost::{SpendSums, TokenBucketRow, spend_sums};
 use crate::shared::rows::{FinishedRow, ScopedSourceRow, TaskRow, task_columns, unreleased_page};
 use crate::shared::sql::{Backend, Exec, Statement, TxExec};
-use crate::shared::terminal::{TerminalMove, finish};
+use crate::shared::terminal::{TerminalMove, TerminalStatements, finish};
 use crate::{
     Created, SpendWindow, StoreResult, Transition, UnreleasedPage, UnreleasedQuery, keyset_fetch,
     page_size,
@@ -22,10 +22,6 @@ pub(crate) const CANCELED_MESSAGE: &str = "canceled by request";
 /// What differs between the backends on the application's side of tasks.
 #[async_trait]
 pub(crate) trait TaskStatements: Backend {
-    /// Locks the row of the task's run (`$1` task), if it has one (lock order: runs
-    /// before tasks), so a cancel that wakes the run cannot deadlock with a cancel of
-    /// that run; or nothing.
-    const LOCK_RUN_OF: Option<&'static str>;
     /// Cancels the task if it is queued or running (`$1` error code, `$2` message, `$3`
     /// now, `$4` task, `$5` app), returning it as a [`FinishedRow`].
     const CANCEL_TASK: &'static str;
@@ -131,9 +127,7 @@ impl Tasks {
             return Ok(None);
         }
         let now = store.now_in(&mut tx).await?;
-        if let Some(lock) = B::LOCK_RUN_OF {
-            tx.run(Statement::new(lock).bind(id.to_string())).await?;
-        }
+        tx.lock_run_of(id).await?;
         let done: Option<FinishedRow> = tx
             .optional(
                 Statement::new(B::CANCEL_TASK)

@@ -15,8 +15,6 @@ use tollgate_core::{AppId, NewTask, ScopeId, SourceId, Timestamp};
 
 #[async_trait]
 impl TaskStatements for SqliteStore {
-    // The write lock (`BEGIN IMMEDIATE`) already holds every row.
-    const LOCK_RUN_OF: Option<&'static str> = None;
     const CANCEL_TASK: &'static str = "UPDATE tasks SET cancel_requested = 1, \
          status = 'canceled', error_code = $1, error_message = $2, completed_at = $3 \
          WHERE id = $4 AND app = $5 AND status IN ('queued', 'running') \
