@@ -4,9 +4,9 @@
 //! LOCKED`, the heartbeat's row locks in id order, a reservation's advisory locks) and
 //! the batched completion, one transaction for a batch.
 
-use super::admission::app_lock_key;
 use super::admission::lock_scope;
 use super::{PostgresStore, id_array, now_sql};
+use crate::shared::admission::SpendReads;
 use crate::shared::cost::decode_reservation;
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, status_is_queued, worker_store_for,
@@ -117,10 +117,7 @@ impl WorkerStatements for PostgresStore {
         if app_limited {
             // The app's spend lock, as an admission takes it (scope, then app), in its
             // own statement so the app's window read after it is current.
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(app_lock_key(&app_id))
-                .execute(&mut **tx)
-                .await?;
+            tx.lock_app(&app_id).await?;
         }
         Ok(true)
     }
