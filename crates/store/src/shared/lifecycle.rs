@@ -66,6 +66,7 @@ macro_rules! returning_finished {
         " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
     };
 }
+pub(crate) use returning_finished;
 
 /// docs/conformance.md#lifecycle complete: `running → succeeded` for the worker holding
 /// it, unless cancellation was requested (`$1` output, `$2` usage, `$3` now, `$4` task,
