@@ -10,7 +10,7 @@
 //! | trait | concern | where it is written |
 //! | --- | --- | --- |
 //! | [`TaskStore`] | the application's side of tasks: create (admission), read, cancel, release, list, owner deletion | `shared/tasks.rs`; each backend's `tasks.rs` (creation in `admission`, owner deletion, its statements) |
-//! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | each backend's `lifecycle.rs` |
+//! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | `shared/lifecycle.rs`; each backend's `lifecycle.rs` (its claims, its heartbeat statement, a reservation's locks; PostgreSQL's batched completion) |
 //! | [`RunStore`] | workflow runs, waits and the cancel cascade | `shared/runs.rs`; each backend's `runs.rs` (its row locks, its cascade) |
 //! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `shared/pipelines.rs`; each backend's `pipelines.rs` (its claim, its keyed start) |
 //! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `shared/maintenance.rs`; each backend's `maintenance.rs` (its statements, its expiry) |
@@ -184,7 +184,7 @@ pub trait TaskStore: Send + Sync {
 /// cancellation. Methods address tasks by id, since workers serve every app.
 ///
 /// Where the next rules go: fair claiming is the order `claim_next` picks in (written
-/// once as a shared ordering rule, each backend's `lifecycle.rs` turning it into its
+/// once as a shared ordering rule, each backend's `dispatch.rs` turning it into its
 /// SQL); settling a cost reservation is part of the terminal-move plan in the shared
 /// module, which every move to a terminal state runs.
 #[async_trait]

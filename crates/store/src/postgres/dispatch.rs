@@ -17,10 +17,10 @@
 //! flight: creations hold it to their commit) and only then looks, with a fresh
 //! snapshot, for a queued task. The slots it left go round again to the other queues.
 
-use super::lifecycle::run_not_canceled;
 use super::{PostgresStore, now_sql};
 use crate::StoreResult;
 use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
+use crate::shared::lifecycle::run_not_canceled;
 use crate::shared::rows::{TaskRow, task_columns_qualified};
 use std::sync::{Arc, LazyLock};
 use tollgate_core::WorkerId;

@@ -3,8 +3,8 @@
 //! short transaction that skips rows other replicas hold (`FOR UPDATE SKIP LOCKED`), so
 //! replicas never wait on each other and never process a row twice.
 
-use super::lifecycle::cancel_wanted;
 use super::{PostgresStore, Tx};
+use crate::shared::lifecycle::cancel_wanted;
 use crate::shared::maintenance::{MaintenanceStatements, expiry_message, maintenance_store_for};
 use crate::shared::rows::{EndedRow, FinishedRow, task_id};
 use crate::shared::terminal::{TerminalMove, after_terminal};

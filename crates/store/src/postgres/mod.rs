@@ -199,7 +199,12 @@ impl PostgresStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect)
             .await?;
-        check_schema_version(&pool).await?;
+        crate::shared::sql::check_schema_version(
+            pool.clone(),
+            &MIGRATOR,
+            "SELECT CAST(1 AS BIGINT) WHERE to_regclass('_sqlx_migrations') IS NOT NULL",
+        )
+        .await?;
         MIGRATOR.run(&pool).await?;
         Ok(PostgresStore {
             pool,
@@ -276,23 +281,6 @@ impl crate::shared::sql::Backend for PostgresStore {
 
     fn reader(&self) -> PgPool {
         self.pool.clone()
-    }
-}
-
-async fn check_schema_version(pool: &PgPool) -> StoreResult<()> {
-    let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-        .fetch_one(pool)
-        .await?;
-    if !exists {
-        return Ok(());
-    }
-    let found: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
-        .fetch_one(pool)
-        .await?;
-    match found {
-        Some(found) if found > known => Err(StoreError::SchemaTooNew { found, known }),
-        _ => Ok(()),
     }
 }
 

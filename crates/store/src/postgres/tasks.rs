@@ -1,12 +1,10 @@
 //! docs/conformance.md#creating-a-task, docs/conformance.md#lifecycle cancel and docs/conformance.md#application-tasks on PostgreSQL, the application's side of tasks
-//! ([`TaskStore`](crate::TaskStore)): reads, cancel, release and spend are written once in
+//! ([`TaskStore`](crate::TaskStore)): reads, cancel, release, the unreleased sources and spend are written once in
 //! `shared::tasks`; here are creation (in [`admission`](super::admission)), owner deletion
-//! under the scope's advisory lock, and the statements whose SQL differs.
+//! under the scope's advisory lock.
 
 use super::PostgresStore;
 use super::admission::{self, lock_scope};
-use super::lifecycle::status_in_flight;
-use super::terminal::LOCK_RUN_OF;
 use crate::shared::dispatch::around_creation;
 use crate::shared::rows::EndedRow;
 use crate::shared::tasks::{TaskStatements, task_store_for};
@@ -17,20 +15,6 @@ use tollgate_core::{AppId, NewTask, ScopeId, SourceId, Timestamp};
 
 #[async_trait]
 impl TaskStatements for PostgresStore {
-    const LOCK_RUN_OF: Option<&'static str> = Some(LOCK_RUN_OF);
-    const CANCEL_TASK: &'static str = concat!(
-        "UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
-         error_message = $2, completed_at = $3 WHERE id = $4 AND app = $5 AND ",
-        status_in_flight!(),
-        " RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved"
-    );
-    const UNRELEASED_SOURCES: &'static str = "SELECT DISTINCT scope, source_id FROM tasks \
-         WHERE app = $1 AND run_id IS NULL AND released_at IS NULL AND source_id IS NOT NULL \
-         AND ($2::TEXT IS NULL OR scope = $2) AND ($3::TEXT IS NULL OR step = $3) \
-         AND ($4::TEXT IS NULL OR (scope, source_id) > ($4, $5)) \
-         AND ($7::TEXT IS NULL OR (subject_type = $7 AND subject_id = $8)) \
-         ORDER BY scope, source_id LIMIT $6";
-
     async fn create_one(&self, new: NewTask) -> StoreResult<Created> {
         let keeps_view = self.queue_view.covers(std::slice::from_ref(&new));
         let created = around_creation(

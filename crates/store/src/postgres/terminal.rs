@@ -7,7 +7,7 @@ use crate::shared::cost::SettleRow;
 use crate::shared::rows::run_id;
 use crate::shared::terminal::TerminalStatements;
 use async_trait::async_trait;
-use tollgate_core::{RunId, TaskId, Timestamp};
+use tollgate_core::{RunId, Timestamp};
 
 #[async_trait]
 impl TerminalStatements for Tx {
@@ -15,6 +15,9 @@ impl TerminalStatements for Tx {
            GREATEST(token_units, LEAST(token_units + $1 * 60000, token_capacity)) \
          WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
          AND token_capacity IS NOT NULL";
+    const LOCK_RUN_OF: Option<&'static str> = Some(
+        "SELECT 1 FROM runs WHERE id = (SELECT run_id FROM tasks WHERE id = $1) FOR NO KEY UPDATE",
+    );
 
     /// One statement for every task of the settlement.
     async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()> {
@@ -90,18 +93,4 @@ async fn wake_runs_waiting_on(
         .fetch_all(&mut **tx)
         .await?;
     woken.iter().map(|r| run_id(r)).collect()
-}
-
-/// Locks the row of the task's run (`$1` task), if it has one.
-pub(super) const LOCK_RUN_OF: &str =
-    "SELECT 1 FROM runs WHERE id = (SELECT run_id FROM tasks WHERE id = $1) FOR NO KEY UPDATE";
-
-/// Locks the row of the task's run, if it has one (lock order: runs before tasks), so a
-/// transition that wakes the run cannot deadlock with a cancel of that run.
-pub(super) async fn lock_run_of(tx: &mut Tx, id: TaskId) -> StoreResult<()> {
-    sqlx::query(LOCK_RUN_OF)
-        .bind(id.to_string())
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
 }

@@ -3,6 +3,7 @@
 //! admission then writes to its scope's row ([`ScopeUpdate`]). A later admission rule
 //! (cost reservations) adds its facts here and its arithmetic in core.
 
+use crate::shared::sql::{Exec, Statement};
 use crate::shared::statement::Binder;
 use crate::{StoreError, StoreResult};
 use tollgate_core::cost::{
@@ -203,42 +204,31 @@ pub(crate) const SCOPE_BUCKETS: &str = "SELECT bucket, CAST(reserved_nano + sett
 pub(crate) const APP_BUCKETS: &str = "SELECT bucket, CAST(SUM(reserved_nano + settled_nano) AS BIGINT) \
      FROM app_spend WHERE app = $1 AND bucket >= $2 GROUP BY bucket";
 
-/// A window's buckets `(bucket, settled + reserved)` of a scope or (`None`) the app
-/// ([`SCOPE_BUCKETS`], [`APP_BUCKETS`]), for the backend's connection to fetch.
-pub(crate) fn spend_buckets<'q, DB: sqlx::Database>(
-    app: &'q AppId,
-    scope: Option<&'q ScopeId>,
-    first: i64,
-) -> sqlx::query::QueryAs<'q, DB, (i64, i64), DB::Arguments>
-where
-    (i64, i64): for<'r> sqlx::FromRow<'r, DB::Row>,
-    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    let query = match scope {
-        Some(scope) => sqlx::query_as(SCOPE_BUCKETS)
-            .bind(app.as_str())
-            .bind(scope.as_str()),
-        None => sqlx::query_as(APP_BUCKETS).bind(app.as_str()),
-    };
-    query.bind(first)
-}
-
-/// What the end of an admission reads, each backend with its own connection
-/// ([`spend_buckets`]) and its own way of serializing an app's spend.
+/// What the end of an admission reads, on a backend's connection, written once but for
+/// the way the backend serializes an app's spend.
 #[async_trait::async_trait]
-pub(crate) trait SpendReads: Send {
+pub(crate) trait SpendReads: Exec {
     /// Takes what serializes the app's spend checks (PostgreSQL: the app's advisory lock,
     /// after the scope's; SQLite: nothing, the write lock does), in its own statement, so
     /// the reads after it see every admission of the app that held it before.
     async fn lock_app(&mut self, app: &AppId) -> StoreResult<()>;
-    /// A window's buckets `(bucket, settled + reserved)` of a scope or (`None`) the app.
+
+    /// A window's buckets `(bucket, settled + reserved)` of a scope or (`None`) the app
+    /// ([`SCOPE_BUCKETS`], [`APP_BUCKETS`]).
     async fn spend_buckets(
         &mut self,
         app: &AppId,
         scope: Option<&ScopeId>,
         first: i64,
-    ) -> StoreResult<Vec<(i64, i64)>>;
+    ) -> StoreResult<Vec<(i64, i64)>> {
+        let select = match scope {
+            Some(scope) => Statement::new(SCOPE_BUCKETS)
+                .bind(app.as_str())
+                .bind(scope.as_str()),
+            None => Statement::new(APP_BUCKETS).bind(app.as_str()),
+        };
+        self.all(select.bind(first)).await
+    }
 }
 
 /// docs/conformance.md#money-and-tokens after the scope's decision (`decided`: [`AdmissionFacts::decide`] or
@@ -248,8 +238,8 @@ pub(crate) trait SpendReads: Send {
 /// for an app with a limit, under the app's lock, a refusal with when to retry (from the
 /// app's buckets).
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn spend_checked<T: Send>(
-    reads: &mut dyn SpendReads,
+pub(crate) async fn spend_checked<T: Send, R: SpendReads + ?Sized>(
+    reads: &mut R,
     app: &AppId,
     scope: &ScopeId,
     budget: &Budget,

@@ -11,6 +11,7 @@
 pub(crate) mod admission;
 pub(crate) mod cost;
 pub(crate) mod dispatch;
+pub(crate) mod lifecycle;
 pub(crate) mod list;
 pub(crate) mod maintenance;
 pub(crate) mod pipelines;

@@ -187,6 +187,29 @@ pub(crate) trait Backend: Send + Sync {
     fn reader(&self) -> Self::Reader;
 }
 
+/// Refuses a database whose schema is newer than this binary knows
+/// ([`StoreError::SchemaTooNew`](crate::StoreError::SchemaTooNew)); a database without
+/// the migrations table yet is new. `has_table` returns a row when the table exists
+/// (how to ask differs between the backends).
+pub(crate) async fn check_schema_version<E: Exec>(
+    mut exec: E,
+    migrator: &sqlx::migrate::Migrator,
+    has_table: &'static str,
+) -> StoreResult<()> {
+    let known = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+    let table: Option<(i64,)> = exec.optional(Statement::new(has_table)).await?;
+    if table.is_none() {
+        return Ok(());
+    }
+    let (found,): (Option<i64>,) = exec
+        .one(Statement::new("SELECT MAX(version) FROM _sqlx_migrations"))
+        .await?;
+    match found {
+        Some(found) if found > known => Err(crate::StoreError::SchemaTooNew { found, known }),
+        _ => Ok(()),
+    }
+}
+
 /// [`Exec`] by way of the connection `$ty` dereferences to.
 macro_rules! exec_by_deref {
     ($ty:ty) => {

@@ -1,13 +1,14 @@
 //! docs/conformance.md#creating-a-task, docs/conformance.md#lifecycle cancel, docs/conformance.md#application-tasks, docs/conformance.md#money-and-tokens's spend window, the application's side of tasks
 //! ([`TaskStore`](crate::TaskStore)), written once ([`Tasks`]): reads, cancel, release,
 //! the unreleased sources and spend. A backend supplies what really differs
-//! ([`TaskStatements`]): creation (its admission), owner deletion (its locks), the lock of
-//! a task's run and the statements whose SQL differs.
+//! ([`TaskStatements`]): creation (its admission) and owner deletion (its locks); the lock
+//! of a task's run is [`TerminalStatements::LOCK_RUN_OF`].
 
 use crate::shared::cost::{SpendSums, TokenBucketRow, spend_sums};
+use crate::shared::lifecycle::{returning_finished, status_in_flight};
 use crate::shared::rows::{FinishedRow, ScopedSourceRow, TaskRow, task_columns, unreleased_page};
 use crate::shared::sql::{Backend, Exec, Statement, TxExec};
-use crate::shared::terminal::{TerminalMove, finish};
+use crate::shared::terminal::{TerminalMove, TerminalStatements, finish};
 use crate::{
     Created, SpendWindow, StoreResult, Transition, UnreleasedPage, UnreleasedQuery, keyset_fetch,
     page_size,
@@ -19,21 +20,29 @@ use tollgate_core::{AppId, EffectKey, ErrorCode, NewTask, ScopeId, SourceId, Tas
 /// The message of a task canceled by request.
 pub(crate) const CANCELED_MESSAGE: &str = "canceled by request";
 
+/// docs/conformance.md#lifecycle cancel: cancels the app's task if it is queued or
+/// running (`$1` error code, `$2` message, `$3` now, `$4` task, `$5` app), returning it
+/// as a [`FinishedRow`].
+const CANCEL_TASK: &str = concat!(
+    "UPDATE tasks SET cancel_requested = TRUE, status = 'canceled', error_code = $1, \
+     error_message = $2, completed_at = $3 WHERE id = $4 AND app = $5 AND ",
+    status_in_flight!(),
+    returning_finished!()
+);
+
+/// docs/conformance.md#application-tasks: a page of unreleased (scope, source) pairs (`$1`
+/// app, `$2` scope, `$3` step, `$4` and `$5` the cursor's scope and source, `$6` the rows
+/// to read, `$7` and `$8` the subject; a `NULL` filter matches everything).
+const UNRELEASED_SOURCES: &str = "SELECT DISTINCT scope, source_id FROM tasks \
+     WHERE app = $1 AND run_id IS NULL AND released_at IS NULL AND source_id IS NOT NULL \
+     AND (CAST($2 AS TEXT) IS NULL OR scope = $2) AND (CAST($3 AS TEXT) IS NULL OR step = $3) \
+     AND (CAST($4 AS TEXT) IS NULL OR (scope, source_id) > ($4, $5)) \
+     AND (CAST($7 AS TEXT) IS NULL OR (subject_type = $7 AND subject_id = $8)) \
+     ORDER BY scope, source_id LIMIT $6";
+
 /// What differs between the backends on the application's side of tasks.
 #[async_trait]
 pub(crate) trait TaskStatements: Backend {
-    /// Locks the row of the task's run (`$1` task), if it has one (lock order: runs
-    /// before tasks), so a cancel that wakes the run cannot deadlock with a cancel of
-    /// that run; or nothing.
-    const LOCK_RUN_OF: Option<&'static str>;
-    /// Cancels the task if it is queued or running (`$1` error code, `$2` message, `$3`
-    /// now, `$4` task, `$5` app), returning it as a [`FinishedRow`].
-    const CANCEL_TASK: &'static str;
-    /// A page of unreleased (scope, source) pairs (`$1` app, `$2` scope, `$3` step, `$4`
-    /// and `$5` the cursor's scope and source, `$6` the rows to read, `$7` and `$8` the
-    /// subject; a `NULL` filter matches everything).
-    const UNRELEASED_SOURCES: &'static str;
-
     /// docs/conformance.md#creating-a-task, docs/conformance.md#admission: creates one task (the backend's admission).
     async fn create_one(&self, new: NewTask) -> StoreResult<Created>;
     /// docs/conformance.md#creating-a-task, docs/conformance.md#admission: creates several tasks.
@@ -131,12 +140,10 @@ impl Tasks {
             return Ok(None);
         }
         let now = store.now_in(&mut tx).await?;
-        if let Some(lock) = B::LOCK_RUN_OF {
-            tx.run(Statement::new(lock).bind(id.to_string())).await?;
-        }
+        tx.lock_run_of(id).await?;
         let done: Option<FinishedRow> = tx
             .optional(
-                Statement::new(B::CANCEL_TASK)
+                Statement::new(CANCEL_TASK)
                     .bind(ErrorCode::Canceled.as_str())
                     .bind(CANCELED_MESSAGE)
                     .bind(now.0)
@@ -187,7 +194,7 @@ impl Tasks {
         let rows: Vec<ScopedSourceRow> = store
             .reader()
             .all(
-                Statement::new(B::UNRELEASED_SOURCES)
+                Statement::new(UNRELEASED_SOURCES)
                     .bind(app.as_str())
                     .bind(query.scope.as_ref().map(|s| s.as_str()))
                     .bind(query.step.as_ref().map(|s| s.as_str()))

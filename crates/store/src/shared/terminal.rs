@@ -112,6 +112,18 @@ pub(crate) trait TerminalStatements: Exec {
     /// docs/conformance.md#cost-reservation: gives unused reserved tokens back to a scope's token bucket, never above
     /// its capacity nor below what it holds (`$1` tokens, `$2` app, `$3` scope).
     const REFUND_TOKENS: &'static str;
+    /// Locks the row of the task's run (`$1` task), if it has one (lock order: runs
+    /// before tasks), so a transition that wakes the run cannot deadlock with a cancel of
+    /// that run; `None` where the backend's write lock already holds every row.
+    const LOCK_RUN_OF: Option<&'static str>;
+
+    /// Takes [`Self::LOCK_RUN_OF`] for the task, where the backend has one.
+    async fn lock_run_of(&mut self, id: TaskId) -> StoreResult<()> {
+        if let Some(lock) = Self::LOCK_RUN_OF {
+            self.run(Statement::new(lock).bind(id.to_string())).await?;
+        }
+        Ok(())
+    }
 
     /// `scope_state.active -= n` for one (app, scope).
     async fn give_back_scope(&mut self, key: &ScopeKey, n: i64) -> StoreResult<()> {

@@ -4,9 +4,9 @@
 //! read again ([`QueueView`]).
 
 use super::Tx;
-use super::lifecycle::run_not_canceled;
 use crate::StoreResult;
 use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
+use crate::shared::lifecycle::run_not_canceled;
 use crate::shared::rows::{TaskRow, task_columns};
 use tollgate_core::{Timestamp, WorkerId};
 

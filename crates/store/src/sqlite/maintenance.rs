@@ -2,8 +2,8 @@
 //! `shared::maintenance`): each sweep item one bounded batch in its own short
 //! transaction; the writer lock covers every row, so nothing is skipped.
 
-use super::lifecycle::cancel_wanted;
 use super::{SqliteStore, id_list};
+use crate::shared::lifecycle::cancel_wanted;
 use crate::shared::maintenance::{MaintenanceStatements, expiry_message, maintenance_store_for};
 use crate::shared::rows::{FinishedRow, task_id};
 use crate::shared::terminal::{TerminalMove, after_terminal};

@@ -130,7 +130,13 @@ impl SqliteStore {
             .acquire_timeout(options.busy_timeout + Duration::from_secs(20))
             .connect_with(base.clone().create_if_missing(true))
             .await?;
-        check_schema_version(&writer).await?;
+        crate::shared::sql::check_schema_version(
+            writer.clone(),
+            &MIGRATOR,
+            "SELECT CAST(1 AS BIGINT) FROM sqlite_master \
+             WHERE type = 'table' AND name = '_sqlx_migrations'",
+        )
+        .await?;
         MIGRATOR.run(&writer).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(options.read_connections.max(1))
@@ -189,25 +195,6 @@ impl crate::shared::sql::Backend for SqliteStore {
 
     fn reader(&self) -> SqlitePool {
         self.reader.clone()
-    }
-}
-
-async fn check_schema_version(pool: &SqlitePool) -> StoreResult<()> {
-    let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    let has_table: Option<i64> = sqlx::query_scalar(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
-    )
-    .fetch_optional(pool)
-    .await?;
-    if has_table.is_none() {
-        return Ok(());
-    }
-    let found: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
-        .fetch_one(pool)
-        .await?;
-    match found {
-        Some(found) if found > known => Err(StoreError::SchemaTooNew { found, known }),
-        _ => Ok(()),
     }
 }
 

@@ -1,7 +1,7 @@
 //! docs/conformance.md#creating-a-task, docs/conformance.md#lifecycle cancel and docs/conformance.md#application-tasks on SQLite, the application's side of tasks
-//! ([`TaskStore`](crate::TaskStore)): reads, cancel, release and spend are written once in
+//! ([`TaskStore`](crate::TaskStore)): reads, cancel, release, the unreleased sources and spend are written once in
 //! `shared::tasks`; here are creation (in [`admission`](super::admission)), owner deletion
-//! and the statements whose SQL differs.
+//! under the write lock.
 
 use super::SqliteStore;
 use super::admission;
@@ -15,19 +15,6 @@ use tollgate_core::{AppId, NewTask, ScopeId, SourceId, Timestamp};
 
 #[async_trait]
 impl TaskStatements for SqliteStore {
-    // The write lock (`BEGIN IMMEDIATE`) already holds every row.
-    const LOCK_RUN_OF: Option<&'static str> = None;
-    const CANCEL_TASK: &'static str = "UPDATE tasks SET cancel_requested = 1, \
-         status = 'canceled', error_code = $1, error_message = $2, completed_at = $3 \
-         WHERE id = $4 AND app = $5 AND status IN ('queued', 'running') \
-         RETURNING id, app, scope, admitted, reservation IS NOT NULL AS reserved";
-    const UNRELEASED_SOURCES: &'static str = "SELECT DISTINCT scope, source_id FROM tasks \
-         WHERE app = ?1 AND run_id IS NULL AND released_at IS NULL AND source_id IS NOT NULL \
-         AND (?2 IS NULL OR scope = ?2) AND (?3 IS NULL OR step = ?3) \
-         AND (?4 IS NULL OR (scope, source_id) > (?4, ?5)) \
-         AND (?7 IS NULL OR (subject_type = ?7 AND subject_id = ?8)) \
-         ORDER BY scope, source_id LIMIT ?6";
-
     async fn create_one(&self, new: NewTask) -> StoreResult<Created> {
         let keeps_view = self.queue_view.covers(std::slice::from_ref(&new));
         around_creation(

@@ -16,6 +16,8 @@ impl TerminalStatements for Tx {
            MAX(token_units, MIN(token_units + $1 * 60000, token_capacity)) \
          WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
          AND token_capacity IS NOT NULL";
+    // The write lock (`BEGIN IMMEDIATE`) already holds every row.
+    const LOCK_RUN_OF: Option<&'static str> = None;
 
     async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()> {
         for (id, nano, tokens) in charged {

@@ -19,7 +19,6 @@ mod slots;
 mod snapshot;
 
 pub(super) use probe::{lock_scope, scope_lock_key};
-pub(super) use snapshot::app_lock_key;
 
 use super::{PostgresStore, Tx};
 use crate::shared::admission::{Refusal, stored_reservation};

@@ -6,7 +6,7 @@
 use super::super::Tx;
 use crate::StoreResult;
 use crate::shared::admission::{
-    AdmissionFacts, Refusal, ScopeUpdate, SpendReads, UnsourcedFacts, spend_buckets, spend_checked,
+    AdmissionFacts, Refusal, ScopeUpdate, SpendReads, UnsourcedFacts, spend_checked,
 };
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::canonical::sha256_hex;
@@ -61,11 +61,8 @@ pub(super) async fn admit(
     .bind(first)
     .fetch_one(&mut **tx)
     .await?;
-    let (reads, decided) = (
-        &mut PgSpendReads(tx),
-        facts.decide(budget, reservation, now),
-    );
-    spend_checked(reads, app, scope, budget, reservation, now, decided).await
+    let decided = facts.decide(budget, reservation, now);
+    spend_checked(tx, app, scope, budget, reservation, now, decided).await
 }
 
 /// docs/budgets.md, "Tasks without a source": docs/conformance.md#money-and-tokens's checks of a task without a
@@ -93,41 +90,25 @@ pub(super) async fn check_unsourced(
     .bind(first)
     .fetch_one(&mut **tx)
     .await?;
-    let (reads, decided) = (
-        &mut PgSpendReads(tx),
-        facts.decide(budget, reservation, now),
-    );
-    spend_checked(reads, app, scope, budget, reservation, now, decided).await
+    let decided = facts.decide(budget, reservation, now);
+    spend_checked(tx, app, scope, budget, reservation, now, decided).await
 }
 
 /// The advisory lock key of an app's spend (docs/conformance.md#money-and-tokens), distinct from every scope key.
-pub(in crate::postgres) fn app_lock_key(app: &AppId) -> i64 {
+fn app_lock_key(app: &AppId) -> i64 {
     let hex = sha256_hex(format!("tollgate-app-spend\u{1f}{app}").as_bytes());
     u64::from_str_radix(&hex[..16], 16).unwrap_or(0) as i64
 }
 
-/// PostgreSQL's reads of the end of an admission ([`spend_checked`]).
-struct PgSpendReads<'a>(&'a mut Tx);
-
+/// PostgreSQL's serialization of an app's spend checks ([`spend_checked`]).
 #[async_trait::async_trait]
-impl SpendReads for PgSpendReads<'_> {
+impl SpendReads for Tx {
     async fn lock_app(&mut self, app: &AppId) -> StoreResult<()> {
         // Lock order: scope, then app.
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(app_lock_key(app))
-            .execute(&mut **self.0)
+            .execute(&mut **self)
             .await?;
         Ok(())
-    }
-
-    async fn spend_buckets(
-        &mut self,
-        app: &AppId,
-        scope: Option<&ScopeId>,
-        first: i64,
-    ) -> StoreResult<Vec<(i64, i64)>> {
-        Ok(spend_buckets(app, scope, first)
-            .fetch_all(&mut **self.0)
-            .await?)
     }
 }

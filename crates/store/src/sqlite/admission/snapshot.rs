@@ -6,7 +6,7 @@
 use super::insert::SPEND_UPSERTS;
 use crate::StoreResult;
 use crate::shared::admission::{
-    AdmissionFacts, Refusal, SpendReads, UnsourcedFacts, bind_token, spend_buckets, spend_checked,
+    AdmissionFacts, Refusal, SpendReads, UnsourcedFacts, bind_token, spend_checked,
     stored_reservation,
 };
 use crate::shared::cost::{SpendDelta, bind_spend};
@@ -130,7 +130,7 @@ pub(super) async fn admit(
         scope_window_nano: state.scope_window_nano,
     };
     let decided = facts.decide(budget, reservation, now);
-    let reads = &mut SqliteSpendReads(&mut *tx);
+    let reads = &mut *tx;
     let update = match spend_checked(reads, app, scope, budget, reservation, now, decided).await? {
         Ok(update) => update,
         Err(refusal) => return Ok(Err(refusal)),
@@ -187,7 +187,7 @@ pub(super) async fn reserve_unsourced(
             scope_window_nano: state.scope_window_nano,
         };
         let decided = facts.decide(budget, reservation, now);
-        let reads = &mut SqliteSpendReads(&mut *tx);
+        let reads = &mut *tx;
         token = match spend_checked(reads, app, scope, budget, reservation, now, decided).await? {
             Ok(token) => token,
             Err(refusal) => return Ok(Err(refusal)),
@@ -240,25 +240,12 @@ async fn scope_state(
     .await?)
 }
 
-/// SQLite's reads of the end of an admission ([`spend_checked`]), under the write lock.
-struct SqliteSpendReads<'a>(&'a mut SqliteConnection);
-
+/// SQLite's serialization of an app's spend checks ([`spend_checked`]): the write lock.
 #[async_trait::async_trait]
-impl SpendReads for SqliteSpendReads<'_> {
+impl SpendReads for SqliteConnection {
     async fn lock_app(&mut self, _app: &AppId) -> StoreResult<()> {
         // The write lock serializes every admission already.
         Ok(())
-    }
-
-    async fn spend_buckets(
-        &mut self,
-        app: &AppId,
-        scope: Option<&ScopeId>,
-        first: i64,
-    ) -> StoreResult<Vec<(i64, i64)>> {
-        Ok(spend_buckets(app, scope, first)
-            .fetch_all(&mut *self.0)
-            .await?)
     }
 }
 
