@@ -18,6 +18,7 @@ pub mod model;
 pub mod pipeline;
 pub mod task;
 pub mod time;
+pub mod webhook;
 
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::{Budget, GlobalShare, ShareUse, decide_global_share};
