@@ -71,6 +71,7 @@ mod registry;
 mod replay;
 mod sweeper;
 mod watch;
+mod webhooks;
 mod worker;
 
 pub use access::CallerView;
@@ -89,6 +90,7 @@ pub use pipelines::{
 };
 pub use provider::{Provider, ProviderAnswer, ProviderCall, ProviderError};
 pub use registry::{BudgetPolicies, ModelRegistry, ResolvedModel};
+pub use webhooks::{WebhookChange, WebhookInput};
 pub use worker::{EngineHandle, ShutdownReport};
 
 /// The pure rules crate, for what the [`prelude`] does not name.
