@@ -170,6 +170,8 @@ pub enum AttemptResult {
 /// Query of [`WebhookStore::list_webhook_deliveries`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeliveryQuery {
+    /// Only the delivery of this id.
+    pub id: Option<String>,
     /// Only this endpoint's.
     pub endpoint_id: Option<String>,
     /// Only this event's.

@@ -42,6 +42,10 @@ impl Webhooks {
              JOIN webhook_events v ON v.id = d.event_id WHERE d.app = $1"
         ))
         .bind(app.as_str());
+        if let Some(id) = &query.id {
+            let p = s.placeholder(Arg::from(id.as_str()));
+            s.push(&format!(" AND d.id = {p}"));
+        }
         if let Some(endpoint) = &query.endpoint_id {
             let p = s.placeholder(Arg::from(endpoint.as_str()));
             s.push(&format!(" AND d.endpoint_id = {p}"));
