@@ -26,19 +26,15 @@ pub enum WebhookEventType {
     /// A workflow run (or pipeline run) finished: succeeded, failed or canceled.
     #[serde(rename = "run.finished")]
     RunFinished,
-    /// A scope's or app's spend in the 24 h window crossed a share of its USD limit.
-    #[serde(rename = "budget.threshold")]
-    BudgetThreshold,
 }
 
 impl WebhookEventType {
     /// Every event type, in the order documented.
-    pub const ALL: [WebhookEventType; 5] = [
+    pub const ALL: [WebhookEventType; 4] = [
         WebhookEventType::TaskSucceeded,
         WebhookEventType::TaskFailed,
         WebhookEventType::TaskCanceled,
         WebhookEventType::RunFinished,
-        WebhookEventType::BudgetThreshold,
     ];
 
     /// The stored and wire name (`task.succeeded`).
@@ -48,7 +44,6 @@ impl WebhookEventType {
             WebhookEventType::TaskFailed => "task.failed",
             WebhookEventType::TaskCanceled => "task.canceled",
             WebhookEventType::RunFinished => "run.finished",
-            WebhookEventType::BudgetThreshold => "budget.threshold",
         }
     }
 
@@ -381,7 +376,8 @@ pub struct WebhookEvent {
     pub state: Option<String>,
     /// The error code it ended with, if any.
     pub error_code: Option<String>,
-    /// Further fields of the data (budget thresholds).
+    /// Further fields of the data, merged into the payload's `data` (none of today's
+    /// events has any).
     pub data: Option<serde_json::Value>,
     /// When it happened.
     pub created_at: crate::Timestamp,

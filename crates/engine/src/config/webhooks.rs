@@ -112,7 +112,7 @@ pub struct ConfigWebhookEndpoint {
     /// The signing secret, `whsec_<base64>`.
     pub secret: String,
     /// The event types (`task.succeeded`, `task.failed`, `task.canceled`,
-    /// `run.finished`, `budget.threshold`).
+    /// `run.finished`).
     pub events: Vec<WebhookEventType>,
     /// Whether it receives deliveries (default true).
     #[serde(default = "enabled_default")]

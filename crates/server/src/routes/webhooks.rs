@@ -33,9 +33,6 @@ pub enum WebhookEventName {
     /// A run finished (succeeded, failed or canceled).
     #[schema(rename = "run.finished")]
     RunFinished,
-    /// Spend crossed a share of a USD limit.
-    #[schema(rename = "budget.threshold")]
-    BudgetThreshold,
 }
 
 /// Where a delivery stands.
