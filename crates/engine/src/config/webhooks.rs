@@ -209,3 +209,64 @@ fn parse_network(text: &str) -> Result<ipnet::IpNet, String> {
         .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
         .map_err(|_| format!("{text:?} is not a network (e.g. \"10.0.0.0/8\") or an address"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(app: &str, name: &str, url: &str, secret: &str) -> ConfigWebhookEndpoint {
+        ConfigWebhookEndpoint {
+            app: app.into(),
+            name: name.into(),
+            url: url.into(),
+            secret: secret.into(),
+            events: vec![WebhookEventType::TaskFailed],
+            enabled: true,
+        }
+    }
+
+    fn keys(c: &WebhookConfig) -> Vec<String> {
+        c.problems().into_iter().map(|(k, _)| k).collect()
+    }
+
+    #[test]
+    fn the_default_is_valid_and_https_only() {
+        let c = WebhookConfig::default();
+        assert!(keys(&c).is_empty());
+        assert!(!c.allow_http);
+        assert!(c.networks().is_empty());
+    }
+
+    #[test]
+    fn every_problem_names_its_key() {
+        let c = WebhookConfig {
+            per_app_concurrency: 0,
+            allowed_networks: vec!["10.0.0.0/8".into(), "127.0.0.1".into(), "nope".into()],
+            timeout: Duration::from_secs(10),
+            lease: Duration::from_secs(10),
+            retry: WebhookRetryConfig {
+                jitter: 2.0,
+                ..WebhookRetryConfig::default()
+            },
+            endpoints: vec![
+                endpoint("acme", "main", "https://h.example/x", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+                endpoint("acme", "main", "http://h.example/x", "plain"),
+            ],
+            ..WebhookConfig::default()
+        };
+        assert_eq!(
+            keys(&c),
+            vec![
+                "webhooks.per_app_concurrency",
+                "webhooks.allowed_networks[2]",
+                "webhooks.lease",
+                "webhooks.retry",
+                "webhooks.endpoints[1].name",
+                "webhooks.endpoints[1].url",
+                "webhooks.endpoints[1].secret",
+            ]
+        );
+        assert_eq!(c.networks().len(), 2, "a single address is its own network");
+        assert_eq!(c.endpoints[0].id(), "cfg_acme_main");
+    }
+}

@@ -16,8 +16,7 @@ use tokio_util::task::TaskTracker;
 use tollgate_core::{AppId, WorkerId};
 use tollgate_store::webhooks::{AttemptResult, LeasedDelivery};
 
-/// Delivers until `stop`; in-flight attempts finish first (their leases would otherwise
-/// make another replica send them again later, which is allowed but slower).
+/// Delivers until `stop`.
 pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
     let config = &inner.config.webhooks;
     let sender = match Sender::new(config) {
@@ -65,8 +64,13 @@ pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
         }
     }
     tasks.close();
-    tasks.wait().await;
+    // In-flight attempts get a moment to record their answer; one still running after
+    // it is left to its lease (another replica, or this one restarted, sends it again).
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait()).await;
 }
+
+/// How long stopping waits for attempts in flight.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Loop {
     inner: Arc<Inner>,
