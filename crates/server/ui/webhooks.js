@@ -2,7 +2,13 @@
 // deliveries newest first, each with a Replay button (a new delivery of the same event).
 
 import { get, post } from "./api.js";
-import { ago, badge, h, replace, shortId, table } from "./dom.js";
+import { ago, h, replace, shortId, table } from "./dom.js";
+
+/** A delivery's state, coloured like the task status it resembles. */
+const STATE_COLOURS = { pending: "queued", delivered: "succeeded", dead: "failed" };
+function stateBadge(state) {
+  return h("span", { class: `badge s-${STATE_COLOURS[state] || "queued"}` }, state);
+}
 
 function notice(err) {
   return h("p", { class: "error", role: "alert" }, err.message || String(err));
@@ -56,7 +62,7 @@ export async function webhooks(page, [chosen]) {
           h("tr", { dataset: { delivery: d.id } }, [
             h("span", { class: "mono", title: d.id }, shortId(d.id)),
             h("span", {}, d.event_type, " ", h("span", { class: "mono muted", title: d.event_id }, shortId(d.event_id))),
-            badge(d.state === "dead" ? "failed" : d.state === "delivered" ? "succeeded" : "queued"),
+            stateBadge(d.state),
             String(d.attempts), d.response_code === null ? "—" : String(d.response_code),
             d.last_error ? h("span", { class: "muted", title: d.last_error }, d.last_error.slice(0, 80)) : "—",
             ago(d.created_at), replayButton(endpoint, d, refresh),
