@@ -249,7 +249,12 @@ mod tests {
                 ..WebhookRetryConfig::default()
             },
             endpoints: vec![
-                endpoint("acme", "main", "https://h.example/x", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+                endpoint(
+                    "acme",
+                    "main",
+                    "https://h.example/x",
+                    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+                ),
                 endpoint("acme", "main", "http://h.example/x", "plain"),
             ],
             ..WebhookConfig::default()
