@@ -412,6 +412,31 @@ test("a malformed address shows a clear view instead of breaking the page", asyn
   noPageErrors();
 });
 
+test("the webhooks page lists endpoints and deliveries, and replays a delivery", async () => {
+  await signIn(page, ACME_KEY);
+  // A name that never resolves: its delivery fails and stays pending, with the reason.
+  const endpoint = await api("POST", "/v1/webhooks", { url: "https://hooks.invalid/tollgate", events: ["task.succeeded"] });
+  assert.match(endpoint.secret, /^whsec_/);
+  const task = await submit(`hook-${run}`);
+  await until(task.id, ["succeeded"]);
+  await page.goto(`${server.baseUrl}/ui#/webhooks/${encodeURIComponent(endpoint.id)}`);
+  await page.locator(`#webhook-endpoints tr[data-webhook="${endpoint.id}"]`).waitFor();
+  const rows = page.locator("#webhook-deliveries tr[data-delivery]");
+  await rows.first().waitFor();
+  assert.equal(await rows.count(), 1);
+  assert.match(await rows.first().textContent(), /task\.succeeded/);
+  await page.locator("#webhook-deliveries button.replay").first().click();
+  await page.waitForFunction(() => document.querySelectorAll("#webhook-deliveries tr[data-delivery]").length === 2);
+  const deliveries = await api("GET", `/v1/webhooks/${endpoint.id}/deliveries`);
+  assert.equal(deliveries.deliveries.length, 2);
+  assert.equal(deliveries.deliveries[0].event_id, deliveries.deliveries[1].event_id, "a replay sends the same event");
+  assert.ok(deliveries.deliveries.some((d) => d.replay_of));
+  // Another app sees none of it.
+  assert.deepEqual((await api("GET", "/v1/webhooks", undefined, BETA_KEY)).webhooks, []);
+  await shot("webhooks");
+  noPageErrors();
+});
+
 test("signing out forgets the key", async () => {
   await page.click("#signout");
   await page.locator("#signin").waitFor({ state: "visible" });

@@ -19,6 +19,8 @@ import {
 } from "./errors.js";
 
 export * from "./errors.js";
+export { verifyWebhook, WebhookVerificationError } from "./webhook.js";
+export type { WebhookEvent, WebhookHeaders } from "./webhook.js";
 export { OPERATIONS, ROUTES_OUTSIDE_OPENAPI } from "./operations.js";
 export type { components, paths, operations } from "./generated/openapi.js";
 

@@ -802,6 +802,70 @@ async fn tenant_isolation_matrix_covers_every_route() {
         cover(&Method::GET, path);
     }
 
+    // Webhooks (docs/webhooks.md): acme's endpoint is missing to beta, whatever the call,
+    // and beta's own endpoint is its own.
+    let hook = json!({"url": "https://hooks.invalid/acme", "events": ["task.failed"]});
+    let (st, acme_hook) = s
+        .json(Method::POST, "/v1/webhooks", ACME, hook.clone())
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{acme_hook}");
+    let w = acme_hook["id"].as_str().unwrap();
+    for (method, path, body) in [
+        (Method::GET, format!("/v1/webhooks/{w}"), None),
+        (
+            Method::PATCH,
+            format!("/v1/webhooks/{w}"),
+            Some(json!({"enabled": false})),
+        ),
+        (Method::DELETE, format!("/v1/webhooks/{w}"), None),
+        (Method::GET, format!("/v1/webhooks/{w}/deliveries"), None),
+        (
+            Method::POST,
+            format!("/v1/webhooks/{w}/deliveries/{w}/replay"),
+            None,
+        ),
+    ] {
+        let body = body.map(|b: Value| b.to_string().into_bytes());
+        let (st, e) = s.call(method.clone(), &path, BETA, &[], body).await;
+        assert_eq!(
+            (st, is_json_error(&e)),
+            (StatusCode::NOT_FOUND, true),
+            "{method} {path}: {e}"
+        );
+    }
+    let (st, beta_hooks) = s.get("/v1/webhooks", BETA).await;
+    assert_eq!(
+        (st, beta_hooks["webhooks"].clone()),
+        (StatusCode::OK, json!([]))
+    );
+    let (st, beta_hook) = s.json(Method::POST, "/v1/webhooks", BETA, hook).await;
+    assert_eq!(st, StatusCode::CREATED, "{beta_hook}");
+    let (_, acme_hooks) = s.get("/v1/webhooks", ACME).await;
+    assert_eq!(
+        acme_hooks["webhooks"].as_array().unwrap().len(),
+        1,
+        "{acme_hooks}"
+    );
+    assert_eq!(
+        acme_hooks["webhooks"][0]["enabled"],
+        json!(true),
+        "{acme_hooks}"
+    );
+    for (method, path) in [
+        (Method::POST, "/v1/webhooks"),
+        (Method::GET, "/v1/webhooks"),
+        (Method::GET, "/v1/webhooks/{id}"),
+        (Method::PATCH, "/v1/webhooks/{id}"),
+        (Method::DELETE, "/v1/webhooks/{id}"),
+        (Method::GET, "/v1/webhooks/{id}/deliveries"),
+        (
+            Method::POST,
+            "/v1/webhooks/{id}/deliveries/{delivery}/replay",
+        ),
+    ] {
+        cover(&method, path);
+    }
+
     let routes = routes_in_router();
     assert!(routes.len() >= 17, "the router was read: {routes:?}");
     let missing: Vec<_> = routes.difference(&covered).cloned().collect();
@@ -1273,6 +1337,34 @@ async fn subject_isolation_matrix(backend: &str) {
             assert!(!text.contains(secret), "{path} shows alice's {secret}");
         }
         cover(&Method::GET, path);
+    }
+    // Webhooks belong to the whole app: a key bound to a subject manages none (403).
+    for (method, path, body) in [
+        (
+            Method::POST,
+            "/v1/webhooks",
+            Some(json!({"url": "https://hooks.invalid/bob", "events": ["task.failed"]})),
+        ),
+        (Method::GET, "/v1/webhooks", None),
+        (Method::GET, "/v1/webhooks/{id}", None),
+        (
+            Method::PATCH,
+            "/v1/webhooks/{id}",
+            Some(json!({"enabled": false})),
+        ),
+        (Method::DELETE, "/v1/webhooks/{id}", None),
+        (Method::GET, "/v1/webhooks/{id}/deliveries", None),
+        (
+            Method::POST,
+            "/v1/webhooks/{id}/deliveries/{delivery}/replay",
+            None,
+        ),
+    ] {
+        let concrete = path.replace("{id}", "whe_x").replace("{delivery}", "whd_x");
+        let (st, e) = scall(&s, method.clone(), &concrete, BOB, &[], body).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{method} {path}: {e}");
+        assert_eq!(reveals(&e), None, "{e}");
+        cover(&method, path);
     }
     let routes = routes_in_router();
     let missing: Vec<_> = routes.difference(&covered).cloned().collect();

@@ -37,6 +37,7 @@ pub mod runs;
 pub mod sweep;
 pub mod trace;
 pub mod unsourced;
+pub mod webhooks;
 
 pub use fixtures::START;
 
@@ -193,6 +194,12 @@ macro_rules! conformance_suite {
             pace::a_call_waits_for_every_schedule_it_takes,
             pace::token_pace_reserves_the_bound_and_settles_real_usage,
             pace::a_pause_holds_every_replica_until_it_ends,
+            webhooks::terminal_moves_write_one_event_each,
+            webhooks::only_subscribed_events_are_written,
+            webhooks::run_endings_write_one_event_each,
+            webhooks::deliveries_are_leased_by_one_replica_at_a_time,
+            webhooks::failures_back_off_then_dead_letter_and_replays_resend,
+            webhooks::endpoints_are_per_app_and_config_ones_are_synced,
         );
     };
 }

@@ -19,6 +19,7 @@ pub mod pipeline;
 pub mod task;
 pub mod time;
 pub mod trace;
+pub mod webhook;
 
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
 pub use budget::{Budget, GlobalShare, ShareUse, decide_global_share};

@@ -72,6 +72,7 @@ mod replay;
 mod sweeper;
 pub mod telemetry;
 mod watch;
+mod webhooks;
 mod worker;
 
 pub use access::CallerView;
@@ -91,6 +92,7 @@ pub use pipelines::{
 pub use provider::{Provider, ProviderAnswer, ProviderCall, ProviderError};
 pub use registry::{BudgetPolicies, ModelRegistry, ResolvedModel};
 pub use telemetry::{TraceSpan, Traces};
+pub use webhooks::{WebhookChange, WebhookInput};
 pub use worker::{EngineHandle, ShutdownReport};
 
 /// The pure rules crate, for what the [`prelude`] does not name.

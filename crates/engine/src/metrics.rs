@@ -51,6 +51,8 @@ pub const OUTPUT_REASKS_TOTAL: &str = "tollgate_output_reasks_total";
 /// How executions ended, by `outcome` (`succeeded`, `failed`, `aborted`, `interrupted`,
 /// `refused`) and `code` (the error code, or `none`).
 pub const TASK_OUTCOMES_TOTAL: &str = "tollgate_task_outcomes_total";
+/// Webhook delivery attempts this process made, by `outcome` (`delivered`, `failed`).
+pub const WEBHOOK_ATTEMPTS_TOTAL: &str = "tollgate_webhook_attempts_total";
 /// Seconds from claim to the recorded end of an execution, by `kind`.
 pub const TASK_EXECUTION_SECONDS: &str = "tollgate_task_execution_seconds";
 /// Tasks this process is executing now.
@@ -110,6 +112,10 @@ pub fn describe() {
         QUEUE_WAIT_SECONDS,
         Unit::Seconds,
         "Time from a task's creation to its claim."
+    );
+    describe_counter!(
+        WEBHOOK_ATTEMPTS_TOTAL,
+        "Webhook delivery attempts this process made, by outcome (delivered, failed)."
     );
     describe_counter!(
         SCOPE_CLAIMS_TOTAL,

@@ -408,6 +408,7 @@ mod tests {
             "notifications",
             "pipelines",
             "dispatch",
+            "webhooks",
             "default_model",
             "default_budget",
         ] {

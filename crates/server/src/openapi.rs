@@ -12,6 +12,10 @@ use crate::dto::{
     UnreleasedSourceView, UsageReportView, UsageView,
 };
 use crate::error::{ErrorBody, ErrorDetail};
+use crate::routes::webhooks::{
+    DeliveryListView, DeliveryStateName, DeliveryView, WebhookBody, WebhookEventName,
+    WebhookListView, WebhookPatchBody, WebhookView,
+};
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::HttpMethod;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -49,6 +53,13 @@ use utoipa::{Modify, OpenApi};
         crate::routes::stats::stats,
         crate::routes::stats::scope_usage,
         crate::routes::stats::app_usage,
+        crate::routes::webhooks::create_webhook,
+        crate::routes::webhooks::list_webhooks,
+        crate::routes::webhooks::get_webhook,
+        crate::routes::webhooks::update_webhook,
+        crate::routes::webhooks::delete_webhook,
+        crate::routes::webhooks::list_deliveries,
+        crate::routes::webhooks::replay_delivery,
     ),
     components(schemas(
         SubmitBody, SourceBody, BatchBody, BatchItem, BatchAnswer, TaskView, SourceView,
@@ -60,7 +71,8 @@ use utoipa::{Modify, OpenApi};
         TaskPageView, TasksAnswer, RunSummaryView, RunPipelineRef, RunPageView,
         PipelineVersionView, PipelineSummaryView, PipelinePageView, PolicyView, ScopeView,
         CostView, ScopePageView, FailureCount, LatencyView, StatsView, UsageReportView,
-        MinuteCountView, PricesView
+        MinuteCountView, PricesView, WebhookBody, WebhookPatchBody, WebhookView,
+        WebhookListView, DeliveryView, DeliveryListView, WebhookEventName, DeliveryStateName
     )),
     modifiers(&ApiKeyAuth, &ErrorAnswers)
 )]
@@ -139,6 +151,21 @@ const ROUTE_ERRORS: &[(&str, HttpMethod, &[u16])] = &[
     ("/v1/scopes/{scope}/usage", HttpMethod::Get, &[422, 503]),
     ("/v1/usage", HttpMethod::Get, &[503]),
     ("/v1/kinds", HttpMethod::Get, &[]),
+    ("/v1/webhooks", HttpMethod::Post, &[408, 413, 415, 422, 503]),
+    ("/v1/webhooks", HttpMethod::Get, &[503]),
+    ("/v1/webhooks/{id}", HttpMethod::Get, &[503]),
+    (
+        "/v1/webhooks/{id}",
+        HttpMethod::Patch,
+        &[408, 413, 415, 422, 503],
+    ),
+    ("/v1/webhooks/{id}", HttpMethod::Delete, &[503]),
+    ("/v1/webhooks/{id}/deliveries", HttpMethod::Get, &[422, 503]),
+    (
+        "/v1/webhooks/{id}/deliveries/{delivery}/replay",
+        HttpMethod::Post,
+        &[503],
+    ),
     ("/v1/models", HttpMethod::Get, &[]),
 ];
 
@@ -174,6 +201,7 @@ impl Modify for ErrorAnswers {
                 HttpMethod::Get => item.get.as_mut(),
                 HttpMethod::Post => item.post.as_mut(),
                 HttpMethod::Delete => item.delete.as_mut(),
+                HttpMethod::Patch => item.patch.as_mut(),
                 _ => None,
             };
             let Some(operation) = operation else {
@@ -218,6 +246,7 @@ impl Modify for ErrorAnswers {
                 ("get", &item.get),
                 ("post", &item.post),
                 ("delete", &item.delete),
+                ("patch", &item.patch),
             ] {
                 if let Some(op) = operation {
                     assert!(

@@ -3,6 +3,7 @@
 import { apiKey, forget, get, setKey } from "./api.js";
 import { clear } from "./dom.js";
 import * as pages from "./pages.js";
+import { webhooks } from "./webhooks.js";
 
 const REFRESH_MS = 3000;
 const routes = {
@@ -11,6 +12,7 @@ const routes = {
   runs: (page, args, query) => (args.length ? pages.run(page, args) : pages.runs(page, args, query)),
   scopes: (page, args) => (args.length ? pages.scope(page, args) : pages.scopes(page)),
   models: pages.models,
+  webhooks,
 };
 
 const $ = (id) => document.getElementById(id);

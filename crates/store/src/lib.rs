@@ -16,6 +16,7 @@
 //! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `shared/maintenance.rs`; each backend's `maintenance.rs` (its statements, its expiry) |
 //! | [`PaceStore`] | docs/conformance.md#provider-pace provider pace: call and token schedules, pauses | each backend's `pace.rs` |
 //! | [`ListStore`] | docs/conformance.md#listings listings: tasks, runs, pipelines, scopes, stats | `shared/list.rs` (statements and cursors in [`list`]) |
+//! | [`WebhookStore`] | docs/webhooks.md: endpoints, the outbox's events, deliveries and their leases | `shared/webhooks.rs` (the outbox is written by the terminal-move plan) |
 //!
 //! Logic written once runs its statements through `shared::sql` (one text with `$n`
 //! placeholders runs on both backends); a backend supplies only what really differs —
@@ -56,11 +57,13 @@ mod shared;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod types;
+pub mod webhooks;
 pub mod wrap;
 
 pub use error::StoreError;
 pub use list::ListStore;
 pub use types::*;
+pub use webhooks::WebhookStore;
 
 use async_trait::async_trait;
 use std::time::Duration;
@@ -84,6 +87,7 @@ pub trait Store:
     + MaintenanceStore
     + ListStore
     + PaceStore
+    + WebhookStore
     + 'static
 {
 }
@@ -96,6 +100,7 @@ impl<T> Store for T where
         + MaintenanceStore
         + ListStore
         + PaceStore
+        + WebhookStore
         + 'static
 {
 }
@@ -105,7 +110,7 @@ impl<T> Store for T where
 pub mod prelude {
     pub use crate::{
         ListStore, MaintenanceStore, PaceStore, PipelineStore, RunStore, Store, TaskStore,
-        WorkerStore,
+        WebhookStore, WorkerStore,
     };
 }
 

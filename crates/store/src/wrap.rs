@@ -11,15 +11,20 @@
 //! #[async_trait] impl WorkerStore for Counting { /* the calls it counts */ }
 //! ```
 
+use crate::webhooks::{
+    AttemptResult, DeliveryQuery, LeasedDelivery, NewWebhookEndpoint, WebhookDelivery,
+    WebhookEndpoint, WebhookEndpointPatch,
+};
 use crate::{
     Completion, Created, HeartbeatReport, MaintenanceStore, PaceSlot, PaceStore, PipelineRef,
     PipelineStore, RunCancel, RunResult, RunStore, SpendWindow, Store, StoreResult, StoredPipeline,
     SweepConfig, SweepReport, TaskStore, Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome,
-    WorkerStore,
+    WebhookStore, WorkerStore,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use std::time::Duration;
+use tollgate_core::webhook::{RetrySchedule, WebhookEvent};
 use tollgate_core::{
     AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Reservation, Run, RunId, ScopeId,
     SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
@@ -64,8 +69,9 @@ pub trait StoreWrapper: Send + Sync + 'static {
     }
 }
 
-/// Forward [`TaskStore`], [`RunStore`], [`PipelineStore`], [`MaintenanceStore`] and
-/// [`PaceStore`] to [`StoreWrapper::inner`]: every concern but the worker's.
+/// Forward [`TaskStore`], [`RunStore`], [`PipelineStore`], [`MaintenanceStore`],
+/// [`PaceStore`] and [`WebhookStore`] to [`StoreWrapper::inner`]: every concern but the
+/// worker's.
 pub trait ForwardStore: StoreWrapper {}
 /// Forward [`WorkerStore`] to [`StoreWrapper::inner`] as well.
 pub trait ForwardWorkerStore: StoreWrapper {}
@@ -293,5 +299,90 @@ impl<W: ForwardStore> PaceStore for W {
     }
     async fn pace_pause_left(&self, keys: &[String]) -> StoreResult<Duration> {
         forward!(self, read, pace_pause_left(keys))
+    }
+}
+
+#[async_trait]
+impl<W: ForwardStore> WebhookStore for W {
+    async fn create_webhook_endpoint(
+        &self,
+        new: NewWebhookEndpoint,
+    ) -> StoreResult<WebhookEndpoint> {
+        forward!(self, write, create_webhook_endpoint(new))
+    }
+    async fn list_webhook_endpoints(&self, app: &AppId) -> StoreResult<Vec<WebhookEndpoint>> {
+        forward!(self, read, list_webhook_endpoints(app))
+    }
+    async fn get_webhook_endpoint(
+        &self,
+        app: &AppId,
+        id: &str,
+    ) -> StoreResult<Option<WebhookEndpoint>> {
+        forward!(self, read, get_webhook_endpoint(app, id))
+    }
+    async fn update_webhook_endpoint(
+        &self,
+        app: &AppId,
+        id: &str,
+        patch: WebhookEndpointPatch,
+    ) -> StoreResult<Option<WebhookEndpoint>> {
+        forward!(self, write, update_webhook_endpoint(app, id, patch))
+    }
+    async fn delete_webhook_endpoint(&self, app: &AppId, id: &str) -> StoreResult<bool> {
+        forward!(self, write, delete_webhook_endpoint(app, id))
+    }
+    async fn sync_config_webhook_endpoints(
+        &self,
+        endpoints: Vec<NewWebhookEndpoint>,
+    ) -> StoreResult<()> {
+        forward!(self, write, sync_config_webhook_endpoints(endpoints))
+    }
+    async fn list_webhook_events(&self, app: &AppId, limit: u32) -> StoreResult<Vec<WebhookEvent>> {
+        forward!(self, read, list_webhook_events(app, limit))
+    }
+    async fn list_webhook_deliveries(
+        &self,
+        app: &AppId,
+        query: &DeliveryQuery,
+    ) -> StoreResult<Vec<WebhookDelivery>> {
+        forward!(self, read, list_webhook_deliveries(app, query))
+    }
+    async fn replay_webhook_delivery(
+        &self,
+        app: &AppId,
+        id: &str,
+    ) -> StoreResult<Option<WebhookDelivery>> {
+        forward!(self, write, replay_webhook_delivery(app, id))
+    }
+    async fn lease_webhook_deliveries(
+        &self,
+        worker: &WorkerId,
+        lease: Duration,
+        limit: u32,
+        per_app: u32,
+        skip_apps: &[AppId],
+    ) -> StoreResult<Vec<LeasedDelivery>> {
+        forward!(
+            self,
+            write,
+            lease_webhook_deliveries(worker, lease, limit, per_app, skip_apps)
+        )
+    }
+    async fn record_webhook_attempt(
+        &self,
+        id: &str,
+        worker: &WorkerId,
+        result: AttemptResult,
+        schedule: &RetrySchedule,
+        random: f64,
+    ) -> StoreResult<bool> {
+        forward!(
+            self,
+            write,
+            record_webhook_attempt(id, worker, result, schedule, random)
+        )
+    }
+    async fn release_webhook_delivery(&self, id: &str, worker: &WorkerId) -> StoreResult<bool> {
+        forward!(self, write, release_webhook_delivery(id, worker))
     }
 }

@@ -48,6 +48,7 @@ from ._generated import (
     UsageView,
 )
 from .client import AsyncTollgate, KindRequest, Tollgate, batch_item
+from .webhook import WebhookVerificationError, verify_webhook
 from .errors import (
     AdmissionError,
     BadRequestError,
@@ -82,6 +83,8 @@ def batch_item_error(item: BatchItem) -> TollgateError | None:
 
 
 __all__ = [
+    "WebhookVerificationError",
+    "verify_webhook",
     "OPERATIONS", "ROUTES_OUTSIDE_OPENAPI",
     "AdmissionError", "AsyncTollgate", "BadRequestError", "BatchAnswer", "BatchItem",
     "ChatMessage", "ClassifyManyOutput", "ClassifyManyRequest", "ClassifyOutput",

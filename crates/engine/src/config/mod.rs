@@ -75,6 +75,23 @@
 //! error_delay = "1s"
 //! interrupted_retries = 3               # attempts cut short by a crash, tried again
 //! drive_without_workers = false         # true: an API-only replica drives runs too
+//!
+//! [webhooks]                            # docs/webhooks.md
+//! concurrency = 16                      # deliveries sent at once; 0: this process sends none
+//! per_app_concurrency = 4               # of one app at once
+//! allow_http = false                    # https only by default
+//! allowed_networks = []                 # internal networks endpoints may reach, e.g. ["10.0.0.0/8"]
+//! timeout = "10s"
+//! max_response_bytes = 65536
+//! lease = "60s"
+//! retry = { initial = "5s", max_interval = "1h", give_up_after = "24h", jitter = 0.2 }
+//!
+//! [[webhooks.endpoints]]                # read-only over the API
+//! app = "acme"
+//! name = "main"
+//! url = "https://hooks.acme.example/tollgate"
+//! secret = "whsec_…"
+//! events = ["task.succeeded", "task.failed"]
 //! ```
 //!
 //! Durations are strings: `"200ms"`, `"2s"`, `"1h"`, `"1h 30m"`.
@@ -90,6 +107,7 @@ mod models;
 mod notifications;
 mod pipelines;
 mod validate;
+mod webhooks;
 mod workers;
 
 pub use budgets::*;
@@ -98,6 +116,7 @@ pub use models::*;
 pub use notifications::*;
 pub use pipelines::*;
 pub use validate::*;
+pub use webhooks::*;
 pub use workers::*;
 
 use serde::{Deserialize, Serialize};
@@ -149,6 +168,8 @@ pub struct EngineConfig {
     pub pipelines: PipelineConfig,
     /// The order workers start queued tasks in (docs/conformance.md#fair-share).
     pub dispatch: DispatchConfig,
+    /// Webhook delivery and endpoints (docs/webhooks.md).
+    pub webhooks: WebhookConfig,
 }
 
 impl Default for EngineConfig {
@@ -185,6 +206,7 @@ impl Default for EngineConfig {
             notifications: NotificationConfig::default(),
             pipelines: PipelineConfig::default(),
             dispatch: DispatchConfig::default(),
+            webhooks: WebhookConfig::default(),
         }
     }
 }

@@ -347,6 +347,9 @@ impl EngineConfig {
     }
 
     fn check_runtime(&self, p: &mut Problems) {
+        for (key, message) in self.webhooks.problems() {
+            p.add(key, message);
+        }
         if self.max_request_bytes == 0 {
             p.add("max_request_bytes", "must be at least 1");
         }

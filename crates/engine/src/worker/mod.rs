@@ -158,6 +158,20 @@ impl WorkerPool {
             background.spawn(pool.clone().heartbeat_loop());
             background.spawn(pool.clone().event_loop(events, hint_tx));
         }
+        crate::webhooks::sync_config_endpoints(&inner).await?;
+        if inner.config.webhooks.concurrency > 0 {
+            // Stops with the background work; a crash drops it mid-attempt (its leases
+            // run out and another replica sends those deliveries).
+            let stop = pool.control.stop_background.clone();
+            let crash = pool.control.crash.clone();
+            let inner = inner.clone();
+            background.spawn(async move {
+                tokio::select! {
+                    _ = crash.cancelled() => {}
+                    _ = crate::webhooks::run(inner, stop) => {}
+                }
+            });
+        }
         let sweeper_stop = pool.control.stop_background.clone();
         let crash = pool.control.crash.clone();
         background.spawn(async move {

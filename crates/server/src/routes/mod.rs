@@ -10,6 +10,7 @@ pub(crate) mod runs;
 pub(crate) mod scopes;
 pub(crate) mod stats;
 pub(crate) mod tasks;
+pub(crate) mod webhooks;
 
 use crate::AppState;
 use crate::auth::{Caller, single_header};
@@ -20,7 +21,7 @@ use axum::extract::{DefaultBodyLimit, FromRequestParts, Query};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, patch, post};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -54,6 +55,24 @@ pub(crate) fn router(state: AppState) -> Router {
         .route(
             "/v1/pipelines/{name}/runs",
             post(pipelines::start_pipeline_run),
+        )
+        .route(
+            "/v1/webhooks",
+            post(webhooks::create_webhook).get(webhooks::list_webhooks),
+        )
+        .route(
+            "/v1/webhooks/{id}",
+            get(webhooks::get_webhook)
+                .merge(patch(webhooks::update_webhook))
+                .merge(delete(webhooks::delete_webhook)),
+        )
+        .route(
+            "/v1/webhooks/{id}/deliveries",
+            get(webhooks::list_deliveries),
+        )
+        .route(
+            "/v1/webhooks/{id}/deliveries/{delivery}/replay",
+            post(webhooks::replay_delivery),
         )
         .route("/v1/kinds", get(meta::kinds))
         .route("/v1/models", get(meta::models))

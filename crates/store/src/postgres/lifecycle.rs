@@ -150,7 +150,6 @@ pub(super) async fn complete_tasks(
     let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
     let mut seen = HashSet::new();
     let mut any_run = false;
-    let mut any_scoped = false;
     for (i, item) in items.iter().enumerate() {
         let Some(task) = claimed_copy(item).or_else(|| read.get(&item.id)) else {
             answers[i] = Some(Ok(Transition::default()));
@@ -164,9 +163,6 @@ pub(super) async fn complete_tasks(
         match encode_completion(task, &item.output, &item.usage) {
             Ok((output, usage)) => {
                 any_run |= task.run_id().is_some();
-                // Scoped tasks may be admitted: their capacity is given back below;
-                // a reservation (sourced or not) is settled below.
-                any_scoped |= task.source.is_some() || task.reservation.is_some();
                 ids.push(item.id.to_string());
                 workers.push(item.worker.as_str().to_string());
                 outputs.push(output);
@@ -176,13 +172,9 @@ pub(super) async fn complete_tasks(
             Err(e) => return Err(e),
         }
     }
-    // Unscoped application tasks without a reservation change nothing but their rows:
-    // the UPDATE alone is the transaction (one round trip). Otherwise capacity and runs change with them.
-    let mut tx = if any_run || any_scoped {
-        Some(store.begin().await?)
-    } else {
-        None
-    };
+    // Every completion may write webhook events with it (docs/webhooks.md, "The
+    // outbox"), so the UPDATE always runs in a transaction with the terminal-move plan.
+    let mut tx = Some(store.begin().await?);
     let mut done: Vec<CompletedRow> = Vec::new();
     let mut woken_runs = Vec::new();
     if !ids.is_empty() {

@@ -21,3 +21,4 @@ impl RunStatements for PostgresStore {
 }
 
 run_store_for!(PostgresStore);
+crate::shared::webhooks::webhook_store_for!(PostgresStore);

@@ -21,3 +21,4 @@ pub(crate) mod sql;
 pub(crate) mod statement;
 pub(crate) mod tasks;
 pub(crate) mod terminal;
+pub(crate) mod webhooks;

@@ -10,6 +10,7 @@ use crate::shared::rows::{
 use crate::shared::sql::{Backend, Exec, Statement, TxExec};
 use crate::shared::tasks::fetch_task;
 use crate::shared::terminal::{TerminalMove, after_terminal};
+use crate::shared::webhooks::record_run_event;
 use crate::{RunCancel, RunResult, StoreError, StoreResult, WaitOutcome};
 use tollgate_core::canonical::canonical_json;
 use tollgate_core::{
@@ -195,6 +196,10 @@ impl Runs {
     ) -> StoreResult<Option<RunCancel>> {
         let mut tx = store.begin_tx().await?;
         let now = store.now_in(&mut tx).await?;
+        lock_run::<B>(&mut tx, app, id).await?;
+        let was_open = fetch_run(&mut tx, app, id)
+            .await?
+            .is_some_and(|r| !r.state.is_terminal());
         let updated = tx
             .run(
                 Statement::new(
@@ -226,6 +231,9 @@ impl Runs {
             .await?;
         after_terminal(&mut tx, &canceled, TerminalMove::ENDED, now).await?;
         pipeline_done(&mut tx, id).await?;
+        if was_open {
+            record_run_event(&mut tx, &id.to_string(), now).await?;
+        }
         let run = fetch_run(&mut tx, app, id).await?;
         tx.commit_tx().await?;
         let run = run.ok_or_else(|| StoreError::Database("canceled run vanished".into()))?;
@@ -301,6 +309,7 @@ impl Runs {
         )
         .await?;
         pipeline_done(&mut tx, run).await?;
+        record_run_event(&mut tx, &run.to_string(), now).await?;
         let finished = fetch_run(&mut tx, app, run).await?;
         tx.commit_tx().await?;
         Ok(finished)

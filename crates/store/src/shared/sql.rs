@@ -23,6 +23,14 @@ pub(crate) enum Arg {
     Int(Option<i64>),
     /// A 32-bit integer (PostgreSQL `INT` columns compared as such).
     Int32(i32),
+    /// A boolean (`BOOLEAN` columns; SQLite stores 0 or 1).
+    Bool(bool),
+}
+
+impl From<bool> for Arg {
+    fn from(v: bool) -> Arg {
+        Arg::Bool(v)
+    }
 }
 
 impl From<&str> for Arg {
@@ -107,6 +115,7 @@ impl Statement {
         Option<String>: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
         Option<i64>: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
         i32: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
+        bool: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
     {
         let mut a = A::default();
         for arg in &self.args {
@@ -114,6 +123,7 @@ impl Statement {
                 Arg::Text(s) => a.add(s.clone()),
                 Arg::Int(i) => a.add(*i),
                 Arg::Int32(i) => a.add(*i),
+                Arg::Bool(b) => a.add(*b),
             }
             .map_err(|e| crate::StoreError::Database(e.to_string()))?;
         }

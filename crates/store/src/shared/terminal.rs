@@ -74,6 +74,9 @@ pub(crate) struct TerminalMove {
     /// in-flight task settles as a cancel does, before its row goes — docs/budgets.md,
     /// "Settlement").
     pub(crate) settle: bool,
+    /// Write the tasks' webhook events to the outbox (docs/webhooks.md; every move to
+    /// a terminal status, not a deletion).
+    pub(crate) events: bool,
 }
 
 impl TerminalMove {
@@ -82,18 +85,21 @@ impl TerminalMove {
         clear_logical_keys: false,
         wake: Wake::Waiting,
         settle: true,
+        events: true,
     };
     /// Failed or canceled: the step is freed.
     pub(crate) const ENDED: TerminalMove = TerminalMove {
         clear_logical_keys: true,
         wake: Wake::Waiting,
         settle: true,
+        events: true,
     };
     /// Failed or canceled by a sweep.
     pub(crate) const SWEPT: TerminalMove = TerminalMove {
         clear_logical_keys: true,
         wake: Wake::SkipLocked,
         settle: true,
+        events: true,
     };
     /// In-flight tasks deleted with their owner: capacity and settlement, run before the
     /// rows are deleted (admission records and logical keys stay; no run owns them).
@@ -101,6 +107,7 @@ impl TerminalMove {
         clear_logical_keys: false,
         wake: Wake::No,
         settle: true,
+        events: false,
     };
 }
 
@@ -267,6 +274,10 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
         tx.count_finished(finished_stripe(finished), total).await?;
     }
     let ids: Vec<String> = finished.iter().map(|f| f.id.clone()).collect();
+    if plan.events {
+        // New outbox rows only: after every lock of the move (docs/locking.md).
+        super::webhooks::record_task_events(tx, &ids, now).await?;
+    }
     if plan.clear_logical_keys {
         tx.clear_logical_keys(&ids).await?;
     }

@@ -15,6 +15,7 @@ impl RunStatements for SqliteStore {
 }
 
 run_store_for!(SqliteStore);
+crate::shared::webhooks::webhook_store_for!(SqliteStore);
 
 // Creation reads a run's owner through it (`admission`).
 pub(super) use crate::shared::runs::fetch_run;
