@@ -16,7 +16,7 @@ pub struct ModelConfig {
     pub provider: String,
     /// The provider's own model name.
     pub model: String,
-    /// Provider parameters. The `openai` provider merges them into the request body
+    /// Provider parameters. HTTP providers merge them into the request body
     /// (`temperature`, `top_p`, `seed`, …); the `dev` provider reads `latency_ms` and
     /// `time_limit_ms`.
     /// Changing any of them changes the model config hash, so old cache entries stop
@@ -235,18 +235,18 @@ pub struct ProviderConfig {
     /// `json_schema` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_output: Option<StructuredOutput>,
-    /// `openai`: timeout of one HTTP request, including reading the answer.
+    /// HTTP providers: timeout of one HTTP request, including reading the answer.
     #[serde(default = "default_provider_timeout", with = "duration_text")]
     pub timeout: Duration,
-    /// `openai`: retries after the first attempt on 408/409/429/5xx, timeouts and
+    /// HTTP providers: retries after the first attempt on 408/409/429/5xx, timeouts and
     /// connection errors.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// `openai`: the first retry's backoff; doubled on every retry, with jitter.
+    /// HTTP providers: the first retry's backoff; doubled on every retry, with jitter.
     #[serde(default = "default_retry_backoff", with = "duration_text")]
     pub retry_backoff: Duration,
-    /// `openai`: the longest wait before a retry. A `Retry-After` longer than this fails
-    /// the call at once instead of holding a worker.
+    /// HTTP providers: the longest wait before a retry. A `Retry-After` longer than this fails
+    /// the call at once (unavailable) instead of holding a worker.
     #[serde(default = "default_max_retry_delay", with = "duration_text")]
     pub max_retry_delay: Duration,
     /// docs/conformance.md#provider-pace: calls per `pace_window` to this provider, from all replicas together.
@@ -259,7 +259,7 @@ pub struct ProviderConfig {
     /// The window `requests_per_minute` and `tokens_per_minute` count over.
     #[serde(default = "default_pace_window", with = "duration_text")]
     pub pace_window: Duration,
-    /// `openai`: the longest pause a 429's `Retry-After` (or `retry-after-ms`) sets on
+    /// HTTP providers: the longest pause a 429's `Retry-After` (or `retry-after-ms`) sets on
     /// the provider for every replica; a longer one is cut to this (docs/engine.md,
     /// "Provider pace").
     #[serde(default = "default_max_pause", with = "duration_text")]
