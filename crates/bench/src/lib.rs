@@ -496,6 +496,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             input_per_million: 0.15,
             output_per_million: 0.60,
             cached_input_per_million: None,
+            cache_write_input_per_million: None,
         });
     }
     config.admission.global_concurrent = unlimited;

@@ -18,6 +18,7 @@ pub fn test_prices() -> Prices {
         input: 1_000_000,
         output: 2_000_000,
         cached_input: 500_000,
+        cache_write_input: 1_000_000,
     }
 }
 
@@ -81,6 +82,7 @@ pub fn tokens(input: u64, output: u64) -> Usage {
         output_tokens: output,
         cost_usd: None,
         cached_input_tokens: None,
+        cache_write_input_tokens: None,
         estimated: false,
     }
 }

@@ -92,6 +92,7 @@ pub fn usage() -> Usage {
         output_tokens: 3,
         cost_usd: Some(0.0005),
         cached_input_tokens: None,
+        cache_write_input_tokens: None,
         estimated: false,
     }
 }

@@ -150,6 +150,7 @@ const PRICES: tollgate_core::Prices = tollgate_core::Prices {
     input: 1_000_000,
     output: 2_000_000,
     cached_input: 500_000,
+    cache_write_input: 1_000_000,
 };
 
 /// The reservation of a scoped spec: `reserve` 0 has no output bound; 1–3 reserve
@@ -679,6 +680,7 @@ fn completion_usage() -> Usage {
         output_tokens: 2,
         cost_usd: Some(0.25),
         cached_input_tokens: None,
+        cache_write_input_tokens: None,
         estimated: false,
     }
 }

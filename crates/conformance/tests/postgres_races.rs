@@ -458,16 +458,19 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
             input: 150_000,
             output: 600_000,
             cached_input: 75_000,
+            cache_write_input: 150_000,
         },
         Prices {
             input: 2_500_000,
             output: 10_000_000,
             cached_input: 1_250_000,
+            cache_write_input: 2_500_000,
         },
         Prices {
             input: 1_000,
             output: 3_000,
             cached_input: 1_000,
+            cache_write_input: 1_000,
         },
     ];
     // A typical reservation is ~250 tokens, up to ~$0.004: limits that refuse often.
@@ -635,6 +638,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
                 output_tokens: 0,
                 cost_usd: None,
                 cached_input_tokens: Some(share(&mut rng, input)),
+                cache_write_input_tokens: None,
                 estimated: false,
             };
             let used = if r.prices.is_some_and(|p| {

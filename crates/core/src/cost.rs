@@ -62,13 +62,39 @@ pub fn app_spend_stripe(scope: &str) -> i64 {
 
 /// A model's prices in pico-dollars per token (= micro-dollars per million tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "StoredPrices")]
 pub struct Prices {
-    /// Per input token not served from the provider's prompt cache.
+    /// Per input token neither read from nor written to the provider's prompt cache.
     pub input: u64,
     /// Per output token.
     pub output: u64,
-    /// Per cached input token.
+    /// Per cached input token (read from the provider's prompt cache).
     pub cached_input: u64,
+    /// Per input token written to the provider's prompt cache (Anthropic's
+    /// `cache_creation_input_tokens`). Prices stored before this field existed read it as
+    /// the input price.
+    pub cache_write_input: u64,
+}
+
+/// [`Prices`] as stored, before `cache_write_input` was always written.
+#[derive(Deserialize)]
+struct StoredPrices {
+    input: u64,
+    output: u64,
+    cached_input: u64,
+    #[serde(default)]
+    cache_write_input: Option<u64>,
+}
+
+impl From<StoredPrices> for Prices {
+    fn from(p: StoredPrices) -> Prices {
+        Prices {
+            input: p.input,
+            output: p.output,
+            cached_input: p.cached_input,
+            cache_write_input: p.cache_write_input.unwrap_or(p.input),
+        }
+    }
 }
 
 /// USD per million tokens → pico-dollars per token, rounded to the nearest micro-dollar
@@ -109,24 +135,34 @@ fn div_ceil(a: u128, b: u128) -> u128 {
 }
 
 impl Prices {
-    /// What `usage` cost, in nano-dollars, rounded up: the uncached input tokens at the
-    /// input price, the cached ones at the cached price, the output tokens at the
-    /// output price (docs/conformance.md#cost-prices "Prices").
+    /// What `usage` cost, in nano-dollars, rounded up: the input tokens read from the
+    /// prompt cache at the cached price, those written to it at the cache-write price, the
+    /// rest of the input at the input price, the output tokens at the output price
+    /// (docs/budgets.md, "Prices"). Cache counts are parts of `input_tokens`: a provider
+    /// reporting more is read as all of the input (cache reads first).
     pub fn cost_nano(&self, usage: &Usage) -> i64 {
         let cached = usage
             .cached_input_tokens
             .unwrap_or(0)
             .min(usage.input_tokens);
-        let pico = u128::from(usage.input_tokens - cached) * u128::from(self.input)
+        let written = usage
+            .cache_write_input_tokens
+            .unwrap_or(0)
+            .min(usage.input_tokens - cached);
+        let pico = u128::from(usage.input_tokens - cached - written) * u128::from(self.input)
             + u128::from(cached) * u128::from(self.cached_input)
+            + u128::from(written) * u128::from(self.cache_write_input)
             + u128::from(usage.output_tokens) * u128::from(self.output);
         i64::try_from(div_ceil(pico, 1000)).unwrap_or(i64::MAX)
     }
 
     /// The worst-case cost of `input` and `output` tokens: every input token at the
-    /// dearer of the input and cached-input prices.
+    /// dearest of the input, cached-input and cache-write prices.
     pub fn bound_nano(&self, input: u64, output: u64) -> i64 {
-        let per_input = self.input.max(self.cached_input);
+        let per_input = self
+            .input
+            .max(self.cached_input)
+            .max(self.cache_write_input);
         let pico = u128::from(input) * u128::from(per_input)
             + u128::from(output) * u128::from(self.output);
         i64::try_from(div_ceil(pico, 1000)).unwrap_or(i64::MAX)

@@ -1,17 +1,21 @@
 //! docs/conformance.md#cost-reservation in the engine: the token bound of a task — an upper bound of what each
 //! attempt sends, and its output-token bound — from which core prices the reservation.
 //!
-//! **Input bound.** The request is rendered as every dialect sends it
-//! ([`Prompt::render`]: system prompt, instructions, labels, the schema, the chat, the
-//! structured-output format) and every message is counted with its role and the chat
-//! template's overhead ([`MESSAGE_OVERHEAD_TOKENS`] per message, [`REPLY_PRIMING_TOKENS`] for the
-//! reply). Where the model family's tokenizer is known (OpenAI models on an `openai`
-//! provider: `o200k_base` for gpt-4o/4.1/5 and the o-series, `cl100k_base` for gpt-4 and
-//! gpt-3.5; counted with the `tiktoken-rs` crate, whose encodings are compiled in) the
-//! messages are counted with it; otherwise by UTF-8 bytes, which no byte-level BPE can
-//! exceed (every token covers at least one byte). The structured-output format (with
-//! the schema, [`OutputFormat::to_json`](crate::provider::prompt::OutputFormat::to_json))
-//! is always counted by its JSON bytes. A re-ask
+//! **Input bound.** The request is rendered as its provider's dialect sends it
+//! ([`TokenCounter::render`], [`Prompt::render_as`] in the provider's structured-output
+//! mode: system prompt, instructions, labels, the schema, the chat, the structured-output
+//! format) and every message is counted with its role and the chat template's overhead
+//! ([`MESSAGE_OVERHEAD_TOKENS`] per message, [`REPLY_PRIMING_TOKENS`] for the reply).
+//! Where the model family's tokenizer is known (OpenAI models on an `openai` provider:
+//! `o200k_base` for gpt-4o/4.1/5 and the o-series, `cl100k_base` for gpt-4 and gpt-3.5;
+//! counted with the `tiktoken-rs` crate, whose encodings are compiled in) the messages
+//! are counted with it; otherwise (Azure deployments, Anthropic, any other model) by
+//! UTF-8 bytes, which no byte-level BPE can exceed (every token covers at least one
+//! byte). The dialect's structured-output fields (`response_format`, a tool definition
+//! and `tool_choice`, Anthropic's `output_config`) are always counted by their JSON
+//! bytes, plus [`ANTHROPIC_FORMAT_OVERHEAD_TOKENS`] for Anthropic's tool-use system
+//! prompt; in `json_object` and `prompt` modes the schema is part of the counted
+//! instructions. A re-ask
 //! adds one correction message whose error text the worker cuts to
 //! [`MAX_REASK_ERROR_CHARS`] characters, bounded by bytes (the per-call bound of
 //! provider pacing); admission reserves the first attempt only, and the worker reserves
@@ -21,9 +25,10 @@
 //! `max_output_tokens` (sent as `max_tokens`), else a `max_tokens` /
 //! `max_completion_tokens` in the model's params. Without one there is no bound.
 
-use crate::config::{EngineConfig, ProviderKind};
-use crate::provider::ProviderCall;
-use crate::provider::prompt::{self, Prompt};
+use crate::config::{EngineConfig, ProviderKind, StructuredOutput};
+use crate::provider::pace::DEFAULT_PACE_OUTPUT_TOKENS;
+use crate::provider::prompt::{self, OutputFormat, Prompt};
+use crate::provider::{ProviderCall, anthropic, openai};
 use serde_json::Value;
 use tollgate_core::{ModelRef, TaskRequest, TokenBound};
 
@@ -45,9 +50,9 @@ const REASK_FRAME_BYTES: u64 = 128;
 // The bound holds the frame the prompt really sends.
 const _: () = assert!(prompt::REASK_FRAME_BYTES as u64 <= REASK_FRAME_BYTES);
 
-/// How a model's input tokens are counted.
+/// A tokenizer: how text is counted in tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenCounter {
+pub enum Tokenizer {
     /// OpenAI's `o200k_base` (gpt-4o, gpt-4.1, gpt-5, o1/o3/o4).
     O200kBase,
     /// OpenAI's `cl100k_base` (gpt-4, gpt-3.5).
@@ -56,42 +61,116 @@ pub enum TokenCounter {
     Bytes,
 }
 
-impl TokenCounter {
-    /// The counter of a model: its family's tokenizer on an OpenAI provider where
-    /// `tiktoken-rs` knows the model name, else bytes.
-    pub fn for_model(provider: Option<ProviderKind>, model: &str) -> TokenCounter {
-        use tiktoken_rs::tokenizer::{Tokenizer, get_tokenizer};
-        if provider != Some(ProviderKind::Openai) {
-            return TokenCounter::Bytes;
-        }
-        match get_tokenizer(model) {
-            Some(Tokenizer::O200kBase) => TokenCounter::O200kBase,
-            Some(Tokenizer::Cl100kBase) => TokenCounter::Cl100kBase,
-            _ => TokenCounter::Bytes,
-        }
-    }
-
-    /// The counter of a model of `config`.
-    pub fn for_model_ref(config: &EngineConfig, model: &ModelRef) -> TokenCounter {
-        let kind = config
-            .providers
-            .get(&model.provider)
-            .map(|p| p.kind)
-            .or((model.provider == crate::config::DEV_PROVIDER).then_some(ProviderKind::Dev));
-        TokenCounter::for_model(kind, &model.model)
-    }
-
-    /// Tokens of `text` (bytes for [`TokenCounter::Bytes`]).
+impl Tokenizer {
+    /// Tokens of `text` (bytes for [`Tokenizer::Bytes`]).
     pub fn count(self, text: &str) -> u64 {
         match self {
-            TokenCounter::O200kBase => tiktoken_rs::o200k_base_singleton()
+            Tokenizer::O200kBase => tiktoken_rs::o200k_base_singleton()
                 .encode_ordinary(text)
                 .len() as u64,
-            TokenCounter::Cl100kBase => tiktoken_rs::cl100k_base_singleton()
+            Tokenizer::Cl100kBase => tiktoken_rs::cl100k_base_singleton()
                 .encode_ordinary(text)
                 .len() as u64,
-            TokenCounter::Bytes => text.len() as u64,
+            Tokenizer::Bytes => text.len() as u64,
         }
+    }
+}
+
+/// Tokens Anthropic adds to the input of a call with a forced tool or JSON outputs (its
+/// tool-use system prompt; documented from about 260 to 530 depending on the model and
+/// `tool_choice`), bounded above.
+pub const ANTHROPIC_FORMAT_OVERHEAD_TOKENS: u64 = 1024;
+
+/// How a model's input is counted: its tokenizer, and the dialect and structured-output
+/// mode that decide what a call sends around the prompt (a `response_format`, a tool
+/// definition, Anthropic's tool-use system prompt, or the schema in the instructions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenCounter {
+    /// How text is counted.
+    pub tokenizer: Tokenizer,
+    /// The dialect the prompt is sent in.
+    pub dialect: ProviderKind,
+    /// How structured output is asked for.
+    pub structured_output: StructuredOutput,
+}
+
+impl TokenCounter {
+    /// Bytes, in the OpenAI-compatible dialect with `json_schema`.
+    pub const fn bytes() -> TokenCounter {
+        TokenCounter {
+            tokenizer: Tokenizer::Bytes,
+            dialect: ProviderKind::Openai,
+            structured_output: StructuredOutput::JsonSchema,
+        }
+    }
+
+    /// The counter of `model` on a provider of `kind` asking for structured output as
+    /// `mode` says: the model family's tokenizer on an `openai` provider where
+    /// `tiktoken-rs` knows the model name, else bytes (an Azure deployment's name and a
+    /// Claude model name say nothing certain about the tokenizer).
+    pub fn for_provider(kind: ProviderKind, mode: StructuredOutput, model: &str) -> TokenCounter {
+        use tiktoken_rs::tokenizer::{Tokenizer as Tiktoken, get_tokenizer};
+        let tokenizer = match (kind, get_tokenizer(model)) {
+            (ProviderKind::Openai, Some(Tiktoken::O200kBase)) => Tokenizer::O200kBase,
+            (ProviderKind::Openai, Some(Tiktoken::Cl100kBase)) => Tokenizer::Cl100kBase,
+            _ => Tokenizer::Bytes,
+        };
+        TokenCounter {
+            tokenizer,
+            dialect: kind,
+            structured_output: mode,
+        }
+    }
+
+    /// The counter of a model of `config` (a provider it does not know, one added in
+    /// code: bytes, OpenAI-compatible, `json_schema`).
+    pub fn for_model_ref(config: &EngineConfig, model: &ModelRef) -> TokenCounter {
+        match config.providers.get(&model.provider) {
+            Some(p) => TokenCounter::for_provider(p.kind, p.structured_output(), &model.model),
+            None => match config.provider_kind(&model.provider) {
+                Some(kind) => {
+                    TokenCounter::for_provider(kind, kind.default_structured_output(), &model.model)
+                }
+                None => TokenCounter::bytes(),
+            },
+        }
+    }
+
+    /// Tokens of `text`.
+    pub fn count(self, text: &str) -> u64 {
+        self.tokenizer.count(text)
+    }
+
+    /// The prompt of `call` as this counter's dialect and mode send it.
+    pub fn render(self, call: &ProviderCall<'_>) -> Prompt {
+        Prompt::render_as(call, self.structured_output)
+    }
+
+    /// docs/conformance.md#provider-pace: the token bound of one call whose prompt is
+    /// `prompt` — its input as counted for the reservation plus its output bound (or
+    /// [`DEFAULT_PACE_OUTPUT_TOKENS`] without one), settled later with the usage.
+    pub fn pace_estimate(self, call: &ProviderCall<'_>, prompt: &Prompt) -> u64 {
+        let output =
+            output_bound(call.model, call.request).unwrap_or(u64::from(DEFAULT_PACE_OUTPUT_TOKENS));
+        prompt_input_tokens(self, prompt).saturating_add(output)
+    }
+
+    /// Input tokens the dialect's structured-output fields add: their JSON bytes, plus
+    /// Anthropic's tool-use system prompt.
+    fn format_tokens(self, format: &OutputFormat) -> u64 {
+        let fields = match self.dialect {
+            ProviderKind::Anthropic => anthropic::format_fields(format),
+            _ => openai::format_fields(format),
+        };
+        let bytes: u64 = fields.iter().map(|(_, v)| v.to_string().len() as u64).sum();
+        let overhead = match (self.dialect, format) {
+            (
+                ProviderKind::Anthropic,
+                OutputFormat::Tool { .. } | OutputFormat::JsonSchema { .. },
+            ) => ANTHROPIC_FORMAT_OVERHEAD_TOKENS,
+            _ => 0,
+        };
+        bytes + overhead
     }
 }
 
@@ -139,11 +218,11 @@ pub fn task_token_bound(
 }
 
 /// docs/budgets.md, "The reservation": the input tokens of one attempt, its prompt
-/// rendered as it is sent ([`Prompt::render`]) and counted by [`prompt_input_tokens`].
+/// rendered as it is sent ([`TokenCounter::render`]) and counted by [`prompt_input_tokens`].
 /// Admission counts the first attempt with it; the worker counts each re-ask (whose
 /// error text is known then) with it before reserving the re-ask.
 pub fn attempt_input_tokens(counter: TokenCounter, call: &ProviderCall<'_>) -> u64 {
-    prompt_input_tokens(counter, &Prompt::render(call))
+    prompt_input_tokens(counter, &counter.render(call))
 }
 
 /// docs/conformance.md#cost-reservation, docs/conformance.md#dispatch: the input-token bound of one prompt as it is sent: every message's
@@ -157,14 +236,15 @@ pub fn prompt_input_tokens(counter: TokenCounter, prompt: &Prompt) -> u64 {
         input += message_tokens(counter, m.role_name(), &m.content);
     }
     if let Some(format) = &prompt.format {
-        input += format.to_json().to_string().len() as u64;
+        input += counter.format_tokens(format);
     }
     input
 }
 
-/// [`prompt_input_tokens`] of a chat-completions body as sent (its `messages` and
-/// `response_format`), for checking a body a provider was sent against the bound: for
-/// a body built from a prompt the two are equal.
+/// [`prompt_input_tokens`] of an OpenAI-compatible chat-completions body as sent (its
+/// `messages`, and `response_format` or `tools` + `tool_choice`), for checking a body a
+/// provider was sent against the bound: for a body built from a prompt the two are
+/// equal.
 pub fn body_input_tokens(counter: TokenCounter, body: &Value) -> u64 {
     let mut input = REPLY_PRIMING_TOKENS;
     if let Some(messages) = body.get("messages").and_then(Value::as_array) {
@@ -173,8 +253,10 @@ pub fn body_input_tokens(counter: TokenCounter, body: &Value) -> u64 {
             input += message_tokens(counter, text("role"), text("content"));
         }
     }
-    if let Some(format) = body.get("response_format") {
-        input += format.to_string().len() as u64;
+    for key in ["response_format", "tools", "tool_choice"] {
+        if let Some(field) = body.get(key) {
+            input += field.to_string().len() as u64;
+        }
     }
     input
 }
@@ -199,6 +281,19 @@ mod tests {
     use serde_json::json;
     use tollgate_core::{TaskKind, ValidatedRequest};
 
+    const O200K: TokenCounter = TokenCounter {
+        tokenizer: Tokenizer::O200kBase,
+        dialect: ProviderKind::Openai,
+        structured_output: StructuredOutput::JsonSchema,
+    };
+
+    const MODES: [StructuredOutput; 4] = [
+        StructuredOutput::JsonSchema,
+        StructuredOutput::JsonObject,
+        StructuredOutput::Tool,
+        StructuredOutput::Prompt,
+    ];
+
     fn request(kind: TaskKind, raw: Value) -> TaskRequest {
         ValidatedRequest::new(kind, &raw, 1 << 20)
             .unwrap()
@@ -213,20 +308,17 @@ mod tests {
             TaskKind::Classify,
             json!({"input": "Win a cruise", "labels": ["spam", "ham"]}),
         );
-        assert_eq!(
-            task_token_bound(TokenCounter::O200kBase, &model, &classify, 2, 1 << 16),
-            None
-        );
+        assert_eq!(task_token_bound(O200K, &model, &classify, 2, 1 << 16), None);
         let mut bounded = model.clone();
         bounded.params.insert("max_tokens".into(), json!(20));
-        let b = task_token_bound(TokenCounter::O200kBase, &bounded, &classify, 2, 1 << 16).unwrap();
+        let b = task_token_bound(O200K, &bounded, &classify, 2, 1 << 16).unwrap();
         assert_eq!((b.output_tokens, b.attempts), (20, 3));
         // The request's own bound wins.
         let text = request(
             TaskKind::GenerateText,
             json!({"prompt": "hello there", "max_output_tokens": 7}),
         );
-        let b = task_token_bound(TokenCounter::Bytes, &bounded, &text, 0, 1 << 16).unwrap();
+        let b = task_token_bound(TokenCounter::bytes(), &bounded, &text, 0, 1 << 16).unwrap();
         assert_eq!(b.output_tokens, 7);
     }
 
@@ -238,8 +330,8 @@ mod tests {
             TaskKind::GenerateText,
             json!({"system": "Be brief.", "prompt": long, "max_output_tokens": 10}),
         );
-        let tok = task_token_bound(TokenCounter::O200kBase, &model, &text, 0, 1 << 16).unwrap();
-        let bytes = task_token_bound(TokenCounter::Bytes, &model, &text, 0, 1 << 16).unwrap();
+        let tok = task_token_bound(O200K, &model, &text, 0, 1 << 16).unwrap();
+        let bytes = task_token_bound(TokenCounter::bytes(), &model, &text, 0, 1 << 16).unwrap();
         // ~10 tokens per sentence, 50 sentences, plus system prompt and overheads.
         assert!(tok.input_tokens >= 500 && tok.input_tokens < 700, "{tok:?}");
         assert!(bytes.input_tokens > long.len() as u64, "{bytes:?}");
@@ -249,27 +341,34 @@ mod tests {
             TaskKind::ExtractData,
             json!({"input": "Ada", "schema": schema, "max_output_tokens": 10}),
         );
-        let b = task_token_bound(TokenCounter::O200kBase, &model, &extract, 0, 1 << 16).unwrap();
+        let b = task_token_bound(O200K, &model, &extract, 0, 1 << 16).unwrap();
         assert!(b.input_tokens > 400, "{b:?}");
+        let tokenizer = |kind, model| {
+            TokenCounter::for_provider(kind, StructuredOutput::JsonSchema, model).tokenizer
+        };
         assert_eq!(
-            TokenCounter::for_model(Some(ProviderKind::Openai), "gpt-4o-mini"),
-            TokenCounter::O200kBase
+            tokenizer(ProviderKind::Openai, "gpt-4o-mini"),
+            Tokenizer::O200kBase
         );
         assert_eq!(
-            TokenCounter::for_model(Some(ProviderKind::Openai), "llama-3-8b"),
-            TokenCounter::Bytes
+            tokenizer(ProviderKind::Openai, "llama-3-8b"),
+            Tokenizer::Bytes
         );
+        assert_eq!(tokenizer(ProviderKind::Dev, "gpt-4o"), Tokenizer::Bytes);
+        assert_eq!(tokenizer(ProviderKind::Azure, "gpt-4o"), Tokenizer::Bytes);
         assert_eq!(
-            TokenCounter::for_model(Some(ProviderKind::Dev), "gpt-4o"),
-            TokenCounter::Bytes
+            tokenizer(ProviderKind::Anthropic, "claude-sonnet-4-5"),
+            Tokenizer::Bytes
         );
     }
 
     /// The bound counts the prompt; the OpenAI-compatible body built from it counts the
-    /// same, re-asks and every kind included.
+    /// same, re-asks, every kind and every structured-output mode included; Anthropic's
+    /// body sends no more bytes than its bound counts.
     #[test]
     fn the_prompt_and_the_body_sent_count_the_same() {
-        use crate::provider::openai::request_body;
+        use crate::provider::anthropic::request_body_as as anthropic_body;
+        use crate::provider::openai::request_body_as;
         let mut model = ModelRef::new("openai", "gpt-4o");
         model.params.insert("temperature".into(), json!(0));
         let requests = [
@@ -308,13 +407,41 @@ mod tests {
                     previous_error,
                     max_output_bytes: 1 << 16,
                 };
-                let (body, _) = request_body(&call);
-                for counter in [TokenCounter::O200kBase, TokenCounter::Bytes] {
-                    assert_eq!(
-                        attempt_input_tokens(counter, &call),
-                        body_input_tokens(counter, &body),
-                        "{r:?} {previous_error:?}"
-                    );
+                for mode in MODES {
+                    let (body, _) = request_body_as(&call, mode);
+                    for tokenizer in [Tokenizer::O200kBase, Tokenizer::Bytes] {
+                        let counter = TokenCounter {
+                            tokenizer,
+                            dialect: ProviderKind::Openai,
+                            structured_output: mode,
+                        };
+                        assert_eq!(
+                            attempt_input_tokens(counter, &call),
+                            body_input_tokens(counter, &body),
+                            "{r:?} {previous_error:?} {mode:?}"
+                        );
+                    }
+                    if mode == StructuredOutput::JsonObject {
+                        continue;
+                    }
+                    let counter =
+                        TokenCounter::for_provider(ProviderKind::Anthropic, mode, "claude");
+                    let (body, _) = anthropic_body(&call, mode);
+                    let mut sent = body["system"].as_str().map_or(0, str::len) as u64;
+                    for m in body["messages"].as_array().unwrap() {
+                        sent += m["content"].as_str().unwrap().len() as u64;
+                    }
+                    for key in ["tools", "tool_choice", "output_config"] {
+                        sent += body.get(key).map_or(0, |v| v.to_string().len()) as u64;
+                    }
+                    let bound = attempt_input_tokens(counter, &call);
+                    assert!(bound >= sent, "{r:?} {mode:?}: {bound} < {sent}");
+                    if body.get("tools").is_some() || body.get("output_config").is_some() {
+                        assert!(
+                            bound >= sent + ANTHROPIC_FORMAT_OVERHEAD_TOKENS,
+                            "{r:?} {mode:?}"
+                        );
+                    }
                 }
             }
         }

@@ -40,7 +40,7 @@ impl ModelRegistry {
         for (id, model) in &config.models {
             let key = format!("models.{id}");
             let id = ModelId::new(id.as_str()).map_err(|e| ConfigError::at(&key, e.to_string()))?;
-            let model_ref = model.model_ref();
+            let model_ref = model.model_ref_for(config.provider_kind(&model.provider));
             let config_hash = model_ref
                 .config_hash()
                 .map_err(|e| ConfigError::at(format!("{key}.params"), e.to_string()))?;

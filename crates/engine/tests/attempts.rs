@@ -103,6 +103,7 @@ fn config(url: &str, limit_usd: f64) -> EngineConfig {
                 input_per_million: 1_000.0,
                 output_per_million: 1_000.0,
                 cached_input_per_million: None,
+                cache_write_input_per_million: None,
             }),
             max_output_tokens: Some(MAX_OUTPUT as u32),
         },
@@ -147,7 +148,7 @@ async fn first_attempt_tokens(db: &TestDb, url: &str) -> u64 {
 /// Input tokens of a request body as the reservation counts them (the fake model has no
 /// known tokenizer: bytes).
 fn counted(body: &Value) -> u64 {
-    body_input_tokens(TokenCounter::Bytes, body)
+    body_input_tokens(TokenCounter::bytes(), body)
 }
 
 async fn a_reask_is_reserved_when_made_and_one_that_does_not_fit_ends_the_task(db: TestDb) {

@@ -139,7 +139,9 @@ fn unknown_keys_and_bad_durations_are_refused() {
     assert!(err.to_string().contains("concurency"), "{err}");
     let err = load("[sweeper]\ninterval = \"soon\"\n").unwrap_err();
     assert!(err.to_string().contains("soon"), "{err}");
-    let err = load("[providers.x]\nkind = \"anthropic\"\n").unwrap_err();
+    // An unknown kind is refused, naming it and the known ones.
+    let err = load("[providers.x]\nkind = \"gemini\"\n").unwrap_err();
+    assert!(err.to_string().contains("gemini"), "{err}");
     assert!(err.to_string().contains("anthropic"), "{err}");
 }
 

@@ -173,6 +173,7 @@ impl Provider for Scripted {
                 output_tokens: 5,
                 cost_usd: None,
                 cached_input_tokens: None,
+                cache_write_input_tokens: None,
                 estimated: false,
             },
         })

@@ -227,6 +227,11 @@ pub struct UsageView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub cached_input_tokens: Option<u64>,
+    /// Of `input_tokens`, those the provider wrote to its prompt cache (Anthropic's cache
+    /// creation), where it says; priced at the cache-write price (docs/providers.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub cache_write_input_tokens: Option<u64>,
     /// docs/conformance.md#cost-prices: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
     pub priced: bool,
     /// `true` when the provider reported no usage for an attempt, which is then counted
@@ -243,6 +248,7 @@ impl From<&Usage> for UsageView {
             output_tokens: u.output_tokens,
             cost_usd: u.cost_usd.map(|c| (c * 1e9).round() / 1e9),
             cached_input_tokens: u.cached_input_tokens,
+            cache_write_input_tokens: u.cache_write_input_tokens,
             priced: u.cost_usd.is_some(),
             estimated: u.estimated,
         }

@@ -376,6 +376,7 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
                 input: 1_000,
                 output: 2_000,
                 cached_input: 500,
+                cache_write_input: 1_000,
             }),
         );
     }

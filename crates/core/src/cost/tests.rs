@@ -6,6 +6,7 @@ fn prices(input: f64, output: f64, cached: f64) -> Prices {
         input: price_from_usd_per_million("in", input).unwrap(),
         output: price_from_usd_per_million("out", output).unwrap(),
         cached_input: price_from_usd_per_million("cached", cached).unwrap(),
+        cache_write_input: price_from_usd_per_million("in", input).unwrap(),
     }
 }
 
@@ -15,6 +16,7 @@ fn usage(input: u64, output: u64, cached: Option<u64>) -> Usage {
         output_tokens: output,
         cost_usd: None,
         cached_input_tokens: cached,
+        cache_write_input_tokens: None,
         estimated: false,
     }
 }
@@ -36,6 +38,51 @@ fn costs_are_exact_integers() {
     assert!(price_from_usd_per_million("x", f64::NAN).is_err());
     assert!(usd_limit_from_f64("x", 0.0).is_err());
     assert_eq!(usd_limit_from_f64("x", 2.5).unwrap().get(), 2_500_000_000);
+}
+
+/// Anthropic-like prompt caching: reads at a tenth of the input price, writes at 1.25×;
+/// both are parts of the input tokens, and the bound prices every input token at the
+/// dearest of the three.
+#[test]
+fn cache_reads_and_writes_are_priced_separately() {
+    // $3 in, $15 out, $0.30 cache read, $3.75 cache write per million.
+    let p = Prices {
+        cache_write_input: price_from_usd_per_million("w", 3.75).unwrap(),
+        ..prices(3.0, 15.0, 0.30)
+    };
+    let u = Usage {
+        cached_input_tokens: Some(2_000),
+        cache_write_input_tokens: Some(1_000),
+        ..usage(4_000, 100, None)
+    };
+    // 1,000 × 3 + 2,000 × 0.3 + 1,000 × 3.75 + 100 × 15 µ$ = 8,850 µ$.
+    assert_eq!(p.cost_nano(&u), 8_850_000);
+    // Counts beyond the input are read as all of it, cache reads first.
+    let absurd = Usage {
+        cached_input_tokens: Some(3_500),
+        cache_write_input_tokens: Some(9_999),
+        ..usage(4_000, 0, None)
+    };
+    assert_eq!(p.cost_nano(&absurd), 3_500 * 300 + 500 * 3_750);
+    assert_eq!(p.bound_nano(1_000, 0), 3_750_000);
+    assert!(p.cost_nano(&u) <= p.bound_nano(4_000, 100));
+    // Prices stored before cache writes were priced read them at the input price.
+    let old: Prices =
+        serde_json::from_value(serde_json::json!({"input": 7, "output": 9, "cached_input": 1}))
+            .unwrap();
+    assert_eq!(old.cache_write_input, 7);
+    let round: Prices = serde_json::from_value(serde_json::to_value(p).unwrap()).unwrap();
+    assert_eq!(round, p);
+    // Usage adds up, cache counts included.
+    let twice = u.plus(&usage(10, 1, Some(5)));
+    assert_eq!(
+        (
+            twice.input_tokens,
+            twice.cached_input_tokens,
+            twice.cache_write_input_tokens
+        ),
+        (4_010, Some(2_005), Some(1_000))
+    );
 }
 
 #[test]
@@ -196,7 +243,7 @@ proptest! {
         share in 0.0f64..=1.0, cached_share in 0.0f64..=1.0,
     ) {
         let bound = TokenBound { input_tokens: input, reask_input_tokens: reask, output_tokens: output, attempts };
-        let p = Prices { input: pin, output: pout, cached_input: pcached };
+        let p = Prices { input: pin, output: pout, cached_input: pcached, cache_write_input: pin };
         let r = Reservation { from_token_bucket: true, ..reservation(Some(&bound), Some(p)) };
         let used_in = (bound.input_tokens as f64 * share) as u64;
         let used_out = (bound.output_tokens as f64 * share) as u64;

@@ -211,6 +211,17 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// The kind of the provider named `name`: configured, else `dev` for the built-in
+    /// `dev`; `None` for a provider this configuration does not know (one added in code).
+    pub fn provider_kind(&self, name: &str) -> Option<ProviderKind> {
+        self.providers
+            .get(name)
+            .map(|p| p.kind)
+            .or((name == DEV_PROVIDER).then_some(ProviderKind::Dev))
+    }
+}
+
 /// Durations as human-readable strings (`"200ms"`, `"2s"`, `"1h 30m"`), for serde.
 pub mod duration_text {
     use serde::{Deserialize, Deserializer, Serializer};

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tollgate_core::ModelRef;
 
@@ -15,7 +16,7 @@ pub struct ModelConfig {
     pub provider: String,
     /// The provider's own model name.
     pub model: String,
-    /// Provider parameters. The `openai` provider merges them into the request body
+    /// Provider parameters. HTTP providers merge them into the request body
     /// (`temperature`, `top_p`, `seed`, …); the `dev` provider reads `latency_ms` and
     /// `time_limit_ms`.
     /// Changing any of them changes the model config hash, so old cache entries stop
@@ -53,6 +54,10 @@ pub struct ModelPrices {
     /// input price).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_input_per_million: Option<f64>,
+    /// Per million input tokens written to the provider's prompt cache (Anthropic's
+    /// cache creation; default: the input price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_input_per_million: Option<f64>,
 }
 
 impl ModelPrices {
@@ -68,6 +73,10 @@ impl ModelPrices {
             output: price("output_per_million", self.output_per_million)?,
             cached_input: match self.cached_input_per_million {
                 Some(usd) => price("cached_input_per_million", usd)?,
+                None => input,
+            },
+            cache_write_input: match self.cache_write_input_per_million {
+                Some(usd) => price("cache_write_input_per_million", usd)?,
                 None => input,
             },
         })
@@ -86,8 +95,18 @@ impl ModelConfig {
     /// The resolved model reference. A configured `max_output_tokens` is sent as
     /// `max_tokens` unless `params` already says.
     pub fn model_ref(&self) -> ModelRef {
+        self.model_ref_for(None)
+    }
+
+    /// The resolved model reference on a provider of `kind`: as [`model_ref`](Self::model_ref),
+    /// and on `anthropic`, whose Messages API needs a `max_tokens`, a model that names
+    /// none gets [`ANTHROPIC_DEFAULT_MAX_TOKENS`] (sent, so part of the config hash, and
+    /// the output bound its reservations count).
+    pub fn model_ref_for(&self, kind: Option<ProviderKind>) -> ModelRef {
         let mut params = self.params.clone();
-        if let Some(n) = self.max_output_tokens
+        let default =
+            (kind == Some(ProviderKind::Anthropic)).then_some(ANTHROPIC_DEFAULT_MAX_TOKENS);
+        if let Some(n) = self.max_output_tokens.or(default)
             && !params.contains_key("max_tokens")
             && !params.contains_key("max_completion_tokens")
         {
@@ -101,14 +120,90 @@ impl ModelConfig {
     }
 }
 
-/// Which provider implementation a `[providers.<name>]` entry uses.
+/// Which provider implementation (dialect) a `[providers.<name>]` entry uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
     /// An OpenAI-compatible chat completions API (OpenAI, vLLM, Ollama, llama.cpp server).
     Openai,
+    /// Anthropic's Messages API (`POST {base_url}/messages`).
+    Anthropic,
+    /// Azure OpenAI: chat completions of a deployment
+    /// (`{base_url}/openai/deployments/{model}/chat/completions?api-version=…`).
+    Azure,
     /// The built-in offline, deterministic development and test provider.
     Dev,
+}
+
+impl ProviderKind {
+    /// The kind as configured (`openai`, `anthropic`, `azure`, `dev`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "openai",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Azure => "azure",
+            ProviderKind::Dev => "dev",
+        }
+    }
+
+    /// Whether the kind calls a model over HTTP (every kind but `dev`).
+    pub fn is_http(self) -> bool {
+        self != ProviderKind::Dev
+    }
+
+    /// The structured-output mode of a provider of this kind that names none:
+    /// `tool` for `anthropic`, `json_schema` otherwise.
+    pub fn default_structured_output(self) -> StructuredOutput {
+        match self {
+            ProviderKind::Anthropic => StructuredOutput::Tool,
+            _ => StructuredOutput::JsonSchema,
+        }
+    }
+}
+
+/// How a provider is asked for structured output (`classify`, `classify_many`,
+/// `extract_data`; docs/providers.md). Whatever the mode, the worker validates the
+/// output and asks again when it is invalid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StructuredOutput {
+    /// The API's JSON Schema mode: `response_format: {"type": "json_schema"}`
+    /// (OpenAI-compatible, Azure), `output_config.format` (Anthropic).
+    JsonSchema,
+    /// JSON mode without a schema (`response_format: {"type": "json_object"}`), the
+    /// schema in the instructions. OpenAI-compatible and Azure only.
+    JsonObject,
+    /// A forced tool call whose parameters are the schema.
+    Tool,
+    /// No structured-output feature at all: the schema in the instructions, the answer's
+    /// text parsed as JSON (for servers that support none, e.g. some llama.cpp builds).
+    Prompt,
+}
+
+impl StructuredOutput {
+    /// The mode as configured.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StructuredOutput::JsonSchema => "json_schema",
+            StructuredOutput::JsonObject => "json_object",
+            StructuredOutput::Tool => "tool",
+            StructuredOutput::Prompt => "prompt",
+        }
+    }
+}
+
+/// The value of an extra header of a provider (`headers`): a literal, or read from an
+/// environment variable at start-up (`{ env = "NAME" }`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderValueSource {
+    /// The value as written.
+    Literal(String),
+    /// The value of an environment variable.
+    Env {
+        /// The variable's name.
+        env: String,
+    },
 }
 
 /// `[providers.<name>]`.
@@ -117,24 +212,41 @@ pub enum ProviderKind {
 pub struct ProviderConfig {
     /// The implementation.
     pub kind: ProviderKind,
-    /// `openai`: the API root, e.g. `https://api.openai.com/v1` or `http://127.0.0.1:11434/v1`.
+    /// The API root: `openai`, e.g. `https://api.openai.com/v1` (the default) or
+    /// `http://127.0.0.1:11434/v1`; `anthropic`: `https://api.anthropic.com/v1` (the
+    /// default); `azure` (required): the resource endpoint,
+    /// `https://<resource>.openai.azure.com`.
     #[serde(default)]
     pub base_url: Option<String>,
-    /// `openai`: the environment variable holding the API key (none: no `Authorization`).
+    /// The environment variable holding the API key (none: no key is sent). Sent as
+    /// `Authorization: Bearer` (`openai`), `x-api-key` (`anthropic`), `api-key` (`azure`).
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// `openai`: timeout of one HTTP request, including reading the answer.
+    /// `azure`: the `api-version` query parameter (default [`AZURE_API_VERSION`]);
+    /// `anthropic`: the `anthropic-version` header (default [`ANTHROPIC_VERSION`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Extra headers sent with every request, e.g. `{ "OpenAI-Organization" = "org-1",
+    /// "X-Gateway-Key" = { env = "GATEWAY_KEY" } }`. Environment values are read at
+    /// start-up (a missing variable fails it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, HeaderValueSource>,
+    /// How structured output is asked for (default: `tool` for `anthropic`,
+    /// `json_schema` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<StructuredOutput>,
+    /// HTTP providers: timeout of one HTTP request, including reading the answer.
     #[serde(default = "default_provider_timeout", with = "duration_text")]
     pub timeout: Duration,
-    /// `openai`: retries after the first attempt on 408/409/429/5xx, timeouts and
+    /// HTTP providers: retries after the first attempt on 408/409/429/5xx, timeouts and
     /// connection errors.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// `openai`: the first retry's backoff; doubled on every retry, with jitter.
+    /// HTTP providers: the first retry's backoff; doubled on every retry, with jitter.
     #[serde(default = "default_retry_backoff", with = "duration_text")]
     pub retry_backoff: Duration,
-    /// `openai`: the longest wait before a retry. A `Retry-After` longer than this fails
-    /// the call at once instead of holding a worker.
+    /// HTTP providers: the longest wait before a retry. A `Retry-After` longer than this fails
+    /// the call at once (unavailable) instead of holding a worker.
     #[serde(default = "default_max_retry_delay", with = "duration_text")]
     pub max_retry_delay: Duration,
     /// docs/conformance.md#provider-pace: calls per `pace_window` to this provider, from all replicas together.
@@ -147,7 +259,7 @@ pub struct ProviderConfig {
     /// The window `requests_per_minute` and `tokens_per_minute` count over.
     #[serde(default = "default_pace_window", with = "duration_text")]
     pub pace_window: Duration,
-    /// `openai`: the longest pause a 429's `Retry-After` (or `retry-after-ms`) sets on
+    /// HTTP providers: the longest pause a 429's `Retry-After` (or `retry-after-ms`) sets on
     /// the provider for every replica; a longer one is cut to this (docs/engine.md,
     /// "Provider pace").
     #[serde(default = "default_max_pause", with = "duration_text")]
@@ -181,12 +293,21 @@ impl ProviderConfig {
         }
     }
 
+    /// The structured-output mode in force (configured, else the kind's default).
+    pub fn structured_output(&self) -> StructuredOutput {
+        self.structured_output
+            .unwrap_or_else(|| self.kind.default_structured_output())
+    }
+
     /// The built-in dev provider's entry.
     pub fn dev() -> ProviderConfig {
         ProviderConfig {
             kind: ProviderKind::Dev,
             base_url: None,
             api_key_env: None,
+            api_version: None,
+            headers: BTreeMap::new(),
+            structured_output: None,
             timeout: default_provider_timeout(),
             max_retries: default_max_retries(),
             retry_backoff: default_retry_backoff(),
@@ -206,4 +327,36 @@ impl ProviderConfig {
             ..ProviderConfig::dev()
         }
     }
+
+    /// An Anthropic Messages API provider at `base_url` (e.g. `https://api.anthropic.com/v1`).
+    pub fn anthropic(base_url: impl Into<String>) -> ProviderConfig {
+        ProviderConfig {
+            kind: ProviderKind::Anthropic,
+            base_url: Some(base_url.into()),
+            ..ProviderConfig::dev()
+        }
+    }
+
+    /// An Azure OpenAI provider at the resource endpoint `base_url`.
+    pub fn azure(base_url: impl Into<String>) -> ProviderConfig {
+        ProviderConfig {
+            kind: ProviderKind::Azure,
+            base_url: Some(base_url.into()),
+            ..ProviderConfig::dev()
+        }
+    }
 }
+
+/// The default `anthropic-version` header of `anthropic` providers.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// The `max_tokens` an `anthropic` model sends when neither it nor the request names an
+/// output bound.
+pub const ANTHROPIC_DEFAULT_MAX_TOKENS: u32 = 4096;
+
+/// The default Anthropic API root.
+pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com/v1";
+
+/// The default `api-version` of `azure` providers (a generally available version with
+/// structured outputs).
+pub const AZURE_API_VERSION: &str = "2024-10-21";

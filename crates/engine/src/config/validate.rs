@@ -142,7 +142,10 @@ impl EngineConfig {
                     "must be a positive integer",
                 );
             }
-            if let Err(e) = model.model_ref().config_hash() {
+            if let Err(e) = model
+                .model_ref_for(self.provider_kind(&model.provider))
+                .config_hash()
+            {
                 p.add(format!("{key}.params"), e.to_string());
             }
             p.pace(&key, model.pace());
@@ -182,64 +185,138 @@ impl EngineConfig {
                     if provider.pace().is_set() {
                         p.add(
                             format!("{key}.requests_per_minute"),
-                            "pace applies to `openai` providers only; the `dev` provider \
+                            "pace applies to HTTP providers only; the `dev` provider \
                              calls nothing",
                         );
                     }
-                    if provider.base_url.is_some() {
-                        p.add(
-                            format!("{key}.base_url"),
-                            "is not used by a `dev` provider; remove it or set kind = \"openai\"",
-                        );
-                    }
-                    if provider.api_key_env.is_some() {
-                        p.add(
-                            format!("{key}.api_key_env"),
-                            "is not used by a `dev` provider; remove it or set kind = \"openai\"",
-                        );
+                    let unused = [
+                        ("base_url", provider.base_url.is_some()),
+                        ("api_key_env", provider.api_key_env.is_some()),
+                        ("api_version", provider.api_version.is_some()),
+                        ("headers", !provider.headers.is_empty()),
+                        ("structured_output", provider.structured_output.is_some()),
+                    ];
+                    for (field, set) in unused {
+                        if set {
+                            p.add(
+                                format!("{key}.{field}"),
+                                "is not used by a `dev` provider; remove it or set kind = \
+                                 \"openai\", \"anthropic\" or \"azure\"",
+                            );
+                        }
                     }
                 }
-                ProviderKind::Openai => {
-                    let url = provider.base_url.as_deref().unwrap_or(OPENAI_BASE_URL);
-                    match reqwest::Url::parse(url) {
-                        Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
-                        Ok(u) => p.add(
-                            format!("{key}.base_url"),
-                            format!("must be an http or https URL, not {}", u.scheme()),
-                        ),
-                        Err(e) => p.add(
-                            format!("{key}.base_url"),
-                            format!("is not a valid URL ({url:?}): {e}"),
-                        ),
+                kind => self.check_http_provider(p, &key, kind, provider),
+            }
+        }
+    }
+
+    /// The settings of an `openai`, `anthropic` or `azure` provider.
+    fn check_http_provider(
+        &self,
+        p: &mut Problems,
+        key: &str,
+        kind: ProviderKind,
+        provider: &ProviderConfig,
+    ) {
+        let url = match (kind, provider.base_url.as_deref()) {
+            (_, Some(url)) => Some(url),
+            (ProviderKind::Anthropic, None) => Some(ANTHROPIC_BASE_URL),
+            (ProviderKind::Azure, None) => {
+                p.add(
+                    format!("{key}.base_url"),
+                    "is required for an `azure` provider: its resource endpoint, e.g. \
+                     https://<resource>.openai.azure.com",
+                );
+                None
+            }
+            (_, None) => Some(OPENAI_BASE_URL),
+        };
+        if let Some(url) = url {
+            match reqwest::Url::parse(url) {
+                Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+                Ok(u) => p.add(
+                    format!("{key}.base_url"),
+                    format!("must be an http or https URL, not {}", u.scheme()),
+                ),
+                Err(e) => p.add(
+                    format!("{key}.base_url"),
+                    format!("is not a valid URL ({url:?}): {e}"),
+                ),
+            }
+        }
+        if let Some(env) = &provider.api_key_env
+            && !is_env_name(env)
+        {
+            p.add(
+                format!("{key}.api_key_env"),
+                "must be the name of an environment variable",
+            );
+        }
+        if let Some(version) = &provider.api_version {
+            if kind == ProviderKind::Openai {
+                p.add(
+                    format!("{key}.api_version"),
+                    "is used by `azure` (api-version) and `anthropic` (anthropic-version) \
+                     providers only",
+                );
+            } else if version.trim().is_empty()
+                || reqwest::header::HeaderValue::from_str(version).is_err()
+                || version.contains(['&', '#', ' '])
+            {
+                p.add(
+                    format!("{key}.api_version"),
+                    "must be a version such as 2024-10-21",
+                );
+            }
+        }
+        for (name, source) in &provider.headers {
+            let at = format!("{key}.headers.{name}");
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                p.add(&at, "is not a valid HTTP header name");
+            }
+            match source {
+                HeaderValueSource::Literal(v) => {
+                    if reqwest::header::HeaderValue::from_str(v).is_err() {
+                        p.add(&at, "is not a valid HTTP header value");
                     }
-                    if let Some(env) = &provider.api_key_env
-                        && (env.is_empty() || env.contains('='))
-                    {
+                }
+                HeaderValueSource::Env { env } => {
+                    if !is_env_name(env) {
                         p.add(
-                            format!("{key}.api_key_env"),
+                            format!("{at}.env"),
                             "must be the name of an environment variable",
-                        );
-                    }
-                    p.positive_duration(&format!("{key}.timeout"), provider.timeout);
-                    if provider.max_retries > 20 {
-                        p.add(format!("{key}.max_retries"), "must be at most 20");
-                    }
-                    p.positive_duration(&format!("{key}.retry_backoff"), provider.retry_backoff);
-                    if provider.max_retry_delay < provider.retry_backoff {
-                        p.add(
-                            format!("{key}.max_retry_delay"),
-                            "must not be shorter than retry_backoff",
-                        );
-                    }
-                    p.positive_duration(&format!("{key}.max_pause"), provider.max_pause);
-                    if provider.max_pause > MAX_PROVIDER_PAUSE {
-                        p.add(
-                            format!("{key}.max_pause"),
-                            "must be at most 24h (a provider paused longer looks dead)",
                         );
                     }
                 }
             }
+        }
+        if kind == ProviderKind::Anthropic
+            && provider.structured_output == Some(StructuredOutput::JsonObject)
+        {
+            p.add(
+                format!("{key}.structured_output"),
+                "`json_object` does not exist in Anthropic's Messages API; use \"tool\" (the \
+                 default), \"json_schema\" or \"prompt\"",
+            );
+        }
+        p.positive_duration(&format!("{key}.timeout"), provider.timeout);
+        if provider.max_retries > 20 {
+            p.add(format!("{key}.max_retries"), "must be at most 20");
+        }
+        p.positive_duration(&format!("{key}.retry_backoff"), provider.retry_backoff);
+        if provider.max_retry_delay < provider.retry_backoff {
+            p.add(
+                format!("{key}.max_retry_delay"),
+                "must not be shorter than retry_backoff",
+            );
+        }
+        p.positive_duration(&format!("{key}.max_pause"), provider.max_pause);
+        if provider.max_pause > MAX_PROVIDER_PAUSE {
+            p.add(
+                format!("{key}.max_pause"),
+                "must be at most 24h (a provider paused longer looks dead)",
+            );
         }
     }
 
@@ -434,4 +511,9 @@ fn listed<T: AsRef<str>>(names: impl IntoIterator<Item = T>) -> String {
     } else {
         names.join(", ")
     }
+}
+
+/// Whether `name` can name an environment variable.
+fn is_env_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['=', '\0'])
 }

@@ -5,12 +5,18 @@
 //! answer. It returns the output JSON and the token usage. Validation against the kind's
 //! contract happens in the worker (`tollgate_core::validate_output`), never here alone.
 //!
-//! Built in: [`openai::OpenAiProvider`] (any OpenAI-compatible chat completions API) and
+//! Built in: [`openai::OpenAiProvider`] (any OpenAI-compatible chat completions API, and
+//! Azure OpenAI), [`anthropic::AnthropicProvider`] (Anthropic's Messages API) and
 //! [`dev::DevProvider`] (offline and deterministic, for development and tests). What a
-//! call sends is rendered once for every dialect ([`prompt::Prompt`]); each dialect turns
-//! it into its wire format, and the token bound counts it.
+//! call sends is rendered once for every dialect ([`prompt::Prompt`], in the provider's
+//! structured-output mode); each dialect turns it into its wire format, and the token
+//! bound counts it ([`crate::cost::TokenCounter`]). Every HTTP dialect posts through
+//! [`http::HttpClient`] (timeouts, headers, retries, pace and pauses).
 
+pub mod answer;
+pub mod anthropic;
 pub mod dev;
+pub mod http;
 pub mod openai;
 pub mod pace;
 pub mod prompt;
@@ -62,10 +68,23 @@ pub enum ProviderError {
         /// Tokens the refused answer used.
         usage: Usage,
     },
-    /// The call failed (HTTP error after retries, timeout, misconfiguration). The task
-    /// fails with `provider_error`.
+    /// The call failed for good (an HTTP 4xx other than 408/409/429, a malformed answer,
+    /// misconfiguration): trying again would fail the same way. The task fails with
+    /// `provider_error`.
     #[error("{0}")]
     Failed(String),
+    /// The provider could not answer now (HTTP 408/409/429/5xx, a timeout, a connection
+    /// error), still so after the provider's own retries (`max_retries`), or it asked to
+    /// wait longer than `max_retry_delay`: a later call (or another deployment) may
+    /// succeed. The task fails with `provider_error` unless the caller tries again.
+    #[error("{message}")]
+    Unavailable {
+        /// What failed last.
+        message: String,
+        /// How long the provider asked to wait (`retry-after`, or an exhausted rate
+        /// limit's reset), where it said.
+        retry_after: Option<std::time::Duration>,
+    },
     /// The output would be larger than `max_output_bytes`. The task fails with
     /// `output_too_large` (asking again would not make it smaller).
     #[error("{0}")]
@@ -111,14 +130,19 @@ impl ProviderRegistry {
         let mut providers: HashMap<String, Arc<dyn Provider>> = HashMap::new();
         providers.insert(DEV_PROVIDER.to_string(), Arc::new(dev::DevProvider::new()));
         for (name, conf) in &config.providers {
+            // docs/conformance.md#provider-pace: every HTTP provider's 429s pause it on every replica.
+            let pace = || {
+                store
+                    .as_ref()
+                    .map(|s| pace::ProviderPace::from_config(name, conf, config, s.clone()))
+            };
             let provider: Arc<dyn Provider> = match conf.kind {
                 ProviderKind::Dev => Arc::new(dev::DevProvider::new()),
-                ProviderKind::Openai => {
-                    // docs/conformance.md#provider-pace: every provider's 429s pause it on every replica.
-                    let pace = store
-                        .as_ref()
-                        .map(|s| pace::ProviderPace::from_config(name, conf, config, s.clone()));
-                    Arc::new(openai::OpenAiProvider::new(name, conf)?.with_pace(pace))
+                ProviderKind::Openai | ProviderKind::Azure => {
+                    Arc::new(openai::OpenAiProvider::new(name, conf)?.with_pace(pace()))
+                }
+                ProviderKind::Anthropic => {
+                    Arc::new(anthropic::AnthropicProvider::new(name, conf)?.with_pace(pace()))
                 }
             };
             providers.insert(name.clone(), provider);
@@ -135,4 +159,11 @@ impl ProviderRegistry {
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Provider>> {
         self.providers.get(name)
     }
+}
+
+/// The longest answer body read for an output limit: the output arrives as a JSON string
+/// inside the answer's JSON, where escaping can make each byte up to six (`\u0000`), plus
+/// the answer's own fields.
+pub(crate) fn answer_limit(max_output_bytes: usize) -> usize {
+    max_output_bytes.saturating_mul(6).saturating_add(64 * 1024)
 }

@@ -1,7 +1,7 @@
 //! docs/conformance.md#provider-pace provider pace: `requests_per_minute` and `tokens_per_minute` of a provider
 //! (and of its models), enforced across every replica through the store's shared
 //! schedules ([`tollgate_store::PaceStore`]), and the pause a 429 with `Retry-After`
-//! sets for every replica — on every `openai` provider, paced or not, at most
+//! sets for every replica — on every HTTP provider (`openai`, `anthropic`, `azure`), paced or not, at most
 //! `max_pause`. An unpaced provider's call only reads the pause before it sends.
 //!
 //! Before each HTTP request (first attempt and every retry) a call takes its start on
@@ -63,7 +63,7 @@ impl Limits {
     }
 }
 
-/// One provider's pace and pause, shared by its calls in this process. Every `openai`
+/// One provider's pace and pause, shared by its calls in this process. Every HTTP
 /// provider has one: without limits it carries only the pause its 429s set.
 #[derive(Clone)]
 pub struct ProviderPace {

@@ -9,6 +9,7 @@
 //! whose wire format adds input beyond the prompt states its own bound on top of it.
 
 use super::ProviderCall;
+use crate::config::StructuredOutput;
 use serde_json::{Map, Value, json};
 use tollgate_core::TaskRequest;
 use tollgate_core::kinds::ChatRole;
@@ -44,7 +45,7 @@ impl PromptMessage {
     }
 }
 
-/// The structured output a prompt asks for.
+/// The structured output a prompt asks for (each dialect sends it in its own words).
 #[derive(Debug, Clone, PartialEq)]
 pub enum OutputFormat {
     /// JSON valid against `schema` (an object schema), strictly when `strict`.
@@ -58,25 +59,16 @@ pub enum OutputFormat {
     },
     /// Any JSON object.
     JsonObject,
-}
-
-impl OutputFormat {
-    /// The format as JSON: `{"type": "json_schema", "json_schema": {"name", "schema",
-    /// "strict"}}` or `{"type": "json_object"}` (what OpenAI-compatible servers read as
-    /// `response_format`). The token bound counts its bytes.
-    pub fn to_json(&self) -> Value {
-        match self {
-            OutputFormat::JsonSchema {
-                name,
-                schema,
-                strict,
-            } => json!({
-                "type": "json_schema",
-                "json_schema": { "name": name, "schema": schema, "strict": strict }
-            }),
-            OutputFormat::JsonObject => json!({"type": "json_object"}),
-        }
-    }
+    /// A forced call of a tool whose parameters are `schema`: the call's arguments are
+    /// the answer.
+    Tool {
+        /// The tool's name (the kind's).
+        name: &'static str,
+        /// The parameters' schema, its root an object.
+        schema: Value,
+        /// Whether the schema satisfies strict mode's rules.
+        strict: bool,
+    },
 }
 
 /// How the answer's content becomes the output.
@@ -99,6 +91,8 @@ pub struct Prompt {
     pub format: Option<OutputFormat>,
     /// How the answer's content becomes the output.
     pub shape: AnswerShape,
+    /// Whether the messages already state the answer's JSON Schema.
+    pub schema_in_instructions: bool,
 }
 
 impl Prompt {
@@ -116,6 +110,7 @@ impl Prompt {
     pub fn render(call: &ProviderCall<'_>) -> Prompt {
         let mut messages: Vec<PromptMessage> = Vec::new();
         let mut format = None;
+        let mut schema_in_instructions = false;
         let shape = match call.request {
             TaskRequest::GenerateText(r) => {
                 if let Some(system) = &r.system {
@@ -191,6 +186,7 @@ impl Prompt {
                             schema
                         );
                         messages.push(PromptMessage::new(ChatRole::System, system));
+                        schema_in_instructions = true;
                         messages.push(PromptMessage::new(
                             ChatRole::User,
                             input.as_deref().unwrap_or(""),
@@ -221,9 +217,83 @@ impl Prompt {
             messages,
             format,
             shape,
+            schema_in_instructions,
         }
     }
+
+    /// The prompt of `call` asking for structured output the way `mode` says
+    /// (docs/providers.md, "Structured output"):
+    /// - `json_schema`: as [`render`](Self::render) does.
+    /// - `json_object`: JSON mode, the schema stated in the instructions.
+    /// - `tool`: a forced tool call whose parameters are the schema (any object for
+    ///   JSON mode's `{"type": "object"}`).
+    /// - `prompt`: no format at all, the schema stated in the instructions.
+    ///
+    /// A free-text prompt (`generate_text`) is the same in every mode.
+    pub fn render_as(call: &ProviderCall<'_>, mode: StructuredOutput) -> Prompt {
+        let mut prompt = Prompt::render(call);
+        let Some(format) = prompt.format.take() else {
+            return prompt;
+        };
+        let (name, schema, strict) = match &format {
+            OutputFormat::JsonSchema {
+                name,
+                schema,
+                strict,
+            }
+            | OutputFormat::Tool {
+                name,
+                schema,
+                strict,
+            } => (*name, schema.clone(), *strict),
+            OutputFormat::JsonObject => (
+                call.request.kind().as_str(),
+                json!({"type": "object"}),
+                false,
+            ),
+        };
+        prompt.format = match mode {
+            StructuredOutput::JsonSchema => Some(format),
+            StructuredOutput::JsonObject => {
+                prompt.state_schema(&schema);
+                Some(OutputFormat::JsonObject)
+            }
+            StructuredOutput::Tool => Some(OutputFormat::Tool {
+                name,
+                schema,
+                strict,
+            }),
+            StructuredOutput::Prompt => {
+                prompt.state_schema(&schema);
+                None
+            }
+        };
+        prompt
+    }
+
+    /// Adds the answer's schema to the instructions (the first system message, or a new
+    /// one first) unless they state it already.
+    fn state_schema(&mut self, schema: &Value) {
+        if self.schema_in_instructions {
+            return;
+        }
+        let text = format!("{SCHEMA_INSTRUCTIONS}{schema}");
+        match self.messages.first_mut() {
+            Some(first) if first.role == ChatRole::System => {
+                first.content.push_str("\n\n");
+                first.content.push_str(&text);
+            }
+            _ => self
+                .messages
+                .insert(0, PromptMessage::new(ChatRole::System, text)),
+        }
+        self.schema_in_instructions = true;
+    }
 }
+
+/// What precedes the schema when the instructions must state it.
+const SCHEMA_INSTRUCTIONS: &str =
+    "Answer with JSON only, no other text, valid against this JSON Schema:\n";
 
 /// The bytes a re-ask's correction adds around the error text.
 pub(crate) const REASK_FRAME_BYTES: usize = REASK_BEFORE.len() + REASK_AFTER.len();
@@ -420,5 +490,62 @@ mod tests {
         assert_eq!(last.role_name(), "user");
         assert_eq!(last.content.len(), REASK_FRAME_BYTES + "no".len());
         assert_eq!(again.format, first.format);
+    }
+
+    #[test]
+    fn every_mode_states_the_schema_once() {
+        let (request, schema) = call_for(
+            TaskKind::Classify,
+            json!({"input": "Win a cruise", "labels": ["spam", "ham"]}),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &schema,
+            previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        let stated = |p: &Prompt| {
+            p.messages
+                .iter()
+                .filter(|m| m.content.contains(SCHEMA_INSTRUCTIONS))
+                .count()
+        };
+        let schema_format = Prompt::render_as(&call, StructuredOutput::JsonSchema);
+        assert!(matches!(
+            schema_format.format,
+            Some(OutputFormat::JsonSchema { .. })
+        ));
+        assert_eq!(stated(&schema_format), 0);
+        let object = Prompt::render_as(&call, StructuredOutput::JsonObject);
+        assert_eq!(object.format, Some(OutputFormat::JsonObject));
+        assert_eq!(stated(&object), 1);
+        assert_eq!(object.messages.len(), schema_format.messages.len());
+        let tool = Prompt::render_as(&call, StructuredOutput::Tool);
+        assert!(
+            matches!(&tool.format, Some(OutputFormat::Tool { name: "classify", schema: s, .. }) if s == &schema)
+        );
+        let prompt = Prompt::render_as(&call, StructuredOutput::Prompt);
+        assert_eq!(prompt.format, None);
+        assert_eq!(stated(&prompt), 1);
+        // An extraction's instructions state the schema already.
+        let (request, schema) = call_for(
+            TaskKind::ExtractData,
+            json!({"input": "Ada", "schema": {"type": "array", "items": {"type": "string"}}}),
+        );
+        let call = ProviderCall {
+            request: &request,
+            output_schema: &schema,
+            ..call
+        };
+        let prompt = Prompt::render_as(&call, StructuredOutput::Prompt);
+        assert_eq!(prompt.shape, AnswerShape::WrappedJson);
+        assert!(
+            prompt.messages[0]
+                .content
+                .contains("JSON Schema of the answer")
+        );
+        assert_eq!(stated(&prompt), 0);
     }
 }

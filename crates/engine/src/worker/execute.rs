@@ -188,7 +188,9 @@ impl WorkerPool {
                 Err(ProviderError::InvalidOutput { message, usage }) => {
                     (None, usage, Some(reask_error(message)))
                 }
-                Err(ProviderError::Failed(message)) => {
+                Err(
+                    ProviderError::Failed(message) | ProviderError::Unavailable { message, .. },
+                ) => {
                     span.error(message.clone());
                     provider_call(provider_name, "error");
                     return Err(Failure::new(ErrorCode::ProviderError, message));
@@ -363,6 +365,7 @@ fn attempt_usage(
             input_tokens: input,
             output_tokens: output,
             cached_input_tokens: None,
+            cache_write_input_tokens: None,
             ..used
         }
     } else {
@@ -381,17 +384,7 @@ fn attempt_usage(
 }
 
 fn add_usage(total: &mut Usage, used: Usage, provider: &str) {
-    total.input_tokens += used.input_tokens;
-    total.output_tokens += used.output_tokens;
-    total.cost_usd = match (total.cost_usd, used.cost_usd) {
-        (Some(a), Some(b)) => Some(a + b),
-        (a, b) => a.or(b),
-    };
-    total.cached_input_tokens = match (total.cached_input_tokens, used.cached_input_tokens) {
-        (Some(a), Some(b)) => Some(a + b),
-        (a, b) => a.or(b),
-    };
-    total.estimated |= used.estimated;
+    *total = total.plus(&used);
     metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "input")
         .increment(used.input_tokens);
     metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "output")

@@ -57,12 +57,15 @@ pub struct ModelView {
 /// A model's prices, US dollars per million tokens.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PricesView {
-    /// Per million input tokens not served from the provider's prompt cache.
+    /// Per million input tokens neither read from nor written to the provider's prompt
+    /// cache.
     pub input_usd_per_million: f64,
     /// Per million output tokens.
     pub output_usd_per_million: f64,
     /// Per million input tokens served from the provider's prompt cache.
     pub cached_input_usd_per_million: f64,
+    /// Per million input tokens written to the provider's prompt cache (docs/providers.md).
+    pub cache_write_input_usd_per_million: f64,
 }
 
 impl From<&tollgate_core::Prices> for PricesView {
@@ -73,6 +76,7 @@ impl From<&tollgate_core::Prices> for PricesView {
             input_usd_per_million: usd(p.input),
             output_usd_per_million: usd(p.output),
             cached_input_usd_per_million: usd(p.cached_input),
+            cache_write_input_usd_per_million: usd(p.cache_write_input),
         }
     }
 }

@@ -173,6 +173,7 @@ impl DevProvider {
             // The dev provider knows no price: the model's prices, if configured, say it.
             cost_usd: None,
             cached_input_tokens: None,
+            cache_write_input_tokens: None,
             estimated: false,
         };
         Ok(ProviderAnswer { output, usage })

@@ -17,9 +17,11 @@
 //!   `seed`, …); the request's own `temperature`, `top_p`, `stop`, `seed` and
 //!   `max_output_tokens` (sent as `max_tokens`) take precedence.
 //! - Failures are retried a bounded number of times (`max_retries`) with exponential
-//!   backoff and jitter, on HTTP 408, 409, 429 and 5xx, timeouts and connection errors.
-//!   `retry-after-ms` and `Retry-After` (seconds) are honoured; a wait longer than
-//!   `max_retry_delay` fails the call at once instead of holding a worker.
+//!   backoff and jitter, on HTTP 408, 409, 429 and 5xx, timeouts and connection errors
+//!   (the shared [`HttpClient`](super::http::HttpClient)); when they run out the call is
+//!   [`Unavailable`](super::ProviderError::Unavailable). `retry-after-ms` and
+//!   `Retry-After` (seconds) are honoured; a wait longer than `max_retry_delay` ends the
+//!   call at once instead of holding a worker.
 //! - Usage comes from `usage.prompt_tokens` and `usage.completion_tokens`; an answer
 //!   without them is marked `estimated` (the worker counts the attempt at its bound).
 //! - docs/conformance.md#provider-pace pause ([`super::pace`]): a 429 pauses the provider on every replica for
@@ -31,156 +33,169 @@
 //!   or `max_retry_delay`, so pacing never fails a task. Without a pace, a 429 is retried
 //!   like a 5xx (it counts against `max_retries`; a `Retry-After` longer than
 //!   `max_retry_delay` fails the call at once, the pause still holds for other calls).
-//! - Provider headers are read defensively (`http::retry_after`): nothing they say can panic
-//!   or pause a provider longer than `max_pause`.
+//! - `structured_output` other than `json_schema` (docs/providers.md): `json_object`
+//!   sends `response_format: {"type": "json_object"}` and states the schema in the
+//!   instructions; `tool` forces a function call whose parameters are the schema and
+//!   reads its arguments; `prompt` sends no format and states the schema.
+//! - Azure OpenAI (`kind = "azure"`) is the same dialect at a deployment's URL,
+//!   `{base_url}/openai/deployments/{model}/chat/completions?api-version=…`, its key in
+//!   `api-key`.
 //!
 //! Split by concern: `request` (the body, built from the dialect-neutral
-//! [`Prompt`](super::prompt::Prompt)), `response` (reading the answer), `http` (posting with
-//! retries, pauses and the pace; reading provider headers defensively).
+//! [`Prompt`](super::prompt::Prompt)), `response` (reading the answer); posting with
+//! retries, pauses and the pace is the shared [`super::http`].
 
-mod http;
 mod request;
 mod response;
 
 pub use super::prompt::AnswerShape;
-pub use request::request_body;
+pub use request::{format_fields, request_body, request_body_as};
 pub use response::parse_answer;
 
-use super::pace::{DEFAULT_PACE_OUTPUT_TOKENS, ProviderPace};
-use super::prompt::Prompt;
-use super::{Provider, ProviderAnswer, ProviderCall, ProviderError};
-use crate::config::ProviderKind;
-use crate::config::{ConfigError, OPENAI_BASE_URL, ProviderConfig};
-use crate::cost::{TokenCounter, output_bound, prompt_input_tokens};
+use super::http::{ApiKeyHeader, HttpClient, no_exhausted_limits};
+use super::pace::ProviderPace;
+use super::{Provider, ProviderAnswer, ProviderCall, ProviderError, answer_limit};
+use crate::config::{
+    AZURE_API_VERSION, ConfigError, OPENAI_BASE_URL, ProviderConfig, ProviderKind, StructuredOutput,
+};
+use crate::cost::TokenCounter;
 use async_trait::async_trait;
 use std::fmt;
-use std::time::Duration;
 
-/// An OpenAI-compatible chat completions endpoint.
+/// Where a provider's requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Endpoint {
+    /// One URL for every model (`{base_url}/chat/completions`).
+    Fixed(String),
+    /// Azure OpenAI: one URL per deployment (the model's name).
+    AzureDeployments {
+        /// The resource endpoint.
+        base: reqwest::Url,
+        /// The `api-version` query parameter.
+        api_version: String,
+    },
+}
+
+/// An OpenAI-compatible chat completions endpoint (or an Azure OpenAI resource).
 pub struct OpenAiProvider {
     name: String,
-    endpoint: String,
-    api_key: Option<String>,
-    client: reqwest::Client,
-    max_retries: u32,
-    retry_backoff: Duration,
-    max_retry_delay: Duration,
-    pace: Option<ProviderPace>,
+    kind: ProviderKind,
+    endpoint: Endpoint,
+    structured_output: StructuredOutput,
+    http: HttpClient,
 }
 
 impl fmt::Debug for OpenAiProvider {
-    // Never print the API key.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiProvider")
             .field("name", &self.name)
+            .field("kind", &self.kind)
             .field("endpoint", &self.endpoint)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("max_retries", &self.max_retries)
-            .field("pace", &self.pace)
-            .finish_non_exhaustive()
+            .field("structured_output", &self.structured_output)
+            .field("http", &self.http)
+            .finish()
     }
 }
 
 impl OpenAiProvider {
-    /// Builds the provider `[providers.<name>]`, reading its API key from the environment
-    /// variable `api_key_env` now.
+    /// Builds the provider `[providers.<name>]` (`kind = "openai"` or `"azure"`), reading
+    /// its API key and header variables from the environment now.
     pub fn new(name: &str, config: &ProviderConfig) -> Result<OpenAiProvider, ConfigError> {
-        let base = config
-            .base_url
-            .as_deref()
-            .unwrap_or(OPENAI_BASE_URL)
-            .trim_end_matches('/');
-        let api_key = match &config.api_key_env {
-            Some(var) => Some(std::env::var(var).map_err(|_| {
-                ConfigError::at(
-                    format!("providers.{name}.api_key_env"),
-                    format!("the environment variable {var} is not set"),
+        let (endpoint, key_header) = match config.kind {
+            ProviderKind::Azure => {
+                let at = || format!("providers.{name}.base_url");
+                let text = config.base_url.as_deref().ok_or_else(|| {
+                    ConfigError::at(at(), "an `azure` provider needs its resource endpoint")
+                })?;
+                let base = reqwest::Url::parse(text.trim_end_matches('/'))
+                    .map_err(|e| ConfigError::at(at(), format!("is not a valid URL: {e}")))?;
+                let api_version = config
+                    .api_version
+                    .clone()
+                    .unwrap_or_else(|| AZURE_API_VERSION.to_string());
+                (
+                    Endpoint::AzureDeployments { base, api_version },
+                    ApiKeyHeader::Named("api-key"),
                 )
-            })?),
-            None => None,
+            }
+            _ => {
+                let base = config
+                    .base_url
+                    .as_deref()
+                    .unwrap_or(OPENAI_BASE_URL)
+                    .trim_end_matches('/');
+                (
+                    Endpoint::Fixed(format!("{base}/chat/completions")),
+                    ApiKeyHeader::Bearer,
+                )
+            }
         };
-        let client = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .connect_timeout(config.timeout.min(Duration::from_secs(10)))
-            .user_agent(concat!("tollgate/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| {
-                ConfigError::at(
-                    format!("providers.{name}"),
-                    format!("cannot build an HTTP client: {e}"),
-                )
-            })?;
         Ok(OpenAiProvider {
             name: name.to_string(),
-            endpoint: format!("{base}/chat/completions"),
-            api_key,
-            client,
-            max_retries: config.max_retries,
-            retry_backoff: config.retry_backoff,
-            max_retry_delay: config.max_retry_delay,
-            pace: None,
+            kind: config.kind,
+            endpoint,
+            structured_output: config.structured_output(),
+            http: HttpClient::new(name, config, key_header)?,
         })
     }
 
     /// docs/conformance.md#provider-pace: paces this provider's calls with the schedules every replica shares.
     pub fn with_pace(mut self, pace: Option<ProviderPace>) -> OpenAiProvider {
-        self.pace = pace;
+        self.http = self.http.with_pace(pace);
         self
     }
 
-    /// The URL requests go to.
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
-    }
-
-    /// Exponential backoff with jitter: `retry_backoff · 2^attempt`, capped at
-    /// `max_retry_delay`, then a random 50–100 % of that.
-    fn backoff(&self, attempt: u32) -> Duration {
-        let full = self
-            .retry_backoff
-            .saturating_mul(1u32 << attempt.min(20))
-            .min(self.max_retry_delay);
-        full.mul_f64(0.5 + fastrand::f64() * 0.5)
+    /// The URL requests for `model` go to.
+    pub fn endpoint_for(&self, model: &str) -> String {
+        match &self.endpoint {
+            Endpoint::Fixed(url) => url.clone(),
+            Endpoint::AzureDeployments { base, api_version } => {
+                let mut url = base.clone();
+                if let Ok(mut segments) = url.path_segments_mut() {
+                    segments.pop_if_empty().extend([
+                        "openai",
+                        "deployments",
+                        model,
+                        "chat",
+                        "completions",
+                    ]);
+                }
+                url.query_pairs_mut()
+                    .clear()
+                    .append_pair("api-version", api_version);
+                url.to_string()
+            }
+        }
     }
 }
 
 #[async_trait]
 impl Provider for OpenAiProvider {
     async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
-        let prompt = Prompt::render(&call);
+        let counter =
+            TokenCounter::for_provider(self.kind, self.structured_output, &call.model.model);
+        let prompt = counter.render(&call);
         let body = request::body(&call, &prompt);
-        // docs/conformance.md#provider-pace token pace: this call's bound, counted as docs/conformance.md#cost-reservation counts a
-        // reservation (its re-ask messages included), settled with the real usage.
-        let estimate = if self.pace.as_ref().is_some_and(ProviderPace::is_paced) {
-            let counter = TokenCounter::for_model(Some(ProviderKind::Openai), &call.model.model);
-            let output = output_bound(call.model, call.request)
-                .unwrap_or(u64::from(DEFAULT_PACE_OUTPUT_TOKENS));
-            prompt_input_tokens(counter, &prompt).saturating_add(output)
+        // docs/conformance.md#provider-pace token pace: this call's bound, counted as a
+        // reservation counts it (its re-ask messages included), settled with the real usage.
+        let estimate = if self.http.is_paced() {
+            counter.pace_estimate(&call, &prompt)
         } else {
             0
         };
         let (answer, ticket) = self
-            .post(&body, estimate, answer_limit(call.max_output_bytes))
+            .http
+            .post(
+                &self.endpoint_for(&call.model.model),
+                &body,
+                &call.model.model,
+                estimate,
+                answer_limit(call.max_output_bytes),
+                no_exhausted_limits,
+            )
             .await?;
         let parsed = parse_answer(&answer, prompt.shape);
-        if let (Some(pace), Some(ticket)) = (&self.pace, &ticket) {
-            let used = match &parsed {
-                Ok(a) => Some(a.usage),
-                Err(ProviderError::InvalidOutput { usage, .. }) => Some(*usage),
-                Err(_) => None,
-            };
-            if let Some(u) = used {
-                pace.settle(ticket, u.input_tokens.saturating_add(u.output_tokens))
-                    .await;
-            }
-        }
+        self.http.settle(ticket, &parsed).await;
         parsed
     }
-}
-
-/// The longest answer body read for an output limit: the output arrives as a JSON string
-/// inside the answer's JSON, where escaping can make each byte up to six (`\u0000`), plus
-/// the answer's own fields.
-fn answer_limit(max_output_bytes: usize) -> usize {
-    max_output_bytes.saturating_mul(6).saturating_add(64 * 1024)
 }

@@ -1,15 +1,69 @@
-//! The chat completions request body: the [`Prompt`]'s messages and `response_format`,
-//! the model's `params` merged in, the request's own sampling fields over them.
+//! The chat completions request body: the [`Prompt`]'s messages and its structured
+//! output (`response_format`, or a forced tool), the model's `params` merged in, the
+//! request's own sampling fields over them.
 
+use crate::config::StructuredOutput;
 use crate::provider::ProviderCall;
-use crate::provider::prompt::{AnswerShape, Prompt};
+use crate::provider::prompt::{AnswerShape, OutputFormat, Prompt};
 use serde_json::{Map, Value, json};
 use tollgate_core::TaskRequest;
 
-/// The chat completions request body for a call, and how to read its answer.
+/// The chat completions request body for a call in the default `json_schema` mode, and
+/// how to read its answer.
 pub fn request_body(call: &ProviderCall<'_>) -> (Value, AnswerShape) {
-    let prompt = Prompt::render(call);
+    request_body_as(call, StructuredOutput::JsonSchema)
+}
+
+/// The chat completions request body for a call whose structured output is asked for
+/// as `mode` says, and how to read its answer.
+pub fn request_body_as(call: &ProviderCall<'_>, mode: StructuredOutput) -> (Value, AnswerShape) {
+    let prompt = Prompt::render_as(call, mode);
     (body(call, &prompt), prompt.shape)
+}
+
+/// The body fields that ask for `format`: `response_format`
+/// (`{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}` or
+/// `{"type": "json_object"}`), or `tools` with one function and `tool_choice` forcing
+/// it. The token bound counts their JSON bytes.
+pub fn format_fields(format: &OutputFormat) -> Vec<(&'static str, Value)> {
+    match format {
+        OutputFormat::JsonSchema {
+            name,
+            schema,
+            strict,
+        } => vec![(
+            "response_format",
+            json!({
+                "type": "json_schema",
+                "json_schema": { "name": name, "schema": schema, "strict": strict }
+            }),
+        )],
+        OutputFormat::JsonObject => vec![("response_format", json!({"type": "json_object"}))],
+        OutputFormat::Tool {
+            name,
+            schema,
+            strict,
+        } => {
+            let mut function = json!({
+                "name": name,
+                "description": "Give the answer as this function's arguments.",
+                "parameters": schema,
+            });
+            if *strict {
+                function["strict"] = json!(true);
+            }
+            vec![
+                (
+                    "tools",
+                    json!([{ "type": "function", "function": function }]),
+                ),
+                (
+                    "tool_choice",
+                    json!({"type": "function", "function": { "name": name }}),
+                ),
+            ]
+        }
+    }
 }
 
 /// The body of `call` whose prompt is `prompt`.
@@ -17,7 +71,9 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
     let mut body: Map<String, Value> = call.model.params.clone();
     body.insert("model".into(), json!(call.model.model));
     if let Some(format) = &prompt.format {
-        body.insert("response_format".into(), format.to_json());
+        for (key, value) in format_fields(format) {
+            body.insert(key.into(), value);
+        }
     }
     let sampling = match call.request {
         TaskRequest::GenerateText(r) => Some(Sampling {

@@ -1,10 +1,10 @@
 //! Reading a chat completions answer: the usage, a refusal, the content as the output in
 //! the [`AnswerShape`] the request asked for.
 
-use super::http::excerpt;
+use crate::provider::http::excerpt;
 use crate::provider::prompt::AnswerShape;
 use crate::provider::{ProviderAnswer, ProviderError};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tollgate_core::Usage;
 
 /// Reads a chat completions answer.
@@ -23,6 +23,7 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
         cached_input_tokens: answer
             .pointer("/usage/prompt_tokens_details/cached_tokens")
             .and_then(Value::as_u64),
+        cache_write_input_tokens: None,
         // No usage reported: the worker counts the attempt at its bound (docs/budgets.md).
         estimated: input.is_none() || output.is_none(),
     };
@@ -36,51 +37,36 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
     if let Some(refusal) = message.get("refusal").and_then(Value::as_str) {
         return Err(invalid(format!("the model refused: {}", excerpt(refusal))));
     }
-    let Some(content) = message.get("content").and_then(Value::as_str) else {
-        return Err(invalid("the answer has no message content".to_string()));
+    // A forced tool call (`structured_output = "tool"`) answers in its arguments, a
+    // JSON text; anything else in the content.
+    let arguments = message
+        .pointer("/tool_calls/0/function/arguments")
+        .and_then(Value::as_str);
+    let content = match (arguments, message.get("content").and_then(Value::as_str)) {
+        (Some(args), _) if shape != AnswerShape::Text => args,
+        (_, Some(content)) => content,
+        (Some(args), None) => args,
+        (None, None) => return Err(invalid("the answer has no message content".to_string())),
     };
-    let output = match shape {
-        AnswerShape::Text => json!({ "text": content }),
-        AnswerShape::Json | AnswerShape::WrappedJson => {
-            let parsed: Value = serde_json::from_str(strip_code_fence(content)).map_err(|e| {
-                invalid(format!(
-                    "the answer is not valid JSON ({e}): {}",
-                    excerpt(content)
-                ))
-            })?;
-            if shape == AnswerShape::WrappedJson {
-                match parsed {
-                    Value::Object(mut map) if map.contains_key("value") => {
-                        map.remove("value").unwrap_or(Value::Null)
-                    }
-                    other => {
-                        return Err(invalid(format!(
-                            "the answer must be an object {{\"value\": …}}, got {}",
-                            excerpt(&other.to_string())
-                        )));
-                    }
-                }
-            } else {
-                parsed
-            }
-        }
-    };
+    let output = shape.output_from_text(content).map_err(invalid)?;
     Ok(ProviderAnswer { output, usage })
-}
-
-/// Some local servers wrap JSON in a Markdown code fence despite `response_format`.
-fn strip_code_fence(content: &str) -> &str {
-    let trimmed = content.trim();
-    let Some(rest) = trimmed.strip_prefix("```") else {
-        return trimmed;
-    };
-    let rest = rest.strip_prefix("json").unwrap_or(rest);
-    rest.strip_suffix("```").unwrap_or(rest).trim()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_tool_call_answers_in_its_arguments() {
+        let answer = json!({"choices": [{"message": {"content": null, "tool_calls": [
+            {"type": "function", "function": {"name": "classify", "arguments": "{\"label\":\"ham\"}"}}
+        ]}}]});
+        assert_eq!(
+            parse_answer(&answer, AnswerShape::Json).unwrap().output,
+            json!({"label": "ham"})
+        );
+    }
 
     #[test]
     fn malformed_content_is_an_invalid_output_not_a_failure() {

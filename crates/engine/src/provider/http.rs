@@ -1,0 +1,602 @@
+//! The HTTP client every dialect posts with: timeouts, the provider's credentials and
+//! extra headers, docs/conformance.md#provider-pace pace and pauses, bounded retries with
+//! backoff, bounded reading of the answer, and provider headers (`retry-after`,
+//! rate-limit headers) read defensively.
+//!
+//! A failure that may pass (HTTP 408, 409, 429, 5xx, a timeout, a connection error) is
+//! retried up to `max_retries` times; when retries run out, or the provider asks to wait
+//! longer than `max_retry_delay`, the call answers [`ProviderError::Unavailable`] (with
+//! the wait the provider asked for) so a caller may try another deployment later. Any
+//! other failure (4xx, a malformed answer) is [`ProviderError::Failed`].
+
+use crate::config::{ConfigError, HeaderValueSource, ProviderConfig};
+use crate::metrics as m;
+use crate::provider::pace::{PaceTicket, ProviderPace};
+use crate::provider::{ProviderAnswer, ProviderError};
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+/// Longest excerpt of an error body kept in a message, in characters.
+const MAX_BODY_EXCERPT: usize = 500;
+
+/// How a dialect sends its API key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKeyHeader {
+    /// `Authorization: Bearer <key>` (OpenAI-compatible).
+    Bearer,
+    /// The key as the value of a header of its own (`x-api-key`, `api-key`).
+    Named(&'static str),
+}
+
+/// Reads, from an answer's headers, how long the provider will refuse calls (a limit
+/// whose remaining count is zero), if it says. `None`: nothing exhausted.
+pub type ExhaustedLimits = fn(&HeaderMap, SystemTime) -> Option<Duration>;
+
+/// One provider's HTTP client.
+pub struct HttpClient {
+    name: String,
+    client: reqwest::Client,
+    /// The API key's header and the configured extra headers.
+    headers: HeaderMap,
+    max_retries: u32,
+    retry_backoff: Duration,
+    max_retry_delay: Duration,
+    pace: Option<ProviderPace>,
+}
+
+impl fmt::Debug for HttpClient {
+    // Never print the headers: they hold the API key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpClient")
+            .field("name", &self.name)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("max_retries", &self.max_retries)
+            .field("pace", &self.pace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpClient {
+    /// The client of `[providers.<name>]`: reads the API key (`api_key_env`, sent as
+    /// `key_header`) and the extra headers' environment variables now, so a missing one
+    /// fails at start-up rather than on the first task.
+    pub fn new(
+        name: &str,
+        config: &ProviderConfig,
+        key_header: ApiKeyHeader,
+    ) -> Result<HttpClient, ConfigError> {
+        let mut headers = HeaderMap::new();
+        for (header, source) in &config.headers {
+            let at = || format!("providers.{name}.headers.{header}");
+            let value = match source {
+                HeaderValueSource::Literal(v) => v.clone(),
+                HeaderValueSource::Env { env } => std::env::var(env).map_err(|_| {
+                    ConfigError::at(at(), format!("the environment variable {env} is not set"))
+                })?,
+            };
+            let header_name = HeaderName::from_bytes(header.as_bytes())
+                .map_err(|_| ConfigError::at(at(), "is not a valid HTTP header name"))?;
+            let mut value = HeaderValue::from_str(&value)
+                .map_err(|_| ConfigError::at(at(), "is not a valid HTTP header value"))?;
+            value.set_sensitive(matches!(source, HeaderValueSource::Env { .. }));
+            headers.insert(header_name, value);
+        }
+        if let Some(var) = &config.api_key_env {
+            let key = std::env::var(var).map_err(|_| {
+                ConfigError::at(
+                    format!("providers.{name}.api_key_env"),
+                    format!("the environment variable {var} is not set"),
+                )
+            })?;
+            let (header, text) = match key_header {
+                ApiKeyHeader::Bearer => (reqwest::header::AUTHORIZATION, format!("Bearer {key}")),
+                ApiKeyHeader::Named(h) => (HeaderName::from_static(h), key),
+            };
+            let mut value = HeaderValue::from_str(&text).map_err(|_| {
+                ConfigError::at(
+                    format!("providers.{name}.api_key_env"),
+                    format!("the value of {var} is not a valid HTTP header value"),
+                )
+            })?;
+            value.set_sensitive(true);
+            headers.insert(header, value);
+        }
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout.min(Duration::from_secs(10)))
+            .user_agent(concat!("tollgate/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                ConfigError::at(
+                    format!("providers.{name}"),
+                    format!("cannot build an HTTP client: {e}"),
+                )
+            })?;
+        Ok(HttpClient {
+            name: name.to_string(),
+            client,
+            headers,
+            max_retries: config.max_retries,
+            retry_backoff: config.retry_backoff,
+            max_retry_delay: config.max_retry_delay,
+            pace: None,
+        })
+    }
+
+    /// docs/conformance.md#provider-pace: paces this provider's calls with the schedules
+    /// every replica shares.
+    pub fn with_pace(mut self, pace: Option<ProviderPace>) -> HttpClient {
+        self.pace = pace;
+        self
+    }
+
+    /// Adds a header sent with every request (a dialect's own, e.g. `anthropic-version`).
+    pub fn with_header(mut self, name: &'static str, value: HeaderValue) -> HttpClient {
+        self.headers
+            .entry(HeaderName::from_static(name))
+            .or_insert(value);
+        self
+    }
+
+    /// Whether calls wait for a turn on a token or request pace (and so need a token
+    /// estimate).
+    pub fn is_paced(&self) -> bool {
+        self.pace.as_ref().is_some_and(ProviderPace::is_paced)
+    }
+
+    /// Settles a call's pace ticket with the usage its answer reported.
+    pub async fn settle(
+        &self,
+        ticket: Option<PaceTicket>,
+        parsed: &Result<ProviderAnswer, ProviderError>,
+    ) {
+        let (Some(pace), Some(ticket)) = (&self.pace, &ticket) else {
+            return;
+        };
+        let used = match parsed {
+            Ok(a) => Some(a.usage),
+            Err(ProviderError::InvalidOutput { usage, .. }) => Some(*usage),
+            Err(_) => None,
+        };
+        if let Some(u) = used {
+            pace.settle(ticket, u.input_tokens.saturating_add(u.output_tokens))
+                .await;
+        }
+    }
+
+    /// POSTs `body` to `url`, retrying what may succeed later. Returns the answer's JSON
+    /// and, when paced, the ticket to settle with its usage. `model` names the pace
+    /// schedule, `estimate` the call's token bound; an answer body longer than
+    /// `max_answer_bytes` is not read further. `exhausted` reads the dialect's rate-limit
+    /// headers: a limit it reports exhausted pauses the provider (at most `max_pause`)
+    /// until it resets, and sets the pause of a 429 that names no `retry-after`.
+    pub async fn post(
+        &self,
+        url: &str,
+        body: &Value,
+        model: &str,
+        estimate: u64,
+        max_answer_bytes: usize,
+        exhausted: ExhaustedLimits,
+    ) -> Result<(Value, Option<PaceTicket>), ProviderError> {
+        let text = serde_json::to_string(body)
+            .map_err(|e| ProviderError::Failed(format!("cannot encode the request: {e}")))?;
+        let mut attempt: u32 = 0;
+        loop {
+            let ticket = match &self.pace {
+                Some(pace) => Some(pace.wait_turn(model, estimate).await),
+                None => None,
+            };
+            let request = self
+                .client
+                .post(url)
+                .headers(self.headers.clone())
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(text.clone());
+            let (message, retry_after) = match request.send().await {
+                Ok(response) if response.status().is_success() => {
+                    if let (Some(pace), Some(wait)) = (
+                        &self.pace,
+                        exhausted(response.headers(), SystemTime::now()).filter(|w| !w.is_zero()),
+                    ) {
+                        // The provider says its next call would be refused: every
+                        // replica waits for the limit's reset instead of meeting a 429.
+                        let pause = pace.pause(wait).await;
+                        tracing::info!(provider = %self.name, ?pause, "rate limit exhausted: provider paused");
+                    }
+                    match read_bounded(response, max_answer_bytes).await {
+                        Ok(bytes) => return Ok((parse_json_body(bytes).await?, ticket)),
+                        Err(ReadError::TooLarge) => {
+                            return Err(ProviderError::OutputTooLarge(format!(
+                                "the provider's answer is longer than {max_answer_bytes} bytes, \
+                                 more than any output within the output limit needs \
+                                 (max_output_bytes)"
+                            )));
+                        }
+                        Err(ReadError::Http(e)) if is_transient(&e) => (describe(&e), None),
+                        Err(ReadError::Http(e)) => return Err(ProviderError::Failed(describe(&e))),
+                    }
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    let retry_after = retry_after(response.headers());
+                    let limits = exhausted(response.headers(), SystemTime::now());
+                    let text = response.text().await.unwrap_or_default();
+                    let message = format!("HTTP {status}: {}", excerpt(&text));
+                    if status == StatusCode::TOO_MANY_REQUESTS {
+                        metrics::counter!(m::PROVIDER_429S_TOTAL, "provider" => self.name.clone())
+                            .increment(1);
+                        if let Some(pace) = &self.pace {
+                            // docs/conformance.md#provider-pace: every provider's 429 pauses it
+                            // on every replica (cut to `max_pause`). A paced call then waits
+                            // for its turn again; an unpaced one retries as below (its retry
+                            // waits the pause out first).
+                            let pause = retry_after
+                                .or(limits)
+                                .unwrap_or_else(|| self.backoff(attempt));
+                            let pause = pace.pause(pause).await;
+                            tracing::info!(provider = %self.name, ?pause, "429: provider paused");
+                            if pace.is_paced() {
+                                continue;
+                            }
+                        }
+                    }
+                    if !is_retryable_status(status) {
+                        return Err(ProviderError::Failed(message));
+                    }
+                    (message, retry_after.or(limits))
+                }
+                Err(e) if is_transient(&e) => (describe(&e), None),
+                Err(e) => return Err(ProviderError::Failed(describe(&e))),
+            };
+            if attempt >= self.max_retries {
+                return Err(ProviderError::Unavailable {
+                    message: format!("{message} (gave up after {} attempts)", attempt + 1),
+                    retry_after,
+                });
+            }
+            let delay = match retry_after {
+                Some(wait) if wait > self.max_retry_delay => {
+                    return Err(ProviderError::Unavailable {
+                        message: format!(
+                            "{message}; the provider asked to retry after {} s, longer than \
+                             max_retry_delay ({} s)",
+                            wait.as_secs_f64(),
+                            self.max_retry_delay.as_secs_f64()
+                        ),
+                        retry_after: Some(wait),
+                    });
+                }
+                Some(wait) => wait,
+                None => self.backoff(attempt),
+            };
+            tracing::debug!(provider = %self.name, attempt, ?delay, %message, "retrying");
+            metrics::counter!(m::PROVIDER_RETRIES_TOTAL, "provider" => self.name.clone())
+                .increment(1);
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+
+    /// Exponential backoff with jitter: `retry_backoff · 2^attempt`, capped at
+    /// `max_retry_delay`, then a random 50–100 % of that.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let full = self
+            .retry_backoff
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.max_retry_delay);
+        full.mul_f64(0.5 + fastrand::f64() * 0.5)
+    }
+}
+
+/// No rate-limit headers read (dialects whose headers say nothing usable).
+pub fn no_exhausted_limits(_: &HeaderMap, _: SystemTime) -> Option<Duration> {
+    None
+}
+
+enum ReadError {
+    TooLarge,
+    Http(reqwest::Error),
+}
+
+/// The body, chunk by chunk, stopping past `limit` bytes.
+async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, ReadError> {
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(ReadError::TooLarge);
+    }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(ReadError::Http)? {
+        if bytes.len() + chunk.len() > limit {
+            return Err(ReadError::TooLarge);
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+/// Parses an answer body off the async runtime (it may be megabytes).
+async fn parse_json_body(bytes: Vec<u8>) -> Result<Value, ProviderError> {
+    crate::cpu::run(None, move |_| {
+        serde_json::from_slice::<Value>(&bytes).map_err(|e| {
+            ProviderError::Failed(format!(
+                "the provider's answer is not JSON ({e}): {}",
+                excerpt(&String::from_utf8_lossy(
+                    &bytes[..bytes.len().min(4 * MAX_BODY_EXCERPT)]
+                ))
+            ))
+        })
+    })
+    .await
+    .map_err(|panic| {
+        ProviderError::Failed(format!("reading the provider's answer failed: {panic}"))
+    })?
+}
+
+fn is_retryable_status(status: StatusCode) -> bool {
+    status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::CONFLICT
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status.is_server_error()
+}
+
+fn is_transient(e: &reqwest::Error) -> bool {
+    e.is_timeout() || e.is_connect() || e.is_request() || e.is_body()
+}
+
+/// The longest wait a header can ask for, before any configured cap: a day. Anything
+/// longer reads as a day (and is then cut to `max_pause` or refused by
+/// `max_retry_delay`).
+const LONGEST_HEADER_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// The wait a provider asks for: `retry-after-ms` (OpenAI's, in milliseconds), else
+/// `Retry-After` in seconds or as an HTTP date. Read defensively, as anything a
+/// provider (or a proxy before it) sends: values that are not text, not a number or a
+/// date, negative, NaN or infinite are ignored (as if absent); a date in the past is 0;
+/// a huge value reads as [`LONGEST_HEADER_WAIT`]. Never panics.
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    retry_after_at(headers, SystemTime::now())
+}
+
+fn retry_after_at(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+    };
+    let seconds = |n: f64| -> Option<Duration> {
+        (n.is_finite() && n >= 0.0)
+            .then(|| Duration::from_secs_f64(n.min(LONGEST_HEADER_WAIT.as_secs_f64())))
+    };
+    if let Some(wait) = text("retry-after-ms")
+        .and_then(|t| t.parse::<f64>().ok())
+        .and_then(|ms| seconds(ms / 1000.0))
+    {
+        return Some(wait);
+    }
+    let value = text("retry-after")?;
+    match value.parse::<f64>() {
+        Ok(n) => seconds(n),
+        Err(_) => httpdate::parse_http_date(value).ok().map(|at| {
+            at.duration_since(now)
+                .unwrap_or(Duration::ZERO)
+                .min(LONGEST_HEADER_WAIT)
+        }),
+    }
+}
+
+/// The wait until an RFC 3339 time (`2026-12-03T06:10:00Z`, fractions and offsets
+/// allowed), as rate-limit reset headers give it: 0 for a time in the past, at most a
+/// day; `None` for anything else. Never panics.
+pub fn wait_until_rfc3339(value: &str, now: SystemTime) -> Option<Duration> {
+    let at = parse_rfc3339(value.trim())?;
+    let now = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
+    let wait = (at - now).clamp(0.0, LONGEST_HEADER_WAIT.as_secs_f64());
+    wait.is_finite().then(|| Duration::from_secs_f64(wait))
+}
+
+/// Seconds since the Unix epoch of an RFC 3339 date-time.
+fn parse_rfc3339(text: &str) -> Option<f64> {
+    let b = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<i64> {
+        let part = b.get(range)?;
+        part.iter().all(u8::is_ascii_digit).then_some(())?;
+        std::str::from_utf8(part).ok()?.parse().ok()
+    };
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+    let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    if second > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    let mut fraction = 0.0;
+    if let Some(after) = rest.strip_prefix('.') {
+        let n = after.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 || n > 9 {
+            return None;
+        }
+        fraction = format!("0.{}", &after[..n]).parse().ok()?;
+        rest = &after[n..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let o = rest.as_bytes();
+            if o.len() != 6 || !matches!(o[0], b'+' | b'-') || o[3] != b':' {
+                return None;
+            }
+            let hours: i64 = rest.get(1..3)?.parse().ok()?;
+            let minutes: i64 = rest.get(4..6)?.parse().ok()?;
+            if hours > 23 || minutes > 59 {
+                return None;
+            }
+            let sign = if o[0] == b'-' { -1 } else { 1 };
+            sign * (hours * 3600 + minutes * 60)
+        }
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
+    Some(seconds as f64 + fraction)
+}
+
+/// An error and its causes, e.g. "error sending request: connection refused".
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = if e.is_timeout() {
+        format!("timed out: {e}")
+    } else {
+        e.to_string()
+    };
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `text` cut to its first 500 characters (for error messages).
+pub fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(MAX_BODY_EXCERPT) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_resets_are_read_defensively() {
+        let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        // 1_800_000_000 is 2027-01-15T08:00:00Z.
+        let wait = |t: &str| wait_until_rfc3339(t, now);
+        assert_eq!(wait("2027-01-15T08:00:30Z"), Some(Duration::from_secs(30)));
+        assert_eq!(
+            wait("2027-01-15T08:00:01.5Z"),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            wait("2027-01-15T09:00:30+01:00"),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(wait("2020-01-01T00:00:00Z"), Some(Duration::ZERO));
+        assert_eq!(wait("9999-12-31T23:59:59Z"), Some(LONGEST_HEADER_WAIT));
+        for bad in [
+            "",
+            "soon",
+            "2027-13-01T00:00:00Z",
+            "2027-01-15T25:00:00Z",
+            "2027-01-15T08:00:00",
+            "2027-01-15T08:00:00+1:00",
+            "2027-01-15T08:00:00.Z",
+            "２０２７-01-15T08:00:00Z",
+            "2027-01-15T08:00:00.1234567890Z",
+        ] {
+            assert_eq!(wait(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_reads_both_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", "2".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert("retry-after-ms", "150".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_millis(150)));
+    }
+
+    /// Issue 26 item 13: hostile values never panic, never ask for more than a day, and
+    /// an unreadable `retry-after-ms` falls back to `Retry-After`.
+    #[test]
+    fn retry_after_reads_hostile_headers_defensively() {
+        use reqwest::header::HeaderValue;
+        let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let day = LONGEST_HEADER_WAIT;
+        let read = |ms: Option<&[u8]>, secs: Option<&[u8]>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = ms {
+                h.insert("retry-after-ms", HeaderValue::from_bytes(v).unwrap());
+            }
+            if let Some(v) = secs {
+                h.insert("retry-after", HeaderValue::from_bytes(v).unwrap());
+            }
+            retry_after_at(&h, now)
+        };
+        // Huge, in every notation: capped at a day (1e23 ms panicked before).
+        for huge in [
+            &b"1e23"[..],
+            b"1e308",
+            b"18446744073709551616",
+            b"99999999999999999999999999",
+        ] {
+            assert_eq!(read(Some(huge), None), Some(day), "{huge:?}");
+            assert_eq!(read(None, Some(huge)), Some(day), "{huge:?}");
+        }
+        assert_eq!(read(None, Some(b"1000000000")), Some(day));
+        // Not a usable number: ignored.
+        for bad in [
+            &b"NaN"[..],
+            b"nan",
+            b"inf",
+            b"-inf",
+            b"infinity",
+            b"-1",
+            b"-0.5",
+            b"1e400x",
+            b"soon",
+            b"",
+            b"   ",
+            b"0x10",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(read(Some(bad), None), None, "{bad:?}");
+            assert_eq!(read(None, Some(bad)), None, "{bad:?}");
+        }
+        // A bad `retry-after-ms` falls back to a good `Retry-After`.
+        assert_eq!(read(Some(b"NaN"), Some(b"3")), Some(Duration::from_secs(3)));
+        // Fractions, zero and surrounding space.
+        assert_eq!(
+            read(Some(b" 250.5 "), None),
+            Some(Duration::from_micros(250_500))
+        );
+        assert_eq!(read(None, Some(b"0")), Some(Duration::ZERO));
+        // HTTP dates: in the future, in the past, far away, malformed.
+        let in_90s = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        assert_eq!(
+            read(None, Some(in_90s.as_bytes())),
+            Some(Duration::from_secs(90))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        assert_eq!(read(None, Some(past.as_bytes())), Some(Duration::ZERO));
+        assert_eq!(
+            read(None, Some(b"Fri, 31 Dec 9999 23:59:59 GMT")),
+            Some(day)
+        );
+        assert_eq!(read(None, Some(b"Fri, 32 Dec 2025 25:61:61 GMT")), None);
+    }
+}
