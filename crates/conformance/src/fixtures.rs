@@ -158,6 +158,7 @@ pub fn new_app_task(app_name: &str, scope_name: &str, effect_key: &str) -> NewTa
         model: ModelId::new("default").expect("valid model id"),
         model_ref: model_ref(),
         scope: None,
+        max_attempts: tollgate_core::MaxAttempts::ONE,
     }
 }
 

@@ -1751,6 +1751,7 @@ impl Harness {
                 budget: s.budget.budget(),
                 reservation: reservation_of(s.reserve),
             }),
+            max_attempts: tollgate_core::MaxAttempts::ONE,
         }
     }
 

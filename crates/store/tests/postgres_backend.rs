@@ -62,6 +62,7 @@ fn app_task(app: &str, scope: &str, key: &str, source: Option<&str>) -> NewTask 
             budget: Budget::unlimited(),
             reservation: tollgate_core::Reservation::default(),
         }),
+        max_attempts: tollgate_core::MaxAttempts::ONE,
     }
 }
 

@@ -92,6 +92,7 @@ async fn sweep_repairs_a_lost_wake() {
             model: ModelId::new("default").unwrap(),
             model_ref: ModelRef::new("dev", "dev-1"),
             scope: None,
+            max_attempts: tollgate_core::MaxAttempts::ONE,
         })
         .await
         .unwrap()

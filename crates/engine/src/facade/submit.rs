@@ -113,6 +113,7 @@ impl Tollgate {
                 budget,
                 reservation,
             }),
+            max_attempts: tollgate_core::MaxAttempts::ONE,
         })
     }
 

@@ -300,3 +300,5 @@ async fn check_schema_version(pool: &PgPool) -> StoreResult<()> {
 pub(crate) fn id_array<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
     ids.iter().map(ToString::to_string).collect()
 }
+
+crate::shared::attempts::attempt_store_for!(PostgresStore);

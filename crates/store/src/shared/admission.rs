@@ -388,7 +388,8 @@ impl<'a> InsertRow<'a> {
                 .bind("completed_at", cached.then_some(self.now.0))
                 .bind("reservation", self.reservation.as_deref())
                 .bind("priority", i64::from(new.dispatch.priority))
-                .bind("dispatch_key", new.dispatch.key(self.now));
+                .bind("dispatch_key", new.dispatch.key(self.now))
+                .bind("max_attempts", i64::from(new.max_attempts.get()));
         });
         if !clock {
             b.group(NOW_NAMES, |b| {
@@ -427,6 +428,7 @@ pub(crate) const ROW_NAMES: &[&str] = &[
     "reservation",
     "priority",
     "dispatch_key",
+    "max_attempts",
 ];
 
 /// The name [`InsertRow::bind`] binds besides [`ROW_NAMES`] unless the statement reads its

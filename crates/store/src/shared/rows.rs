@@ -30,7 +30,7 @@ macro_rules! task_columns {
             source_revision, recompute, model_id, model_ref, model_config_hash, request,
             input_hash, cache_key, status, cancel_requested, cached_from, output, usage,
             error_code, error_message, attempt, worker, created_at, claimed_at, heartbeat_at,
-            completed_at, released_at, reservation, priority
+            completed_at, released_at, reservation, priority, max_attempts
         )
     };
     (@plain $first:ident $(, $column:ident)*) => {
@@ -97,6 +97,7 @@ pub(crate) struct TaskRow {
     released_at: Option<i64>,
     reservation: Option<String>,
     priority: i64,
+    max_attempts: i64,
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -212,6 +213,15 @@ impl TaskRow {
                 .map(|r| json("reservation", r))
                 .transpose()?,
             priority: text("priority", Priority::new(self.priority))?,
+            max_attempts: u32::try_from(self.max_attempts)
+                .ok()
+                .and_then(|n| tollgate_core::MaxAttempts::new(n).ok())
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "max_attempts {} of {}",
+                        self.max_attempts, self.id
+                    ))
+                })?,
         })
     }
 }
@@ -496,9 +506,9 @@ mod column_list_tests {
     #[test]
     fn the_task_columns_are_the_row_fields_and_the_qualified_form_is_the_same_list() {
         let plain: Vec<&str> = task_columns!().split(", ").collect();
-        assert_eq!(plain.len(), 34, "{plain:?}");
+        assert_eq!(plain.len(), 35, "{plain:?}");
         assert_eq!(plain.first(), Some(&"id"));
-        assert_eq!(plain.last(), Some(&"priority"));
+        assert_eq!(plain.last(), Some(&"max_attempts"));
         let qualified: Vec<&str> = task_columns!(qualified).split(", ").collect();
         let expected: Vec<String> = plain.iter().map(|c| format!("tasks.{c}")).collect();
         assert_eq!(qualified, expected);
