@@ -486,6 +486,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             api_keys: None,
             usd_per_24_hours: None,
             global_concurrent_share: None,
+            max_attempts: None,
         },
     );
     // Every scoped task is reserved (priced, bounded), with or without cost limits.
@@ -508,6 +509,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             params: Default::default(),
             prices: None,
             max_output_tokens: None,
+            max_attempts: None,
         },
     );
     config.workers.concurrency = workers;

@@ -272,6 +272,7 @@ fn pipeline_config() -> EngineConfig {
             params: Default::default(),
             prices: None,
             max_output_tokens: None,
+            max_attempts: None,
         },
     );
     c.pipelines.concurrency = 4;

@@ -221,7 +221,7 @@ pub struct SweepReport {
     pub tasks_deleted: u64,
     /// Item 2 for tasks with tries left (docs/routes.md, "Attempts"): running tasks put
     /// back in the queue for their next attempt (notify the workers).
-    pub requeued: Vec<TaskId>,
+    pub requeued: Vec<(AppId, TaskId)>,
     /// Tasks this sweep moved to a terminal state (notify their apps' workers).
     pub finished: Vec<TaskId>,
     /// Runs woken (notify their workflow workers).

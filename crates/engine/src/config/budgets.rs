@@ -185,6 +185,10 @@ pub struct AppConfig {
     /// split of half of `global_concurrent` when two or more apps are configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_concurrent_share: Option<u32>,
+    /// docs/routes.md, "Attempts": how many attempts the app's tasks may make (1 to 20;
+    /// the smaller of this and the model's `max_attempts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<tollgate_core::MaxAttempts>,
 }
 
 /// docs/budgets.md, "Each app's share of the global capacity": each configured app's

@@ -113,7 +113,14 @@ impl Tollgate {
                 budget,
                 reservation,
             }),
-            max_attempts: tollgate_core::MaxAttempts::ONE,
+            max_attempts: tollgate_core::attempt::max_attempts(
+                model.max_attempts,
+                inner
+                    .config
+                    .apps
+                    .get(s.app.as_str())
+                    .and_then(|a| a.max_attempts),
+            ),
         })
     }
 

@@ -281,9 +281,9 @@ pub(crate) async fn requeue<E: Exec + ?Sized>(
     picked: &[RequeueRow],
     message: &str,
     now: Timestamp,
-) -> StoreResult<Vec<TaskId>> {
+) -> StoreResult<Vec<(AppId, TaskId)>> {
     let mut requeued = Vec::with_capacity(picked.len());
-    for RequeueRow { id, .. } in picked {
+    for RequeueRow { id, app, .. } in picked {
         let moved = tx
             .run(
                 Statement::new(
@@ -305,7 +305,8 @@ pub(crate) async fn requeue<E: Exec + ?Sized>(
                 .bind(id),
         )
         .await?;
-        requeued.push(task_id(id)?);
+        let app = AppId::new(app.as_str()).map_err(|e| corrupt("app", e))?;
+        requeued.push((app, task_id(id)?));
     }
     // Each queue once, in (app, scope) order; an idle queue joins at the least pass of
     // the active ones (or keeps its own, if later), holding no credit.
