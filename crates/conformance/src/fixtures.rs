@@ -407,6 +407,7 @@ pub async fn sweep_all(s: &dyn Store, config: &SweepConfig) -> SweepReport {
         total.admissions_pruned += r.admissions_pruned;
         total.tasks_deleted += r.tasks_deleted;
         total.finished.extend(r.finished);
+        total.requeued.extend(r.requeued);
         total.woken_runs.extend(r.woken_runs);
         if !r.more {
             return total;

@@ -99,7 +99,7 @@ impl MaintenanceStatements for PostgresStore {
          LIMIT $1 FOR NO KEY UPDATE OF r SKIP LOCKED";
     const REQUEUE_PICK: &'static str = concat!(
         "SELECT id, app, scope FROM tasks WHERE status = 'running' AND claimed_at <= $1 \
-         AND heartbeat_at <= $1 AND max_attempts > \
+         AND heartbeat_at <= $1 AND max_attempts > attempt AND max_attempts > \
          (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id) AND NOT ",
         cancel_wanted!(),
         " ORDER BY heartbeat_at LIMIT $2 FOR UPDATE SKIP LOCKED"

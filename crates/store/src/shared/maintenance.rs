@@ -23,8 +23,9 @@ pub(crate) trait MaintenanceStatements: Backend {
     const STUCK_WAITS: &'static str;
     /// Item 2 for tasks with tries left (docs/routes.md, "Attempts"): up to `$2` running
     /// tasks silent since `$1` (claimed and last heartbeat at or before it), whose
-    /// cancellation was not requested and that made fewer attempts than their
-    /// `max_attempts`: their id, app and scope.
+    /// cancellation was not requested and that were claimed fewer times and made fewer
+    /// attempts than their `max_attempts` (each claim uses up a try, so a task of one
+    /// try is never run twice): their id, app and scope.
     const REQUEUE_PICK: &'static str;
     /// Item 5: deletes up to `$2` admission records admitted at or before `$1`.
     const PRUNE_ADMISSIONS: &'static str;
