@@ -11,6 +11,7 @@
 //! | --- | --- | --- |
 //! | [`TaskStore`] | the application's side of tasks: create (admission), read, cancel, release, list, owner deletion | `shared/tasks.rs`; each backend's `tasks.rs` (creation in `admission`, owner deletion, its statements) |
 //! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | each backend's `lifecycle.rs` |
+//! | [`AttemptStore`] | a task's attempts: begin, end, list (docs/routes.md, "Attempts") | `shared/attempts.rs` |
 //! | [`RunStore`] | workflow runs, waits and the cancel cascade | `shared/runs.rs`; each backend's `runs.rs` (its row locks, its cascade) |
 //! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `shared/pipelines.rs`; each backend's `pipelines.rs` (its claim, its keyed start) |
 //! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `shared/maintenance.rs`; each backend's `maintenance.rs` (its statements, its expiry) |
