@@ -147,7 +147,10 @@ async fn a_replica_killed_mid_attempt_leaves_the_next_attempt_to_another(backend
     let id = submitted["id"].as_str().expect("a task id").to_string();
     let deadline = Instant::now() + Duration::from_secs(30);
     while calls.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the first replica never called the provider");
+        assert!(
+            Instant::now() < deadline,
+            "the first replica never called the provider"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // SIGKILL mid-call: nothing is recorded; the task stays running under a dead worker.
@@ -172,7 +175,10 @@ async fn a_replica_killed_mid_attempt_leaves_the_next_attempt_to_another(backend
     assert_eq!(task["status"], "succeeded", "{task}");
     assert_eq!(calls.load(Ordering::SeqCst), 2, "one call per attempt");
     let attempts = task["attempts"].as_array().expect("attempts");
-    let outcomes: Vec<&str> = attempts.iter().map(|a| a["outcome"].as_str().unwrap()).collect();
+    let outcomes: Vec<&str> = attempts
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
     assert_eq!(outcomes, ["interrupted", "succeeded"], "{task}");
     assert!(attempts.iter().all(|a| a["deployment"] == "fake/fake-1"));
     assert_eq!(attempts[0]["error"]["code"], "WORKFLOW_AI_INTERRUPTED");

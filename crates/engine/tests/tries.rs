@@ -35,7 +35,10 @@ fn config(fake: &FakeOpenAi, max_attempts: Option<u32>) -> EngineConfig {
     c
 }
 
-async fn outcomes(engine: &tollgate_engine::Tollgate, id: tollgate_core::TaskId) -> Vec<AttemptOutcome> {
+async fn outcomes(
+    engine: &tollgate_engine::Tollgate,
+    id: tollgate_core::TaskId,
+) -> Vec<AttemptOutcome> {
     engine
         .attempts(&app(), id)
         .await
@@ -57,10 +60,20 @@ async fn a_transient_failure_is_followed_by_the_next_attempt(db: TestDb) {
     assert_eq!(fake.requests().len(), 2);
     let attempts = engine.attempts(&app(), id).await.unwrap();
     assert_eq!(
-        attempts.iter().map(|a| (a.n, a.outcome)).collect::<Vec<_>>(),
-        vec![(1, AttemptOutcome::Unavailable), (2, AttemptOutcome::Succeeded)]
+        attempts
+            .iter()
+            .map(|a| (a.n, a.outcome))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, AttemptOutcome::Unavailable),
+            (2, AttemptOutcome::Succeeded)
+        ]
     );
-    assert!(attempts.iter().all(|a| a.deployment == "fake/fake-model" && a.ended_at.is_some()));
+    assert!(
+        attempts
+            .iter()
+            .all(|a| a.deployment == "fake/fake-model" && a.ended_at.is_some())
+    );
     assert_eq!(
         attempts[0].error.as_ref().map(|e| e.code),
         Some(ErrorCode::ProviderError)
@@ -80,7 +93,10 @@ async fn one_attempt_fails_on_the_first_transient_failure(db: TestDb) {
     assert_eq!(task.status, TaskStatus::Failed);
     assert_eq!(task.error.map(|e| e.code), Some(ErrorCode::ProviderError));
     assert_eq!(fake.requests().len(), 1, "at most once");
-    assert_eq!(outcomes(&engine, id).await, vec![AttemptOutcome::Unavailable]);
+    assert_eq!(
+        outcomes(&engine, id).await,
+        vec![AttemptOutcome::Unavailable]
+    );
 }
 
 async fn attempts_run_out_at_the_smaller_limit_and_the_last_error_ends_the_task(db: TestDb) {
@@ -101,13 +117,21 @@ async fn attempts_run_out_at_the_smaller_limit_and_the_last_error_ends_the_task(
     let engine = db.engine(c).await;
     let handle = engine.start().await.unwrap();
     let submitted = engine.submit(classify("k", "Win!")).await.unwrap().task;
-    assert_eq!(submitted.max_attempts.get(), 2, "the app's limit is the smaller");
+    assert_eq!(
+        submitted.max_attempts.get(),
+        2,
+        "the app's limit is the smaller"
+    );
     let task = finished(&engine, submitted.id).await;
     handle.shutdown(Duration::from_secs(5)).await;
     assert_eq!(task.status, TaskStatus::Failed);
     let error = task.error.expect("an error");
     assert_eq!(error.code, ErrorCode::ProviderError);
-    assert!(error.message.contains("500"), "the last error: {}", error.message);
+    assert!(
+        error.message.contains("500"),
+        "the last error: {}",
+        error.message
+    );
     assert_eq!(fake.requests().len(), 2);
     assert_eq!(
         outcomes(&engine, submitted.id).await,
@@ -156,7 +180,10 @@ async fn a_crashed_worker_s_attempt_is_followed_by_another_engine_s_and_both_are
     let config = priced(&fake);
     let first = db.engine(config.clone()).await;
     let submitted = first.submit(sourced("k")).await.unwrap().task;
-    let reserved = submitted.reservation.expect("reserved at admission").nano_usd;
+    let reserved = submitted
+        .reservation
+        .expect("reserved at admission")
+        .nano_usd;
     assert!(reserved > 0);
     let crashed = first.start().await.unwrap();
     fake.until_requests(1).await;
@@ -174,11 +201,26 @@ async fn a_crashed_worker_s_attempt_is_followed_by_another_engine_s_and_both_are
         attempts.iter().map(|a| a.outcome).collect::<Vec<_>>(),
         vec![AttemptOutcome::Interrupted, AttemptOutcome::Succeeded]
     );
-    assert_eq!(attempts[0].charged.nano_usd, reserved, "the interrupted attempt: its reservation");
-    assert_eq!(attempts[1].reserved.nano_usd, reserved, "the next attempt reserved before its call");
+    assert_eq!(
+        attempts[0].charged.nano_usd, reserved,
+        "the interrupted attempt: its reservation"
+    );
+    assert_eq!(
+        attempts[1].reserved.nano_usd, reserved,
+        "the next attempt reserved before its call"
+    );
     // The fake reports 10 prompt and 5 completion tokens.
     assert_eq!(attempts[1].charged.nano_usd, 15 * 1_000_000);
-    let spend = db.store().await.spend(&app(), Some(&scope())).await.unwrap();
+    let spend = db
+        .store()
+        .await
+        .spend(&app(), Some(&scope()))
+        .await
+        .unwrap();
     assert_eq!(spend.reserved_nano, 0);
-    assert_eq!(spend.settled_nano, reserved + 15 * 1_000_000, "charged both attempts");
+    assert_eq!(
+        spend.settled_nano,
+        reserved + 15 * 1_000_000,
+        "charged both attempts"
+    );
 }

@@ -36,7 +36,11 @@ impl WorkerPool {
     /// Begins the task's next attempt on `deployment` and returns its number. A task no
     /// longer running under this worker (canceled, deleted, finished, requeued) stops
     /// (`Canceled`, acknowledged as such).
-    pub(super) async fn begin_attempt(&self, task: &Task, deployment: &str) -> Result<u32, Failure> {
+    pub(super) async fn begin_attempt(
+        &self,
+        task: &Task,
+        deployment: &str,
+    ) -> Result<u32, Failure> {
         let store = &self.inner.store;
         match retry_unavailable(|| store.begin_attempt(task.id, &self.worker, deployment)).await {
             Ok(Some(n)) => Ok(n),
@@ -81,7 +85,8 @@ impl WorkerPool {
         let store = &self.inner.store;
         match retry_unavailable(|| store.end_attempt(task.id, n, &end)).await {
             Ok(true) => {
-                metrics::counter!(m::ATTEMPTS_TOTAL, "outcome" => end.outcome.as_str()).increment(1);
+                metrics::counter!(m::ATTEMPTS_TOTAL, "outcome" => end.outcome.as_str())
+                    .increment(1);
             }
             Ok(false) => {
                 tracing::info!(task = %task.id, attempt = n, "the attempt was ended already (the task ended or went back to the queue)");
@@ -108,6 +113,9 @@ mod tests {
         )));
         assert!(!is_transient(&failed("HTTP 400 Bad Request: no")));
         assert!(!is_transient(&ProviderError::OutputTooLarge("big".into())));
-        assert_eq!(deployment_name(&ModelRef::new("openai", "gpt-x")), "openai/gpt-x");
+        assert_eq!(
+            deployment_name(&ModelRef::new("openai", "gpt-x")),
+            "openai/gpt-x"
+        );
     }
 }
