@@ -20,14 +20,13 @@ pub(super) fn deployment_name(model: &ModelRef) -> String {
 }
 
 /// Whether a provider error is transient: the provider's HTTP client gave up on a
-/// retryable answer (429, 5xx, timeout, dropped connection) after its own retries, or was
-/// asked to wait longer than `max_retry_delay`. Another attempt may then succeed; any
-/// other error (a refused request, a misconfiguration) would fail again.
+/// retryable answer (429, 5xx, timeout, dropped connection) after its own retries.
+/// Another attempt may then succeed; any other error (a refused request, a
+/// misconfiguration, a provider asking to wait longer than `max_retry_delay`, which the
+/// next attempt on the same deployment would wait out) would fail again or wedge.
 pub(super) fn is_transient(error: &ProviderError) -> bool {
     match error {
-        ProviderError::Failed(message) => {
-            message.contains("(gave up after ") || message.contains("longer than max_retry_delay")
-        }
+        ProviderError::Failed(message) => message.contains("(gave up after "),
         ProviderError::InvalidOutput { .. } | ProviderError::OutputTooLarge(_) => false,
     }
 }
@@ -108,7 +107,7 @@ mod tests {
         assert!(is_transient(&failed(
             "HTTP 503 Service Unavailable: busy (gave up after 3 attempts)"
         )));
-        assert!(is_transient(&failed(
+        assert!(!is_transient(&failed(
             "HTTP 429: slow down; the provider asked to retry after 90 s, longer than max_retry_delay (30 s)"
         )));
         assert!(!is_transient(&failed("HTTP 400 Bad Request: no")));
