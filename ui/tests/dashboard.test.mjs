@@ -162,6 +162,10 @@ test("a task opens with its request, output, timestamps, worker and attempts", a
     assert.ok(text.includes(label), `shows ${label}`);
   }
   assert.ok(text.includes(`hello detail-${run}`), "shows the request");
+  // Its one attempt: the deployment it went to and how it ended.
+  const attempt = page.locator('tr[data-outcome="succeeded"]');
+  await attempt.waitFor();
+  assert.match(await attempt.textContent(), /dev\//);
   await shot("task");
 });
 

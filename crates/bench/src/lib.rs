@@ -487,6 +487,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             usd_per_24_hours: None,
             global_concurrent_share: None,
             trace_content: false,
+            max_attempts: None,
         },
     );
     // Every scoped task is reserved (priced, bounded), with or without cost limits.
@@ -510,6 +511,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             params: Default::default(),
             prices: None,
             max_output_tokens: None,
+            max_attempts: None,
         },
     );
     config.workers.concurrency = workers;

@@ -185,6 +185,9 @@ url = "{database_url}"
 [models.default]
 provider = "fake"
 model = "fake-1"
+# At most once: a task whose worker died fails instead of being tried again (what these
+# tests prove); crates/cli/tests/attempts.rs proves the next attempt.
+max_attempts = 1
 
 [providers.fake]
 kind = "openai"

@@ -475,14 +475,27 @@ async fn task_answers_show_the_run(backend: &str) {
     assert!(t["request"].is_object(), "{t}");
     let attempts = t["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 1, "{t}");
-    assert_eq!(attempts[0]["attempt"], json!(1));
-    assert_eq!(attempts[0]["worker"], t["worker"]);
-    assert_eq!(attempts[0]["usage"], t["usage"]);
-    assert_eq!(attempts[0]["finished_at"], t["completed_at"]);
+    // docs/routes.md, "Attempts": its one attempt, on the model's deployment.
+    assert_eq!(attempts[0]["n"], json!(1));
+    assert_eq!(attempts[0]["outcome"], json!("succeeded"), "{t}");
+    assert!(
+        attempts[0]["deployment"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("dev/")),
+        "{t}"
+    );
+    assert!(
+        attempts[0]["started_at"].is_string() && attempts[0]["ended_at"].is_string(),
+        "{t}"
+    );
+    for field in ["input_tokens", "output_tokens"] {
+        assert_eq!(attempts[0]["usage"][field], t["usage"][field], "{t}");
+    }
+    assert!(attempts[0]["error"].is_null(), "{t}");
     let (_, page) = get(&s, "/v1/tasks?status=succeeded").await;
     assert_eq!(page["tasks"][0]["worker"], t["worker"]);
     assert!(
-        page["tasks"][0].get("request").is_none(),
+        page["tasks"][0].get("request").is_none() && page["tasks"][0].get("attempts").is_none(),
         "pages stay small: {page}"
     );
     let (_, stats) = get(&s, "/v1/stats").await;

@@ -160,6 +160,7 @@ pub fn new_app_task(app_name: &str, scope_name: &str, effect_key: &str) -> NewTa
         model_ref: model_ref(),
         scope: None,
         trace_parent: None,
+        max_attempts: tollgate_core::MaxAttempts::ONE,
     }
 }
 
@@ -408,6 +409,7 @@ pub async fn sweep_all(s: &dyn Store, config: &SweepConfig) -> SweepReport {
         total.admissions_pruned += r.admissions_pruned;
         total.tasks_deleted += r.tasks_deleted;
         total.finished.extend(r.finished);
+        total.requeued.extend(r.requeued);
         total.woken_runs.extend(r.woken_runs);
         if !r.more {
             return total;

@@ -36,6 +36,7 @@ pub mod pipelines;
 pub mod runs;
 pub mod sweep;
 pub mod trace;
+pub mod tries;
 pub mod unsourced;
 pub mod webhooks;
 
@@ -115,6 +116,10 @@ macro_rules! conformance_suite {
             attempts::racing_reasks_and_admissions_never_exceed_a_spend_limit,
             attempts::absurd_usage_is_clamped_and_the_answer_kept,
             attempts::deleting_an_owner_settles_its_in_flight_reservations,
+            tries::attempts_are_recorded_and_settled_as_their_sum,
+            tries::a_lost_lease_with_tries_left_requeues_the_task,
+            tries::one_attempt_fails_a_lost_lease_as_before,
+            tries::a_later_attempt_refused_by_the_budget_settles_the_spent_attempts,
             unsourced::unsourced_tasks_count_against_the_app_spend_limit,
             unsourced::unsourced_tasks_count_against_the_scope_limits,
             unsourced::unsourced_tasks_settle_on_every_ending,

@@ -1754,6 +1754,7 @@ impl Harness {
                 reservation: reservation_of(s.reserve),
             }),
             trace_parent: None,
+            max_attempts: tollgate_core::MaxAttempts::ONE,
         }
     }
 

@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod admission;
+pub mod attempt;
 pub mod budget;
 pub mod canonical;
 pub mod cost;
@@ -22,6 +23,7 @@ pub mod trace;
 pub mod webhook;
 
 pub use admission::{AdmissionRejection, AdmissionSnapshot, BucketState, decide};
+pub use attempt::{Attempt, AttemptOutcome, Charged, MaxAttempts};
 pub use budget::{Budget, GlobalShare, ShareUse, decide_global_share};
 pub use cost::{CostLimits, CostRejection, Prices, Reservation, TokenBound, TokenRate};
 pub use dispatch::{

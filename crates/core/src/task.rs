@@ -294,6 +294,8 @@ pub struct NewTask {
     /// worker that claims it, on any replica, adds its spans to the same trace. `None`
     /// when traces are off.
     pub trace_parent: Option<crate::trace::TraceParent>,
+    /// How many attempts it may make (docs/routes.md, "Attempts"); `ONE`: at most once.
+    pub max_attempts: crate::attempt::MaxAttempts,
 }
 
 /// docs/conformance.md#create-cache: the cache key, a hash of source, revision, request, model config hash
@@ -543,8 +545,11 @@ pub struct Task {
     pub usage: Option<Usage>,
     /// The error, once failed or canceled.
     pub error: Option<TaskError>,
-    /// How many times it was claimed (0 or 1: tasks are never re-run).
+    /// How many times it was claimed (a task whose attempt was interrupted goes back to
+    /// the queue while it has tries left, and is claimed again).
     pub attempt: u32,
+    /// How many attempts it may make (docs/routes.md, "Attempts").
+    pub max_attempts: crate::attempt::MaxAttempts,
     /// The worker that claimed it.
     pub worker: Option<WorkerId>,
     /// docs/conformance.md#priority: its priority within its scope.

@@ -174,6 +174,14 @@ impl CallerView {
         Ok(self.visible_task(self.tollgate.get(&self.app, id).await?))
     }
 
+    /// The attempts of a task the caller sees (read it with [`get`](Self::get) first).
+    pub async fn attempts(&self, task: &Task) -> Result<Vec<tollgate_core::Attempt>, EngineError> {
+        if self.visible_task(Some(task.clone())).is_none() {
+            return Ok(Vec::new());
+        }
+        self.tollgate.attempts(&self.app, task.id).await
+    }
+
     /// A visible task by effect key.
     pub async fn get_by_effect_key(&self, key: &EffectKey) -> Result<Option<Task>, EngineError> {
         Ok(self.visible_task(self.tollgate.get_by_effect_key(&self.app, key).await?))

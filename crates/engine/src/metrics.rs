@@ -48,6 +48,10 @@ pub const PROVIDER_TOKENS_TOTAL: &str = "tollgate_provider_tokens_total";
 pub const PROVIDER_RETRIES_TOTAL: &str = "tollgate_provider_retries_total";
 /// Invalid model outputs sent back to the provider with their validation error, by `kind`.
 pub const OUTPUT_REASKS_TOTAL: &str = "tollgate_output_reasks_total";
+/// Attempts of tasks (docs/routes.md, "Attempts") by how they ended: `outcome`
+/// (`succeeded`, `unavailable`, `failed`, `interrupted`, `canceled`, `refused`); the
+/// sweep's requeues count as `interrupted`.
+pub const ATTEMPTS_TOTAL: &str = "tollgate_attempts_total";
 /// How executions ended, by `outcome` (`succeeded`, `failed`, `aborted`, `interrupted`,
 /// `refused`) and `code` (the error code, or `none`).
 pub const TASK_OUTCOMES_TOTAL: &str = "tollgate_task_outcomes_total";
@@ -131,6 +135,11 @@ pub fn describe() {
         PACE_WAIT_SECONDS,
         Unit::Seconds,
         "Time provider calls waited for pace capacity or a pause."
+    );
+    describe_counter!(
+        ATTEMPTS_TOTAL,
+        Unit::Count,
+        "Attempts of tasks by how they ended."
     );
     describe_counter!(
         PROVIDER_429S_TOTAL,
@@ -317,6 +326,7 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
     counter!(HEARTBEAT_STOPS_TOTAL).absolute(0);
     for item in [
         "queue_timed_out",
+        "requeued",
         "interrupted",
         "canceled",
         "runs_repaired",
@@ -335,6 +345,16 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
         counter!(PIPELINE_STEPS_SUBMITTED_TOTAL, "outcome" => outcome).absolute(0);
     }
     counter!(PIPELINE_ADMISSION_WAITS_TOTAL).absolute(0);
+    for outcome in [
+        "succeeded",
+        "unavailable",
+        "failed",
+        "interrupted",
+        "canceled",
+        "refused",
+    ] {
+        counter!(ATTEMPTS_TOTAL, "outcome" => outcome).absolute(0);
+    }
     counter!(WAITERS_REFUSED_TOTAL).absolute(0);
     counter!(WAIT_READS_TOTAL).absolute(0);
     for series in [
@@ -348,7 +368,8 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
 }
 
 /// Every series name above, for checks that an exporter lists them all.
-pub const ALL: [&str; 24] = [
+pub const ALL: [&str; 25] = [
+    ATTEMPTS_TOTAL,
     SUBMITS_TOTAL,
     ADMISSIONS_TOTAL,
     CACHE_HITS_TOTAL,

@@ -21,6 +21,8 @@ pub struct ResolvedModel {
     pub config_hash: ConfigHash,
     /// docs/conformance.md#cost-prices: the model's prices (`None`: unpriced).
     pub prices: Option<Prices>,
+    /// docs/routes.md, "Attempts": the model's `max_attempts`, when set.
+    pub max_attempts: Option<tollgate_core::MaxAttempts>,
 }
 
 /// Model id → [`ResolvedModel`].
@@ -57,6 +59,7 @@ impl ModelRegistry {
                     model_ref,
                     config_hash,
                     prices,
+                    max_attempts: model.max_attempts,
                 },
             );
         }
@@ -303,6 +306,7 @@ mod tests {
                 usd_per_24_hours: None,
                 global_concurrent_share: None,
                 trace_content: false,
+                max_attempts: None,
             },
         );
         c.admission.global_concurrent = Limit::Integer(77);

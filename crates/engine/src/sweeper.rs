@@ -61,6 +61,17 @@ pub(crate) async fn sweep_until_done(
                 task: None,
             });
         }
+        // docs/routes.md, "Attempts": a requeued task waits for any replica's worker.
+        for (app, id) in &report.requeued {
+            inner.notifier.publish(Event::TaskQueued {
+                app: app.clone(),
+                id: *id,
+            });
+        }
+        if !report.requeued.is_empty() {
+            metrics::counter!(m::ATTEMPTS_TOTAL, "outcome" => "interrupted")
+                .increment(report.requeued.len() as u64);
+        }
         for run in &report.woken_runs {
             inner.notifier.publish(Event::RunWoken {
                 app: None,
@@ -76,6 +87,7 @@ pub(crate) async fn sweep_until_done(
         total.admissions_pruned += report.admissions_pruned;
         total.tasks_deleted += report.tasks_deleted;
         total.finished.extend(report.finished);
+        total.requeued.extend(report.requeued);
         total.woken_runs.extend(report.woken_runs);
         total.more = more;
         if !more {
@@ -93,6 +105,7 @@ fn record(report: &SweepReport) {
         ("runs_repaired", report.runs_repaired),
         ("admissions_pruned", report.admissions_pruned),
         ("tasks_deleted", report.tasks_deleted),
+        ("requeued", report.requeued.len() as u64),
     ] {
         if n > 0 {
             metrics::counter!(m::SWEEP_ROWS_TOTAL, "item" => item).increment(n);
@@ -110,8 +123,13 @@ pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
             _ = tick.tick() => {}
         }
         match sweep_until_done(&inner, Some(&stop)).await {
-            Ok(report) if !report.finished.is_empty() || report.runs_repaired > 0 => {
+            Ok(report)
+                if !report.finished.is_empty()
+                    || report.runs_repaired > 0
+                    || !report.requeued.is_empty() =>
+            {
                 tracing::info!(
+                    requeued = report.requeued.len(),
                     queue_timed_out = report.queue_timed_out,
                     interrupted = report.interrupted,
                     canceled = report.canceled,

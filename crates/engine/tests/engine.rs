@@ -392,6 +392,7 @@ async fn cache_hits_skip_the_provider_until_the_model_changes(db: TestDb) {
             params: serde_json::from_value(json!({"temperature": 0.7})).unwrap(),
             prices: None,
             max_output_tokens: None,
+            max_attempts: None,
         },
     );
     let engine2 = db.engine(changed).await;
@@ -474,6 +475,7 @@ fn with_slow_model(mut config: tollgate_engine::EngineConfig) -> tollgate_engine
             params: serde_json::from_value(json!({"latency_ms": 60_000})).unwrap(),
             prices: None,
             max_output_tokens: None,
+            max_attempts: None,
         },
     );
     config
@@ -741,6 +743,7 @@ async fn apps_may_use_only_their_allowed_policies() {
             usd_per_24_hours: None,
             global_concurrent_share: None,
             trace_content: false,
+            max_attempts: None,
         },
     );
     let engine = db.engine(config).await;

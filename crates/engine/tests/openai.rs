@@ -16,7 +16,13 @@ on_both_backends!(slow_answer_is_dropped_within_one_heartbeat_of_a_cancel);
 
 async fn engine_for(fake: &FakeOpenAi) -> (TestDb, Tollgate) {
     let db = TestDb::sqlite("openai");
-    let engine = db.engine(fake_config(fake)).await;
+    let mut config = fake_config(fake);
+    // One attempt per task: these tests count the provider client's own requests
+    // (its retries); later attempts are tests/tries.rs's.
+    if let Some(model) = config.models.get_mut("default") {
+        model.max_attempts = Some(tollgate_core::MaxAttempts::ONE);
+    }
+    let engine = db.engine(config).await;
     (db, engine)
 }
 

@@ -273,6 +273,7 @@ fn pipeline_config() -> EngineConfig {
             params: Default::default(),
             prices: None,
             max_output_tokens: None,
+            max_attempts: None,
         },
     );
     c.pipelines.concurrency = 4;
@@ -594,10 +595,11 @@ async fn a_driver_killed_between_steps_repeats_no_step(db: TestDb) {
 }
 
 /// A whole engine (driver and workers) dies while the second step's provider call is in
-/// flight. The call is lost with the process; the new engine's sweeper records the task
-/// interrupted, the driver tries the step again (a crash is not the step's failure, so
-/// its `retries: 0` does not end the run) and the run finishes. Finished steps are never
-/// called again and every step got exactly one answer.
+/// flight. The call is lost with the process; the new engine's sweeper puts the step's
+/// task back in the queue for its next attempt (docs/routes.md, "Attempts": a crash is
+/// not the step's failure, and the task has tries left), so the step needs no attempt of
+/// its own, and the run finishes. Finished steps are never called again and every step
+/// got exactly one answer.
 async fn an_engine_killed_during_a_step_finishes_the_run_after_restart(db: TestDb) {
     let provider = Arc::new(Scripted::default());
     let first = engine(&db, pipeline_config(), &provider).await;
@@ -631,8 +633,26 @@ async fn an_engine_killed_during_a_step_finishes_the_run_after_restart(db: TestD
     );
     let info = info(&second, &run).await;
     let category = step(&info, "category");
-    assert_eq!(category.attempts, 2);
+    assert_eq!(
+        category.attempts, 1,
+        "the task's next attempt served the step"
+    );
     assert_eq!(category.status, StepStatus::Succeeded);
+    let task = category.task_id.expect("the step's task");
+    let outcomes: Vec<_> = second
+        .attempts(&app(), task)
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            tollgate_core::AttemptOutcome::Interrupted,
+            tollgate_core::AttemptOutcome::Succeeded
+        ]
+    );
     assert_eq!(step(&info, "extract").attempts, 1);
     handle.shutdown(Duration::from_secs(5)).await;
 }

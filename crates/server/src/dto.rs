@@ -23,7 +23,7 @@ pub use crate::routes::tasks::{
 
 use serde::Serialize;
 use serde_json::Value;
-use tollgate_core::{Subject, Task, TaskError, TaskOwner, Usage};
+use tollgate_core::{Attempt, Subject, Task, TaskError, TaskOwner, Usage};
 use utoipa::ToSchema;
 
 /// Any JSON value the service stores and hashes: numbers within ±(2^53 − 1), nested at
@@ -324,9 +324,12 @@ pub struct TaskView {
     /// was submitted with traces off.
     #[schema(required = true)]
     pub trace_id: Option<String>,
-    /// Its attempts (a task runs at most once: none until claimed, then one), each with
-    /// its worker, times and usage.
-    pub attempts: Vec<AttemptView>,
+    /// Its attempts (docs/routes.md, "Attempts"), in order: present on reads of one task
+    /// (`GET /v1/tasks/{id}`, `GET /v1/tasks?effect_key=`), absent in pages and answers
+    /// to submissions. None until its first provider call begins.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub attempts: Option<Vec<AttemptView>>,
     /// The stored request (its fields plus `kind`): present on reads of one task
     /// (`GET /v1/tasks/{id}`, `GET /v1/tasks?effect_key=`), absent in pages and answers
     /// to submissions.
@@ -335,36 +338,67 @@ pub struct TaskView {
     pub request: Option<Value>,
 }
 
-/// One attempt of a task (docs/conformance.md#listings).
+/// One attempt of a task (docs/routes.md, "Attempts"): one deployment's provider call
+/// with its re-asks.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AttemptView {
     /// 1 for the first attempt.
-    pub attempt: u32,
-    /// The worker that claimed it.
+    pub n: u32,
+    /// The deployment it went to (`provider/model`).
+    pub deployment: String,
+    /// When it started (RFC 3339, UTC).
+    pub started_at: String,
+    /// When it ended (`null` while running).
     #[schema(required = true)]
-    pub worker: Option<String>,
-    /// When it was claimed.
-    #[schema(required = true)]
-    pub claimed_at: Option<String>,
-    /// Its last heartbeat.
-    #[schema(required = true)]
-    pub heartbeat_at: Option<String>,
-    /// When it ended.
-    #[schema(required = true)]
-    pub finished_at: Option<String>,
-    /// Its usage, once succeeded.
+    pub ended_at: Option<String>,
+    /// How it ended: `running`, `succeeded`, `unavailable` (a transient provider
+    /// failure), `failed`, `interrupted` (its worker crashed, lost its lease or shut
+    /// down), `canceled` or `refused` (its reservation did not fit the budget).
+    pub outcome: String,
+    /// What its calls used, when the provider reported it (`null`: unknown, charged its
+    /// reservation).
     #[schema(required = true)]
     pub usage: Option<UsageView>,
-    /// Its error, once failed or canceled.
+    /// What it is charged in US dollars: its usage priced, or its reservation when its
+    /// usage is unknown (while running: its reservation). `null` when the model has no
+    /// prices.
+    #[schema(required = true)]
+    pub cost_usd: Option<f64>,
+    /// Its error, when it did not succeed.
     #[schema(required = true)]
     pub error: Option<TaskErrorView>,
 }
 
+impl AttemptView {
+    /// The view of one attempt of `task`.
+    pub fn of(task: &Task, a: &Attempt) -> AttemptView {
+        let priced = task.reservation.is_some_and(|r| r.prices.is_some())
+            || task.usage.is_some_and(|u| u.cost_usd.is_some());
+        let cost = priced.then(|| tollgate_core::cost::nano_to_usd(a.charged.nano_usd));
+        AttemptView {
+            n: a.n,
+            deployment: a.deployment.clone(),
+            started_at: a.started_at.to_rfc3339(),
+            ended_at: a.ended_at.map(|t| t.to_rfc3339()),
+            outcome: a.outcome.as_str().to_string(),
+            usage: a.usage.as_ref().map(|u| {
+                let mut view = UsageView::from(u);
+                view.cost_usd = cost;
+                view.priced = priced;
+                view
+            }),
+            cost_usd: cost,
+            error: a.error.as_ref().map(TaskErrorView::from),
+        }
+    }
+}
+
 impl TaskView {
-    /// The view of one task read on its own: with its request.
-    pub fn detail(task: &Task) -> TaskView {
+    /// The view of one task read on its own: with its request and its attempts.
+    pub fn detail(task: &Task, attempts: &[Attempt]) -> TaskView {
         let mut view = TaskView::of(task, false);
         view.request = Some(task.request.clone());
+        view.attempts = Some(attempts.iter().map(|a| AttemptView::of(task, a)).collect());
         view
     }
 
@@ -400,17 +434,7 @@ impl TaskView {
             worker: task.worker.as_ref().map(ToString::to_string),
             priority: task.priority.get(),
             trace_id: task.trace_parent.map(|t| t.trace_id_hex()),
-            attempts: (1..=task.attempt)
-                .map(|attempt| AttemptView {
-                    attempt,
-                    worker: task.worker.as_ref().map(ToString::to_string),
-                    claimed_at: task.claimed_at.map(|t| t.to_rfc3339()),
-                    heartbeat_at: task.heartbeat_at.map(|t| t.to_rfc3339()),
-                    finished_at: task.completed_at.map(|t| t.to_rfc3339()),
-                    usage: task.usage.as_ref().map(UsageView::from),
-                    error: task.error.as_ref().map(TaskErrorView::from),
-                })
-                .collect(),
+            attempts: None,
             request: None,
         }
     }

@@ -11,6 +11,7 @@
 //! | --- | --- | --- |
 //! | [`TaskStore`] | the application's side of tasks: create (admission), read, cancel, release, list, owner deletion | `shared/tasks.rs`; each backend's `tasks.rs` (creation in `admission`, owner deletion, its statements) |
 //! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | `shared/lifecycle.rs`; each backend's `lifecycle.rs` (its claims, its heartbeat statement, a reservation's locks; PostgreSQL's batched completion) |
+//! | [`AttemptStore`] | a task's attempts: begin, end, list (docs/routes.md, "Attempts") | `shared/attempts.rs` |
 //! | [`RunStore`] | workflow runs, waits and the cancel cascade | `shared/runs.rs`; each backend's `runs.rs` (its row locks, its cascade) |
 //! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `shared/pipelines.rs`; each backend's `pipelines.rs` (its claim, its keyed start) |
 //! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `shared/maintenance.rs`; each backend's `maintenance.rs` (its statements, its expiry) |
@@ -82,6 +83,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 pub trait Store:
     TaskStore
     + WorkerStore
+    + AttemptStore
     + RunStore
     + PipelineStore
     + MaintenanceStore
@@ -95,6 +97,7 @@ pub trait Store:
 impl<T> Store for T where
     T: TaskStore
         + WorkerStore
+        + AttemptStore
         + RunStore
         + PipelineStore
         + MaintenanceStore
@@ -109,8 +112,8 @@ impl<T> Store for T where
 /// tollgate_store::prelude::*;` brings every method into scope).
 pub mod prelude {
     pub use crate::{
-        ListStore, MaintenanceStore, PaceStore, PipelineStore, RunStore, Store, TaskStore,
-        WebhookStore, WorkerStore,
+        AttemptStore, ListStore, MaintenanceStore, PaceStore, PipelineStore, RunStore, Store,
+        TaskStore, WebhookStore, WorkerStore,
     };
 }
 
@@ -281,6 +284,39 @@ pub trait WorkerStore: Send + Sync {
     /// docs/conformance.md#lifecycle: true if the task or its run is canceled or cancellation was requested,
     /// and true if the task no longer exists.
     async fn is_cancellation_requested(&self, id: TaskId) -> StoreResult<bool>;
+}
+
+/// Attempts (docs/routes.md, "Attempts"): a task makes attempts, each one deployment's
+/// provider call with its re-asks; the worker begins one before the call and ends it
+/// after. At most one attempt of a task is open at a time. Written once for both
+/// backends (`shared/attempts.rs`).
+#[async_trait]
+pub trait AttemptStore: Send + Sync {
+    /// Begins the next attempt of a task running under `worker`, on `deployment`, and
+    /// returns its number (1 for the first). The first attempt holds the admission's
+    /// reservation; a later one holds nothing until the worker reserves it
+    /// ([`WorkerStore::reserve_attempt`], which adds every reservation of a running
+    /// task to its open attempt). `None`: the task is not running under `worker`, an
+    /// attempt is open, or it made `max_attempts` already; nothing changed.
+    async fn begin_attempt(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        deployment: &str,
+    ) -> StoreResult<Option<u32>>;
+
+    /// Ends attempt `n`: its outcome, usage and error, and what it is charged
+    /// (`tollgate_core::attempt::attempt_charge`: its usage at `end.prices`, or its
+    /// reservation when its usage is unknown). `false`: it was ended already (by the
+    /// sweep, a cancel, the task's end); nothing changed.
+    async fn end_attempt(&self, id: TaskId, n: u32, end: &AttemptEnd) -> StoreResult<bool>;
+
+    /// The attempts of a task of `app`, in order (none for another app's task).
+    async fn task_attempts(
+        &self,
+        app: &AppId,
+        id: TaskId,
+    ) -> StoreResult<Vec<tollgate_core::Attempt>>;
 }
 
 /// Workflow runs (docs/conformance.md#workflow-runs): create, read, cancel with its cascade, wait on a task,

@@ -219,6 +219,9 @@ pub struct SweepReport {
     pub admissions_pruned: u64,
     /// Item 6: released terminal application tasks deleted.
     pub tasks_deleted: u64,
+    /// Item 2 for tasks with tries left (docs/routes.md, "Attempts"): running tasks put
+    /// back in the queue for their next attempt (notify the workers).
+    pub requeued: Vec<(AppId, TaskId)>,
     /// Tasks this sweep moved to a terminal state (notify their apps' workers).
     pub finished: Vec<TaskId>,
     /// Runs woken (notify their workflow workers).
@@ -305,4 +308,19 @@ pub struct PaceSlot {
     /// How far this call's token bound moves the token schedule, in microseconds (0: no
     /// token pace).
     pub token_cost_us: i64,
+}
+
+/// How an attempt ended, as a worker records it
+/// ([`AttemptStore::end_attempt`](crate::AttemptStore::end_attempt)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptEnd {
+    /// How it ended.
+    pub outcome: tollgate_core::AttemptOutcome,
+    /// What its calls used, when the provider reported it (`None`: it is charged its
+    /// reservation).
+    pub usage: Option<tollgate_core::Usage>,
+    /// Its deployment's prices (`None`: unpriced, its cost is unknown).
+    pub prices: Option<tollgate_core::Prices>,
+    /// Its error, when it did not succeed.
+    pub error: Option<tollgate_core::TaskError>,
 }

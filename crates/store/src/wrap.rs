@@ -16,10 +16,10 @@ use crate::webhooks::{
     WebhookEndpoint, WebhookEndpointPatch,
 };
 use crate::{
-    Completion, Created, HeartbeatReport, MaintenanceStore, PaceSlot, PaceStore, PipelineRef,
-    PipelineStore, RunCancel, RunResult, RunStore, SpendWindow, Store, StoreResult, StoredPipeline,
-    SweepConfig, SweepReport, TaskStore, Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome,
-    WebhookStore, WorkerStore,
+    AttemptEnd, AttemptStore, Completion, Created, HeartbeatReport, MaintenanceStore, PaceSlot,
+    PaceStore, PipelineRef, PipelineStore, RunCancel, RunResult, RunStore, SpendWindow, Store,
+    StoreResult, StoredPipeline, SweepConfig, SweepReport, TaskStore, Transition, UnreleasedPage,
+    UnreleasedQuery, WaitOutcome, WebhookStore, WorkerStore,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -69,9 +69,9 @@ pub trait StoreWrapper: Send + Sync + 'static {
     }
 }
 
-/// Forward [`TaskStore`], [`RunStore`], [`PipelineStore`], [`MaintenanceStore`],
-/// [`PaceStore`] and [`WebhookStore`] to [`StoreWrapper::inner`]: every concern but the
-/// worker's.
+/// Forward [`TaskStore`], [`AttemptStore`], [`RunStore`], [`PipelineStore`],
+/// [`MaintenanceStore`], [`PaceStore`] and [`WebhookStore`] to [`StoreWrapper::inner`]:
+/// every concern but the worker's.
 pub trait ForwardStore: StoreWrapper {}
 /// Forward [`WorkerStore`] to [`StoreWrapper::inner`] as well.
 pub trait ForwardWorkerStore: StoreWrapper {}
@@ -126,6 +126,28 @@ impl<W: ForwardStore> TaskStore for W {
     }
     async fn spend(&self, app: &AppId, scope: Option<&ScopeId>) -> StoreResult<SpendWindow> {
         forward!(self, read, spend(app, scope))
+    }
+}
+
+#[async_trait]
+impl<W: ForwardStore> AttemptStore for W {
+    async fn begin_attempt(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        deployment: &str,
+    ) -> StoreResult<Option<u32>> {
+        forward!(self, write, begin_attempt(id, worker, deployment))
+    }
+    async fn end_attempt(&self, id: TaskId, n: u32, end: &AttemptEnd) -> StoreResult<bool> {
+        forward!(self, write, end_attempt(id, n, end))
+    }
+    async fn task_attempts(
+        &self,
+        app: &AppId,
+        id: TaskId,
+    ) -> StoreResult<Vec<tollgate_core::Attempt>> {
+        forward!(self, read, task_attempts(app, id))
     }
 }
 

@@ -63,6 +63,7 @@ fn app_task(app: &str, scope: &str, key: &str, source: Option<&str>) -> NewTask 
             reservation: tollgate_core::Reservation::default(),
         }),
         trace_parent: None,
+        max_attempts: tollgate_core::MaxAttempts::ONE,
     }
 }
 

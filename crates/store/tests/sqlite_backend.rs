@@ -93,6 +93,7 @@ async fn sweep_repairs_a_lost_wake() {
             model_ref: ModelRef::new("dev", "dev-1"),
             scope: None,
             trace_parent: None,
+            max_attempts: tollgate_core::MaxAttempts::ONE,
         })
         .await
         .unwrap()

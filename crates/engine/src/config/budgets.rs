@@ -189,6 +189,10 @@ pub struct AppConfig {
     /// (docs/telemetry.md); off by default: spans carry sizes, tokens and costs only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trace_content: bool,
+    /// docs/routes.md, "Attempts": how many attempts the app's tasks may make (1 to 20;
+    /// the smaller of this and the model's `max_attempts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<tollgate_core::MaxAttempts>,
 }
 
 /// docs/budgets.md, "Each app's share of the global capacity": each configured app's

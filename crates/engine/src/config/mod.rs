@@ -185,6 +185,7 @@ impl Default for EngineConfig {
                 params: Map::new(),
                 prices: None,
                 max_output_tokens: None,
+                max_attempts: None,
             },
         );
         let mut providers = BTreeMap::new();

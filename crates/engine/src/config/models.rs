@@ -40,6 +40,11 @@ pub struct ModelConfig {
     /// docs/conformance.md#provider-pace: model tokens per `pace_window` of its provider to this model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<Limit>,
+    /// docs/routes.md, "Attempts": how many attempts a task of this model may make
+    /// (1 to 20; the smaller of this and its app's `max_attempts`, 3 when neither is
+    /// set). `1` is at most once: the choice for calls with side effects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<tollgate_core::MaxAttempts>,
 }
 
 /// `[models.<id>.prices]` (docs/conformance.md#cost-prices), USD per million tokens.

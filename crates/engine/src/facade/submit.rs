@@ -124,6 +124,14 @@ impl Tollgate {
                 reservation,
             }),
             trace_parent: None,
+            max_attempts: tollgate_core::attempt::max_attempts(
+                model.max_attempts,
+                inner
+                    .config
+                    .apps
+                    .get(s.app.as_str())
+                    .and_then(|a| a.max_attempts),
+            ),
         })
     }
 

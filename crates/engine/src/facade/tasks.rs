@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio::time::Instant;
-use tollgate_core::{AppId, EffectKey, ScopeId, SourceId, Task, TaskId};
+use tollgate_core::{AppId, Attempt, EffectKey, ScopeId, SourceId, Task, TaskId};
 use tollgate_store::{UnreleasedPage, UnreleasedQuery};
 
 use super::*;
@@ -17,6 +17,12 @@ impl Tollgate {
     /// A task of the app by id (`None`: no such task in this app).
     pub async fn get(&self, app: &AppId, id: TaskId) -> Result<Option<Task>, EngineError> {
         Ok(self.inner.store.get_task(app, id).await?)
+    }
+
+    /// The attempts of a task of the app, in order (docs/routes.md, "Attempts"; none for
+    /// another app's task or one that never started).
+    pub async fn attempts(&self, app: &AppId, id: TaskId) -> Result<Vec<Attempt>, EngineError> {
+        Ok(self.inner.store.task_attempts(app, id).await?)
     }
 
     /// A task of the app by effect key.

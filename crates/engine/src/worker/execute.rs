@@ -1,13 +1,17 @@
-//! One execution: the provider called, its output validated and re-asked as configured
-//! (each re-ask reserved first), the attempts' usage counted and priced, the end handed
-//! to [`complete`](super::complete) to record.
+//! One execution: the task's attempts (docs/routes.md, "Attempts"), each recorded from
+//! its beginning to its end, a later one reserved before its call and made after a
+//! transient failure while the task has tries left; in each attempt the provider called,
+//! its output validated and re-asked as configured (each re-ask reserved first), the
+//! calls' usage counted and priced; the end handed to [`complete`](super::complete) to
+//! record.
 
 use super::WorkerPool;
+use super::attempts::{deployment_name, is_transient};
 use super::complete::retry_unavailable;
 use crate::cost::{TokenCounter, attempt_input_tokens, output_bound, reask_error};
 use crate::cpu;
 use crate::metrics as m;
-use crate::provider::{ProviderCall, ProviderError};
+use crate::provider::{Provider, ProviderCall, ProviderError};
 use futures::FutureExt;
 use serde_json::Value;
 use std::panic::AssertUnwindSafe;
@@ -15,9 +19,10 @@ use std::sync::Arc;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tollgate_core::attempt::{may_try_again, retry_backoff};
 use tollgate_core::{
-    ErrorCode, OutputTooLarge, OutputViolation, Reservation, Task, TaskRequest, Usage,
-    check_output_size, validate_output,
+    ErrorCode, OutputTooLarge, OutputViolation, Prices, Reservation, Task, TaskRequest, Usage,
+    ValidatedRequest, check_output_size, validate_output,
 };
 use tollgate_store::StoreError;
 
@@ -29,6 +34,9 @@ pub(super) struct Failure {
     /// docs/conformance.md#money-and-tokens: what the attempts used, when every attempt reported it (`None`: unknown,
     /// and a started task is then charged its whole reservation).
     pub(super) usage: Option<Usage>,
+    /// A transient provider failure (docs/routes.md, "Attempts"): the next attempt may
+    /// follow while the task has tries left.
+    pub(super) transient: bool,
 }
 
 impl Failure {
@@ -37,6 +45,7 @@ impl Failure {
             code,
             message: message.into(),
             usage: None,
+            transient: false,
         }
     }
 
@@ -131,10 +140,12 @@ impl WorkerPool {
         self.held().remove(&task.id);
     }
 
-    /// Calls the provider, validating and re-asking as configured. Each re-ask is
-    /// reserved before it is made (`reservation` grows with it; docs/budgets.md, "The
-    /// reservation"); a re-ask that does not fit ends the task with
-    /// `WORKFLOW_AI_SPEND_BUDGET`, its spent attempts settled.
+    /// The task's attempts (docs/routes.md, "Attempts"): each begun in the store before
+    /// its call and ended after it; a later attempt (also the first of this execution
+    /// after a requeue) reserves its worst case before its call, and a refusal ends the
+    /// task with `WORKFLOW_AI_SPEND_BUDGET`. A transient failure is followed by the next
+    /// attempt, after a short backoff, while the task has tries left; the last error
+    /// ends it otherwise. The usage returned is this execution's attempts', summed.
     async fn execute(
         &self,
         task: &Task,
@@ -154,6 +165,73 @@ impl WorkerPool {
                 format!("provider `{provider_name}` is not configured in this process"),
             )
         })?;
+        let deployment = deployment_name(&task.model_ref);
+        // What this execution's ended attempts used (`None` once one did not report it).
+        let mut spent = Some(Usage::default());
+        loop {
+            let n = self.begin_attempt(task, &deployment).await?;
+            let result = if n > 1 {
+                match self.reserve_next(task, &request, reservation).await {
+                    Ok(()) => self.attempt(task, &request, provider, reservation, trace).await,
+                    Err(refused) => Err(refused.with_usage(Usage::default())),
+                }
+            } else {
+                self.attempt(task, &request, provider, reservation, trace).await
+            };
+            self.end_attempt(task, n, &result).await;
+            match result {
+                Ok((output, used)) => {
+                    let total = spent.map_or(used, |s| s.plus(&used));
+                    return Ok((output, total));
+                }
+                Err(f) if f.transient && may_try_again(n, task.max_attempts) => {
+                    spent = spent.zip(f.usage).map(|(s, u)| s.plus(&u));
+                    let wait = retry_backoff(n + 1);
+                    tracing::info!(task = %task.id, attempt = n, code = %f.code, message = %f.message, ?wait, "transient failure: the next attempt follows");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(mut f) => {
+                    f.usage = spent.zip(f.usage).map(|(s, u)| s.plus(&u));
+                    return Err(f);
+                }
+            }
+        }
+    }
+
+    /// docs/budgets.md, "The reservation": a later attempt reserves its first call
+    /// before it is made, counted as it will be sent.
+    async fn reserve_next(
+        &self,
+        task: &Task,
+        request: &ValidatedRequest,
+        reservation: &mut Option<Reservation>,
+    ) -> Result<(), Failure> {
+        let schema = request.request().output_schema();
+        let call = ProviderCall {
+            model: &task.model_ref,
+            request: request.request(),
+            output_schema: &schema,
+            previous_error: None,
+            max_output_bytes: self.inner.config.max_output_bytes,
+        };
+        let counter = TokenCounter::for_model_ref(&self.inner.config, &task.model_ref);
+        self.reserve_call(task, counter, &call, reservation, "the next attempt")
+            .await
+    }
+
+    /// One attempt: calls the provider, validating and re-asking as configured. Each re-ask is
+    /// reserved before it is made (`reservation` grows with it; docs/budgets.md, "The
+    /// reservation"); a re-ask that does not fit ends the task with
+    /// `WORKFLOW_AI_SPEND_BUDGET`, its spent calls settled.
+    async fn attempt(
+        &self,
+        task: &Task,
+        request: &ValidatedRequest,
+        provider: &Arc<dyn Provider>,
+        reservation: &mut Option<Reservation>,
+        trace: &crate::TraceSpan,
+    ) -> Result<(Value, Usage), Failure> {
+        let provider_name = task.model_ref.provider.as_str();
         let schema = request.request().output_schema();
         let max_retries = self.inner.config.workers.max_output_retries;
         let max_output_bytes = self.inner.config.max_output_bytes;
@@ -169,7 +247,10 @@ impl WorkerPool {
                 max_output_bytes,
             };
             if attempt > 0 {
-                if let Err(failure) = self.reserve_reask(task, counter, &call, reservation).await {
+                if let Err(failure) = self
+                    .reserve_call(task, counter, &call, reservation, "its re-ask")
+                    .await
+                {
                     return Err(failure.with_usage(self.priced(task, usage)));
                 }
                 metrics::counter!(m::OUTPUT_REASKS_TOTAL, "kind" => task.kind.as_str())
@@ -188,12 +269,15 @@ impl WorkerPool {
                 Err(ProviderError::InvalidOutput { message, usage }) => {
                     (None, usage, Some(reask_error(message)))
                 }
-                Err(
-                    ProviderError::Failed(message) | ProviderError::Unavailable { message, .. },
-                ) => {
-                    span.error(message.clone());
+                Err(e @ (ProviderError::Failed(_) | ProviderError::Unavailable { .. })) => {
+                    span.error(e.to_string());
                     provider_call(provider_name, "error");
-                    return Err(Failure::new(ErrorCode::ProviderError, message));
+                    let transient = is_transient(&e);
+                    let mut failure = Failure::new(ErrorCode::ProviderError, e.to_string());
+                    failure.transient = transient;
+                    // The calls before this one reported their usage; this one's is
+                    // unknown, so the attempt is charged its reservation.
+                    return Err(failure);
                 }
                 Err(ProviderError::OutputTooLarge(message)) => {
                     span.error(message.clone());
@@ -236,15 +320,17 @@ impl WorkerPool {
         .with_usage(self.priced(task, usage)))
     }
 
-    /// docs/budgets.md, "The reservation": reserves the re-ask `call` (its input counted
-    /// exactly as it will be sent) before it is made, through the store, with the same
-    /// exactness as admission. Tasks without a bounded reservation reserve nothing.
-    async fn reserve_reask(
+    /// docs/budgets.md, "The reservation": reserves `call` (a re-ask or a later
+    /// attempt's first call, `what` in messages; its input counted exactly as it will be
+    /// sent) before it is made, through the store, with the same exactness as admission.
+    /// Tasks without a bounded reservation reserve nothing.
+    async fn reserve_call(
         &self,
         task: &Task,
         counter: TokenCounter,
         call: &ProviderCall<'_>,
         reservation: &mut Option<Reservation>,
+        what: &str,
     ) -> Result<(), Failure> {
         let Some(current) = reservation.filter(|r| r.bounded) else {
             return Ok(());
@@ -266,15 +352,15 @@ impl WorkerPool {
             }
             Ok(None) => Err(Failure::new(
                 ErrorCode::Canceled,
-                "the task was canceled, deleted or finished before its re-ask",
+                format!("the task was canceled, deleted or finished before {what}"),
             )),
             Err(StoreError::Cost(c)) => Err(Failure::new(
                 ErrorCode::SpendBudget,
-                format!("the model's output was invalid and its re-ask does not fit: {c}"),
+                format!("{what} does not fit: {c}"),
             )),
             Err(e) => Err(Failure::new(
                 ErrorCode::ProviderError,
-                format!("cannot reserve the re-ask: {e}"),
+                format!("cannot reserve {what}: {e}"),
             )),
         }
     }
@@ -283,15 +369,22 @@ impl WorkerPool {
     /// the model's for a task that reserved nothing); an unpriced model's is `None`
     /// (unknown, `priced: false`) whatever its provider reported.
     fn priced(&self, task: &Task, mut usage: Usage) -> Usage {
-        let prices = task.reservation.and_then(|r| r.prices).or_else(|| {
+        usage.cost_usd = self
+            .prices(task)
+            .map(|p| tollgate_core::cost::nano_to_usd(p.cost_nano(&usage)));
+        usage
+    }
+
+    /// The task's prices: those it was reserved at, or the model's for a task that
+    /// reserved nothing (`None`: unpriced).
+    pub(super) fn prices(&self, task: &Task) -> Option<Prices> {
+        task.reservation.and_then(|r| r.prices).or_else(|| {
             self.inner
                 .models
                 .resolve(Some(&task.model))
                 .ok()
                 .and_then(|m| m.prices)
-        });
-        usage.cost_usd = prices.map(|p| tollgate_core::cost::nano_to_usd(p.cost_nano(&usage)));
-        usage
+        })
     }
 }
 

@@ -31,6 +31,7 @@
 //! attempts and their usage), `complete` (recording the end), `heartbeat` (heartbeats
 //! and the event listener), `handle` (shutdown); this module starts them.
 
+mod attempts;
 mod complete;
 mod dispatch;
 mod execute;

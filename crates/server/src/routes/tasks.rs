@@ -392,7 +392,8 @@ pub(crate) async fn get_task(
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
     let task = waited_task(&view, waiter, task, wait).await?;
-    Ok(Json(TaskView::detail(&task)))
+    let attempts = view.attempts(&task).await?;
+    Ok(Json(TaskView::detail(&task, &attempts)))
 }
 
 #[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
@@ -525,7 +526,10 @@ pub(crate) async fn list_tasks(
             .get_by_effect_key(&key)
             .await?
             .ok_or_else(|| ApiError::not_found("task"))?;
-        return Ok(Json(TasksAnswer::Task(Box::new(TaskView::detail(&task)))));
+        let attempts = view.attempts(&task).await?;
+        return Ok(Json(TasksAnswer::Task(Box::new(TaskView::detail(
+            &task, &attempts,
+        )))));
     }
     let query = TaskListQuery {
         scope: filter("scope", q.scope, ScopeId::new)?,

@@ -97,6 +97,13 @@ impl MaintenanceStatements for PostgresStore {
          WHERE r.state = 'waiting' AND r.waiting_on IS NOT NULL \
          AND (t.id IS NULL OR t.status IN ('succeeded', 'failed', 'canceled')) \
          LIMIT $1 FOR NO KEY UPDATE OF r SKIP LOCKED";
+    const REQUEUE_PICK: &'static str = concat!(
+        "SELECT id, app, scope FROM tasks WHERE status = 'running' AND claimed_at <= $1 \
+         AND heartbeat_at <= $1 AND max_attempts > attempt AND max_attempts > \
+         (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id) AND NOT ",
+        cancel_wanted!(),
+        " ORDER BY heartbeat_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+    );
     const PRUNE_ADMISSIONS: &'static str = "WITH picked AS MATERIALIZED (SELECT id \
          FROM admissions WHERE admitted_at <= $1 ORDER BY admitted_at LIMIT $2 \
          FOR UPDATE SKIP LOCKED) DELETE FROM admissions a USING picked WHERE a.id = picked.id";

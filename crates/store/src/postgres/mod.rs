@@ -288,3 +288,5 @@ impl crate::shared::sql::Backend for PostgresStore {
 pub(crate) fn id_array<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
     ids.iter().map(ToString::to_string).collect()
 }
+
+crate::shared::attempts::attempt_store_for!(PostgresStore);

@@ -379,7 +379,8 @@ impl<'a> InsertRow<'a> {
                 .bind("reservation", self.reservation.as_deref())
                 .bind("priority", i64::from(new.dispatch.priority))
                 .bind("dispatch_key", new.dispatch.key(self.now))
-                .bind("trace_parent", new.trace_parent.map(|t| t.to_string()));
+                .bind("trace_parent", new.trace_parent.map(|t| t.to_string()))
+                .bind("max_attempts", i64::from(new.max_attempts.get()));
         });
         if !clock {
             b.group(NOW_NAMES, |b| {
@@ -419,6 +420,7 @@ pub(crate) const ROW_NAMES: &[&str] = &[
     "priority",
     "dispatch_key",
     "trace_parent",
+    "max_attempts",
 ];
 
 /// The name [`InsertRow::bind`] binds besides [`ROW_NAMES`] unless the statement reads its

@@ -11,6 +11,7 @@ use crate::shared::admission::stored_bucket;
 use crate::shared::sql::{Exec, Statement};
 use crate::{SpendWindow, StoreError, StoreResult};
 use std::collections::BTreeMap;
+use tollgate_core::attempt::{Charged, settle_charged};
 use tollgate_core::cost::{
     CostSnapshot, app_spend_stripe, decide_app_spend, decide_cost, settle, spend_bucket,
     window_first_bucket,
@@ -50,6 +51,12 @@ pub(crate) struct SettleRow {
     pub(crate) claimed_at: Option<i64>,
     pub(crate) reservation: String,
     pub(crate) usage: Option<String>,
+    /// How many attempts the task made (docs/routes.md, "Attempts"; `attempt_charges!`).
+    pub(crate) attempts: i64,
+    /// What its attempts are charged, summed (an open one at its reservation).
+    pub(crate) attempts_nano: i64,
+    /// Model tokens its attempts are charged, summed.
+    pub(crate) attempts_tokens: i64,
 }
 
 /// Changes to one spend bucket (nano-dollars and model tokens).
@@ -273,6 +280,17 @@ pub(crate) async fn reserve_checked<E: Exec + ?Sized>(
             .bind(&row.id),
     )
     .await?;
+    // docs/routes.md, "Attempts": the open attempt holds what it reserved.
+    tx.run(
+        Statement::new(
+            "UPDATE task_attempts SET reserved_nano = reserved_nano + $1, \
+             reserved_tokens = reserved_tokens + $2 WHERE task_id = $3 AND ended_at IS NULL",
+        )
+        .bind(plan.delta.reserved_nano)
+        .bind(plan.delta.reserved_tokens)
+        .bind(&row.id),
+    )
+    .await?;
     if let Some((bucket, capacity)) = plan.token {
         tx.run(
             Statement::new(ATTEMPT_TOKEN_UPDATE)
@@ -343,7 +361,19 @@ pub(crate) fn plan_settlement(rows: &[SettleRow]) -> StoreResult<SettlementPlan>
             }
             clamped
         });
-        let charge = settle(&reservation, usage.as_ref(), row.claimed_at.is_some());
+        // A task that made attempts is charged their sum; one that made none (a cache
+        // hit, ended before its first call) by its usage, as before attempts existed.
+        let charge = if row.attempts > 0 {
+            settle_charged(
+                &reservation,
+                Charged {
+                    nano_usd: row.attempts_nano,
+                    tokens: u64::try_from(row.attempts_tokens).unwrap_or(0),
+                },
+            )
+        } else {
+            settle(&reservation, usage.as_ref(), row.claimed_at.is_some())
+        };
         if charge.overrun_nano > 0 || charge.overrun_tokens > 0 {
             tracing::warn!(
                 task = %row.id, app = %row.app, scope = %row.scope,

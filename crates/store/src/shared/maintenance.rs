@@ -4,6 +4,7 @@
 //! replicas hold, so replicas never wait on each other and never process a row twice)
 //! and its expiry of queued and running tasks (items 1–3).
 
+use crate::shared::attempts::{RequeueRow, requeue};
 use crate::shared::rows::{ScopeRow, task_id};
 use crate::shared::sql::{Backend, Exec, Statement, TxExec};
 use crate::shared::terminal::{TerminalStatements, count_per_scope};
@@ -20,6 +21,12 @@ pub(crate) trait MaintenanceStatements: Backend {
     /// Item 4: up to `$1` runs still waiting on a task that is terminal or gone; the
     /// tasks' ids.
     const STUCK_WAITS: &'static str;
+    /// Item 2 for tasks with tries left (docs/routes.md, "Attempts"): up to `$2` running
+    /// tasks silent since `$1` (claimed and last heartbeat at or before it), whose
+    /// cancellation was not requested and that were claimed fewer times and made fewer
+    /// attempts than their `max_attempts` (each claim uses up a try, so a task of one
+    /// try is never run twice): their id, app and scope.
+    const REQUEUE_PICK: &'static str;
     /// Item 5: deletes up to `$2` admission records admitted at or before `$1`.
     const PRUNE_ADMISSIONS: &'static str;
     /// Item 5: deletes up to `$2` source sightings last admitted at or before `$1`,
@@ -80,6 +87,25 @@ impl Maintenance {
 
         // Items 1–3.
         store.expire(config, batch, true, &mut report).await?;
+        // Silent running tasks with tries left go back to the queue before the rest
+        // expire (docs/routes.md, "Attempts").
+        {
+            let mut tx = store.begin_tx().await?;
+            let now = store.now_in(&mut tx).await?;
+            let cutoff = now.minus(config.liveness_timeout).0;
+            let picked: Vec<RequeueRow> = tx
+                .all(Statement::new(B::REQUEUE_PICK).bind(cutoff).bind(batch))
+                .await?;
+            if picked.is_empty() {
+                tx.rollback_tx().await?;
+            } else {
+                report.more |= picked.len() as i64 == batch;
+                let message = expiry_message(config, false);
+                let requeued = requeue(&mut tx, &picked, &message, now).await?;
+                tx.commit_tx().await?;
+                report.requeued.extend(requeued);
+            }
+        }
         store.expire(config, batch, false, &mut report).await?;
 
         // Item 4: repair lost wakes — a run still waiting on a task that is already

@@ -9,6 +9,7 @@
 //! dialects share in `sql/`.
 
 pub(crate) mod admission;
+pub(crate) mod attempts;
 pub(crate) mod cost;
 pub(crate) mod dispatch;
 pub(crate) mod lifecycle;

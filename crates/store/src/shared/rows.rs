@@ -30,7 +30,7 @@ macro_rules! task_columns {
             source_revision, recompute, model_id, model_ref, model_config_hash, request,
             input_hash, cache_key, status, cancel_requested, cached_from, output, usage,
             error_code, error_message, attempt, worker, created_at, claimed_at, heartbeat_at,
-            completed_at, released_at, reservation, priority, trace_parent
+            completed_at, released_at, reservation, priority, trace_parent, max_attempts
         )
     };
     (@plain $first:ident $(, $column:ident)*) => {
@@ -98,6 +98,7 @@ pub(crate) struct TaskRow {
     reservation: Option<String>,
     priority: i64,
     trace_parent: Option<String>,
+    max_attempts: i64,
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -218,6 +219,15 @@ impl TaskRow {
                 .as_deref()
                 .map(|t| TraceParent::parse(t).map_err(|e| corrupt("trace_parent", e)))
                 .transpose()?,
+            max_attempts: u32::try_from(self.max_attempts)
+                .ok()
+                .and_then(|n| tollgate_core::MaxAttempts::new(n).ok())
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "max_attempts {} of {}",
+                        self.max_attempts, self.id
+                    ))
+                })?,
         })
     }
 }
@@ -504,7 +514,7 @@ mod column_list_tests {
         let plain: Vec<&str> = task_columns!().split(", ").collect();
         assert_eq!(plain.len(), 35, "{plain:?}");
         assert_eq!(plain.first(), Some(&"id"));
-        assert_eq!(plain.last(), Some(&"trace_parent"));
+        assert_eq!(plain.last(), Some(&"max_attempts"));
         let qualified: Vec<&str> = task_columns!(qualified).split(", ").collect();
         let expected: Vec<String> = plain.iter().map(|c| format!("tasks.{c}")).collect();
         assert_eq!(qualified, expected);

@@ -213,6 +213,9 @@ pub(crate) trait TerminalStatements: Exec {
     async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()>;
     /// docs/conformance.md#cost-settlement: the reservations and usage of the tasks not yet settled.
     async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>>;
+    /// Ends the tasks' open attempts (docs/routes.md, "Attempts"): each charged its
+    /// reservation, its outcome from the task's end.
+    async fn end_open_attempts(&mut self, ids: &[String], now: Timestamp) -> StoreResult<()>;
     /// Frees the admission logical keys of the tasks.
     async fn clear_logical_keys(&mut self, ids: &[String]) -> StoreResult<()>;
     /// Wakes the runs waiting on any of the tasks; returns them.
@@ -244,6 +247,12 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
     let total: i64 = per_scope.iter().map(|(_, n)| n).sum();
     for (scope, n) in &per_scope {
         tx.give_back_scope(scope, *n).await?;
+    }
+    // An attempt still open ends with its task (charged its reservation, as the
+    // settlement below counts it).
+    if plan.wake != Wake::No {
+        let ids: Vec<String> = finished.iter().map(|f| f.id.clone()).collect();
+        tx.end_open_attempts(&ids, now).await?;
     }
     // Every reservation settles, a sourced task's or not (docs/budgets.md, "Tasks without
     // a source"). Spend buckets before the finished stripe: the lock order

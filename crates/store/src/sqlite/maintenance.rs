@@ -19,6 +19,13 @@ impl MaintenanceStatements for SqliteStore {
          LEFT JOIN tasks t ON t.id = r.waiting_on \
          WHERE r.state = 'waiting' AND r.waiting_on IS NOT NULL \
          AND (t.id IS NULL OR t.status IN ('succeeded', 'failed', 'canceled')) LIMIT $1";
+    const REQUEUE_PICK: &'static str = concat!(
+        "SELECT id, app, scope FROM tasks WHERE status = 'running' AND claimed_at <= $1 \
+         AND heartbeat_at <= $1 AND max_attempts > attempt AND max_attempts > \
+         (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id) AND NOT ",
+        cancel_wanted!(),
+        " ORDER BY heartbeat_at LIMIT $2"
+    );
     const PRUNE_ADMISSIONS: &'static str = "DELETE FROM admissions WHERE id IN \
          (SELECT id FROM admissions WHERE admitted_at <= $1 ORDER BY admitted_at LIMIT $2)";
     const EXPIRE_SOURCES: &'static str = "DELETE FROM scope_sources WHERE rowid IN \

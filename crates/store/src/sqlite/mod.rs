@@ -207,3 +207,5 @@ pub(crate) fn id_list<T: std::fmt::Display>(ids: &[T]) -> String {
     )
     .to_string()
 }
+
+crate::shared::attempts::attempt_store_for!(SqliteStore);

@@ -4,6 +4,7 @@
 
 use super::{Tx, id_list};
 use crate::StoreResult;
+use crate::shared::attempts::{attempt_charges, open_attempt_outcome};
 use crate::shared::cost::SettleRow;
 use crate::shared::rows::run_id;
 use crate::shared::terminal::TerminalStatements;
@@ -32,14 +33,29 @@ impl TerminalStatements for Tx {
     }
 
     async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>> {
-        Ok(sqlx::query_as(
-            "SELECT id, app, scope, created_at, claimed_at, reservation, usage FROM tasks \
-             WHERE id IN (SELECT value FROM json_each(?)) AND reservation IS NOT NULL \
-             AND charged_nano IS NULL ORDER BY id",
-        )
+        Ok(sqlx::query_as(concat!(
+            "SELECT id, app, scope, created_at, claimed_at, reservation, usage, ",
+            attempt_charges!(),
+            " FROM tasks WHERE id IN (SELECT value FROM json_each($1)) \
+             AND reservation IS NOT NULL AND charged_nano IS NULL ORDER BY id"
+        ))
         .bind(id_list(ids))
         .fetch_all(&mut **self)
         .await?)
+    }
+
+    async fn end_open_attempts(&mut self, ids: &[String], now: Timestamp) -> StoreResult<()> {
+        sqlx::query(concat!(
+            "UPDATE task_attempts SET ended_at = $1, outcome = ",
+            open_attempt_outcome!(),
+            ", charged_nano = reserved_nano, charged_tokens = reserved_tokens \
+             WHERE ended_at IS NULL AND task_id IN (SELECT value FROM json_each($2))"
+        ))
+        .bind(now.0)
+        .bind(id_list(ids))
+        .execute(&mut **self)
+        .await?;
+        Ok(())
     }
 
     async fn clear_logical_keys(&mut self, ids: &[String]) -> StoreResult<()> {

@@ -401,7 +401,7 @@ pub(super) struct AppInsert<'a> {
 }
 
 /// Inserts a batch's unscoped application tasks (queued, no run, no cache, no
-/// admission) in ONE statement, `$16` the creation time, `$17` the trace parents; returns the rows inserted. A
+/// admission) in ONE statement, `$16` the creation time, `$17` the trace parents, `$18` the attempt limits; returns the rows inserted. A
 /// taken effect key (before the batch, or earlier in it) inserts nothing for that item
 /// (`ON CONFLICT DO NOTHING`): the caller looks the taken ones up.
 pub(super) async fn insert_app_tasks(
@@ -441,22 +441,27 @@ pub(super) async fn insert_app_tasks(
         .iter()
         .map(|i| i.new.trace_parent.map(|t| t.to_string()))
         .collect();
+    let max_attempts: Vec<i64> = items
+        .iter()
+        .map(|i| i64::from(i.new.max_attempts.get()))
+        .collect();
     let rows: Vec<TaskRow> = sqlx::query_as(concat!(
         "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
          subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
          model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
-         usage, created_at, completed_at, reservation, priority, dispatch_key, trace_parent) \
+         usage, created_at, completed_at, reservation, priority, dispatch_key, trace_parent, \
+         max_attempts) \
          SELECT u.id, u.app, u.effect_key, u.kind, u.step, NULL, u.scope, u.subject_type, \
          u.subject_id, NULL, NULL, FALSE, FALSE, u.model_id, u.model_ref, u.config_hash, \
          u.request, u.input_hash, NULL, 'queued', NULL, NULL, NULL, $16, NULL, NULL, \
-         u.priority, u.dispatch_key, u.trace_parent \
+         u.priority, u.dispatch_key, u.trace_parent, u.max_attempts \
          FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], \
            $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::TEXT[], $11::TEXT[], \
-           $12::TEXT[], $13::TEXT[], $14::BIGINT[], $15::BIGINT[], $17::TEXT[]) \
+           $12::TEXT[], $13::TEXT[], $14::BIGINT[], $15::BIGINT[], $17::TEXT[], $18::BIGINT[]) \
            WITH ORDINALITY \
            AS u(id, app, effect_key, kind, step, scope, subject_type, subject_id, model_id, \
                 model_ref, config_hash, request, input_hash, priority, dispatch_key, \
-                trace_parent, ord) \
+                trace_parent, max_attempts, ord) \
          ORDER BY u.ord \
          ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
         task_columns!()
@@ -478,6 +483,7 @@ pub(super) async fn insert_app_tasks(
     .bind(&dispatch_keys)
     .bind(now.0)
     .bind(&trace_parents)
+    .bind(&max_attempts)
     .fetch_all(&mut **tx)
     .await?;
     rows.into_iter().map(TaskRow::into_task).collect()

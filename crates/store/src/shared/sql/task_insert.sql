@@ -7,13 +7,13 @@ INSERT INTO tasks (
   source_id, source_revision, recompute, admitted,
   model_id, model_ref, model_config_hash, request, input_hash, cache_key,
   status, cached_from, output, usage, created_at, completed_at, reservation,
-  priority, dispatch_key, trace_parent
+  priority, dispatch_key, trace_parent, max_attempts
 ) VALUES (
   :id, :app, :effect_key, :kind, :step, :run_id, :scope, :subject_type, :subject_id,
   :source_id, :source_revision, :recompute, :admitted,
   :model_id, :model_ref, :model_config_hash, :request, :input_hash, :cache_key,
   :status, :cached_from, :output, :usage, {created_at}, :completed_at, :reservation,
-  :priority, {dispatch_key}, :trace_parent
+  :priority, {dispatch_key}, :trace_parent, :max_attempts
 )
 ON CONFLICT (app, effect_key) DO NOTHING
 RETURNING {task_columns}

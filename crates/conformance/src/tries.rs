@@ -1,0 +1,369 @@
+//! docs/routes.md, "Attempts": a task makes attempts, each begun before a deployment's
+//! call and ended after it; at most one is open; each is charged its usage or, when
+//! unknown, its reservation, and the task's settlement is their sum. A running task that
+//! goes silent with tries left goes back to the queue for its next attempt (its open
+//! attempt charged its reservation); with none left it fails as before. A later attempt
+//! reserves before its call, and a refusal changes nothing.
+
+use super::Backend;
+use super::cost::{cost_budget, priced_task, reserve, test_prices, tokens};
+use super::fixtures::*;
+use tollgate_core::{AttemptOutcome, ErrorCode, MaxAttempts, NewTask, TaskError, TaskStatus};
+use tollgate_store::{AttemptEnd, SpendWindow, Store, StoreError};
+
+const DEPLOYMENT: &str = "openai/gpt-test";
+
+fn tries(mut t: NewTask, n: u32) -> NewTask {
+    t.max_attempts = MaxAttempts::new(n).expect("1..=20");
+    t
+}
+
+fn ended(outcome: AttemptOutcome, usage: Option<tollgate_core::Usage>) -> AttemptEnd {
+    AttemptEnd {
+        outcome,
+        usage,
+        prices: Some(test_prices()),
+        error: (outcome != AttemptOutcome::Succeeded).then(|| {
+            TaskError::new(
+                ErrorCode::ProviderError,
+                "HTTP 503 (gave up after 3 attempts)",
+            )
+        }),
+    }
+}
+
+async fn spend(s: &dyn Store, scope_name: &str) -> SpendWindow {
+    s.spend(&app("acme"), Some(&scope(scope_name)))
+        .await
+        .expect("spend")
+}
+
+async fn begin(
+    s: &dyn Store,
+    id: tollgate_core::TaskId,
+    w: &tollgate_core::WorkerId,
+) -> Option<u32> {
+    s.begin_attempt(id, w, DEPLOYMENT)
+        .await
+        .expect("begin_attempt")
+}
+
+/// Attempts are numbered and recorded with their deployment, times, outcome, usage and
+/// charge; one at a time; ended once; settled as their sum (a failed attempt without
+/// usage at its reservation); another app sees none.
+pub async fn attempts_are_recorded_and_settled_as_their_sum(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    let budget = cost_budget(Some(10_000_000), None, None);
+    let t = create_new(
+        &*s,
+        tries(
+            priced_task("acme", "s", "a", "doc", budget, reserve(100, 50)),
+            3,
+        ),
+    )
+    .await;
+    assert_eq!(
+        begin(&*s, t.id, &w).await,
+        None,
+        "a queued task begins no attempt"
+    );
+    claim(&*s, t.id, &w).await;
+    assert_eq!(
+        begin(&*s, t.id, &worker("other")).await,
+        None,
+        "only its worker begins one"
+    );
+    assert_eq!(begin(&*s, t.id, &w).await, Some(1));
+    assert_eq!(
+        begin(&*s, t.id, &w).await,
+        None,
+        "one attempt open at a time"
+    );
+    b.clock().advance(secs(2));
+    let first = ended(AttemptOutcome::Unavailable, None);
+    assert!(s.end_attempt(t.id, 1, &first).await.expect("end"));
+    assert!(
+        !s.end_attempt(t.id, 1, &first).await.expect("end"),
+        "ended once"
+    );
+    assert_eq!(begin(&*s, t.id, &w).await, Some(2));
+    s.reserve_attempt(t.id, &w, &reserve(100, 50))
+        .await
+        .expect("reserve")
+        .expect("the later attempt fits");
+    let second = ended(AttemptOutcome::Succeeded, Some(tokens(10, 5)));
+    assert!(s.end_attempt(t.id, 2, &second).await.expect("end"));
+    s.complete_task(t.id, &w, spam(), tokens(10, 5))
+        .await
+        .expect("complete");
+
+    let attempts = s.task_attempts(&app("acme"), t.id).await.expect("attempts");
+    assert_eq!(attempts.len(), 2);
+    let (a1, a2) = (&attempts[0], &attempts[1]);
+    assert_eq!((a1.n, a2.n), (1, 2));
+    assert_eq!(a1.deployment, DEPLOYMENT);
+    assert_eq!(a1.started_at, START);
+    assert_eq!(a1.ended_at, Some(START.plus(secs(2))));
+    assert_eq!(
+        (a1.outcome, a2.outcome),
+        (AttemptOutcome::Unavailable, AttemptOutcome::Succeeded)
+    );
+    assert_eq!(a1.usage, None);
+    assert_eq!(
+        a1.error.as_ref().map(|e| e.code),
+        Some(ErrorCode::ProviderError)
+    );
+    assert_eq!(
+        a1.reserved.nano_usd, 200_000,
+        "the first attempt holds the admission's reservation"
+    );
+    assert_eq!(a1.charged, a1.reserved, "no usage: charged its reservation");
+    assert_eq!(
+        a2.reserved.nano_usd, 200_000,
+        "the later attempt holds what it reserved"
+    );
+    assert_eq!((a2.charged.nano_usd, a2.charged.tokens), (20_000, 15));
+    assert!(a2.error.is_none());
+    let spent = spend(&*s, "s").await;
+    assert_eq!((spent.reserved_nano, spent.reserved_tokens), (0, 0));
+    assert_eq!(
+        spent.settled_nano,
+        200_000 + 20_000,
+        "the task is charged both attempts"
+    );
+    assert!(
+        s.task_attempts(&app("other"), t.id)
+            .await
+            .expect("attempts")
+            .is_empty(),
+        "another app sees no attempts"
+    );
+    assert_eq!(
+        begin(&*s, t.id, &w).await,
+        None,
+        "a finished task begins none"
+    );
+}
+
+/// A running task silent past the liveness timeout with tries left goes back to the
+/// queue: its open attempt ends interrupted, charged its reservation; any worker claims
+/// it again and its next attempt succeeds; the first worker can no longer end it; the
+/// task is charged both attempts.
+pub async fn a_lost_lease_with_tries_left_requeues_the_task(b: &dyn Backend) {
+    let s = b.open().await;
+    let (w1, w2) = (worker("w1"), worker("w2"));
+    let budget = cost_budget(Some(10_000_000), None, None);
+    let t = create_new(
+        &*s,
+        tries(
+            priced_task("acme", "s", "a", "doc", budget, reserve(100, 50)),
+            3,
+        ),
+    )
+    .await;
+    claim(&*s, t.id, &w1).await;
+    assert_eq!(begin(&*s, t.id, &w1).await, Some(1));
+    b.clock().advance(secs(31));
+    let report = sweep_all(&*s, &sweep_config()).await;
+    assert_eq!(report.interrupted, 0);
+    assert_eq!(report.requeued, vec![(app("acme"), t.id)]);
+    assert!(report.finished.is_empty());
+    let got = get(&*s, &app("acme"), t.id).await;
+    assert_eq!(got.status, TaskStatus::Queued, "back in the queue");
+    assert_eq!(got.worker, None);
+    let attempts = s.task_attempts(&app("acme"), t.id).await.expect("attempts");
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].outcome, AttemptOutcome::Interrupted);
+    assert_eq!(
+        attempts[0].charged.nano_usd, 200_000,
+        "charged its reservation"
+    );
+    assert_eq!(
+        spend(&*s, "s").await.reserved_nano,
+        200_000,
+        "still reserved until the task ends"
+    );
+
+    // Any worker claims it again, in dispatch order.
+    let claimed = s.claim_next(&w2, 10).await.expect("claim_next");
+    assert_eq!(claimed.iter().map(|t| t.id).collect::<Vec<_>>(), vec![t.id]);
+    assert_eq!(claimed[0].attempt, 2, "claimed a second time");
+    assert_eq!(
+        begin(&*s, t.id, &w1).await,
+        None,
+        "the first worker lost it"
+    );
+    assert_eq!(begin(&*s, t.id, &w2).await, Some(2));
+    s.reserve_attempt(t.id, &w2, &reserve(100, 50))
+        .await
+        .expect("reserve")
+        .expect("fits");
+    assert!(
+        !s.end_attempt(
+            t.id,
+            1,
+            &ended(AttemptOutcome::Succeeded, Some(tokens(1, 1)))
+        )
+        .await
+        .expect("end"),
+        "the interrupted attempt cannot be ended again"
+    );
+    assert!(
+        s.end_attempt(
+            t.id,
+            2,
+            &ended(AttemptOutcome::Succeeded, Some(tokens(10, 5)))
+        )
+        .await
+        .expect("end")
+    );
+    assert_refused(
+        s.complete_task(t.id, &w1, spam(), tokens(10, 5)).await,
+        "the first worker's completion",
+    );
+    let done = s
+        .complete_task(t.id, &w2, spam(), tokens(10, 5))
+        .await
+        .expect("complete");
+    assert!(done.applied);
+    let spent = spend(&*s, "s").await;
+    assert_eq!(spent.reserved_nano, 0);
+    assert_eq!(
+        spent.settled_nano,
+        200_000 + 20_000,
+        "charged both attempts"
+    );
+}
+
+/// `max_attempts = 1` keeps today's behaviour: a silent task whose one attempt began
+/// fails with `WORKFLOW_AI_INTERRUPTED`, charged its reservation; so does a task that
+/// made all its attempts.
+pub async fn one_attempt_fails_a_lost_lease_as_before(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    let budget = cost_budget(Some(10_000_000), None, None);
+    let once = create_new(
+        &*s,
+        tries(
+            priced_task("acme", "s", "a", "doc", budget, reserve(100, 50)),
+            1,
+        ),
+    )
+    .await;
+    let twice = create_new(
+        &*s,
+        tries(
+            priced_task("acme", "s", "b", "doc2", budget, reserve(100, 50)),
+            2,
+        ),
+    )
+    .await;
+    claim(&*s, once.id, &w).await;
+    assert_eq!(begin(&*s, once.id, &w).await, Some(1));
+    claim(&*s, twice.id, &w).await;
+    assert_eq!(begin(&*s, twice.id, &w).await, Some(1));
+    assert!(
+        s.end_attempt(twice.id, 1, &ended(AttemptOutcome::Unavailable, None))
+            .await
+            .expect("end")
+    );
+    assert_eq!(begin(&*s, twice.id, &w).await, Some(2));
+    assert_eq!(
+        s.begin_attempt(twice.id, &w, DEPLOYMENT)
+            .await
+            .expect("begin"),
+        None
+    );
+    b.clock().advance(secs(31));
+    let report = sweep_all(&*s, &sweep_config()).await;
+    assert!(
+        report.requeued.is_empty(),
+        "no tries left: nothing requeued"
+    );
+    assert_eq!(report.interrupted, 2);
+    for id in [once.id, twice.id] {
+        let t = get(&*s, &app("acme"), id).await;
+        assert_eq!(t.status, TaskStatus::Failed);
+        assert_eq!(t.error.map(|e| e.code), Some(ErrorCode::Interrupted));
+        let last = s.task_attempts(&app("acme"), id).await.expect("attempts");
+        let last = last.last().expect("an attempt");
+        assert_eq!(
+            last.outcome,
+            AttemptOutcome::Interrupted,
+            "its open attempt ends with it"
+        );
+        assert!(last.ended_at.is_some());
+    }
+    let spent = spend(&*s, "s").await;
+    assert_eq!(spent.reserved_nano, 0);
+    // `once`: its reservation; `twice`: two attempts, the second reserved nothing more.
+    assert_eq!(spent.settled_nano, 200_000 + 200_000);
+}
+
+/// A later attempt reserves before its call like a re-ask: when it does not fit, it is
+/// refused, nothing changes, and the task's end settles the attempts it spent.
+pub async fn a_later_attempt_refused_by_the_budget_settles_the_spent_attempts(b: &dyn Backend) {
+    let s = b.open().await;
+    let (w1, w2) = (worker("w1"), worker("w2"));
+    // Room for one attempt's 200,000 n$, not two.
+    let budget = cost_budget(Some(300_000), None, None);
+    let t = create_new(
+        &*s,
+        tries(
+            priced_task("acme", "s", "a", "doc", budget, reserve(100, 50)),
+            3,
+        ),
+    )
+    .await;
+    claim(&*s, t.id, &w1).await;
+    assert_eq!(begin(&*s, t.id, &w1).await, Some(1));
+    b.clock().advance(secs(31));
+    assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
+    claim(&*s, t.id, &w2).await;
+    assert_eq!(begin(&*s, t.id, &w2).await, Some(2));
+    match s.reserve_attempt(t.id, &w2, &reserve(100, 50)).await {
+        Err(StoreError::Cost(c)) => assert_eq!(c.code(), ErrorCode::SpendBudget, "{c}"),
+        other => panic!("the later attempt must not fit, got {other:?}"),
+    }
+    assert_eq!(
+        spend(&*s, "s").await.reserved_nano,
+        200_000,
+        "a refusal changes nothing"
+    );
+    let refused = AttemptEnd {
+        outcome: AttemptOutcome::Refused,
+        usage: Some(tollgate_core::Usage::default()),
+        prices: Some(test_prices()),
+        error: Some(TaskError::new(
+            ErrorCode::SpendBudget,
+            "the next attempt does not fit",
+        )),
+    };
+    assert!(s.end_attempt(t.id, 2, &refused).await.expect("end"));
+    s.fail_task(
+        t.id,
+        ErrorCode::SpendBudget,
+        "the next attempt does not fit",
+        None,
+    )
+    .await
+    .expect("fail");
+    let attempts = s.task_attempts(&app("acme"), t.id).await.expect("attempts");
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| (a.outcome, a.charged.nano_usd))
+            .collect::<Vec<_>>(),
+        vec![
+            (AttemptOutcome::Interrupted, 200_000),
+            (AttemptOutcome::Refused, 0)
+        ]
+    );
+    let spent = spend(&*s, "s").await;
+    assert_eq!(
+        (spent.reserved_nano, spent.settled_nano),
+        (0, 200_000),
+        "the spent attempt settled"
+    );
+}
