@@ -251,6 +251,7 @@ mod tests {
             input: 1_000,
             output: 2_000,
             cached_input: 500,
+            cache_write_input: 1_250,
         }
     }
 
