@@ -82,6 +82,7 @@ pub fn tokens(input: u64, output: u64) -> Usage {
         cost_usd: None,
         cached_input_tokens: None,
         estimated: false,
+        cost_nano_usd: None,
     }
 }
 

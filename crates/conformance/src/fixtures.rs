@@ -93,6 +93,7 @@ pub fn usage() -> Usage {
         cost_usd: Some(0.0005),
         cached_input_tokens: None,
         estimated: false,
+        cost_nano_usd: None,
     }
 }
 

@@ -680,6 +680,7 @@ fn completion_usage() -> Usage {
         cost_usd: Some(0.25),
         cached_input_tokens: None,
         estimated: false,
+        cost_nano_usd: None,
     }
 }
 

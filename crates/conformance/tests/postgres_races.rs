@@ -636,6 +636,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
                 cost_usd: None,
                 cached_input_tokens: Some(share(&mut rng, input)),
                 estimated: false,
+                cost_nano_usd: None,
             };
             let used = if r.prices.is_some_and(|p| {
                 p.cost_nano(&Usage {

@@ -496,14 +496,17 @@ pub struct Charge {
 }
 
 /// docs/conformance.md#cost-settlement "Settlement": a task's reservation is replaced by what it actually cost.
-/// `actual` is its usage summed over every attempt; `None` means the usage is unknown:
+/// `actual` is its usage summed over every attempt, charged at its exact
+/// `cost_nano_usd` when the worker priced each call
+/// at its deployment's prices, else at the reservation's; `None` means the usage is unknown:
 /// a task that never started costs nothing, one that was running (canceled or
 /// interrupted mid-call) is charged its whole reservation — the provider may have
 /// billed the aborted call, so never less is assumed.
 pub fn settle(reservation: &Reservation, actual: Option<&Usage>, started: bool) -> Charge {
     let (nano, tokens) = match actual {
         Some(u) => (
-            reservation.prices.map_or(0, |p| p.cost_nano(u)),
+            u.cost_nano_usd
+                .unwrap_or_else(|| reservation.prices.map_or(0, |p| p.cost_nano(u))),
             u.input_tokens.saturating_add(u.output_tokens),
         ),
         None if started => (reservation.nano_usd, reservation.tokens),

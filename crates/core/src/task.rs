@@ -381,6 +381,11 @@ pub struct Usage {
     /// (docs/budgets.md, "Settlement").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub estimated: bool,
+    /// The exact cost in nano-dollars when every call was priced at the prices of the
+    /// deployment that made it (a route's deployments may differ): settlement charges
+    /// this. `None`: the usage is priced at the task's reservation prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_nano_usd: Option<i64>,
 }
 
 /// The most tokens of one kind (input, output, cached input) a usage may carry: a
@@ -389,6 +394,12 @@ pub struct Usage {
 pub const MAX_REPORTED_TOKENS: u64 = 100_000_000;
 
 impl Usage {
+    /// What this usage costs at `prices`, in nano-dollars (cached input tokens at the
+    /// cached-input price, rounded up).
+    pub fn cost_at(&self, prices: &crate::cost::Prices) -> i64 {
+        prices.cost_nano(self)
+    }
+
     /// The usage with every token count clamped to [`MAX_REPORTED_TOKENS`], and whether
     /// anything was clamped.
     pub fn clamped(self) -> (Usage, bool) {

@@ -16,6 +16,7 @@ fn usage(input: u64, output: u64, cached: Option<u64>) -> Usage {
         cost_usd: None,
         cached_input_tokens: cached,
         estimated: false,
+        cost_nano_usd: None,
     }
 }
 

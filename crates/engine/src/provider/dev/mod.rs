@@ -174,6 +174,7 @@ impl DevProvider {
             cost_usd: None,
             cached_input_tokens: None,
             estimated: false,
+            cost_nano_usd: None,
         };
         Ok(ProviderAnswer { output, usage })
     }
