@@ -191,6 +191,7 @@ macro_rules! conformance_suite {
             pace::a_call_waits_for_every_schedule_it_takes,
             pace::token_pace_reserves_the_bound_and_settles_real_usage,
             pace::a_pause_holds_every_replica_until_it_ends,
+            pace::cooldowns_are_read_per_deployment_on_every_replica,
         );
     };
 }

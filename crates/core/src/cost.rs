@@ -225,6 +225,24 @@ pub fn reservation(bound: Option<&TokenBound>, prices: Option<Prices>) -> Reserv
     }
 }
 
+/// docs/routes.md: the reservation of a first attempt that may go to any of several
+/// deployments (each one's reservation given): the dearest in nano-dollars (ties: in
+/// tokens), holding the most tokens of any. Unbounded when any of them is (that
+/// deployment's call has no worst case). `None` for an empty list.
+pub fn dearest(reservations: &[Reservation]) -> Option<Reservation> {
+    if let Some(unbounded) = reservations.iter().find(|r| !r.bounded) {
+        return Some(*unbounded);
+    }
+    let most_tokens = reservations.iter().map(|r| r.tokens).max()?;
+    reservations
+        .iter()
+        .max_by_key(|r| (r.nano_usd, r.tokens))
+        .map(|r| Reservation {
+            tokens: most_tokens,
+            ..*r
+        })
+}
+
 /// The reservation of one attempt that sends `input_tokens` (counted exactly, as sent)
 /// and may receive `output_tokens`, at `prices` (docs/budgets.md, "The reservation").
 pub fn attempt_reservation(

@@ -276,7 +276,10 @@ mod tests {
             r.cooldown_after(Some(Duration::from_secs(90))),
             Duration::from_secs(90)
         );
-        assert_eq!(r.cooldown_after(Some(Duration::from_secs(9000))), MAX_COOLDOWN);
+        assert_eq!(
+            r.cooldown_after(Some(Duration::from_secs(9000))),
+            MAX_COOLDOWN
+        );
         let long = Route {
             cooldown_ms: 3_600_000,
             ..r

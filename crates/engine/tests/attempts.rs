@@ -105,6 +105,7 @@ fn config(url: &str, limit_usd: f64) -> EngineConfig {
                 cached_input_per_million: None,
             }),
             max_output_tokens: Some(MAX_OUTPUT as u32),
+            ..ModelConfig::default()
         },
     );
     c.budgets.insert(

@@ -273,6 +273,7 @@ fn pipeline_config() -> EngineConfig {
             params: Default::default(),
             prices: None,
             max_output_tokens: None,
+            ..ModelConfig::default()
         },
     );
     c.pipelines.concurrency = 4;

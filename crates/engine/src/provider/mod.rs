@@ -62,10 +62,21 @@ pub enum ProviderError {
         /// Tokens the refused answer used.
         usage: Usage,
     },
-    /// The call failed (HTTP error after retries, timeout, misconfiguration). The task
-    /// fails with `provider_error`.
+    /// The call failed for good (a refused request, misconfiguration, an answer that
+    /// cannot be read). The task fails with `provider_error`.
     #[error("{0}")]
     Failed(String),
+    /// The deployment is unavailable for now, after the provider's own retries: 429,
+    /// 5xx, a timeout or a connection error. A route moves on to its next deployment and
+    /// cools this one down (docs/routes.md); with none left the task fails with
+    /// `provider_error`.
+    #[error("{message}")]
+    Unavailable {
+        /// What went wrong.
+        message: String,
+        /// How long the provider asked to be left alone (`Retry-After`), if it said.
+        retry_after: Option<std::time::Duration>,
+    },
     /// The output would be larger than `max_output_bytes`. The task fails with
     /// `output_too_large` (asking again would not make it smaller).
     #[error("{0}")]

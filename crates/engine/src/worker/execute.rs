@@ -1,13 +1,12 @@
-//! One execution: the provider called, its output validated and re-asked as configured
-//! (each re-ask reserved first), the attempts' usage counted and priced, the end handed
-//! to [`complete`](super::complete) to record.
+//! One execution: the task's route walked (docs/routes.md) — a deployment chosen, called
+//! ([`calls`](super::calls)), its output validated and re-asked as configured, the next
+//! deployment tried when one is unavailable (each call after the first reserved first) —
+//! and the end handed to [`complete`](super::complete) to record.
 
 use super::WorkerPool;
-use super::complete::retry_unavailable;
-use crate::cost::{TokenCounter, attempt_input_tokens, output_bound, reask_error};
+use super::calls::Attempted;
 use crate::cpu;
 use crate::metrics as m;
-use crate::provider::{ProviderCall, ProviderError};
 use futures::FutureExt;
 use serde_json::Value;
 use std::panic::AssertUnwindSafe;
@@ -15,11 +14,8 @@ use std::sync::Arc;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tollgate_core::{
-    ErrorCode, OutputTooLarge, OutputViolation, Reservation, Task, TaskRequest, Usage,
-    check_output_size, validate_output,
-};
-use tollgate_store::StoreError;
+use tollgate_core::route::choose;
+use tollgate_core::{Deployment, ErrorCode, Reservation, Route, Task, Usage};
 
 /// Why an execution ended without an output.
 #[derive(Debug)]
@@ -128,10 +124,15 @@ impl WorkerPool {
         self.held().remove(&task.id);
     }
 
-    /// Calls the provider, validating and re-asking as configured. Each re-ask is
-    /// reserved before it is made (`reservation` grows with it; docs/budgets.md, "The
-    /// reservation"); a re-ask that does not fit ends the task with
-    /// `WORKFLOW_AI_SPEND_BUDGET`, its spent attempts settled.
+    /// Runs the task on its route (docs/routes.md): a deployment is chosen by the
+    /// route's strategy, skipping those cooling down; each gets one call
+    /// ([`attempt`](Self::attempt)), re-asked on the same deployment while its output is
+    /// invalid (as configured); a deployment that is unavailable (429, 5xx, timeout,
+    /// connection error) is cooled down on every replica and the next one is tried, each
+    /// deployment at most once per execution. Every call after the first is reserved
+    /// before it is made (`reservation` grows with it; docs/budgets.md, "The
+    /// reservation"); one that does not fit ends the task with `WORKFLOW_AI_SPEND_BUDGET`,
+    /// its spent calls settled.
     async fn execute(
         &self,
         task: &Task,
@@ -143,128 +144,55 @@ impl WorkerPool {
                 format!("the stored request cannot be read: {e}"),
             )
         })?;
-        let provider_name = task.model_ref.provider.as_str();
-        let provider = self.inner.providers.get(provider_name).ok_or_else(|| {
-            Failure::new(
-                ErrorCode::ProviderError,
-                format!("provider `{provider_name}` is not configured in this process"),
-            )
-        })?;
-        let schema = request.request().output_schema();
-        let max_retries = self.inner.config.workers.max_output_retries;
-        let max_output_bytes = self.inner.config.max_output_bytes;
-        let mut usage = Usage::default();
-        let mut previous: Option<String> = None;
-        let counter = TokenCounter::for_model_ref(&self.inner.config, &task.model_ref);
-        for attempt in 0..=max_retries {
-            let call = ProviderCall {
-                model: &task.model_ref,
-                request: request.request(),
-                output_schema: &schema,
-                previous_error: previous.as_deref(),
-                max_output_bytes,
-            };
-            if attempt > 0 {
-                if let Err(failure) = self.reserve_reask(task, counter, &call, reservation).await {
-                    return Err(failure.with_usage(self.priced(task, usage)));
-                }
-                metrics::counter!(m::OUTPUT_REASKS_TOTAL, "kind" => task.kind.as_str())
-                    .increment(1);
-            }
-            let started = Instant::now();
-            let answer = provider.complete(call).await;
-            metrics::histogram!(m::PROVIDER_LATENCY_SECONDS, "provider" => provider_name.to_string())
-                .record(started.elapsed().as_secs_f64());
-            let (output, used, refused) = match answer {
-                Ok(a) => (Some(a.output), a.usage, None),
-                Err(ProviderError::InvalidOutput { message, usage }) => {
-                    (None, usage, Some(reask_error(message)))
-                }
-                Err(ProviderError::Failed(message)) => {
-                    provider_call(provider_name, "error");
-                    return Err(Failure::new(ErrorCode::ProviderError, message));
-                }
-                Err(ProviderError::OutputTooLarge(message)) => {
-                    provider_call(provider_name, "too_large");
-                    return Err(Failure::new(ErrorCode::OutputTooLarge, message));
-                }
-            };
-            let used = attempt_usage(task, counter, &call, used);
-            if let Some(refused) = refused {
-                previous = Some(refused);
-            }
-            add_usage(&mut usage, used, provider_name);
-            if let Some(output) = output {
-                match check_output(request.request(), output, max_output_bytes).await? {
-                    Ok(valid) => {
-                        provider_call(provider_name, "ok");
-                        return Ok((valid, self.priced(task, usage)));
+        let route = self.task_route(task);
+        let cooling = self.cooling(task, &route).await;
+        let mut tried = vec![false; route.deployments.len()];
+        let mut spent = Usage::default();
+        let mut failures: Vec<String> = Vec::new();
+        let mut calls = 0u32;
+        while let Some(index) = choose(&route, &cooling, &tried, fastrand::u64(..)) {
+            tried[index] = true;
+            let deployment = &route.deployments[index];
+            match self
+                .attempt(
+                    task,
+                    &request,
+                    &route,
+                    index,
+                    reservation,
+                    &mut calls,
+                    &mut spent,
+                )
+                .await?
+            {
+                Attempted::Valid(output) => return Ok((output, spent)),
+                Attempted::Unavailable {
+                    message,
+                    retry_after,
+                } => {
+                    if route.deployments.len() > 1 {
+                        self.cool_down(task, &route, deployment, retry_after).await;
+                        tracing::info!(task = %task.id, deployment = %deployment.name(), %message, "deployment unavailable: trying the next one");
                     }
-                    Err(violation) => previous = Some(reask_error(violation.0)),
+                    failures.push(if route.deployments.len() > 1 {
+                        format!("{}: {message}", deployment.name())
+                    } else {
+                        message
+                    });
                 }
             }
-            provider_call(provider_name, "invalid_output");
-            tracing::debug!(task = %task.id, attempt, error = ?previous, "invalid model output");
         }
-        // Every attempt reported its usage: a failed task is charged what it used.
-        Err(Failure::new(
-            ErrorCode::InvalidModelOutput,
-            format!(
-                "the model's output was invalid {} time(s); last: {}",
-                max_retries + 1,
-                previous.unwrap_or_default()
-            ),
-        )
-        .with_usage(self.priced(task, usage)))
+        // docs/budgets.md, "Settlement": the calls' usage is not known for sure (a timed
+        // out call may have been billed): the task is charged everything it reserved.
+        Err(Failure::new(ErrorCode::ProviderError, failures.join("; ")))
     }
 
-    /// docs/budgets.md, "The reservation": reserves the re-ask `call` (its input counted
-    /// exactly as it will be sent) before it is made, through the store, with the same
-    /// exactness as admission. Tasks without a bounded reservation reserve nothing.
-    async fn reserve_reask(
-        &self,
-        task: &Task,
-        counter: TokenCounter,
-        call: &ProviderCall<'_>,
-        reservation: &mut Option<Reservation>,
-    ) -> Result<(), Failure> {
-        let Some(current) = reservation.filter(|r| r.bounded) else {
-            return Ok(());
-        };
-        let Some(output) = output_bound(call.model, call.request) else {
-            return Ok(());
-        };
-        let input = attempt_input_tokens(counter, call);
-        let attempt = tollgate_core::cost::attempt_reservation(input, output, current.prices);
-        let store = &self.inner.store;
-        match retry_unavailable(|| store.reserve_attempt(task.id, &self.worker, &attempt)).await {
-            Ok(Some(after)) => {
-                *reservation = Some(after);
-                if attempt.nano_usd > 0 {
-                    metrics::counter!(m::SPEND_RESERVED_TOTAL, "app" => task.app.to_string())
-                        .increment(attempt.nano_usd as u64);
-                }
-                Ok(())
-            }
-            Ok(None) => Err(Failure::new(
-                ErrorCode::Canceled,
-                "the task was canceled, deleted or finished before its re-ask",
-            )),
-            Err(StoreError::Cost(c)) => Err(Failure::new(
-                ErrorCode::SpendBudget,
-                format!("the model's output was invalid and its re-ask does not fit: {c}"),
-            )),
-            Err(e) => Err(Failure::new(
-                ErrorCode::ProviderError,
-                format!("cannot reserve the re-ask: {e}"),
-            )),
+    /// The task's route: the one stored with it, or the route of its one deployment,
+    /// priced as it was reserved (or at the model's prices if it reserved nothing).
+    fn task_route(&self, task: &Task) -> Route {
+        if let Some(route) = &task.model_ref.route {
+            return route.clone();
         }
-    }
-
-    /// docs/conformance.md#cost-reservation: `cost_usd` of a usage at the task's prices (those it was reserved at, or
-    /// the model's for a task that reserved nothing); an unpriced model's is `None`
-    /// (unknown, `priced: false`) whatever its provider reported.
-    fn priced(&self, task: &Task, mut usage: Usage) -> Usage {
         let prices = task.reservation.and_then(|r| r.prices).or_else(|| {
             self.inner
                 .models
@@ -272,112 +200,9 @@ impl WorkerPool {
                 .ok()
                 .and_then(|m| m.prices)
         });
-        usage.cost_usd = prices.map(|p| tollgate_core::cost::nano_to_usd(p.cost_nano(&usage)));
-        usage
-    }
-}
-
-/// The output limit, then the kind's contract (`validate_output`), off the async runtime
-/// unless small (a large output or a complex schema takes real CPU; see `cpu::is_small`). `Err`: the task fails
-/// (`output_too_large`); `Ok(Err)`: the output breaks the contract (asked again).
-async fn check_output(
-    request: &TaskRequest,
-    output: Value,
-    max_output_bytes: usize,
-) -> Result<Result<Value, OutputViolation>, Failure> {
-    let checked = if cpu::is_small(request, Some(&output)) {
-        cpu::inline(None, |_| checked_output(request, &output, max_output_bytes))
-    } else {
-        let request = request.clone();
-        cpu::run(None, move |_| {
-            checked_output(&request, &output, max_output_bytes)
+        Route::single(Deployment {
+            prices,
+            ..Deployment::new(&task.model_ref)
         })
-        .await
-    };
-    let checked = checked.map_err(|panic| {
-        Failure::new(
-            ErrorCode::ProviderError,
-            format!("checking the output failed: {panic}"),
-        )
-    })?;
-    checked.map_err(|e: OutputTooLarge| {
-        Failure::new(ErrorCode::OutputTooLarge, format!("the model's {e}"))
-    })
-}
-
-/// [`check_output`]'s work, wherever it runs.
-fn checked_output(
-    request: &TaskRequest,
-    output: &Value,
-    max_output_bytes: usize,
-) -> Result<Result<Value, OutputViolation>, OutputTooLarge> {
-    check_output_size(output, max_output_bytes)?;
-    let valid = validate_output(request, output);
-    // The normalized output is what is stored: it must fit too.
-    if let Ok(v) = &valid {
-        check_output_size(v, max_output_bytes)?;
     }
-    Ok(valid)
-}
-
-fn provider_call(provider: &str, outcome: &'static str) {
-    metrics::counter!(m::PROVIDER_CALLS_TOTAL, "provider" => provider.to_string(), "outcome" => outcome)
-        .increment(1);
-}
-
-/// docs/budgets.md, "Settlement": what one attempt is counted as. A provider that
-/// reported no usage is counted at the attempt's bound (its input as sent, its output
-/// bound: never less than could have been billed) and flagged `estimated`; absurd usage
-/// is clamped to `MAX_REPORTED_TOKENS` and logged (the excess over the reservation is
-/// settled as overrun).
-fn attempt_usage(
-    task: &Task,
-    counter: TokenCounter,
-    call: &ProviderCall<'_>,
-    used: Usage,
-) -> Usage {
-    let used = if used.estimated {
-        let input = attempt_input_tokens(counter, call);
-        let output = output_bound(call.model, call.request).unwrap_or(0);
-        tracing::warn!(
-            task = %task.id, provider = %call.model.provider, input_tokens = input, output_tokens = output,
-            "the provider reported no usage: the attempt is counted at its bound"
-        );
-        Usage {
-            input_tokens: input,
-            output_tokens: output,
-            cached_input_tokens: None,
-            ..used
-        }
-    } else {
-        used
-    };
-    let (clamped, absurd) = used.clamped();
-    if absurd {
-        tracing::warn!(
-            task = %task.id, provider = %call.model.provider,
-            input_tokens = used.input_tokens, output_tokens = used.output_tokens,
-            "the provider reported absurd usage: clamped to {} tokens",
-            tollgate_core::MAX_REPORTED_TOKENS
-        );
-    }
-    clamped
-}
-
-fn add_usage(total: &mut Usage, used: Usage, provider: &str) {
-    total.input_tokens += used.input_tokens;
-    total.output_tokens += used.output_tokens;
-    total.cost_usd = match (total.cost_usd, used.cost_usd) {
-        (Some(a), Some(b)) => Some(a + b),
-        (a, b) => a.or(b),
-    };
-    total.cached_input_tokens = match (total.cached_input_tokens, used.cached_input_tokens) {
-        (Some(a), Some(b)) => Some(a + b),
-        (a, b) => a.or(b),
-    };
-    total.estimated |= used.estimated;
-    metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "input")
-        .increment(used.input_tokens);
-    metrics::counter!(m::PROVIDER_TOKENS_TOTAL, "provider" => provider.to_string(), "direction" => "output")
-        .increment(used.output_tokens);
 }

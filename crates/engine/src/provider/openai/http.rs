@@ -88,19 +88,22 @@ impl OpenAiProvider {
                 Err(e) => return Err(ProviderError::Failed(describe(&e))),
             };
             if attempt >= self.max_retries {
-                return Err(ProviderError::Failed(format!(
-                    "{message} (gave up after {} attempts)",
-                    attempt + 1
-                )));
+                return Err(ProviderError::Unavailable {
+                    message: format!("{message} (gave up after {} attempts)", attempt + 1),
+                    retry_after,
+                });
             }
             let delay = match retry_after {
                 Some(wait) if wait > self.max_retry_delay => {
-                    return Err(ProviderError::Failed(format!(
-                        "{message}; the provider asked to retry after {} s, longer than \
+                    return Err(ProviderError::Unavailable {
+                        retry_after: Some(wait),
+                        message: format!(
+                            "{message}; the provider asked to retry after {} s, longer than \
                          max_retry_delay ({} s)",
-                        wait.as_secs_f64(),
-                        self.max_retry_delay.as_secs_f64()
-                    )));
+                            wait.as_secs_f64(),
+                            self.max_retry_delay.as_secs_f64()
+                        ),
+                    });
                 }
                 Some(wait) => wait,
                 None => self.backoff(attempt),
