@@ -33,6 +33,16 @@ pub(super) enum Attempted {
     },
 }
 
+/// What an execution has spent so far: its calls, and their usage, priced.
+#[derive(Debug, Default)]
+pub(super) struct Spent {
+    /// Provider calls made (the first was reserved at admission; every later one is
+    /// reserved before it is made).
+    pub(super) calls: u32,
+    /// Every call's usage, each priced at its deployment's prices.
+    pub(super) usage: Usage,
+}
+
 /// The store key of a deployment's cooldown: a pause on its own pace row.
 fn cooldown_key(deployment: &Deployment) -> String {
     format!("cooldown:{}", deployment.name())
@@ -41,11 +51,10 @@ fn cooldown_key(deployment: &Deployment) -> String {
 impl WorkerPool {
     /// Deployment `index` of `route`: one provider call, re-asked on the same deployment
     /// while the output is invalid (at most `workers.max_output_retries` times). Every
-    /// call but the execution's first (`calls` counts them) is reserved before it is
-    /// made, at this deployment's prices. `spent` gathers every call's usage, priced.
+    /// call but the execution's first is reserved before it is made, at this
+    /// deployment's prices. `spent` gathers every call and its usage, priced.
     /// `Err`: the task ends (a permanent provider error, an output too large, invalid
     /// outputs every time, a call that does not fit the budget).
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn attempt(
         &self,
         task: &Task,
@@ -53,8 +62,7 @@ impl WorkerPool {
         route: &Route,
         index: usize,
         reservation: &mut Option<Reservation>,
-        calls: &mut u32,
-        spent: &mut Usage,
+        spent: &mut Spent,
     ) -> Result<Attempted, Failure> {
         let deployment = &route.deployments[index];
         let model = deployment.model_ref();
@@ -79,7 +87,7 @@ impl WorkerPool {
                 previous_error: previous.as_deref(),
                 max_output_bytes,
             };
-            if *calls > 0 {
+            if spent.calls > 0 {
                 let what = if reask > 0 {
                     "the model's output was invalid and its re-ask does not fit".to_string()
                 } else {
@@ -90,14 +98,14 @@ impl WorkerPool {
                     .reserve_call(task, counter, &call, prices, reservation, &what)
                     .await
                 {
-                    return Err(failure.with_usage(*spent));
+                    return Err(failure.with_usage(spent.usage));
                 }
                 if reask > 0 {
                     metrics::counter!(m::OUTPUT_REASKS_TOTAL, "kind" => task.kind.as_str())
                         .increment(1);
                 }
             }
-            *calls += 1;
+            spent.calls += 1;
             let started = Instant::now();
             let answer = match timeout {
                 Some(limit) => tokio::time::timeout(limit, provider.complete(call))
@@ -127,7 +135,7 @@ impl WorkerPool {
                     provider_call(provider_name, "unavailable");
                     // The call may have been billed (a timeout): counted at its bound.
                     let used = priced(bound_usage(counter, &call), deployment.prices);
-                    add_usage(spent, used, provider_name);
+                    add_usage(&mut spent.usage, used, provider_name);
                     return Ok(Attempted::Unavailable {
                         message,
                         retry_after,
@@ -146,7 +154,7 @@ impl WorkerPool {
             if let Some(refused) = refused {
                 previous = Some(refused);
             }
-            add_usage(spent, used, provider_name);
+            add_usage(&mut spent.usage, used, provider_name);
             if let Some(output) = output {
                 match check_output(request.request(), output, max_output_bytes).await? {
                     Ok(valid) => {
@@ -168,7 +176,7 @@ impl WorkerPool {
                 previous.unwrap_or_default()
             ),
         )
-        .with_usage(*spent))
+        .with_usage(spent.usage))
     }
 
     /// docs/budgets.md, "The reservation": reserves `call` (its input counted exactly as

@@ -4,7 +4,7 @@
 //! and the end handed to [`complete`](super::complete) to record.
 
 use super::WorkerPool;
-use super::calls::Attempted;
+use super::calls::{Attempted, Spent};
 use crate::cpu;
 use crate::metrics as m;
 use futures::FutureExt;
@@ -147,9 +147,8 @@ impl WorkerPool {
         let route = self.task_route(task);
         let cooling = self.cooling(task, &route).await;
         let mut tried = vec![false; route.deployments.len()];
-        let mut spent = Usage::default();
+        let mut spent = Spent::default();
         let mut failures: Vec<String> = Vec::new();
-        let mut calls = 0u32;
         while let Some(index) = choose(&route, &cooling, &tried, fastrand::u64(..)) {
             tried[index] = true;
             let deployment = &route.deployments[index];
@@ -165,7 +164,7 @@ impl WorkerPool {
                 )
                 .await?
             {
-                Attempted::Valid(output) => return Ok((output, spent)),
+                Attempted::Valid(output) => return Ok((output, spent.usage)),
                 Attempted::Unavailable {
                     message,
                     retry_after,
