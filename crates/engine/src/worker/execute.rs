@@ -153,15 +153,7 @@ impl WorkerPool {
             tried[index] = true;
             let deployment = &route.deployments[index];
             match self
-                .attempt(
-                    task,
-                    &request,
-                    &route,
-                    index,
-                    reservation,
-                    &mut calls,
-                    &mut spent,
-                )
+                .attempt(task, &request, &route, index, reservation, &mut spent)
                 .await?
             {
                 Attempted::Valid(output) => return Ok((output, spent.usage)),
