@@ -65,7 +65,6 @@ fn route_config(
         ModelConfig {
             strategy: Some(strategy),
             deployments,
-            attempt_timeout: Some(Duration::from_millis(800)),
             ..ModelConfig::default()
         },
     );
@@ -132,7 +131,11 @@ async fn fallback_moves_on_from_a_failing_deployment_within_one_call(db: TestDb)
             &[("bad", &bad_url), ("good", &good.base_url)],
             Strategy::Fallback,
             vec![
-                deployment("bad", &bad_model),
+                // The dead deployment's own limit on one call.
+                DeploymentConfig {
+                    attempt_timeout: Some(Duration::from_secs(1)),
+                    ..deployment("bad", &bad_model)
+                },
                 deployment("good", &good_model),
             ],
         );
@@ -153,8 +156,10 @@ async fn fallback_moves_on_from_a_failing_deployment_within_one_call(db: TestDb)
             done.error
         );
         assert_eq!(done.output.unwrap()["label"], "spam");
+        // One call's time: the bad deployment's 1 s limit (a timeout) or its two fast
+        // retries, then the good call — never the 30 s the dead deployment would take.
         assert!(
-            took < Duration::from_secs(3),
+            took < Duration::from_secs(5),
             "{dead:?}: the fallback came within one call's time, took {took:?}"
         );
         let good_calls = good.requests();
