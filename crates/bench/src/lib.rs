@@ -511,7 +511,7 @@ fn engine_config(workers: u32, sizes: &Sizes) -> EngineConfig {
             params: Default::default(),
             prices: None,
             max_output_tokens: None,
-            max_attempts: None,
+            ..ModelConfig::default()
         },
     );
     config.workers.concurrency = workers;

@@ -59,7 +59,7 @@ pub async fn demo() -> anyhow::Result<()> {
         params: Default::default(),
         prices: None,
         max_output_tokens: None,
-        max_attempts: None,
+        ..ModelConfig::default()
     };
     slow.params.insert("latency_ms".into(), json!(30_000));
     config.models.insert("slow".into(), slow);

@@ -84,6 +84,7 @@ pub fn tokens(input: u64, output: u64) -> Usage {
         cached_input_tokens: None,
         cache_write_input_tokens: None,
         estimated: false,
+        cost_nano_usd: None,
     }
 }
 

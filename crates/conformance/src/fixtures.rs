@@ -94,6 +94,7 @@ pub fn usage() -> Usage {
         cached_input_tokens: None,
         cache_write_input_tokens: None,
         estimated: false,
+        cost_nano_usd: None,
     }
 }
 

@@ -205,6 +205,7 @@ macro_rules! conformance_suite {
             webhooks::deliveries_are_leased_by_one_replica_at_a_time,
             webhooks::failures_back_off_then_dead_letter_and_replays_resend,
             webhooks::endpoints_are_per_app_and_config_ones_are_synced,
+            pace::cooldowns_are_read_per_deployment_on_every_replica,
         );
     };
 }

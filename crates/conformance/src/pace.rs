@@ -134,3 +134,50 @@ pub async fn a_pause_holds_every_replica_until_it_ends(b: &dyn Backend) {
         Duration::ZERO
     );
 }
+
+/// docs/routes.md: cooldowns are pauses on `cooldown:<deployment>` schedules, read for all
+/// of a route's deployments at once, in order, on every replica; an unknown key has none.
+pub async fn cooldowns_are_read_per_deployment_on_every_replica(b: &dyn Backend) {
+    let stores = open_stores(b, 2).await;
+    let keys: Vec<String> = ["cooldown:a/x", "cooldown:b/y", "cooldown:c/z"]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        stores[1]
+            .pace_pauses_left(&keys)
+            .await
+            .expect("pauses_left"),
+        vec![Duration::ZERO; 3]
+    );
+    stores[0]
+        .pause_pace("cooldown:b/y", secs(30))
+        .await
+        .expect("pause");
+    stores[0]
+        .pause_pace("cooldown:c/z", secs(10))
+        .await
+        .expect("pause");
+    assert_eq!(
+        stores[1]
+            .pace_pauses_left(&keys)
+            .await
+            .expect("pauses_left"),
+        vec![Duration::ZERO, secs(30), secs(10)]
+    );
+    assert!(
+        stores[1]
+            .pace_pauses_left(&[])
+            .await
+            .expect("pauses_left")
+            .is_empty()
+    );
+    b.clock().advance(secs(11));
+    assert_eq!(
+        stores[0]
+            .pace_pauses_left(&keys)
+            .await
+            .expect("pauses_left"),
+        vec![Duration::ZERO, secs(19), Duration::ZERO]
+    );
+}

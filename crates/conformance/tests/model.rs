@@ -682,6 +682,7 @@ fn completion_usage() -> Usage {
         cached_input_tokens: None,
         cache_write_input_tokens: None,
         estimated: false,
+        cost_nano_usd: None,
     }
 }
 

@@ -640,6 +640,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
                 cached_input_tokens: Some(share(&mut rng, input)),
                 cache_write_input_tokens: None,
                 estimated: false,
+                cost_nano_usd: None,
             };
             let used = if r.prices.is_some_and(|p| {
                 p.cost_nano(&Usage {

@@ -261,6 +261,24 @@ pub fn reservation(bound: Option<&TokenBound>, prices: Option<Prices>) -> Reserv
     }
 }
 
+/// docs/routes.md: the reservation of a first attempt that may go to any of several
+/// deployments (each one's reservation given): the dearest in nano-dollars (ties: in
+/// tokens), holding the most tokens of any. Unbounded when any of them is (that
+/// deployment's call has no worst case). `None` for an empty list.
+pub fn dearest(reservations: &[Reservation]) -> Option<Reservation> {
+    if let Some(unbounded) = reservations.iter().find(|r| !r.bounded) {
+        return Some(*unbounded);
+    }
+    let most_tokens = reservations.iter().map(|r| r.tokens).max()?;
+    reservations
+        .iter()
+        .max_by_key(|r| (r.nano_usd, r.tokens))
+        .map(|r| Reservation {
+            tokens: most_tokens,
+            ..*r
+        })
+}
+
 /// The reservation of one attempt that sends `input_tokens` (counted exactly, as sent)
 /// and may receive `output_tokens`, at `prices` (docs/budgets.md, "The reservation").
 pub fn attempt_reservation(
@@ -532,14 +550,17 @@ pub struct Charge {
 }
 
 /// docs/conformance.md#cost-settlement "Settlement": a task's reservation is replaced by what it actually cost.
-/// `actual` is its usage summed over every attempt; `None` means the usage is unknown:
+/// `actual` is its usage summed over every attempt, charged at its exact
+/// `cost_nano_usd` when the worker priced each call
+/// at its deployment's prices, else at the reservation's; `None` means the usage is unknown:
 /// a task that never started costs nothing, one that was running (canceled or
 /// interrupted mid-call) is charged its whole reservation — the provider may have
 /// billed the aborted call, so never less is assumed.
 pub fn settle(reservation: &Reservation, actual: Option<&Usage>, started: bool) -> Charge {
     let (nano, tokens) = match actual {
         Some(u) => (
-            reservation.prices.map_or(0, |p| p.cost_nano(u)),
+            u.cost_nano_usd
+                .unwrap_or_else(|| reservation.prices.map_or(0, |p| p.cost_nano(u))),
             u.input_tokens.saturating_add(u.output_tokens),
         ),
         None if started => (reservation.nano_usd, reservation.tokens),

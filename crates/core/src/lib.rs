@@ -17,6 +17,7 @@ pub mod json;
 pub mod kinds;
 pub mod model;
 pub mod pipeline;
+pub mod route;
 pub mod task;
 pub mod time;
 pub mod trace;
@@ -39,6 +40,7 @@ pub use ids::{
 };
 pub use kinds::{TaskKind, TaskRequest, check_output_fits, check_output_size, validate_output};
 pub use model::{ConfigHash, ModelRef};
+pub use route::{Deployment, Route, Strategy};
 pub use task::*;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use trace::{TraceParent, TraceParentError};

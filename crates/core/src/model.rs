@@ -2,6 +2,7 @@
 
 use crate::canonical::hash_value;
 use crate::error::InvalidInput;
+use crate::route::Route;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
@@ -18,6 +19,11 @@ pub struct ModelRef {
     /// Provider parameters (temperature defaults, etc.).
     #[serde(default)]
     pub params: Map<String, Value>,
+    /// The model id's route when it has more than the one deployment above (which is
+    /// then its first): stored with the task, so a task keeps the route it was admitted
+    /// under (docs/routes.md). `None`: a single deployment, `provider`/`model`/`params`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
 }
 
 impl ModelRef {
@@ -27,11 +33,16 @@ impl ModelRef {
             provider: provider.into(),
             model: model.into(),
             params: Map::new(),
+            route: None,
         }
     }
 
-    /// SHA-256 of the canonical JSON of the whole configuration.
+    /// SHA-256 of the canonical JSON of the whole configuration: the route's
+    /// ([`Route::config_hash`]) when there is one.
     pub fn config_hash(&self) -> Result<ConfigHash, InvalidInput> {
+        if let Some(route) = &self.route {
+            return route.config_hash();
+        }
         let value = json!({
             "provider": self.provider,
             "model": self.model,

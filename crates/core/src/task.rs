@@ -391,6 +391,11 @@ pub struct Usage {
     /// (docs/budgets.md, "Settlement").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub estimated: bool,
+    /// The exact cost in nano-dollars when every call was priced at the prices of the
+    /// deployment that made it (a route's deployments may differ): settlement charges
+    /// this. `None`: the usage is priced at the task's reservation prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_nano_usd: Option<i64>,
 }
 
 /// The most tokens of one kind (input, output, cached input) a usage may carry: a
@@ -413,6 +418,7 @@ impl Usage {
             input_tokens: self.input_tokens.saturating_add(other.input_tokens),
             output_tokens: self.output_tokens.saturating_add(other.output_tokens),
             cost_usd: either(self.cost_usd, other.cost_usd),
+            cost_nano_usd: either(self.cost_nano_usd, other.cost_nano_usd),
             cached_input_tokens: either(self.cached_input_tokens, other.cached_input_tokens),
             cache_write_input_tokens: either(
                 self.cache_write_input_tokens,
@@ -420,6 +426,12 @@ impl Usage {
             ),
             estimated: self.estimated || other.estimated,
         }
+    }
+
+    /// What this usage costs at `prices`, in nano-dollars (cached input tokens at the
+    /// cached-input price, rounded up).
+    pub fn cost_at(&self, prices: &crate::cost::Prices) -> i64 {
+        prices.cost_nano(self)
     }
 
     /// The usage with every token count clamped to [`MAX_REPORTED_TOKENS`], and whether

@@ -30,7 +30,7 @@ use crate::provider::pace::DEFAULT_PACE_OUTPUT_TOKENS;
 use crate::provider::prompt::{self, OutputFormat, Prompt};
 use crate::provider::{ProviderCall, anthropic, openai};
 use serde_json::Value;
-use tollgate_core::{ModelRef, TaskRequest, TokenBound};
+use tollgate_core::{ModelRef, Reservation, Route, TaskRequest, TokenBound};
 
 /// Tokens a chat template adds per message (role markers, separators), bounded above.
 /// OpenAI documents 3 for its current models (plus the role's own tokens, counted
@@ -215,6 +215,29 @@ pub fn task_token_bound(
         output_tokens,
         attempts: max_reasks.saturating_add(1),
     })
+}
+
+/// docs/routes.md: the admission reservation of a task of `route`: its first attempt at
+/// the dearest deployment it could go to (each deployment's bound counted with its own
+/// tokenizer, output bound and prices; [`tollgate_core::cost::dearest`]).
+pub fn route_reservation(
+    config: &EngineConfig,
+    route: &Route,
+    request: &TaskRequest,
+    max_reasks: u32,
+    max_output_bytes: usize,
+) -> Reservation {
+    let each: Vec<Reservation> = route
+        .deployments
+        .iter()
+        .map(|d| {
+            let model = d.model_ref();
+            let counter = TokenCounter::for_model_ref(config, &model);
+            let bound = task_token_bound(counter, &model, request, max_reasks, max_output_bytes);
+            tollgate_core::cost::reservation(bound.as_ref(), d.prices)
+        })
+        .collect();
+    tollgate_core::cost::dearest(&each).unwrap_or_default()
 }
 
 /// docs/budgets.md, "The reservation": the input tokens of one attempt, its prompt

@@ -82,6 +82,9 @@ pub const PACE_WAITS_TOTAL: &str = "tollgate_provider_pace_waits_total";
 pub const PACE_WAIT_SECONDS: &str = "tollgate_provider_pace_wait_seconds";
 /// docs/conformance.md#provider-pace: 429 answers from providers, by `provider`.
 pub const PROVIDER_429S_TOTAL: &str = "tollgate_provider_429s_total";
+/// docs/routes.md: deployments cooled down after failing (429, 5xx, timeout, connection
+/// error), by `model` (the route's id) and `deployment` (`provider/model`).
+pub const ROUTE_COOLDOWNS_TOTAL: &str = "tollgate_route_cooldowns_total";
 
 /// Calls refused because their app had all its waiter slots taken
 /// (`[notifications] waiters_per_app`; docs/api.md, "Waiting").
@@ -145,6 +148,11 @@ pub fn describe() {
         PROVIDER_429S_TOTAL,
         Unit::Count,
         "429 answers from providers."
+    );
+    describe_counter!(
+        ROUTE_COOLDOWNS_TOTAL,
+        Unit::Count,
+        "Route deployments cooled down after failing, by model and deployment."
     );
     describe_counter!(
         SUBMITS_TOTAL,
@@ -357,6 +365,7 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
     }
     counter!(WAITERS_REFUSED_TOTAL).absolute(0);
     counter!(WAIT_READS_TOTAL).absolute(0);
+    counter!(ROUTE_COOLDOWNS_TOTAL).absolute(0);
     for series in [
         SPEND_RESERVED_TOTAL,
         SPEND_SETTLED_TOTAL,
@@ -368,7 +377,7 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
 }
 
 /// Every series name above, for checks that an exporter lists them all.
-pub const ALL: [&str; 25] = [
+pub const ALL: [&str; 26] = [
     ATTEMPTS_TOTAL,
     SUBMITS_TOTAL,
     ADMISSIONS_TOTAL,
@@ -394,4 +403,5 @@ pub const ALL: [&str; 25] = [
     SPEND_SAVED_TOTAL,
     WAITERS_REFUSED_TOTAL,
     WAIT_READS_TOTAL,
+    ROUTE_COOLDOWNS_TOTAL,
 ];

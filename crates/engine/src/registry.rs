@@ -6,7 +6,7 @@ use crate::error::EngineError;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use tollgate_core::{
-    AppId, Budget, BudgetName, ConfigHash, GlobalShare, ModelId, ModelRef, Prices, Weight,
+    AppId, Budget, BudgetName, ConfigHash, GlobalShare, ModelId, ModelRef, Prices, Route, Weight,
 };
 
 /// A model id resolved from configuration.
@@ -19,10 +19,13 @@ pub struct ResolvedModel {
     /// Hash of `model_ref`: changing any parameter changes it, so old cache entries stop
     /// matching.
     pub config_hash: ConfigHash,
-    /// docs/conformance.md#cost-prices: the model's prices (`None`: unpriced).
+    /// docs/conformance.md#cost-prices: the model's prices (`None`: unpriced); a route's
+    /// first deployment's (each deployment's are in `route`).
     pub prices: Option<Prices>,
     /// docs/routes.md, "Attempts": the model's `max_attempts`, when set.
     pub max_attempts: Option<tollgate_core::MaxAttempts>,
+    /// docs/routes.md: the model's route, a route of one for a single deployment.
+    pub route: Route,
 }
 
 /// Model id → [`ResolvedModel`].
@@ -42,16 +45,22 @@ impl ModelRegistry {
         for (id, model) in &config.models {
             let key = format!("models.{id}");
             let id = ModelId::new(id.as_str()).map_err(|e| ConfigError::at(&key, e.to_string()))?;
-            let model_ref = model.model_ref_for(config.provider_kind(&model.provider));
+            let model_ref = model.model_ref(|p| config.provider_kind(p));
             let config_hash = model_ref
                 .config_hash()
                 .map_err(|e| ConfigError::at(format!("{key}.params"), e.to_string()))?;
-            let prices = model
-                .prices
-                .as_ref()
-                .map(|p| p.to_core())
-                .transpose()
-                .map_err(|(field, m)| ConfigError::at(format!("{key}.prices.{field}"), m))?;
+            for (i, d) in model.deployment_configs().iter().enumerate() {
+                if let Some(Err((field, m))) = d.prices.as_ref().map(|p| p.to_core()) {
+                    let at = if model.is_route() {
+                        format!("{key}.deployments[{i}].prices.{field}")
+                    } else {
+                        format!("{key}.prices.{field}")
+                    };
+                    return Err(ConfigError::at(at, m));
+                }
+            }
+            let route = model.route(|p| config.provider_kind(p));
+            let prices = route.deployments[0].prices;
             models.insert(
                 id.clone(),
                 ResolvedModel {
@@ -60,6 +69,7 @@ impl ModelRegistry {
                     config_hash,
                     prices,
                     max_attempts: model.max_attempts,
+                    route,
                 },
             );
         }

@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tollgate_core::{AppId, Task, Timestamp, TraceParent, Usage};
+use tollgate_core::{AppId, ModelRef, Task, Timestamp, TraceParent, Usage};
 
 /// The instrumentation scope name of every span Tollgate makes.
 pub const TRACER_NAME: &str = "tollgate";
@@ -222,12 +222,12 @@ impl Traces {
         config: &EngineConfig,
         parent: &TraceSpan,
         task: &Task,
+        model: &ModelRef,
         attempt: u32,
     ) -> TraceSpan {
         if !self.enabled() {
             return TraceSpan::off();
         }
-        let model = &task.model_ref;
         let span = self.start(
             format!("chat {}", model.model),
             SpanKind::Client,

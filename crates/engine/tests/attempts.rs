@@ -106,7 +106,7 @@ fn config(url: &str, limit_usd: f64) -> EngineConfig {
                 cache_write_input_per_million: None,
             }),
             max_output_tokens: Some(MAX_OUTPUT as u32),
-            max_attempts: None,
+            ..ModelConfig::default()
         },
     );
     c.budgets.insert(

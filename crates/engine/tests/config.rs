@@ -302,3 +302,92 @@ fn dispatch_and_pace_keys_are_configuration() {
         assert!(e.mentions(key), "{to}: {e}");
     }
 }
+
+/// docs/routes.md: a route's configuration loads, resolves to its deployments in order,
+/// and its problems are named at their keys.
+#[test]
+fn routes_load_and_their_problems_name_their_keys() {
+    let toml = r#"
+[providers.a]
+kind = "openai"
+base_url = "http://127.0.0.1:1/v1"
+
+[models.smart]
+strategy = "weighted"
+cooldown = "45s"
+attempt_timeout = "3s"
+
+[[models.smart.deployments]]
+provider = "a"
+model = "big"
+weight = 3
+max_output_tokens = 100
+prices = { input_per_million = 2.0, output_per_million = 8.0 }
+
+[[models.smart.deployments]]
+provider = "dev"
+model = "dev-1"
+attempt_timeout = "1s"
+prices = { input_per_million = 0.0, output_per_million = 0.0 }
+"#;
+    let config = load(toml).unwrap();
+    config.validate().unwrap();
+    let registry = ModelRegistry::from_config(&config).unwrap();
+    let smart = registry
+        .resolve(Some(&ModelId::new("smart").unwrap()))
+        .unwrap();
+    let route = &smart.route;
+    assert_eq!(route.strategy, tollgate_core::Strategy::Weighted);
+    assert_eq!(route.cooldown_ms, 45_000);
+    let names: Vec<String> = route.deployments.iter().map(|d| d.name()).collect();
+    assert_eq!(names, ["a/big", "dev/dev-1"]);
+    assert_eq!(route.deployments[0].weight, 3);
+    assert_eq!(route.deployments[0].params["max_tokens"], 100);
+    assert_eq!(route.attempt_timeout(0), Some(Duration::from_secs(3)));
+    assert_eq!(route.attempt_timeout(1), Some(Duration::from_secs(1)));
+    // The task's model reference: the first deployment, carrying the whole route.
+    assert_eq!(smart.model_ref.provider, "a");
+    assert_eq!(smart.model_ref.route.as_ref(), Some(route));
+    assert_eq!(smart.config_hash, route.config_hash().unwrap());
+    // The single form is a route of one whose hash is unchanged.
+    let default = registry.resolve(None).unwrap();
+    assert_eq!(default.route.deployments.len(), 1);
+    assert_eq!(default.model_ref.route, None);
+
+    let broken = r#"
+[models.mixed]
+provider = "dev"
+model = "dev-1"
+strategy = "fallback"
+cooldown = "1s"
+
+[models.r]
+provider = "dev"
+[[models.r.deployments]]
+provider = "nowhere"
+model = "m"
+weight = 0
+attempt_timeout = "0s"
+prices = { input_per_million = 1.0, output_per_million = 1.0 }
+[[models.r.deployments]]
+provider = "dev"
+model = "dev-1"
+[[models.r.deployments]]
+provider = "dev"
+model = "dev-1"
+"#;
+    let err = load(broken).unwrap().validate().unwrap_err();
+    let text = err.to_string();
+    for key in [
+        "models.mixed.strategy",
+        "models.mixed.cooldown",
+        "models.r.provider",
+        "models.r.deployments[0].provider",
+        "models.r.deployments[0].weight",
+        "models.r.deployments[0].attempt_timeout",
+        "models.r.deployments[2]",
+        "models.r.deployments",
+    ] {
+        assert!(err.mentions(key), "no problem at {key}: {text}");
+    }
+}

@@ -104,13 +104,9 @@ const ENV_VAR: &str = "CARGO_PKG_NAME";
 
 fn model(provider: &str, name: &str) -> ModelConfig {
     ModelConfig {
-        requests_per_minute: None,
-        tokens_per_minute: None,
         provider: provider.into(),
         model: name.into(),
-        params: Default::default(),
-        prices: None,
-        max_output_tokens: None,
+        ..ModelConfig::default()
     }
 }
 

@@ -392,7 +392,7 @@ async fn cache_hits_skip_the_provider_until_the_model_changes(db: TestDb) {
             params: serde_json::from_value(json!({"temperature": 0.7})).unwrap(),
             prices: None,
             max_output_tokens: None,
-            max_attempts: None,
+            ..ModelConfig::default()
         },
     );
     let engine2 = db.engine(changed).await;
@@ -475,7 +475,7 @@ fn with_slow_model(mut config: tollgate_engine::EngineConfig) -> tollgate_engine
             params: serde_json::from_value(json!({"latency_ms": 60_000})).unwrap(),
             prices: None,
             max_output_tokens: None,
-            max_attempts: None,
+            ..ModelConfig::default()
         },
     );
     config

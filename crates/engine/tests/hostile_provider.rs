@@ -52,7 +52,7 @@ fn with_panicking_model(mut config: EngineConfig) -> EngineConfig {
             params: Default::default(),
             prices: None,
             max_output_tokens: None,
-            max_attempts: None,
+            ..ModelConfig::default()
         },
     );
     config

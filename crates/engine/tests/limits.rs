@@ -211,7 +211,7 @@ fn with_model(mut config: EngineConfig, id: &str, provider: &str, params: Value)
             params,
             prices: None,
             max_output_tokens: None,
-            max_attempts: None,
+            ..ModelConfig::default()
         },
     );
     config

@@ -175,6 +175,7 @@ impl Provider for Scripted {
                 cached_input_tokens: None,
                 cache_write_input_tokens: None,
                 estimated: false,
+                cost_nano_usd: None,
             },
         })
     }
@@ -273,7 +274,7 @@ fn pipeline_config() -> EngineConfig {
             params: Default::default(),
             prices: None,
             max_output_tokens: None,
-            max_attempts: None,
+            ..ModelConfig::default()
         },
     );
     c.pipelines.concurrency = 4;

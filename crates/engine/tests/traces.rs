@@ -62,17 +62,16 @@ fn config(content_for_acme: bool) -> EngineConfig {
     config.models.insert(
         "flaky".into(),
         ModelConfig {
-            requests_per_minute: None,
-            tokens_per_minute: None,
             provider: "flaky".into(),
             model: "flaky-1".into(),
-            params: Default::default(),
             prices: Some(ModelPrices {
                 input_per_million: 1.0,
                 output_per_million: 2.0,
                 cached_input_per_million: None,
+                cache_write_input_per_million: None,
             }),
             max_output_tokens: Some(100),
+            ..ModelConfig::default()
         },
     );
     config.apps.insert(

@@ -148,6 +148,7 @@ fn priced(fake: &FakeOpenAi) -> EngineConfig {
             input_per_million: 1_000.0,
             output_per_million: 1_000.0,
             cached_input_per_million: None,
+            cache_write_input_per_million: None,
         });
         m.max_output_tokens = Some(20);
     }

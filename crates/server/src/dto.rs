@@ -3,7 +3,9 @@
 //! states); each resource's own bodies and answers live beside its routes and are
 //! re-exported here.
 
-pub use crate::routes::meta::{KindView, KindsAnswer, ModelView, ModelsAnswer, PricesView};
+pub use crate::routes::meta::{
+    DeploymentView, KindView, KindsAnswer, ModelView, ModelsAnswer, PricesView, RouteView,
+};
 pub use crate::routes::pipelines::{
     DefinitionOutline, PipelineBody, PipelinePageView, PipelineProgressView, PipelineRunBody,
     PipelineSummaryView, PipelineVersionView, PipelineView, StepStatusName, StepView,

@@ -2,14 +2,14 @@
 
 use crate::dto::{
     AttemptView, BatchAnswer, BatchBody, BatchItem, CostView, DefinitionOutline, DeletedAnswer,
-    FailureCount, HashableJson, HashableObject, ID_PATTERN_IN_ANNOTATIONS, Identifier, KindName,
-    KindView, KindsAnswer, LatencyView, MinuteCountView, ModelView, ModelsAnswer, PipelineBody,
-    PipelinePageView, PipelineProgressView, PipelineRunBody, PipelineSummaryView,
-    PipelineVersionView, PipelineView, PolicyView, PricesView, ReleaseAnswer, ReleaseBody, RunBody,
-    RunPageView, RunPipelineRef, RunStateName, RunSummaryView, RunView, ScopePageView, ScopeView,
-    SourceBody, SourceView, StatsView, StepStatusName, StepView, SubjectView, SubmitBody,
-    TaskErrorView, TaskPageView, TaskStatusName, TaskView, TasksAnswer, UnreleasedPageView,
-    UnreleasedSourceView, UsageReportView, UsageView,
+    DeploymentView, FailureCount, HashableJson, HashableObject, ID_PATTERN_IN_ANNOTATIONS,
+    Identifier, KindName, KindView, KindsAnswer, LatencyView, MinuteCountView, ModelView,
+    ModelsAnswer, PipelineBody, PipelinePageView, PipelineProgressView, PipelineRunBody,
+    PipelineSummaryView, PipelineVersionView, PipelineView, PolicyView, PricesView, ReleaseAnswer,
+    ReleaseBody, RouteView, RunBody, RunPageView, RunPipelineRef, RunStateName, RunSummaryView,
+    RunView, ScopePageView, ScopeView, SourceBody, SourceView, StatsView, StepStatusName, StepView,
+    SubjectView, SubmitBody, TaskErrorView, TaskPageView, TaskStatusName, TaskView, TasksAnswer,
+    UnreleasedPageView, UnreleasedSourceView, UsageReportView, UsageView,
 };
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::routes::webhooks::{
@@ -72,7 +72,7 @@ use utoipa::{Modify, OpenApi};
         PipelineVersionView, PipelineSummaryView, PipelinePageView, PolicyView, ScopeView,
         CostView, ScopePageView, FailureCount, LatencyView, StatsView, UsageReportView,
         MinuteCountView, PricesView, WebhookBody, WebhookPatchBody, WebhookView,
-        WebhookListView, DeliveryView, DeliveryListView, WebhookEventName, DeliveryStateName
+        WebhookListView, DeliveryView, DeliveryListView, WebhookEventName, DeliveryStateName, RouteView, DeploymentView
     )),
     modifiers(&ApiKeyAuth, &ErrorAnswers)
 )]

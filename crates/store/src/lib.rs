@@ -438,6 +438,10 @@ pub trait PaceStore: Send + Sync {
 
     /// How long the longest pause of these schedules still lasts (zero: none).
     async fn pace_pause_left(&self, keys: &[String]) -> StoreResult<Duration>;
+
+    /// How long each schedule's pause still lasts (zero: none), in the order of `keys`:
+    /// one read for all the deployments of a route (docs/routes.md, cooldowns).
+    async fn pace_pauses_left(&self, keys: &[String]) -> StoreResult<Vec<Duration>>;
 }
 
 /// The service's own upkeep: which backend, readiness, the background sweep (docs/conformance.md#sweeps) and

@@ -322,6 +322,9 @@ impl<W: ForwardStore> PaceStore for W {
     async fn pace_pause_left(&self, keys: &[String]) -> StoreResult<Duration> {
         forward!(self, read, pace_pause_left(keys))
     }
+    async fn pace_pauses_left(&self, keys: &[String]) -> StoreResult<Vec<Duration>> {
+        forward!(self, read, pace_pauses_left(keys))
+    }
 }
 
 #[async_trait]

@@ -18,6 +18,7 @@ fn usage(input: u64, output: u64, cached: Option<u64>) -> Usage {
         cached_input_tokens: cached,
         cache_write_input_tokens: None,
         estimated: false,
+        cost_nano_usd: None,
     }
 }
 
@@ -267,4 +268,30 @@ proptest! {
             prop_assert!(window as u64 <= limit);
         }
     }
+}
+
+#[test]
+fn a_route_reserves_its_dearest_deployment() {
+    let cheap = Prices {
+        input: 1_000,
+        output: 2_000,
+        cached_input: 1_000,
+        cache_write_input: 1_000,
+    };
+    let dear = Prices {
+        input: 5_000,
+        output: 10_000,
+        cached_input: 5_000,
+        cache_write_input: 5_000,
+    };
+    let a = attempt_reservation(1_000, 100, Some(cheap));
+    let b = attempt_reservation(400, 100, Some(dear));
+    let r = dearest(&[a, b]).unwrap();
+    assert_eq!(r.nano_usd, b.nano_usd);
+    assert_eq!(r.prices, Some(dear));
+    assert_eq!(r.tokens, 1_100, "the most tokens of any deployment");
+    assert!(r.bounded);
+    let unbounded = reservation(None, Some(cheap));
+    assert!(!dearest(&[a, unbounded]).unwrap().bounded);
+    assert_eq!(dearest(&[]), None);
 }

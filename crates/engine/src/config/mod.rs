@@ -17,6 +17,20 @@
 //! model = "gpt-4o-mini"
 //! params = { temperature = 0 }
 //!
+//! [models.smart]                        # a route: several deployments (docs/routes.md)
+//! strategy = "fallback"                 # or "weighted" (by each deployment's weight)
+//! cooldown = "30s"                      # a failed deployment is skipped this long (max 5 min)
+//! attempt_timeout = "20s"               # the longest one call may take before moving on
+//! [[models.smart.deployments]]
+//! provider = "openai"
+//! model = "gpt-4o-mini"
+//! prices = { input_per_million = 0.15, output_per_million = 0.6 }
+//! [[models.smart.deployments]]
+//! provider = "backup"
+//! model = "llama-3.1-8b"
+//! weight = 1                            # for "weighted"
+//! prices = { input_per_million = 0.05, output_per_million = 0.1 }
+//!
 //! [providers.openai]
 //! kind = "openai"                       # or "dev"
 //! base_url = "https://api.openai.com/v1"
@@ -106,6 +120,7 @@ mod dispatch;
 mod models;
 mod notifications;
 mod pipelines;
+mod routes;
 mod validate;
 mod webhooks;
 mod workers;
@@ -115,12 +130,12 @@ pub use dispatch::*;
 pub use models::*;
 pub use notifications::*;
 pub use pipelines::*;
+pub use routes::*;
 pub use validate::*;
 pub use webhooks::*;
 pub use workers::*;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Map;
 use std::collections::BTreeMap;
 use tollgate_core::{DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_REQUEST_BYTES};
 
@@ -178,14 +193,9 @@ impl Default for EngineConfig {
         models.insert(
             DEFAULT_MODEL.to_string(),
             ModelConfig {
-                requests_per_minute: None,
-                tokens_per_minute: None,
                 provider: DEV_PROVIDER.to_string(),
                 model: "dev-1".to_string(),
-                params: Map::new(),
-                prices: None,
-                max_output_tokens: None,
-                max_attempts: None,
+                ..ModelConfig::default()
             },
         );
         let mut providers = BTreeMap::new();

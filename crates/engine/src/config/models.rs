@@ -8,20 +8,25 @@ use tollgate_core::ModelRef;
 
 use super::*;
 
-/// `[models.<id>]`: what a model id resolves to.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `[models.<id>]`: what a model id resolves to — one deployment (`provider`, `model`,
+/// `params`, `prices`, …) or a route of several (`[[models.<id>.deployments]]`, with a
+/// `strategy` and a `cooldown`; docs/routes.md). The two forms do not mix.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
-    /// A provider name from `[providers]` (or the built-in `dev`).
+    /// A provider name from `[providers]` (or the built-in `dev`). Empty in the
+    /// `deployments` form.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub provider: String,
-    /// The provider's own model name.
+    /// The provider's own model name. Empty in the `deployments` form.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model: String,
     /// Provider parameters. HTTP providers merge them into the request body
     /// (`temperature`, `top_p`, `seed`, …); the `dev` provider reads `latency_ms` and
     /// `time_limit_ms`.
     /// Changing any of them changes the model config hash, so old cache entries stop
     /// matching.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub params: Map<String, Value>,
     /// docs/conformance.md#cost-prices: what the model costs, in USD per million tokens. Without prices a task
     /// of the model costs nothing known (`cost_usd: null`) and reserves no money.
@@ -45,6 +50,31 @@ pub struct ModelConfig {
     /// set). `1` is at most once: the choice for calls with side effects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<tollgate_core::MaxAttempts>,
+    /// docs/routes.md: how a route picks each call's deployment (`fallback`, the default,
+    /// or `weighted`). Only with `deployments`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<tollgate_core::Strategy>,
+    /// docs/routes.md: the route's deployments, in order (instead of `provider`,
+    /// `model`, `params`, `prices`, `max_output_tokens` and the pace at this level).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deployments: Vec<DeploymentConfig>,
+    /// docs/routes.md: how long a deployment that failed (429, 5xx, timeout, connection
+    /// error) is skipped by every replica (default 30 s; at most 5 min). Only with
+    /// `deployments`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "optional_duration_text"
+    )]
+    pub cooldown: Option<Duration>,
+    /// docs/routes.md: the longest one call on a deployment may take before the route
+    /// moves on (default: none beyond the provider's `timeout` and retries).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "optional_duration_text"
+    )]
+    pub attempt_timeout: Option<Duration>,
 }
 
 /// `[models.<id>.prices]` (docs/conformance.md#cost-prices), USD per million tokens.
@@ -89,7 +119,8 @@ impl ModelPrices {
 }
 
 impl ModelConfig {
-    /// docs/conformance.md#provider-pace: this model's own pace limits.
+    /// docs/conformance.md#provider-pace: this model's own pace limits (the single form's;
+    /// a route's are per deployment).
     pub fn pace(&self) -> PaceLimits {
         PaceLimits {
             requests_per_minute: self.requests_per_minute,
@@ -97,30 +128,59 @@ impl ModelConfig {
         }
     }
 
-    /// The resolved model reference. A configured `max_output_tokens` is sent as
-    /// `max_tokens` unless `params` already says.
-    pub fn model_ref(&self) -> ModelRef {
-        self.model_ref_for(None)
+    /// Whether this is the route form (`[[models.<id>.deployments]]`).
+    pub fn is_route(&self) -> bool {
+        !self.deployments.is_empty()
     }
 
-    /// The resolved model reference on a provider of `kind`: as [`model_ref`](Self::model_ref),
-    /// and on `anthropic`, whose Messages API needs a `max_tokens`, a model that names
-    /// none gets [`ANTHROPIC_DEFAULT_MAX_TOKENS`] (sent, so part of the config hash, and
-    /// the output bound its reservations count).
-    pub fn model_ref_for(&self, kind: Option<ProviderKind>) -> ModelRef {
-        let mut params = self.params.clone();
-        let default =
-            (kind == Some(ProviderKind::Anthropic)).then_some(ANTHROPIC_DEFAULT_MAX_TOKENS);
-        if let Some(n) = self.max_output_tokens.or(default)
-            && !params.contains_key("max_tokens")
-            && !params.contains_key("max_completion_tokens")
-        {
-            params.insert("max_tokens".into(), Value::from(n));
+    /// The model's deployments: those of a route, or the single form's one.
+    pub fn deployment_configs(&self) -> Vec<DeploymentConfig> {
+        if self.is_route() {
+            return self.deployments.clone();
         }
-        ModelRef {
+        vec![DeploymentConfig {
             provider: self.provider.clone(),
             model: self.model.clone(),
-            params,
+            params: self.params.clone(),
+            prices: self.prices,
+            max_output_tokens: self.max_output_tokens,
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+            weight: None,
+            attempt_timeout: None,
+        }]
+    }
+
+    /// The resolved model reference: its first deployment's provider, model and
+    /// parameters (a configured `max_output_tokens` sent as `max_tokens` unless `params`
+    /// already says; on an `anthropic` provider, whose Messages API needs a `max_tokens`,
+    /// [`ANTHROPIC_DEFAULT_MAX_TOKENS`] when none is named) and, for a route or a model
+    /// with an `attempt_timeout`, the whole [`Route`](tollgate_core::Route)
+    /// (docs/routes.md). `kind_of` names each provider's kind.
+    pub fn model_ref(&self, kind_of: impl Fn(&str) -> Option<ProviderKind>) -> ModelRef {
+        let route = self.route(kind_of);
+        let mut model_ref = route.deployments[0].model_ref();
+        if self.is_route() || self.attempt_timeout.is_some() {
+            model_ref.route = Some(route);
+        }
+        model_ref
+    }
+
+    /// The model's route: a route of one for the single form. Prices that are not valid
+    /// are left out (validation reports them). `kind_of` names each provider's kind.
+    pub fn route(&self, kind_of: impl Fn(&str) -> Option<ProviderKind>) -> tollgate_core::Route {
+        tollgate_core::Route {
+            strategy: self.strategy.unwrap_or_default(),
+            deployments: self
+                .deployment_configs()
+                .iter()
+                .map(|d| d.deployment(kind_of(&d.provider)))
+                .collect(),
+            cooldown_ms: millis(
+                self.cooldown
+                    .unwrap_or(tollgate_core::route::DEFAULT_COOLDOWN),
+            ),
+            attempt_timeout_ms: self.attempt_timeout.map(millis),
         }
     }
 }

@@ -120,54 +120,131 @@ impl EngineConfig {
             if let Err(e) = ModelId::new(id.as_str()) {
                 p.add(&key, format!("is not a valid model id: {e}"));
             }
-            if !self.has_provider(&model.provider, extra) {
-                p.add(
-                    format!("{key}.provider"),
-                    format!(
-                        "names provider `{}`, which is not under [providers] (configured: {})",
-                        model.provider,
-                        listed(self.providers.keys())
-                    ),
-                );
+            if model.is_route() {
+                self.check_route(p, &key, model, extra);
+            } else {
+                for (field, set) in [
+                    ("strategy", model.strategy.is_some()),
+                    ("cooldown", model.cooldown.is_some()),
+                ] {
+                    if set {
+                        p.add(
+                            format!("{key}.{field}"),
+                            "applies to routes only: list the deployments under \
+                             [[models.<id>.deployments]]",
+                        );
+                    }
+                }
+                let single = &model.deployment_configs()[0];
+                self.check_deployment(p, &key, single, extra);
             }
-            if model.model.trim().is_empty() {
-                p.add(format!("{key}.model"), "must not be empty");
+            if let Some(t) = model.attempt_timeout {
+                p.positive_duration(&format!("{key}.attempt_timeout"), t);
             }
-            if let Some(Err((field, message))) = model.prices.as_ref().map(|pr| pr.to_core()) {
-                p.add(format!("{key}.prices.{field}"), message);
-            }
-            if model.max_output_tokens == Some(0) {
-                p.add(
-                    format!("{key}.max_output_tokens"),
-                    "must be a positive integer",
-                );
-            }
-            if let Err(e) = model
-                .model_ref_for(self.provider_kind(&model.provider))
-                .config_hash()
-            {
+            if let Err(e) = model.model_ref(|p| self.provider_kind(p)).config_hash() {
                 p.add(format!("{key}.params"), e.to_string());
             }
-            p.pace(&key, model.pace());
-            if model.provider == DEV_PROVIDER
-                || self.providers.get(&model.provider).map(|c| c.kind) == Some(ProviderKind::Dev)
-            {
-                match model.params.get("latency_ms") {
-                    None => {}
-                    Some(v) if v.as_u64().is_some() => {}
-                    Some(_) => p.add(
-                        format!("{key}.params.latency_ms"),
-                        "must be a non-negative integer (milliseconds)",
+        }
+    }
+
+    /// docs/routes.md: a route's own settings and each of its deployments.
+    fn check_route(&self, p: &mut Problems, key: &str, model: &ModelConfig, extra: &[&str]) {
+        let single_form = [
+            ("provider", !model.provider.is_empty()),
+            ("model", !model.model.is_empty()),
+            ("params", !model.params.is_empty()),
+            ("prices", model.prices.is_some()),
+            ("max_output_tokens", model.max_output_tokens.is_some()),
+            ("requests_per_minute", model.requests_per_minute.is_some()),
+            ("tokens_per_minute", model.tokens_per_minute.is_some()),
+        ];
+        for (field, set) in single_form {
+            if set {
+                p.add(
+                    format!("{key}.{field}"),
+                    "is set per deployment in a route (under [[models.<id>.deployments]])",
+                );
+            }
+        }
+        let mut names = BTreeSet::new();
+        for (i, d) in model.deployments.iter().enumerate() {
+            let dkey = format!("{key}.deployments[{i}]");
+            self.check_deployment(p, &dkey, d, extra);
+            if d.weight == Some(0) {
+                p.add(format!("{dkey}.weight"), "must be a positive integer");
+            }
+            if let Some(t) = d.attempt_timeout {
+                p.positive_duration(&format!("{dkey}.attempt_timeout"), t);
+            }
+            if !names.insert((d.provider.as_str(), d.model.as_str())) {
+                p.add(
+                    &dkey,
+                    format!(
+                        "repeats `{}/{}`: a route's deployments differ in provider or model \
+                         (cooldowns and pace are kept per provider/model)",
+                        d.provider, d.model
                     ),
-                }
-                match model.params.get("time_limit_ms") {
-                    None => {}
-                    Some(v) if v.as_u64().is_some_and(|ms| ms > 0) => {}
-                    Some(_) => p.add(
-                        format!("{key}.params.time_limit_ms"),
-                        "must be a positive integer (milliseconds)",
-                    ),
-                }
+                );
+            }
+        }
+        let priced = model
+            .deployments
+            .iter()
+            .filter(|d| d.prices.is_some())
+            .count();
+        if priced != 0 && priced != model.deployments.len() {
+            p.add(
+                format!("{key}.deployments"),
+                "either every deployment of a route has prices or none has (a task's cost \
+                 must be known whichever deployment answers)",
+            );
+        }
+    }
+
+    /// One deployment (the single form's or a route's): provider, model, prices,
+    /// output bound, pace, and the `dev` provider's parameters.
+    fn check_deployment(&self, p: &mut Problems, key: &str, d: &DeploymentConfig, extra: &[&str]) {
+        if !self.has_provider(&d.provider, extra) {
+            p.add(
+                format!("{key}.provider"),
+                format!(
+                    "names provider `{}`, which is not under [providers] (configured: {})",
+                    d.provider,
+                    listed(self.providers.keys())
+                ),
+            );
+        }
+        if d.model.trim().is_empty() {
+            p.add(format!("{key}.model"), "must not be empty");
+        }
+        if let Some(Err((field, message))) = d.prices.as_ref().map(|pr| pr.to_core()) {
+            p.add(format!("{key}.prices.{field}"), message);
+        }
+        if d.max_output_tokens == Some(0) {
+            p.add(
+                format!("{key}.max_output_tokens"),
+                "must be a positive integer",
+            );
+        }
+        p.pace(key, d.pace());
+        if d.provider == DEV_PROVIDER
+            || self.providers.get(&d.provider).map(|c| c.kind) == Some(ProviderKind::Dev)
+        {
+            match d.params.get("latency_ms") {
+                None => {}
+                Some(v) if v.as_u64().is_some() => {}
+                Some(_) => p.add(
+                    format!("{key}.params.latency_ms"),
+                    "must be a non-negative integer (milliseconds)",
+                ),
+            }
+            match d.params.get("time_limit_ms") {
+                None => {}
+                Some(v) if v.as_u64().is_some_and(|ms| ms > 0) => {}
+                Some(_) => p.add(
+                    format!("{key}.params.time_limit_ms"),
+                    "must be a positive integer (milliseconds)",
+                ),
             }
         }
     }

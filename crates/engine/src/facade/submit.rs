@@ -1,6 +1,6 @@
 //! docs/conformance.md#creating-a-task: submitting tasks, one or a batch.
 
-use crate::cost::{TokenCounter, task_token_bound};
+use crate::cost::route_reservation;
 use crate::error::EngineError;
 use crate::metrics as m;
 use crate::notify::Event;
@@ -90,16 +90,16 @@ impl Tollgate {
         // reserves too when it can cost money: its model has prices, or a USD or token
         // limit applies to it (docs/budgets.md, "Tasks without a source").
         let reserves = s.source.is_some() || model.prices.is_some() || budget.cost.needs_bound();
+        // A route reserves its first attempt at the dearest deployment it could go to
+        // (docs/routes.md).
         let reservation = if reserves {
-            let counter = TokenCounter::for_model_ref(&inner.config, &model.model_ref);
-            let bound = task_token_bound(
-                counter,
-                &model.model_ref,
+            route_reservation(
+                &inner.config,
+                &model.route,
                 request.request(),
                 inner.config.workers.max_output_retries,
                 inner.config.max_output_bytes,
-            );
-            tollgate_core::cost::reservation(bound.as_ref(), model.prices)
+            )
         } else {
             tollgate_core::Reservation::default()
         };

@@ -108,10 +108,13 @@ impl ProviderPace {
         store: Arc<dyn Store>,
     ) -> ProviderPace {
         let mut models: HashMap<String, Limits> = HashMap::new();
-        for model in config.models.values().filter(|m| m.provider == name) {
-            let limits = Limits::from(model.pace());
+        // Pace is per deployment (docs/routes.md): every model's and route's
+        // deployments on this provider.
+        let deployments = config.models.values().flat_map(|m| m.deployment_configs());
+        for d in deployments.filter(|d| d.provider == name) {
+            let limits = Limits::from(d.pace());
             if limits.is_set() {
-                let entry = models.entry(model.model.clone()).or_insert(limits);
+                let entry = models.entry(d.model.clone()).or_insert(limits);
                 *entry = entry.min(limits);
             }
         }

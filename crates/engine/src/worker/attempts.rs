@@ -1,32 +1,16 @@
 //! Recording attempts (docs/routes.md, "Attempts"): an attempt begins in the store
 //! before a deployment's call ([`WorkerPool::begin_attempt`]) and ends after it
-//! ([`WorkerPool::end_attempt`]) with its outcome, usage and error; whether a failure is
-//! transient (the next attempt may follow) is [`is_transient`].
+//! ([`WorkerPool::end_attempt`]) with its outcome, usage and error (a transient failure,
+//! after which the next attempt may follow, is a deployment found unavailable:
+//! [`ProviderError::Unavailable`](crate::provider::ProviderError::Unavailable)).
 
 use super::WorkerPool;
 use super::complete::retry_unavailable;
 use super::execute::Failure;
 use crate::metrics as m;
-use crate::provider::ProviderError;
 use serde_json::Value;
-use tollgate_core::{AttemptOutcome, ErrorCode, ModelRef, Task, TaskError, Usage};
+use tollgate_core::{AttemptOutcome, ErrorCode, Prices, Task, TaskError, Usage};
 use tollgate_store::AttemptEnd;
-
-/// The name an attempt records for the deployment it went to: `provider/model`. A task's
-/// model resolves to one deployment today; routes of several deployments name each
-/// their own (their `Deployment::name`, which replaces this).
-pub(super) fn deployment_name(model: &ModelRef) -> String {
-    format!("{}/{}", model.provider, model.model)
-}
-
-/// Whether a provider error is transient: the provider said it is unavailable for now
-/// ([`ProviderError::Unavailable`]: 429, 5xx, a timeout or a dropped connection after
-/// the provider's own retries, or a wait longer than `max_retry_delay`). Another attempt
-/// may then succeed; any other error (a refused request, a misconfiguration) would fail
-/// again.
-pub(super) fn is_transient(error: &ProviderError) -> bool {
-    matches!(error, ProviderError::Unavailable { .. })
-}
 
 impl WorkerPool {
     /// Begins the task's next attempt on `deployment` and returns its number. A task no
@@ -59,12 +43,13 @@ impl WorkerPool {
         task: &Task,
         n: u32,
         result: &Result<(Value, Usage), Failure>,
+        prices: Option<Prices>,
     ) {
         let end = match result {
             Ok((_, usage)) => AttemptEnd {
                 outcome: AttemptOutcome::Succeeded,
                 usage: Some(*usage),
-                prices: self.prices(task),
+                prices,
                 error: None,
             },
             Err(f) => AttemptEnd {
@@ -74,7 +59,7 @@ impl WorkerPool {
                     AttemptOutcome::of_error(f.code)
                 },
                 usage: f.usage,
-                prices: self.prices(task),
+                prices,
                 error: Some(TaskError::new(f.code, &f.message)),
             },
         };
@@ -91,26 +76,5 @@ impl WorkerPool {
                 tracing::warn!(task = %task.id, attempt = n, error = %e, "cannot record the attempt's end; it ends with its task");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_given_up_retryable_answers_are_transient() {
-        assert!(is_transient(&ProviderError::Unavailable {
-            message: "HTTP 503 Service Unavailable: busy (gave up after 3 attempts)".into(),
-            retry_after: None,
-        }));
-        assert!(!is_transient(&ProviderError::Failed(
-            "HTTP 400 Bad Request: no".into()
-        )));
-        assert!(!is_transient(&ProviderError::OutputTooLarge("big".into())));
-        assert_eq!(
-            deployment_name(&ModelRef::new("openai", "gpt-x")),
-            "openai/gpt-x"
-        );
     }
 }

@@ -27,11 +27,13 @@
 //!   those still running then are failed with `WORKFLOW_AI_INTERRUPTED` (tasks never run
 //!   twice), and queued tasks stay queued for any replica.
 //!
-//! Split by what the parts do: `dispatch` (claiming), `execute` (one execution, its
-//! attempts and their usage), `complete` (recording the end), `heartbeat` (heartbeats
+//! Split by what the parts do: `dispatch` (claiming), `execute` (one execution: the
+//! route's deployments tried in turn), `calls` (one deployment's calls, re-asks, usage
+//! and cooldowns), `complete` (recording the end), `heartbeat` (heartbeats
 //! and the event listener), `handle` (shutdown); this module starts them.
 
 mod attempts;
+mod calls;
 mod complete;
 mod dispatch;
 mod execute;

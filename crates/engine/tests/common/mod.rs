@@ -189,7 +189,7 @@ pub fn fake_config(fake: &FakeOpenAi) -> EngineConfig {
             params: Default::default(),
             prices: None,
             max_output_tokens: None,
-            max_attempts: None,
+            ..ModelConfig::default()
         },
     );
     c

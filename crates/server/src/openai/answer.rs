@@ -137,6 +137,12 @@ pub(crate) fn stream(completion: &Completion, include_usage: bool) -> Response {
 }
 
 /// A `model` object. Tollgate does not know when a model was created: `created` is 0.
-pub(crate) fn model(id: &str, provider: &str) -> Value {
-    json!({ "id": id, "object": "model", "created": 0, "owned_by": provider })
+/// docs/routes.md: the OpenAI model object, with the model id's route (strategy and
+/// deployments, never keys) as `tollgate_route`.
+pub(crate) fn model(id: &str, provider: &str, route: &tollgate_core::Route) -> Value {
+    let route = crate::routes::meta::RouteView::from(route);
+    json!({
+        "id": id, "object": "model", "created": 0, "owned_by": provider,
+        "tollgate_route": route,
+    })
 }

@@ -324,7 +324,7 @@ async fn list_models(State(s): State<AppState>, _: DoorCaller) -> Result<Respons
     let mut data = Vec::new();
     for id in registry.ids() {
         let m = registry.resolve(Some(&id))?;
-        data.push(answer::model(id.as_str(), &m.model_ref.provider));
+        data.push(answer::model(id.as_str(), &m.model_ref.provider, &m.route));
     }
     Ok(axum::Json(serde_json::json!({"object": "list", "data": data})).into_response())
 }
@@ -340,5 +340,10 @@ async fn get_model(
         .models()
         .resolve(Some(&model))
         .map_err(|_| model_not_found(&id))?;
-    Ok(axum::Json(answer::model(model.as_str(), &m.model_ref.provider)).into_response())
+    Ok(axum::Json(answer::model(
+        model.as_str(),
+        &m.model_ref.provider,
+        &m.route,
+    ))
+    .into_response())
 }

@@ -49,9 +49,65 @@ pub struct ModelView {
     pub config_hash: String,
     /// Whether it is the default model.
     pub default: bool,
-    /// docs/conformance.md#cost-prices: its prices (`null`: unpriced, its costs are unknown).
+    /// docs/conformance.md#cost-prices: its prices (`null`: unpriced, its costs are unknown); a
+    /// route's first deployment's.
     #[schema(required = true)]
     pub prices: Option<PricesView>,
+    /// docs/routes.md: its route — `provider` and `model` above are its first deployment.
+    pub route: RouteView,
+}
+
+/// docs/routes.md: a model id's route (never its providers' keys).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RouteView {
+    /// How each call's deployment is picked: `fallback` (in order) or `weighted`.
+    #[schema(value_type = String, example = "fallback")]
+    pub strategy: &'static str,
+    /// Its deployments, in order (one for a single-deployment model).
+    pub deployments: Vec<DeploymentView>,
+    /// How long a failed deployment is skipped, in milliseconds.
+    pub cooldown_ms: u64,
+    /// The longest one call may take before the route moves on, in milliseconds (`null`:
+    /// the provider's own timeout).
+    #[schema(required = true)]
+    pub attempt_timeout_ms: Option<u64>,
+}
+
+/// One deployment of a route.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeploymentView {
+    /// `provider/model`: the name its cooldown, pace and metrics go by.
+    pub name: String,
+    /// Provider name.
+    pub provider: String,
+    /// Provider's model name.
+    pub model: String,
+    /// Its share of a `weighted` route's calls.
+    pub weight: u32,
+    /// Its prices (`null`: unpriced).
+    #[schema(required = true)]
+    pub prices: Option<PricesView>,
+}
+
+impl From<&tollgate_core::Route> for RouteView {
+    fn from(r: &tollgate_core::Route) -> Self {
+        RouteView {
+            strategy: r.strategy.as_str(),
+            deployments: r
+                .deployments
+                .iter()
+                .map(|d| DeploymentView {
+                    name: d.name(),
+                    provider: d.provider.clone(),
+                    model: d.model.clone(),
+                    weight: d.weight,
+                    prices: d.prices.as_ref().map(Into::into),
+                })
+                .collect(),
+            cooldown_ms: r.cooldown_ms,
+            attempt_timeout_ms: r.attempt_timeout_ms,
+        }
+    }
 }
 
 /// A model's prices, US dollars per million tokens.
@@ -124,6 +180,7 @@ pub(crate) async fn models(
             config_hash: m.config_hash.as_str().to_string(),
             default: &id == registry.default_id(),
             prices: m.prices.as_ref().map(Into::into),
+            route: (&m.route).into(),
         });
     }
     Ok(Json(ModelsAnswer { models }))

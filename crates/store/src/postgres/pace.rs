@@ -131,4 +131,21 @@ impl PaceStore for PostgresStore {
         .await?;
         Ok(wait(left.unwrap_or(0)))
     }
+
+    async fn pace_pauses_left(&self, keys: &[String]) -> StoreResult<Vec<Duration>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let left: Vec<Option<i64>> = sqlx::query_scalar(concat!(
+            "SELECT p.paused_until - ",
+            now_us_sql!(2),
+            " FROM UNNEST($1::TEXT[]) WITH ORDINALITY AS k(key, n) \
+             LEFT JOIN provider_pace p ON p.pace_key = k.key ORDER BY k.n"
+        ))
+        .bind(keys)
+        .bind(self.fixed_now())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(left.into_iter().map(|us| wait(us.unwrap_or(0))).collect())
+    }
 }

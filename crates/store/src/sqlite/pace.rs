@@ -103,4 +103,17 @@ impl PaceStore for SqliteStore {
         }
         Ok(wait(longest))
     }
+
+    async fn pace_pauses_left(&self, keys: &[String]) -> StoreResult<Vec<Duration>> {
+        let mut left = Vec::with_capacity(keys.len());
+        for key in keys {
+            let until: Option<i64> =
+                sqlx::query_scalar("SELECT paused_until FROM provider_pace WHERE pace_key = ?")
+                    .bind(key)
+                    .fetch_optional(&self.reader)
+                    .await?;
+            left.push(wait(until.unwrap_or(0) - self.now_us()));
+        }
+        Ok(left)
+    }
 }

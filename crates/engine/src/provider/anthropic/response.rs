@@ -29,6 +29,7 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
             .saturating_add(cache_write.unwrap_or(0)),
         output_tokens: output.unwrap_or(0),
         cost_usd: None,
+        cost_nano_usd: None,
         cached_input_tokens: cache_read,
         cache_write_input_tokens: cache_write,
         // No usage reported: the worker counts the attempt at its bound (docs/budgets.md).

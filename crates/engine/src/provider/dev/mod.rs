@@ -175,6 +175,7 @@ impl DevProvider {
             cached_input_tokens: None,
             cache_write_input_tokens: None,
             estimated: false,
+            cost_nano_usd: None,
         };
         Ok(ProviderAnswer { output, usage })
     }

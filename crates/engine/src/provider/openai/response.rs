@@ -26,6 +26,7 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
         cache_write_input_tokens: None,
         // No usage reported: the worker counts the attempt at its bound (docs/budgets.md).
         estimated: input.is_none() || output.is_none(),
+        cost_nano_usd: None,
     };
     let invalid = |message: String| ProviderError::InvalidOutput { message, usage };
     let message = answer.pointer("/choices/0/message").ok_or_else(|| {
