@@ -66,6 +66,12 @@ class DeletedAnswer(TypedDict):
     """
 
 
+DeliveryStateName: TypeAlias = Literal['pending', 'delivered', 'dead']
+"""
+Where a delivery stands.
+"""
+
+
 class ErrorDetail(TypedDict):
     """
     What went wrong.
@@ -334,13 +340,18 @@ class PricesView(TypedDict):
     A model's prices, US dollars per million tokens.
     """
 
+    cache_write_input_usd_per_million: float
+    """
+    Per million input tokens written to the provider's prompt cache (docs/providers.md).
+    """
     cached_input_usd_per_million: float
     """
     Per million input tokens served from the provider's prompt cache.
     """
     input_usd_per_million: float
     """
-    Per million input tokens not served from the provider's prompt cache.
+    Per million input tokens neither read from nor written to the provider's prompt
+    cache.
     """
     output_usd_per_million: float
     """
@@ -730,6 +741,11 @@ class UsageView(TypedDict):
     Usage, as shown.
     """
 
+    cache_write_input_tokens: NotRequired[int]
+    """
+    Of `input_tokens`, those the provider wrote to its prompt cache (Anthropic's cache
+    creation), where it says; priced at the cache-write price (docs/providers.md).
+    """
     cached_input_tokens: NotRequired[int]
     """
     Of `input_tokens`, those the provider served from its prompt cache, where it says.
@@ -754,6 +770,84 @@ class UsageView(TypedDict):
     priced: bool
     """
     docs/conformance.md#cost-prices: whether the model has prices (`false`: `cost_usd` is unknown, not 0).
+    """
+
+
+WebhookEventName: TypeAlias = Literal[
+    'task.succeeded', 'task.failed', 'task.canceled', 'run.finished'
+]
+"""
+An event type an endpoint may receive.
+"""
+
+
+class WebhookPatchBody(TypedDict, closed=True):
+    """
+    `PATCH /v1/webhooks/{id}` body: each field given replaces that field.
+    """
+
+    description: NotRequired[str | None]
+    """
+    New description (`null` clears it).
+    """
+    enabled: NotRequired[bool | None]
+    """
+    Enable or disable.
+    """
+    events: NotRequired[list[WebhookEventName] | None]
+    """
+    New event types.
+    """
+    secret: NotRequired[str | None]
+    """
+    New signing secret (`whsec_…`).
+    """
+    url: NotRequired[str | None]
+    """
+    New url.
+    """
+
+
+class WebhookView(TypedDict):
+    """
+    A webhook endpoint.
+    """
+
+    created_at: str
+    """
+    Creation time (RFC 3339, UTC).
+    """
+    description: str | None
+    """
+    Free text.
+    """
+    enabled: bool
+    """
+    Whether it receives deliveries.
+    """
+    events: list[WebhookEventName]
+    """
+    The event types it receives.
+    """
+    from_config: bool
+    """
+    From the configuration file: read-only here.
+    """
+    id: str
+    """
+    Endpoint id (`whe_…`; `cfg_<app>_<name>` for the configuration file's).
+    """
+    secret: NotRequired[str]
+    """
+    The signing secret (on creation and when reading one endpoint; not in listings).
+    """
+    updated_at: str
+    """
+    Last change.
+    """
+    url: str
+    """
+    Where deliveries go.
     """
 
 
@@ -1013,30 +1107,122 @@ The four task kinds (GET /v1/kinds).
 
 class AttemptView(TypedDict):
     """
-    One attempt of a task (docs/conformance.md#listings).
+    One attempt of a task (docs/routes.md, "Attempts"): one deployment's provider call
+    with its re-asks.
     """
 
-    attempt: int
+    cost_usd: float | None
+    """
+    What it is charged in US dollars: its usage priced, or its reservation when its
+    usage is unknown (while running: its reservation). `null` when the model has no
+    prices.
+    """
+    deployment: str
+    """
+    The deployment it went to (`provider/model`).
+    """
+    ended_at: str | None
+    """
+    When it ended (`null` while running).
+    """
+    error: TaskErrorView | None
+    n: int
     """
     1 for the first attempt.
     """
-    claimed_at: str | None
+    outcome: str
     """
-    When it was claimed.
+    How it ended: `running`, `succeeded`, `unavailable` (a transient provider
+    failure), `failed`, `interrupted` (its worker crashed, lost its lease or shut
+    down), `canceled` or `refused` (its reservation did not fit the budget).
     """
-    error: TaskErrorView | None
-    finished_at: str | None
+    started_at: str
     """
-    When it ended.
-    """
-    heartbeat_at: str | None
-    """
-    Its last heartbeat.
+    When it started (RFC 3339, UTC).
     """
     usage: UsageView | None
-    worker: str | None
+
+
+class DeliveryView(TypedDict):
     """
-    The worker that claimed it.
+    One delivery of an event to an endpoint.
+    """
+
+    attempts: int
+    """
+    Attempts made.
+    """
+    created_at: str
+    """
+    Creation time.
+    """
+    delivered_at: str | None
+    """
+    When the endpoint took it.
+    """
+    endpoint_id: str
+    """
+    The endpoint.
+    """
+    event_id: str
+    """
+    The event: the `webhook-id` header of every attempt (and replay) of it.
+    """
+    event_type: WebhookEventName
+    """
+    What happened.
+    """
+    id: str
+    """
+    Delivery id.
+    """
+    last_attempt_at: str | None
+    """
+    When the last attempt ended.
+    """
+    last_error: str | None
+    """
+    Why the last attempt failed.
+    """
+    next_at: str
+    """
+    When a pending delivery is due.
+    """
+    replay_of: str | None
+    """
+    The delivery this one replays.
+    """
+    response_code: int | None
+    """
+    The HTTP status of the last answer, if one came.
+    """
+    state: DeliveryStateName
+    """
+    `pending`, `delivered` or `dead`.
+    """
+
+
+class DeploymentView(TypedDict):
+    """
+    One deployment of a route.
+    """
+
+    model: str
+    """
+    Provider's model name.
+    """
+    name: str
+    """
+    `provider/model`: the name its cooldown, pace and metrics go by.
+    """
+    prices: PricesView | None
+    provider: str
+    """
+    Provider name.
+    """
+    weight: int
+    """
+    Its share of a `weighted` route's calls.
     """
 
 
@@ -1048,45 +1234,6 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
     """
     The error.
-    """
-
-
-class ModelView(TypedDict):
-    """
-    One configured model.
-    """
-
-    config_hash: str
-    """
-    Hash of the resolved configuration (changes invalidate cached results).
-    """
-    default: bool
-    """
-    Whether it is the default model.
-    """
-    id: str
-    """
-    The id callers use.
-    """
-    model: str
-    """
-    Provider's model name.
-    """
-    prices: PricesView | None
-    provider: str
-    """
-    Provider name.
-    """
-
-
-class ModelsAnswer(TypedDict):
-    """
-    `GET /v1/models` answer.
-    """
-
-    models: list[ModelView]
-    """
-    Configured models.
     """
 
 
@@ -1102,6 +1249,30 @@ class PipelineSummaryView(TypedDict):
     versions: list[PipelineVersionView]
     """
     Versions, newest first (the first is what a run naming no version runs).
+    """
+
+
+class RouteView(TypedDict):
+    """
+    docs/routes.md: a model id's route (never its providers' keys).
+    """
+
+    attempt_timeout_ms: int | None
+    """
+    The longest one call may take before the route moves on, in milliseconds (`null`:
+    the provider's own timeout).
+    """
+    cooldown_ms: int
+    """
+    How long a failed deployment is skipped, in milliseconds.
+    """
+    deployments: list[DeploymentView]
+    """
+    Its deployments, in order (one for a single-deployment model).
+    """
+    strategy: str
+    """
+    How each call's deployment is picked: `fallback` (in order) or `weighted`.
     """
 
 
@@ -1192,10 +1363,11 @@ class TaskView(TypedDict):
     The task object (docs/conformance.md#http-shapes).
     """
 
-    attempts: list[AttemptView]
+    attempts: NotRequired[list[AttemptView]]
     """
-    Its attempts (a task runs at most once: none until claimed, then one), each with
-    its worker, times and usage.
+    Its attempts (docs/routes.md, "Attempts"), in order: present on reads of one task
+    (`GET /v1/tasks/{id}`, `GET /v1/tasks?effect_key=`), absent in pages and answers
+    to submissions. None until its first provider call begins.
     """
     cached: bool
     """
@@ -1277,6 +1449,12 @@ class TaskView(TypedDict):
     The step name.
     """
     subject: NotRequired[SubjectView | None]
+    trace_id: str | None
+    """
+    The id of the trace that follows the task (docs/telemetry.md): 32 hexadecimal
+    digits, the caller's own trace when it sent a `traceparent`; `null` when the task
+    was submitted with traces off.
+    """
     usage: UsageView | None
     worker: str | None
     """
@@ -1299,6 +1477,45 @@ class UnreleasedPageView(TypedDict):
     """
 
 
+class WebhookBody(TypedDict, closed=True):
+    """
+    `POST /v1/webhooks` body.
+    """
+
+    description: NotRequired[str | None]
+    """
+    Free text (at most 500 characters).
+    """
+    enabled: NotRequired[bool | None]
+    """
+    Whether it receives deliveries (default true).
+    """
+    events: list[WebhookEventName]
+    """
+    The event types it receives (at least one).
+    """
+    secret: NotRequired[str | None]
+    """
+    The signing secret, `whsec_<base64 of 24 to 64 bytes>`; one is made when absent.
+    """
+    url: str
+    """
+    Where deliveries are POSTed: `https` (or `http` where the operator allows it), not
+    an internal address unless the operator allows its network.
+    """
+
+
+class WebhookListView(TypedDict):
+    """
+    `GET /v1/webhooks` answer.
+    """
+
+    webhooks: list[WebhookView]
+    """
+    The app's endpoints, oldest first.
+    """
+
+
 class BatchItem(TypedDict):
     """
     One item of a batch answer: the task, or the error it got.
@@ -1315,6 +1532,60 @@ class BatchItem(TypedDict):
     task: NotRequired[TaskView]
     """
     The task, when submitted.
+    """
+
+
+class DeliveryListView(TypedDict):
+    """
+    `GET /v1/webhooks/{id}/deliveries` answer.
+    """
+
+    deliveries: list[DeliveryView]
+    """
+    The endpoint's deliveries, newest first.
+    """
+
+
+class ModelView(TypedDict):
+    """
+    One configured model.
+    """
+
+    config_hash: str
+    """
+    Hash of the resolved configuration (changes invalidate cached results).
+    """
+    default: bool
+    """
+    Whether it is the default model.
+    """
+    id: str
+    """
+    The id callers use.
+    """
+    model: str
+    """
+    Provider's model name.
+    """
+    prices: PricesView | None
+    provider: str
+    """
+    Provider name.
+    """
+    route: RouteView
+    """
+    docs/routes.md: its route — `provider` and `model` above are its first deployment.
+    """
+
+
+class ModelsAnswer(TypedDict):
+    """
+    `GET /v1/models` answer.
+    """
+
+    models: list[ModelView]
+    """
+    Configured models.
     """
 
 

@@ -324,27 +324,105 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_webhooks"];
+        put?: never;
+        post: operations["create_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["get_webhook"];
+        put?: never;
+        post?: never;
+        delete: operations["delete_webhook"];
+        options?: never;
+        head?: never;
+        patch: operations["update_webhook"];
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_deliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/deliveries/{delivery}/replay": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["replay_delivery"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        /** @description One attempt of a task (docs/conformance.md#listings). */
+        /**
+         * @description One attempt of a task (docs/routes.md, "Attempts"): one deployment's provider call
+         *     with its re-asks.
+         */
         AttemptView: {
+            /**
+             * Format: double
+             * @description What it is charged in US dollars: its usage priced, or its reservation when its
+             *     usage is unknown (while running: its reservation). `null` when the model has no
+             *     prices.
+             */
+            cost_usd: number | null;
+            /** @description The deployment it went to (`provider/model`). */
+            deployment: string;
+            /** @description When it ended (`null` while running). */
+            ended_at: string | null;
+            error: null | components["schemas"]["TaskErrorView"];
             /**
              * Format: int32
              * @description 1 for the first attempt.
              */
-            attempt: number;
-            /** @description When it was claimed. */
-            claimed_at: string | null;
-            error: null | components["schemas"]["TaskErrorView"];
-            /** @description When it ended. */
-            finished_at: string | null;
-            /** @description Its last heartbeat. */
-            heartbeat_at: string | null;
+            n: number;
+            /**
+             * @description How it ended: `running`, `succeeded`, `unavailable` (a transient provider
+             *     failure), `failed`, `interrupted` (its worker crashed, lost its lease or shut
+             *     down), `canceled` or `refused` (its reservation did not fit the budget).
+             */
+            outcome: string;
+            /** @description When it started (RFC 3339, UTC). */
+            started_at: string;
             usage: null | components["schemas"]["UsageView"];
-            /** @description The worker that claimed it. */
-            worker: string | null;
         };
         /** @description `POST /v1/tasks/batch` answer. */
         BatchAnswer: {
@@ -451,6 +529,66 @@ export interface components {
              * @description How many application-owned tasks were deleted.
              */
             deleted: number;
+        };
+        /** @description `GET /v1/webhooks/{id}/deliveries` answer. */
+        DeliveryListView: {
+            /** @description The endpoint's deliveries, newest first. */
+            deliveries: components["schemas"]["DeliveryView"][];
+        };
+        /**
+         * @description Where a delivery stands.
+         * @enum {string}
+         */
+        DeliveryStateName: "pending" | "delivered" | "dead";
+        /** @description One delivery of an event to an endpoint. */
+        DeliveryView: {
+            /**
+             * Format: int32
+             * @description Attempts made.
+             */
+            attempts: number;
+            /** @description Creation time. */
+            created_at: string;
+            /** @description When the endpoint took it. */
+            delivered_at: string | null;
+            /** @description The endpoint. */
+            endpoint_id: string;
+            /** @description The event: the `webhook-id` header of every attempt (and replay) of it. */
+            event_id: string;
+            /** @description What happened. */
+            event_type: components["schemas"]["WebhookEventName"];
+            /** @description Delivery id. */
+            id: string;
+            /** @description When the last attempt ended. */
+            last_attempt_at: string | null;
+            /** @description Why the last attempt failed. */
+            last_error: string | null;
+            /** @description When a pending delivery is due. */
+            next_at: string;
+            /** @description The delivery this one replays. */
+            replay_of: string | null;
+            /**
+             * Format: int32
+             * @description The HTTP status of the last answer, if one came.
+             */
+            response_code: number | null;
+            /** @description `pending`, `delivered` or `dead`. */
+            state: components["schemas"]["DeliveryStateName"];
+        };
+        /** @description One deployment of a route. */
+        DeploymentView: {
+            /** @description Provider's model name. */
+            model: string;
+            /** @description `provider/model`: the name its cooldown, pace and metrics go by. */
+            name: string;
+            prices: null | components["schemas"]["PricesView"];
+            /** @description Provider name. */
+            provider: string;
+            /**
+             * Format: int32
+             * @description Its share of a `weighted` route's calls.
+             */
+            weight: number;
         };
         /** @description The body of every error answer. */
         ErrorBody: {
@@ -628,6 +766,8 @@ export interface components {
             prices: null | components["schemas"]["PricesView"];
             /** @description Provider name. */
             provider: string;
+            /** @description docs/routes.md: its route — `provider` and `model` above are its first deployment. */
+            route: components["schemas"]["RouteView"];
         };
         /** @description `POST /v1/pipelines` body. */
         PipelineBody: {
@@ -753,12 +893,18 @@ export interface components {
         PricesView: {
             /**
              * Format: double
+             * @description Per million input tokens written to the provider's prompt cache (docs/providers.md).
+             */
+            cache_write_input_usd_per_million: number;
+            /**
+             * Format: double
              * @description Per million input tokens served from the provider's prompt cache.
              */
             cached_input_usd_per_million: number;
             /**
              * Format: double
-             * @description Per million input tokens not served from the provider's prompt cache.
+             * @description Per million input tokens neither read from nor written to the provider's prompt
+             *     cache.
              */
             input_usd_per_million: number;
             /**
@@ -778,6 +924,27 @@ export interface components {
             effect_key: components["schemas"]["Identifier"];
             /** @description The task's scope. */
             scope: components["schemas"]["Identifier"];
+        };
+        /** @description docs/routes.md: a model id's route (never its providers' keys). */
+        RouteView: {
+            /**
+             * Format: int64
+             * @description The longest one call may take before the route moves on, in milliseconds (`null`:
+             *     the provider's own timeout).
+             */
+            attempt_timeout_ms: number | null;
+            /**
+             * Format: int64
+             * @description How long a failed deployment is skipped, in milliseconds.
+             */
+            cooldown_ms: number;
+            /** @description Its deployments, in order (one for a single-deployment model). */
+            deployments: components["schemas"]["DeploymentView"][];
+            /**
+             * @description How each call's deployment is picked: `fallback` (in order) or `weighted`.
+             * @example fallback
+             */
+            strategy: string;
         };
         /** @description `POST /v1/runs` body. */
         RunBody: {
@@ -1073,10 +1240,11 @@ export interface components {
         /** @description The task object (docs/conformance.md#http-shapes). */
         TaskView: {
             /**
-             * @description Its attempts (a task runs at most once: none until claimed, then one), each with
-             *     its worker, times and usage.
+             * @description Its attempts (docs/routes.md, "Attempts"), in order: present on reads of one task
+             *     (`GET /v1/tasks/{id}`, `GET /v1/tasks?effect_key=`), absent in pages and answers
+             *     to submissions. None until its first provider call begins.
              */
-            attempts: components["schemas"]["AttemptView"][];
+            attempts?: components["schemas"]["AttemptView"][];
             /** @description Served from the cache. */
             cached: boolean;
             /**
@@ -1132,6 +1300,12 @@ export interface components {
             /** @description The step name. */
             step: string;
             subject?: null | components["schemas"]["SubjectView"];
+            /**
+             * @description The id of the trace that follows the task (docs/telemetry.md): 32 hexadecimal
+             *     digits, the caller's own trace when it sent a `traceparent`; `null` when the task
+             *     was submitted with traces off.
+             */
+            trace_id: string | null;
             usage: null | components["schemas"]["UsageView"];
             /** @description The worker that ran it. */
             worker: string | null;
@@ -1223,6 +1397,12 @@ export interface components {
         UsageView: {
             /**
              * Format: int64
+             * @description Of `input_tokens`, those the provider wrote to its prompt cache (Anthropic's cache
+             *     creation), where it says; priced at the cache-write price (docs/providers.md).
+             */
+            cache_write_input_tokens?: number;
+            /**
+             * Format: int64
              * @description Of `input_tokens`, those the provider served from its prompt cache, where it says.
              */
             cached_input_tokens?: number;
@@ -1248,6 +1428,66 @@ export interface components {
             output_tokens: number;
             /** @description docs/conformance.md#cost-prices: whether the model has prices (`false`: `cost_usd` is unknown, not 0). */
             priced: boolean;
+        };
+        /** @description `POST /v1/webhooks` body. */
+        WebhookBody: {
+            /** @description Free text (at most 500 characters). */
+            description?: string | null;
+            /** @description Whether it receives deliveries (default true). */
+            enabled?: boolean | null;
+            /** @description The event types it receives (at least one). */
+            events: components["schemas"]["WebhookEventName"][];
+            /** @description The signing secret, `whsec_<base64 of 24 to 64 bytes>`; one is made when absent. */
+            secret?: string | null;
+            /**
+             * @description Where deliveries are POSTed: `https` (or `http` where the operator allows it), not
+             *     an internal address unless the operator allows its network.
+             */
+            url: string;
+        };
+        /**
+         * @description An event type an endpoint may receive.
+         * @enum {string}
+         */
+        WebhookEventName: "task.succeeded" | "task.failed" | "task.canceled" | "run.finished";
+        /** @description `GET /v1/webhooks` answer. */
+        WebhookListView: {
+            /** @description The app's endpoints, oldest first. */
+            webhooks: components["schemas"]["WebhookView"][];
+        };
+        /** @description `PATCH /v1/webhooks/{id}` body: each field given replaces that field. */
+        WebhookPatchBody: {
+            /** @description New description (`null` clears it). */
+            description?: string | null;
+            /** @description Enable or disable. */
+            enabled?: boolean | null;
+            /** @description New event types. */
+            events?: components["schemas"]["WebhookEventName"][] | null;
+            /** @description New signing secret (`whsec_…`). */
+            secret?: string | null;
+            /** @description New url. */
+            url?: string | null;
+        };
+        /** @description A webhook endpoint. */
+        WebhookView: {
+            /** @description Creation time (RFC 3339, UTC). */
+            created_at: string;
+            /** @description Free text. */
+            description: string | null;
+            /** @description Whether it receives deliveries. */
+            enabled: boolean;
+            /** @description The event types it receives. */
+            events: components["schemas"]["WebhookEventName"][];
+            /** @description From the configuration file: read-only here. */
+            from_config: boolean;
+            /** @description Endpoint id (`whe_…`; `cfg_<app>_<name>` for the configuration file's). */
+            id: string;
+            /** @description The signing secret (on creation and when reading one endpoint; not in listings). */
+            secret?: string;
+            /** @description Last change. */
+            updated_at: string;
+            /** @description Where deliveries go. */
+            url: string;
         };
     };
     responses: never;
@@ -3255,6 +3495,632 @@ export interface operations {
             };
             /** @description the key is bound to a subject: spend counts every subject's work */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_webhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the app's endpoints (without secrets) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookListView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookBody"];
+            };
+        };
+        responses: {
+            /** @description the endpoint, with its signing secret */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the request body did not arrive within the server's body_read_timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is over the size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is not JSON (Content-Type) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the endpoint id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the endpoint, with its signing secret */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such endpoint in the caller's app */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the endpoint id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description deleted, with its deliveries */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such endpoint in the caller's app */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the endpoint comes from the configuration file */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    update_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the endpoint id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookPatchBody"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such endpoint in the caller's app */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the request body did not arrive within the server's body_read_timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the endpoint comes from the configuration file */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is over the size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body is not JSON (Content-Type) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_deliveries: {
+        parameters: {
+            query?: {
+                /** @description at most this many (default 50) */
+                limit?: number;
+                /** @description only deliveries in this state */
+                state?: components["schemas"]["DeliveryStateName"];
+            };
+            header?: never;
+            path: {
+                /** @description the endpoint id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the endpoint's deliveries, newest first */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryListView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such endpoint in the caller's app */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description well-formed but invalid: the message names the field and the reason */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    replay_delivery: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the delivery id */
+                delivery: string;
+                /** @description the endpoint id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description a new pending delivery of the same event (same `webhook-id`), due now */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryView"];
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such delivery of this endpoint in the caller's app */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
