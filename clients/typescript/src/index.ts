@@ -115,6 +115,18 @@ export type ScopePage = Schemas["ScopePageView"];
 export type UsageReport = Schemas["UsageReportView"];
 /** The app's tasks now and over the last hour (`GET /v1/stats`). */
 export type Stats = Schemas["StatsView"];
+/** An event type a webhook endpoint may receive (docs/webhooks.md#events). */
+export type WebhookEventName = Schemas["WebhookEventName"];
+/** A webhook endpoint; `secret` only on creation and from `getWebhook`, not in listings. */
+export type Webhook = Schemas["WebhookView"];
+/** A `POST /v1/webhooks` body: `{url, events, description?, enabled?, secret?}`. */
+export type WebhookCreate = Schemas["WebhookBody"];
+/** A `PATCH /v1/webhooks/{id}` body: each field given replaces that field (`description: null` clears it). */
+export type WebhookUpdate = Schemas["WebhookPatchBody"];
+/** Where a delivery stands: `pending`, `delivered` or `dead`. */
+export type DeliveryState = Schemas["DeliveryStateName"];
+/** One delivery of an event to an endpoint. */
+export type WebhookDelivery = Schemas["DeliveryView"];
 
 /** One page of a listing: `limit` (1–500, default 50) and the previous page's `next`. */
 export interface PageQuery {
@@ -198,7 +210,7 @@ export interface WaitOptions {
 }
 
 interface RequestSpec {
-  method: "GET" | "POST" | "DELETE";
+  method: "GET" | "POST" | "PATCH" | "DELETE";
   path: string;
   query?: Record<string, string | undefined>;
   body?: unknown;
@@ -682,6 +694,98 @@ export class Tollgate {
       headers: { "Idempotency-Key": args.idempotencyKey ?? newIdempotencyKey() },
       body,
       idempotent: true,
+      options,
+    });
+    return answer.data;
+  }
+
+  // ---- webhooks ----
+
+  /**
+   * `POST /v1/webhooks`: a webhook endpoint, with its signing secret (made when `secret` is
+   * absent). Not idempotent on the server, so only a 503 (nothing written) is retried, never
+   * a lost connection. A key bound to a subject gets `ForbiddenError`; an internal or
+   * non-`https` address the operator did not allow is `InvalidRequestError`.
+   */
+  async createWebhook(body: WebhookCreate, options: CallOptions = {}): Promise<Webhook> {
+    const answer = await this.request<Webhook>({
+      method: "POST",
+      path: "/v1/webhooks",
+      body,
+      idempotent: false,
+      options,
+    });
+    return answer.data;
+  }
+
+  /** `GET /v1/webhooks`: the app's endpoints, oldest first (without their secrets). */
+  async listWebhooks(options: CallOptions = {}): Promise<Webhook[]> {
+    const answer = await this.request<Schemas["WebhookListView"]>({ method: "GET", path: "/v1/webhooks", idempotent: true, options });
+    return answer.data.webhooks;
+  }
+
+  /** `GET /v1/webhooks/{id}`: one endpoint, with its secret; `NotFoundError` for a missing one or another app's. */
+  async getWebhook(id: string, options: CallOptions = {}): Promise<Webhook> {
+    const answer = await this.request<Webhook>({
+      method: "GET",
+      path: `/v1/webhooks/${encodeURIComponent(id)}`,
+      idempotent: true,
+      options,
+    });
+    return answer.data;
+  }
+
+  /**
+   * `PATCH /v1/webhooks/{id}`: replaces each field given (`description: null` clears it).
+   * An endpoint from the configuration file is read-only: `ConflictError`.
+   */
+  async updateWebhook(id: string, changes: WebhookUpdate, options: CallOptions = {}): Promise<Webhook> {
+    const answer = await this.request<Webhook>({
+      method: "PATCH",
+      path: `/v1/webhooks/${encodeURIComponent(id)}`,
+      body: changes,
+      idempotent: true, // setting the same fields again changes nothing
+      options,
+    });
+    return answer.data;
+  }
+
+  /** `DELETE /v1/webhooks/{id}`: deletes the endpoint and its deliveries (one from the configuration file: `ConflictError`). */
+  async deleteWebhook(id: string, options: CallOptions = {}): Promise<void> {
+    await this.request<undefined>({
+      method: "DELETE",
+      path: `/v1/webhooks/${encodeURIComponent(id)}`,
+      idempotent: true,
+      options,
+    });
+  }
+
+  /** `GET /v1/webhooks/{id}/deliveries`: the endpoint's deliveries, newest first (`limit` 1–500, default 50). */
+  async listDeliveries(
+    id: string,
+    query: { state?: DeliveryState; limit?: number } = {},
+    options: CallOptions = {},
+  ): Promise<WebhookDelivery[]> {
+    const answer = await this.request<Schemas["DeliveryListView"]>({
+      method: "GET",
+      path: `/v1/webhooks/${encodeURIComponent(id)}/deliveries`,
+      query: { state: query.state, limit: intParam(query.limit) },
+      idempotent: true,
+      options,
+    });
+    return answer.data.deliveries;
+  }
+
+  /**
+   * `POST /v1/webhooks/{id}/deliveries/{delivery}/replay`: a new pending delivery of the same
+   * event (same `webhook-id`), due now — of any delivery, delivered, pending or dead. Each call
+   * makes one, so only a 503 (nothing written) is retried, never a lost connection.
+   */
+  async replayDelivery(id: string, delivery: string, options: CallOptions = {}): Promise<WebhookDelivery> {
+    const answer = await this.request<WebhookDelivery>({
+      method: "POST",
+      path: `/v1/webhooks/${encodeURIComponent(id)}/deliveries/${encodeURIComponent(delivery)}/replay`,
+      idempotent: false,
       options,
     });
     return answer.data;

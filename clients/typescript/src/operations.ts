@@ -33,6 +33,14 @@ export const OPERATIONS = {
   "GET /v1/pipelines": ["listPipelines", "allPipelines"],
   "GET /v1/pipelines/{name}": ["getPipeline"],
   "POST /v1/pipelines/{name}/runs": ["startPipeline"],
+  // webhooks
+  "POST /v1/webhooks": ["createWebhook"],
+  "GET /v1/webhooks": ["listWebhooks"],
+  "GET /v1/webhooks/{id}": ["getWebhook"],
+  "PATCH /v1/webhooks/{id}": ["updateWebhook"],
+  "DELETE /v1/webhooks/{id}": ["deleteWebhook"],
+  "GET /v1/webhooks/{id}/deliveries": ["listDeliveries"],
+  "POST /v1/webhooks/{id}/deliveries/{delivery}/replay": ["replayDelivery"],
   // discovery
   "GET /v1/kinds": ["kinds"],
   "GET /v1/models": ["models"],

@@ -2,6 +2,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
+import { createServer } from "node:http";
 import { join } from "node:path";
 
 import {
@@ -18,6 +19,7 @@ import {
   UnavailableError,
   WaitTimeoutError,
   batchItemError,
+  verifyWebhook,
 } from "../dist/index.js";
 import { ACME_KEY, ALICE_KEY, BETA_KEY, MAX_REQUEST_BYTES, repoRoot, startServer } from "./server.js";
 
@@ -565,5 +567,130 @@ describe("tenancy", () => {
     await assert.rejects(beta.getPipeline("invoice"), NotFoundError);
     assert.deepEqual(await beta.deleteOwnerData(scope), { deleted: 0 });
     assert.equal((await acme.getTask(task.id)).id, task.id);
+  });
+});
+
+/** A webhook receiver on 127.0.0.1: answers 200 and keeps each request's headers and raw body. */
+async function startReceiver() {
+  const received = [];
+  const waiters = [];
+  const http = createServer((req, res) => {
+    const chunks = [];
+    req.on("data", (c) => chunks.push(c));
+    req.on("end", () => {
+      received.push({ headers: req.headers, body: Buffer.concat(chunks).toString("utf8") });
+      res.writeHead(200).end();
+      for (const w of waiters.splice(0)) w();
+    });
+  });
+  await new Promise((r) => http.listen(0, "127.0.0.1", r));
+  /** Resolves to the received requests once `pred` holds of them (10 s at most). */
+  async function until(pred) {
+    const deadline = Date.now() + 10_000;
+    while (!pred(received)) {
+      if (Date.now() > deadline) throw new Error(`receiver: condition not met, got ${received.length} requests`);
+      await new Promise((r) => {
+        waiters.push(r);
+        setTimeout(r, 200);
+      });
+    }
+    return received;
+  }
+  return { url: `http://127.0.0.1:${http.address().port}/hook`, until, close: () => new Promise((r) => http.close(r)) };
+}
+
+async function deliveryOf(client, endpoint, eventId, pred) {
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const found = (await client.listDeliveries(endpoint)).filter((d) => d.event_id === eventId);
+    if (pred(found)) return found;
+    if (Date.now() > deadline) throw new Error(`deliveries of ${eventId}: ${JSON.stringify(found)}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+describe("webhooks", () => {
+  test("create, get, list, update, delete; a subject's key and another app's get errors", async () => {
+    const created = await acme.createWebhook({ url: "http://127.0.0.1:9/crud", events: ["run.finished"], description: "crud" });
+    assert.match(created.id, /^whe_/);
+    assert.match(created.secret, /^whsec_/);
+    assert.deepEqual(created.events, ["run.finished"]);
+    assert.equal(created.enabled, true);
+    assert.equal(created.from_config, false);
+
+    const read = await acme.getWebhook(created.id);
+    assert.equal(read.secret, created.secret);
+    const listed = (await acme.listWebhooks()).find((w) => w.id === created.id);
+    assert.equal(listed.url, "http://127.0.0.1:9/crud");
+    assert.equal(listed.secret, undefined, "listings carry no secrets");
+
+    const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const updated = await acme.updateWebhook(created.id, { enabled: false, events: ["task.failed", "task.canceled"], description: null, secret });
+    assert.equal(updated.enabled, false);
+    assert.deepEqual([...updated.events].sort(), ["task.canceled", "task.failed"]);
+    assert.equal(updated.description, null);
+    assert.equal((await acme.getWebhook(created.id)).secret, secret);
+    assert.deepEqual(await acme.listDeliveries(created.id, { state: "pending", limit: 10 }), []);
+
+    await assert.rejects(acme.createWebhook({ url: "https://10.0.0.1/x", events: ["task.failed"] }), InvalidRequestError);
+    await assert.rejects(acme.createWebhook({ url: "https://hooks.example.com/x", events: [] }), InvalidRequestError);
+    await assert.rejects(acme.updateWebhook(created.id, { secret: "whsec_c2hvcnQ=" }), InvalidRequestError);
+    await assert.rejects(beta.getWebhook(created.id), (e) => e instanceof NotFoundError && e.status === 404);
+    await assert.rejects(beta.updateWebhook(created.id, { enabled: true }), NotFoundError);
+    await assert.rejects(beta.deleteWebhook(created.id), NotFoundError);
+    await assert.rejects(beta.listDeliveries(created.id), NotFoundError);
+    assert.ok(!(await beta.listWebhooks()).some((w) => w.id === created.id));
+    await assert.rejects(alice.listWebhooks(), (e) => e instanceof ForbiddenError && e.status === 403);
+    await assert.rejects(alice.createWebhook({ url: "https://hooks.example.com/x", events: ["task.failed"] }), ForbiddenError);
+
+    assert.equal(await acme.deleteWebhook(created.id), undefined);
+    await assert.rejects(acme.getWebhook(created.id), NotFoundError);
+    await assert.rejects(acme.deleteWebhook(created.id), NotFoundError);
+    assert.ok(!(await acme.listWebhooks()).some((w) => w.id === created.id));
+  });
+
+  test("a finished task is delivered signed, listed as delivered, and replayed", async () => {
+    const receiver = await startReceiver();
+    try {
+      const endpoint = await acme.createWebhook({ url: receiver.url, events: ["task.succeeded"] });
+      const task = await acme.run(
+        { kind: "classify", scope: unique("hooks"), request: { input: "Win a free cruise!", labels: ["spam", "ham"] } },
+        { timeoutMs: 30_000 },
+      );
+      assert.equal(task.status, "succeeded");
+      const eventId = `evt_${task.id}`;
+      const ofTask = (rs) => rs.filter((r) => r.headers["webhook-id"] === eventId);
+
+      const [first] = ofTask(await receiver.until((rs) => ofTask(rs).length >= 1));
+      const event = await verifyWebhook(endpoint.secret, first.headers, first.body);
+      assert.equal(event.type, "task.succeeded");
+      assert.equal(event.id, eventId);
+      assert.equal(event.data.task_id, task.id);
+
+      const [delivered] = await deliveryOf(acme, endpoint.id, eventId, (ds) => ds.some((d) => d.state === "delivered"));
+      assert.equal(delivered.endpoint_id, endpoint.id);
+      assert.equal(delivered.event_type, "task.succeeded");
+      assert.equal(delivered.response_code, 200);
+      assert.ok(delivered.attempts >= 1);
+      assert.equal(delivered.replay_of, null);
+      assert.ok((await acme.listDeliveries(endpoint.id, { state: "delivered" })).some((d) => d.id === delivered.id));
+      assert.ok(!(await acme.listDeliveries(endpoint.id, { state: "dead" })).some((d) => d.id === delivered.id));
+
+      const replay = await acme.replayDelivery(endpoint.id, delivered.id);
+      assert.notEqual(replay.id, delivered.id);
+      assert.equal(replay.replay_of, delivered.id);
+      assert.equal(replay.event_id, eventId);
+      assert.equal(replay.state, "pending");
+      const again = ofTask(await receiver.until((rs) => ofTask(rs).length >= 2));
+      assert.equal(again[1].body, first.body, "a replay sends the same event");
+      await verifyWebhook(endpoint.secret, again[1].headers, again[1].body);
+      await deliveryOf(acme, endpoint.id, eventId, (ds) => ds.some((d) => d.id === replay.id && d.state === "delivered"));
+
+      await assert.rejects(acme.replayDelivery(endpoint.id, "no-such-delivery"), NotFoundError);
+      await assert.rejects(beta.replayDelivery(endpoint.id, delivered.id), NotFoundError);
+      await acme.deleteWebhook(endpoint.id);
+    } finally {
+      await receiver.close();
+    }
   });
 });

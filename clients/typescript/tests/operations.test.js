@@ -85,6 +85,10 @@ function answerFor(route) {
       return { kinds: [] };
     case "GET /v1/models":
       return { models: [] };
+    case "GET /v1/webhooks":
+      return { webhooks: [] };
+    case "GET /v1/webhooks/{id}/deliveries":
+      return { deliveries: [] };
     case "POST /v1/runs":
     case "GET /v1/runs/{id}":
     case "POST /v1/runs/{id}/cancel":
@@ -133,6 +137,13 @@ const CALLS = {
   allPipelines: (c) => drain(c.allPipelines()),
   getPipeline: (c) => c.getPipeline("p"),
   startPipeline: (c) => c.startPipeline("p", { scope: "s" }),
+  createWebhook: (c) => c.createWebhook({ url: "https://hooks.example.com/t", events: ["task.succeeded"] }),
+  listWebhooks: (c) => c.listWebhooks(),
+  getWebhook: (c) => c.getWebhook("whe_1"),
+  updateWebhook: (c) => c.updateWebhook("whe_1", { enabled: false }),
+  deleteWebhook: (c) => c.deleteWebhook("whe_1"),
+  listDeliveries: (c) => c.listDeliveries("whe_1", { state: "dead", limit: 5 }),
+  replayDelivery: (c) => c.replayDelivery("whe_1", "d/1"),
   kinds: (c) => c.kinds(),
   models: (c) => c.models(),
   usage: (c) => c.usage(),

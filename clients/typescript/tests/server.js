@@ -1,7 +1,7 @@
 // Starts a real `tollgate serve` for the tests: SQLite in a temporary folder, a free
 // 127.0.0.1 port (the server picks it: --addr 127.0.0.1:0, and prints it), two apps with
 // keys (and a key of one of them bound to a subject), the built-in dev provider, and a
-// tight budget policy.
+// tight budget policy; webhooks may go to http://127.0.0.1.
 import { spawn } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -83,6 +83,12 @@ heartbeat_interval = "200ms"
 interval = "500ms"
 
 [pipelines]
+poll_interval = "200ms"
+
+# The webhook tests' receivers listen on 127.0.0.1 over plain http.
+[webhooks]
+allow_http = true
+allowed_networks = ["127.0.0.1/32"]
 poll_interval = "200ms"
 `;
 }

@@ -25,3 +25,21 @@ async function f() {
   return [label, ids, text, status, spent, queued];
 }
 f;
+async function webhooks() {
+  const w = await tg.createWebhook({ url: "https://hooks.example.com/t", events: ["task.succeeded", "run.finished"] });
+  // @ts-expect-error: not an event type
+  await tg.createWebhook({ url: "https://hooks.example.com/t", events: ["task.started"] });
+  // @ts-expect-error: url is required
+  await tg.createWebhook({ events: ["task.failed"] });
+  const updated = await tg.updateWebhook(w.id, { enabled: false, description: null });
+  const enabled: boolean = updated.enabled;
+  const deliveries = await tg.listDeliveries(w.id, { state: "dead", limit: 10 });
+  // @ts-expect-error: not a delivery state
+  await tg.listDeliveries(w.id, { state: "failed" });
+  const replay = await tg.replayDelivery(w.id, deliveries[0]!.id);
+  const replayOf: string | null | undefined = replay.replay_of;
+  const nothing: void = await tg.deleteWebhook(w.id);
+  const ids: string[] = (await tg.listWebhooks()).map((x) => x.id);
+  return [enabled, replayOf, nothing, ids, (await tg.getWebhook(w.id)).secret];
+}
+webhooks;
