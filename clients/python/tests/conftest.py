@@ -1,7 +1,7 @@
 """Starts a real ``tollgate serve`` for the tests: SQLite in a temporary folder, a free
 127.0.0.1 port (``--addr 127.0.0.1:0``; the server prints the one it got), two apps with
 keys (and a key of one of them bound to a subject), the built-in dev provider, and a tight
-budget policy."""
+budget policy; webhooks may go to ``http://127.0.0.1`` (the ``receiver`` fixture)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +79,12 @@ heartbeat_interval = "200ms"
 interval = "500ms"
 
 [pipelines]
+poll_interval = "200ms"
+
+# The webhook tests' receivers listen on 127.0.0.1 over plain http.
+[webhooks]
+allow_http = true
+allowed_networks = ["127.0.0.1/32"]
 poll_interval = "200ms"
 """
 
@@ -148,3 +156,62 @@ def server() -> Iterator[Server]:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1: answers 200 and keeps each request's headers and raw
+    body."""
+
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with receiver._lock:
+                    receiver.received.append(
+                        Received({k.lower(): v for k, v in self.headers.items()}, body)
+                    )
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._http.server_address[1]}/hook"
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+
+    def of_event(self, event_id: str) -> list[Received]:
+        with self._lock:
+            return [r for r in self.received if r.headers.get("webhook-id") == event_id]
+
+    def wait_for(self, event_id: str, count: int, timeout: float = 10.0) -> list[Received]:
+        """The requests carrying ``event_id`` once there are ``count`` of them (blocking)."""
+        deadline = time.monotonic() + timeout
+        while len(found := self.of_event(event_id)) < count:
+            assert time.monotonic() < deadline, f"{len(found)} of {count} requests of {event_id}"
+            time.sleep(0.05)
+        return found
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    try:
+        yield r
+    finally:
+        r.close()

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import ACME_KEY, ALICE_KEY, BETA_KEY, REPO_ROOT, Server
+from conftest import ACME_KEY, ALICE_KEY, BETA_KEY, REPO_ROOT, Receiver, Server
 from tollgate import (
     AdmissionError,
     AsyncTollgate,
@@ -24,6 +24,7 @@ from tollgate import (
     WaitTimeoutError,
     batch_item,
     batch_item_error,
+    verify_webhook,
 )
 
 pytestmark = pytest.mark.anyio
@@ -227,3 +228,35 @@ async def test_listings_scopes_usage_stats(acme: AsyncTollgate, server: Server) 
             await alice.stats()
         with pytest.raises(ForbiddenError):
             await alice.get_scope(scope)
+
+
+async def test_webhooks(acme: AsyncTollgate, beta: AsyncTollgate, receiver: Receiver) -> None:
+    endpoint = await acme.create_webhook(receiver.url, ["task.succeeded"], description="async")
+    assert (await acme.get_webhook(endpoint["id"])).get("secret") == endpoint.get("secret")
+    assert endpoint["id"] in [w["id"] for w in await acme.list_webhooks()]
+    with pytest.raises(NotFoundError):
+        await beta.get_webhook(endpoint["id"])
+
+    task = await acme.run("classify", {"input": "hello", "labels": ["spam", "ham"]}, scope=unique("hooks"), timeout=30)
+    event_id = f"evt_{task['id']}"
+    deadline = time.monotonic() + 10
+    while not receiver.of_event(event_id):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    first = receiver.of_event(event_id)[0]
+    assert verify_webhook(endpoint.get("secret", ""), first.headers, first.body)["id"] == event_id
+
+    while True:
+        found = [d for d in await acme.list_deliveries(endpoint["id"], limit=50) if d["event_id"] == event_id]
+        if found and found[0]["state"] == "delivered":
+            break
+        assert time.monotonic() < deadline, found
+        await asyncio.sleep(0.1)
+    replay = await acme.replay_delivery(endpoint["id"], found[0]["id"])
+    assert replay["replay_of"] == found[0]["id"] and replay["event_id"] == event_id
+
+    updated = await acme.update_webhook(endpoint["id"], enabled=False, description=None)
+    assert updated["enabled"] is False and updated["description"] is None
+    await acme.delete_webhook(endpoint["id"])
+    with pytest.raises(NotFoundError):
+        await acme.get_webhook(endpoint["id"])

@@ -98,6 +98,8 @@ def answer_for(route: str | None) -> Any:
         "POST /v1/tasks/batch": {"results": []},
         "GET /v1/kinds": {"kinds": []},
         "GET /v1/models": {"models": []},
+        "GET /v1/webhooks": {"webhooks": []},
+        "GET /v1/webhooks/{id}/deliveries": {"deliveries": []},
     }
     if route in pages:
         return pages[route]
@@ -137,6 +139,13 @@ CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "iter_pipelines": ((), {}),
     "get_pipeline": (("p",), {}),
     "start_pipeline": (("p", "s"), {}),
+    "create_webhook": (("https://hooks.example.com/t", ["task.succeeded"]), {}),
+    "list_webhooks": ((), {}),
+    "get_webhook": (("whe_1",), {}),
+    "update_webhook": (("whe_1",), {"enabled": False}),
+    "delete_webhook": (("whe_1",), {}),
+    "list_deliveries": (("whe_1",), {"state": "dead", "limit": 5}),
+    "replay_delivery": (("whe_1", "d/1"), {}),
     "kinds": ((), {}),
     "models": ((), {}),
     "usage": ((), {}),

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import ACME_KEY, ALICE_KEY, BETA_KEY, MAX_REQUEST_BYTES, REPO_ROOT, Server
+from conftest import ACME_KEY, ALICE_KEY, BETA_KEY, MAX_REQUEST_BYTES, REPO_ROOT, Receiver, Server
 from tollgate import (
     AdmissionError,
     BadRequestError,
@@ -27,8 +27,10 @@ from tollgate import (
     UnauthorizedError,
     UnavailableError,
     WaitTimeoutError,
+    DeliveryView,
     batch_item,
     batch_item_error,
+    verify_webhook,
 )
 
 
@@ -489,3 +491,102 @@ def test_another_apps_key_gets_not_found(acme: Tollgate, beta: Tollgate) -> None
         assert e.value.status == 404
     assert beta.delete_owner_data(scope) == {"deleted": 0}
     assert acme.get_task(task["id"])["id"] == task["id"]
+
+
+def test_webhook_endpoints(acme: Tollgate, beta: Tollgate, alice: Tollgate) -> None:
+    created = acme.create_webhook("http://127.0.0.1:9/crud", ["run.finished"], description="crud")
+    assert created["id"].startswith("whe_")
+    assert created.get("secret", "").startswith("whsec_")
+    assert created["events"] == ["run.finished"]
+    assert created["enabled"] is True and created["from_config"] is False
+    assert acme.get_webhook(created["id"]).get("secret") == created.get("secret")
+    listed = [w for w in acme.list_webhooks() if w["id"] == created["id"]]
+    assert len(listed) == 1 and listed[0]["url"] == "http://127.0.0.1:9/crud"
+    assert "secret" not in listed[0], "listings carry no secrets"
+
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    updated = acme.update_webhook(
+        created["id"], enabled=False, events=["task.failed", "task.canceled"], description=None, secret=secret
+    )
+    assert updated["enabled"] is False
+    assert sorted(updated["events"]) == ["task.canceled", "task.failed"]
+    assert updated["description"] is None
+    assert acme.get_webhook(created["id"]).get("secret") == secret
+    assert acme.update_webhook(created["id"], url="http://127.0.0.1:9/other")["url"] == "http://127.0.0.1:9/other"
+    assert acme.list_deliveries(created["id"], state="pending", limit=10) == []
+
+    with pytest.raises(InvalidRequestError):
+        acme.create_webhook("https://10.0.0.1/x", ["task.failed"])
+    with pytest.raises(InvalidRequestError):
+        acme.create_webhook("https://hooks.example.com/x", [])
+    with pytest.raises(InvalidRequestError):
+        acme.update_webhook(created["id"], secret="whsec_c2hvcnQ=")
+    with pytest.raises(NotFoundError) as not_found:
+        beta.get_webhook(created["id"])
+    assert not_found.value.status == 404
+    with pytest.raises(NotFoundError):
+        beta.update_webhook(created["id"], enabled=True)
+    with pytest.raises(NotFoundError):
+        beta.delete_webhook(created["id"])
+    with pytest.raises(NotFoundError):
+        beta.list_deliveries(created["id"])
+    assert created["id"] not in [w["id"] for w in beta.list_webhooks()]
+    with pytest.raises(ForbiddenError):
+        alice.list_webhooks()
+    with pytest.raises(ForbiddenError):
+        alice.create_webhook("https://hooks.example.com/x", ["task.failed"])
+
+    assert acme.delete_webhook(created["id"]) is None  # type: ignore[func-returns-value]
+    with pytest.raises(NotFoundError):
+        acme.get_webhook(created["id"])
+    with pytest.raises(NotFoundError):
+        acme.delete_webhook(created["id"])
+
+
+def deliveries_of(client: Tollgate, endpoint: str, event_id: str, delivered: set[str] | None = None) -> list[DeliveryView]:
+    """The endpoint's deliveries of the event, once each id in ``delivered`` (or any, when
+    None) is delivered."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = [d for d in client.list_deliveries(endpoint) if d["event_id"] == event_id]
+        done = {d["id"] for d in found if d["state"] == "delivered"}
+        if (done and delivered is None) or (delivered is not None and delivered <= done):
+            return found
+        assert time.monotonic() < deadline, found
+        time.sleep(0.1)
+
+
+def test_webhook_delivered_signed_and_replayed(acme: Tollgate, beta: Tollgate, receiver: Receiver) -> None:
+    endpoint = acme.create_webhook(receiver.url, ["task.succeeded"])
+    secret = endpoint.get("secret", "")
+    task = acme.run("classify", {"input": "Win a free cruise!", "labels": ["spam", "ham"]}, scope=unique("hooks"), timeout=30)
+    assert task["status"] == "succeeded"
+    event_id = f"evt_{task['id']}"
+
+    (first,) = receiver.wait_for(event_id, 1)
+    event = verify_webhook(secret, first.headers, first.body)
+    assert event["type"] == "task.succeeded" and event["id"] == event_id
+    assert event["data"]["task_id"] == task["id"]
+
+    (delivered,) = [d for d in deliveries_of(acme, endpoint["id"], event_id) if d["state"] == "delivered"]
+    assert delivered["endpoint_id"] == endpoint["id"]
+    assert delivered["event_type"] == "task.succeeded"
+    assert delivered["response_code"] == 200
+    assert delivered["attempts"] >= 1 and delivered["replay_of"] is None
+    assert delivered["id"] in [d["id"] for d in acme.list_deliveries(endpoint["id"], state="delivered")]
+    assert delivered["id"] not in [d["id"] for d in acme.list_deliveries(endpoint["id"], state="dead")]
+
+    replay = acme.replay_delivery(endpoint["id"], delivered["id"])
+    assert replay["id"] != delivered["id"]
+    assert replay["replay_of"] == delivered["id"]
+    assert replay["event_id"] == event_id and replay["state"] == "pending"
+    again = receiver.wait_for(event_id, 2)
+    assert again[1].body == first.body, "a replay sends the same event"
+    verify_webhook(secret, again[1].headers, again[1].body)
+    deliveries_of(acme, endpoint["id"], event_id, {delivered["id"], replay["id"]})
+
+    with pytest.raises(NotFoundError):
+        acme.replay_delivery(endpoint["id"], "no-such-delivery")
+    with pytest.raises(NotFoundError):
+        beta.replay_delivery(endpoint["id"], delivered["id"])
+    acme.delete_webhook(endpoint["id"])

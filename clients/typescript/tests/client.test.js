@@ -630,6 +630,7 @@ describe("webhooks", () => {
     assert.deepEqual([...updated.events].sort(), ["task.canceled", "task.failed"]);
     assert.equal(updated.description, null);
     assert.equal((await acme.getWebhook(created.id)).secret, secret);
+    assert.equal((await acme.updateWebhook(created.id, { url: "http://127.0.0.1:9/other" })).url, "http://127.0.0.1:9/other");
     assert.deepEqual(await acme.listDeliveries(created.id, { state: "pending", limit: 10 }), []);
 
     await assert.rejects(acme.createWebhook({ url: "https://10.0.0.1/x", events: ["task.failed"] }), InvalidRequestError);

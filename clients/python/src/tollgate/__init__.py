@@ -17,6 +17,9 @@ from ._generated import (
     ClassifyOutput,
     ClassifyRequest,
     DeletedAnswer,
+    DeliveryListView,
+    DeliveryStateName,
+    DeliveryView,
     ErrorDetail,
     ExtractDataOutput,
     ExtractDataRequest,
@@ -46,6 +49,11 @@ from ._generated import (
     UnreleasedSourceView,
     UsageReportView,
     UsageView,
+    WebhookBody,
+    WebhookEventName,
+    WebhookListView,
+    WebhookPatchBody,
+    WebhookView,
 )
 from .client import AsyncTollgate, KindRequest, Tollgate, batch_item
 from .webhook import WebhookVerificationError, verify_webhook
@@ -74,6 +82,10 @@ Run = RunView
 Pipeline = PipelineView
 #: A scope's policy in force and live admission state.
 Scope = ScopeView
+#: A webhook endpoint (``secret`` only on creation and from ``get_webhook``).
+Webhook = WebhookView
+#: One delivery of an event to a webhook endpoint.
+WebhookDelivery = DeliveryView
 
 
 def batch_item_error(item: BatchItem) -> TollgateError | None:
@@ -86,6 +98,8 @@ __all__ = [
     "WebhookVerificationError",
     "verify_webhook",
     "OPERATIONS", "ROUTES_OUTSIDE_OPENAPI",
+    "DeliveryListView", "DeliveryStateName", "DeliveryView", "Webhook", "WebhookBody",
+    "WebhookDelivery", "WebhookEventName", "WebhookListView", "WebhookPatchBody", "WebhookView",
     "AdmissionError", "AsyncTollgate", "BadRequestError", "BatchAnswer", "BatchItem",
     "ChatMessage", "ClassifyManyOutput", "ClassifyManyRequest", "ClassifyOutput",
     "ClassifyRequest", "ConflictError", "ConnectionError", "DeletedAnswer", "ErrorDetail",

@@ -10,6 +10,8 @@ from ._calls import LONG_POLL_SLACK, Call, clean, new_idempotency_key, wait_para
 from ._generated import (
     BatchAnswer,
     DeletedAnswer,
+    DeliveryStateName,
+    DeliveryView,
     KindName,
     KindView,
     ModelView,
@@ -28,6 +30,9 @@ from ._generated import (
     TaskView,
     UnreleasedPageView,
     UsageReportView,
+    WebhookEventName,
+    WebhookPatchBody,
+    WebhookView,
 )
 
 
@@ -256,6 +261,58 @@ def start_pipeline(
         body=body,
         headers={"Idempotency-Key": idempotency_key or new_idempotency_key()},
         timeout=_wait_timeout(wait),
+    )
+
+
+def create_webhook(
+    url: str,
+    events: Sequence[WebhookEventName],
+    description: str | None,
+    enabled: bool | None,
+    secret: str | None,
+) -> Call[WebhookView]:
+    body: dict[str, Any] = {"url": url, "events": list(events)}
+    for name, value in (("description", description), ("enabled", enabled), ("secret", secret)):
+        if value is not None:
+            body[name] = value
+    # Each call creates an endpoint: only a 503 (nothing written) is retried.
+    return Call("POST", "/v1/webhooks", body=body, idempotent=False)
+
+
+def list_webhooks() -> Call[list[WebhookView]]:
+    return Call("GET", "/v1/webhooks", unwrap="webhooks")
+
+
+def get_webhook(webhook_id: str) -> Call[WebhookView]:
+    return Call("GET", f"/v1/webhooks/{_seg(webhook_id)}")
+
+
+def update_webhook(webhook_id: str, changes: WebhookPatchBody) -> Call[WebhookView]:
+    # Setting the same fields again changes nothing: safe to retry.
+    return Call("PATCH", f"/v1/webhooks/{_seg(webhook_id)}", body=dict(changes))
+
+
+def delete_webhook(webhook_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/webhooks/{_seg(webhook_id)}")
+
+
+def list_deliveries(
+    webhook_id: str, state: DeliveryStateName | None, limit: int | None
+) -> Call[list[DeliveryView]]:
+    return Call(
+        "GET",
+        f"/v1/webhooks/{_seg(webhook_id)}/deliveries",
+        query=clean({"state": state, "limit": _int_param(limit)}),
+        unwrap="deliveries",
+    )
+
+
+def replay_delivery(webhook_id: str, delivery_id: str) -> Call[DeliveryView]:
+    # Each call makes a new delivery: only a 503 (nothing written) is retried.
+    return Call(
+        "POST",
+        f"/v1/webhooks/{_seg(webhook_id)}/deliveries/{_seg(delivery_id)}/replay",
+        idempotent=False,
     )
 
 

@@ -38,7 +38,7 @@ def wait_param(seconds: float) -> str:
 class Call(Generic[T]):
     """One HTTP call of the API."""
 
-    method: Literal["GET", "POST", "DELETE"]
+    method: Literal["GET", "POST", "PATCH", "DELETE"]
     path: str
     query: dict[str, str] = field(default_factory=dict)
     body: Any = None

@@ -35,6 +35,14 @@ OPERATIONS: Final[Mapping[str, tuple[str, ...]]] = {
     "GET /v1/pipelines": ("list_pipelines", "iter_pipelines"),
     "GET /v1/pipelines/{name}": ("get_pipeline",),
     "POST /v1/pipelines/{name}/runs": ("start_pipeline",),
+    # webhooks
+    "POST /v1/webhooks": ("create_webhook",),
+    "GET /v1/webhooks": ("list_webhooks",),
+    "GET /v1/webhooks/{id}": ("get_webhook",),
+    "PATCH /v1/webhooks/{id}": ("update_webhook",),
+    "DELETE /v1/webhooks/{id}": ("delete_webhook",),
+    "GET /v1/webhooks/{id}/deliveries": ("list_deliveries",),
+    "POST /v1/webhooks/{id}/deliveries/{delivery}/replay": ("replay_delivery",),
     # discovery
     "GET /v1/kinds": ("kinds",),
     "GET /v1/models": ("models",),

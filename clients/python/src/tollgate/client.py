@@ -8,6 +8,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Union
 
+from typing_extensions import Unpack
+
 import anyio
 import httpx
 
@@ -26,6 +28,8 @@ from ._generated import (
     ClassifyManyRequest,
     ClassifyRequest,
     DeletedAnswer,
+    DeliveryStateName,
+    DeliveryView,
     ExtractDataRequest,
     GenerateTextRequest,
     Kind,
@@ -50,6 +54,9 @@ from ._generated import (
     UnreleasedPageView,
     UnreleasedSourceView,
     UsageReportView,
+    WebhookEventName,
+    WebhookPatchBody,
+    WebhookView,
 )
 from .errors import ConnectionError, TollgateError, WaitTimeoutError
 
@@ -515,6 +522,56 @@ class Tollgate(_Base):
         up when absent and kept across retries)."""
         return self._send(_api.start_pipeline(name, scope, input, version, idempotency_key, wait))
 
+    # ---- webhooks ----
+
+    def create_webhook(
+        self,
+        url: str,
+        events: Sequence[WebhookEventName],
+        *,
+        description: str | None = None,
+        enabled: bool | None = None,
+        secret: str | None = None,
+    ) -> WebhookView:
+        """``POST /v1/webhooks``: a webhook endpoint, with its signing secret (made when
+        ``secret`` is absent). Not idempotent: only a 503 is retried. A key bound to a subject:
+        :class:`~tollgate.ForbiddenError`; an address the operator did not allow:
+        :class:`~tollgate.InvalidRequestError`."""
+        return self._send(_api.create_webhook(url, events, description, enabled, secret))
+
+    def list_webhooks(self) -> list[WebhookView]:
+        """``GET /v1/webhooks``: the app's endpoints, oldest first (without their secrets)."""
+        return self._send(_api.list_webhooks())
+
+    def get_webhook(self, webhook_id: str) -> WebhookView:
+        """``GET /v1/webhooks/{id}``: one endpoint, with its secret;
+        :class:`~tollgate.NotFoundError` for a missing one or another app's."""
+        return self._send(_api.get_webhook(webhook_id))
+
+    def update_webhook(self, webhook_id: str, **changes: Unpack[WebhookPatchBody]) -> WebhookView:
+        """``PATCH /v1/webhooks/{id}``: replaces each field given (``url``, ``events``,
+        ``description`` — ``None`` clears it —, ``enabled``, ``secret``). An endpoint from the
+        configuration file is read-only: :class:`~tollgate.ConflictError`."""
+        return self._send(_api.update_webhook(webhook_id, changes))
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        """``DELETE /v1/webhooks/{id}``: deletes the endpoint and its deliveries (one from the
+        configuration file: :class:`~tollgate.ConflictError`)."""
+        self._send(_api.delete_webhook(webhook_id))
+
+    def list_deliveries(
+        self, webhook_id: str, *, state: DeliveryStateName | None = None, limit: int | None = None
+    ) -> list[DeliveryView]:
+        """``GET /v1/webhooks/{id}/deliveries``: the endpoint's deliveries, newest first
+        (``limit`` 1–500, default 50)."""
+        return self._send(_api.list_deliveries(webhook_id, state, limit))
+
+    def replay_delivery(self, webhook_id: str, delivery_id: str) -> DeliveryView:
+        """``POST /v1/webhooks/{id}/deliveries/{delivery}/replay``: a new pending delivery of
+        the same event (same ``webhook-id``), due now. Each call makes one: only a 503 is
+        retried."""
+        return self._send(_api.replay_delivery(webhook_id, delivery_id))
+
     # ---- discovery and operations ----
 
     def kinds(self) -> list[KindView]:
@@ -901,6 +958,51 @@ class AsyncTollgate(_Base):
         return await self._send(
             _api.start_pipeline(name, scope, input, version, idempotency_key, wait)
         )
+
+    # ---- webhooks ----
+
+    async def create_webhook(
+        self,
+        url: str,
+        events: Sequence[WebhookEventName],
+        *,
+        description: str | None = None,
+        enabled: bool | None = None,
+        secret: str | None = None,
+    ) -> WebhookView:
+        """``POST /v1/webhooks``: a webhook endpoint, with its signing secret (made when
+        ``secret`` is absent). Not idempotent: only a 503 is retried."""
+        return await self._send(_api.create_webhook(url, events, description, enabled, secret))
+
+    async def list_webhooks(self) -> list[WebhookView]:
+        """``GET /v1/webhooks``: the app's endpoints, oldest first (without their secrets)."""
+        return await self._send(_api.list_webhooks())
+
+    async def get_webhook(self, webhook_id: str) -> WebhookView:
+        """``GET /v1/webhooks/{id}``: one endpoint, with its secret."""
+        return await self._send(_api.get_webhook(webhook_id))
+
+    async def update_webhook(
+        self, webhook_id: str, **changes: Unpack[WebhookPatchBody]
+    ) -> WebhookView:
+        """``PATCH /v1/webhooks/{id}``: replaces each field given (``description=None``
+        clears it)."""
+        return await self._send(_api.update_webhook(webhook_id, changes))
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        """``DELETE /v1/webhooks/{id}``: deletes the endpoint and its deliveries."""
+        await self._send(_api.delete_webhook(webhook_id))
+
+    async def list_deliveries(
+        self, webhook_id: str, *, state: DeliveryStateName | None = None, limit: int | None = None
+    ) -> list[DeliveryView]:
+        """``GET /v1/webhooks/{id}/deliveries``: the endpoint's deliveries, newest first."""
+        return await self._send(_api.list_deliveries(webhook_id, state, limit))
+
+    async def replay_delivery(self, webhook_id: str, delivery_id: str) -> DeliveryView:
+        """``POST /v1/webhooks/{id}/deliveries/{delivery}/replay``: a new pending delivery of
+        the same event, due now (only a 503 is retried)."""
+        return await self._send(_api.replay_delivery(webhook_id, delivery_id))
 
     # ---- discovery and operations ----
 
