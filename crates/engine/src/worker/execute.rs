@@ -140,7 +140,8 @@ impl WorkerPool {
     /// this execution tried already while others are left), is begun in the store before
     /// its call and ended after it. A transient failure (the deployment unavailable) cools
     /// the deployment down on every replica and is followed by the next attempt while the
-    /// task has tries left (after a short backoff when it goes to the same deployment);
+    /// task has tries left and a deployment remains that did not ask to wait longer than
+    /// its provider's `max_retry_delay` (after a short backoff when it goes to the same deployment);
     /// the last error ends it otherwise. Every call but the task's first is reserved
     /// before it is made; a refusal ends the task with `WORKFLOW_AI_SPEND_BUDGET`. The
     /// usage returned is this execution's attempts', summed.
@@ -159,6 +160,9 @@ impl WorkerPool {
         let route = self.task_route(task);
         let cooling = self.cooling(task, &route).await;
         let mut tried = vec![false; route.deployments.len()];
+        // Deployments that asked to be left alone longer than their provider's
+        // `max_retry_delay`: never tried again by this execution (docs/routes.md).
+        let mut barred = vec![false; route.deployments.len()];
         let mut last: Option<usize> = None;
         // Calls made by this execution (its first attempt's first call was reserved at
         // admission unless the task was requeued).
@@ -170,9 +174,13 @@ impl WorkerPool {
             let index = match choose(&route, &cooling, &tried, fastrand::u64(..)) {
                 Some(index) => index,
                 None => {
-                    // Every deployment had its turn: the next attempt starts the route over.
-                    tried.iter_mut().for_each(|t| *t = false);
-                    choose(&route, &cooling, &tried, fastrand::u64(..)).unwrap_or(0)
+                    // Every deployment had its turn: the next attempt starts the route over
+                    // (but for those barred; one is left, or the loop would have ended).
+                    tried.clone_from(&barred);
+                    match choose(&route, &cooling, &tried, fastrand::u64(..)) {
+                        Some(index) => index,
+                        None => barred.iter().position(|b| !b).unwrap_or(0),
+                    }
                 }
             };
             tried[index] = true;
@@ -212,6 +220,15 @@ impl WorkerPool {
                     if route.deployments.len() > 1 {
                         self.cool_down(task, &route, deployment, retry_after).await;
                     }
+                    let max_delay = self
+                        .inner
+                        .config
+                        .providers
+                        .get(&deployment.provider)
+                        .map(|p| p.max_retry_delay);
+                    if retry_after.zip(max_delay).is_some_and(|(w, max)| w > max) {
+                        barred[index] = true;
+                    }
                     let message = if route.deployments.len() > 1 {
                         format!("{}: {message}", deployment.name())
                     } else {
@@ -231,7 +248,11 @@ impl WorkerPool {
                     let total = spent_total.map_or(used, |s| s.plus(&used));
                     return Ok((output, total));
                 }
-                Err(f) if f.transient && may_try_again(n, task.max_attempts) => {
+                Err(f)
+                    if f.transient
+                        && may_try_again(n, task.max_attempts)
+                        && barred.contains(&false) =>
+                {
                     spent_total = spent_total.zip(f.usage).map(|(s, u)| s.plus(&u));
                     tracing::info!(task = %task.id, attempt = n, deployment = %deployment.name(), message = %f.message, "deployment unavailable: the next attempt follows");
                     failures.push(f.message);

@@ -512,7 +512,7 @@ mod column_list_tests {
     #[test]
     fn the_task_columns_are_the_row_fields_and_the_qualified_form_is_the_same_list() {
         let plain: Vec<&str> = task_columns!().split(", ").collect();
-        assert_eq!(plain.len(), 35, "{plain:?}");
+        assert_eq!(plain.len(), 36, "{plain:?}");
         assert_eq!(plain.first(), Some(&"id"));
         assert_eq!(plain.last(), Some(&"max_attempts"));
         let qualified: Vec<&str> = task_columns!(qualified).split(", ").collect();
