@@ -56,6 +56,7 @@ impl WorkerPool {
     /// first (`covered`: reserved at admission, when `spent.calls` is 0). `spent` gathers every call and its usage, priced.
     /// `Err`: the task ends (a permanent provider error, an output too large, invalid
     /// outputs every time, a call that does not fit the budget).
+    #[allow(clippy::too_many_arguments)] // one deployment's turn: what it needs, by name
     pub(super) async fn attempt(
         &self,
         task: &Task,
