@@ -170,3 +170,52 @@ test("unsupported parameters are BadRequestErrors and models are listed", async 
   for await (const m of client().models.list()) ids.push(m.id);
   assert.ok(ids.includes("default"), `${ids}`);
 });
+
+const TOOLS = ["get_weather", "get_time"].map((name) => ({
+  type: "function",
+  function: {
+    name,
+    description: `${name} of a city`,
+    parameters: {
+      type: "object",
+      properties: { city: { type: "string" } },
+      required: ["city"],
+    },
+  },
+}));
+
+test("a tool-call round trip with parallel calls", async () => {
+  const c = client();
+  const messages = [{ role: "user", content: `Weather and time in Paris? ${RUN}` }];
+  const first = await c.chat.completions.create({
+    model: "default",
+    messages,
+    tools: TOOLS,
+    parallel_tool_calls: true,
+  });
+  const choice = first.choices[0];
+  assert.equal(choice.finish_reason, "tool_calls");
+  assert.equal(choice.message.content, null);
+  const calls = choice.message.tool_calls;
+  assert.deepEqual(
+    calls.map((t) => t.function.name),
+    ["get_weather", "get_time"],
+  );
+  for (const t of calls) assert.deepEqual(JSON.parse(t.function.arguments), { city: "Paris" });
+  // The client runs both tools and sends both results back.
+  messages.push(choice.message);
+  for (const t of calls) {
+    messages.push({ role: "tool", tool_call_id: t.id, content: `${t.function.name} says ok` });
+  }
+  const final = await c.chat.completions.create({ model: "default", messages, tools: TOOLS });
+  assert.equal(final.choices[0].finish_reason, "stop");
+  assert.equal(
+    final.choices[0].message.content,
+    "fake answer to tool results: call_0=get_weather says ok, call_1=get_time says ok",
+  );
+  const sent = (await providerCalls()).last;
+  assert.deepEqual(
+    sent.messages.map((m) => m.role),
+    ["user", "assistant", "tool", "tool"],
+  );
+});

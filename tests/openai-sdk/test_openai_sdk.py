@@ -188,12 +188,83 @@ def test_the_cache_answers_the_same_app_and_never_another():
 def test_unsupported_parameters_are_bad_requests():
     with pytest.raises(openai.BadRequestError) as e:
         client(max_retries=0).chat.completions.create(
+            model="default", messages=hello(), logprobs=True
+        )
+    assert e.value.param == "logprobs"
+    assert e.value.type == "invalid_request_error"
+    # A bad tool is refused naming it.
+    with pytest.raises(openai.BadRequestError) as e:
+        client(max_retries=0).chat.completions.create(
             model="default",
             messages=hello(),
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tools=[{"type": "function", "function": {"name": "has space"}}],
         )
-    assert e.value.param == "tools"
-    assert e.value.type == "invalid_request_error"
+    assert e.value.param == "tools[0].function.name"
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The local time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+]
+
+
+def test_a_tool_call_round_trip_with_parallel_calls():
+    c = client()
+    messages = [{"role": "user", "content": f"Weather and time in Paris? {RUN}"}]
+    raw = c.chat.completions.with_raw_response.create(
+        model="default", messages=messages, tools=TOOLS, parallel_tool_calls=True
+    )
+    first = raw.parse()
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    calls = choice.message.tool_calls
+    assert [t.function.name for t in calls] == ["get_weather", "get_time"]
+    assert all(json.loads(t.function.arguments) == {"city": "Paris"} for t in calls)
+    # Behind it, a `chat` task.
+    request = urllib.request.Request(
+        BASE_URL.replace("/openai/v1", "/v1/tasks/") + raw.headers["x-tollgate-task-id"],
+        headers={"Authorization": f"Bearer {ACME}"},
+    )
+    with urllib.request.urlopen(request) as r:
+        assert json.load(r)["kind"] == "chat"
+    # The client runs both tools and sends both results back.
+    messages.append(choice.message.model_dump(exclude_none=True))
+    for t in calls:
+        messages.append(
+            {"role": "tool", "tool_call_id": t.id, "content": f"{t.function.name} says ok"}
+        )
+    final = c.chat.completions.create(model="default", messages=messages, tools=TOOLS)
+    assert final.choices[0].finish_reason == "stop"
+    assert final.choices[0].message.tool_calls is None
+    assert final.choices[0].message.content == (
+        "fake answer to tool results: call_0=get_weather says ok, call_1=get_time says ok"
+    )
+    sent = provider_calls()["last"]
+    assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "tool", "tool"]
+    assert [t["id"] for t in sent["messages"][1]["tool_calls"]] == ["call_0", "call_1"]
 
 
 def test_models_are_listed():

@@ -69,6 +69,24 @@ async fn fake_completion(
     State(seen): State<Arc<Mutex<Seen>>>,
     Json(body): Json<Value>,
 ) -> Json<Value> {
+    if body.get("tools").is_some() {
+        let message = tool_answer(&body);
+        {
+            let mut s = seen.lock().unwrap();
+            s.count += 1;
+            s.last = Some(body);
+        }
+        let finish = if message.get("tool_calls").is_some() {
+            "tool_calls"
+        } else {
+            "stop"
+        };
+        return Json(json!({
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": "fake-model",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        }));
+    }
     let content = match body
         .pointer("/response_format/type")
         .and_then(Value::as_str)
@@ -106,6 +124,41 @@ async fn fake_completion(
         "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
                   "prompt_tokens_details": {"cached_tokens": 4}}
     }))
+}
+
+/// With tools: after tool results, a text answer quoting them; otherwise a call of each
+/// of the first two tools at once (one with `parallel_tool_calls: false`), every
+/// required argument the string "Paris".
+fn tool_answer(body: &Value) -> Value {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let results: Vec<String> = messages
+        .iter()
+        .rev()
+        .take_while(|m| m["role"] == "tool")
+        .map(|m| format!("{}={}", m["tool_call_id"].as_str().unwrap_or(""), m["content"].as_str().unwrap_or("")))
+        .collect();
+    if !results.is_empty() {
+        let mut results = results;
+        results.reverse();
+        return json!({"role": "assistant", "content": format!("fake answer to tool results: {}", results.join(", "))});
+    }
+    let take = if body["parallel_tool_calls"] == false { 1 } else { 2 };
+    let calls: Vec<Value> = body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(take)
+        .enumerate()
+        .map(|(i, tool)| {
+            let mut arguments = serde_json::Map::new();
+            for name in tool["function"]["parameters"]["required"].as_array().into_iter().flatten() {
+                arguments.insert(name.as_str().unwrap_or("").to_string(), json!("Paris"));
+            }
+            json!({"id": format!("call_{i}"), "type": "function",
+                   "function": {"name": tool["function"]["name"], "arguments": Value::Object(arguments).to_string()}})
+        })
+        .collect();
+    json!({"role": "assistant", "content": null, "tool_calls": calls})
 }
 
 async fn fake_calls(State(seen): State<Arc<Mutex<Seen>>>) -> Json<Value> {
@@ -265,7 +318,109 @@ on_both_backends!(
     a_call_longer_than_the_longest_wait_names_its_task,
     the_official_sdks_work_unchanged,
     calls_without_a_source_are_unsourced,
+    a_tool_call_round_trip_is_a_chat_task,
 );
+
+/// Issue 30: `tools` make a `chat` task; the answer is OpenAI's tool-call shape; the
+/// client's tool results in the next call make a text answer.
+async fn a_tool_call_round_trip_is_a_chat_task(backend: &str) {
+    let fake = FakeProvider::start().await;
+    let Some(server) = start(backend, &fake).await else {
+        return;
+    };
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    ]);
+    let question = json!({"role": "user", "content": "Weather and time in Paris?"});
+    let body = json!({"model": "default", "messages": [question], "tools": tools});
+    let (status, headers, answer) = server
+        .chat(Some(ACME), &[("idempotency-key", "tools-1")], serde_json::to_vec(&body).unwrap())
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
+    assert!(choice["message"]["content"].is_null(), "{answer}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap().clone();
+    assert_eq!(calls.len(), 2, "{answer}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[1]["function"]["arguments"], "{\"city\":\"Paris\"}");
+    let sent = fake.seen.lock().unwrap().last.clone().unwrap();
+    assert_eq!(sent["tools"], tools, "the tools reach the provider as given");
+    let id = headers["x-tollgate-task-id"].to_str().unwrap().to_string();
+    let task: Value = server
+        .http
+        .get(format!("{}/v1/tasks/{id}", server.base))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(task["kind"], "chat", "{task}");
+    assert_eq!(task["output"]["tool_calls"], json!(calls));
+
+    // A replay of the same key answers the same calls without a provider call.
+    let before = fake.count();
+    let (_, _, replay) = server
+        .chat(Some(ACME), &[("idempotency-key", "tools-1")], serde_json::to_vec(&body).unwrap())
+        .await;
+    assert_eq!(replay["choices"][0]["message"]["tool_calls"], json!(calls));
+    assert_eq!(fake.count(), before);
+
+    // The client ran both tools: their results make a text answer.
+    let mut follow_up = body.clone();
+    follow_up["messages"] = json!([
+        question,
+        choice["message"],
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "Sunny"},
+        {"role": "tool", "tool_call_id": calls[1]["id"], "content": "10:00"}
+    ]);
+    let (status, _, answer) = server
+        .chat(Some(ACME), &[], serde_json::to_vec(&follow_up).unwrap())
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        "fake answer to tool results: call_0=Sunny, call_1=10:00"
+    );
+    let sent = fake.seen.lock().unwrap().last.clone().unwrap();
+    assert_eq!(sent["messages"][1]["tool_calls"], json!(calls));
+    assert_eq!(sent["messages"][2], json!({"role": "tool", "tool_call_id": "call_0", "content": "Sunny"}));
+
+    // Streamed, the calls arrive as one tool_calls delta with their indexes.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["parallel_tool_calls"] = json!(false);
+    let response = server
+        .http
+        .post(format!("{}/openai/v1/chat/completions", server.base))
+        .bearer_auth(ACME)
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+        .collect();
+    assert_eq!(deltas.len(), 1, "{text}");
+    assert_eq!(deltas[0][0]["index"], 0, "{text}");
+    assert_eq!(deltas[0].as_array().unwrap().len(), 1, "one call without parallel calls");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{text}");
+}
 
 /// Issue 26 item 2: with `sources_per_24_hours = 5`, six calls without
 /// `X-Tollgate-Source` are all answered (a call without a source is unsourced, not a new
@@ -318,14 +473,28 @@ async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend:
     let user = |content: Value| json!([{"role": "user", "content": content}]);
     let cases: Vec<(Value, Option<&str>, &str)> = vec![
         (
-            with(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
-            Some("tools"),
-            "unsupported_parameter",
+            with(json!({"tools": [{"type": "function", "function": {"name": "has space"}}]})),
+            Some("tools[0].function.name"),
+            "invalid_request",
+        ),
+        (
+            with(
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}),
+            ),
+            Some("tools[0].function.parameters"),
+            "invalid_request",
+        ),
+        (
+            with(
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            ),
+            Some("tool_choice.function.name"),
+            "invalid_request",
         ),
         (
             with(json!({"tool_choice": "auto"})),
             Some("tool_choice"),
-            "unsupported_parameter",
+            "invalid_request",
         ),
         (
             with(json!({"functions": [{"name": "f"}]})),
@@ -374,15 +543,20 @@ async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend:
         ),
         (
             with(json!({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "42"}]})),
-            Some("messages[0].role"),
-            "unsupported_parameter",
+            Some("messages[0].tool_call_id"),
+            "invalid_request",
+        ),
+        (
+            with(json!({"messages": [{"role": "tool", "content": "42"}]})),
+            Some("messages[0]"),
+            "invalid_request",
         ),
         (
             with(
                 json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c1"}]}]}),
             ),
-            Some("messages[0].tool_calls"),
-            "unsupported_parameter",
+            Some("messages[0].tool_calls[0]"),
+            "invalid_request",
         ),
         (
             with(json!({"messages": [{"role": "user", "name": "ada", "content": "hi"}]})),

@@ -242,8 +242,9 @@ impl Pipeline {
                 err(
                     format!("{at}.kind"),
                     format!(
-                        "unknown kind {:?}: use generate_text, classify, classify_many or extract_data",
-                        s.kind
+                        "unknown kind {:?}: use one of {}",
+                        s.kind,
+                        TaskKind::ALL.map(TaskKind::as_str).join(", ")
                     ),
                 )
             })?;

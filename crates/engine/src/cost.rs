@@ -15,7 +15,10 @@
 //! and `tool_choice`, Anthropic's `output_config`) are always counted by their JSON
 //! bytes, plus [`ANTHROPIC_FORMAT_OVERHEAD_TOKENS`] for Anthropic's tool-use system
 //! prompt; in `json_object` and `prompt` modes the schema is part of the counted
-//! instructions. A re-ask
+//! instructions. A `chat`'s tool offer (`tools`, `tool_choice`, `parallel_tool_calls` as
+//! its dialect sends them) and its messages' tool calls are counted the same way, by JSON
+//! bytes (plus the tool-use system prompt on Anthropic), a tool result's call id by the
+//! tokenizer. A re-ask
 //! adds one correction message whose error text the worker cuts to
 //! [`MAX_REASK_ERROR_CHARS`] characters, bounded by bytes (the per-call bound of
 //! provider pacing); admission reserves the first attempt only, and the worker reserves
@@ -27,7 +30,7 @@
 
 use crate::config::{EngineConfig, ProviderKind, StructuredOutput};
 use crate::provider::pace::DEFAULT_PACE_OUTPUT_TOKENS;
-use crate::provider::prompt::{self, OutputFormat, Prompt};
+use crate::provider::prompt::{self, OutputFormat, Prompt, PromptMessage, ToolOffer};
 use crate::provider::{ProviderCall, anthropic, openai};
 use serde_json::Value;
 use tollgate_core::{ModelRef, Reservation, Route, TaskRequest, TokenBound};
@@ -172,6 +175,24 @@ impl TokenCounter {
         };
         bytes + overhead
     }
+
+    /// Input tokens a `chat`'s tool offer adds: the dialect's `tools` / `tool_choice` /
+    /// `parallel_tool_calls` fields in JSON bytes (OpenAI renders the definitions into
+    /// fewer tokens than their JSON has bytes), plus Anthropic's tool-use system prompt.
+    fn tool_tokens(self, offer: &ToolOffer) -> u64 {
+        let (fields, overhead) = match self.dialect {
+            ProviderKind::Anthropic => (
+                anthropic::tool_fields(offer),
+                ANTHROPIC_FORMAT_OVERHEAD_TOKENS,
+            ),
+            _ => (openai::tool_fields(offer), 0),
+        };
+        fields
+            .iter()
+            .map(|(_, v)| v.to_string().len() as u64)
+            .sum::<u64>()
+            + overhead
+    }
 }
 
 /// The output-token bound of a request of `model` (see the module docs).
@@ -179,6 +200,7 @@ pub fn output_bound(model: &ModelRef, request: &TaskRequest) -> Option<u64> {
     let own = match request {
         TaskRequest::GenerateText(r) => r.max_output_tokens,
         TaskRequest::ExtractData(r) => r.max_output_tokens,
+        TaskRequest::Chat(r) => r.max_output_tokens,
         TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) => None,
     };
     own.map(u64::from).or_else(|| {
@@ -256,16 +278,31 @@ pub fn attempt_input_tokens(counter: TokenCounter, call: &ProviderCall<'_>) -> u
 pub fn prompt_input_tokens(counter: TokenCounter, prompt: &Prompt) -> u64 {
     let mut input = REPLY_PRIMING_TOKENS;
     for m in &prompt.messages {
-        input += message_tokens(counter, m.role_name(), &m.content);
+        input += message_tokens(counter, m.role_name(), &m.content) + tool_turn_tokens(counter, m);
     }
     if let Some(format) = &prompt.format {
         input += counter.format_tokens(format);
     }
+    if let Some(offer) = &prompt.tools {
+        input += counter.tool_tokens(offer);
+    }
     input
 }
 
+/// What a `chat` message carries besides its text: an assistant's tool calls in JSON
+/// bytes (their arguments are JSON text), a tool result's call id.
+fn tool_turn_tokens(counter: TokenCounter, m: &PromptMessage) -> u64 {
+    let calls = if m.tool_calls.is_empty() {
+        0
+    } else {
+        serde_json::json!(m.tool_calls).to_string().len() as u64
+    };
+    calls + m.tool_call_id.as_deref().map_or(0, |id| counter.count(id))
+}
+
 /// [`prompt_input_tokens`] of an OpenAI-compatible chat-completions body as sent (its
-/// `messages`, and `response_format` or `tools` + `tool_choice`), for checking a body a
+/// `messages` with their tool calls and call ids, and `response_format` or `tools` +
+/// `tool_choice` + `parallel_tool_calls`), for checking a body a
 /// provider was sent against the bound: for a body built from a prompt the two are
 /// equal.
 pub fn body_input_tokens(counter: TokenCounter, body: &Value) -> u64 {
@@ -274,9 +311,19 @@ pub fn body_input_tokens(counter: TokenCounter, body: &Value) -> u64 {
         for m in messages {
             let text = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("");
             input += message_tokens(counter, text("role"), text("content"));
+            input += m.get("tool_calls").map_or(0, |c| c.to_string().len() as u64);
+            input += m
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .map_or(0, |id| counter.count(id));
         }
     }
-    for key in ["response_format", "tools", "tool_choice"] {
+    for key in [
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    ] {
         if let Some(field) = body.get(key) {
             input += field.to_string().len() as u64;
         }
@@ -419,6 +466,22 @@ mod tests {
                 TaskKind::GenerateText,
                 json!({"system": "Be brief.", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}], "max_output_tokens": 5}),
             ),
+            request(
+                TaskKind::Chat,
+                json!({"messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Weather and time in Paris?"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "call_a", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}},
+                        {"id": "call_b", "type": "function", "function": {"name": "time", "arguments": "{}"}}]},
+                    {"role": "tool", "tool_call_id": "call_a", "content": "Sunny"},
+                    {"role": "tool", "tool_call_id": "call_b", "content": "10:00"}],
+                  "tools": [
+                    {"type": "function", "function": {"name": "weather", "description": "The weather",
+                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+                    {"type": "function", "function": {"name": "time"}}],
+                  "tool_choice": "required", "parallel_tool_calls": false, "max_output_tokens": 50}),
+            ),
         ];
         for r in &requests {
             let schema = r.output_schema();
@@ -452,7 +515,7 @@ mod tests {
                     let (body, _) = anthropic_body(&call, mode);
                     let mut sent = body["system"].as_str().map_or(0, str::len) as u64;
                     for m in body["messages"].as_array().unwrap() {
-                        sent += m["content"].as_str().unwrap().len() as u64;
+                        sent += content_bytes(&m["content"]);
                     }
                     for key in ["tools", "tool_choice", "output_config"] {
                         sent += body.get(key).map_or(0, |v| v.to_string().len()) as u64;
@@ -467,6 +530,24 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The bytes of what a Messages API message says: its text, or its blocks' texts, ids,
+    /// names and tool inputs.
+    fn content_bytes(content: &Value) -> u64 {
+        match content {
+            Value::String(text) => text.len() as u64,
+            Value::Array(blocks) => blocks
+                .iter()
+                .map(|b| {
+                    let text = |k: &str| b.get(k).and_then(Value::as_str).map_or(0, str::len);
+                    (text("text") + text("content") + text("id") + text("tool_use_id") + text("name"))
+                        as u64
+                        + b.get("input").map_or(0, |i| i.to_string().len() as u64)
+                })
+                .sum(),
+            _ => 0,
         }
     }
 

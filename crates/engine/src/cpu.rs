@@ -78,9 +78,15 @@ impl Drop for AbandonOnDrop {
 }
 
 /// Whether a job over this request (and output) is small enough to run inline: not
-/// `extract_data`, and at most [`INLINE_BYTES`] of JSON in all (measuring stops there).
+/// `extract_data` nor a `chat` offering tools (both build instances of a caller's schema),
+/// and at most [`INLINE_BYTES`] of JSON in all (measuring stops there).
 pub(crate) fn is_small(request: &TaskRequest, output: Option<&Value>) -> bool {
     if request.kind() == TaskKind::ExtractData {
+        return false;
+    }
+    if let TaskRequest::Chat(chat) = request
+        && chat.tools.is_some()
+    {
         return false;
     }
     let Some(used) = request.size_within(INLINE_BYTES) else {

@@ -132,6 +132,8 @@ pub enum KindName {
     ClassifyMany,
     /// `extract_data`.
     ExtractData,
+    /// `chat`.
+    Chat,
 }
 
 /// A task's status.

@@ -44,6 +44,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../ui/pages.js"),
     ),
     (
+        "chat.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/chat.js"),
+    ),
+    (
         "webhooks.js",
         "text/javascript; charset=utf-8",
         include_str!("../ui/webhooks.js"),

@@ -2,11 +2,12 @@
 // may return a refresh function that the app calls every few seconds while it is shown.
 
 import { get, post } from "./api.js";
+import { chatView } from "./chat.js";
 import { ago, badge, clear, fmt, gauge, h, json, minuteChart, replace, shortId, table, taskCost, time, usd, usdDecimals } from "./dom.js";
 
 const TASK_STATUSES = ["queued", "running", "succeeded", "failed", "canceled"];
 const RUN_STATES = ["running", "waiting", "succeeded", "failed", "canceled"];
-const KINDS = ["generate_text", "classify", "classify_many", "extract_data"];
+const KINDS = ["generate_text", "classify", "classify_many", "extract_data", "chat"];
 
 function title(text, ...extra) {
   return h("div", { class: "page-head" }, h("h1", {}, text), ...extra);
@@ -256,6 +257,7 @@ export async function task(page, [id]) {
           a.usage ? `${fmt(a.usage.input_tokens)} / ${fmt(a.usage.output_tokens)}` : "—", a.cost_usd === null ? "—" : `$${a.cost_usd.toFixed(6)}`,
           a.error ? a.error.code : "—"].map((c) => h("td", {}, c)))),
         t.cached ? "None: served from the cache." : t.status === "queued" ? "None yet." : "None: it ended before its first call.")),
+      t.kind === "chat" ? chatView(t) : null,
       h("div", { class: "grid2" },
         h("section", { class: "card" }, h("h2", {}, "Request"), json(t.request)),
         h("section", { class: "card" }, h("h2", {}, "Output"), t.output === null ? h("p", { class: "muted" }, "No output yet.") : json(t.output))));

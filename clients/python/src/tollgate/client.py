@@ -25,6 +25,7 @@ from ._calls import (
 )
 from ._generated import (
     BatchAnswer,
+    ChatRequest,
     ClassifyManyRequest,
     ClassifyRequest,
     DeletedAnswer,
@@ -63,7 +64,9 @@ from .errors import ConnectionError, TollgateError, WaitTimeoutError
 T = TypeVar("T")
 
 #: Any kind's request object (``GET /v1/kinds`` has their JSON Schemas).
-KindRequest = Union[GenerateTextRequest, ClassifyRequest, ClassifyManyRequest, ExtractDataRequest]
+KindRequest = Union[
+    GenerateTextRequest, ClassifyRequest, ClassifyManyRequest, ExtractDataRequest, ChatRequest
+]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
 #: Longest single ``?wait=`` a ``wait`` sends (the server caps it at ``server.max_wait``).

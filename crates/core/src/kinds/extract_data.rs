@@ -129,7 +129,7 @@ pub(super) fn compile_schema(
 
 /// Checks a caller's schema: shape, references (before anything else looks at it), its
 /// meta-schema, and that it compiles.
-fn check_schema(schema: &Value, path: &str) -> Result<(), InvalidInput> {
+pub(super) fn check_schema(schema: &Value, path: &str) -> Result<(), InvalidInput> {
     if !(schema.is_object() || schema.is_boolean()) {
         return Err(InvalidInput::field(
             path,

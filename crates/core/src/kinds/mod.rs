@@ -23,6 +23,9 @@ use serde_json::{Value, json};
 
 use crate::error::InvalidInput;
 
+mod chat;
+mod chat_output;
+mod chat_schema;
 mod classify;
 mod classify_many;
 mod extract_data;
@@ -38,6 +41,12 @@ mod schemas;
 mod test_support;
 mod validate;
 
+pub use chat::{
+    ChatRequest, ChatTool, ChatTurn, FunctionCall, FunctionTool, MAX_CHAT_MESSAGES, MAX_CHAT_TOOLS,
+    MAX_TOOL_CALL_ID_BYTES, MAX_TOOL_CALLS, MAX_TOOL_NAME_BYTES, NamedToolChoice, ToolCall,
+    ToolChoice, ToolChoiceMode, ToolName, ToolType,
+};
+pub use chat_output::FINISH_REASONS;
 pub use classify::ClassifyRequest;
 pub use classify_many::{ClassifyItem, ClassifyManyRequest};
 pub use extract_data::ExtractDataRequest;
@@ -81,15 +90,19 @@ pub enum TaskKind {
     ClassifyMany,
     /// A JSON value, valid against the caller's schema, extracted from an input.
     ExtractData,
+    /// The assistant's next message in a conversation: text and/or calls of the tools
+    /// offered.
+    Chat,
 }
 
 impl TaskKind {
     /// Every kind, in documentation order.
-    pub const ALL: [TaskKind; 4] = [
+    pub const ALL: [TaskKind; 5] = [
         TaskKind::GenerateText,
         TaskKind::Classify,
         TaskKind::ClassifyMany,
         TaskKind::ExtractData,
+        TaskKind::Chat,
     ];
 
     /// The stable string form.
@@ -99,6 +112,7 @@ impl TaskKind {
             TaskKind::Classify => "classify",
             TaskKind::ClassifyMany => "classify_many",
             TaskKind::ExtractData => "extract_data",
+            TaskKind::Chat => "chat",
         }
     }
 
@@ -125,6 +139,8 @@ pub enum TaskRequest {
     ClassifyMany(ClassifyManyRequest),
     /// An `extract_data` request.
     ExtractData(ExtractDataRequest),
+    /// A `chat` request.
+    Chat(ChatRequest),
 }
 
 impl TaskRequest {
@@ -143,6 +159,7 @@ impl TaskRequest {
             TaskKind::ExtractData => {
                 TaskRequest::ExtractData(extract_data::parse_extract_data(value)?)
             }
+            TaskKind::Chat => TaskRequest::Chat(chat::parse_chat(value)?),
         })
     }
 
@@ -153,6 +170,7 @@ impl TaskRequest {
             TaskRequest::Classify(_) => TaskKind::Classify,
             TaskRequest::ClassifyMany(_) => TaskKind::ClassifyMany,
             TaskRequest::ExtractData(_) => TaskKind::ExtractData,
+            TaskRequest::Chat(_) => TaskKind::Chat,
         }
     }
 
@@ -164,6 +182,7 @@ impl TaskRequest {
             TaskRequest::Classify(r) => serde_json::to_value(r),
             TaskRequest::ClassifyMany(r) => serde_json::to_value(r),
             TaskRequest::ExtractData(r) => serde_json::to_value(r),
+            TaskRequest::Chat(r) => serde_json::to_value(r),
         };
         // Cannot fail: plain structs with string keys, and a finite temperature.
         result.expect("a task request always serializes to JSON")
@@ -177,6 +196,7 @@ impl TaskRequest {
             TaskRequest::Classify(r) => output_size::json_size(r, limit),
             TaskRequest::ClassifyMany(r) => output_size::json_size(r, limit),
             TaskRequest::ExtractData(r) => output_size::json_size(r, limit),
+            TaskRequest::Chat(r) => output_size::json_size(r, limit),
         }
     }
 
@@ -228,6 +248,7 @@ impl TaskRequest {
                 })
             }
             TaskRequest::ExtractData(r) => r.schema.clone(),
+            TaskRequest::Chat(r) => chat_output::chat_output_schema(r),
         }
     }
 }

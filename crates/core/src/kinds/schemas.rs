@@ -211,6 +211,13 @@ pub fn request_schema(kind: TaskKind) -> Value {
             ],
             "$defs": { "chat_message": chat_message_schema() }
         }),
+        TaskKind::Chat => super::chat_schema::chat_request_schema(
+            SCHEMA_DIALECT,
+            temperature_schema(),
+            top_p_schema(),
+            stop_schema(),
+            seed_schema(),
+        ),
     }
 }
 
@@ -264,6 +271,7 @@ pub fn output_schema(kind: TaskKind) -> Value {
             "title": "extract_data output",
             "description": "Any JSON value valid against the request's `schema`."
         }),
+        TaskKind::Chat => super::chat_schema::chat_output_schema_published(SCHEMA_DIALECT),
     }
 }
 

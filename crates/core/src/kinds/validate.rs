@@ -91,6 +91,7 @@ pub fn validate_output(request: &TaskRequest, output: &Value) -> Result<Value, O
             }
             Err(violation(message))
         }
+        TaskRequest::Chat(r) => super::chat_output::validate_chat(r, output),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 use tollgate_core::kinds::{
-    ClassifyManyRequest, ClassifyRequest, ExtractDataRequest, GenerateTextRequest,
+    ChatRequest, ClassifyManyRequest, ClassifyRequest, ExtractDataRequest, GenerateTextRequest,
 };
 use tollgate_core::{
     AppId, BudgetName, EffectKey, InvalidInput, ModelId, Priority, RunId, ScopeId, SourceId,
@@ -172,6 +172,16 @@ impl Submission {
         request: ExtractDataRequest,
     ) -> Submission {
         Submission::application_request(app, scope, effect_key, TaskRequest::ExtractData(request))
+    }
+
+    /// An application-owned `chat` task.
+    pub fn chat(
+        app: AppId,
+        scope: ScopeId,
+        effect_key: EffectKey,
+        request: ChatRequest,
+    ) -> Submission {
+        Submission::application_request(app, scope, effect_key, TaskRequest::Chat(request))
     }
 
     /// Makes the task scoped: about `source` at `revision`.

@@ -13,6 +13,7 @@ impl AnswerShape {
     pub fn output_from_text(self, content: &str) -> Result<Value, String> {
         match self {
             AnswerShape::Text => Ok(json!({ "text": content })),
+            AnswerShape::Message => Ok(json!({ "content": content, "finish_reason": "stop" })),
             AnswerShape::Json | AnswerShape::WrappedJson => {
                 let parsed = parse_json_text(content).map_err(|e| {
                     format!("the answer is not valid JSON ({e}): {}", excerpt(content))
@@ -36,7 +37,7 @@ impl AnswerShape {
             )),
             (AnswerShape::Text, Value::String(text)) => Ok(json!({ "text": text })),
             (AnswerShape::Text, other) => Ok(json!({ "text": other.to_string() })),
-            (AnswerShape::Json, value) => Ok(value),
+            (AnswerShape::Json | AnswerShape::Message, value) => Ok(value),
         }
     }
 }

@@ -12,37 +12,81 @@ use super::ProviderCall;
 use crate::config::StructuredOutput;
 use serde_json::{Map, Value, json};
 use tollgate_core::TaskRequest;
-use tollgate_core::kinds::ChatRole;
+use tollgate_core::kinds::{ChatRole, ChatTool, ToolCall, ToolChoice};
+
+mod chat;
 
 /// The text a re-ask sends around the previous answer's error (before and after it).
 const REASK_BEFORE: &str = "Your previous answer was refused: ";
 const REASK_AFTER: &str = "\nAnswer again, following the required format exactly.";
 
+/// Who speaks in a prompt message: a chat's roles, and a tool's result (`chat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptRole {
+    /// Instructions to the model.
+    System,
+    /// The human side.
+    User,
+    /// The model side.
+    Assistant,
+    /// A tool's result.
+    Tool,
+}
+
+impl From<ChatRole> for PromptRole {
+    fn from(role: ChatRole) -> PromptRole {
+        match role {
+            ChatRole::System => PromptRole::System,
+            ChatRole::User => PromptRole::User,
+            ChatRole::Assistant => PromptRole::Assistant,
+        }
+    }
+}
+
 /// One chat message of a prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptMessage {
     /// Who speaks.
-    pub role: ChatRole,
-    /// What is said.
+    pub role: PromptRole,
+    /// What is said (empty for an assistant message that only calls tools).
     pub content: String,
+    /// An assistant message's tool calls (`chat`).
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a tool message answers (`chat`).
+    pub tool_call_id: Option<String>,
 }
 
 impl PromptMessage {
-    fn new(role: ChatRole, content: impl Into<String>) -> PromptMessage {
+    pub(crate) fn new(role: impl Into<PromptRole>, content: impl Into<String>) -> PromptMessage {
         PromptMessage {
-            role,
+            role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 
-    /// The role as chat APIs spell it (`system`, `user`, `assistant`).
+    /// The role as chat APIs spell it (`system`, `user`, `assistant`, `tool`).
     pub fn role_name(&self) -> &'static str {
         match self.role {
-            ChatRole::System => "system",
-            ChatRole::User => "user",
-            ChatRole::Assistant => "assistant",
+            PromptRole::System => "system",
+            PromptRole::User => "user",
+            PromptRole::Assistant => "assistant",
+            PromptRole::Tool => "tool",
         }
     }
+}
+
+/// The tools a `chat` prompt offers, and how they may be called.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOffer {
+    /// The function tools (at least one).
+    pub tools: Vec<ChatTool>,
+    /// `tool_choice` as the request gave it (absent: the provider's default, `auto`).
+    pub tool_choice: Option<ToolChoice>,
+    /// `parallel_tool_calls` as the request gave it.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// The structured output a prompt asks for (each dialect sends it in its own words).
@@ -80,6 +124,8 @@ pub enum AnswerShape {
     Json,
     /// The content is `{"value": output}`.
     WrappedJson,
+    /// An assistant message: `{"content", "tool_calls"?, "finish_reason"}` (`chat`).
+    Message,
 }
 
 /// What a call sends a model, whatever the dialect.
@@ -93,6 +139,8 @@ pub struct Prompt {
     pub shape: AnswerShape,
     /// Whether the messages already state the answer's JSON Schema.
     pub schema_in_instructions: bool,
+    /// The tools offered (`chat` with tools).
+    pub tools: Option<ToolOffer>,
 }
 
 impl Prompt {
@@ -106,12 +154,20 @@ impl Prompt {
     ///   after the instructions, the schema only in the format. A schema whose root is not
     ///   an object is wrapped as `{"value": <schema>}` (structured outputs need an object
     ///   root) and unwrapped from the answer; `{"type": "object"}` asks for any object.
+    /// - `chat`: the conversation as given (tool calls and results included), its tools
+    ///   offered as they are; no structured-output format (the answer is a message).
     /// - A re-ask adds one user message with the previous answer's error.
     pub fn render(call: &ProviderCall<'_>) -> Prompt {
         let mut messages: Vec<PromptMessage> = Vec::new();
         let mut format = None;
         let mut schema_in_instructions = false;
+        let mut tools = None;
         let shape = match call.request {
+            TaskRequest::Chat(r) => {
+                messages = chat::messages(r);
+                tools = chat::offer(r);
+                AnswerShape::Message
+            }
             TaskRequest::GenerateText(r) => {
                 if let Some(system) = &r.system {
                     messages.push(PromptMessage::new(ChatRole::System, system.as_str()));
@@ -218,6 +274,7 @@ impl Prompt {
             format,
             shape,
             schema_in_instructions,
+            tools,
         }
     }
 
@@ -279,7 +336,7 @@ impl Prompt {
         }
         let text = format!("{SCHEMA_INSTRUCTIONS}{schema}");
         match self.messages.first_mut() {
-            Some(first) if first.role == ChatRole::System => {
+            Some(first) if first.role == PromptRole::System => {
                 first.content.push_str("\n\n");
                 first.content.push_str(&text);
             }
@@ -410,6 +467,7 @@ fn task_instructions(request: &TaskRequest) -> String {
             push_extra(&mut text, r.instructions.as_deref());
             text
         }
+        TaskRequest::Chat(_) => String::new(),
         TaskRequest::ExtractData(r) => {
             let mut text = String::from(
                 "Extract data from the user's input. Answer with JSON that is valid against \

@@ -14,8 +14,11 @@ pub(crate) struct Completion {
     id: String,
     created: i64,
     model: String,
-    content: String,
-    finish_reason: &'static str,
+    /// The text (`null` for a `chat` answer that only calls tools).
+    content: Value,
+    /// A `chat` answer's tool calls.
+    tool_calls: Option<Value>,
+    finish_reason: String,
     usage: Value,
 }
 
@@ -24,21 +27,33 @@ impl Completion {
     /// (`finish_reason: "length"`), as far as the recorded usage tells.
     pub(crate) fn of(task: &Task, max_tokens: Option<u64>) -> Completion {
         let output = task.output.clone().unwrap_or(Value::Null);
+        let mut tool_calls = None;
+        let mut reported_finish = None;
         let content = match &output {
             // generate_text: the text itself; extract_data: the JSON value as text.
-            Value::Object(map) if task.kind == tollgate_core::TaskKind::GenerateText => map
-                .get("text")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string(),
-            other => other.to_string(),
+            Value::Object(map) if task.kind == tollgate_core::TaskKind::GenerateText => json!(
+                map.get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+            ),
+            // chat: the assistant message as the model gave it (core normalized it).
+            Value::Object(map) if task.kind == tollgate_core::TaskKind::Chat => {
+                tool_calls = map.get("tool_calls").cloned();
+                reported_finish = map
+                    .get("finish_reason")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                map.get("content").cloned().unwrap_or(Value::Null)
+            }
+            other => json!(other.to_string()),
         };
         let (prompt, completion, cached) = task.usage.as_ref().map_or((0, 0, None), |u| {
             (u.input_tokens, u.output_tokens, u.cached_input_tokens)
         });
-        let finish_reason = match max_tokens {
-            Some(cap) if !task.cached() && completion >= cap => "length",
-            _ => "stop",
+        let finish_reason = match (reported_finish, max_tokens) {
+            (Some(reason), _) => reason,
+            (None, Some(cap)) if !task.cached() && completion >= cap => "length".to_string(),
+            _ => "stop".to_string(),
         };
         // A cache hit's recorded usage is zero: no provider call, nothing spent. The
         // provider's prompt-cache count is shown where it reported one.
@@ -55,6 +70,7 @@ impl Completion {
             created: task.created_at.millis().div_euclid(1000),
             model: task.model.to_string(),
             content,
+            tool_calls,
             finish_reason,
             usage,
         }
@@ -62,6 +78,10 @@ impl Completion {
 
     /// The `chat.completion` object.
     pub(crate) fn object(&self) -> Value {
+        let mut message = json!({ "role": "assistant", "content": self.content, "refusal": null });
+        if let Some(calls) = &self.tool_calls {
+            message["tool_calls"] = calls.clone();
+        }
         json!({
             "id": self.id,
             "object": "chat.completion",
@@ -69,7 +89,7 @@ impl Completion {
             "model": self.model,
             "choices": [{
                 "index": 0,
-                "message": { "role": "assistant", "content": self.content, "refusal": null },
+                "message": message,
                 "logprobs": null,
                 "finish_reason": self.finish_reason,
             }],
@@ -95,20 +115,36 @@ impl Completion {
     pub(crate) fn chunks(&self, include_usage: bool) -> Vec<Value> {
         // With include_usage every chunk carries `usage: null` but the last, as OpenAI's do.
         let none = include_usage.then_some(Value::Null);
-        let mut chunks = vec![
-            self.chunk(
-                json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
-                none.as_ref(),
-            ),
-            self.chunk(
+        let mut chunks = vec![self.chunk(
+            json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+            none.as_ref(),
+        )];
+        if !self.content.is_null() {
+            chunks.push(self.chunk(
                 json!([{"index": 0, "delta": {"content": self.content}, "logprobs": null, "finish_reason": null}]),
                 none.as_ref(),
-            ),
-            self.chunk(
-                json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": self.finish_reason}]),
+            ));
+        }
+        if let Some(Value::Array(calls)) = &self.tool_calls {
+            // Each call whole in one delta, with its index, as streamed tool calls are.
+            let deltas: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, call)| {
+                    let mut delta = call.clone();
+                    delta["index"] = json!(i);
+                    delta
+                })
+                .collect();
+            chunks.push(self.chunk(
+                json!([{"index": 0, "delta": {"tool_calls": deltas}, "logprobs": null, "finish_reason": null}]),
                 none.as_ref(),
-            ),
-        ];
+            ));
+        }
+        chunks.push(self.chunk(
+            json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": self.finish_reason}]),
+            none.as_ref(),
+        ));
         if include_usage {
             chunks.push(self.chunk(json!([]), Some(&self.usage)));
         }

@@ -1,15 +1,21 @@
 //! OpenAI's chat completions request → a Tollgate task request. What this door supports
-//! is turned into a `generate_text` request (`response_format` absent or `text`) or an
-//! `extract_data` request (`json_object`, `json_schema`); everything else is refused with
-//! a 400 naming the parameter, never silently dropped. Ranges (temperature, top_p, stop,
+//! is turned into a `generate_text` request (`response_format` absent or `text`), an
+//! `extract_data` request (`json_object`, `json_schema`) or, with `tools` or tool calls in
+//! the history, a `chat` request; everything else is refused with a 400 naming the
+//! parameter, never silently dropped. Ranges (temperature, top_p, stop,
 //! seed, max tokens) are core's rules, checked when the task request is validated.
 
 use super::error::OpenAiError;
 use serde_json::{Map, Value, json};
 use tollgate_core::TaskKind;
 
+mod chat;
+
 /// Parameters this door reads.
-const SUPPORTED: [&str; 14] = [
+const SUPPORTED: [&str; 17] = [
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
     "messages",
     "model",
     "max_tokens",
@@ -27,12 +33,15 @@ const SUPPORTED: [&str; 14] = [
 ];
 
 /// Parameters of OpenAI's API that Tollgate does not support, with the reason given.
-const REFUSED: [(&str, &str); 21] = [
-    ("tools", "tool calling is not supported"),
-    ("tool_choice", "tool calling is not supported"),
-    ("parallel_tool_calls", "tool calling is not supported"),
-    ("functions", "function calling is not supported"),
-    ("function_call", "function calling is not supported"),
+const REFUSED: [(&str, &str); 18] = [
+    (
+        "functions",
+        "the deprecated function calling is not supported: use `tools`",
+    ),
+    (
+        "function_call",
+        "the deprecated function calling is not supported: use `tool_choice`",
+    ),
     ("audio", "audio output is not supported"),
     ("modalities", "only text output is supported"),
     ("logprobs", "log probabilities are not recorded"),
@@ -72,7 +81,7 @@ const MAX_USER_CHARS: usize = 256;
 pub(crate) struct ChatRequest {
     /// The Tollgate model id.
     pub model: String,
-    /// `generate_text` or `extract_data`.
+    /// `generate_text`, `extract_data` or `chat`.
     pub kind: TaskKind,
     /// The task request (validated by core when submitted).
     pub request: Value,
@@ -95,7 +104,7 @@ fn describe(v: &Value) -> &'static str {
     }
 }
 
-fn wrong_type(param: &str, expected: &str, got: &Value) -> OpenAiError {
+pub(super) fn wrong_type(param: &str, expected: &str, got: &Value) -> OpenAiError {
     OpenAiError::invalid(
         param,
         format!("`{param}` must be {expected}, not {}", describe(got)),
@@ -250,10 +259,16 @@ pub(crate) fn parse(body: &Value) -> Result<ChatRequest, OpenAiError> {
         Some(other) => return Err(wrong_type("stop", "a string or an array of strings", other)),
     }
 
-    let kind = match get("response_format") {
-        None => TaskKind::GenerateText,
-        Some(Value::Object(format)) => response_format(format, &mut request)?,
-        Some(other) => return Err(wrong_type("response_format", "an object", other)),
+    let kind = if chat::is_chat(&get, messages)? {
+        chat::check_format(get("response_format"))?;
+        chat::insert_tool_params(&get, &mut request);
+        TaskKind::Chat
+    } else {
+        match get("response_format") {
+            None => TaskKind::GenerateText,
+            Some(Value::Object(format)) => response_format(format, &mut request)?,
+            Some(other) => return Err(wrong_type("response_format", "an object", other)),
+        }
     };
 
     Ok(ChatRequest {
@@ -319,7 +334,8 @@ fn check_user_and_metadata(
     }
 }
 
-/// One message → `{"role", "content"}` with text content.
+/// One message → `{"role", "content"}` with text content; an assistant's `tool_calls`
+/// and a tool result's `tool_call_id` kept as given (core checks them).
 fn message(i: usize, m: &Value) -> Result<Value, OpenAiError> {
     let at = format!("messages[{i}]");
     let Value::Object(map) = m else {
@@ -336,25 +352,34 @@ fn message(i: usize, m: &Value) -> Result<Value, OpenAiError> {
         }
     };
     let role = match role {
-        "system" | "user" | "assistant" => role,
+        "system" | "user" | "assistant" | "tool" => role,
         // OpenAI's newer name for system instructions.
         "developer" => "system",
-        "tool" | "function" => {
+        "function" => {
             return Err(OpenAiError::unsupported(
                 format!("{at}.role"),
-                format!("`{role}` messages are not supported: tool calling is not supported"),
+                "`function` messages (deprecated function calling) are not supported: use \
+                 `tool` messages",
             ));
         }
         other => {
             return Err(OpenAiError::invalid(
                 format!("{at}.role"),
-                format!("unknown role `{other}`: use system, developer, user or assistant"),
+                format!(
+                    "unknown role `{other}`: use system, developer, user, assistant or tool"
+                ),
             ));
         }
     };
+    let own: &[&str] = match role {
+        "assistant" => &["role", "content", "tool_calls"],
+        "tool" => &["role", "content", "tool_call_id"],
+        _ => &["role", "content"],
+    };
+    let calls = map.get("tool_calls").filter(|c| !c.is_null());
     for key in map.keys() {
         match key.as_str() {
-            "role" | "content" => {}
+            k if own.contains(&k) => {}
             "tool_calls" | "function_call" | "audio" | "name" | "refusal"
                 if map.get(key).is_some_and(Value::is_null) => {}
             other => {
@@ -405,6 +430,10 @@ fn message(i: usize, m: &Value) -> Result<Value, OpenAiError> {
             }
             text
         }
+        // An assistant message that only calls tools has no content.
+        None | Some(Value::Null) if role == "assistant" && calls.is_some() => {
+            return Ok(json!({ "role": role, "content": null, "tool_calls": calls }));
+        }
         Some(other) => {
             return Err(wrong_type(
                 &format!("{at}.content"),
@@ -419,7 +448,13 @@ fn message(i: usize, m: &Value) -> Result<Value, OpenAiError> {
             ));
         }
     };
-    Ok(json!({ "role": role, "content": content }))
+    Ok(match (role, calls) {
+        ("tool", _) => chat::tool_message(map, content),
+        ("assistant", Some(calls)) => {
+            json!({ "role": role, "content": content, "tool_calls": calls })
+        }
+        _ => json!({ "role": role, "content": content }),
+    })
 }
 
 /// `text` → `generate_text`; `json_object` → `extract_data` with the schema

@@ -30,7 +30,8 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitBody {
-    /// `generate_text`, `classify`, `classify_many` or `extract_data`.
+    /// A kind: `generate_text`, `classify`, `classify_many`, `extract_data`, `chat`, …
+    /// (`GET /v1/kinds`).
     #[schema(value_type = KindName)]
     pub kind: String,
     /// Model id (one of `GET /v1/models`); defaults to the configured default model.
@@ -153,8 +154,9 @@ fn submission(
 ) -> Result<Submission, ApiError> {
     let kind = TaskKind::parse(&body.kind).ok_or_else(|| {
         ApiError::invalid(format!(
-            "unknown kind {:?}: use generate_text, classify, classify_many or extract_data",
-            body.kind
+            "unknown kind {:?}: use one of {}",
+            body.kind,
+            TaskKind::ALL.map(TaskKind::as_str).join(", ")
         ))
     })?;
     let owner = match (body.scope, body.run_id) {
@@ -541,7 +543,7 @@ pub(crate) async fn list_tasks(
         )?,
         kind: filter("kind", q.kind, |k| {
             TaskKind::parse(&k)
-                .ok_or("not one of generate_text, classify, classify_many, extract_data")
+                .ok_or("not one of the kinds (GET /v1/kinds lists them)")
         })?,
         step: filter("step", q.step, StepKey::new)?,
         source: filter("source", q.source, SourceId::new)?,

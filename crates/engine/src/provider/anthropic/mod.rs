@@ -12,6 +12,13 @@
 //!   `json_schema`, the API's JSON outputs (`output_config.format`); or `prompt`, the
 //!   schema stated in the system prompt and the text parsed. `json_object` does not
 //!   exist in this API and is refused by configuration.
+//! - `chat`: its tools as `tools` (`input_schema` the parameters), `tool_choice` as
+//!   `auto` / `any` (`required`) / `tool` (a named function) / `none`, and
+//!   `disable_parallel_tool_use` for `parallel_tool_calls: false`; an assistant's tool
+//!   calls as `tool_use` blocks, tool results as `tool_result` blocks in one user message.
+//!   The answer's text blocks are the content, its `tool_use` blocks the tool calls
+//!   (their `input` as the arguments' JSON text), `stop_reason` `tool_use` →
+//!   `tool_calls`, `max_tokens` → `length`.
 //! - Usage: `input_tokens` + `cache_read_input_tokens` + `cache_creation_input_tokens`
 //!   is the input; cache reads are priced at `cached_input_per_million`, cache writes at
 //!   `cache_write_input_per_million` (docs/providers.md).
@@ -22,7 +29,7 @@
 mod request;
 mod response;
 
-pub use request::{format_fields, request_body_as};
+pub use request::{format_fields, request_body_as, tool_fields};
 pub use response::parse_answer;
 
 use super::http::{ApiKeyHeader, HttpClient, wait_until_rfc3339};

@@ -4,10 +4,10 @@
 
 use crate::config::StructuredOutput;
 use crate::provider::ProviderCall;
-use crate::provider::prompt::{AnswerShape, OutputFormat, Prompt};
+use crate::provider::prompt::{AnswerShape, OutputFormat, Prompt, PromptMessage, PromptRole, ToolOffer};
 use serde_json::{Map, Value, json};
 use tollgate_core::TaskRequest;
-use tollgate_core::kinds::ChatRole;
+use tollgate_core::kinds::{ToolChoice, ToolChoiceMode};
 
 /// The Messages API body for a call whose structured output is asked for as `mode`
 /// says, and how to read its answer.
@@ -42,6 +42,96 @@ pub fn format_fields(format: &OutputFormat) -> Vec<(&'static str, Value)> {
     }
 }
 
+/// The body fields that offer a `chat`'s tools: `tools` (`{"name", "description",
+/// "input_schema"}`) and `tool_choice` — `auto`, `any` for `required`, `tool` for a
+/// named function, `none` — with `disable_parallel_tool_use` when
+/// `parallel_tool_calls` is false. The token bound counts their JSON bytes.
+pub fn tool_fields(offer: &ToolOffer) -> Vec<(&'static str, Value)> {
+    let tools: Vec<Value> = offer
+        .tools
+        .iter()
+        .map(|t| {
+            let mut tool = json!({
+                "name": t.function.name,
+                "input_schema": t.function.parameters_schema(),
+            });
+            if let Some(d) = &t.function.description {
+                tool["description"] = json!(d);
+            }
+            tool
+        })
+        .collect();
+    let mut fields = vec![("tools", Value::Array(tools))];
+    let mut choice = match &offer.tool_choice {
+        None => None,
+        Some(ToolChoice::Mode(ToolChoiceMode::Auto)) => Some(json!({"type": "auto"})),
+        Some(ToolChoice::Mode(ToolChoiceMode::Required)) => Some(json!({"type": "any"})),
+        Some(ToolChoice::Mode(ToolChoiceMode::None)) => Some(json!({"type": "none"})),
+        Some(ToolChoice::Function(named)) => {
+            Some(json!({"type": "tool", "name": named.function.name}))
+        }
+    };
+    if offer.parallel_tool_calls == Some(false) {
+        let choice = choice.get_or_insert_with(|| json!({"type": "auto"}));
+        if choice["type"] != "none" {
+            choice["disable_parallel_tool_use"] = json!(true);
+        }
+    }
+    if let Some(choice) = choice {
+        fields.push(("tool_choice", choice));
+    }
+    fields
+}
+
+/// The non-system messages as the Messages API takes them: text as a string; an
+/// assistant's tool calls as `tool_use` blocks (after its text, if any); tool results as
+/// `tool_result` blocks, consecutive ones in one user message (the API wants every
+/// result of one turn's calls together, right after it).
+fn messages(prompt: &Prompt) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut results: Vec<Value> = Vec::new();
+    for m in prompt.messages.iter().filter(|m| m.role != PromptRole::System) {
+        if m.role == PromptRole::Tool {
+            results.push(json!({
+                "type": "tool_result",
+                "tool_use_id": m.tool_call_id.as_deref().unwrap_or_default(),
+                "content": m.content,
+            }));
+            continue;
+        }
+        if !results.is_empty() {
+            out.push(json!({"role": "user", "content": std::mem::take(&mut results)}));
+        }
+        out.push(message_value(m));
+    }
+    if !results.is_empty() {
+        out.push(json!({"role": "user", "content": results}));
+    }
+    out
+}
+
+fn message_value(m: &PromptMessage) -> Value {
+    if m.tool_calls.is_empty() {
+        return json!({"role": m.role_name(), "content": m.content});
+    }
+    let mut blocks = Vec::new();
+    if !m.content.is_empty() {
+        blocks.push(json!({"type": "text", "text": m.content}));
+    }
+    for call in &m.tool_calls {
+        // Parsed at submit: history arguments are JSON.
+        let input: Value =
+            serde_json::from_str(&call.function.arguments).unwrap_or_else(|_| json!({}));
+        blocks.push(json!({
+            "type": "tool_use",
+            "id": call.id,
+            "name": call.function.name,
+            "input": input,
+        }));
+    }
+    json!({"role": m.role_name(), "content": blocks})
+}
+
 /// The body of `call` whose prompt is `prompt`.
 pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
     let mut body: Map<String, Value> = call.model.params.clone();
@@ -57,6 +147,11 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
             body.insert(key.into(), value);
         }
     }
+    if let Some(offer) = &prompt.tools {
+        for (key, value) in tool_fields(offer) {
+            body.insert(key.into(), value);
+        }
+    }
     let (max_output_tokens, temperature, top_p, stop) = match call.request {
         TaskRequest::GenerateText(r) => (
             r.max_output_tokens,
@@ -65,6 +160,12 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
             r.stop.as_deref(),
         ),
         TaskRequest::ExtractData(r) => (
+            r.max_output_tokens,
+            r.temperature,
+            r.top_p,
+            r.stop.as_deref(),
+        ),
+        TaskRequest::Chat(r) => (
             r.max_output_tokens,
             r.temperature,
             r.top_p,
@@ -88,19 +189,13 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
     let system: Vec<&str> = prompt
         .messages
         .iter()
-        .filter(|m| m.role == ChatRole::System)
+        .filter(|m| m.role == PromptRole::System)
         .map(|m| m.content.as_str())
         .collect();
     if !system.is_empty() {
         body.insert("system".into(), json!(system.join("\n\n")));
     }
-    let messages: Vec<Value> = prompt
-        .messages
-        .iter()
-        .filter(|m| m.role != ChatRole::System)
-        .map(|m| json!({"role": m.role_name(), "content": m.content}))
-        .collect();
-    body.insert("messages".into(), Value::Array(messages));
+    body.insert("messages".into(), Value::Array(messages(prompt)));
     Value::Object(body)
 }
 
@@ -140,5 +235,88 @@ mod tests {
         assert_eq!(body["top_k"], 5);
         assert!(body.get("seed").is_none() && body.get("max_completion_tokens").is_none());
         assert!(body.get("tools").is_none(), "free text needs no tool");
+    }
+
+    #[test]
+    fn a_chat_maps_to_tool_use_and_tool_result_blocks() {
+        let request = TaskRequest::parse(
+            TaskKind::Chat,
+            &json!({"messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather and time?"},
+                {"role": "assistant", "content": "Checking.", "tool_calls": [
+                    {"id": "t1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+                    {"id": "t2", "type": "function", "function": {"name": "time", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "t1", "content": "Sunny"},
+                {"role": "tool", "tool_call_id": "t2", "content": "10:00"},
+                {"role": "user", "content": "Thanks"}],
+              "tools": [
+                {"type": "function", "function": {"name": "weather", "description": "The weather",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+                {"type": "function", "function": {"name": "time"}}],
+              "tool_choice": "required", "parallel_tool_calls": false, "max_output_tokens": 30}),
+        )
+        .unwrap();
+        let schema = request.output_schema();
+        let model = ModelRef::new("claude", "claude-x");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &schema,
+            previous_error: None,
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        let (body, shape) = request_body_as(&call, StructuredOutput::Tool);
+        assert_eq!(shape, AnswerShape::Message);
+        assert_eq!(body["system"], "Be brief.");
+        assert_eq!(
+            body["messages"],
+            json!([
+                {"role": "user", "content": "Weather and time?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "t2", "name": "time", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "Sunny"},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "10:00"}]},
+                {"role": "user", "content": "Thanks"}
+            ])
+        );
+        assert_eq!(
+            body["tools"],
+            json!([
+                {"name": "weather", "description": "The weather",
+                 "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}},
+                {"name": "time", "input_schema": {"type": "object", "properties": {}}}
+            ])
+        );
+        assert_eq!(
+            body["tool_choice"],
+            json!({"type": "any", "disable_parallel_tool_use": true})
+        );
+        assert_eq!(body["max_tokens"], 30);
+        // The other choices.
+        let offer = |choice: Value| {
+            let mut raw = request.to_value();
+            raw["tool_choice"] = choice;
+            raw.as_object_mut().unwrap().remove("parallel_tool_calls");
+            let TaskRequest::Chat(r) = TaskRequest::parse(TaskKind::Chat, &raw).unwrap() else {
+                unreachable!()
+            };
+            let fields = tool_fields(&ToolOffer {
+                tools: r.tools.clone().unwrap(),
+                tool_choice: r.tool_choice.clone(),
+                parallel_tool_calls: r.parallel_tool_calls,
+            });
+            fields.into_iter().find(|(k, _)| *k == "tool_choice").map(|(_, v)| v)
+        };
+        assert_eq!(offer(json!("auto")), Some(json!({"type": "auto"})));
+        assert_eq!(offer(json!("none")), Some(json!({"type": "none"})));
+        assert_eq!(
+            offer(json!({"type": "function", "function": {"name": "time"}})),
+            Some(json!({"type": "tool", "name": "time"}))
+        );
+        assert_eq!(offer(Value::Null), None);
     }
 }

@@ -5,7 +5,7 @@
 use crate::provider::http::excerpt;
 use crate::provider::prompt::AnswerShape;
 use crate::provider::{ProviderAnswer, ProviderError};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tollgate_core::Usage;
 
 /// Reads a Messages API answer. Anthropic's `input_tokens` counts only the input after
@@ -48,6 +48,12 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
             excerpt(&text_of(blocks))
         )));
     }
+    if shape == AnswerShape::Message {
+        return Ok(ProviderAnswer {
+            output: message_output(answer, blocks),
+            usage,
+        });
+    }
     let tool_input = blocks
         .iter()
         .find(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
@@ -70,6 +76,39 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
     })
 }
 
+/// A `chat` answer: the text blocks as the content (`null` when there is none), the
+/// `tool_use` blocks as tool calls, the stop reason as a finish reason.
+fn message_output(answer: &Value, blocks: &[Value]) -> Value {
+    let text = text_of(blocks);
+    let calls: Vec<Value> = blocks
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
+        .map(|b| {
+            json!({
+                "id": b.get("id").cloned().unwrap_or(Value::Null),
+                "type": "function",
+                "function": {
+                    "name": b.get("name").cloned().unwrap_or(Value::Null),
+                    "arguments": b.get("input").map(Value::to_string).unwrap_or_default(),
+                }
+            })
+        })
+        .collect();
+    let finish_reason = match answer.get("stop_reason").and_then(Value::as_str) {
+        Some("tool_use") => "tool_calls",
+        Some("max_tokens") => "length",
+        _ => "stop",
+    };
+    let mut output = json!({
+        "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) },
+        "finish_reason": finish_reason,
+    });
+    if !calls.is_empty() {
+        output["tool_calls"] = Value::Array(calls);
+    }
+    output
+}
+
 /// The text blocks of an answer, joined.
 fn text_of(blocks: &[Value]) -> String {
     blocks
@@ -83,7 +122,6 @@ fn text_of(blocks: &[Value]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn usage_counts_cache_reads_and_writes_as_input() {
@@ -104,6 +142,30 @@ mod tests {
                 parsed.usage.estimated
             ),
             (130, Some(100), Some(20), false)
+        );
+    }
+
+    #[test]
+    fn a_chat_answer_reads_text_and_tool_use_blocks() {
+        let answer = json!({
+            "content": [{"type": "text", "text": "Checking."},
+                        {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}},
+                        {"type": "tool_use", "id": "toolu_2", "name": "time", "input": {}}],
+            "stop_reason": "tool_use",
+            "usage": {"input_tokens": 10, "output_tokens": 4}
+        });
+        let parsed = parse_answer(&answer, AnswerShape::Message).unwrap();
+        assert_eq!(
+            parsed.output,
+            json!({"content": "Checking.", "finish_reason": "tool_calls", "tool_calls": [
+                {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "toolu_2", "type": "function", "function": {"name": "time", "arguments": "{}"}}
+            ]})
+        );
+        let text = json!({"content": [{"type": "text", "text": "Sunny."}], "stop_reason": "end_turn"});
+        assert_eq!(
+            parse_answer(&text, AnswerShape::Message).unwrap().output,
+            json!({"content": "Sunny.", "finish_reason": "stop"})
         );
     }
 

@@ -8,12 +8,14 @@
 //! | `generate_text` | `"[dev provider, <model>] <the prompt's first words> (#<hash>)"`, cut to `max_output_tokens` words |
 //! | `classify` | the label whose name, description or cue words (a small built-in list: `spam` ← "free", "win", "prize"…; `complaint` ← "refund", "broken"…; `praise` ← "love", "great"…) occur most in the input; with no cue at all, the label at index `hash mod labels`; confidence `null` |
 //! | `classify_many` | one result per item, in item order, each picked as for `classify` |
+//! | `chat` | with tools offered and a `tool_choice` that allows calls: one call of the named tool (or the first), its arguments the smallest instance of its `parameters`, id `call_<hash>` — except in `auto` right after tool results, when it answers text; otherwise text: `"[dev provider, <model>] <the last message's first words> (#<hash>)"` |
 //! | `extract_data` | the smallest instance the schema allows (required properties only, the first `enum` value, `const`, `minimum`s, `minLength`/`minItems` padding, examples for common formats), with top-level number and integer properties taken from the numbers in the input (the one after the property's name, else the next unused one) and string properties from the word after the property's name, where the result stays valid; a schema it cannot satisfy fails the task clearly |
 //!
 //! Usage is reported as one token per four bytes of request and output. The model
 //! parameter `latency_ms` delays every answer, so cancellation and heartbeats can be
 //! exercised; the delay is dropped with the call when a task is canceled.
 
+mod chat;
 mod extract;
 mod instance;
 mod labels;
@@ -134,6 +136,8 @@ impl DevProvider {
                     .collect();
                 json!({ "results": results })
             }
+            TaskRequest::Chat(r) => chat::answer(model, r, seed, max_output_bytes, halt)
+                .map_err(|refusal| refused(refusal, max_output_bytes))?,
             TaskRequest::ExtractData(_) => {
                 let mut builder = Builder {
                     root: output_schema,

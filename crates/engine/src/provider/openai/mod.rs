@@ -13,6 +13,9 @@
 //!   door sends for `response_format: json_schema`) is sent as given, the schema only in
 //!   `response_format`; the schema `{"type": "object"}` (the door's `json_object`) is
 //!   sent as `response_format: {"type": "json_object"}`.
+//! - `chat` sends its conversation (assistant `tool_calls`, `tool` results with their
+//!   `tool_call_id`) and its `tools`, `tool_choice` and `parallel_tool_calls` as given, and
+//!   reads the answer's `message.content`, `message.tool_calls` and `finish_reason`.
 //! - The model's `params` are merged into the request body (`temperature`, `top_p`,
 //!   `seed`, …); the request's own `temperature`, `top_p`, `stop`, `seed` and
 //!   `max_output_tokens` (sent as `max_tokens`) take precedence.
@@ -49,7 +52,7 @@ mod request;
 mod response;
 
 pub use super::prompt::AnswerShape;
-pub use request::{format_fields, request_body, request_body_as};
+pub use request::{format_fields, message_value, request_body, request_body_as, tool_fields};
 pub use response::parse_answer;
 
 use super::http::{ApiKeyHeader, HttpClient, no_exhausted_limits};

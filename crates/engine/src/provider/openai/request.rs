@@ -4,7 +4,7 @@
 
 use crate::config::StructuredOutput;
 use crate::provider::ProviderCall;
-use crate::provider::prompt::{AnswerShape, OutputFormat, Prompt};
+use crate::provider::prompt::{AnswerShape, OutputFormat, Prompt, PromptMessage, ToolOffer};
 use serde_json::{Map, Value, json};
 use tollgate_core::TaskRequest;
 
@@ -66,12 +66,47 @@ pub fn format_fields(format: &OutputFormat) -> Vec<(&'static str, Value)> {
     }
 }
 
+/// The body fields that offer a `chat`'s tools: `tools` as given, `tool_choice` and
+/// `parallel_tool_calls` when the request set them. The token bound counts their JSON
+/// bytes.
+pub fn tool_fields(offer: &ToolOffer) -> Vec<(&'static str, Value)> {
+    let mut fields = vec![("tools", json!(offer.tools))];
+    if let Some(choice) = &offer.tool_choice {
+        fields.push(("tool_choice", json!(choice)));
+    }
+    if let Some(parallel) = offer.parallel_tool_calls {
+        fields.push(("parallel_tool_calls", json!(parallel)));
+    }
+    fields
+}
+
+/// One message as chat completions take it: `{"role", "content"}`, an assistant's
+/// `tool_calls` (its content `null` when it has none), a tool result's `tool_call_id`.
+pub fn message_value(m: &PromptMessage) -> Value {
+    let mut message = json!({"role": m.role, "content": m.content});
+    if !m.tool_calls.is_empty() {
+        if m.content.is_empty() {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = json!(m.tool_calls);
+    }
+    if let Some(id) = &m.tool_call_id {
+        message["tool_call_id"] = json!(id);
+    }
+    message
+}
+
 /// The body of `call` whose prompt is `prompt`.
 pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
     let mut body: Map<String, Value> = call.model.params.clone();
     body.insert("model".into(), json!(call.model.model));
     if let Some(format) = &prompt.format {
         for (key, value) in format_fields(format) {
+            body.insert(key.into(), value);
+        }
+    }
+    if let Some(offer) = &prompt.tools {
+        for (key, value) in tool_fields(offer) {
             body.insert(key.into(), value);
         }
     }
@@ -90,16 +125,19 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
             stop: r.stop.as_deref(),
             seed: r.seed,
         }),
+        TaskRequest::Chat(r) => Some(Sampling {
+            max_output_tokens: r.max_output_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            stop: r.stop.as_deref(),
+            seed: r.seed,
+        }),
         TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) => None,
     };
     if let Some(s) = sampling {
         insert_sampling(&mut body, s);
     }
-    let messages: Vec<Value> = prompt
-        .messages
-        .iter()
-        .map(|m| json!({"role": m.role, "content": m.content}))
-        .collect();
+    let messages: Vec<Value> = prompt.messages.iter().map(message_value).collect();
     body.insert("messages".into(), Value::Array(messages));
     Value::Object(body)
 }
@@ -266,5 +304,49 @@ mod tests {
         };
         let (body, _) = request_body(&call);
         assert_eq!(body["response_format"], json!({"type": "json_object"}));
+    }
+
+    #[test]
+    fn a_chat_sends_its_conversation_and_tools_as_given() {
+        let tools = json!([{"type": "function", "function": {"name": "time", "strict": true,
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}]);
+        let (request, output_schema) = call_for(
+            TaskKind::Chat,
+            json!({"messages": [
+                {"role": "user", "content": "Time?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "time", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "10:00"}],
+              "tools": tools, "tool_choice": {"type": "function", "function": {"name": "time"}},
+              "parallel_tool_calls": false, "temperature": 0.3, "max_output_tokens": 12}),
+        );
+        let model = ModelRef::new("openai", "m");
+        let call = ProviderCall {
+            model: &model,
+            request: &request,
+            output_schema: &output_schema,
+            previous_error: Some("tool_calls[0] calls `tme`"),
+            max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        for mode in [StructuredOutput::JsonSchema, StructuredOutput::Tool, StructuredOutput::Prompt] {
+            let (body, shape) = request_body_as(&call, mode);
+            assert_eq!(shape, AnswerShape::Message);
+            assert!(body.get("response_format").is_none(), "{mode:?}");
+            assert_eq!(body["tools"], tools);
+            assert_eq!(body["tool_choice"], json!({"type": "function", "function": {"name": "time"}}));
+            assert_eq!(body["parallel_tool_calls"], false);
+            assert_eq!((&body["temperature"], &body["max_tokens"]), (&json!(0.3), &json!(12)));
+            let messages = body["messages"].as_array().unwrap();
+            assert_eq!(
+                messages[..3],
+                [
+                    json!({"role": "user", "content": "Time?"}),
+                    json!({"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "time", "arguments": "{}"}}]}),
+                    json!({"role": "tool", "content": "10:00", "tool_call_id": "c1"})
+                ]
+            );
+            assert!(messages[3]["content"].as_str().unwrap().contains("`tme`"));
+        }
     }
 }

@@ -38,6 +38,33 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
     if let Some(refusal) = message.get("refusal").and_then(Value::as_str) {
         return Err(invalid(format!("the model refused: {}", excerpt(refusal))));
     }
+    if shape == AnswerShape::Message {
+        // A chat's answer is the message itself; core validates its calls.
+        let mut output = serde_json::Map::new();
+        output.insert(
+            "content".into(),
+            message.get("content").cloned().unwrap_or(Value::Null),
+        );
+        match message.get("tool_calls") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(calls)) => {
+                output.insert(
+                    "tool_calls".into(),
+                    Value::Array(calls.iter().map(call_fields).collect()),
+                );
+            }
+            Some(other) => {
+                output.insert("tool_calls".into(), other.clone());
+            }
+        }
+        if let Some(reason) = answer.pointer("/choices/0/finish_reason") {
+            output.insert("finish_reason".into(), reason.clone());
+        }
+        return Ok(ProviderAnswer {
+            output: Value::Object(output),
+            usage,
+        });
+    }
     // A forced tool call (`structured_output = "tool"`) answers in its arguments, a
     // JSON text; anything else in the content.
     let arguments = message
@@ -53,6 +80,33 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
     Ok(ProviderAnswer { output, usage })
 }
 
+/// A tool call's own fields (`id`, `type`, `function.name`, `function.arguments`):
+/// servers that add others (an `index`, …) are not refused for them.
+fn call_fields(call: &Value) -> Value {
+    let Value::Object(map) = call else {
+        return call.clone();
+    };
+    let mut kept = serde_json::Map::new();
+    for key in ["id", "type"] {
+        if let Some(v) = map.get(key) {
+            kept.insert(key.into(), v.clone());
+        }
+    }
+    if let Some(function) = map.get("function") {
+        let value = match function {
+            Value::Object(f) => Value::Object(
+                f.iter()
+                    .filter(|(k, _)| matches!(k.as_str(), "name" | "arguments"))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
+            other => other.clone(),
+        };
+        kept.insert("function".into(), value);
+    }
+    Value::Object(kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,6 +120,25 @@ mod tests {
         assert_eq!(
             parse_answer(&answer, AnswerShape::Json).unwrap().output,
             json!({"label": "ham"})
+        );
+    }
+
+    #[test]
+    fn a_chat_answer_is_its_message() {
+        let answer = json!({"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ]}, "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}});
+        let parsed = parse_answer(&answer, AnswerShape::Message).unwrap();
+        assert_eq!(
+            parsed.output,
+            json!({"content": null, "finish_reason": "tool_calls", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ]})
+        );
+        let text = json!({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]});
+        assert_eq!(
+            parse_answer(&text, AnswerShape::Message).unwrap().output,
+            json!({"content": "hi", "finish_reason": "stop"})
         );
     }
 

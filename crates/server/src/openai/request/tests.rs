@@ -61,8 +61,21 @@ fn json_formats_become_extract_data() {
 #[test]
 fn unsupported_and_unknown_fields_are_refused_by_name() {
     refused(
-        json!({"model": "m", "messages": chat(), "tools": []}),
-        "tools",
+        json!({"model": "m", "messages": chat(), "functions": [{"name": "f"}]}),
+        "functions",
+    );
+    refused(
+        json!({"model": "m", "messages": chat(), "tool_choice": "auto"}),
+        "tool_choice",
+    );
+    refused(
+        json!({"model": "m", "messages": chat(), "parallel_tool_calls": false}),
+        "parallel_tool_calls",
+    );
+    refused(
+        json!({"model": "m", "messages": chat(), "tools": [{"type": "function", "function": {"name": "f"}}],
+               "response_format": {"type": "json_object"}}),
+        "response_format",
     );
     refused(json!({"model": "m", "messages": chat(), "n": 2}), "n");
     refused(
@@ -79,8 +92,12 @@ fn unsupported_and_unknown_fields_are_refused_by_name() {
         "messages[0].content[0]",
     );
     refused(
-        json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}),
+        json!({"model": "m", "messages": [{"role": "function", "name": "f", "content": "x"}]}),
         "messages[0].role",
+    );
+    refused(
+        json!({"model": "m", "messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}),
+        "messages[0].tool_call_id",
     );
     refused(
         json!({"model": "m", "messages": chat(), "stream_options": {"include_usage": true}}),
@@ -95,4 +112,44 @@ fn unsupported_and_unknown_fields_are_refused_by_name() {
     ok(
         json!({"model": "m", "messages": chat(), "logprobs": false, "tools": null, "presence_penalty": 0}),
     );
+}
+
+#[test]
+fn tools_and_tool_history_become_chat() {
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let r = ok(json!({
+        "model": "m", "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "refusal": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]}
+        ],
+        "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+        "max_tokens": 9, "response_format": {"type": "text"}
+    }));
+    assert_eq!(r.kind, TaskKind::Chat);
+    assert_eq!(
+        r.request,
+        json!({
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}
+            ],
+            "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+            "max_output_tokens": 9
+        })
+    );
+    // History alone (the tools left out of a follow-up call) is a chat too.
+    let r = ok(json!({"model": "m", "messages": [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    ]}));
+    assert_eq!(r.kind, TaskKind::Chat);
+    // Without tools nothing changes.
+    assert_eq!(ok(json!({"model": "m", "messages": chat(), "tools": null})).kind, TaskKind::GenerateText);
 }
