@@ -135,14 +135,24 @@ fn tool_answer(body: &Value) -> Value {
         .iter()
         .rev()
         .take_while(|m| m["role"] == "tool")
-        .map(|m| format!("{}={}", m["tool_call_id"].as_str().unwrap_or(""), m["content"].as_str().unwrap_or("")))
+        .map(|m| {
+            format!(
+                "{}={}",
+                m["tool_call_id"].as_str().unwrap_or(""),
+                m["content"].as_str().unwrap_or("")
+            )
+        })
         .collect();
     if !results.is_empty() {
         let mut results = results;
         results.reverse();
         return json!({"role": "assistant", "content": format!("fake answer to tool results: {}", results.join(", "))});
     }
-    let take = if body["parallel_tool_calls"] == false { 1 } else { 2 };
+    let take = if body["parallel_tool_calls"] == false {
+        1
+    } else {
+        2
+    };
     let calls: Vec<Value> = body["tools"]
         .as_array()
         .into_iter()
@@ -337,7 +347,11 @@ async fn a_tool_call_round_trip_is_a_chat_task(backend: &str) {
     let question = json!({"role": "user", "content": "Weather and time in Paris?"});
     let body = json!({"model": "default", "messages": [question], "tools": tools});
     let (status, headers, answer) = server
-        .chat(Some(ACME), &[("idempotency-key", "tools-1")], serde_json::to_vec(&body).unwrap())
+        .chat(
+            Some(ACME),
+            &[("idempotency-key", "tools-1")],
+            serde_json::to_vec(&body).unwrap(),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     let choice = &answer["choices"][0];
@@ -348,7 +362,10 @@ async fn a_tool_call_round_trip_is_a_chat_task(backend: &str) {
     assert_eq!(calls[0]["function"]["name"], "get_weather");
     assert_eq!(calls[1]["function"]["arguments"], "{\"city\":\"Paris\"}");
     let sent = fake.seen.lock().unwrap().last.clone().unwrap();
-    assert_eq!(sent["tools"], tools, "the tools reach the provider as given");
+    assert_eq!(
+        sent["tools"], tools,
+        "the tools reach the provider as given"
+    );
     let id = headers["x-tollgate-task-id"].to_str().unwrap().to_string();
     let task: Value = server
         .http
@@ -366,7 +383,11 @@ async fn a_tool_call_round_trip_is_a_chat_task(backend: &str) {
     // A replay of the same key answers the same calls without a provider call.
     let before = fake.count();
     let (_, _, replay) = server
-        .chat(Some(ACME), &[("idempotency-key", "tools-1")], serde_json::to_vec(&body).unwrap())
+        .chat(
+            Some(ACME),
+            &[("idempotency-key", "tools-1")],
+            serde_json::to_vec(&body).unwrap(),
+        )
         .await;
     assert_eq!(replay["choices"][0]["message"]["tool_calls"], json!(calls));
     assert_eq!(fake.count(), before);
@@ -390,7 +411,10 @@ async fn a_tool_call_round_trip_is_a_chat_task(backend: &str) {
     );
     let sent = fake.seen.lock().unwrap().last.clone().unwrap();
     assert_eq!(sent["messages"][1]["tool_calls"], json!(calls));
-    assert_eq!(sent["messages"][2], json!({"role": "tool", "tool_call_id": "call_0", "content": "Sunny"}));
+    assert_eq!(
+        sent["messages"][2],
+        json!({"role": "tool", "tool_call_id": "call_0", "content": "Sunny"})
+    );
 
     // Streamed, the calls arrive as one tool_calls delta with their indexes.
     let mut streamed = body.clone();
@@ -417,7 +441,11 @@ async fn a_tool_call_round_trip_is_a_chat_task(backend: &str) {
         .collect();
     assert_eq!(deltas.len(), 1, "{text}");
     assert_eq!(deltas[0][0]["index"], 0, "{text}");
-    assert_eq!(deltas[0].as_array().unwrap().len(), 1, "one call without parallel calls");
+    assert_eq!(
+        deltas[0].as_array().unwrap().len(),
+        1,
+        "one call without parallel calls"
+    );
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{text}");
 }

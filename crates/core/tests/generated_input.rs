@@ -177,6 +177,36 @@ fn arb_request(kind: TaskKind) -> BoxedStrategy<Value> {
             .prop_map(|(input, schema)| {
                 vec![("input".to_string(), input), ("schema".into(), schema)]
             })
+            .boxed(),        TaskKind::Chat => (
+            arb_text(),
+            arb_schema(),
+            proptest::option::of(prop_oneof![
+                Just(json!("auto")),
+                Just(json!("required")),
+                Just(json!({"type": "function", "function": {"name": "tool"}})),
+                arb_json(),
+            ]),
+            any::<bool>(),
+        )
+            .prop_map(|(text, parameters, choice, called)| {
+                let mut messages = vec![json!({"role": "user", "content": text})];
+                if called {
+                    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "tool", "arguments": "{}"}}]}));
+                    messages.push(json!({"role": "tool", "tool_call_id": "c1", "content": "ok"}));
+                }
+                let mut f = vec![
+                    ("messages".to_string(), json!(messages)),
+                    (
+                        "tools".into(),
+                        json!([{"type": "function", "function": {"name": "tool", "parameters": parameters}}]),
+                    ),
+                ];
+                if let Some(c) = choice {
+                    f.push(("tool_choice".into(), c));
+                }
+                f
+            })
             .boxed(),
     };
     (fields, extra)

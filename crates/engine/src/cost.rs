@@ -311,7 +311,9 @@ pub fn body_input_tokens(counter: TokenCounter, body: &Value) -> u64 {
         for m in messages {
             let text = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("");
             input += message_tokens(counter, text("role"), text("content"));
-            input += m.get("tool_calls").map_or(0, |c| c.to_string().len() as u64);
+            input += m
+                .get("tool_calls")
+                .map_or(0, |c| c.to_string().len() as u64);
             input += m
                 .get("tool_call_id")
                 .and_then(Value::as_str)
@@ -542,8 +544,11 @@ mod tests {
                 .iter()
                 .map(|b| {
                     let text = |k: &str| b.get(k).and_then(Value::as_str).map_or(0, str::len);
-                    (text("text") + text("content") + text("id") + text("tool_use_id") + text("name"))
-                        as u64
+                    (text("text")
+                        + text("content")
+                        + text("id")
+                        + text("tool_use_id")
+                        + text("name")) as u64
                         + b.get("input").map_or(0, |i| i.to_string().len() as u64)
                 })
                 .sum(),

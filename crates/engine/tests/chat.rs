@@ -64,7 +64,10 @@ fn sourced(effect_key: &str, request: Value, source: &str) -> Submission {
 async fn the_dev_provider_calls_a_tool_then_answers_its_results(db: TestDb) {
     let engine = db.engine(fast_config()).await;
     let handle = engine.start().await.unwrap();
-    let first = engine.submit(submission("ask", ask(json!({})))).await.unwrap();
+    let first = engine
+        .submit(submission("ask", ask(json!({}))))
+        .await
+        .unwrap();
     let done = finished(&engine, first.task.id).await;
     assert_eq!(done.status, TaskStatus::Succeeded, "{:?}", done.error);
     let output = done.output.unwrap();
@@ -74,7 +77,11 @@ async fn the_dev_provider_calls_a_tool_then_answers_its_results(db: TestDb) {
     assert_eq!(call["function"]["name"], "get_weather");
     let arguments: Value =
         serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-    assert_eq!(arguments, json!({"city": "x"}), "the smallest valid arguments");
+    assert_eq!(
+        arguments,
+        json!({"city": "x"}),
+        "the smallest valid arguments"
+    );
 
     // The client runs the tool and sends its result: the dev model answers in text.
     let round_trip = ask(json!({"messages": [
@@ -82,7 +89,10 @@ async fn the_dev_provider_calls_a_tool_then_answers_its_results(db: TestDb) {
         {"role": "assistant", "content": null, "tool_calls": [call.clone()]},
         {"role": "tool", "tool_call_id": call["id"], "content": "Sunny, 21 C"}
     ]}));
-    let second = engine.submit(submission("answer", round_trip)).await.unwrap();
+    let second = engine
+        .submit(submission("answer", round_trip))
+        .await
+        .unwrap();
     let done = finished(&engine, second.task.id).await;
     assert_eq!(done.status, TaskStatus::Succeeded, "{:?}", done.error);
     let output = done.output.unwrap();
@@ -96,7 +106,10 @@ async fn the_dev_provider_calls_a_tool_then_answers_its_results(db: TestDb) {
         .await
         .unwrap();
     let out = finished(&engine, none.task.id).await.output.unwrap();
-    assert!(out.get("tool_calls").is_none() && out["content"].is_string(), "{out}");
+    assert!(
+        out.get("tool_calls").is_none() && out["content"].is_string(),
+        "{out}"
+    );
     let named = ask(json!({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}));
     let named = engine.submit(submission("named", named)).await.unwrap();
     let out = finished(&engine, named.task.id).await.output.unwrap();
@@ -112,7 +125,8 @@ async fn the_dev_provider_calls_a_tool_then_answers_its_results(db: TestDb) {
         .await
         .unwrap_err();
     assert!(
-        err.to_string().contains("request.tool_choice.function.name"),
+        err.to_string()
+            .contains("request.tool_choice.function.name"),
         "{err}"
     );
     handle.shutdown(Duration::from_secs(5)).await;
@@ -247,7 +261,11 @@ async fn an_invalid_tool_call_is_asked_again_and_the_reservation_counts_the_tool
     assert_eq!(done.status, TaskStatus::Succeeded, "{:?}", done.error);
     let output = done.output.unwrap();
     assert_eq!(output["finish_reason"], "tool_calls");
-    assert_eq!(output["tool_calls"].as_array().unwrap().len(), 2, "{output}");
+    assert_eq!(
+        output["tool_calls"].as_array().unwrap().len(),
+        2,
+        "{output}"
+    );
     assert_eq!(output["tool_calls"][1]["id"], "call_3");
     assert_eq!(
         done.usage.map(|u| (u.input_tokens, u.output_tokens)),
@@ -258,7 +276,10 @@ async fn an_invalid_tool_call_is_asked_again_and_the_reservation_counts_the_tool
     let requests = fake.requests.lock().unwrap().clone();
     assert_eq!(requests.len(), 2, "one re-ask");
     let sent = &requests[0];
-    assert_eq!(sent["tools"], json!([weather_tool(), {"type": "function", "function": {"name": "get_time"}}]));
+    assert_eq!(
+        sent["tools"],
+        json!([weather_tool(), {"type": "function", "function": {"name": "get_time"}}])
+    );
     assert_eq!(sent["tool_choice"], "required");
     assert_eq!(sent["parallel_tool_calls"], true);
     assert!(sent.get("response_format").is_none());
@@ -276,7 +297,10 @@ async fn an_invalid_tool_call_is_asked_again_and_the_reservation_counts_the_tool
     let counted = body_input_tokens(TokenCounter::bytes(), sent);
     assert_eq!(first_reservation.tokens, counted + MAX_OUTPUT);
     let tools_bytes = sent["tools"].to_string().len() as u64;
-    assert!(counted > tools_bytes, "{counted} counts the {tools_bytes} bytes of tools");
+    assert!(
+        counted > tools_bytes,
+        "{counted} counts the {tools_bytes} bytes of tools"
+    );
     let stored = engine.get(&app(), task.id).await.unwrap().unwrap();
     let reask = body_input_tokens(TokenCounter::bytes(), &requests[1]) + MAX_OUTPUT;
     assert_eq!(

@@ -492,10 +492,7 @@ fn parse_tools(value: &Value) -> Result<Vec<ChatTool>, InvalidInput> {
         let name: String = match fmap.get("name") {
             Some(v) => de(v, &format!("{function_path}.name"))?,
             None => {
-                return Err(InvalidInput::field(
-                    &function_path,
-                    "missing field `name`",
-                ));
+                return Err(InvalidInput::field(&function_path, "missing field `name`"));
             }
         };
         check_tool_name(&name, &format!("{function_path}.name"))?;
@@ -587,7 +584,10 @@ fn check_parameters(schema: &Value, path: &str) -> Result<(), InvalidInput> {
 
 /// `tool_choice`: a mode, or a named function among the tools; `required` and a name
 /// need tools.
-fn parse_tool_choice(value: &Value, tools: Option<&[ChatTool]>) -> Result<ToolChoice, InvalidInput> {
+fn parse_tool_choice(
+    value: &Value,
+    tools: Option<&[ChatTool]>,
+) -> Result<ToolChoice, InvalidInput> {
     let path = "request.tool_choice";
     let choice = match value {
         Value::String(mode) => match mode.as_str() {
@@ -619,15 +619,13 @@ fn parse_tool_choice(value: &Value, tools: Option<&[ChatTool]>) -> Result<ToolCh
             path,
             "`required` needs `tools`: no tool is offered",
         )),
-        ToolChoice::Function(named) if !offered(&named.function.name) => {
-            Err(InvalidInput::field(
-                format!("{path}.function.name"),
-                format!(
-                    "`{}` is not one of the offered tools",
-                    clip(&named.function.name)
-                ),
-            ))
-        }
+        ToolChoice::Function(named) if !offered(&named.function.name) => Err(InvalidInput::field(
+            format!("{path}.function.name"),
+            format!(
+                "`{}` is not one of the offered tools",
+                clip(&named.function.name)
+            ),
+        )),
         _ => Ok(choice),
     }
 }
@@ -646,7 +644,9 @@ fn array<'a>(value: &'a Value, path: &str) -> Result<&'a Vec<Value>, InvalidInpu
 /// A required string field.
 fn text(map: &Map<String, Value>, key: &str, path: &str) -> Result<String, InvalidInput> {
     match map.get(key) {
-        None | Some(Value::Null) => Err(InvalidInput::field(path, format!("missing field `{key}`"))),
+        None | Some(Value::Null) => {
+            Err(InvalidInput::field(path, format!("missing field `{key}`")))
+        }
         Some(v) => de(v, &format!("{path}.{key}")),
     }
 }

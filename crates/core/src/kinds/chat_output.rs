@@ -24,7 +24,10 @@ pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "tool_calls", "content_
 /// Validates and normalizes a `chat` answer (see the module docs). `finish_reason` is
 /// `tool_calls` when the answer calls tools, else the model's `length` or
 /// `content_filter`, else `stop`.
-pub(super) fn validate_chat(request: &ChatRequest, output: &Value) -> Result<Value, OutputViolation> {
+pub(super) fn validate_chat(
+    request: &ChatRequest,
+    output: &Value,
+) -> Result<Value, OutputViolation> {
     let Value::Object(map) = output else {
         return Err(violation(format!(
             "output must be a JSON object, not {}",
@@ -105,7 +108,12 @@ pub(super) fn validate_chat(request: &ChatRequest, output: &Value) -> Result<Val
 
 /// `tool_choice` and `parallel_tool_calls`, honoured.
 fn check_choice(request: &ChatRequest, calls: &[Value]) -> Result<(), OutputViolation> {
-    let name_of = |call: &Value| call["function"]["name"].as_str().unwrap_or_default().to_owned();
+    let name_of = |call: &Value| {
+        call["function"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
     match request.effective_tool_choice() {
         ToolChoice::Mode(ToolChoiceMode::None) if !calls.is_empty() => {
             return Err(violation(
@@ -193,7 +201,11 @@ fn tool_call(request: &ChatRequest, i: usize, call: &Value) -> Result<Value, Out
         _ => return Err(violation(format!("{at}.function.name must be a string"))),
     };
     let Some(tool) = request.tool(name) else {
-        let offered = request.tools.iter().flatten().map(|t| t.function.name.as_str());
+        let offered = request
+            .tools
+            .iter()
+            .flatten()
+            .map(|t| t.function.name.as_str());
         return Err(violation(if request.tools.is_none() {
             format!(
                 "{at} calls `{}`, but no tools were offered: answer with text",

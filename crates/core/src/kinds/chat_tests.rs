@@ -72,26 +72,56 @@ fn a_round_trip_with_parallel_calls_parses_and_normalizes() {
     let TaskRequest::Chat(c) = &r else { panic!() };
     assert_eq!(c.messages.len(), 5);
     assert!(matches!(&c.messages[4], ChatTurn::Tool { tool_call_id, .. } if tool_call_id == "c2"));
-    assert_eq!(c.tool("get_time").unwrap().parameters_schema(), json!({"type": "object", "properties": {}}));
+    assert_eq!(
+        c.tool("get_time").unwrap().parameters_schema(),
+        json!({"type": "object", "properties": {}})
+    );
     // Serde's derived form reads the normalized value back.
     let back: ChatRequest = serde_json::from_value(r.to_value()).unwrap();
     assert_eq!(TaskRequest::Chat(back), r);
     // Named tool choice.
-    chat(with(json!({ "tool_choice": { "type": "function", "function": { "name": "get_time" } } })));
+    chat(with(
+        json!({ "tool_choice": { "type": "function", "function": { "name": "get_time" } } }),
+    ));
     // A chat without tools is text only.
     let plain = chat(json!({ "messages": [user("hi")] }));
-    let TaskRequest::Chat(p) = &plain else { panic!() };
-    assert_eq!(p.effective_tool_choice(), ToolChoice::Mode(ToolChoiceMode::None));
+    let TaskRequest::Chat(p) = &plain else {
+        panic!()
+    };
+    assert_eq!(
+        p.effective_tool_choice(),
+        ToolChoice::Mode(ToolChoiceMode::None)
+    );
 }
 
 #[test]
 fn bad_messages_are_named() {
     let k = TaskKind::Chat;
     rejects(k, json!({}), "request", "missing field `messages`");
-    rejects(k, json!({ "messages": [] }), "request.messages", "at least one message");
-    rejects(k, json!({ "messages": "hi" }), "request.messages", "expected an array");
-    rejects(k, json!({ "messages": [7] }), "request.messages[0]", "must be a JSON object");
-    rejects(k, json!({ "messages": [{ "content": "x" }] }), "request.messages[0]", "missing field `role`");
+    rejects(
+        k,
+        json!({ "messages": [] }),
+        "request.messages",
+        "at least one message",
+    );
+    rejects(
+        k,
+        json!({ "messages": "hi" }),
+        "request.messages",
+        "expected an array",
+    );
+    rejects(
+        k,
+        json!({ "messages": [7] }),
+        "request.messages[0]",
+        "must be a JSON object",
+    );
+    rejects(
+        k,
+        json!({ "messages": [{ "content": "x" }] }),
+        "request.messages[0]",
+        "missing field `role`",
+    );
     rejects(
         k,
         json!({ "messages": [{ "role": "bot", "content": "x" }] }),
@@ -104,8 +134,18 @@ fn bad_messages_are_named() {
         "request.messages[0].role",
         "unknown role",
     );
-    rejects(k, json!({ "messages": [{ "role": 1 }] }), "request.messages[0].role", "must be a string");
-    rejects(k, json!({ "messages": [{ "role": "user" }] }), "request.messages[0]", "missing field `content`");
+    rejects(
+        k,
+        json!({ "messages": [{ "role": 1 }] }),
+        "request.messages[0].role",
+        "must be a string",
+    );
+    rejects(
+        k,
+        json!({ "messages": [{ "role": "user" }] }),
+        "request.messages[0]",
+        "missing field `content`",
+    );
     rejects(
         k,
         json!({ "messages": [{ "role": "user", "content": "x", "tool_calls": [] }] }),
@@ -138,14 +178,24 @@ fn bad_messages_are_named() {
         "invalid type",
     );
     let calls = |calls: Value| json!({ "messages": [{ "role": "assistant", "content": null, "tool_calls": calls }] });
-    rejects(k, calls(json!([{ "id": "c1" }])), "request.messages[0].tool_calls[0]", "missing field");
+    rejects(
+        k,
+        calls(json!([{ "id": "c1" }])),
+        "request.messages[0].tool_calls[0]",
+        "missing field",
+    );
     rejects(
         k,
         calls(json!([call("c1", "f", "{not json")])),
         "request.messages[0].tool_calls[0].function.arguments",
         "string of JSON",
     );
-    rejects(k, calls(json!([call("", "f", "{}")])), "request.messages[0].tool_calls[0].id", "1 to 256 bytes");
+    rejects(
+        k,
+        calls(json!([call("", "f", "{}")])),
+        "request.messages[0].tool_calls[0].id",
+        "1 to 256 bytes",
+    );
     rejects(
         k,
         calls(json!([call("c1", "f", "{}"), call("c1", "g", "{}")])),
@@ -153,8 +203,18 @@ fn bad_messages_are_named() {
         "ids must be unique",
     );
     let many: Vec<Value> = (0..=MAX_CHAT_MESSAGES).map(|_| user("x")).collect();
-    rejects(k, json!({ "messages": many }), "request.messages", "over the limit of 1000");
-    rejects(k, json!({ "messages": [user("x")], "prompt": "p" }), "request", "unknown field `prompt`");
+    rejects(
+        k,
+        json!({ "messages": many }),
+        "request.messages",
+        "over the limit of 1000",
+    );
+    rejects(
+        k,
+        json!({ "messages": [user("x")], "prompt": "p" }),
+        "request",
+        "unknown field `prompt`",
+    );
 }
 
 #[test]
@@ -163,9 +223,24 @@ fn bad_tools_are_named() {
     let tools = |tools: Value| json!({ "messages": [user("x")], "tools": tools });
     rejects(k, tools(json!([])), "request.tools", "at least one tool");
     rejects(k, tools(json!({})), "request.tools", "expected an array");
-    rejects(k, tools(json!([{ "type": "retrieval" }])), "request.tools[0].type", "must be \"function\"");
-    rejects(k, tools(json!([{ "function": { "name": "f" } }])), "request.tools[0]", "missing field `type`");
-    rejects(k, tools(json!([{ "type": "function" }])), "request.tools[0]", "missing field `function`");
+    rejects(
+        k,
+        tools(json!([{ "type": "retrieval" }])),
+        "request.tools[0].type",
+        "must be \"function\"",
+    );
+    rejects(
+        k,
+        tools(json!([{ "function": { "name": "f" } }])),
+        "request.tools[0]",
+        "missing field `type`",
+    );
+    rejects(
+        k,
+        tools(json!([{ "type": "function" }])),
+        "request.tools[0]",
+        "missing field `function`",
+    );
     rejects(
         k,
         tools(json!([{ "type": "function", "function": {} }])),
@@ -190,19 +265,32 @@ fn bad_tools_are_named() {
         "request.tools[0].function",
         "unknown field `color`",
     );
-    rejects(k, tools(json!([weather(), time(), weather()])), "request.tools[2].function.name", "names must be unique");
+    rejects(
+        k,
+        tools(json!([weather(), time(), weather()])),
+        "request.tools[2].function.name",
+        "names must be unique",
+    );
     // Not an object schema.
     for (parameters, reason) in [
         (json!("object"), "must be a JSON Schema object"),
         (json!(true), "must be a JSON Schema object"),
         (json!({ "type": "array" }), "must describe an object"),
         (json!({ "type": "thing" }), "must describe an object"),
-        (json!({ "type": "object", "properties": { "a": { "type": 5 } } }), "not a valid JSON Schema"),
-        (json!({ "$ref": "https://example.com/s.json" }), "not a local reference"),
+        (
+            json!({ "type": "object", "properties": { "a": { "type": 5 } } }),
+            "not a valid JSON Schema",
+        ),
+        (
+            json!({ "$ref": "https://example.com/s.json" }),
+            "not a local reference",
+        ),
     ] {
         rejects(
             k,
-            tools(json!([{ "type": "function", "function": { "name": "f", "parameters": parameters } }])),
+            tools(
+                json!([{ "type": "function", "function": { "name": "f", "parameters": parameters } }]),
+            ),
             "request.tools[0].function.parameters",
             reason,
         );
@@ -210,14 +298,29 @@ fn bad_tools_are_named() {
     let many: Vec<Value> = (0..=MAX_CHAT_TOOLS)
         .map(|i| json!({ "type": "function", "function": { "name": format!("f{i}") } }))
         .collect();
-    rejects(k, tools(Value::Array(many)), "request.tools", "over the limit of 128");
+    rejects(
+        k,
+        tools(Value::Array(many)),
+        "request.tools",
+        "over the limit of 128",
+    );
 }
 
 #[test]
 fn bad_tool_choices_are_named() {
     let k = TaskKind::Chat;
-    rejects(k, with(json!({ "tool_choice": "always" })), "request.tool_choice", "unknown tool choice");
-    rejects(k, with(json!({ "tool_choice": 1 })), "request.tool_choice", "string or an object");
+    rejects(
+        k,
+        with(json!({ "tool_choice": "always" })),
+        "request.tool_choice",
+        "unknown tool choice",
+    );
+    rejects(
+        k,
+        with(json!({ "tool_choice": 1 })),
+        "request.tool_choice",
+        "string or an object",
+    );
     rejects(
         k,
         with(json!({ "tool_choice": { "type": "function", "function": { "name": "nope" } } })),
@@ -242,9 +345,24 @@ fn bad_tool_choices_are_named() {
         "request.tool_choice.function.name",
         "not one of the offered tools",
     );
-    rejects(k, with(json!({ "parallel_tool_calls": "yes" })), "request.parallel_tool_calls", "invalid type");
-    rejects(k, with(json!({ "temperature": 9 })), "request.temperature", "from 0 to 2");
-    rejects(k, with(json!({ "max_output_tokens": 0 })), "request.max_output_tokens", "at least 1");
+    rejects(
+        k,
+        with(json!({ "parallel_tool_calls": "yes" })),
+        "request.parallel_tool_calls",
+        "invalid type",
+    );
+    rejects(
+        k,
+        with(json!({ "temperature": 9 })),
+        "request.temperature",
+        "from 0 to 2",
+    );
+    rejects(
+        k,
+        with(json!({ "max_output_tokens": 0 })),
+        "request.max_output_tokens",
+        "at least 1",
+    );
     accepts(k, json!({ "messages": [user("x")], "tool_choice": "none" }));
 }
 
@@ -272,27 +390,85 @@ fn answers_are_validated_against_the_tools() {
     let two = json!({ "content": "Checking.", "tool_calls": [
         call("c1", "get_weather", "{\"city\":\"Paris\"}"), call("c2", "get_time", "{}")
     ], "finish_reason": "stop" });
-    assert_eq!(validate_output(&r, &two).unwrap()["finish_reason"], "tool_calls");
+    assert_eq!(
+        validate_output(&r, &two).unwrap()["finish_reason"],
+        "tool_calls"
+    );
     // A call's `type` may be left out; it is normalized in.
     let untyped = json!({ "content": null, "tool_calls": [{ "id": "c1", "function": { "name": "get_time", "arguments": "{}" } }] });
-    assert_eq!(validate_output(&r, &untyped).unwrap()["tool_calls"][0]["type"], "function");
+    assert_eq!(
+        validate_output(&r, &untyped).unwrap()["tool_calls"][0]["type"],
+        "function"
+    );
 
-    violates(&r, json!({ "content": null, "tool_calls": [call("c1", "get_wether", "{}")] }), "not one of the tools: `get_weather`, `get_time`");
-    violates(&r, json!({ "content": null, "tool_calls": [call("c1", "get_weather", "{city: Paris}")] }), "not valid JSON");
-    violates(&r, json!({ "content": null, "tool_calls": [call("c1", "get_weather", "[1]")] }), "must be a JSON object");
-    violates(&r, json!({ "content": null, "tool_calls": [call("c1", "get_weather", "{}")] }), "do not match the parameters of `get_weather`");
-    violates(&r, json!({ "content": null, "tool_calls": [call("c1", "get_weather", "{\"city\":\"P\",\"days\":0}")] }), "at /days");
-    violates(&r, json!({ "content": null, "tool_calls": [call("c1", "get_time", "{}"), call("c1", "get_time", "{}")] }), "appears more than once");
-    violates(&r, json!({ "content": null, "tool_calls": [{ "id": "c1", "function": { "name": "get_time", "arguments": {} } }] }), "must be a string of JSON");
-    violates(&r, json!({ "content": null, "tool_calls": [{ "function": { "name": "get_time", "arguments": "{}" } }] }), "missing field `id`");
-    violates(&r, json!({ "content": null, "tool_calls": [{ "id": "c", "type": "code", "function": { "name": "get_time", "arguments": "{}" } }] }), "must be \"function\"");
-    violates(&r, json!({ "content": null, "tool_calls": {} }), "must be an array");
-    violates(&r, json!({ "content": null }), "neither `content` nor `tool_calls`");
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": [call("c1", "get_wether", "{}")] }),
+        "not one of the tools: `get_weather`, `get_time`",
+    );
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": [call("c1", "get_weather", "{city: Paris}")] }),
+        "not valid JSON",
+    );
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": [call("c1", "get_weather", "[1]")] }),
+        "must be a JSON object",
+    );
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": [call("c1", "get_weather", "{}")] }),
+        "do not match the parameters of `get_weather`",
+    );
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": [call("c1", "get_weather", "{\"city\":\"P\",\"days\":0}")] }),
+        "at /days",
+    );
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": [call("c1", "get_time", "{}"), call("c1", "get_time", "{}")] }),
+        "appears more than once",
+    );
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": [{ "id": "c1", "function": { "name": "get_time", "arguments": {} } }] }),
+        "must be a string of JSON",
+    );
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": [{ "function": { "name": "get_time", "arguments": "{}" } }] }),
+        "missing field `id`",
+    );
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": [{ "id": "c", "type": "code", "function": { "name": "get_time", "arguments": "{}" } }] }),
+        "must be \"function\"",
+    );
+    violates(
+        &r,
+        json!({ "content": null, "tool_calls": {} }),
+        "must be an array",
+    );
+    violates(
+        &r,
+        json!({ "content": null }),
+        "neither `content` nor `tool_calls`",
+    );
     violates(&r, json!({ "content": 5 }), "string or null");
-    violates(&r, json!({ "content": "x", "why": 1 }), "unexpected field `why`");
+    violates(
+        &r,
+        json!({ "content": "x", "why": 1 }),
+        "unexpected field `why`",
+    );
     violates(&r, json!("hi"), "must be a JSON object");
     let plain = chat(json!({ "messages": [user("x")] }));
-    violates(&plain, json!({ "content": null, "tool_calls": [call("c1", "f", "{}")] }), "no tools were offered");
+    violates(
+        &plain,
+        json!({ "content": null, "tool_calls": [call("c1", "f", "{}")] }),
+        "no tools were offered",
+    );
 }
 
 #[test]
@@ -301,7 +477,17 @@ fn the_tool_choice_is_honoured() {
         let calls: Vec<Value> = names
             .iter()
             .enumerate()
-            .map(|(i, n)| call(&format!("c{i}"), n, if *n == "get_weather" { "{\"city\":\"x\"}" } else { "{}" }))
+            .map(|(i, n)| {
+                call(
+                    &format!("c{i}"),
+                    n,
+                    if *n == "get_weather" {
+                        "{\"city\":\"x\"}"
+                    } else {
+                        "{}"
+                    },
+                )
+            })
             .collect();
         json!({ "content": null, "tool_calls": calls })
     };
@@ -309,14 +495,32 @@ fn the_tool_choice_is_honoured() {
     violates(&none, calls(&["get_time"]), "tool_choice is `none`");
     assert!(validate_output(&none, &json!({ "content": "ok" })).is_ok());
     let required = chat(with(json!({ "tool_choice": "required" })));
-    violates(&required, json!({ "content": "ok" }), "tool_choice is `required`");
+    violates(
+        &required,
+        json!({ "content": "ok" }),
+        "tool_choice is `required`",
+    );
     assert!(validate_output(&required, &calls(&["get_time"])).is_ok());
-    let named = chat(with(json!({ "tool_choice": { "type": "function", "function": { "name": "get_time" } } })));
-    violates(&named, json!({ "content": "ok" }), "names `get_time`: call it");
-    violates(&named, calls(&["get_time", "get_weather"]), "call only it, not `get_weather`");
+    let named = chat(with(
+        json!({ "tool_choice": { "type": "function", "function": { "name": "get_time" } } }),
+    ));
+    violates(
+        &named,
+        json!({ "content": "ok" }),
+        "names `get_time`: call it",
+    );
+    violates(
+        &named,
+        calls(&["get_time", "get_weather"]),
+        "call only it, not `get_weather`",
+    );
     assert!(validate_output(&named, &calls(&["get_time"])).is_ok());
     let single = chat(with(json!({ "parallel_tool_calls": false })));
-    violates(&single, calls(&["get_time", "get_weather"]), "parallel_tool_calls is false");
+    violates(
+        &single,
+        calls(&["get_time", "get_weather"]),
+        "parallel_tool_calls is false",
+    );
     assert!(validate_output(&single, &calls(&["get_weather"])).is_ok());
 }
 
@@ -325,12 +529,18 @@ fn schemas_and_limits_cover_chat() {
     let r = chat(with(json!({})));
     let answer = json!({ "content": null, "tool_calls": [call("c1", "get_time", "{}")], "finish_reason": "tool_calls" });
     assert!(schema_valid(&r.output_schema(), &answer));
-    assert!(schema_valid(&output_schema(TaskKind::Chat), &validate_output(&r, &answer).unwrap()));
+    assert!(schema_valid(
+        &output_schema(TaskKind::Chat),
+        &validate_output(&r, &answer).unwrap()
+    ));
     assert!(!schema_valid(
         &r.output_schema(),
         &json!({ "content": null, "tool_calls": [call("c1", "nope", "{}")], "finish_reason": "tool_calls" })
     ));
-    assert!(schema_valid(&crate::kinds::request_schema(TaskKind::Chat), &r.to_value()));
+    assert!(schema_valid(
+        &crate::kinds::request_schema(TaskKind::Chat),
+        &r.to_value()
+    ));
     // The smallest answer must fit the output limit.
     assert!(check_output_fits(&r, 36).is_ok());
     let err = check_output_fits(&r, 35).unwrap_err();
@@ -339,14 +549,20 @@ fn schemas_and_limits_cover_chat() {
     let mut defs = serde_json::Map::new();
     for i in 0..40 {
         let next = format!("#/$defs/d{}", i + 1);
-        defs.insert(format!("d{i}"), json!({ "anyOf": [{ "$ref": next }, { "$ref": next }] }));
+        defs.insert(
+            format!("d{i}"),
+            json!({ "anyOf": [{ "$ref": next }, { "$ref": next }] }),
+        );
     }
     defs.insert("d40".into(), json!({ "type": "string" }));
-    let costly = chat(json!({ "messages": [user("x")], "tools": [{ "type": "function", "function": {
-        "name": "f", "parameters": { "type": "object", "$defs": defs, "properties": { "a": { "$ref": "#/$defs/d0" } } }
-    } }] }));
-    let err = check_output_fits(&costly, 1 << 20).unwrap_err();
-    assert!(err.to_string().contains("request.tools[0].function.parameters"), "{err}");
+    rejects(
+        TaskKind::Chat,
+        json!({ "messages": [user("x")], "tools": [{ "type": "function", "function": {
+            "name": "f", "parameters": { "type": "object", "$defs": defs, "properties": { "a": { "$ref": "#/$defs/d0" } } }
+        } }] }),
+        "request.tools[0].function.parameters",
+        "more than 10000 subschemas",
+    );
 }
 
 proptest! {

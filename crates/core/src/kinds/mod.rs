@@ -549,6 +549,7 @@ mod tests {
                 TaskKind::ExtractData => {
                     TaskRequest::ExtractData(serde_json::from_value(r.to_value()).unwrap())
                 }
+                TaskKind::Chat => TaskRequest::Chat(serde_json::from_value(r.to_value()).unwrap()),
             };
             assert_eq!(back, r);
             assert_eq!(r.to_value(), value);

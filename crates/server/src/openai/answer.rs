@@ -31,11 +31,9 @@ impl Completion {
         let mut reported_finish = None;
         let content = match &output {
             // generate_text: the text itself; extract_data: the JSON value as text.
-            Value::Object(map) if task.kind == tollgate_core::TaskKind::GenerateText => json!(
-                map.get("text")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-            ),
+            Value::Object(map) if task.kind == tollgate_core::TaskKind::GenerateText => {
+                json!(map.get("text").and_then(Value::as_str).unwrap_or_default())
+            }
             // chat: the assistant message as the model gave it (core normalized it).
             Value::Object(map) if task.kind == tollgate_core::TaskKind::Chat => {
                 tool_calls = map.get("tool_calls").cloned();

@@ -365,9 +365,7 @@ fn message(i: usize, m: &Value) -> Result<Value, OpenAiError> {
         other => {
             return Err(OpenAiError::invalid(
                 format!("{at}.role"),
-                format!(
-                    "unknown role `{other}`: use system, developer, user, assistant or tool"
-                ),
+                format!("unknown role `{other}`: use system, developer, user, assistant or tool"),
             ));
         }
     };

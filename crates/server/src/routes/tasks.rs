@@ -542,8 +542,7 @@ pub(crate) async fn list_tasks(
             "queued, running, succeeded, failed, canceled",
         )?,
         kind: filter("kind", q.kind, |k| {
-            TaskKind::parse(&k)
-                .ok_or("not one of the kinds (GET /v1/kinds lists them)")
+            TaskKind::parse(&k).ok_or("not one of the kinds (GET /v1/kinds lists them)")
         })?,
         step: filter("step", q.step, StepKey::new)?,
         source: filter("source", q.source, SourceId::new)?,

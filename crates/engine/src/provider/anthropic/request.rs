@@ -4,7 +4,9 @@
 
 use crate::config::StructuredOutput;
 use crate::provider::ProviderCall;
-use crate::provider::prompt::{AnswerShape, OutputFormat, Prompt, PromptMessage, PromptRole, ToolOffer};
+use crate::provider::prompt::{
+    AnswerShape, OutputFormat, Prompt, PromptMessage, PromptRole, ToolOffer,
+};
 use serde_json::{Map, Value, json};
 use tollgate_core::TaskRequest;
 use tollgate_core::kinds::{ToolChoice, ToolChoiceMode};
@@ -90,7 +92,11 @@ pub fn tool_fields(offer: &ToolOffer) -> Vec<(&'static str, Value)> {
 fn messages(prompt: &Prompt) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::new();
     let mut results: Vec<Value> = Vec::new();
-    for m in prompt.messages.iter().filter(|m| m.role != PromptRole::System) {
+    for m in prompt
+        .messages
+        .iter()
+        .filter(|m| m.role != PromptRole::System)
+    {
         if m.role == PromptRole::Tool {
             results.push(json!({
                 "type": "tool_result",
@@ -309,7 +315,10 @@ mod tests {
                 tool_choice: r.tool_choice.clone(),
                 parallel_tool_calls: r.parallel_tool_calls,
             });
-            fields.into_iter().find(|(k, _)| *k == "tool_choice").map(|(_, v)| v)
+            fields
+                .into_iter()
+                .find(|(k, _)| *k == "tool_choice")
+                .map(|(_, v)| v)
         };
         assert_eq!(offer(json!("auto")), Some(json!({"type": "auto"})));
         assert_eq!(offer(json!("none")), Some(json!({"type": "none"})));

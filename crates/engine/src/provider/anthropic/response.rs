@@ -162,7 +162,8 @@ mod tests {
                 {"id": "toolu_2", "type": "function", "function": {"name": "time", "arguments": "{}"}}
             ]})
         );
-        let text = json!({"content": [{"type": "text", "text": "Sunny."}], "stop_reason": "end_turn"});
+        let text =
+            json!({"content": [{"type": "text", "text": "Sunny."}], "stop_reason": "end_turn"});
         assert_eq!(
             parse_answer(&text, AnswerShape::Message).unwrap().output,
             json!({"content": "Sunny.", "finish_reason": "stop"})

@@ -4,8 +4,8 @@
 //! conversation ends with tool results and the choice is `auto`, when it answers in
 //! text (so a tool loop ends). Otherwise text: the last message's first words.
 
-use super::instance::Builder;
 use super::Refusal;
+use super::instance::Builder;
 use crate::cpu::Halt;
 use serde_json::{Value, json};
 use tollgate_core::ModelRef;

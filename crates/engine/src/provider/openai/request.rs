@@ -328,14 +328,24 @@ mod tests {
             previous_error: Some("tool_calls[0] calls `tme`"),
             max_output_bytes: tollgate_core::DEFAULT_MAX_OUTPUT_BYTES,
         };
-        for mode in [StructuredOutput::JsonSchema, StructuredOutput::Tool, StructuredOutput::Prompt] {
+        for mode in [
+            StructuredOutput::JsonSchema,
+            StructuredOutput::Tool,
+            StructuredOutput::Prompt,
+        ] {
             let (body, shape) = request_body_as(&call, mode);
             assert_eq!(shape, AnswerShape::Message);
             assert!(body.get("response_format").is_none(), "{mode:?}");
             assert_eq!(body["tools"], tools);
-            assert_eq!(body["tool_choice"], json!({"type": "function", "function": {"name": "time"}}));
+            assert_eq!(
+                body["tool_choice"],
+                json!({"type": "function", "function": {"name": "time"}})
+            );
             assert_eq!(body["parallel_tool_calls"], false);
-            assert_eq!((&body["temperature"], &body["max_tokens"]), (&json!(0.3), &json!(12)));
+            assert_eq!(
+                (&body["temperature"], &body["max_tokens"]),
+                (&json!(0.3), &json!(12))
+            );
             let messages = body["messages"].as_array().unwrap();
             assert_eq!(
                 messages[..3],

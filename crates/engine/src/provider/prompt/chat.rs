@@ -10,7 +10,9 @@ pub(super) fn messages(request: &ChatRequest) -> Vec<PromptMessage> {
         .messages
         .iter()
         .map(|turn| match turn {
-            ChatTurn::System { content } => PromptMessage::new(PromptRole::System, content.as_str()),
+            ChatTurn::System { content } => {
+                PromptMessage::new(PromptRole::System, content.as_str())
+            }
             ChatTurn::User { content } => PromptMessage::new(PromptRole::User, content.as_str()),
             ChatTurn::Assistant {
                 content,

@@ -116,7 +116,8 @@ fn unsupported_and_unknown_fields_are_refused_by_name() {
 
 #[test]
 fn tools_and_tool_history_become_chat() {
-    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
     let r = ok(json!({
         "model": "m", "messages": [
             {"role": "developer", "content": "be brief"},
@@ -151,5 +152,8 @@ fn tools_and_tool_history_become_chat() {
     ]}));
     assert_eq!(r.kind, TaskKind::Chat);
     // Without tools nothing changes.
-    assert_eq!(ok(json!({"model": "m", "messages": chat(), "tools": null})).kind, TaskKind::GenerateText);
+    assert_eq!(
+        ok(json!({"model": "m", "messages": chat(), "tools": null})).kind,
+        TaskKind::GenerateText
+    );
 }
