@@ -239,6 +239,8 @@ async fn lifecycle(backend: &str) {
         json!({"kind": "generate_text", "scope": "k", "request": {"prompt": "Say hi"}}),
         json!({"kind": "classify_many", "scope": "k", "request": {"items": [{"id": "a", "input": "x"}, {"id": "b", "input": "y"}], "labels": ["p", "q"]}}),
         json!({"kind": "extract_data", "scope": "k", "request": {"input": "Invoice 7 total 12.5", "schema": {"type": "object", "properties": {"total": {"type": "number"}, "number": {"type": "integer"}}, "required": ["total", "number"]}}}),
+        json!({"kind": "chat", "scope": "k", "request": {"messages": [{"role": "user", "content": "Weather?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]}}),
     ];
     for (i, k) in kinds.iter().enumerate() {
         let (st, t) = s
@@ -246,6 +248,37 @@ async fn lifecycle(backend: &str) {
             .await;
         assert_eq!(st, StatusCode::CREATED, "{t}");
         assert_eq!(t["status"], json!("succeeded"), "{t}");
+        if k["kind"] == "chat" {
+            // The dev model called the tool: the output is the assistant message.
+            assert_eq!(t["output"]["finish_reason"], "tool_calls", "{t}");
+            assert_eq!(
+                t["output"]["tool_calls"][0]["function"]["name"],
+                "get_weather"
+            );
+        }
+    }
+    // A chat's bad input is a 422 naming the field, and stores nothing.
+    for (i, (request, field)) in [
+        (json!({"messages": [{"role": "tool", "content": "42"}]}), "request.messages[0]"),
+        (json!({"messages": [{"role": "robot", "content": "x"}]}), "request.messages[0].role"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]}), "request.tools[0].function.parameters"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]}), "request.tools[1].function.name"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}), "request.tool_choice.function.name"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("bad-chat-{i}");
+        let body = json!({"kind": "chat", "scope": "k", "request": request});
+        let (st, e) = s.post("/v1/tasks", ACME, Some(&key), &body).await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+        assert_eq!(e["error"]["code"], "invalid_request", "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(field),
+            "{field}: {e}"
+        );
+        let (st, _) = s.get(&format!("/v1/tasks?effect_key={key}"), ACME).await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "nothing stored");
     }
 
     // Cancel a running task: it ends canceled and its worker stops.
@@ -387,7 +420,7 @@ async fn lifecycle(backend: &str) {
     let (st, k) = s.get("/v1/kinds", ACME).await;
     assert_eq!(
         (st, k["kinds"].as_array().map(Vec::len)),
-        (StatusCode::OK, Some(4))
+        (StatusCode::OK, Some(TaskKind::ALL.len()))
     );
     let (st, m) = s.get("/v1/models", ACME).await;
     assert_eq!(st, StatusCode::OK);
