@@ -14,6 +14,7 @@ import pytest
 
 from conftest import ACME_KEY, ALICE_KEY, BETA_KEY, MAX_REQUEST_BYTES, REPO_ROOT, Receiver, Server
 from tollgate import (
+    ChatRequest,
     AdmissionError,
     BadRequestError,
     ConflictError,
@@ -65,7 +66,7 @@ def test_health_kinds_models(acme: Tollgate, server: Server) -> None:
     assert acme.healthz() == {"status": "ok"}
     assert acme.readyz() == {"status": "ready"}
     kinds = acme.kinds()
-    assert sorted(k["kind"] for k in kinds) == ["classify", "classify_many", "extract_data", "generate_text"]
+    assert sorted(k["kind"] for k in kinds) == ["chat", "classify", "classify_many", "extract_data", "generate_text"]
     models = {m["id"]: m for m in acme.models()}
     assert sorted(models) == ["default", "slow"]
     assert models["default"]["default"] is True
@@ -110,6 +111,20 @@ def test_four_kinds_complete(acme: Tollgate) -> None:
     )
     assert extracted["status"] == "succeeded" and extracted["output"]
     assert isinstance(extracted["output"]["number"], int)
+    chat: ChatRequest = {
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"type": "function", "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}},
+        }}],
+        "tool_choice": "required",
+    }
+    called = acme.run("chat", chat, scope=scope, timeout=20)
+    assert called["status"] == "succeeded" and called["output"]
+    assert called["output"]["finish_reason"] == "tool_calls"
+    call = called["output"]["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
 
 
 def test_idempotency_replay_and_conflict(acme: Tollgate) -> None:

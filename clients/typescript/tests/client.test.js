@@ -46,9 +46,9 @@ describe("discovery and health", () => {
     assert.deepEqual(await acme.readyz(), { status: "ready" });
   });
 
-  test("kinds lists the four kinds with their schemas", async () => {
+  test("kinds lists the kinds with their schemas", async () => {
     const kinds = await acme.kinds();
-    assert.deepEqual(kinds.map((k) => k.kind).sort(), ["classify", "classify_many", "extract_data", "generate_text"]);
+    assert.deepEqual(kinds.map((k) => k.kind).sort(), ["chat", "classify", "classify_many", "extract_data", "generate_text"]);
     for (const k of kinds) {
       assert.equal(typeof k.request_schema, "object");
       assert.equal(typeof k.output_schema, "object");
@@ -69,7 +69,7 @@ describe("discovery and health", () => {
   });
 });
 
-describe("the four kinds complete", () => {
+describe("every kind completes", () => {
   const scope = unique("kinds");
 
   test("classify", async () => {
@@ -139,6 +139,29 @@ describe("the four kinds complete", () => {
     assert.equal(typeof task.output.number, "number");
     assert.equal(typeof task.output.total, "number");
   });
+
+  test("chat with a tool call", async () => {
+    /** @type {import("../dist/index.js").KindRequests["chat"]} */
+    const request = {
+      messages: [{ role: "user", content: "Weather in Paris?" }],
+      tools: [
+        {
+          type: "function",
+          function: {
+            name: "get_weather",
+            parameters: { type: "object", required: ["city"], properties: { city: { type: "string" } } },
+          },
+        },
+      ],
+      tool_choice: "required",
+    };
+    const task = await acme.run({ kind: "chat", scope, request }, { timeoutMs: 20_000 });
+    assert.equal(task.status, "succeeded");
+    assert.equal(task.output.finish_reason, "tool_calls");
+    const [call] = task.output.tool_calls;
+    assert.equal(call.function.name, "get_weather");
+    assert.equal(typeof JSON.parse(call.function.arguments).city, "string");
+  });
 });
 
 describe("idempotency", () => {
@@ -198,7 +221,7 @@ describe("idempotency", () => {
       return fetch(url, init);
     };
     const client = new Tollgate({ baseUrl: server.baseUrl, apiKey: ACME_KEY, fetch: unavailable, retryBaseDelayMs: 10 });
-    assert.equal((await client.kinds()).length, 4);
+    assert.equal((await client.kinds()).length, 5);
     assert.equal(calls, 3);
 
     const never = new Tollgate({

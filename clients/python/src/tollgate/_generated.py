@@ -132,7 +132,7 @@ An identifier: 1 to 256 characters, no control or invisible formatting character
 
 
 KindName: TypeAlias = Literal[
-    'generate_text', 'classify', 'classify_many', 'extract_data'
+    'generate_text', 'classify', 'classify_many', 'extract_data', 'chat'
 ]
 """
 A task kind.
@@ -609,7 +609,8 @@ class SubmitBody(TypedDict, closed=True):
     effect_key: NotRequired[Identifier | None]
     kind: KindName
     """
-    `generate_text`, `classify`, `classify_many` or `extract_data`.
+    A kind: `generate_text`, `classify`, `classify_many`, `extract_data`, `chat`, …
+    (`GET /v1/kinds`).
     """
     model: NotRequired[Identifier | None]
     priority: NotRequired[int | None]
@@ -1099,9 +1100,99 @@ Any JSON value valid against the request's `schema`. The `extract_data` output (
 """
 
 
-Kind: TypeAlias = Literal['generate_text', 'classify', 'classify_many', 'extract_data']
+class ChatTurn1(TypedDict, closed=True):
+    content: str
+    role: Literal['system']
+
+
+class ChatTurn2(TypedDict, closed=True):
+    content: str
+    role: Literal['user']
+
+
+class ChatTurn4(TypedDict, closed=True):
+    content: str
+    role: Literal['tool']
+    tool_call_id: str
+
+
+class Function(TypedDict, closed=True):
+    description: NotRequired[str | None]
+    name: str
+    parameters: NotRequired[dict[str, Any] | None]
+    """
+    A JSON Schema of the arguments object (`type` `object` if given; only local `$ref`s). Absent: no arguments.
+    """
+    strict: NotRequired[bool | None]
+
+
+class Tool(TypedDict, closed=True):
+    function: Function
+    type: Literal['function']
+
+
+class Function1(TypedDict, closed=True):
+    arguments: str
+    """
+    The arguments: a JSON object, as a string of JSON.
+    """
+    name: str
+
+
+class ToolCall(TypedDict, closed=True):
+    function: Function1
+    id: str
+    type: Literal['function']
+
+
+class Function2(TypedDict, closed=True):
+    name: str
+
+
+class ToolChoice(TypedDict, closed=True):
+    """
+    `auto` (the default with tools), `none` (the default without), `required` (at least one call), or one named function to call.
+    """
+
+    function: Function2
+    type: Literal['function']
+
+
+class Function3(TypedDict, closed=True):
+    arguments: str
+    """
+    The arguments: a JSON object, as a string of JSON.
+    """
+    name: str
+
+
+class ToolCall1(TypedDict, closed=True):
+    function: Function3
+    id: str
+    type: Literal['function']
+
+
+class ChatOutput(TypedDict, closed=True):
+    """
+    The `chat` output (GET /v1/kinds).
+    """
+
+    content: str | None
+    """
+    The assistant's text (null when it only calls tools).
+    """
+    finish_reason: Literal['stop', 'length', 'tool_calls', 'content_filter']
+    tool_calls: NotRequired[list[ToolCall1]]
+    """
+    The tools called, names among the offered tools, arguments valid against each tool's parameters. Absent when none.
+    """
+
+
+Kind: TypeAlias = Literal[
+    'generate_text', 'classify', 'classify_many', 'extract_data', 'chat'
+]
 """
-The four task kinds (GET /v1/kinds).
+The task kinds (GET /v1/kinds).
 """
 
 
@@ -1514,6 +1605,50 @@ class WebhookListView(TypedDict):
     """
     The app's endpoints, oldest first.
     """
+
+
+class ChatTurn3(TypedDict, closed=True):
+    """
+    Needs `content` or `tool_calls`.
+    """
+
+    content: NotRequired[str | None]
+    role: Literal['assistant']
+    tool_calls: NotRequired[list[ToolCall] | None]
+
+
+ChatTurn: TypeAlias = ChatTurn1 | ChatTurn2 | ChatTurn3 | ChatTurn4
+
+
+class ChatRequest(TypedDict, closed=True):
+    """
+    The `chat` request (GET /v1/kinds).
+    """
+
+    max_output_tokens: NotRequired[int | None]
+    messages: list[ChatTurn]
+    """
+    The conversation so far. A `tool` message answers a call of an earlier assistant message (its `tool_call_id`); call ids are unique in the conversation.
+    """
+    parallel_tool_calls: NotRequired[bool | None]
+    """
+    Whether the answer may call several tools (default true).
+    """
+    seed: NotRequired[int | None]
+    stop: NotRequired[list[StopItem] | None]
+    """
+    Sequences where generation stops.
+    """
+    temperature: NotRequired[float | None]
+    tool_choice: NotRequired[Literal['auto', 'none', 'required'] | ToolChoice | None]
+    """
+    `auto` (the default with tools), `none` (the default without), `required` (at least one call), or one named function to call.
+    """
+    tools: NotRequired[list[Tool] | None]
+    """
+    The function tools the model may call; names are unique.
+    """
+    top_p: NotRequired[float | None]
 
 
 class BatchItem(TypedDict):

@@ -454,6 +454,66 @@ export interface components {
             /** @enum {unknown} */
             role: "system" | "user" | "assistant";
         };
+        /** @description The `chat` output (GET /v1/kinds). */
+        ChatOutput: {
+            /** @description The assistant's text (null when it only calls tools). */
+            content: string | null;
+            /** @enum {string} */
+            finish_reason: "stop" | "length" | "tool_calls" | "content_filter";
+            /** @description The tools called, names among the offered tools, arguments valid against each tool's parameters. Absent when none. */
+            tool_calls?: {
+                function: {
+                    /** @description The arguments: a JSON object, as a string of JSON. */
+                    arguments: string;
+                    name: string;
+                };
+                id: string;
+                /** @constant */
+                type: "function";
+            }[];
+        };
+        /** @description The `chat` request (GET /v1/kinds). */
+        ChatRequest: {
+            max_output_tokens?: number | null;
+            /** @description The conversation so far. A `tool` message answers a call of an earlier assistant message (its `tool_call_id`); call ids are unique in the conversation. */
+            messages: components["schemas"]["ChatTurn"][];
+            /** @description Whether the answer may call several tools (default true). */
+            parallel_tool_calls?: boolean | null;
+            seed?: number | null;
+            /** @description Sequences where generation stops. */
+            stop?: string[] | null;
+            temperature?: number | null;
+            /** @description `auto` (the default with tools), `none` (the default without), `required` (at least one call), or one named function to call. */
+            tool_choice?: ("auto" | "none" | "required") | {
+                function: {
+                    name: string;
+                };
+                /** @constant */
+                type: "function";
+            } | null;
+            /** @description The function tools the model may call; names are unique. */
+            tools?: components["schemas"]["Tool"][] | null;
+            top_p?: number | null;
+        };
+        ChatTurn: {
+            content: string;
+            /** @constant */
+            role: "system";
+        } | {
+            content: string;
+            /** @constant */
+            role: "user";
+        } | {
+            content?: string | null;
+            /** @constant */
+            role: "assistant";
+            tool_calls?: components["schemas"]["ToolCall"][] | null;
+        } | {
+            content: string;
+            /** @constant */
+            role: "tool";
+            tool_call_id: string;
+        };
         /** @description The `classify_many` output (GET /v1/kinds). */
         ClassifyManyOutput: {
             /** @description One result per item, in the items' order. */
@@ -681,15 +741,15 @@ export interface components {
         /** @description An identifier: 1 to 256 characters, no control or invisible formatting character, no white space first or last. */
         Identifier: string;
         /**
-         * @description The four task kinds (GET /v1/kinds).
+         * @description The task kinds (GET /v1/kinds).
          * @enum {string}
          */
-        Kind: "generate_text" | "classify" | "classify_many" | "extract_data";
+        Kind: "generate_text" | "classify" | "classify_many" | "extract_data" | "chat";
         /**
          * @description A task kind.
          * @enum {string}
          */
-        KindName: "generate_text" | "classify" | "classify_many" | "extract_data";
+        KindName: "generate_text" | "classify" | "classify_many" | "extract_data" | "chat";
         /** @description `GET /v1/kinds` answer. */
         KindsAnswer: {
             /** @description The four kinds. */
@@ -1198,7 +1258,10 @@ export interface components {
         SubmitBody: {
             budget?: null | components["schemas"]["Identifier"];
             effect_key?: null | components["schemas"]["Identifier"];
-            /** @description `generate_text`, `classify`, `classify_many` or `extract_data`. */
+            /**
+             * @description A kind: `generate_text`, `classify`, `classify_many`, `extract_data`, `chat`, …
+             *     (`GET /v1/kinds`).
+             */
             kind: components["schemas"]["KindName"];
             model?: null | components["schemas"]["Identifier"];
             /**
@@ -1309,6 +1372,27 @@ export interface components {
             usage: null | components["schemas"]["UsageView"];
             /** @description The worker that ran it. */
             worker: string | null;
+        };
+        Tool: {
+            function: {
+                description?: string | null;
+                name: string;
+                /** @description A JSON Schema of the arguments object (`type` `object` if given; only local `$ref`s). Absent: no arguments. */
+                parameters?: Record<string, never> | null;
+                strict?: boolean | null;
+            };
+            /** @constant */
+            type: "function";
+        };
+        ToolCall: {
+            function: {
+                /** @description The arguments: a JSON object, as a string of JSON. */
+                arguments: string;
+                name: string;
+            };
+            id: string;
+            /** @constant */
+            type: "function";
         };
         /** @description `GET /v1/scopes/{scope}/unreleased-sources` answer. */
         UnreleasedPageView: {
