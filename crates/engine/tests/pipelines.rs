@@ -63,6 +63,7 @@ fn tag_of(request: &TaskRequest) -> String {
         TaskRequest::ExtractData(_) => "extract".into(),
         TaskRequest::Classify(_) => "category".into(),
         TaskRequest::ClassifyMany(_) => "classify_many".into(),
+        TaskRequest::Chat(_) => "chat".into(),
         TaskRequest::GenerateText(r) => r
             .prompt
             .as_deref()
@@ -162,6 +163,7 @@ impl Provider for Scripted {
                 json!({"label": label, "confidence": 0.9})
             }
             TaskRequest::ClassifyMany(_) => json!({"results": []}),
+            TaskRequest::Chat(_) => json!({"content": "<chat>", "finish_reason": "stop"}),
             TaskRequest::GenerateText(r) => {
                 json!({"text": format!("<{}>", r.prompt.as_deref().unwrap_or_default())})
             }

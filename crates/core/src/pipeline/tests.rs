@@ -186,3 +186,25 @@ fn equal_definitions_share_a_version() {
     changed["steps"][0]["retries"] = json!(1);
     assert_ne!(Pipeline::parse(&changed).unwrap().version, a.version);
 }
+
+/// A `chat` step is a step like any other: its request templated from earlier outputs.
+#[test]
+fn a_chat_step_is_accepted_and_resolves() {
+    let p = Pipeline::parse(&json!({
+        "steps": [
+            {"key": "extract", "kind": "extract_data",
+             "request": {"input": {"$from": "/input/text"}, "schema": {"type": "object"}}},
+            {"key": "reply", "kind": "chat", "depends_on": ["extract"],
+             "request": {"messages": [{"role": "user", "content": {"$template": "Vendor {/steps/extract/output/vendor}?"}}],
+                         "tools": [{"type": "function", "function": {"name": "lookup"}}]}}
+        ],
+        "output": {"reply": "/steps/reply/output/content"}
+    }))
+    .unwrap();
+    let reply = p.steps.iter().find(|s| s.key.as_str() == "reply").unwrap();
+    let mut outputs = BTreeMap::new();
+    outputs.insert(StepKey::new("extract").unwrap(), json!({"vendor": "ACME"}));
+    let request = resolve(&reply.request, &json!({"text": "x"}), &outputs).unwrap();
+    assert_eq!(request["messages"][0]["content"], "Vendor ACME?");
+    assert!(crate::TaskRequest::parse(crate::TaskKind::Chat, &request).is_ok());
+}
