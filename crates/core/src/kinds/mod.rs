@@ -26,6 +26,7 @@ use crate::error::InvalidInput;
 mod chat;
 mod chat_output;
 mod chat_schema;
+mod chat_tools;
 mod classify;
 mod classify_many;
 mod extract_data;
