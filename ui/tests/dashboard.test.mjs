@@ -4,7 +4,7 @@
 // moving after admissions, the CSP (on 404 and 405 answers too), ids that tell tasks
 // apart, a cached task's source, the recent throughput and its chart, cancel, cost per
 // task, search by effect key, prices, the failure code click-through, the spend gauge's
-// dollars and a malformed address. Screenshots go to $CARGO_TARGET_DIR/ui-screenshots.
+// dollars, a malformed address and a chat task's conversation and tool calls. Screenshots go to $CARGO_TARGET_DIR/ui-screenshots.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync, readFileSync } from "node:fs";
@@ -441,6 +441,35 @@ test("the webhooks page lists endpoints and deliveries, and replays a delivery",
   assert.deepEqual((await api("GET", "/v1/webhooks", undefined, BETA_KEY)).webhooks, []);
   await shot("webhooks");
   noPageErrors();
+});
+
+test("a chat task shows its conversation, its tools and the tool calls of its answer", async () => {
+  // Signed in by the tests before it when the file runs whole; alone, it signs in.
+  await page.goto(`${server.baseUrl}/ui`);
+  if (await page.locator("#key").isVisible()) await signIn(page, ACME_KEY);
+  const t = await api("POST", "/v1/tasks", {
+    kind: "chat", scope: `ui-${run}`, effect_key: `chat-${run}`,
+    request: {
+      messages: [{ role: "system", content: "Be brief." }, { role: "user", content: `Weather in Paris? ${run}` }],
+      tools: [{ type: "function", function: { name: "get_weather", description: "The weather in a city",
+        parameters: { type: "object", required: ["city"], properties: { city: { type: "string" } } } } }],
+      tool_choice: "required",
+    },
+  });
+  await until(t.id, ["succeeded"]);
+  await page.goto(`${server.baseUrl}/ui#/tasks/${encodeURIComponent(t.id)}`);
+  await page.locator("#chat-view").waitFor();
+  const view = await page.locator("#chat-view").textContent();
+  for (const text of ["Conversation", "Be brief.", `Weather in Paris? ${run}`, "Tools", "The weather in a city", "tool choice: required"]) {
+    assert.ok(view.includes(text), `shows ${text}`);
+  }
+  // The answer's call: the tool's name and its arguments, parsed and indented.
+  const answer = await page.locator("#chat-answer").textContent();
+  assert.ok(answer.includes("calls") && answer.includes("get_weather"), answer);
+  assert.match(answer, /\{\n  "city": ""\n\}/);
+  assert.ok(view.includes("finish reason: tool_calls"));
+  noPageErrors();
+  await shot("chat-task");
 });
 
 test("signing out forgets the key", async () => {
