@@ -73,7 +73,7 @@ def main() -> None:
     schemas["Kind"] = {
         "type": "string",
         "enum": names,
-        "description": "The four task kinds (GET /v1/kinds).",
+        "description": "The task kinds (GET /v1/kinds).",
     }
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2, ensure_ascii=False, sort_keys=False)

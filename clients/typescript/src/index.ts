@@ -26,7 +26,7 @@ export type { components, paths, operations } from "./generated/openapi.js";
 
 type Schemas = components["schemas"];
 
-/** The four task kinds. */
+/** The task kinds. */
 export type Kind = Schemas["Kind"];
 
 /** Each kind's request object (its JSON Schema is `GET /v1/kinds`). */
@@ -35,6 +35,7 @@ export interface KindRequests {
   classify: Schemas["ClassifyRequest"];
   classify_many: Schemas["ClassifyManyRequest"];
   extract_data: Schemas["ExtractDataRequest"];
+  embed: Schemas["EmbedRequest"];
 }
 
 /** Each kind's output, once the task succeeded. `extract_data`'s is valid against the request's schema. */
@@ -43,6 +44,7 @@ export interface KindOutputs {
   classify: Schemas["ClassifyOutput"];
   classify_many: Schemas["ClassifyManyOutput"];
   extract_data: unknown;
+  embed: Schemas["EmbedOutput"];
 }
 
 export type TaskStatus = "queued" | "running" | "succeeded" | "failed" | "canceled";

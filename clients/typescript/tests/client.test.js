@@ -46,9 +46,9 @@ describe("discovery and health", () => {
     assert.deepEqual(await acme.readyz(), { status: "ready" });
   });
 
-  test("kinds lists the four kinds with their schemas", async () => {
+  test("kinds lists every kind with its schemas", async () => {
     const kinds = await acme.kinds();
-    assert.deepEqual(kinds.map((k) => k.kind).sort(), ["classify", "classify_many", "extract_data", "generate_text"]);
+    assert.deepEqual(kinds.map((k) => k.kind).sort(), ["classify", "classify_many", "embed", "extract_data", "generate_text"]);
     for (const k of kinds) {
       assert.equal(typeof k.request_schema, "object");
       assert.equal(typeof k.output_schema, "object");
@@ -69,7 +69,7 @@ describe("discovery and health", () => {
   });
 });
 
-describe("the four kinds complete", () => {
+describe("every kind completes", () => {
   const scope = unique("kinds");
 
   test("classify", async () => {
@@ -139,6 +139,20 @@ describe("the four kinds complete", () => {
     assert.equal(typeof task.output.number, "number");
     assert.equal(typeof task.output.total, "number");
   });
+
+  test("embed", async () => {
+    const task = await acme.run(
+      {
+        kind: "embed",
+        scope,
+        request: { input: ["refund please", { text: "love it", id: "review-7", revision: "v2" }], dimensions: 8 },
+      },
+      { timeoutMs: 20_000 },
+    );
+    assert.equal(task.status, "succeeded");
+    assert.equal(task.output.dimensions, 8);
+    assert.deepEqual(task.output.embeddings.map((v) => v.length), [8, 8]);
+  });
 });
 
 describe("idempotency", () => {
@@ -198,7 +212,7 @@ describe("idempotency", () => {
       return fetch(url, init);
     };
     const client = new Tollgate({ baseUrl: server.baseUrl, apiKey: ACME_KEY, fetch: unavailable, retryBaseDelayMs: 10 });
-    assert.equal((await client.kinds()).length, 4);
+    assert.equal((await client.kinds()).length, 5);
     assert.equal(calls, 3);
 
     const never = new Tollgate({

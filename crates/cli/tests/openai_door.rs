@@ -131,6 +131,11 @@ provider = "dev"
 model = "dev-1"
 params = {{ latency_ms = 60000 }}
 
+[models.embed]
+provider = "dev"
+model = "dev-embed"
+params = {{ dimensions = 8 }}
+
 [providers.fake]
 kind = "openai"
 base_url = "{provider_url}/v1"

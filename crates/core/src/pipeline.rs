@@ -242,7 +242,7 @@ impl Pipeline {
                 err(
                     format!("{at}.kind"),
                     format!(
-                        "unknown kind {:?}: use generate_text, classify, classify_many or extract_data",
+                        "unknown kind {:?}: use generate_text, classify, classify_many, extract_data or embed",
                         s.kind
                     ),
                 )

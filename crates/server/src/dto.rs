@@ -132,6 +132,8 @@ pub enum KindName {
     ClassifyMany,
     /// `extract_data`.
     ExtractData,
+    /// `embed`.
+    Embed,
 }
 
 /// A task's status.

@@ -1,4 +1,4 @@
-//! The four task kinds (docs/conformance.md#task-kinds): their request types, request parsing and validation,
+//! The task kinds (docs/conformance.md#task-kinds): their request types, request parsing and validation,
 //! the JSON Schemas of requests and outputs, and validation of model outputs.
 //!
 //! Requests are parsed field by field so every error names the exact path that is wrong
@@ -25,6 +25,7 @@ use crate::error::InvalidInput;
 
 mod classify;
 mod classify_many;
+mod embed;
 mod extract_data;
 mod generate_text;
 mod labels;
@@ -40,6 +41,10 @@ mod validate;
 
 pub use classify::ClassifyRequest;
 pub use classify_many::{ClassifyItem, ClassifyManyRequest};
+pub use embed::{
+    EmbedInput, EmbedItem, EmbedRequest, MAX_EMBED_DIMENSIONS, MAX_EMBED_INPUT_BYTES,
+    MAX_EMBED_INPUTS, embed_item_key,
+};
 pub use extract_data::ExtractDataRequest;
 pub use generate_text::{ChatMessage, ChatRole, GenerateTextRequest};
 pub use labels::Label;
@@ -81,15 +86,18 @@ pub enum TaskKind {
     ClassifyMany,
     /// A JSON value, valid against the caller's schema, extracted from an input.
     ExtractData,
+    /// One vector per input text (docs/api.md, "Embeddings").
+    Embed,
 }
 
 impl TaskKind {
     /// Every kind, in documentation order.
-    pub const ALL: [TaskKind; 4] = [
+    pub const ALL: [TaskKind; 5] = [
         TaskKind::GenerateText,
         TaskKind::Classify,
         TaskKind::ClassifyMany,
         TaskKind::ExtractData,
+        TaskKind::Embed,
     ];
 
     /// The stable string form.
@@ -99,6 +107,7 @@ impl TaskKind {
             TaskKind::Classify => "classify",
             TaskKind::ClassifyMany => "classify_many",
             TaskKind::ExtractData => "extract_data",
+            TaskKind::Embed => "embed",
         }
     }
 
@@ -114,7 +123,7 @@ impl fmt::Display for TaskKind {
     }
 }
 
-/// A validated request of one of the four kinds.
+/// A validated request of one of the kinds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskRequest {
     /// A `generate_text` request.
@@ -125,6 +134,8 @@ pub enum TaskRequest {
     ClassifyMany(ClassifyManyRequest),
     /// An `extract_data` request.
     ExtractData(ExtractDataRequest),
+    /// An `embed` request.
+    Embed(EmbedRequest),
 }
 
 impl TaskRequest {
@@ -143,6 +154,7 @@ impl TaskRequest {
             TaskKind::ExtractData => {
                 TaskRequest::ExtractData(extract_data::parse_extract_data(value)?)
             }
+            TaskKind::Embed => TaskRequest::Embed(embed::parse_embed(value)?),
         })
     }
 
@@ -153,6 +165,7 @@ impl TaskRequest {
             TaskRequest::Classify(_) => TaskKind::Classify,
             TaskRequest::ClassifyMany(_) => TaskKind::ClassifyMany,
             TaskRequest::ExtractData(_) => TaskKind::ExtractData,
+            TaskRequest::Embed(_) => TaskKind::Embed,
         }
     }
 
@@ -164,6 +177,7 @@ impl TaskRequest {
             TaskRequest::Classify(r) => serde_json::to_value(r),
             TaskRequest::ClassifyMany(r) => serde_json::to_value(r),
             TaskRequest::ExtractData(r) => serde_json::to_value(r),
+            TaskRequest::Embed(r) => serde_json::to_value(r),
         };
         // Cannot fail: plain structs with string keys, and a finite temperature.
         result.expect("a task request always serializes to JSON")
@@ -177,6 +191,7 @@ impl TaskRequest {
             TaskRequest::Classify(r) => output_size::json_size(r, limit),
             TaskRequest::ClassifyMany(r) => output_size::json_size(r, limit),
             TaskRequest::ExtractData(r) => output_size::json_size(r, limit),
+            TaskRequest::Embed(r) => output_size::json_size(r, limit),
         }
     }
 
@@ -228,6 +243,7 @@ impl TaskRequest {
                 })
             }
             TaskRequest::ExtractData(r) => r.schema.clone(),
+            TaskRequest::Embed(r) => embed::embed_output_schema(r),
         }
     }
 }
@@ -527,6 +543,9 @@ mod tests {
                 }
                 TaskKind::ExtractData => {
                     TaskRequest::ExtractData(serde_json::from_value(r.to_value()).unwrap())
+                }
+                TaskKind::Embed => {
+                    TaskRequest::Embed(serde_json::from_value(r.to_value()).unwrap())
                 }
             };
             assert_eq!(back, r);

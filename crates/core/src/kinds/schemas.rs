@@ -3,8 +3,8 @@
 use serde_json::{Value, json};
 
 use super::{
-    MAX_ITEM_ID_BYTES, MAX_ITEMS, MAX_LABEL_BYTES, MAX_LABELS, MAX_SEED, MAX_STOP_SEQUENCES,
-    MAX_TEMPERATURE, TaskKind,
+    MAX_EMBED_DIMENSIONS, MAX_EMBED_INPUT_BYTES, MAX_EMBED_INPUTS, MAX_ITEM_ID_BYTES, MAX_ITEMS,
+    MAX_LABEL_BYTES, MAX_LABELS, MAX_SEED, MAX_STOP_SEQUENCES, MAX_TEMPERATURE, TaskKind,
 };
 
 /// The dialect of every JSON Schema this module publishes.
@@ -211,6 +211,52 @@ pub fn request_schema(kind: TaskKind) -> Value {
             ],
             "$defs": { "chat_message": chat_message_schema() }
         }),
+        TaskKind::Embed => json!({
+            "$schema": SCHEMA_DIALECT,
+            "title": "embed request",
+            "type": "object",
+            "properties": {
+                "input": {
+                    "description": format!(
+                        "One text, or up to {MAX_EMBED_INPUTS} items: each a text or \
+                         `{{text, id?, revision?}}` (its source and revision key its cache \
+                         entry). Every text is non-blank and at most \
+                         {MAX_EMBED_INPUT_BYTES} UTF-8 bytes."
+                    ),
+                    "oneOf": [
+                        { "type": "string", "minLength": 1 },
+                        {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": MAX_EMBED_INPUTS,
+                            "items": {
+                                "oneOf": [
+                                    { "type": "string", "minLength": 1 },
+                                    {
+                                        "type": "object",
+                                        "properties": {
+                                            "text": { "type": "string", "minLength": 1 },
+                                            "id": { "type": ["string", "null"] },
+                                            "revision": { "type": ["string", "null"] }
+                                        },
+                                        "required": ["text"],
+                                        "additionalProperties": false
+                                    }
+                                ]
+                            }
+                        }
+                    ]
+                },
+                "dimensions": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": MAX_EMBED_DIMENSIONS,
+                    "description": "The vectors' dimension, for models that can shorten them."
+                }
+            },
+            "required": ["input"],
+            "additionalProperties": false
+        }),
     }
 }
 
@@ -263,6 +309,21 @@ pub fn output_schema(kind: TaskKind) -> Value {
             "$schema": SCHEMA_DIALECT,
             "title": "extract_data output",
             "description": "Any JSON value valid against the request's `schema`."
+        }),
+        TaskKind::Embed => json!({
+            "$schema": SCHEMA_DIALECT,
+            "title": "embed output",
+            "type": "object",
+            "properties": {
+                "embeddings": {
+                    "type": "array",
+                    "description": "One vector per input item, in the items' order.",
+                    "items": { "type": "array", "items": { "type": "number" } }
+                },
+                "dimensions": { "type": "integer", "minimum": 1, "description": "Every vector's length." }
+            },
+            "required": ["embeddings", "dimensions"],
+            "additionalProperties": false
         }),
     }
 }

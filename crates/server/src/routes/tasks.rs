@@ -30,7 +30,7 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitBody {
-    /// `generate_text`, `classify`, `classify_many` or `extract_data`.
+    /// `generate_text`, `classify`, `classify_many`, `extract_data` or `embed`.
     #[schema(value_type = KindName)]
     pub kind: String,
     /// Model id (one of `GET /v1/models`); defaults to the configured default model.
@@ -153,7 +153,7 @@ fn submission(
 ) -> Result<Submission, ApiError> {
     let kind = TaskKind::parse(&body.kind).ok_or_else(|| {
         ApiError::invalid(format!(
-            "unknown kind {:?}: use generate_text, classify, classify_many or extract_data",
+            "unknown kind {:?}: use generate_text, classify, classify_many, extract_data or embed",
             body.kind
         ))
     })?;
@@ -541,7 +541,7 @@ pub(crate) async fn list_tasks(
         )?,
         kind: filter("kind", q.kind, |k| {
             TaskKind::parse(&k)
-                .ok_or("not one of generate_text, classify, classify_many, extract_data")
+                .ok_or("not one of generate_text, classify, classify_many, extract_data, embed")
         })?,
         step: filter("step", q.step, StepKey::new)?,
         source: filter("source", q.source, SourceId::new)?,
