@@ -256,4 +256,4 @@ def test_embeddings_create_with_a_list_in_floats_and_base64():
     assert len(one.data) == 1 and len(one.data[0].embedding) == 4
     with pytest.raises(openai.BadRequestError) as e:
         client(max_retries=0).embeddings.create(model="embed", input=[])
-    assert e.value.param == "request.input"
+    assert e.value.param == "input"

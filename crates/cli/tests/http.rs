@@ -239,6 +239,7 @@ async fn lifecycle(backend: &str) {
         json!({"kind": "generate_text", "scope": "k", "request": {"prompt": "Say hi"}}),
         json!({"kind": "classify_many", "scope": "k", "request": {"items": [{"id": "a", "input": "x"}, {"id": "b", "input": "y"}], "labels": ["p", "q"]}}),
         json!({"kind": "extract_data", "scope": "k", "request": {"input": "Invoice 7 total 12.5", "schema": {"type": "object", "properties": {"total": {"type": "number"}, "number": {"type": "integer"}}, "required": ["total", "number"]}}}),
+        json!({"kind": "embed", "scope": "k", "request": {"input": ["a text", {"text": "another", "id": "doc-1", "revision": "v1"}], "dimensions": 8}}),
     ];
     for (i, k) in kinds.iter().enumerate() {
         let (st, t) = s
@@ -387,7 +388,7 @@ async fn lifecycle(backend: &str) {
     let (st, k) = s.get("/v1/kinds", ACME).await;
     assert_eq!(
         (st, k["kinds"].as_array().map(Vec::len)),
-        (StatusCode::OK, Some(4))
+        (StatusCode::OK, Some(5))
     );
     let (st, m) = s.get("/v1/models", ACME).await;
     assert_eq!(st, StatusCode::OK);

@@ -407,6 +407,17 @@ mod tests {
             (TaskKind::ExtractData, extract(json!(true))),
             (TaskKind::ExtractData, extract(json!("nope"))),
             (TaskKind::ExtractData, json!({ "input": "x" })),
+            (TaskKind::Embed, json!({ "input": "x" })),
+            (
+                TaskKind::Embed,
+                json!({ "input": ["x", { "text": "y", "id": "d", "revision": "v1" }], "dimensions": 8 }),
+            ),
+            (TaskKind::Embed, json!({ "input": [] })),
+            (TaskKind::Embed, json!({ "input": "" })),
+            (TaskKind::Embed, json!({ "input": [{ "id": "d" }] })),
+            (TaskKind::Embed, json!({ "input": "x", "dimensions": 0 })),
+            (TaskKind::Embed, json!({ "input": "x", "extra": 1 })),
+            (TaskKind::Embed, json!({ "input": 3 })),
         ];
         for (kind, value) in cases {
             let parsed = TaskRequest::parse(kind, &value);
