@@ -215,12 +215,15 @@ impl Provider for OpenAiProvider {
         } else {
             0
         };
-        // A float is at most ~25 bytes of JSON: room for every vector of the model's
-        // largest dimension.
+        // A float is at most ~25 bytes of JSON: room for every vector of the asked
+        // dimension (else the largest any request may ask for).
+        let dimension = call
+            .dimensions
+            .unwrap_or(tollgate_core::MAX_EMBED_DIMENSIONS) as usize;
         let limit = call
             .texts
             .len()
-            .saturating_mul(tollgate_core::MAX_EMBED_DIMENSIONS as usize * 25)
+            .saturating_mul(dimension.saturating_mul(25).saturating_add(64))
             .saturating_add(64 * 1024);
         let (answer, ticket) = self
             .http
