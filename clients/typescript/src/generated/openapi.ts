@@ -590,6 +590,24 @@ export interface components {
              */
             weight: number;
         };
+        /** @description The `embed` output (GET /v1/kinds). */
+        EmbedOutput: {
+            /** @description Every vector's length. */
+            dimensions: number;
+            /** @description One vector per input item, in the items' order. */
+            embeddings: number[][];
+        };
+        /** @description The `embed` request (GET /v1/kinds). */
+        EmbedRequest: {
+            /** @description The vectors' dimension, for models that can shorten them. */
+            dimensions?: number | null;
+            /** @description One text, or up to 2048 items: each a text or `{text, id?, revision?}` (its source and revision key its cache entry). Every text is non-blank and at most 32768 UTF-8 bytes. */
+            input: string | (string | {
+                id?: string | null;
+                revision?: string | null;
+                text: string;
+            })[];
+        };
         /** @description The body of every error answer. */
         ErrorBody: {
             /** @description The error. */
@@ -681,18 +699,18 @@ export interface components {
         /** @description An identifier: 1 to 256 characters, no control or invisible formatting character, no white space first or last. */
         Identifier: string;
         /**
-         * @description The four task kinds (GET /v1/kinds).
+         * @description The task kinds (GET /v1/kinds).
          * @enum {string}
          */
-        Kind: "generate_text" | "classify" | "classify_many" | "extract_data";
+        Kind: "generate_text" | "classify" | "classify_many" | "extract_data" | "embed";
         /**
          * @description A task kind.
          * @enum {string}
          */
-        KindName: "generate_text" | "classify" | "classify_many" | "extract_data";
+        KindName: "generate_text" | "classify" | "classify_many" | "extract_data" | "embed";
         /** @description `GET /v1/kinds` answer. */
         KindsAnswer: {
-            /** @description The four kinds. */
+            /** @description Every kind, in documentation order. */
             kinds: components["schemas"]["KindView"][];
         };
         /** @description One kind's published schemas. */
@@ -1198,7 +1216,7 @@ export interface components {
         SubmitBody: {
             budget?: null | components["schemas"]["Identifier"];
             effect_key?: null | components["schemas"]["Identifier"];
-            /** @description `generate_text`, `classify`, `classify_many` or `extract_data`. */
+            /** @description `generate_text`, `classify`, `classify_many`, `extract_data` or `embed`. */
             kind: components["schemas"]["KindName"];
             model?: null | components["schemas"]["Identifier"];
             /**

@@ -232,16 +232,7 @@ pub fn request_schema(kind: TaskKind) -> Value {
                             "items": {
                                 "oneOf": [
                                     { "type": "string", "minLength": 1 },
-                                    {
-                                        "type": "object",
-                                        "properties": {
-                                            "text": { "type": "string", "minLength": 1 },
-                                            "id": { "type": ["string", "null"] },
-                                            "revision": { "type": ["string", "null"] }
-                                        },
-                                        "required": ["text"],
-                                        "additionalProperties": false
-                                    }
+                                    { "$ref": "#/$defs/embed_item" }
                                 ]
                             }
                         }
@@ -255,7 +246,21 @@ pub fn request_schema(kind: TaskKind) -> Value {
                 }
             },
             "required": ["input"],
-            "additionalProperties": false
+            "additionalProperties": false,
+            "$defs": {
+                "embed_item": {
+                    "description": "A text with the source it comes from: its cache entry is \
+                                    keyed by `id` and `revision` too.",
+                    "type": "object",
+                    "properties": {
+                        "text": { "type": "string", "minLength": 1 },
+                        "id": { "type": ["string", "null"], "minLength": 1, "maxLength": 256 },
+                        "revision": { "type": ["string", "null"], "minLength": 1, "maxLength": 256 }
+                    },
+                    "required": ["text"],
+                    "additionalProperties": false
+                }
+            }
         }),
     }
 }
