@@ -213,7 +213,12 @@ impl Server {
         (status, headers, value)
     }
 
-    async fn embeddings(&self, key: &str, headers: &[(&str, &str)], body: &Value) -> (StatusCode, Value) {
+    async fn embeddings(
+        &self,
+        key: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> (StatusCode, Value) {
         let mut rb = self
             .http
             .post(format!("{}/openai/v1/embeddings", self.base))
@@ -937,13 +942,31 @@ async fn embeddings_are_answered_in_openai_shape(backend: &str) {
     assert_eq!(decoded, floats);
     // Refusals: 400 in OpenAI's shape, nothing stored.
     for (bad, param, code) in [
-        (json!({"model": "embed", "input": [[1, 2, 3]]}), "input", "unsupported_parameter"),
-        (json!({"model": "embed", "input": []}), "input", "invalid_request"),
+        (
+            json!({"model": "embed", "input": [[1, 2, 3]]}),
+            "input",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"model": "embed", "input": []}),
+            "input",
+            "invalid_request",
+        ),
         (json!({"model": "embed"}), "input", "invalid_request"),
-        (json!({"model": "embed", "input": "x", "encoding_format": "int8"}), "encoding_format", "invalid_request"),
-        (json!({"model": "embed", "input": "x", "dimensions": 0}), "dimensions", "invalid_request"),
+        (
+            json!({"model": "embed", "input": "x", "encoding_format": "int8"}),
+            "encoding_format",
+            "invalid_request",
+        ),
+        (
+            json!({"model": "embed", "input": "x", "dimensions": 0}),
+            "dimensions",
+            "invalid_request",
+        ),
     ] {
-        let (st, e) = s.embeddings(ACME, &[("idempotency-key", "emb-bad")], &bad).await;
+        let (st, e) = s
+            .embeddings(ACME, &[("idempotency-key", "emb-bad")], &bad)
+            .await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{bad}: {e}");
         assert_openai_error(&e, "invalid_request_error", Some(param), code);
         assert_eq!(s.task_by_key("openai-emb-bad").await, StatusCode::NOT_FOUND);
@@ -952,5 +975,9 @@ async fn embeddings_are_answered_in_openai_shape(backend: &str) {
         .embeddings(ACME, &[], &json!({"model": "nope", "input": "x"}))
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND, "{e}");
-    assert_eq!(fake.count(), 0, "the dev model answered; the fake saw nothing");
+    assert_eq!(
+        fake.count(),
+        0,
+        "the dev model answered; the fake saw nothing"
+    );
 }

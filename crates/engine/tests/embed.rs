@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tollgate_core::{ErrorCode, TaskKind, TaskStatus};
-use tollgate_engine::config::{ModelConfig, ModelPrices, ProviderConfig};
+use tollgate_engine::config::{BudgetPolicy, ModelConfig, ModelPrices, ProviderConfig};
 use tollgate_engine::provider::dev::dev_vector;
 use tollgate_engine::provider::{
     EmbedAnswer, EmbedCall, Provider, ProviderAnswer, ProviderCall, ProviderError,
@@ -31,6 +31,7 @@ on_both_backends!(
     grouped_calls_settle_per_task,
     a_failed_grouped_call_fails_each_task,
     racing_engines_execute_every_embed_task_once,
+    racing_submits_admit_embed_tasks_exactly_by_input_tokens,
     anthropic_routes_refuse_embed_at_submit,
     the_dev_provider_embeds_deterministic_unit_vectors,
     the_openai_dialect_posts_to_embeddings,
@@ -479,4 +480,52 @@ async fn the_openai_dialect_posts_to_embeddings(db: TestDb) {
         "/openai/deployments/prod-embed/embeddings?api-version=2024-10-21"
     );
     handle.shutdown(Duration::from_secs(5)).await;
+}
+
+async fn racing_submits_admit_embed_tasks_exactly_by_input_tokens(db: TestDb) {
+    // Each task: one text of 1,000 bytes = 1,000 tokens (bytes: the recorder's tokenizer
+    // is unknown), no output bound needed, reserved at $1 per million = $0.001. The
+    // scope's $0.005 a day admits exactly 5, whichever replica submits them.
+    let mut c = config(None, Duration::from_millis(5));
+    c.budgets.insert(
+        "standard".into(),
+        BudgetPolicy {
+            usd_per_24_hours: Some(0.005),
+            ..BudgetPolicy::default()
+        },
+    );
+    let rec = Arc::new(Recorder::default());
+    let mut engines = Vec::new();
+    for _ in 0..3 {
+        engines.push(engine_with(&db, c.clone(), rec.clone()).await);
+    }
+    let mut submits = Vec::new();
+    for (e, engine) in engines.iter().enumerate() {
+        for t in 0..4 {
+            let engine = engine.clone();
+            submits.push(tokio::spawn(async move {
+                let text = format!("{e}{t}{}", "x".repeat(998));
+                let sub = embed(&format!("budget-{e}-{t}"), &[text]).with_source(
+                    tollgate_core::SourceId::new(format!("doc-{e}-{t}")).unwrap(),
+                    tollgate_core::SourceRevision::new("v1").unwrap(),
+                );
+                engine.submit(sub).await
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for s in submits {
+        match s.await.unwrap() {
+            Ok(sub) => {
+                admitted += 1;
+                let r = sub.task.reservation.expect("reserved");
+                assert_eq!(r.tokens, 1000, "input tokens only: {r:?}");
+            }
+            Err(e @ EngineError::Cost(_)) => {
+                assert_eq!(e.code(), Some(ErrorCode::SpendBudget), "{e}")
+            }
+            Err(other) => panic!("unexpected: {other:?}"),
+        }
+    }
+    assert_eq!(admitted, 5, "exactly the budget's worth, across 3 replicas");
 }

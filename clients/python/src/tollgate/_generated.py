@@ -1099,7 +1099,11 @@ Any JSON value valid against the request's `schema`. The `extract_data` output (
 """
 
 
-class Input(TypedDict, closed=True):
+class EmbedItem(TypedDict, closed=True):
+    """
+    A text with the source it comes from: its cache entry is keyed by `id` and `revision` too.
+    """
+
     id: NotRequired[str | None]
     revision: NotRequired[str | None]
     text: str
@@ -1114,7 +1118,7 @@ class EmbedRequest(TypedDict, closed=True):
     """
     The vectors' dimension, for models that can shorten them.
     """
-    input: str | list[str | Input]
+    input: str | list[str | EmbedItem]
     """
     One text, or up to 2048 items: each a text or `{text, id?, revision?}` (its source and revision key its cache entry). Every text is non-blank and at most 32768 UTF-8 bytes.
     """

@@ -590,6 +590,12 @@ export interface components {
              */
             weight: number;
         };
+        /** @description A text with the source it comes from: its cache entry is keyed by `id` and `revision` too. */
+        EmbedItem: {
+            id?: string | null;
+            revision?: string | null;
+            text: string;
+        };
         /** @description The `embed` output (GET /v1/kinds). */
         EmbedOutput: {
             /** @description Every vector's length. */
@@ -602,11 +608,7 @@ export interface components {
             /** @description The vectors' dimension, for models that can shorten them. */
             dimensions?: number | null;
             /** @description One text, or up to 2048 items: each a text or `{text, id?, revision?}` (its source and revision key its cache entry). Every text is non-blank and at most 32768 UTF-8 bytes. */
-            input: string | (string | {
-                id?: string | null;
-                revision?: string | null;
-                text: string;
-            })[];
+            input: string | (string | components["schemas"]["EmbedItem"])[];
         };
         /** @description The body of every error answer. */
         ErrorBody: {
