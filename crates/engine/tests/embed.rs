@@ -80,6 +80,8 @@ impl Provider for Recorder {
 /// priced at $1 per million input tokens, gathering grouped calls for `gather`.
 fn config(batch: Option<u64>, gather: Duration) -> EngineConfig {
     let mut c = fast_config();
+    // Not under test here: a loaded machine must not requeue a long execution.
+    c.sweeper.liveness_timeout = Duration::from_secs(10);
     c.workers.concurrency = 16;
     c.workers.embed_gather = gather;
     c.max_output_bytes = 4 * 1024 * 1024;

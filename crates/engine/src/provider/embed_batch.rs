@@ -222,10 +222,10 @@ fn split_usage(usage: &Usage, weights: &[u64]) -> Vec<Usage> {
         .map(|(i, w)| {
             let input = if i + 1 == weights.len() {
                 usage.input_tokens - given
-            } else if total == 0 {
-                (u128::from(usage.input_tokens) / n) as u64
             } else {
-                (u128::from(usage.input_tokens) * u128::from(*w) / total) as u64
+                (u128::from(usage.input_tokens) * u128::from(*w))
+                    .checked_div(total)
+                    .unwrap_or(u128::from(usage.input_tokens) / n) as u64
             };
             given += input;
             Usage {
