@@ -308,6 +308,48 @@ pub fn reask_error(message: String) -> String {
     }
 }
 
+/// The most tokens one `embed` item may have where the deployment's tokenizer is known
+/// (OpenAI's per-input limit); elsewhere the request's byte limit per item applies
+/// (docs/api.md, "Embeddings").
+pub const MAX_EMBED_INPUT_TOKENS: u64 = 8192;
+
+/// docs/api.md, "Embeddings": an `embed` request may go to `route` — no deployment is on
+/// a provider without an embeddings API (Anthropic), and no item is over
+/// [`MAX_EMBED_INPUT_TOKENS`] for a deployment whose tokenizer is known.
+pub fn check_embed_route(
+    config: &EngineConfig,
+    route: &Route,
+    request: &EmbedRequest,
+) -> Result<(), InvalidInput> {
+    for d in &route.deployments {
+        if config.provider_kind(&d.provider) == Some(ProviderKind::Anthropic) {
+            return Err(InvalidInput::field(
+                "model",
+                format!(
+                    "deployment {} is on an `anthropic` provider, which has no embeddings API",
+                    d.name()
+                ),
+            ));
+        }
+        let counter = TokenCounter::for_model_ref(config, &d.model_ref());
+        if counter.tokenizer == Tokenizer::Bytes {
+            continue;
+        }
+        for (i, text) in request.texts().iter().enumerate() {
+            let n = counter.count(text);
+            if n > MAX_EMBED_INPUT_TOKENS {
+                return Err(InvalidInput::field(
+                    format!("request.input[{i}]"),
+                    format!(
+                        "the text has {n} tokens, over the limit of {MAX_EMBED_INPUT_TOKENS} per item"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,46 +530,4 @@ mod tests {
         assert!(cut.len() as u64 <= 4 * MAX_REASK_ERROR_CHARS as u64);
         assert_eq!(reask_error("short".into()), "short");
     }
-}
-
-/// The most tokens one `embed` item may have where the deployment's tokenizer is known
-/// (OpenAI's per-input limit); elsewhere the request's byte limit per item applies
-/// (docs/api.md, "Embeddings").
-pub const MAX_EMBED_INPUT_TOKENS: u64 = 8192;
-
-/// docs/api.md, "Embeddings": an `embed` request may go to `route` — no deployment is on
-/// a provider without an embeddings API (Anthropic), and no item is over
-/// [`MAX_EMBED_INPUT_TOKENS`] for a deployment whose tokenizer is known.
-pub fn check_embed_route(
-    config: &EngineConfig,
-    route: &Route,
-    request: &EmbedRequest,
-) -> Result<(), InvalidInput> {
-    for d in &route.deployments {
-        if config.provider_kind(&d.provider) == Some(ProviderKind::Anthropic) {
-            return Err(InvalidInput::field(
-                "model",
-                format!(
-                    "deployment {} is on an `anthropic` provider, which has no embeddings API",
-                    d.name()
-                ),
-            ));
-        }
-        let counter = TokenCounter::for_model_ref(config, &d.model_ref());
-        if counter.tokenizer == Tokenizer::Bytes {
-            continue;
-        }
-        for (i, text) in request.texts().iter().enumerate() {
-            let n = counter.count(text);
-            if n > MAX_EMBED_INPUT_TOKENS {
-                return Err(InvalidInput::field(
-                    format!("request.input[{i}]"),
-                    format!(
-                        "the text has {n} tokens, over the limit of {MAX_EMBED_INPUT_TOKENS} per item"
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
 }

@@ -63,6 +63,7 @@ fn tag_of(request: &TaskRequest) -> String {
         TaskRequest::ExtractData(_) => "extract".into(),
         TaskRequest::Classify(_) => "category".into(),
         TaskRequest::ClassifyMany(_) => "classify_many".into(),
+        TaskRequest::Embed(_) => "embed".into(),
         TaskRequest::GenerateText(r) => r
             .prompt
             .as_deref()
@@ -162,6 +163,7 @@ impl Provider for Scripted {
                 json!({"label": label, "confidence": 0.9})
             }
             TaskRequest::ClassifyMany(_) => json!({"results": []}),
+            TaskRequest::Embed(_) => json!({"embeddings": [], "dimensions": 1}),
             TaskRequest::GenerateText(r) => {
                 json!({"text": format!("<{}>", r.prompt.as_deref().unwrap_or_default())})
             }
