@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates both clients' types from the server's own description of its API:
 #   1. starts `tollgate serve` (API only, throwaway SQLite, development key) on a free port,
-#   2. fetches GET /openapi.json and GET /v1/kinds (the four kinds' JSON Schemas),
+#   2. fetches GET /openapi.json and GET /v1/kinds (every kind's JSON Schemas),
 #   3. merges them into clients/openapi.json (merge_openapi.py),
 #   4. runs openapi-typescript  -> clients/typescript/src/generated/openapi.ts
 #      and datamodel-codegen    -> clients/python/src/tollgate/_generated.py

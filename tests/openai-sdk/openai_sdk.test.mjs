@@ -219,3 +219,38 @@ test("a tool-call round trip with parallel calls", async () => {
     ["user", "assistant", "tool", "tool"],
   );
 });
+
+test("embeddings.create with a list, in floats and base64", async () => {
+  const input = [`${RUN} alpha`, `${RUN} beta`];
+  const { data: floats, response } = await client()
+    .embeddings.create(
+      { model: "embed", input, encoding_format: "float" },
+      { headers: { "Idempotency-Key": `${RUN}-embed` } },
+    )
+    .withResponse();
+  assert.equal(floats.object, "list");
+  assert.deepEqual(floats.data.map((d) => d.index), [0, 1]);
+  assert.ok(floats.data.every((d) => d.object === "embedding" && d.embedding.length === 8));
+  assert.ok(floats.usage.prompt_tokens > 0);
+  // The SDK's default asks for base64 and decodes it: the same vectors, from the item cache.
+  const decoded = await client().embeddings.create({ model: "embed", input });
+  decoded.data.forEach((d, i) =>
+    d.embedding.forEach((x, j) => assert.ok(Math.abs(x - floats.data[i].embedding[j]) < 1e-6)),
+  );
+  assert.equal(decoded.usage.prompt_tokens, 0);
+  // base64 asked for explicitly: little-endian f32 bytes.
+  const explicit = await client().embeddings.create({ model: "embed", input, encoding_format: "base64" });
+  const bytes = Buffer.from(explicit.data[1].embedding, "base64");
+  const values = Array.from({ length: bytes.length / 4 }, (_, k) => bytes.readFloatLE(4 * k));
+  values.forEach((x, j) => assert.ok(Math.abs(x - floats.data[1].embedding[j]) < 1e-6));
+  const again = await client()
+    .embeddings.create(
+      { model: "embed", input, encoding_format: "float" },
+      { headers: { "Idempotency-Key": `${RUN}-embed` } },
+    )
+    .withResponse();
+  assert.equal(
+    again.response.headers.get("x-tollgate-task-id"),
+    response.headers.get("x-tollgate-task-id"),
+  );
+});

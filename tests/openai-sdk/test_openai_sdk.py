@@ -273,3 +273,58 @@ def test_models_are_listed():
     assert client().models.retrieve("default").id == "default"
     with pytest.raises(openai.NotFoundError):
         client().models.retrieve("no-such-model")
+
+
+def _close(a, b):
+    return len(a) == len(b) and all(abs(x - y) < 1e-6 for x, y in zip(a, b))
+
+
+def test_embeddings_create_with_a_list_in_floats_and_base64():
+    import base64
+    import math
+    import struct
+
+    texts = [f"{RUN} alpha", f"{RUN} beta", f"{RUN} gamma"]
+    raw = client().embeddings.with_raw_response.create(
+        model="embed",
+        input=texts,
+        encoding_format="float",
+        extra_headers={"Idempotency-Key": f"{RUN}-embed"},
+    )
+    floats = raw.parse()
+    assert floats.object == "list"
+    assert floats.model == "embed"
+    assert [d.index for d in floats.data] == [0, 1, 2]
+    assert all(d.object == "embedding" and len(d.embedding) == 8 for d in floats.data)
+    for d in floats.data:
+        assert abs(math.sqrt(sum(x * x for x in d.embedding)) - 1) < 1e-4
+    assert floats.usage.prompt_tokens > 0
+    assert floats.usage.total_tokens == floats.usage.prompt_tokens
+    assert raw.headers["x-tollgate-task-id"]
+
+    # The SDK's default asks for base64 and decodes it: the same vectors, all from the
+    # item cache (nothing charged).
+    decoded = client().embeddings.create(model="embed", input=texts)
+    assert all(
+        _close(list(a.embedding), b.embedding) for a, b in zip(decoded.data, floats.data)
+    )
+    assert decoded.usage.prompt_tokens == 0
+    # base64 asked for explicitly: the little-endian f32 bytes, as OpenAI sends them.
+    explicit = client().embeddings.create(model="embed", input=texts, encoding_format="base64")
+    for a, b in zip(explicit.data, floats.data):
+        raw_bytes = base64.b64decode(a.embedding)
+        assert _close(list(struct.unpack(f"<{len(raw_bytes) // 4}f", raw_bytes)), b.embedding)
+
+    # A replay of the key answers the same task.
+    again = client().embeddings.with_raw_response.create(
+        model="embed",
+        input=texts,
+        encoding_format="float",
+        extra_headers={"Idempotency-Key": f"{RUN}-embed"},
+    )
+    assert again.headers["x-tollgate-task-id"] == raw.headers["x-tollgate-task-id"]
+    one = client().embeddings.create(model="embed", input=f"{RUN} single", dimensions=4)
+    assert len(one.data) == 1 and len(one.data[0].embedding) == 4
+    with pytest.raises(openai.BadRequestError) as e:
+        client(max_retries=0).embeddings.create(model="embed", input=[])
+    assert e.value.param == "input"

@@ -169,6 +169,22 @@ test("a task opens with its request, output, timestamps, worker and attempts", a
   await shot("task");
 });
 
+test("an embed task shows its vectors' count and dimension, not its floats", async () => {
+  const t = await api("POST", "/v1/tasks", {
+    kind: "embed", scope: `ui-${run}`, effect_key: `embed-${run}`,
+    request: { input: ["first text", "second text", "third text"], dimensions: 12 },
+  });
+  const done = await until(t.id, ["succeeded"]);
+  await page.goto(`${server.baseUrl}/ui#/tasks/${t.id}`);
+  const summary = page.locator("#embed-summary");
+  await summary.waitFor();
+  assert.match(await summary.textContent(), /3 vectors of 12 dimensions/);
+  const output = await page.locator("#page").textContent();
+  const float = String(done.output.embeddings[0][0]);
+  assert.ok(!output.includes(float), "no vector component is shown");
+  noPageErrors();
+});
+
 test("a pipeline run shows its steps, each with its state and task", async () => {
   const file = JSON.parse(readFileSync(join(repoRoot, "docs/examples/invoice-pipeline.json"), "utf8"));
   await api("POST", "/v1/pipelines", file);

@@ -62,9 +62,10 @@ async def test_four_kinds_in_parallel(acme: AsyncTollgate) -> None:
         acme.run("classify_many", {"items": [{"id": "a", "input": "x"}], "labels": ["p", "q"]}, scope=scope, timeout=20),
         acme.run("extract_data", {"input": "total 3", "schema": {"type": "object", "required": ["total"],
                  "properties": {"total": {"type": "number"}}}}, scope=scope, timeout=20),
+        acme.run("embed", {"input": "hello", "dimensions": 4}, scope=scope, timeout=20),
     )
-    assert [t["status"] for t in tasks] == ["succeeded"] * 4
-    assert [t["kind"] for t in tasks] == ["classify", "generate_text", "classify_many", "extract_data"]
+    assert [t["status"] for t in tasks] == ["succeeded"] * 5
+    assert [t["kind"] for t in tasks] == ["classify", "generate_text", "classify_many", "extract_data", "embed"]
 
 
 async def test_replay_conflict_and_kept_key(acme: AsyncTollgate, server: Server) -> None:

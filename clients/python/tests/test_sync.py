@@ -66,7 +66,7 @@ def test_health_kinds_models(acme: Tollgate, server: Server) -> None:
     assert acme.healthz() == {"status": "ok"}
     assert acme.readyz() == {"status": "ready"}
     kinds = acme.kinds()
-    assert sorted(k["kind"] for k in kinds) == ["chat", "classify", "classify_many", "extract_data", "generate_text"]
+    assert sorted(k["kind"] for k in kinds) == ["chat", "classify", "classify_many", "embed", "extract_data", "generate_text"]
     models = {m["id"]: m for m in acme.models()}
     assert sorted(models) == ["default", "slow"]
     assert models["default"]["default"] is True
@@ -125,6 +125,15 @@ def test_four_kinds_complete(acme: Tollgate) -> None:
     call = called["output"]["tool_calls"][0]
     assert call["function"]["name"] == "get_weather"
     assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    embedded = acme.run(
+        "embed",
+        {"input": ["refund please", {"text": "love it", "id": "review-7", "revision": "v2"}], "dimensions": 8},
+        scope=scope,
+        timeout=20,
+    )
+    assert embedded["status"] == "succeeded" and embedded["output"]
+    assert embedded["output"]["dimensions"] == 8
+    assert [len(v) for v in embedded["output"]["embeddings"]] == [8, 8]
 
 
 def test_idempotency_replay_and_conflict(acme: Tollgate) -> None:

@@ -36,6 +36,7 @@ export interface KindRequests {
   classify_many: Schemas["ClassifyManyRequest"];
   extract_data: Schemas["ExtractDataRequest"];
   chat: Schemas["ChatRequest"];
+  embed: Schemas["EmbedRequest"];
 }
 
 /** Each kind's output, once the task succeeded. `extract_data`'s is valid against the request's schema. */
@@ -45,6 +46,7 @@ export interface KindOutputs {
   classify_many: Schemas["ClassifyManyOutput"];
   extract_data: unknown;
   chat: Schemas["ChatOutput"];
+  embed: Schemas["EmbedOutput"];
 }
 
 export type TaskStatus = "queued" | "running" | "succeeded" | "failed" | "canceled";

@@ -46,9 +46,9 @@ describe("discovery and health", () => {
     assert.deepEqual(await acme.readyz(), { status: "ready" });
   });
 
-  test("kinds lists the kinds with their schemas", async () => {
+  test("kinds lists every kind with its schemas", async () => {
     const kinds = await acme.kinds();
-    assert.deepEqual(kinds.map((k) => k.kind).sort(), ["chat", "classify", "classify_many", "extract_data", "generate_text"]);
+    assert.deepEqual(kinds.map((k) => k.kind).sort(), ["chat", "classify", "classify_many", "embed", "extract_data", "generate_text"]);
     for (const k of kinds) {
       assert.equal(typeof k.request_schema, "object");
       assert.equal(typeof k.output_schema, "object");
@@ -161,6 +161,20 @@ describe("every kind completes", () => {
     const [call] = task.output.tool_calls;
     assert.equal(call.function.name, "get_weather");
     assert.equal(typeof JSON.parse(call.function.arguments).city, "string");
+  });
+
+  test("embed", async () => {
+    const task = await acme.run(
+      {
+        kind: "embed",
+        scope,
+        request: { input: ["refund please", { text: "love it", id: "review-7", revision: "v2" }], dimensions: 8 },
+      },
+      { timeoutMs: 20_000 },
+    );
+    assert.equal(task.status, "succeeded");
+    assert.equal(task.output.dimensions, 8);
+    assert.deepEqual(task.output.embeddings.map((v) => v.length), [8, 8]);
   });
 });
 

@@ -12,6 +12,10 @@ async function f() {
   await tg.submit({ kind: "summarize", scope: "s", request: {} });
   const g: Task<"generate_text"> = await tg.run({ kind: "generate_text", scope: "s", request: { prompt: "hi" } });
   const text: string | undefined = g.output?.text;
+  const e = await tg.run({ kind: "embed", scope: "s", request: { input: ["a", { text: "b", id: "d", revision: "v1" }], dimensions: 8 } });
+  const vectors: number[][] | undefined = e.output?.embeddings;
+  // @ts-expect-error: embed needs an input
+  await tg.submit({ kind: "embed", scope: "s", request: { dimensions: 8 } });
   const page = await tg.listTasks({ scope: "s", status: ["queued", "running"], created_after: new Date() });
   const status: TaskStatus | undefined = page.tasks[0]?.status;
   // @ts-expect-error: not a status
@@ -22,7 +26,7 @@ async function f() {
   }
   const spent: number = (await tg.usage()).settled_usd;
   const queued: number = (await tg.stats()).queued;
-  return [label, ids, text, status, spent, queued];
+  return [label, ids, text, vectors, status, spent, queued];
 }
 f;
 async function webhooks() {

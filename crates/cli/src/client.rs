@@ -82,7 +82,7 @@ pub(crate) fn print_line(text: &str) {
 pub struct SubmitArgs {
     #[command(flatten)]
     conn: Connection,
-    /// Task kind: generate_text, classify, classify_many, extract_data.
+    /// Task kind: generate_text, classify, classify_many, extract_data, embed.
     #[arg(long)]
     kind: String,
     /// The effect key (idempotency key).

@@ -241,6 +241,7 @@ async fn lifecycle(backend: &str) {
         json!({"kind": "extract_data", "scope": "k", "request": {"input": "Invoice 7 total 12.5", "schema": {"type": "object", "properties": {"total": {"type": "number"}, "number": {"type": "integer"}}, "required": ["total", "number"]}}}),
         json!({"kind": "chat", "scope": "k", "request": {"messages": [{"role": "user", "content": "Weather?"}],
             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]}}),
+        json!({"kind": "embed", "scope": "k", "request": {"input": ["a text", {"text": "another", "id": "doc-1", "revision": "v1"}], "dimensions": 8}}),
     ];
     for (i, k) in kinds.iter().enumerate() {
         let (st, t) = s

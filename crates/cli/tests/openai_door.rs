@@ -194,6 +194,11 @@ provider = "dev"
 model = "dev-1"
 params = {{ latency_ms = 60000 }}
 
+[models.embed]
+provider = "dev"
+model = "dev-embed"
+params = {{ dimensions = 8 }}
+
 [providers.fake]
 kind = "openai"
 base_url = "{provider_url}/v1"
@@ -271,6 +276,25 @@ impl Server {
         (status, headers, value)
     }
 
+    async fn embeddings(
+        &self,
+        key: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> (StatusCode, Value) {
+        let mut rb = self
+            .http
+            .post(format!("{}/openai/v1/embeddings", self.base))
+            .bearer_auth(key)
+            .json(body);
+        for (k, v) in headers {
+            rb = rb.header(*k, *v);
+        }
+        let response = rb.send().await.expect("the server answers");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
     async fn task_by_key(&self, effect_key: &str) -> StatusCode {
         self.http
             .get(format!("{}/v1/tasks?effect_key={effect_key}", self.base))
@@ -323,6 +347,7 @@ macro_rules! on_both_backends {
 }
 
 on_both_backends!(
+    embeddings_are_answered_in_openai_shape,
     request_shape_errors_are_400_in_openai_shape_and_store_nothing,
     a_call_answers_a_chat_completion_backed_by_a_task,
     a_call_longer_than_the_longest_wait_names_its_task,
@@ -1065,4 +1090,96 @@ async fn the_official_sdks_work_unchanged(backend: &str) {
         node_test.args(["--test", "openai_sdk.test.mjs"]);
         run_sdk_tests(&server, &fake, "node --test (openai npm SDK)", node_test).await;
     }
+}
+
+/// `POST /openai/v1/embeddings`: OpenAI's answer shape (floats and base64), the item
+/// cache (a second call of the same texts is charged nothing), a replayed key answering
+/// the same task, and refusals in OpenAI's shape that store nothing.
+async fn embeddings_are_answered_in_openai_shape(backend: &str) {
+    let fake = FakeProvider::start().await;
+    let Some(s) = start(backend, &fake).await else {
+        return;
+    };
+    let body = json!({"model": "embed", "input": ["first text", "second text"]});
+    let key = [("idempotency-key", "emb-1")];
+    let (st, a) = s.embeddings(ACME, &key, &body).await;
+    assert_eq!(st, StatusCode::OK, "{a}");
+    assert_eq!(a["object"], "list");
+    assert_eq!(a["model"], "embed");
+    let data = a["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(d["object"], "embedding");
+        assert_eq!(d["index"], i);
+        assert_eq!(d["embedding"].as_array().unwrap().len(), 8);
+    }
+    let tokens = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(tokens > 0);
+    assert_eq!(a["usage"]["total_tokens"], tokens);
+    assert_eq!(s.task_by_key("openai-emb-1").await, StatusCode::OK);
+    // The same key again: the same task and answer.
+    let (st, again) = s.embeddings(ACME, &key, &body).await;
+    assert_eq!((st, &again), (StatusCode::OK, &a));
+    // Other calls with the same texts: every vector from the item cache, nothing charged;
+    // base64 is the same vectors' little-endian f32 bytes.
+    let (st, b) = s
+        .embeddings(ACME, &[], &json!({"model": "embed", "input": ["second text", "first text"], "encoding_format": "base64"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    assert_eq!(b["usage"]["prompt_tokens"], 0);
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b["data"][1]["embedding"].as_str().unwrap())
+        .unwrap();
+    let decoded: Vec<f64> = bytes
+        .chunks(4)
+        .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+        .collect();
+    let floats: Vec<f64> = data[0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| f64::from(x.as_f64().unwrap() as f32))
+        .collect();
+    assert_eq!(decoded, floats);
+    // Refusals: 400 in OpenAI's shape, nothing stored.
+    for (bad, param, code) in [
+        (
+            json!({"model": "embed", "input": [[1, 2, 3]]}),
+            "input",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"model": "embed", "input": []}),
+            "input",
+            "invalid_request",
+        ),
+        (json!({"model": "embed"}), "input", "invalid_request"),
+        (
+            json!({"model": "embed", "input": "x", "encoding_format": "int8"}),
+            "encoding_format",
+            "invalid_request",
+        ),
+        (
+            json!({"model": "embed", "input": "x", "dimensions": 0}),
+            "dimensions",
+            "invalid_request",
+        ),
+    ] {
+        let (st, e) = s
+            .embeddings(ACME, &[("idempotency-key", "emb-bad")], &bad)
+            .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{bad}: {e}");
+        assert_openai_error(&e, "invalid_request_error", Some(param), code);
+        assert_eq!(s.task_by_key("openai-emb-bad").await, StatusCode::NOT_FOUND);
+    }
+    let (st, e) = s
+        .embeddings(ACME, &[], &json!({"model": "nope", "input": "x"}))
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{e}");
+    assert_eq!(
+        fake.count(),
+        0,
+        "the dev model answered; the fake saw nothing"
+    );
 }

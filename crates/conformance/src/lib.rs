@@ -26,6 +26,7 @@ pub mod concurrency;
 pub mod cost;
 pub mod create;
 pub mod dispatch;
+pub mod embeddings;
 pub mod fixtures;
 pub mod isolation;
 pub mod lifecycle;
@@ -165,6 +166,9 @@ macro_rules! conformance_suite {
             owner::unreleased_sources_page_with_a_keyset_cursor,
             owner::unreleased_sources_last_full_page_has_no_next,
             owner::delete_owner_data_deletes_only_that_scope_and_source,
+            embeddings::embedding_cache_is_per_app_and_scope,
+            embeddings::embedding_cache_entries_go_with_owner_deletion,
+            embeddings::embedding_cache_entries_go_with_retention,
             owner::delete_owner_data_keeps_admission_records,
             owner::deleted_in_flight_task_sees_cancellation_and_cannot_complete,
             isolation::another_app_cannot_see_a_task_even_with_its_effect_key,

@@ -38,7 +38,11 @@ pub use ids::{
     PipelineVersion, RunId, ScopeId, SourceId, SourceRevision, StepKey, TaskId, WorkerId,
     check_identifier, identifier_pattern,
 };
-pub use kinds::{TaskKind, TaskRequest, check_output_fits, check_output_size, validate_output};
+pub use kinds::{
+    EmbedInput, EmbedItem, EmbedRequest, MAX_EMBED_DIMENSIONS, MAX_EMBED_INPUT_BYTES,
+    MAX_EMBED_INPUTS, TaskKind, TaskRequest, check_output_fits, check_output_size, embed_item_key,
+    validate_output,
+};
 pub use model::{ConfigHash, ModelRef};
 pub use route::{Deployment, Route, Strategy};
 pub use task::*;

@@ -208,6 +208,21 @@ fn arb_request(kind: TaskKind) -> BoxedStrategy<Value> {
                 f
             })
             .boxed(),
+        TaskKind::Embed => (
+            proptest::collection::vec(arb_text(), 0..4),
+            proptest::option::of(prop_oneof![
+                4 => (1u32..64).prop_map(|n| json!(n)),
+                1 => arb_number(),
+            ]),
+        )
+            .prop_map(|(texts, dimensions)| {
+                let mut f = vec![("input".to_string(), json!(texts))];
+                if let Some(d) = dimensions {
+                    f.push(("dimensions".into(), d));
+                }
+                f
+            })
+            .boxed(),
     };
     (fields, extra)
         .prop_map(|(mut fields, extra)| {

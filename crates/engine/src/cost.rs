@@ -33,7 +33,9 @@ use crate::provider::pace::DEFAULT_PACE_OUTPUT_TOKENS;
 use crate::provider::prompt::{self, OutputFormat, Prompt, PromptMessage, ToolOffer};
 use crate::provider::{ProviderCall, anthropic, openai};
 use serde_json::Value;
-use tollgate_core::{ModelRef, Reservation, Route, TaskRequest, TokenBound};
+use tollgate_core::{
+    EmbedRequest, InvalidInput, ModelRef, Reservation, Route, TaskRequest, TokenBound,
+};
 
 /// Tokens a chat template adds per message (role markers, separators), bounded above.
 /// OpenAI documents 3 for its current models (plus the role's own tokens, counted
@@ -196,12 +198,14 @@ impl TokenCounter {
 }
 
 /// The output-token bound of a request of `model` (see the module docs).
+/// An `embed` request has no output tokens: its bound is 0 (docs/budgets.md).
 pub fn output_bound(model: &ModelRef, request: &TaskRequest) -> Option<u64> {
     let own = match request {
         TaskRequest::GenerateText(r) => r.max_output_tokens,
         TaskRequest::ExtractData(r) => r.max_output_tokens,
         TaskRequest::Chat(r) => r.max_output_tokens,
         TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) => None,
+        TaskRequest::Embed(_) => return Some(0),
     };
     own.map(u64::from).or_else(|| {
         ["max_tokens", "max_completion_tokens"]
@@ -266,7 +270,13 @@ pub fn route_reservation(
 /// rendered as it is sent ([`TokenCounter::render`]) and counted by [`prompt_input_tokens`].
 /// Admission counts the first attempt with it; the worker counts each re-ask (whose
 /// error text is known then) with it before reserving the re-ask.
+///
+/// An `embed` call sends its texts and nothing else: its input is their tokens, summed
+/// (docs/budgets.md, "Embeddings").
 pub fn attempt_input_tokens(counter: TokenCounter, call: &ProviderCall<'_>) -> u64 {
+    if let TaskRequest::Embed(r) = call.request {
+        return r.texts().iter().map(|t| counter.count(t)).sum();
+    }
     prompt_input_tokens(counter, &counter.render(call))
 }
 
@@ -345,6 +355,48 @@ pub fn reask_error(message: String) -> String {
     } else {
         message.chars().take(MAX_REASK_ERROR_CHARS).collect()
     }
+}
+
+/// The most tokens one `embed` item may have where the deployment's tokenizer is known
+/// (OpenAI's per-input limit); elsewhere the request's byte limit per item applies
+/// (docs/api.md, "Embeddings").
+pub const MAX_EMBED_INPUT_TOKENS: u64 = 8192;
+
+/// docs/api.md, "Embeddings": an `embed` request may go to `route` — no deployment is on
+/// a provider without an embeddings API (Anthropic), and no item is over
+/// [`MAX_EMBED_INPUT_TOKENS`] for a deployment whose tokenizer is known.
+pub fn check_embed_route(
+    config: &EngineConfig,
+    route: &Route,
+    request: &EmbedRequest,
+) -> Result<(), InvalidInput> {
+    for d in &route.deployments {
+        if config.provider_kind(&d.provider) == Some(ProviderKind::Anthropic) {
+            return Err(InvalidInput::field(
+                "model",
+                format!(
+                    "deployment {} is on an `anthropic` provider, which has no embeddings API",
+                    d.name()
+                ),
+            ));
+        }
+        let counter = TokenCounter::for_model_ref(config, &d.model_ref());
+        if counter.tokenizer == Tokenizer::Bytes {
+            continue;
+        }
+        for (i, text) in request.texts().iter().enumerate() {
+            let n = counter.count(text);
+            if n > MAX_EMBED_INPUT_TOKENS {
+                return Err(InvalidInput::field(
+                    format!("request.input[{i}]"),
+                    format!(
+                        "the text has {n} tokens, over the limit of {MAX_EMBED_INPUT_TOKENS} per item"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

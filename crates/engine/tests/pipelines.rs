@@ -64,6 +64,7 @@ fn tag_of(request: &TaskRequest) -> String {
         TaskRequest::Classify(_) => "category".into(),
         TaskRequest::ClassifyMany(_) => "classify_many".into(),
         TaskRequest::Chat(_) => "chat".into(),
+        TaskRequest::Embed(_) => "embed".into(),
         TaskRequest::GenerateText(r) => r
             .prompt
             .as_deref()
@@ -164,6 +165,7 @@ impl Provider for Scripted {
             }
             TaskRequest::ClassifyMany(_) => json!({"results": []}),
             TaskRequest::Chat(_) => json!({"content": "<chat>", "finish_reason": "stop"}),
+            TaskRequest::Embed(_) => json!({"embeddings": [], "dimensions": 1}),
             TaskRequest::GenerateText(r) => {
                 json!({"text": format!("<{}>", r.prompt.as_deref().unwrap_or_default())})
             }

@@ -134,6 +134,8 @@ pub enum KindName {
     ExtractData,
     /// `chat`.
     Chat,
+    /// `embed`.
+    Embed,
 }
 
 /// A task's status.

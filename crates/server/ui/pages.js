@@ -7,7 +7,15 @@ import { ago, badge, clear, fmt, gauge, h, json, minuteChart, replace, shortId, 
 
 const TASK_STATUSES = ["queued", "running", "succeeded", "failed", "canceled"];
 const RUN_STATES = ["running", "waiting", "succeeded", "failed", "canceled"];
-const KINDS = ["generate_text", "classify", "classify_many", "extract_data", "chat"];
+const KINDS = ["generate_text", "classify", "classify_many", "extract_data", "chat", "embed"];
+
+// An embed's output is its vectors: the page says how many and of what dimension, never
+// the floats (thousands of numbers nobody reads).
+function embedSummary(output) {
+  const n = (output.embeddings || []).length;
+  return h("p", { id: "embed-summary" },
+    `${fmt(n)} vector${n === 1 ? "" : "s"} of ${fmt(output.dimensions)} dimensions (the numbers are not shown).`);
+}
 
 function title(text, ...extra) {
   return h("div", { class: "page-head" }, h("h1", {}, text), ...extra);
@@ -260,7 +268,8 @@ export async function task(page, [id]) {
       t.kind === "chat" ? chatView(t) : null,
       h("div", { class: "grid2" },
         h("section", { class: "card" }, h("h2", {}, "Request"), json(t.request)),
-        h("section", { class: "card" }, h("h2", {}, "Output"), t.output === null ? h("p", { class: "muted" }, "No output yet.") : json(t.output))));
+        h("section", { class: "card" }, h("h2", {}, "Output"), t.output === null ? h("p", { class: "muted" }, "No output yet.")
+          : t.kind === "embed" ? embedSummary(t.output) : json(t.output))));
     return t;
   }
   try {

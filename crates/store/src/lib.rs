@@ -12,6 +12,7 @@
 //! | [`TaskStore`] | the application's side of tasks: create (admission), read, cancel, release, list, owner deletion | `shared/tasks.rs`; each backend's `tasks.rs` (creation in `admission`, owner deletion, its statements) |
 //! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | `shared/lifecycle.rs`; each backend's `lifecycle.rs` (its claims, its heartbeat statement, a reservation's locks; PostgreSQL's batched completion) |
 //! | [`AttemptStore`] | a task's attempts: begin, end, list (docs/routes.md, "Attempts") | `shared/attempts.rs` |
+//! | [`EmbeddingStore`] | the embeddings item cache: look up, store (docs/api.md, "Embeddings") | `shared/embeddings.rs` |
 //! | [`RunStore`] | workflow runs, waits and the cancel cascade | `shared/runs.rs`; each backend's `runs.rs` (its row locks, its cascade) |
 //! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `shared/pipelines.rs`; each backend's `pipelines.rs` (its claim, its keyed start) |
 //! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `shared/maintenance.rs`; each backend's `maintenance.rs` (its statements, its expiry) |
@@ -84,6 +85,7 @@ pub trait Store:
     TaskStore
     + WorkerStore
     + AttemptStore
+    + EmbeddingStore
     + RunStore
     + PipelineStore
     + MaintenanceStore
@@ -98,6 +100,7 @@ impl<T> Store for T where
     T: TaskStore
         + WorkerStore
         + AttemptStore
+        + EmbeddingStore
         + RunStore
         + PipelineStore
         + MaintenanceStore
@@ -112,8 +115,8 @@ impl<T> Store for T where
 /// tollgate_store::prelude::*;` brings every method into scope).
 pub mod prelude {
     pub use crate::{
-        AttemptStore, ListStore, MaintenanceStore, PaceStore, PipelineStore, RunStore, Store,
-        TaskStore, WebhookStore, WorkerStore,
+        AttemptStore, EmbeddingStore, ListStore, MaintenanceStore, PaceStore, PipelineStore,
+        RunStore, Store, TaskStore, WebhookStore, WorkerStore,
     };
 }
 
@@ -317,6 +320,40 @@ pub trait AttemptStore: Send + Sync {
         app: &AppId,
         id: TaskId,
     ) -> StoreResult<Vec<tollgate_core::Attempt>>;
+}
+
+/// One vector of the embeddings item cache, as an `embed` task computed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddingEntry {
+    /// The item key (`tollgate_core::embed_item_key`).
+    pub key: String,
+    /// The vector.
+    pub vector: Vec<f32>,
+    /// The item's input tokens, as counted.
+    pub tokens: u64,
+}
+
+/// The embeddings item cache (docs/api.md, "Embeddings"): vectors by item key within an
+/// app and scope, each entry owned by the task that computed it and deleted with it
+/// (retention, owner deletion). Written once for both backends (`shared/embeddings.rs`).
+#[async_trait]
+pub trait EmbeddingStore: Send + Sync {
+    /// The cached vectors of `keys` in `app` and `scope` (keys without an entry are
+    /// absent from the map). Never another app's or scope's.
+    async fn cached_embeddings(
+        &self,
+        app: &AppId,
+        scope: &ScopeId,
+        keys: &[String],
+    ) -> StoreResult<std::collections::HashMap<String, Vec<f32>>>;
+
+    /// Stores vectors `task` computed, in the task's app and scope, owned by it; a key
+    /// with an entry already keeps it. Nothing is stored when the task no longer exists.
+    /// Returns how many entries were stored.
+    async fn put_embeddings(&self, task: TaskId, entries: &[EmbeddingEntry]) -> StoreResult<u64>;
+
+    /// How many cache entries a task of `app` owns.
+    async fn embeddings_of_task(&self, app: &AppId, task: TaskId) -> StoreResult<u64>;
 }
 
 /// Workflow runs (docs/conformance.md#workflow-runs): create, read, cancel with its cascade, wait on a task,

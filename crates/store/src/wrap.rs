@@ -16,10 +16,10 @@ use crate::webhooks::{
     WebhookEndpoint, WebhookEndpointPatch,
 };
 use crate::{
-    AttemptEnd, AttemptStore, Completion, Created, HeartbeatReport, MaintenanceStore, PaceSlot,
-    PaceStore, PipelineRef, PipelineStore, RunCancel, RunResult, RunStore, SpendWindow, Store,
-    StoreResult, StoredPipeline, SweepConfig, SweepReport, TaskStore, Transition, UnreleasedPage,
-    UnreleasedQuery, WaitOutcome, WebhookStore, WorkerStore,
+    AttemptEnd, AttemptStore, Completion, Created, EmbeddingEntry, EmbeddingStore, HeartbeatReport,
+    MaintenanceStore, PaceSlot, PaceStore, PipelineRef, PipelineStore, RunCancel, RunResult,
+    RunStore, SpendWindow, Store, StoreResult, StoredPipeline, SweepConfig, SweepReport, TaskStore,
+    Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome, WebhookStore, WorkerStore,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -69,7 +69,7 @@ pub trait StoreWrapper: Send + Sync + 'static {
     }
 }
 
-/// Forward [`TaskStore`], [`AttemptStore`], [`RunStore`], [`PipelineStore`],
+/// Forward [`TaskStore`], [`AttemptStore`], [`EmbeddingStore`], [`RunStore`], [`PipelineStore`],
 /// [`MaintenanceStore`], [`PaceStore`] and [`WebhookStore`] to [`StoreWrapper::inner`]:
 /// every concern but the worker's.
 pub trait ForwardStore: StoreWrapper {}
@@ -126,6 +126,24 @@ impl<W: ForwardStore> TaskStore for W {
     }
     async fn spend(&self, app: &AppId, scope: Option<&ScopeId>) -> StoreResult<SpendWindow> {
         forward!(self, read, spend(app, scope))
+    }
+}
+
+#[async_trait]
+impl<W: ForwardStore> EmbeddingStore for W {
+    async fn cached_embeddings(
+        &self,
+        app: &AppId,
+        scope: &ScopeId,
+        keys: &[String],
+    ) -> StoreResult<std::collections::HashMap<String, Vec<f32>>> {
+        forward!(self, read, cached_embeddings(app, scope, keys))
+    }
+    async fn put_embeddings(&self, task: TaskId, entries: &[EmbeddingEntry]) -> StoreResult<u64> {
+        forward!(self, write, put_embeddings(task, entries))
+    }
+    async fn embeddings_of_task(&self, app: &AppId, task: TaskId) -> StoreResult<u64> {
+        forward!(self, read, embeddings_of_task(app, task))
     }
 }
 

@@ -1,4 +1,4 @@
-//! The four task kinds (docs/conformance.md#task-kinds): their request types, request parsing and validation,
+//! The task kinds (docs/conformance.md#task-kinds): their request types, request parsing and validation,
 //! the JSON Schemas of requests and outputs, and validation of model outputs.
 //!
 //! Requests are parsed field by field so every error names the exact path that is wrong
@@ -29,6 +29,7 @@ mod chat_schema;
 mod chat_tools;
 mod classify;
 mod classify_many;
+mod embed;
 mod extract_data;
 mod generate_text;
 mod labels;
@@ -50,6 +51,10 @@ pub use chat::{
 pub use chat_output::FINISH_REASONS;
 pub use classify::ClassifyRequest;
 pub use classify_many::{ClassifyItem, ClassifyManyRequest};
+pub use embed::{
+    EmbedInput, EmbedItem, EmbedRequest, MAX_EMBED_DIMENSIONS, MAX_EMBED_INPUT_BYTES,
+    MAX_EMBED_INPUTS, embed_item_key,
+};
 pub use extract_data::ExtractDataRequest;
 pub use generate_text::{ChatMessage, ChatRole, GenerateTextRequest};
 pub use labels::Label;
@@ -94,16 +99,19 @@ pub enum TaskKind {
     /// The assistant's next message in a conversation: text and/or calls of the tools
     /// offered.
     Chat,
+    /// One vector per input text (docs/api.md, "Embeddings").
+    Embed,
 }
 
 impl TaskKind {
     /// Every kind, in documentation order.
-    pub const ALL: [TaskKind; 5] = [
+    pub const ALL: [TaskKind; 6] = [
         TaskKind::GenerateText,
         TaskKind::Classify,
         TaskKind::ClassifyMany,
         TaskKind::ExtractData,
         TaskKind::Chat,
+        TaskKind::Embed,
     ];
 
     /// The stable string form.
@@ -114,6 +122,7 @@ impl TaskKind {
             TaskKind::ClassifyMany => "classify_many",
             TaskKind::ExtractData => "extract_data",
             TaskKind::Chat => "chat",
+            TaskKind::Embed => "embed",
         }
     }
 
@@ -129,7 +138,7 @@ impl fmt::Display for TaskKind {
     }
 }
 
-/// A validated request of one of the four kinds.
+/// A validated request of one of the kinds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskRequest {
     /// A `generate_text` request.
@@ -142,6 +151,8 @@ pub enum TaskRequest {
     ExtractData(ExtractDataRequest),
     /// A `chat` request.
     Chat(ChatRequest),
+    /// An `embed` request.
+    Embed(EmbedRequest),
 }
 
 impl TaskRequest {
@@ -161,6 +172,7 @@ impl TaskRequest {
                 TaskRequest::ExtractData(extract_data::parse_extract_data(value)?)
             }
             TaskKind::Chat => TaskRequest::Chat(chat::parse_chat(value)?),
+            TaskKind::Embed => TaskRequest::Embed(embed::parse_embed(value)?),
         })
     }
 
@@ -172,6 +184,7 @@ impl TaskRequest {
             TaskRequest::ClassifyMany(_) => TaskKind::ClassifyMany,
             TaskRequest::ExtractData(_) => TaskKind::ExtractData,
             TaskRequest::Chat(_) => TaskKind::Chat,
+            TaskRequest::Embed(_) => TaskKind::Embed,
         }
     }
 
@@ -184,6 +197,7 @@ impl TaskRequest {
             TaskRequest::ClassifyMany(r) => serde_json::to_value(r),
             TaskRequest::ExtractData(r) => serde_json::to_value(r),
             TaskRequest::Chat(r) => serde_json::to_value(r),
+            TaskRequest::Embed(r) => serde_json::to_value(r),
         };
         // Cannot fail: plain structs with string keys, and a finite temperature.
         result.expect("a task request always serializes to JSON")
@@ -198,6 +212,7 @@ impl TaskRequest {
             TaskRequest::ClassifyMany(r) => output_size::json_size(r, limit),
             TaskRequest::ExtractData(r) => output_size::json_size(r, limit),
             TaskRequest::Chat(r) => output_size::json_size(r, limit),
+            TaskRequest::Embed(r) => output_size::json_size(r, limit),
         }
     }
 
@@ -250,6 +265,7 @@ impl TaskRequest {
             }
             TaskRequest::ExtractData(r) => r.schema.clone(),
             TaskRequest::Chat(r) => chat_output::chat_output_schema(r),
+            TaskRequest::Embed(r) => embed::embed_output_schema(r),
         }
     }
 }
@@ -551,6 +567,9 @@ mod tests {
                     TaskRequest::ExtractData(serde_json::from_value(r.to_value()).unwrap())
                 }
                 TaskKind::Chat => TaskRequest::Chat(serde_json::from_value(r.to_value()).unwrap()),
+                TaskKind::Embed => {
+                    TaskRequest::Embed(serde_json::from_value(r.to_value()).unwrap())
+                }
             };
             assert_eq!(back, r);
             assert_eq!(r.to_value(), value);

@@ -91,6 +91,18 @@ pub fn check_output_fits(
             super::chat_output::CHAT_OUTPUT_FLOOR,
             "even an empty answer (`{\"content\":\"\",\"finish_reason\":\"stop\"}`)".to_string(),
         ),
+        TaskRequest::Embed(r) => {
+            // {"embeddings":[[0,…],…],"dimensions":1}: 31 bytes, each vector of d
+            // one-digit numbers 2d + 1 with its comma (the dimension is unknown without
+            // `dimensions`: at least 1).
+            let n = r.input.len() as u64;
+            let d = u64::from(r.dimensions.unwrap_or(1));
+            (
+                "request.input",
+                31 + n * (2 * d + 1),
+                format!("one vector of {d} numbers per item ({n} items)"),
+            )
+        }
     };
     if floor <= limit {
         return Ok(());

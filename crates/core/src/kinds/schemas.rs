@@ -3,8 +3,8 @@
 use serde_json::{Value, json};
 
 use super::{
-    MAX_ITEM_ID_BYTES, MAX_ITEMS, MAX_LABEL_BYTES, MAX_LABELS, MAX_SEED, MAX_STOP_SEQUENCES,
-    MAX_TEMPERATURE, TaskKind,
+    MAX_EMBED_DIMENSIONS, MAX_EMBED_INPUT_BYTES, MAX_EMBED_INPUTS, MAX_ITEM_ID_BYTES, MAX_ITEMS,
+    MAX_LABEL_BYTES, MAX_LABELS, MAX_SEED, MAX_STOP_SEQUENCES, MAX_TEMPERATURE, TaskKind,
 };
 
 /// The dialect of every JSON Schema this module publishes.
@@ -218,6 +218,57 @@ pub fn request_schema(kind: TaskKind) -> Value {
             stop_schema(),
             seed_schema(),
         ),
+        TaskKind::Embed => json!({
+            "$schema": SCHEMA_DIALECT,
+            "title": "embed request",
+            "type": "object",
+            "properties": {
+                "input": {
+                    "description": format!(
+                        "One text, or up to {MAX_EMBED_INPUTS} items: each a text or \
+                         `{{text, id?, revision?}}` (its source and revision key its cache \
+                         entry). Every text is non-blank and at most \
+                         {MAX_EMBED_INPUT_BYTES} UTF-8 bytes."
+                    ),
+                    "oneOf": [
+                        { "type": "string", "minLength": 1 },
+                        {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": MAX_EMBED_INPUTS,
+                            "items": {
+                                "oneOf": [
+                                    { "type": "string", "minLength": 1 },
+                                    { "$ref": "#/$defs/embed_item" }
+                                ]
+                            }
+                        }
+                    ]
+                },
+                "dimensions": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": MAX_EMBED_DIMENSIONS,
+                    "description": "The vectors' dimension, for models that can shorten them."
+                }
+            },
+            "required": ["input"],
+            "additionalProperties": false,
+            "$defs": {
+                "embed_item": {
+                    "description": "A text with the source it comes from: its cache entry is \
+                                    keyed by `id` and `revision` too.",
+                    "type": "object",
+                    "properties": {
+                        "text": { "type": "string", "minLength": 1 },
+                        "id": { "type": ["string", "null"], "minLength": 1, "maxLength": 256 },
+                        "revision": { "type": ["string", "null"], "minLength": 1, "maxLength": 256 }
+                    },
+                    "required": ["text"],
+                    "additionalProperties": false
+                }
+            }
+        }),
     }
 }
 
@@ -272,6 +323,21 @@ pub fn output_schema(kind: TaskKind) -> Value {
             "description": "Any JSON value valid against the request's `schema`."
         }),
         TaskKind::Chat => super::chat_schema::chat_output_schema_published(SCHEMA_DIALECT),
+        TaskKind::Embed => json!({
+            "$schema": SCHEMA_DIALECT,
+            "title": "embed output",
+            "type": "object",
+            "properties": {
+                "embeddings": {
+                    "type": "array",
+                    "description": "One vector per input item, in the items' order.",
+                    "items": { "type": "array", "items": { "type": "number" } }
+                },
+                "dimensions": { "type": "integer", "minimum": 1, "description": "Every vector's length." }
+            },
+            "required": ["embeddings", "dimensions"],
+            "additionalProperties": false
+        }),
     }
 }
 
@@ -354,6 +420,17 @@ mod tests {
             (TaskKind::ExtractData, extract(json!(true))),
             (TaskKind::ExtractData, extract(json!("nope"))),
             (TaskKind::ExtractData, json!({ "input": "x" })),
+            (TaskKind::Embed, json!({ "input": "x" })),
+            (
+                TaskKind::Embed,
+                json!({ "input": ["x", { "text": "y", "id": "d", "revision": "v1" }], "dimensions": 8 }),
+            ),
+            (TaskKind::Embed, json!({ "input": [] })),
+            (TaskKind::Embed, json!({ "input": "" })),
+            (TaskKind::Embed, json!({ "input": [{ "id": "d" }] })),
+            (TaskKind::Embed, json!({ "input": "x", "dimensions": 0 })),
+            (TaskKind::Embed, json!({ "input": "x", "extra": 1 })),
+            (TaskKind::Embed, json!({ "input": 3 })),
         ];
         for (kind, value) in cases {
             let parsed = TaskRequest::parse(kind, &value);

@@ -60,6 +60,7 @@ pub fn validate_output(request: &TaskRequest, output: &Value) -> Result<Value, O
             Ok(Value::Object(normalized))
         }
         TaskRequest::ClassifyMany(r) => validate_classify_many(r, output),
+        TaskRequest::Embed(r) => super::embed::validate_embed(r, output),
         TaskRequest::ExtractData(r) => {
             let validator = compile_schema(&r.schema).map_err(|e| {
                 violation(format!(

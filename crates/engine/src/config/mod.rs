@@ -65,6 +65,7 @@
 //! concurrency = 8                       # 0: this process runs no tasks (API only)
 //! heartbeat_interval = "5s"
 //! max_output_retries = 2
+//! embed_gather = "10ms"                 # embed tasks' texts grouped into one call
 //!
 //! [sweeper]
 //! interval = "10s"

@@ -329,6 +329,12 @@ pub struct ProviderConfig {
     /// "Provider pace").
     #[serde(default = "default_max_pause", with = "duration_text")]
     pub max_pause: Duration,
+    /// Most texts in one embeddings call (docs/engine.md, "Embeddings"): grouped `embed`
+    /// tasks share calls of at most this many texts (default
+    /// [`DEFAULT_EMBED_BATCH_SIZE`](crate::provider::embed_batch::DEFAULT_EMBED_BATCH_SIZE);
+    /// a model's `embed_batch_size` parameter overrides it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embed_batch_size: Option<std::num::NonZeroU32>,
 }
 
 fn default_provider_timeout() -> Duration {
@@ -381,6 +387,7 @@ impl ProviderConfig {
             tokens_per_minute: None,
             pace_window: default_pace_window(),
             max_pause: default_max_pause(),
+            embed_batch_size: None,
         }
     }
 

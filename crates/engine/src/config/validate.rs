@@ -520,6 +520,9 @@ impl EngineConfig {
         if self.workers.max_output_retries > 10 {
             p.add("workers.max_output_retries", "must be at most 10");
         }
+        if self.workers.embed_gather > Duration::from_secs(1) {
+            p.add("workers.embed_gather", "must be at most 1s");
+        }
         p.positive_duration("dispatch.ageing_step", self.dispatch.ageing_step);
         p.positive_duration("sweeper.interval", self.sweeper.interval);
         p.positive_duration("sweeper.queue_timeout", self.sweeper.queue_timeout);

@@ -17,6 +17,11 @@ pub struct WorkerConfig {
     /// How many times an invalid model output is sent back to the provider with the
     /// validation error before the task fails with `invalid_model_output`.
     pub max_output_retries: u32,
+    /// How long the first embeddings call of a group waits for other `embed` tasks'
+    /// texts for the same deployment to join it in one provider call (docs/engine.md,
+    /// "Embeddings").
+    #[serde(with = "duration_text")]
+    pub embed_gather: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -25,6 +30,7 @@ impl Default for WorkerConfig {
             concurrency: 8,
             heartbeat_interval: Duration::from_secs(5),
             max_output_retries: 2,
+            embed_gather: Duration::from_millis(10),
         }
     }
 }

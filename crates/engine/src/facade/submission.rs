@@ -184,6 +184,16 @@ impl Submission {
         Submission::application_request(app, scope, effect_key, TaskRequest::Chat(request))
     }
 
+    /// An application-owned `embed` task (docs/api.md, "Embeddings").
+    pub fn embed(
+        app: AppId,
+        scope: ScopeId,
+        effect_key: EffectKey,
+        request: tollgate_core::EmbedRequest,
+    ) -> Submission {
+        Submission::application_request(app, scope, effect_key, TaskRequest::Embed(request))
+    }
+
     /// Makes the task scoped: about `source` at `revision`.
     pub fn with_source(mut self, id: SourceId, revision: SourceRevision) -> Submission {
         self.source = Some(SourceSpec {

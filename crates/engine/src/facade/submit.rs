@@ -73,6 +73,9 @@ impl Tollgate {
             ageing_step: inner.config.dispatch.ageing_step,
         };
         let request = inner.validate_request(s.kind, &s.request)?;
+        if let tollgate_core::TaskRequest::Embed(r) = request.request() {
+            crate::cost::check_embed_route(&inner.config, &model.route, r)?;
+        }
         let step = s.resolved_step()?;
         let owner = match s.owner {
             SubmissionOwner::Run(run_id) => Owner::Run {

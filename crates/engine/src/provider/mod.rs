@@ -16,6 +16,7 @@
 pub mod answer;
 pub mod anthropic;
 pub mod dev;
+pub mod embed_batch;
 pub mod http;
 pub mod openai;
 pub mod pace;
@@ -91,12 +92,42 @@ pub enum ProviderError {
     OutputTooLarge(String),
 }
 
+/// One embeddings request to a provider (the `embed` kind; docs/api.md, "Embeddings"):
+/// the texts of one or more tasks that missed the item cache, grouped up to the batch size.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbedCall<'a> {
+    /// The deployment's model.
+    pub model: &'a ModelRef,
+    /// The texts, in order.
+    pub texts: &'a [String],
+    /// The vectors' dimension, when asked for.
+    pub dimensions: Option<u32>,
+}
+
+/// A provider's vectors: one per text, in order, with the call's usage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedAnswer {
+    /// One vector per text, in the texts' order.
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens used (input only; `estimated` when the provider did not say).
+    pub usage: Usage,
+}
+
 /// A model provider. Object safe: the engine holds `Arc<dyn Provider>`. Dropping the
 /// returned future aborts the call (the worker does so when its task is canceled).
 #[async_trait]
 pub trait Provider: Send + Sync + fmt::Debug + 'static {
     /// Produces one output for one request.
     async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError>;
+
+    /// Embeds texts (the `embed` kind). A provider without an embeddings API (Anthropic)
+    /// keeps this default, which fails the call for good.
+    async fn embed(&self, call: EmbedCall<'_>) -> Result<EmbedAnswer, ProviderError> {
+        Err(ProviderError::Failed(format!(
+            "provider `{}` has no embeddings API",
+            call.model.provider
+        )))
+    }
 }
 
 /// Provider name → provider instance.

@@ -183,6 +183,16 @@ impl Prompt {
                 }
                 AnswerShape::Text
             }
+            // Never sent as a chat (providers post the texts to their embeddings API):
+            // one user message per text, which is what pacing and bounds count.
+            TaskRequest::Embed(r) => {
+                messages.extend(
+                    r.texts()
+                        .into_iter()
+                        .map(|t| PromptMessage::new(ChatRole::User, t)),
+                );
+                AnswerShape::Text
+            }
             TaskRequest::Classify(r) => {
                 messages.push(PromptMessage::new(
                     ChatRole::System,
@@ -446,7 +456,7 @@ fn is_strict_compatible(schema: &Value) -> bool {
 /// Instructions shared by providers that prompt a chat model, per kind.
 fn task_instructions(request: &TaskRequest) -> String {
     match request {
-        TaskRequest::GenerateText(_) => String::new(),
+        TaskRequest::GenerateText(_) | TaskRequest::Embed(_) => String::new(),
         TaskRequest::Classify(r) => {
             let mut text = String::from(
                 "Classify the user's input. Answer with a JSON object whose `label` is exactly \

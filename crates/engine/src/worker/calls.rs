@@ -115,8 +115,18 @@ impl WorkerPool {
                 self.inner
                     .traces
                     .provider_call(&self.inner.config, trace, task, &model, reask);
+            // `embed` goes through the item cache and grouped embeddings calls.
+            let answered = async {
+                match call.request {
+                    TaskRequest::Embed(r) => {
+                        self.embed_call(task, r, deployment, provider, counter)
+                            .await
+                    }
+                    _ => provider.complete(call).await,
+                }
+            };
             let answer = match timeout {
-                Some(limit) => tokio::time::timeout(limit, provider.complete(call))
+                Some(limit) => tokio::time::timeout(limit, answered)
                     .await
                     .unwrap_or_else(|_| {
                         Err(ProviderError::Unavailable {
@@ -127,7 +137,7 @@ impl WorkerPool {
                             retry_after: None,
                         })
                     }),
-                None => provider.complete(call).await,
+                None => answered.await,
             };
             metrics::histogram!(m::PROVIDER_LATENCY_SECONDS, "provider" => provider_name.to_string())
                 .record(started.elapsed().as_secs_f64());
@@ -361,7 +371,9 @@ fn attempt_usage(
     call: &ProviderCall<'_>,
     used: Usage,
 ) -> Usage {
-    let used = if used.estimated {
+    // An `embed` call's unreported usage was counted item by item already.
+    let counted = matches!(call.request, TaskRequest::Embed(_));
+    let used = if used.estimated && !counted {
         let bound = bound_usage(counter, call);
         tracing::warn!(
             task = %task.id, provider = %call.model.provider, input_tokens = bound.input_tokens,

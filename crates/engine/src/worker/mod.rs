@@ -29,17 +29,19 @@
 //!
 //! Split by what the parts do: `dispatch` (claiming), `execute` (one execution: the
 //! route's deployments tried in turn), `calls` (one deployment's calls, re-asks, usage
-//! and cooldowns), `complete` (recording the end), `heartbeat` (heartbeats
+//! and cooldowns), `embed` (an `embed` task's item cache and grouped calls), `complete` (recording the end), `heartbeat` (heartbeats
 //! and the event listener), `handle` (shutdown); this module starts them.
 
 mod attempts;
 mod calls;
 mod complete;
 mod dispatch;
+mod embed;
 mod execute;
 mod handle;
 mod heartbeat;
 
+pub(crate) use embed::vectors_json;
 pub use handle::{EngineHandle, ShutdownReport};
 
 use crate::driver::Driver;
@@ -100,6 +102,8 @@ pub(crate) struct WorkerPool {
     executions: TaskTracker,
     control: Control,
     completions: CompletionBatcher,
+    /// Grouped embeddings calls of this process's `embed` executions.
+    embeds: Arc<crate::provider::embed_batch::EmbedBatcher>,
 }
 
 impl Tollgate {
@@ -126,6 +130,9 @@ impl WorkerPool {
             executions: TaskTracker::new(),
             control: Control::default(),
             completions: CompletionBatcher::default(),
+            embeds: Arc::new(crate::provider::embed_batch::EmbedBatcher::new(
+                inner.config.workers.embed_gather,
+            )),
         });
         let (hint_tx, hint_rx) = mpsc::channel(HINT_CAPACITY);
         // Subscribe before recovery lists the queue, so nothing queued meanwhile is missed.

@@ -71,6 +71,11 @@ impl OpenAiError {
         self.status
     }
 
+    #[cfg(test)]
+    pub(crate) fn param_name(&self) -> Option<&str> {
+        self.param.as_deref()
+    }
+
     /// OpenAI's `type` for a status.
     fn kind(&self) -> &'static str {
         match self.status.as_u16() {

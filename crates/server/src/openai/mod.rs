@@ -1,11 +1,12 @@
-//! The OpenAI-compatible door under `/openai/v1`: `POST /chat/completions` and
-//! `GET /models` (`/models/{id}`) in OpenAI's shapes, so code written for the official
+//! The OpenAI-compatible door under `/openai/v1`: `POST /chat/completions`,
+//! `POST /embeddings` and `GET /models` (`/models/{id}`) in OpenAI's shapes, so code written for the official
 //! SDKs works with only `base_url` and `api_key` changed. Each call is one durable
 //! Tollgate task, submitted through the engine like `POST /v1/tasks` (same
 //! authentication, idempotency, cache and admission) and waited for up to the server's
 //! `max_wait`. docs/openai.md says what maps to what.
 
 mod answer;
+mod embeddings;
 mod error;
 mod request;
 
@@ -24,7 +25,7 @@ use error::OpenAiError;
 use serde_json::Value;
 use tollgate_core::{
     BudgetName, EffectKey, EngineKeySpace, ErrorCode, ModelId, ScopeId, SourceId, SourceRevision,
-    StepKey, TaskStatus, ValidatedRequest,
+    StepKey, TaskKind, TaskStatus, ValidatedRequest,
 };
 use tollgate_engine::{SourceSpec, Submission, SubmissionOwner};
 
@@ -51,6 +52,7 @@ const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/openai/v1/chat/completions", post(chat_completions))
+        .route("/openai/v1/embeddings", post(embeddings::embeddings))
         .route("/openai/v1/models", get(list_models))
         .route("/openai/v1/models/{id}", get(get_model))
         .route(
@@ -59,8 +61,8 @@ pub(crate) fn router(state: AppState) -> Router {
                 OpenAiError::new(
                     StatusCode::NOT_FOUND,
                     "not_found",
-                    "Tollgate's OpenAI-compatible API has POST /openai/v1/chat/completions and \
-                     GET /openai/v1/models only",
+                    "Tollgate's OpenAI-compatible API has POST /openai/v1/chat/completions, \
+                     POST /openai/v1/embeddings and GET /openai/v1/models only",
                 )
             }),
         )
@@ -136,7 +138,9 @@ fn header_id<T>(
 fn submission(
     caller: &Caller,
     headers: &HeaderMap,
-    chat: &request::ChatRequest,
+    model: &str,
+    kind: TaskKind,
+    request: &Value,
 ) -> Result<(Submission, bool), OpenAiError> {
     let scope = header(headers, SCOPE_HEADER)?.unwrap_or(DEFAULT_SCOPE);
     let scope = header_id(SCOPE_HEADER, scope, ScopeId::new)?;
@@ -177,7 +181,7 @@ fn submission(
     let budget = header(headers, BUDGET_HEADER)?
         .map(|b| header_id(BUDGET_HEADER, b, BudgetName::new))
         .transpose()?;
-    let model = ModelId::new(chat.model.clone()).map_err(|_| model_not_found(&chat.model))?;
+    let model = ModelId::new(model.to_string()).map_err(|_| model_not_found(model))?;
     let submission = Submission {
         priority: None,
         app: caller.app.clone(),
@@ -185,8 +189,8 @@ fn submission(
         subject: caller.subject.clone(),
         step: Some(StepKey::new(STEP).map_err(OpenAiError::from)?),
         effect_key,
-        kind: chat.kind,
-        request: chat.request.clone(),
+        kind,
+        request: request.clone(),
         model: Some(model),
         source,
         budget,
@@ -211,7 +215,6 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, OpenAiError> {
-    let view = view(&s, &caller.0);
     let max_request_bytes = s.tollgate.config().max_request_bytes;
     let bytes = read_body(&s, &headers, body, body_limit(max_request_bytes)).await?;
     // A key named twice (`{"model": "slow", "model": "default"}`) is refused, as on
@@ -234,7 +237,35 @@ async fn chat_completions(
     }
     // Request-shape errors are 400 here and write nothing (the engine checks again).
     ValidatedRequest::new(chat.kind, &chat.request, max_request_bytes)?;
-    let (sub, keyed) = submission(&caller.0, &headers, &chat)?;
+    let (sub, keyed) = submission(&caller.0, &headers, &chat.model, chat.kind, &chat.request)?;
+    let task = run_door_task(&s, &caller.0, sub, keyed).await?;
+    let completion = answer::Completion::of(&task, chat.max_tokens);
+    let mut response = if chat.stream {
+        answer::stream(&completion, chat.include_usage)
+    } else {
+        axum::Json(completion.object()).into_response()
+    };
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&task.id.to_string()) {
+        h.insert(TASK_ID_HEADER, v);
+    }
+    h.insert(
+        "x-tollgate-cached",
+        HeaderValue::from_static(if task.cached() { "true" } else { "false" }),
+    );
+    Ok(response)
+}
+
+/// Submits a door call's task, waits for it up to `max_wait` and answers it once
+/// succeeded; a task still pending or failed is the door's error (the same for chat
+/// completions and embeddings).
+async fn run_door_task(
+    s: &AppState,
+    caller: &Caller,
+    sub: Submission,
+    keyed: bool,
+) -> Result<tollgate_core::Task, OpenAiError> {
+    let view = view(s, caller);
     let scope = match &sub.owner {
         SubmissionOwner::Application { scope } => scope.clone(),
         SubmissionOwner::Run(_) => unreachable!("the door submits application tasks"),
@@ -302,21 +333,7 @@ async fn chat_completions(
             });
         }
     }
-    let completion = answer::Completion::of(&task, chat.max_tokens);
-    let mut response = if chat.stream {
-        answer::stream(&completion, chat.include_usage)
-    } else {
-        axum::Json(completion.object()).into_response()
-    };
-    let h = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&task.id.to_string()) {
-        h.insert(TASK_ID_HEADER, v);
-    }
-    h.insert(
-        "x-tollgate-cached",
-        HeaderValue::from_static(if task.cached() { "true" } else { "false" }),
-    );
-    Ok(response)
+    Ok(task)
 }
 
 async fn list_models(State(s): State<AppState>, _: DoorCaller) -> Result<Response, OpenAiError> {

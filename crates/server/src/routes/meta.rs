@@ -32,7 +32,7 @@ pub struct KindView {
 /// `GET /v1/kinds` answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct KindsAnswer {
-    /// The four kinds.
+    /// Every kind, in documentation order.
     pub kinds: Vec<KindView>,
 }
 

@@ -290,3 +290,4 @@ pub(crate) fn id_array<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
 }
 
 crate::shared::attempts::attempt_store_for!(PostgresStore);
+crate::shared::embeddings::embedding_store_for!(PostgresStore);

@@ -12,6 +12,7 @@ pub(crate) mod admission;
 pub(crate) mod attempts;
 pub(crate) mod cost;
 pub(crate) mod dispatch;
+pub(crate) mod embeddings;
 pub(crate) mod lifecycle;
 pub(crate) mod list;
 pub(crate) mod maintenance;

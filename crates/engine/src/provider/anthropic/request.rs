@@ -177,7 +177,9 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
             r.top_p,
             r.stop.as_deref(),
         ),
-        TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) => (None, None, None, None),
+        TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) | TaskRequest::Embed(_) => {
+            (None, None, None, None)
+        }
     };
     if let Some(n) = max_output_tokens {
         body.insert("max_tokens".into(), json!(n));

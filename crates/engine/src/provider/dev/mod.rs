@@ -16,11 +16,14 @@
 //! exercised; the delay is dropped with the call when a task is canceled.
 
 mod chat;
+mod embed;
 mod extract;
 mod instance;
 mod labels;
 
-use super::{Provider, ProviderAnswer, ProviderCall, ProviderError};
+pub use embed::{DEFAULT_DEV_DIMENSIONS, dev_vector};
+
+use super::{EmbedAnswer, EmbedCall, Provider, ProviderAnswer, ProviderCall, ProviderError};
 use crate::cpu::{self, Halt, Stop};
 use async_trait::async_trait;
 use extract::fill_from_input;
@@ -138,6 +141,7 @@ impl DevProvider {
             }
             TaskRequest::Chat(r) => chat::answer(model, r, seed, max_output_bytes, halt)
                 .map_err(|refusal| refused(refusal, max_output_bytes))?,
+            TaskRequest::Embed(r) => embed::embed_output(model, r),
             TaskRequest::ExtractData(_) => {
                 let mut builder = Builder {
                     root: output_schema,
@@ -171,9 +175,13 @@ impl DevProvider {
         let size = check_output_size(&output, max_output_bytes).map_err(|e| {
             ProviderError::OutputTooLarge(format!("the dev provider's answer: {e}"))
         })?;
+        let (input_tokens, output_tokens) = match request {
+            TaskRequest::Embed(r) => (r.texts().iter().map(|t| tokens(t.len())).sum(), 0),
+            _ => (tokens(request_value.to_string().len()), tokens(size)),
+        };
         let usage = Usage {
-            input_tokens: tokens(request_value.to_string().len()),
-            output_tokens: tokens(size),
+            input_tokens,
+            output_tokens,
             // The dev provider knows no price: the model's prices, if configured, say it.
             cost_usd: None,
             cached_input_tokens: None,
@@ -242,6 +250,13 @@ impl Provider for DevProvider {
         };
         answered
             .map_err(|panic| ProviderError::Failed(format!("the dev provider failed: {panic}")))?
+    }
+
+    async fn embed(&self, call: EmbedCall<'_>) -> Result<EmbedAnswer, ProviderError> {
+        if let Some(ms) = call.model.params.get("latency_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        Ok(embed::embed_answer(&call))
     }
 }
 

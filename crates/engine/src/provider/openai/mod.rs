@@ -48,16 +48,20 @@
 //! [`Prompt`](super::prompt::Prompt)), `response` (reading the answer); posting with
 //! retries, pauses and the pace is the shared [`super::http`].
 
+mod embeddings;
 mod request;
 mod response;
 
 pub use super::prompt::AnswerShape;
+pub use embeddings::{embeddings_body, parse_embeddings};
 pub use request::{format_fields, message_value, request_body, request_body_as, tool_fields};
 pub use response::parse_answer;
 
 use super::http::{ApiKeyHeader, HttpClient, no_exhausted_limits};
 use super::pace::ProviderPace;
-use super::{Provider, ProviderAnswer, ProviderCall, ProviderError, answer_limit};
+use super::{
+    EmbedAnswer, EmbedCall, Provider, ProviderAnswer, ProviderCall, ProviderError, answer_limit,
+};
 use crate::config::{
     AZURE_API_VERSION, ConfigError, OPENAI_BASE_URL, ProviderConfig, ProviderKind, StructuredOutput,
 };
@@ -68,7 +72,8 @@ use std::fmt;
 /// Where a provider's requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Endpoint {
-    /// One URL for every model (`{base_url}/chat/completions`).
+    /// One API root for every model (`{base_url}`, calls go to `/chat/completions` and
+    /// `/embeddings` under it).
     Fixed(String),
     /// Azure OpenAI: one URL per deployment (the model's name).
     AzureDeployments {
@@ -127,10 +132,7 @@ impl OpenAiProvider {
                     .as_deref()
                     .unwrap_or(OPENAI_BASE_URL)
                     .trim_end_matches('/');
-                (
-                    Endpoint::Fixed(format!("{base}/chat/completions")),
-                    ApiKeyHeader::Bearer,
-                )
+                (Endpoint::Fixed(base.to_string()), ApiKeyHeader::Bearer)
             }
         };
         Ok(OpenAiProvider {
@@ -148,20 +150,26 @@ impl OpenAiProvider {
         self
     }
 
-    /// The URL requests for `model` go to.
+    /// The URL chat completions for `model` go to.
     pub fn endpoint_for(&self, model: &str) -> String {
+        self.url_for(model, &["chat", "completions"])
+    }
+
+    /// The URL embeddings for `model` go to (docs/providers.md, "Embeddings").
+    pub fn embeddings_endpoint_for(&self, model: &str) -> String {
+        self.url_for(model, &["embeddings"])
+    }
+
+    fn url_for(&self, model: &str, operation: &[&str]) -> String {
         match &self.endpoint {
-            Endpoint::Fixed(url) => url.clone(),
+            Endpoint::Fixed(base) => format!("{base}/{}", operation.join("/")),
             Endpoint::AzureDeployments { base, api_version } => {
                 let mut url = base.clone();
                 if let Ok(mut segments) = url.path_segments_mut() {
-                    segments.pop_if_empty().extend([
-                        "openai",
-                        "deployments",
-                        model,
-                        "chat",
-                        "completions",
-                    ]);
+                    segments
+                        .pop_if_empty()
+                        .extend(["openai", "deployments", model])
+                        .extend(operation);
                 }
                 url.query_pairs_mut()
                     .clear()
@@ -199,6 +207,46 @@ impl Provider for OpenAiProvider {
             .await?;
         let parsed = parse_answer(&answer, prompt.shape);
         self.http.settle(ticket, &parsed).await;
+        parsed
+    }
+
+    async fn embed(&self, call: EmbedCall<'_>) -> Result<EmbedAnswer, ProviderError> {
+        let counter =
+            TokenCounter::for_provider(self.kind, self.structured_output, &call.model.model);
+        let estimate = if self.http.is_paced() {
+            call.texts.iter().map(|t| counter.count(t)).sum()
+        } else {
+            0
+        };
+        // A float is at most ~25 bytes of JSON: room for every vector of the asked
+        // dimension (else the largest any request may ask for).
+        let dimension = call
+            .dimensions
+            .unwrap_or(tollgate_core::MAX_EMBED_DIMENSIONS) as usize;
+        let limit = call
+            .texts
+            .len()
+            .saturating_mul(dimension.saturating_mul(25).saturating_add(64))
+            .saturating_add(64 * 1024);
+        let (answer, ticket) = self
+            .http
+            .post(
+                &self.embeddings_endpoint_for(&call.model.model),
+                &embeddings_body(&call),
+                &call.model.model,
+                estimate,
+                limit,
+                no_exhausted_limits,
+            )
+            .await?;
+        let parsed = parse_embeddings(&answer, call.texts.len());
+        let settled = parsed.as_ref().map(|a| ProviderAnswer {
+            output: serde_json::Value::Null,
+            usage: a.usage,
+        });
+        self.http
+            .settle(ticket, &settled.map_err(Clone::clone))
+            .await;
         parsed
     }
 }

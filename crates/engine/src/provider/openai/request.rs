@@ -132,7 +132,7 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
             stop: r.stop.as_deref(),
             seed: r.seed,
         }),
-        TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) => None,
+        TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) | TaskRequest::Embed(_) => None,
     };
     if let Some(s) = sampling {
         insert_sampling(&mut body, s);
