@@ -49,7 +49,7 @@ async def beta(server: Server) -> AsyncIterator[AsyncTollgate]:
 async def test_discovery(acme: AsyncTollgate) -> None:
     assert await acme.healthz() == {"status": "ok"}
     assert await acme.readyz() == {"status": "ready"}
-    assert len(await acme.kinds()) == 5
+    assert len(await acme.kinds()) == 6
     assert {m["id"] for m in await acme.models()} == {"default", "slow"}
 
 
