@@ -196,7 +196,14 @@ async fn a_crashed_worker_s_attempt_is_followed_by_another_engine_s_and_both_are
     let handle = second.start().await.unwrap();
     let task = finished(&second, submitted.id).await;
     handle.shutdown(Duration::from_secs(5)).await;
-    assert_eq!(task.status, TaskStatus::Succeeded, "{:?}", task.error);
+    assert_eq!(
+        task.status,
+        TaskStatus::Succeeded,
+        "{:?}, claimed {} times, attempts {:?}",
+        task.error,
+        task.attempt,
+        second.attempts(&app(), submitted.id).await.unwrap()
+    );
     assert_eq!(task.attempt, 2, "claimed again after the crash");
     assert_eq!(fake.requests().len(), 2);
     let attempts = second.attempts(&app(), submitted.id).await.unwrap();

@@ -30,6 +30,18 @@ macro_rules! attempt_charges {
 }
 pub(crate) use attempt_charges;
 
+/// SQL condition: the task has tries left (docs/routes.md, "Attempts"): it was claimed
+/// and attempted fewer times than its `max_attempts` (each claim uses up a try, so a task
+/// of one try is never run twice; `tasks` unaliased). A silent task with tries left whose
+/// cancellation was not requested goes back to the queue; only the others expire.
+macro_rules! tries_left {
+    () => {
+        "(max_attempts > attempt AND max_attempts > \
+         (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id))"
+    };
+}
+pub(crate) use tries_left;
+
 /// The outcome of an attempt still open when its task ends (a terminal move): canceled
 /// with a canceled task, otherwise interrupted (its worker ended the task without ending
 /// the attempt, or the sweep did). As an SQL expression over `task_attempts`.
@@ -350,7 +362,10 @@ async fn back_in_queue<E: Exec + ?Sized>(
         requeued.push((app, task_id(id)?));
     }
     // Each queue once, in (app, scope) order; an idle queue joins at the least pass of
-    // the active ones (or keeps its own, if later), holding no credit.
+    // the active ones (or keeps its own, if later), holding no credit. An active queue's
+    // row is written too (unchanged): its lock, held to the commit as a creation holds
+    // it, keeps a claim that found the queue empty from deactivating it before the
+    // requeued task is seen (the claim skips a held row and leaves the queue active).
     let mut queues: Vec<(&str, &str)> = moved
         .iter()
         .map(|r| (r.app.as_str(), r.scope.as_str()))
@@ -358,12 +373,15 @@ async fn back_in_queue<E: Exec + ?Sized>(
     queues.sort_unstable();
     queues.dedup();
     for (app, scope) in queues {
-        let joined_at = "CASE WHEN (SELECT MIN(q.pass) FROM dispatch_queues q WHERE q.active) > pass \
+        let joined_at = "CASE WHEN active THEN pass \
+             WHEN (SELECT MIN(q.pass) FROM dispatch_queues q WHERE q.active) > pass \
              THEN (SELECT MIN(q.pass) FROM dispatch_queues q WHERE q.active) ELSE pass END";
         tx.run(
             Statement::new(format!(
-                "UPDATE dispatch_queues SET pass = {joined_at}, base = {joined_at}, \
-                 joined = NULL, active = TRUE WHERE app = $1 AND scope = $2 AND NOT active"
+                "UPDATE dispatch_queues SET pass = {joined_at}, \
+                 base = CASE WHEN active THEN base ELSE {joined_at} END, \
+                 joined = CASE WHEN active THEN joined ELSE NULL END, active = TRUE \
+                 WHERE app = $1 AND scope = $2"
             ))
             .bind(app)
             .bind(scope),
@@ -379,9 +397,9 @@ async fn back_in_queue<E: Exec + ?Sized>(
 /// with the task's other writes.
 const HAND_BACK: &str = concat!(
     "UPDATE tasks SET status = 'queued', worker = NULL, heartbeat_at = NULL \
-     WHERE id = $1 AND status = 'running' AND worker = $2 AND max_attempts > attempt \
-     AND max_attempts > (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id) \
-     AND NOT ",
+     WHERE id = $1 AND status = 'running' AND worker = $2 AND ",
+    tries_left!(),
+    " AND NOT ",
     cancel_wanted!(),
     " RETURNING id, app, scope"
 );
