@@ -405,12 +405,12 @@ test("costs per task and the spend gauge read in dollars alike", async () => {
   noPageErrors();
 });
 
-test("the models page shows each model's prices", async () => {
+test("the models page shows each model's prices, cache writes included", async () => {
   await page.goto(`${server.baseUrl}/ui#/models`);
   const priced = page.locator('tr[data-model="priced"]');
   await priced.waitFor();
   const cells = await priced.locator("td").allTextContents();
-  for (const price of ["$2.50", "$10.00", "$1.25"]) assert.ok(cells.includes(price), `${price} in ${cells}`);
+  for (const price of ["$2.50", "$10.00", "$1.25", "$3.75"]) assert.ok(cells.includes(price), `${price} in ${cells}`);
   assert.match(await page.locator('tr[data-model="default"]').textContent(), /unpriced/);
   await shot("models-prices");
   noPageErrors();

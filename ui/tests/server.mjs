@@ -51,6 +51,7 @@ max_output_tokens = 64
 input_per_million = 2.5
 output_per_million = 10
 cached_input_per_million = 1.25
+cache_write_input_per_million = 3.75
 
 # A bucket that refills slowly, so the gauges visibly move with each admission.
 [budgets.standard]

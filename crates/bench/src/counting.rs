@@ -245,11 +245,12 @@ impl WorkerStore for CountingStore {
     async fn fail_task(
         &self,
         id: TaskId,
+        worker: Option<&WorkerId>,
         code: ErrorCode,
         message: &str,
         usage: Option<&tollgate_core::Usage>,
     ) -> StoreResult<Transition> {
-        let call = self.inner.fail_task(id, code, message, usage);
+        let call = self.inner.fail_task(id, worker, code, message, usage);
         self.around(Call::write("fail_task"), call).await
     }
 

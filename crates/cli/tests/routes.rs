@@ -80,7 +80,7 @@ prices = {{ input_per_million = 1.0, output_per_million = 2.0 }}
 [[models.default.deployments]]
 provider = "good"
 model = "good-model"
-prices = {{ input_per_million = 3.0, output_per_million = 4.0 }}
+prices = {{ input_per_million = 3.0, output_per_million = 4.0, cached_input_per_million = 1.5, cache_write_input_per_million = 3.75 }}
 
 [providers.bad]
 kind = "openai"
@@ -173,9 +173,17 @@ async fn routes_over_http(backend: &str) {
         .map(|d| d["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["bad/bad-model", "good/good-model"]);
+    let prices = &route["deployments"][1]["prices"];
+    assert_eq!(prices["output_usd_per_million"], 4.0);
+    assert_eq!(prices["cached_input_usd_per_million"], 1.5);
     assert_eq!(
-        route["deployments"][1]["prices"]["output_usd_per_million"],
-        4.0
+        prices["cache_write_input_usd_per_million"], 3.75,
+        "cache-write prices show wherever prices do"
+    );
+    // An unset cache-write price is the input price (docs/providers.md).
+    assert_eq!(
+        route["deployments"][0]["prices"]["cache_write_input_usd_per_million"],
+        1.0
     );
     let door = get(&s, "/openai/v1/models").await;
     assert_eq!(door["data"][0]["tollgate_route"], *route);

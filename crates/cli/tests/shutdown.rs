@@ -1,8 +1,8 @@
 //! The real `tollgate serve` binary (issue 11, items 1 and 2), on SQLite and (with
 //! `TOLLGATE_TEST_DATABASE_URL`) on PostgreSQL:
 //! - SIGTERM ends a server busy with CPU-heavy tasks and an open long-poll within
-//!   `shutdown_grace` plus a few seconds, and records the tasks it cut short as
-//!   `WORKFLOW_AI_INTERRUPTED`;
+//!   `shutdown_grace` plus a few seconds, and hands the tasks it cut short back to the
+//!   queue (their attempts `interrupted`);
 //! - an API-only replica (`[workers] concurrency = 0`) still sweeps: a task nobody runs
 //!   fails with `WORKFLOW_AI_QUEUE_TIMEOUT`.
 
@@ -85,13 +85,15 @@ async fn status_of(server: &Server, id: TaskId) -> Value {
 }
 
 /// The task as stored, read through the engine once the server is gone.
-async fn stored(url: &str, id: TaskId) -> tollgate_core::Task {
+async fn stored(url: &str, id: TaskId) -> (tollgate_core::Task, Vec<tollgate_core::Attempt>) {
     let engine = Tollgate::open(url, EngineConfig::default()).await.unwrap();
-    engine
-        .get(&AppId::new("acme").unwrap(), id)
+    let app = AppId::new("acme").unwrap();
+    let task = engine
+        .get(&app, id)
         .await
         .unwrap()
-        .expect("the task exists")
+        .expect("the task exists");
+    (task, engine.attempts(&app, id).await.unwrap())
 }
 
 async fn sigterm_ends_a_busy_server_within_the_grace(backend: &str) {
@@ -213,11 +215,19 @@ heartbeat_interval = "200ms"
     };
     assert!(exited.success(), "{exited:?}");
     long_poll.abort();
-    // The tasks it cut short are recorded, not left running.
+    // The tasks it cut short are recorded, not left running: their attempts ended
+    // interrupted, and with tries left (3 by default) they are back in the queue for
+    // another replica (docs/routes.md, "Attempts").
     for id in &endless {
-        let task = stored(&url, *id).await;
-        assert_eq!(task.status, TaskStatus::Failed, "{task:?}");
-        assert_eq!(task.error.unwrap().code, ErrorCode::Interrupted);
+        let (task, attempts) = stored(&url, *id).await;
+        assert_eq!(task.status, TaskStatus::Queued, "{task:?}");
+        assert_eq!(task.worker, None);
+        let last = attempts.last().expect("an attempt");
+        assert_eq!(last.outcome, tollgate_core::AttemptOutcome::Interrupted);
+        assert_eq!(
+            last.error.as_ref().map(|e| e.code),
+            Some(ErrorCode::Interrupted)
+        );
     }
 }
 

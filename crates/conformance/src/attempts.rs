@@ -97,6 +97,7 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
     // The task fails having used two attempts: charged their usage, nothing reserved.
     s.fail_task(
         t.id,
+        None,
         ErrorCode::SpendBudget,
         "the re-ask does not fit",
         Some(&tokens(150, 40)),
@@ -292,6 +293,7 @@ pub async fn absurd_usage_is_clamped_and_the_answer_kept(b: &dyn Backend) {
     claim(&*s, t2.id, &w).await;
     s.fail_task(
         t2.id,
+        None,
         ErrorCode::InvalidModelOutput,
         "bad",
         Some(&tokens(u64::MAX, u64::MAX)),

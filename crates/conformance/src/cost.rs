@@ -198,6 +198,7 @@ pub async fn failed_and_canceled_tasks_are_charged(b: &dyn Backend) {
     let t = s
         .fail_task(
             failed.id,
+            None,
             ErrorCode::InvalidModelOutput,
             "bad",
             Some(&tokens(70, 20)),

@@ -370,9 +370,15 @@ pub async fn succeed(s: &dyn Store, id: TaskId) -> Task {
 
 /// `fail_task`, panicking on error.
 pub async fn fail(s: &dyn Store, id: TaskId, message: &str) -> Transition {
-    s.fail_task(id, tollgate_core::ErrorCode::ProviderError, message, None)
-        .await
-        .unwrap_or_else(|e| panic!("fail_task({id}) failed: {e:?}"))
+    s.fail_task(
+        id,
+        None,
+        tollgate_core::ErrorCode::ProviderError,
+        message,
+        None,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("fail_task({id}) failed: {e:?}"))
 }
 
 /// `request_cancel` of a task the app can see.

@@ -34,6 +34,7 @@ pub mod list;
 pub mod owner;
 pub mod pace;
 pub mod pipelines;
+pub mod route_race;
 pub mod runs;
 pub mod sweep;
 pub mod trace;
@@ -121,6 +122,8 @@ macro_rules! conformance_suite {
             tries::a_lost_lease_with_tries_left_requeues_the_task,
             tries::one_attempt_fails_a_lost_lease_as_before,
             tries::a_later_attempt_refused_by_the_budget_settles_the_spent_attempts,
+            tries::a_worker_that_lost_its_lease_cannot_fail_the_task,
+            route_race::racing_attempts_with_fallbacks_and_crashes_never_exceed_a_spend_limit,
             unsourced::unsourced_tasks_count_against_the_app_spend_limit,
             unsourced::unsourced_tasks_count_against_the_scope_limits,
             unsourced::unsourced_tasks_settle_on_every_ending,

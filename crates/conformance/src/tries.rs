@@ -343,6 +343,7 @@ pub async fn a_later_attempt_refused_by_the_budget_settles_the_spent_attempts(b:
     assert!(s.end_attempt(t.id, 2, &refused).await.expect("end"));
     s.fail_task(
         t.id,
+        None,
         ErrorCode::SpendBudget,
         "the next attempt does not fit",
         None,
@@ -365,5 +366,67 @@ pub async fn a_later_attempt_refused_by_the_budget_settles_the_spent_attempts(b:
         (spent.reserved_nano, spent.settled_nano),
         (0, 200_000),
         "the spent attempt settled"
+    );
+}
+
+/// A worker fails only the task it holds, as it completes only that one: once its lease
+/// was lost (the task went back to the queue, then to another worker) its failure is
+/// refused and changes nothing, and the task's new worker finishes it.
+pub async fn a_worker_that_lost_its_lease_cannot_fail_the_task(b: &dyn Backend) {
+    let s = b.open().await;
+    let (w1, w2) = (worker("w1"), worker("w2"));
+    let budget = cost_budget(Some(10_000_000), None, None);
+    let t = create_new(
+        &*s,
+        tries(
+            priced_task("acme", "s", "a", "doc", budget, reserve(100, 50)),
+            3,
+        ),
+    )
+    .await;
+    let late = |w: &tollgate_core::WorkerId| {
+        let w = w.clone();
+        let s = s.clone();
+        async move {
+            s.fail_task(t.id, Some(&w), ErrorCode::ProviderError, "late", None)
+                .await
+        }
+    };
+    assert_refused(late(&w1).await, "a queued task failed by a worker");
+    claim(&*s, t.id, &w1).await;
+    assert_eq!(begin(&*s, t.id, &w1).await, Some(1));
+    assert_refused(
+        late(&w2).await,
+        "a failure by a worker that does not hold it",
+    );
+    b.clock().advance(secs(31));
+    assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
+    assert_refused(
+        late(&w1).await,
+        "the failure of a worker whose task was requeued",
+    );
+    claim(&*s, t.id, &w2).await;
+    assert_refused(
+        late(&w1).await,
+        "the failure of a worker whose task another claimed",
+    );
+    let got = get(&*s, &app("acme"), t.id).await;
+    assert_eq!(
+        (got.status, got.worker.as_ref()),
+        (TaskStatus::Running, Some(&w2)),
+        "the refused failures changed nothing"
+    );
+    assert_eq!(spend(&*s, "s").await.settled_nano, 0, "nothing settled yet");
+    let failed = late(&w2).await.expect("fail");
+    assert!(failed.applied, "its worker fails it");
+    assert_eq!(
+        get(&*s, &app("acme"), t.id).await.error.map(|e| e.code),
+        Some(ErrorCode::ProviderError)
+    );
+    let spent = spend(&*s, "s").await;
+    assert_eq!(
+        (spent.reserved_nano, spent.settled_nano),
+        (0, 200_000),
+        "charged the interrupted attempt's reservation"
     );
 }

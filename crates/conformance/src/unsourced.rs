@@ -256,6 +256,7 @@ pub async fn unsourced_tasks_settle_on_every_ending(b: &dyn Backend) {
     claim(&*s, failing.id, &w).await;
     s.fail_task(
         failing.id,
+        None,
         ErrorCode::InvalidModelOutput,
         "bad",
         Some(&tokens(70, 20)),

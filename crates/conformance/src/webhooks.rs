@@ -107,8 +107,14 @@ pub async fn terminal_moves_write_one_event_each(b: &dyn Backend) {
     .await;
     // Refused moves: nothing more.
     assert_refused(
-        s.fail_task(ok.id, tollgate_core::ErrorCode::ProviderError, "late", None)
-            .await,
+        s.fail_task(
+            ok.id,
+            None,
+            tollgate_core::ErrorCode::ProviderError,
+            "late",
+            None,
+        )
+        .await,
         "fail after success",
     );
     assert_refused(

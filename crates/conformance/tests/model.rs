@@ -1888,6 +1888,7 @@ impl Harness {
                     .store()
                     .fail_task(
                         self.task_ids[i],
+                        None,
                         ErrorCode::ProviderError,
                         "the provider broke",
                         Some(&completion_usage()),

@@ -219,9 +219,15 @@ async fn racing_replicas_never_exceed_a_limit() {
                         .expect("complete");
                 }
                 6 | 7 => {
-                    s.fail_task(id, tollgate_core::ErrorCode::ProviderError, "boom", None)
-                        .await
-                        .expect("fail");
+                    s.fail_task(
+                        id,
+                        None,
+                        tollgate_core::ErrorCode::ProviderError,
+                        "boom",
+                        None,
+                    )
+                    .await
+                    .expect("fail");
                 }
                 8 => {
                     s.request_cancel(&app, id).await.expect("cancel");
@@ -664,6 +670,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
                 6 | 7 => {
                     s.fail_task(
                         id,
+                        None,
                         tollgate_core::ErrorCode::ProviderError,
                         "boom",
                         Some(&used),

@@ -522,9 +522,11 @@ async fn a_429_with_retry_after_is_unavailable_and_pauses_the_provider() {
         Err(ProviderError::Unavailable {
             message,
             retry_after,
+            refused,
         }) => {
             assert_eq!(retry_after, Some(Duration::from_secs(7)));
             assert!(message.contains("429"), "{message}");
+            assert!(refused, "a 429 processed nothing");
         }
         other => panic!("{other:?}"),
     }

@@ -117,8 +117,10 @@ async fn graceful_shutdown_drains_then_interrupts_and_leaves_the_queue(db: TestD
         ]
     );
 
-    // A deadline shorter than the call: the execution is dropped and recorded as
-    // interrupted at once (no waiting for the liveness timeout).
+    // A deadline shorter than the call: the execution is dropped and its attempt
+    // recorded as interrupted at once (no waiting for the liveness timeout); the task
+    // has tries left, so it is back in the queue for any replica (docs/routes.md,
+    // "Attempts"; `tries.rs` has the rest of the story).
     answer_slowly(&fake, Duration::from_secs(30));
     let handle = engine.start().await.unwrap();
     fake.until_requests(3).await;
@@ -126,8 +128,17 @@ async fn graceful_shutdown_drains_then_interrupts_and_leaves_the_queue(db: TestD
     assert!(!report.drained);
     assert_eq!(report.interrupted, 1);
     let task = engine.get(&app(), ids[2]).await.unwrap().unwrap();
-    assert_eq!(task.status, TaskStatus::Failed);
-    assert_eq!(task.error.unwrap().code, ErrorCode::Interrupted);
+    assert_eq!(task.status, TaskStatus::Queued, "{:?}", task.error);
+    assert_eq!(task.worker, None);
+    let attempts = engine.attempts(&app(), ids[2]).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| a.outcome).collect::<Vec<_>>(),
+        vec![tollgate_core::AttemptOutcome::Interrupted]
+    );
+    assert_eq!(
+        attempts[0].error.as_ref().map(|e| e.code),
+        Some(ErrorCode::Interrupted)
+    );
     assert_eq!(fake.dropped().len(), 1, "the provider call was dropped");
     assert_eq!(fake.max_concurrent_same_input(), 1);
 }

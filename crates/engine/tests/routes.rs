@@ -28,6 +28,7 @@ on_both_backends!(
     a_cooldown_holds_on_every_replica,
     admission_reserves_the_dearest_deployment_and_calls_are_priced_where_made,
     a_fallback_that_does_not_fit_the_budget_ends_the_task,
+    a_refused_call_costs_nothing_and_a_dropped_one_its_bound,
 );
 
 const SPAM: &str = r#"{"label": "spam", "confidence": 0.9}"#;
@@ -403,4 +404,76 @@ async fn a_fallback_that_does_not_fit_the_budget_ends_the_task(db: TestDb) {
         "the failed call is settled at its bound"
     );
     assert!(w.settled_nano <= reserved);
+}
+
+/// docs/routes.md, "What is charged when": a call the provider refused outright (429 with
+/// no body, after its retries) processed no tokens and is charged nothing; a call whose
+/// connection dropped may have been billed and is charged its bound; the answer its
+/// usage. The task is settled at the sum.
+async fn a_refused_call_costs_nothing_and_a_dropped_one_its_bound(db: TestDb) {
+    let refusing = FakeOpenAi::start().await;
+    refusing.respond(|_| Reply::Status(429, None));
+    let dropping = dropping_endpoint().await;
+    let good = FakeOpenAi::start().await;
+    good.respond(|_| Reply::Content(SPAM.into()));
+    let config = route_config(
+        &[
+            ("refusing", &refusing.base_url),
+            ("dropping", &dropping),
+            ("good", &good.base_url),
+        ],
+        Strategy::Fallback,
+        vec![
+            priced("refusing", "m", 1.0),
+            priced("dropping", "m", 1.0),
+            priced("good", "m", 1.0),
+        ],
+    );
+    let engine = db.engine(config).await;
+    let task = engine.submit(sourced("k", "doc")).await.unwrap().task;
+    let handle = engine.start().await.unwrap();
+    let done = finished(&engine, task.id).await;
+    handle.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(done.status, TaskStatus::Succeeded, "{:?}", done.error);
+    assert_eq!(refusing.requests().len(), 3, "the call and its 2 retries");
+    let attempts = engine.attempts(&app(), task.id).await.unwrap();
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| a.deployment.as_str())
+            .collect::<Vec<_>>(),
+        ["refusing/m", "dropping/m", "good/m"]
+    );
+    let (refused, dropped, answered) = (&attempts[0], &attempts[1], &attempts[2]);
+    assert!(refused.reserved.nano_usd > 0);
+    assert_eq!(refused.charged.nano_usd, 0, "a refused call costs nothing");
+    assert_eq!(
+        refused.usage.map(|u| (u.input_tokens, u.output_tokens)),
+        Some((0, 0)),
+        "it used no tokens"
+    );
+    assert!(dropped.charged.nano_usd > 0);
+    assert_eq!(
+        dropped.charged.nano_usd, dropped.reserved.nano_usd,
+        "a dropped call may have been billed: its bound"
+    );
+    // The good deployment's answer: 10 in, 5 out at $1 / $2 per million.
+    assert_eq!(answered.charged.nano_usd, 10 * 1_000 + 5 * 2_000);
+    let w = db
+        .store()
+        .await
+        .spend(&app(), Some(&scope()))
+        .await
+        .unwrap();
+    assert_eq!(w.reserved_nano, 0, "nothing stays reserved");
+    assert_eq!(
+        w.settled_nano,
+        dropped.charged.nano_usd + answered.charged.nano_usd,
+        "settled at the sum of the attempts' charges"
+    );
+    assert_eq!(
+        done.usage.and_then(|u| u.cost_nano_usd),
+        Some(w.settled_nano),
+        "the task's usage carries the same sum"
+    );
 }

@@ -18,6 +18,8 @@ on_both_backends!(
     one_attempt_fails_on_the_first_transient_failure,
     attempts_run_out_at_the_smaller_limit_and_the_last_error_ends_the_task,
     a_crashed_worker_s_attempt_is_followed_by_another_engine_s_and_both_are_charged,
+    a_shutdown_hands_an_interrupted_task_to_the_next_replica_and_both_attempts_are_charged,
+    a_shutdown_fails_an_interrupted_task_with_one_attempt_as_before,
 );
 
 const SPAM: &str = r#"{"label": "spam", "confidence": 0.9}"#;
@@ -194,7 +196,14 @@ async fn a_crashed_worker_s_attempt_is_followed_by_another_engine_s_and_both_are
     let handle = second.start().await.unwrap();
     let task = finished(&second, submitted.id).await;
     handle.shutdown(Duration::from_secs(5)).await;
-    assert_eq!(task.status, TaskStatus::Succeeded, "{:?}", task.error);
+    assert_eq!(
+        task.status,
+        TaskStatus::Succeeded,
+        "{:?}, claimed {} times, attempts {:?}",
+        task.error,
+        task.attempt,
+        second.attempts(&app(), submitted.id).await.unwrap()
+    );
     assert_eq!(task.attempt, 2, "claimed again after the crash");
     assert_eq!(fake.requests().len(), 2);
     let attempts = second.attempts(&app(), submitted.id).await.unwrap();
@@ -224,4 +233,96 @@ async fn a_crashed_worker_s_attempt_is_followed_by_another_engine_s_and_both_are
         reserved + 15 * 1_000_000,
         "charged both attempts"
     );
+}
+
+/// docs/routes.md, "Attempts": a graceful shutdown whose deadline interrupts a call is a
+/// transient failure. The task goes back to the queue at once (its attempt ended
+/// `interrupted`, charged its reservation), and another replica's next attempt succeeds.
+async fn a_shutdown_hands_an_interrupted_task_to_the_next_replica_and_both_attempts_are_charged(
+    db: TestDb,
+) {
+    let fake = FakeOpenAi::start().await;
+    fake.script([
+        Reply::Slow(Duration::from_secs(30), SPAM.into()),
+        Reply::Content(SPAM.into()),
+    ]);
+    let config = priced(&fake);
+    let first = db.engine(config.clone()).await;
+    let submitted = first.submit(sourced("k")).await.unwrap().task;
+    let reserved = submitted.reservation.expect("reserved").nano_usd;
+    let handle = first.start().await.unwrap();
+    fake.until_requests(1).await;
+    let report = handle.shutdown(Duration::from_millis(100)).await;
+    assert_eq!(report.interrupted, 1);
+    let task = first.get(&app(), submitted.id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Queued, "{:?}", task.error);
+    let attempts = first.attempts(&app(), submitted.id).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| a.outcome).collect::<Vec<_>>(),
+        vec![AttemptOutcome::Interrupted]
+    );
+    assert_eq!(
+        attempts[0].charged.nano_usd, reserved,
+        "charged its reservation"
+    );
+
+    let second = db.engine(config).await;
+    let handle = second.start().await.unwrap();
+    let task = finished(&second, submitted.id).await;
+    handle.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(task.status, TaskStatus::Succeeded, "{:?}", task.error);
+    assert_eq!(task.attempt, 2, "claimed again after the shutdown");
+    assert_eq!(
+        outcomes(&second, submitted.id).await,
+        vec![AttemptOutcome::Interrupted, AttemptOutcome::Succeeded]
+    );
+    let spend = db
+        .store()
+        .await
+        .spend(&app(), Some(&scope()))
+        .await
+        .unwrap();
+    assert_eq!(spend.reserved_nano, 0);
+    assert_eq!(
+        spend.settled_nano,
+        reserved + 15 * 1_000_000,
+        "charged both attempts"
+    );
+}
+
+/// With `max_attempts = 1` an interrupted task fails `WORKFLOW_AI_INTERRUPTED` at the
+/// shutdown, as before attempts: it is never sent twice.
+async fn a_shutdown_fails_an_interrupted_task_with_one_attempt_as_before(db: TestDb) {
+    let fake = FakeOpenAi::start().await;
+    fake.script([Reply::Slow(Duration::from_secs(30), SPAM.into())]);
+    let mut config = priced(&fake);
+    if let Some(m) = config.models.get_mut("default") {
+        m.max_attempts = Some(MaxAttempts::new(1).unwrap());
+    }
+    let engine = db.engine(config).await;
+    let submitted = engine.submit(sourced("k")).await.unwrap().task;
+    let reserved = submitted.reservation.expect("reserved").nano_usd;
+    let handle = engine.start().await.unwrap();
+    fake.until_requests(1).await;
+    let report = handle.shutdown(Duration::from_millis(100)).await;
+    assert_eq!(report.interrupted, 1);
+    let task = engine.get(&app(), submitted.id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Failed);
+    assert_eq!(task.error.map(|e| e.code), Some(ErrorCode::Interrupted));
+    assert_eq!(
+        outcomes(&engine, submitted.id).await,
+        vec![AttemptOutcome::Interrupted]
+    );
+    let spend = db
+        .store()
+        .await
+        .spend(&app(), Some(&scope()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (spend.reserved_nano, spend.settled_nano),
+        (0, reserved),
+        "charged its reservation"
+    );
+    assert_eq!(fake.requests().len(), 1, "at most once");
 }

@@ -469,9 +469,10 @@ export async function models(page) {
   try {
     const m = await get("/v1/models");
     const price = (x, field) => (x.prices ? h("span", { class: "num" }, usd(x.prices[field])) : h("span", { class: "muted" }, "unpriced"));
-    replace(page, title("Models"), h("section", { class: "card" }, table(["Id", "Provider", "Model", "Input $/M tokens", "Output $/M tokens", "Cached input $/M tokens", "Config hash", ""],
+    replace(page, title("Models"), h("section", { class: "card" }, table(["Id", "Provider", "Model", "Input $/M tokens", "Output $/M tokens", "Cached input $/M tokens", "Cache write $/M tokens", "Config hash", ""],
       m.models.map((x) => h("tr", { dataset: { model: x.id } }, [h("span", { class: "mono" }, x.id), x.provider, x.model,
         price(x, "input_usd_per_million"), price(x, "output_usd_per_million"), price(x, "cached_input_usd_per_million"),
+        price(x, "cache_write_input_usd_per_million"),
         h("span", { class: "mono", title: x.config_hash }, short(x.config_hash)), x.default ? h("span", { class: "badge s-default" }, "default") : ""].map((c) => h("td", {}, c))))),
       h("p", { class: "muted" }, "Prices in US dollars per million tokens, as configured ([models.<id>.prices]); an unpriced model's costs are unknown.")));
   } catch (e) {

@@ -255,10 +255,14 @@ pub trait WorkerStore: Send + Sync {
     /// characters; clears the admission logical key. `usage` is what the task's attempts
     /// used (docs/conformance.md#money-and-tokens: tokens spent on a failed task are real money and are recorded
     /// and settled); `None` when unknown (a running task is then charged its whole
-    /// reservation).
+    /// reservation). With `worker` (a worker failing the task it executes) only while
+    /// the task is running under that worker, as for `complete_task`: a worker whose
+    /// lease was lost (its task went back to the queue, or to another worker) is refused
+    /// and changes nothing. Without it, a queued or running task fails whoever holds it.
     async fn fail_task(
         &self,
         id: TaskId,
+        worker: Option<&WorkerId>,
         code: ErrorCode,
         message: &str,
         usage: Option<&Usage>,
@@ -320,6 +324,17 @@ pub trait AttemptStore: Send + Sync {
         app: &AppId,
         id: TaskId,
     ) -> StoreResult<Vec<tollgate_core::Attempt>>;
+
+    /// A worker that stops before its task ends (a graceful shutdown past its deadline)
+    /// hands the task back to the queue, as the sweep does for a silent one
+    /// (docs/routes.md, "Attempts"): in one transaction its open attempt ends
+    /// `interrupted`, charged its reservation (`message` its error), the task becomes
+    /// queued with no worker, and its scope's dispatch queue active again. Only while
+    /// the task runs under `worker`, its cancellation was not requested and it has tries
+    /// left (claimed and attempted fewer times than its `max_attempts`); otherwise
+    /// `false`, nothing changed (the worker then fails it).
+    async fn requeue_task(&self, id: TaskId, worker: &WorkerId, message: &str)
+    -> StoreResult<bool>;
 }
 
 /// One vector of the embeddings item cache, as an `embed` task computed it.

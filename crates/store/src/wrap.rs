@@ -167,6 +167,14 @@ impl<W: ForwardStore> AttemptStore for W {
     ) -> StoreResult<Vec<tollgate_core::Attempt>> {
         forward!(self, read, task_attempts(app, id))
     }
+    async fn requeue_task(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        message: &str,
+    ) -> StoreResult<bool> {
+        forward!(self, write, requeue_task(id, worker, message))
+    }
 }
 
 #[async_trait]
@@ -198,11 +206,12 @@ impl<W: ForwardWorkerStore> WorkerStore for W {
     async fn fail_task(
         &self,
         id: TaskId,
+        worker: Option<&WorkerId>,
         code: ErrorCode,
         message: &str,
         usage: Option<&Usage>,
     ) -> StoreResult<Transition> {
-        forward!(self, write, fail_task(id, code, message, usage))
+        forward!(self, write, fail_task(id, worker, code, message, usage))
     }
     async fn reserve_attempt(
         &self,

@@ -130,7 +130,13 @@ async fn lookups_by_id_stay_on_the_primary_key_with_stale_statistics() {
         let id = *rest.next().unwrap();
         assert!(store.claim_task(id, &w).await.unwrap().is_some());
         let failed = store
-            .fail_task(id, tollgate_core::ErrorCode::ProviderError, "boom", None)
+            .fail_task(
+                id,
+                None,
+                tollgate_core::ErrorCode::ProviderError,
+                "boom",
+                None,
+            )
             .await
             .unwrap();
         assert!(failed.applied);
@@ -412,7 +418,13 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
         .await
         .unwrap();
     store
-        .fail_task(b.id, tollgate_core::ErrorCode::ProviderError, "boom", None)
+        .fail_task(
+            b.id,
+            None,
+            tollgate_core::ErrorCode::ProviderError,
+            "boom",
+            None,
+        )
         .await
         .unwrap();
     store.is_cancellation_requested(a.id).await.unwrap();

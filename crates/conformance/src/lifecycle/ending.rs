@@ -29,6 +29,7 @@ pub async fn fail_cuts_message_to_2000_characters(b: &dyn Backend) {
     let tr = s
         .fail_task(
             running.id,
+            None,
             ErrorCode::InvalidModelOutput,
             "label \"maybe\" is not one of the labels",
             None,
@@ -64,7 +65,7 @@ pub async fn fail_refuses_terminal_tasks(b: &dyn Backend) {
     ] {
         let before = get(&*s, &acme, id).await;
         assert_refused(
-            s.fail_task(id, ErrorCode::ProviderError, "late", None)
+            s.fail_task(id, None, ErrorCode::ProviderError, "late", None)
                 .await,
             &format!("failing a {what} task"),
         );
@@ -141,7 +142,7 @@ pub async fn terminal_states_are_final(b: &dyn Backend) {
         assert!(!tr.applied, "canceling a {what} task changes nothing");
         assert_eq!(try_claim(&*s, id, &w).await, None);
         let _ = s
-            .fail_task(id, ErrorCode::ProviderError, "late", None)
+            .fail_task(id, None, ErrorCode::ProviderError, "late", None)
             .await;
         let _ = s.complete_task(id, &w, spam(), usage()).await;
         let _ = s.mark_canceled(id).await;

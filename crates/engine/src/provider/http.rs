@@ -185,6 +185,8 @@ impl HttpClient {
         let text = serde_json::to_string(body)
             .map_err(|e| ProviderError::Failed(format!("cannot encode the request: {e}")))?;
         let mut attempt: u32 = 0;
+        // Whether a failed try may have been processed (and billed) by the provider.
+        let mut maybe_billed = false;
         loop {
             let ticket = match &self.pace {
                 Some(pace) => Some(pace.wait_turn(model, estimate).await),
@@ -216,7 +218,10 @@ impl HttpClient {
                                  (max_output_bytes)"
                             )));
                         }
-                        Err(ReadError::Http(e)) if is_transient(&e) => (describe(&e), None),
+                        Err(ReadError::Http(e)) if is_transient(&e) => {
+                            maybe_billed = true;
+                            (describe(&e), None)
+                        }
                         Err(ReadError::Http(e)) => return Err(ProviderError::Failed(describe(&e))),
                     }
                 }
@@ -247,15 +252,20 @@ impl HttpClient {
                     if !is_retryable_status(status) {
                         return Err(ProviderError::Failed(message));
                     }
+                    maybe_billed |= !is_refusal(status);
                     (message, retry_after.or(limits))
                 }
-                Err(e) if is_transient(&e) => (describe(&e), None),
+                Err(e) if is_transient(&e) => {
+                    maybe_billed = true;
+                    (describe(&e), None)
+                }
                 Err(e) => return Err(ProviderError::Failed(describe(&e))),
             };
             if attempt >= self.max_retries {
                 return Err(ProviderError::Unavailable {
                     message: format!("{message} (gave up after {} attempts)", attempt + 1),
                     retry_after,
+                    refused: !maybe_billed,
                 });
             }
             let delay = match retry_after {
@@ -268,6 +278,7 @@ impl HttpClient {
                             self.max_retry_delay.as_secs_f64()
                         ),
                         retry_after: Some(wait),
+                        refused: !maybe_billed,
                     });
                 }
                 Some(wait) => wait,
@@ -340,6 +351,15 @@ fn is_retryable_status(status: StatusCode) -> bool {
         || status == StatusCode::CONFLICT
         || status == StatusCode::TOO_MANY_REQUESTS
         || status.is_server_error()
+}
+
+/// docs/routes.md, "What is charged when": an answer that refuses the request before
+/// processing it (rate limited, 503 unavailable, Anthropic's 529 overloaded): no tokens
+/// were processed, nothing can have been billed.
+fn is_refusal(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::SERVICE_UNAVAILABLE
+        || status.as_u16() == 529
 }
 
 fn is_transient(e: &reqwest::Error) -> bool {

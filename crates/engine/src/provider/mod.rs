@@ -85,6 +85,11 @@ pub enum ProviderError {
         /// How long the provider asked to wait (`retry-after`, or an exhausted rate
         /// limit's reset), where it said.
         retry_after: Option<std::time::Duration>,
+        /// The provider refused every try outright (HTTP 429, 503 or 529: it processed
+        /// no tokens), so the call is charged nothing; `false` when a try may have been
+        /// billed (a timeout, a dropped connection, another 5xx), and the call is then
+        /// charged its bound (docs/routes.md, "What is charged when").
+        refused: bool,
     },
     /// The output would be larger than `max_output_bytes`. The task fails with
     /// `output_too_large` (asking again would not make it smaller).

@@ -135,6 +135,7 @@ impl WorkerPool {
                                 humantime::format_duration(limit)
                             ),
                             retry_after: None,
+                            refused: false,
                         })
                     }),
                 None => answered.await,
@@ -149,11 +150,19 @@ impl WorkerPool {
                 Err(ProviderError::Unavailable {
                     message,
                     retry_after,
+                    refused,
                 }) => {
                     span.error(message.clone());
                     provider_call(provider_name, "unavailable");
-                    // The call may have been billed (a timeout): counted at its bound.
-                    let used = priced(bound_usage(counter, &call), deployment.prices);
+                    // docs/routes.md, "What is charged when": a call the provider refused
+                    // (429, 503) processed nothing and costs nothing; any other may have
+                    // been billed (a timeout): counted at its bound.
+                    let used = if refused {
+                        Usage::default()
+                    } else {
+                        bound_usage(counter, &call)
+                    };
+                    let used = priced(used, deployment.prices);
                     add_usage(&mut spent.usage, used, provider_name);
                     return Ok(Attempted::Unavailable {
                         message,

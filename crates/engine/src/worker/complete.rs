@@ -154,8 +154,16 @@ impl WorkerPool {
         let store = &self.inner.store;
         let id = task.id;
         let usage = failure.usage.as_ref();
-        let result =
-            retry_unavailable(|| store.fail_task(id, failure.code, &failure.message, usage)).await;
+        let result = retry_unavailable(|| {
+            store.fail_task(
+                id,
+                Some(&self.worker),
+                failure.code,
+                &failure.message,
+                usage,
+            )
+        })
+        .await;
         match result {
             Ok(t) if t.applied => {
                 self.inner.publish_transition(&t);

@@ -8,8 +8,10 @@
 
 use super::WorkerPool;
 use super::calls::{Attempted, Spent};
+use super::complete::retry_unavailable;
 use crate::cpu;
 use crate::metrics as m;
+use crate::notify::Event;
 use futures::FutureExt;
 use serde_json::Value;
 use std::panic::AssertUnwindSafe;
@@ -118,14 +120,7 @@ impl WorkerPool {
                 }
                 ("aborted", "none")
             }
-            Ended::Interrupted => {
-                let failure = Failure::new(
-                    ErrorCode::Interrupted,
-                    "the worker shut down before the task finished",
-                );
-                let (_, code) = self.fail(&task, r, failure).await;
-                ("interrupted", code)
-            }
+            Ended::Interrupted => self.interrupted(&task, r).await,
         };
         crate::telemetry::record_settle(&settle, outcome, code);
         metrics::counter!(m::TASK_OUTCOMES_TOTAL, "outcome" => outcome, "code" => code)
@@ -265,6 +260,39 @@ impl WorkerPool {
                     }
                     return Err(f);
                 }
+            }
+        }
+    }
+
+    /// docs/routes.md, "Attempts": an execution interrupted by a graceful shutdown is a
+    /// transient failure. With tries left its task goes back to the queue for any replica
+    /// (its open attempt ends `interrupted`, charged its reservation, as a crashed one
+    /// is); with none left (`max_attempts = 1`) it fails `WORKFLOW_AI_INTERRUPTED` as
+    /// before attempts.
+    async fn interrupted(
+        &self,
+        task: &Task,
+        reservation: Option<&Reservation>,
+    ) -> (&'static str, &'static str) {
+        const MESSAGE: &str = "the worker shut down before the task finished";
+        let store = &self.inner.store;
+        match retry_unavailable(|| store.requeue_task(task.id, &self.worker, MESSAGE)).await {
+            Ok(true) => {
+                tracing::info!(task = %task.id, "interrupted by the shutdown: back in the queue for its next attempt");
+                metrics::counter!(m::ATTEMPTS_TOTAL, "outcome" => "interrupted").increment(1);
+                self.inner.notifier.publish(Event::TaskQueued {
+                    app: task.app.clone(),
+                    id: task.id,
+                });
+                ("requeued", "none")
+            }
+            answer => {
+                if let Err(e) = answer {
+                    tracing::warn!(task = %task.id, error = %e, "cannot hand the task back to the queue; failing it");
+                }
+                let failure = Failure::new(ErrorCode::Interrupted, MESSAGE);
+                let (_, code) = self.fail(task, reservation, failure).await;
+                ("interrupted", code)
             }
         }
     }

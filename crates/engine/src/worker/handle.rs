@@ -14,7 +14,9 @@ const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 pub struct ShutdownReport {
     /// Whether every execution in flight finished before the deadline.
     pub drained: bool,
-    /// Executions still running at the deadline, recorded as `WORKFLOW_AI_INTERRUPTED`.
+    /// Executions still running at the deadline: each task handed back to the queue
+    /// with tries left, otherwise recorded as `WORKFLOW_AI_INTERRUPTED`
+    /// (docs/routes.md, "Attempts").
     pub interrupted: usize,
 }
 
@@ -40,8 +42,10 @@ impl EngineHandle {
     }
 
     /// Graceful stop: claims nothing more at once, lets executions in flight finish
-    /// until `deadline`, then records the rest as `WORKFLOW_AI_INTERRUPTED` (tasks never
-    /// run twice). Queued tasks stay queued for any replica. Heartbeats continue until
+    /// until `deadline`, then interrupts the rest: their attempts end `interrupted`
+    /// (charged their reservations) and each task goes back to the queue for another
+    /// replica while it has tries left, or fails `WORKFLOW_AI_INTERRUPTED` (with
+    /// `max_attempts = 1`: never sent twice). Queued tasks stay queued for any replica. Heartbeats continue until
     /// the executions are done, so nothing expires meanwhile.
     pub async fn shutdown(self, deadline: Duration) -> ShutdownReport {
         let control = &self.pool.control;

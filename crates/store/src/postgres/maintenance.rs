@@ -4,6 +4,7 @@
 //! replicas never wait on each other and never process a row twice.
 
 use super::{PostgresStore, Tx};
+use crate::shared::attempts::tries_left;
 use crate::shared::lifecycle::cancel_wanted;
 use crate::shared::maintenance::{MaintenanceStatements, expiry_message, maintenance_store_for};
 use crate::shared::rows::{EndedRow, FinishedRow, task_id};
@@ -35,9 +36,17 @@ async fn expire(
          ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED"
     } else {
         // A heartbeat is never before its claim: the bound on claimed_at is the index's
-        // (tasks_running_claimed), the one on heartbeat_at the rule's.
-        "SELECT id FROM tasks WHERE status = 'running' AND claimed_at <= $1 \
-         AND heartbeat_at <= $1 ORDER BY heartbeat_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+        // (tasks_running_claimed), the one on heartbeat_at the rule's. A task the requeue
+        // of this sweep would put back in the queue is never failed here, whatever the
+        // requeue saw (it read its clock earlier, or skipped the row another held).
+        concat!(
+            "SELECT id FROM tasks WHERE status = 'running' AND claimed_at <= $1 \
+             AND heartbeat_at <= $1 AND (",
+            cancel_wanted!(),
+            " OR NOT ",
+            tries_left!(),
+            ") ORDER BY heartbeat_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+        )
     };
     let ids: Vec<String> = sqlx::query_scalar(pick)
         .bind(now.minus(timeout).0)
@@ -99,8 +108,9 @@ impl MaintenanceStatements for PostgresStore {
          LIMIT $1 FOR NO KEY UPDATE OF r SKIP LOCKED";
     const REQUEUE_PICK: &'static str = concat!(
         "SELECT id, app, scope FROM tasks WHERE status = 'running' AND claimed_at <= $1 \
-         AND heartbeat_at <= $1 AND max_attempts > attempt AND max_attempts > \
-         (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id) AND NOT ",
+         AND heartbeat_at <= $1 AND ",
+        tries_left!(),
+        " AND NOT ",
         cancel_wanted!(),
         " ORDER BY heartbeat_at LIMIT $2 FOR UPDATE SKIP LOCKED"
     );

@@ -10,6 +10,7 @@
 //! task row first (the row lock on PostgreSQL; SQLite's writer covers all).
 
 use crate::shared::cost::decode_reservation;
+use crate::shared::lifecycle::cancel_wanted;
 use crate::shared::rows::task_id;
 use crate::shared::sql::{Backend, Exec, Statement, TxExec};
 use crate::{AttemptEnd, StoreError, StoreResult};
@@ -28,6 +29,18 @@ macro_rules! attempt_charges {
     };
 }
 pub(crate) use attempt_charges;
+
+/// SQL condition: the task has tries left (docs/routes.md, "Attempts"): it was claimed
+/// and attempted fewer times than its `max_attempts` (each claim uses up a try, so a task
+/// of one try is never run twice; `tasks` unaliased). A silent task with tries left whose
+/// cancellation was not requested goes back to the queue; only the others expire.
+macro_rules! tries_left {
+    () => {
+        "(max_attempts > attempt AND max_attempts > \
+         (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id))"
+    };
+}
+pub(crate) use tries_left;
 
 /// The outcome of an attempt still open when its task ends (a terminal move): canceled
 /// with a canceled task, otherwise interrupted (its worker ended the task without ending
@@ -239,6 +252,32 @@ impl Attempts {
         Ok(true)
     }
 
+    /// Hands a held task back to the queue; see
+    /// [`AttemptStore::requeue_task`](crate::AttemptStore::requeue_task).
+    pub(crate) async fn hand_back<B: Backend>(
+        store: &B,
+        id: TaskId,
+        worker: &WorkerId,
+        message: &str,
+    ) -> StoreResult<bool> {
+        let mut tx = store.begin_tx().await?;
+        let now = store.now_in(&mut tx).await?;
+        let moved: Option<RequeueRow> = tx
+            .optional(
+                Statement::new(HAND_BACK)
+                    .bind(id.to_string())
+                    .bind(worker.as_str()),
+            )
+            .await?;
+        let Some(row) = moved else {
+            tx.rollback_tx().await?;
+            return Ok(false);
+        };
+        back_in_queue(&mut tx, &[&row], message, now).await?;
+        tx.commit_tx().await?;
+        Ok(true)
+    }
+
     /// A task's attempts in order; see [`AttemptStore::task_attempts`](crate::AttemptStore::task_attempts).
     pub(crate) async fn list<B: Backend>(
         store: &B,
@@ -273,29 +312,43 @@ pub(crate) struct RequeueRow {
 
 /// The sweep's requeue (docs/routes.md, "Attempts"): running tasks silent past the
 /// liveness timeout that have tries left (`picked`, each backend's pick with its locks)
-/// go back to the queue for their next attempt — their open attempt ended as
-/// interrupted and charged its reservation (it may have been billed), their worker
-/// cleared, their (app, scope) dispatch queue active again. Returns the requeued tasks.
+/// go back to the queue for their next attempt ([`back_in_queue`]). Returns the
+/// requeued tasks.
 pub(crate) async fn requeue<E: Exec + ?Sized>(
     tx: &mut E,
     picked: &[RequeueRow],
     message: &str,
     now: Timestamp,
 ) -> StoreResult<Vec<(AppId, TaskId)>> {
-    let mut requeued = Vec::with_capacity(picked.len());
-    for RequeueRow { id, app, .. } in picked {
-        let moved = tx
+    let mut moved = Vec::with_capacity(picked.len());
+    for row in picked {
+        let n = tx
             .run(
                 Statement::new(
                     "UPDATE tasks SET status = 'queued', worker = NULL, heartbeat_at = NULL \
                      WHERE id = $1 AND status = 'running'",
                 )
-                .bind(id),
+                .bind(&row.id),
             )
             .await?;
-        if moved == 0 {
-            continue;
+        if n > 0 {
+            moved.push(row);
         }
+    }
+    back_in_queue(tx, &moved, message, now).await
+}
+
+/// Tasks just moved from running back to queued: their open attempt ended as interrupted
+/// and charged its reservation (it may have been billed), their (app, scope) dispatch
+/// queue active again.
+async fn back_in_queue<E: Exec + ?Sized>(
+    tx: &mut E,
+    moved: &[&RequeueRow],
+    message: &str,
+    now: Timestamp,
+) -> StoreResult<Vec<(AppId, TaskId)>> {
+    let mut requeued = Vec::with_capacity(moved.len());
+    for RequeueRow { id, app, .. } in moved.iter().copied() {
         tx.run(
             Statement::new(format!("{END_OPEN}task_id = $5"))
                 .bind(now.0)
@@ -309,20 +362,26 @@ pub(crate) async fn requeue<E: Exec + ?Sized>(
         requeued.push((app, task_id(id)?));
     }
     // Each queue once, in (app, scope) order; an idle queue joins at the least pass of
-    // the active ones (or keeps its own, if later), holding no credit.
-    let mut queues: Vec<(&str, &str)> = picked
+    // the active ones (or keeps its own, if later), holding no credit. An active queue's
+    // row is written too (unchanged): its lock, held to the commit as a creation holds
+    // it, keeps a claim that found the queue empty from deactivating it before the
+    // requeued task is seen (the claim skips a held row and leaves the queue active).
+    let mut queues: Vec<(&str, &str)> = moved
         .iter()
         .map(|r| (r.app.as_str(), r.scope.as_str()))
         .collect();
     queues.sort_unstable();
     queues.dedup();
     for (app, scope) in queues {
-        let joined_at = "CASE WHEN (SELECT MIN(q.pass) FROM dispatch_queues q WHERE q.active) > pass \
+        let joined_at = "CASE WHEN active THEN pass \
+             WHEN (SELECT MIN(q.pass) FROM dispatch_queues q WHERE q.active) > pass \
              THEN (SELECT MIN(q.pass) FROM dispatch_queues q WHERE q.active) ELSE pass END";
         tx.run(
             Statement::new(format!(
-                "UPDATE dispatch_queues SET pass = {joined_at}, base = {joined_at}, \
-                 joined = NULL, active = TRUE WHERE app = $1 AND scope = $2 AND NOT active"
+                "UPDATE dispatch_queues SET pass = {joined_at}, \
+                 base = CASE WHEN active THEN base ELSE {joined_at} END, \
+                 joined = CASE WHEN active THEN joined ELSE NULL END, active = TRUE \
+                 WHERE app = $1 AND scope = $2"
             ))
             .bind(app)
             .bind(scope),
@@ -331,6 +390,19 @@ pub(crate) async fn requeue<E: Exec + ?Sized>(
     }
     Ok(requeued)
 }
+
+/// A worker hands back a task it holds (docs/routes.md, "Attempts"): running under it,
+/// cancellation not requested, claimed and attempted fewer times than its `max_attempts`
+/// (`$1` task, `$2` worker). The row lock of the update orders it with the sweep and
+/// with the task's other writes.
+const HAND_BACK: &str = concat!(
+    "UPDATE tasks SET status = 'queued', worker = NULL, heartbeat_at = NULL \
+     WHERE id = $1 AND status = 'running' AND worker = $2 AND ",
+    tries_left!(),
+    " AND NOT ",
+    cancel_wanted!(),
+    " RETURNING id, app, scope"
+);
 
 /// [`AttemptStore`](crate::AttemptStore) for a backend (written once here; each backend
 /// states it with one line).
@@ -362,6 +434,15 @@ macro_rules! attempt_store_for {
                 id: tollgate_core::TaskId,
             ) -> $crate::StoreResult<Vec<tollgate_core::Attempt>> {
                 $crate::shared::attempts::Attempts::list(self, app, id).await
+            }
+
+            async fn requeue_task(
+                &self,
+                id: tollgate_core::TaskId,
+                worker: &tollgate_core::WorkerId,
+                message: &str,
+            ) -> $crate::StoreResult<bool> {
+                $crate::shared::attempts::Attempts::hand_back(self, id, worker, message).await
             }
         }
     };

@@ -80,12 +80,23 @@ const COMPLETE: &str = concat!(
 
 /// docs/conformance.md#lifecycle fail: `queued/running → failed` (`$1` code, `$2` message,
 /// `$3` now, `$4` task, `$5` usage, kept when `NULL`).
-const FAIL: &str = concat!(
-    "UPDATE tasks SET status = 'failed', error_code = $1, error_message = $2, \
-     completed_at = $3, usage = COALESCE($5, usage) WHERE id = $4 AND ",
-    status_in_flight!(),
-    returning_finished!()
-);
+macro_rules! fail_where {
+    ($condition:expr) => {
+        concat!(
+            "UPDATE tasks SET status = 'failed', error_code = $1, error_message = $2, \
+             completed_at = $3, usage = COALESCE($5, usage) WHERE id = $4 AND ",
+            $condition,
+            returning_finished!()
+        )
+    };
+}
+
+/// Fail whoever holds the task (see [`fail_where!`]).
+const FAIL: &str = fail_where!(status_in_flight!());
+
+/// A worker fails the task it executes: only while it runs under that worker (`$6`), as
+/// [`COMPLETE`] requires (see [`fail_where!`]).
+const FAIL_HELD: &str = fail_where!("status IS NOT DISTINCT FROM 'running' AND worker = $6");
 
 /// A worker acknowledges cancellation: `queued/running → canceled` when cancellation was
 /// requested for the task or its run (`$1` code, `$2` message, `$3` now, `$4` task).
@@ -217,6 +228,7 @@ impl Worker {
     pub(crate) async fn fail_task<B: WorkerStatements>(
         store: &B,
         id: TaskId,
+        worker: Option<&WorkerId>,
         code: ErrorCode,
         message: &str,
         usage: Option<&Usage>,
@@ -225,16 +237,17 @@ impl Worker {
         let mut tx = store.begin_tx().await?;
         let now = store.now_in(&mut tx).await?;
         tx.lock_run_of(id).await?;
-        let done: Option<FinishedRow> = tx
-            .optional(
-                Statement::new(FAIL)
-                    .bind(code.as_str())
-                    .bind(truncate_message(message))
-                    .bind(now.0)
-                    .bind(id.to_string())
-                    .bind(usage),
-            )
-            .await?;
+        let statement = Statement::new(if worker.is_some() { FAIL_HELD } else { FAIL })
+            .bind(code.as_str())
+            .bind(truncate_message(message))
+            .bind(now.0)
+            .bind(id.to_string())
+            .bind(usage);
+        let statement = match worker {
+            Some(w) => statement.bind(w.as_str()),
+            None => statement,
+        };
+        let done: Option<FinishedRow> = tx.optional(statement).await?;
         finish(tx, id, done, TerminalMove::ENDED, now).await
     }
 
@@ -356,11 +369,13 @@ macro_rules! worker_store_for {
             async fn fail_task(
                 &self,
                 id: tollgate_core::TaskId,
+                worker: Option<&tollgate_core::WorkerId>,
                 code: tollgate_core::ErrorCode,
                 message: &str,
                 usage: Option<&tollgate_core::Usage>,
             ) -> $crate::StoreResult<$crate::Transition> {
-                $crate::shared::lifecycle::Worker::fail_task(self, id, code, message, usage).await
+                $crate::shared::lifecycle::Worker::fail_task(self, id, worker, code, message, usage)
+                    .await
             }
 
             async fn reserve_attempt(

@@ -3,6 +3,7 @@
 //! transaction; the writer lock covers every row, so nothing is skipped.
 
 use super::{SqliteStore, id_list};
+use crate::shared::attempts::tries_left;
 use crate::shared::lifecycle::cancel_wanted;
 use crate::shared::maintenance::{MaintenanceStatements, expiry_message, maintenance_store_for};
 use crate::shared::rows::{FinishedRow, task_id};
@@ -21,8 +22,9 @@ impl MaintenanceStatements for SqliteStore {
          AND (t.id IS NULL OR t.status IN ('succeeded', 'failed', 'canceled')) LIMIT $1";
     const REQUEUE_PICK: &'static str = concat!(
         "SELECT id, app, scope FROM tasks WHERE status = 'running' AND claimed_at <= $1 \
-         AND heartbeat_at <= $1 AND max_attempts > attempt AND max_attempts > \
-         (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id) AND NOT ",
+         AND heartbeat_at <= $1 AND ",
+        tries_left!(),
+        " AND NOT ",
         cancel_wanted!(),
         " ORDER BY heartbeat_at LIMIT $2"
     );
@@ -67,9 +69,17 @@ impl MaintenanceStatements for SqliteStore {
              ORDER BY created_at LIMIT ?"
         } else {
             // A heartbeat is never before its claim: the bound on claimed_at is the
-            // index's (tasks_running_claimed), the one on heartbeat_at the rule's.
-            "SELECT id FROM tasks WHERE status = 'running' AND claimed_at <= ?1 \
-             AND heartbeat_at <= ?1 ORDER BY heartbeat_at LIMIT ?2"
+            // index's (tasks_running_claimed), the one on heartbeat_at the rule's. A task
+            // the requeue of this sweep would put back in the queue is never failed here
+            // (the requeue read its clock earlier).
+            concat!(
+                "SELECT id FROM tasks WHERE status = 'running' AND claimed_at <= $1 \
+                 AND heartbeat_at <= $1 AND (",
+                cancel_wanted!(),
+                " OR NOT ",
+                tries_left!(),
+                ") ORDER BY heartbeat_at LIMIT $2"
+            )
         };
         let ids: Vec<String> = sqlx::query_scalar(select)
             .bind(cutoff)
