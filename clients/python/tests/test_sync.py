@@ -538,6 +538,15 @@ def test_webhook_endpoints(acme: Tollgate, beta: Tollgate, alice: Tollgate) -> N
     assert acme.get_webhook(created["id"]).get("secret") == secret
     assert acme.update_webhook(created["id"], url="http://127.0.0.1:9/other")["url"] == "http://127.0.0.1:9/other"
     assert acme.list_deliveries(created["id"], state="pending", limit=10) == []
+    assert created["budget_thresholds"] == [0.8], "the default"
+    budget = acme.create_webhook(
+        "http://127.0.0.1:9/budget", ["budget.threshold"], budget_thresholds=[1.0, 0.5]
+    )
+    assert budget["budget_thresholds"] == [0.5, 1.0]
+    assert acme.update_webhook(budget["id"], budget_thresholds=[0.9])["budget_thresholds"] == [0.9]
+    with pytest.raises(InvalidRequestError):
+        acme.create_webhook("http://127.0.0.1:9/budget", ["budget.threshold"], budget_thresholds=[1.5])
+    acme.delete_webhook(budget["id"])
 
     with pytest.raises(InvalidRequestError):
         acme.create_webhook("https://10.0.0.1/x", ["task.failed"])

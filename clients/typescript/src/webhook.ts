@@ -13,7 +13,7 @@ export class WebhookVerificationError extends Error {
 
 /** What a delivery carries: `{type, id, timestamp, data}`. */
 export interface WebhookEvent {
-  type: "task.succeeded" | "task.failed" | "task.canceled" | "run.finished";
+  type: "task.succeeded" | "task.failed" | "task.canceled" | "run.finished" | "budget.threshold";
   id: string;
   timestamp: string;
   data: Record<string, unknown>;

@@ -6,7 +6,8 @@
 //! - deliveries are retried through 500s, timeouts and a receiver that is down a while;
 //! - nothing is lost when the delivering replica is killed with SIGKILL;
 //! - an internal address is refused by default (at creation, and after DNS resolution);
-//! - one app's dead endpoint does not delay another app's deliveries.
+//! - one app's dead endpoint does not delay another app's deliveries;
+//! - a budget threshold reached sends one `budget.threshold` delivery.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -443,10 +444,16 @@ struct Instance {
 
 impl Instance {
     fn start(backend: &str, webhooks: &str) -> Option<Instance> {
+        Instance::start_with(backend, |db| config_text(db, webhooks))
+    }
+
+    /// An instance whose configuration file `config` writes for the database `db`.
+    fn start_with(backend: &str, config: impl FnOnce(&str) -> String) -> Option<Instance> {
         let dir = tempfile::tempdir().unwrap();
         let (db, schema) = common::database(backend, dir.path(), "hooks")?;
+        let text = config(&db);
         let config = dir.path().join("tollgate.toml");
-        std::fs::write(&config, config_text(&db, webhooks)).unwrap();
+        std::fs::write(&config, text).unwrap();
         let (child, base) = spawn(&config, dir.path());
         Some(Instance {
             api: Api {
@@ -827,7 +834,120 @@ macro_rules! both_backends {
     };
 }
 
+/// docs/webhooks.md, "Budget thresholds", end to end: an endpoint's `budget_thresholds`
+/// are checked, shown and patched over the API; spend of a priced model reaching one of
+/// them under the app's USD limit sends one signed `budget.threshold` delivery.
+async fn budget_thresholds_over_the_api(backend: &str) {
+    let receiver = Receiver::start().await;
+    let Some(inst) = Instance::start_with(backend, |db| {
+        config_text(db, &local("2s", "10s"))
+            .replace(
+                "[models.slow]",
+                "[models.priced]\nprovider = \"dev\"\nmodel = \"dev-1\"\nmax_output_tokens = 50\n\
+                 prices = { input_per_million = 1000.0, output_per_million = 1000.0 }\n\n\
+                 [models.slow]",
+            )
+            .replace(
+                &format!("api_keys = [\"{ACME}\"]"),
+                &format!("api_keys = [\"{ACME}\"]\nusd_per_24_hours = 10.0"),
+            )
+    }) else {
+        return;
+    };
+    let api = &inst.api;
+    for bad in [json!([1.5]), json!([]), json!([0.0]), json!([0.00001])] {
+        let (status, body) = api
+            .call(
+                reqwest::Method::POST,
+                "/v1/webhooks",
+                ACME,
+                Some(
+                    json!({"url": receiver.url(), "events": ["budget.threshold"],
+                            "budget_thresholds": bad}),
+                ),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {body}");
+    }
+    let (status, endpoint) = api
+        .call(
+            reqwest::Method::POST,
+            "/v1/webhooks",
+            ACME,
+            Some(
+                json!({"url": receiver.url(), "events": ["budget.threshold"],
+                        "budget_thresholds": [1.0, 0.5], "secret": SECRET}),
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{endpoint}");
+    assert_eq!(endpoint["budget_thresholds"], json!([0.5, 1.0]));
+    let id = endpoint["id"].as_str().unwrap().to_string();
+    let (status, patched) = api
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/v1/webhooks/{id}"),
+            ACME,
+            Some(json!({"budget_thresholds": [0.0001, 1.0]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{patched}");
+    assert_eq!(patched["budget_thresholds"], json!([0.0001, 1.0]));
+    let (_, plain) = api
+        .call(
+            reqwest::Method::POST,
+            "/v1/webhooks",
+            BETA,
+            Some(json!({"url": receiver.url(), "events": ["task.failed"], "secret": SECRET})),
+        )
+        .await;
+    assert_eq!(plain["budget_thresholds"], json!([0.8]), "the default");
+
+    // 0.01 % of 10 USD is 0.001 USD: one token of the priced model.
+    for i in 0..2 {
+        let res = api
+            .http
+            .post(format!("{}/v1/tasks?wait=20s", api.base))
+            .bearer_auth(ACME)
+            .header("Idempotency-Key", format!("priced-{i}"))
+            .json(&json!({"kind": "classify", "scope": "s", "model": "priced",
+                "request": {"input": format!("Win a free cruise {i}"), "labels": ["spam", "ham"]}}))
+            .send()
+            .await
+            .unwrap();
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(body["status"], json!("succeeded"), "{body}");
+    }
+    receiver.wait_accepted(1, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let got = receiver.got();
+    assert_eq!(
+        got.len(),
+        1,
+        "one threshold reached once: {:?}",
+        got.iter().map(|r| &r.body).collect::<Vec<_>>()
+    );
+    receiver.assert_signed();
+    let body = &got[0].body;
+    assert_eq!(body["type"], json!("budget.threshold"), "{body}");
+    assert_eq!(
+        body["data"]["limit"],
+        json!("app_usd_per_24_hours"),
+        "{body}"
+    );
+    assert_eq!(body["data"]["threshold"], json!(0.0001), "{body}");
+    assert_eq!(body["data"]["limit_usd"], json!(10.0), "{body}");
+    assert_eq!(body["data"]["app"], json!("acme"), "{body}");
+    assert!(
+        body["data"]["spent_usd"].as_f64().unwrap() >= 0.001,
+        "{body}"
+    );
+    assert!(body["data"].get("scope").is_none(), "{body}");
+    assert!(got[0].id.starts_with("evt_budget_"), "{}", got[0].id);
+}
+
 both_backends!(
+    budget_thresholds_over_the_api,
     delivered_once_when_healthy,
     retried_through_errors_timeouts_and_downtime,
     nothing_lost_across_kill_9,

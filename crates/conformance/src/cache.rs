@@ -239,6 +239,7 @@ pub async fn run_tasks_share_the_cache_of_their_scope_and_subject(b: &dyn Backen
     let run = create_run(
         &*s,
         NewRun {
+            trace_parent: None,
             subject: Some(user("u1")),
             ..new_run("acme", "s")
         },
@@ -262,6 +263,7 @@ pub async fn run_tasks_share_the_cache_of_their_scope_and_subject(b: &dyn Backen
     let stranger = create_run(
         &*s,
         NewRun {
+            trace_parent: None,
             subject: Some(user("u2")),
             ..new_run("acme", "s")
         },

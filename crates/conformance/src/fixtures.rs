@@ -224,6 +224,7 @@ pub fn with_subject(mut task: NewTask, subject: Option<Subject>) -> NewTask {
 /// A run of `app` in `scope` without subject.
 pub fn new_run(app_name: &str, scope_name: &str) -> NewRun {
     NewRun {
+        trace_parent: None,
         app: app(app_name),
         scope: scope(scope_name),
         subject: None,

@@ -21,6 +21,7 @@
 
 pub mod admission;
 pub mod attempts;
+pub mod budget_events;
 pub mod cache;
 pub mod concurrency;
 pub mod cost;
@@ -79,6 +80,7 @@ macro_rules! conformance_suite {
             create::unscoped_tasks_skip_cache_and_admission,
             create::create_many_admits_or_refuses_each_item_on_its_own,
             trace::tasks_keep_their_trace_parent,
+            trace::runs_keep_their_trace_parent,
             pipelines::pipelines_are_versioned_per_app,
             pipelines::pipeline_runs_are_driven_by_one_driver_at_a_time,
             pipelines::racing_drivers_claim_each_run_once,
@@ -212,6 +214,10 @@ macro_rules! conformance_suite {
             webhooks::deliveries_are_leased_by_one_replica_at_a_time,
             webhooks::failures_back_off_then_dead_letter_and_replays_resend,
             webhooks::endpoints_are_per_app_and_config_ones_are_synced,
+            webhooks::cache_hits_write_their_succeeded_event,
+            webhooks::ended_events_are_swept_after_the_retention_and_go_with_their_owner,
+            budget_events::crossing_a_spend_threshold_writes_one_event,
+            budget_events::racing_settlements_announce_each_threshold_once,
             pace::cooldowns_are_read_per_deployment_on_every_replica,
         );
     };

@@ -17,6 +17,7 @@ pub async fn runs_are_created_running_and_finish_with_their_result(b: &dyn Backe
     let run = create_run(
         &*s,
         NewRun {
+            trace_parent: None,
             subject: Some(user("u1")),
             ..new_run("acme", "s")
         },
@@ -123,6 +124,7 @@ pub async fn run_scope_and_subject_apply_to_its_tasks(b: &dyn Backend) {
     let run = create_run(
         &*s,
         NewRun {
+            trace_parent: None,
             subject: Some(user("u1")),
             ..new_run("acme", "run-scope")
         },

@@ -69,3 +69,26 @@ pub async fn tasks_keep_their_trace_parent(b: &dyn Backend) {
         "a batch keeps each item's position"
     );
 }
+
+/// docs/telemetry.md, "Runs": a run keeps the trace position it was created with, on
+/// creation, reads and listings; a run created without one has none.
+pub async fn runs_keep_their_trace_parent(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    let mut new = new_run("acme", "s");
+    new.trace_parent = Some(position(7));
+    let traced_run = create_run(&*s, new).await;
+    assert_eq!(
+        traced_run.trace_parent,
+        Some(position(7)),
+        "create answers it"
+    );
+    assert_eq!(
+        get_run(&*s, &acme, traced_run.id).await.trace_parent,
+        Some(position(7)),
+        "a read answers it"
+    );
+    let plain = create_run(&*s, new_run("acme", "s")).await;
+    assert_eq!(plain.trace_parent, None);
+    assert_eq!(get_run(&*s, &acme, plain.id).await.trace_parent, None);
+}

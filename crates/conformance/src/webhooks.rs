@@ -6,12 +6,14 @@ use crate::Backend;
 use crate::fixtures::*;
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::time::Duration;
+use tollgate_core::webhook::budget::BudgetThreshold;
 use tollgate_core::webhook::{RetrySchedule, WebhookEventType};
 use tollgate_core::{AppId, Clock, TaskId};
 use tollgate_store::webhooks::{
     AttemptResult, DeliveryQuery, DeliveryState, NewWebhookEndpoint, WebhookEndpointPatch,
 };
-use tollgate_store::{RunResult, Store};
+use tollgate_store::{RunResult, Store, SweepConfig};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -22,6 +24,7 @@ fn endpoint(app_name: &str, id: &str, events: &[WebhookEventType]) -> NewWebhook
         url: format!("https://hooks.example.com/{id}"),
         secret: SECRET.to_string(),
         events: events.to_vec(),
+        budget_thresholds: vec![BudgetThreshold::DEFAULT],
         enabled: true,
         description: None,
         from_config: false,
@@ -518,4 +521,155 @@ pub async fn endpoints_are_per_app_and_config_ones_are_synced(b: &dyn Backend) {
     );
     assert!(s.delete_webhook_endpoint(&acme, "whe_a").await.unwrap());
     assert!(s.list_webhook_endpoints(&acme).await.unwrap().is_empty());
+}
+
+/// docs/webhooks.md, "The outbox": a task created succeeded from the cache (never queued)
+/// writes its `task.succeeded` event in its creation's transaction, like a completion; a
+/// replay of its effect key writes nothing more. Also through `create_tasks`.
+pub async fn cache_hits_write_their_succeeded_event(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    add_endpoint(
+        &*s,
+        endpoint("acme", "whe_s", &[WebhookEventType::TaskSucceeded]),
+    )
+    .await;
+    let original = create_new(&*s, new_scoped_task("acme", "s", "k1", "doc", unlimited())).await;
+    let done = succeed(&*s, original.id).await;
+    let hit = create(&*s, new_scoped_task("acme", "s", "k2", "doc", unlimited())).await;
+    assert!(hit.created && hit.task.cached(), "a cache hit");
+    let replay = create(&*s, new_scoped_task("acme", "s", "k2", "doc", unlimited())).await;
+    assert!(!replay.created);
+    let batch = s
+        .create_tasks(vec![new_scoped_task("acme", "s", "k3", "doc", unlimited())])
+        .await
+        .expect("create_tasks");
+    let batched = batch
+        .into_iter()
+        .next()
+        .expect("one answer")
+        .expect("created");
+    assert!(batched.task.cached());
+    let by = events_by_subject(&*s, &acme).await;
+    let expect: BTreeMap<String, WebhookEventType> = [done.id, hit.task.id, batched.task.id]
+        .into_iter()
+        .map(|id| (id.to_string(), WebhookEventType::TaskSucceeded))
+        .collect();
+    assert_eq!(by, expect, "the completion and both cache hits, once each");
+    let hit_event = s
+        .list_webhook_events(&acme, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.task_id == Some(hit.task.id.to_string()))
+        .unwrap();
+    assert_eq!(hit_event.state.as_deref(), Some("succeeded"));
+    assert_eq!(hit_event.created_at, b.clock().now());
+    assert_eq!(deliveries(&*s, &acme).await.len(), 3);
+}
+
+/// docs/webhooks.md, "Retention and deletion": the sweep deletes events whose deliveries
+/// all ended (delivered or dead) longer than the retention ago, with their deliveries;
+/// an event with a pending delivery, or one that ended recently, stays. Deleting an
+/// owner's data deletes the events and deliveries of its tasks, and no one else's.
+pub async fn ended_events_are_swept_after_the_retention_and_go_with_their_owner(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    add_endpoint(&*s, endpoint("acme", "whe_a", &WebhookEventType::ALL)).await;
+    let w = worker("r");
+    let mut failed = Vec::new();
+    for k in ["delivered", "dead", "pending"] {
+        let t = create_new(&*s, new_app_task("acme", "s", k)).await;
+        fail(&*s, t.id, "x").await;
+        failed.push(t.id);
+    }
+    let event_of = |id: TaskId| tollgate_core::webhook::terminal_event_id(&id.to_string());
+    let leased = s
+        .lease_webhook_deliveries(&w, secs(30), 10, 10, &[])
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 3);
+    let no_retries = RetrySchedule {
+        initial: secs(1),
+        max_interval: secs(1),
+        give_up_after: Duration::ZERO,
+        jitter: 0.0,
+    };
+    for l in &leased {
+        let result = if l.event.id == event_of(failed[0]) {
+            AttemptResult::Delivered { code: 200 }
+        } else if l.event.id == event_of(failed[1]) {
+            AttemptResult::Failed {
+                code: Some(500),
+                error: "HTTP 500".into(),
+            }
+        } else {
+            s.release_webhook_delivery(&l.delivery.id, &w)
+                .await
+                .unwrap();
+            continue;
+        };
+        s.record_webhook_attempt(&l.delivery.id, &w, result, &no_retries, 0.0)
+            .await
+            .unwrap();
+    }
+    let states: BTreeMap<String, DeliveryState> = deliveries(&*s, &acme)
+        .await
+        .into_iter()
+        .map(|d| (d.event_id, d.state))
+        .collect();
+    assert_eq!(states[&event_of(failed[1])], DeliveryState::Dead);
+    // An hour's retention: the sweep before it is up deletes nothing.
+    let config = SweepConfig {
+        retention: hours(1),
+        ..sweep_config()
+    };
+    b.clock().advance(secs(3599));
+    assert_eq!(sweep(&*s, &config).await.webhook_events_deleted, 0);
+    b.clock().advance(secs(1));
+    // A recent event stays too.
+    let recent = create_new(&*s, new_app_task("acme", "s", "recent")).await;
+    fail(&*s, recent.id, "x").await;
+    let report = sweep(&*s, &config).await;
+    assert_eq!(
+        report.webhook_events_deleted, 2,
+        "the delivered and the dead one"
+    );
+    let left: Vec<String> = s
+        .list_webhook_events(&acme, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let mut expect = vec![event_of(failed[2]), event_of(recent.id)];
+    expect.sort();
+    let mut left_sorted = left.clone();
+    left_sorted.sort();
+    assert_eq!(left_sorted, expect, "pending and recent events stay");
+    assert_eq!(
+        deliveries(&*s, &acme).await.len(),
+        2,
+        "deliveries went with their events"
+    );
+
+    // Owner deletion: the scope's tasks' events and deliveries go, another scope's stay.
+    let gone = create_new(&*s, new_app_task("acme", "gone", "g")).await;
+    fail(&*s, gone.id, "x").await;
+    let ids = |events: Vec<tollgate_core::webhook::WebhookEvent>| -> Vec<String> {
+        events.into_iter().map(|e| e.id).collect()
+    };
+    assert!(ids(s.list_webhook_events(&acme, 100).await.unwrap()).contains(&event_of(gone.id)));
+    s.delete_owner_data(&acme, &scope("gone"), None)
+        .await
+        .unwrap();
+    let after = ids(s.list_webhook_events(&acme, 100).await.unwrap());
+    assert!(!after.contains(&event_of(gone.id)));
+    assert_eq!(after.len(), 2, "the other scope's events stay");
+    assert!(
+        deliveries(&*s, &acme)
+            .await
+            .iter()
+            .all(|d| d.event_id != event_of(gone.id))
+    );
 }

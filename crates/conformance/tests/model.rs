@@ -1808,6 +1808,7 @@ impl Harness {
                 let run = self
                     .store()
                     .create_run(NewRun {
+                        trace_parent: None,
                         app: app_id(usize::from(*app)),
                         scope: scope_id(usize::from(*scope)),
                         subject: s.map(|s| subject(usize::from(s))),

@@ -2,6 +2,8 @@
 //! Webhooks signing rule, the retry schedule and which addresses an endpoint may reach.
 //! Pure rules; the store keeps the outbox, the engine delivers.
 
+pub mod budget;
+
 use crate::error::InvalidInput;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -26,15 +28,20 @@ pub enum WebhookEventType {
     /// A workflow run (or pipeline run) finished: succeeded, failed or canceled.
     #[serde(rename = "run.finished")]
     RunFinished,
+    /// A scope's or the app's spend in a 24 h window reached a share of its USD limit
+    /// (the endpoint's `budget_thresholds`).
+    #[serde(rename = "budget.threshold")]
+    BudgetThreshold,
 }
 
 impl WebhookEventType {
     /// Every event type, in the order documented.
-    pub const ALL: [WebhookEventType; 4] = [
+    pub const ALL: [WebhookEventType; 5] = [
         WebhookEventType::TaskSucceeded,
         WebhookEventType::TaskFailed,
         WebhookEventType::TaskCanceled,
         WebhookEventType::RunFinished,
+        WebhookEventType::BudgetThreshold,
     ];
 
     /// The stored and wire name (`task.succeeded`).
@@ -44,6 +51,7 @@ impl WebhookEventType {
             WebhookEventType::TaskFailed => "task.failed",
             WebhookEventType::TaskCanceled => "task.canceled",
             WebhookEventType::RunFinished => "run.finished",
+            WebhookEventType::BudgetThreshold => "budget.threshold",
         }
     }
 
@@ -376,8 +384,8 @@ pub struct WebhookEvent {
     pub state: Option<String>,
     /// The error code it ended with, if any.
     pub error_code: Option<String>,
-    /// Further fields of the data, merged into the payload's `data` (none of today's
-    /// events has any).
+    /// Further fields of the data, merged into the payload's `data` (a budget
+    /// threshold's app, limit, window, threshold and amounts).
     pub data: Option<serde_json::Value>,
     /// When it happened.
     pub created_at: crate::Timestamp,

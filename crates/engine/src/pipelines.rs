@@ -400,6 +400,7 @@ impl Tollgate {
         let pipeline = parsed(inner, &stored)?;
         pipeline.check_input(&start.input)?;
         let new = NewRun {
+            trace_parent: None,
             app: start.app.clone(),
             scope: start.scope,
             subject: start.subject,

@@ -151,6 +151,18 @@ impl Traces {
         self.start(name, SpanKind::Internal, &Context::current(), None)
     }
 
+    /// Starts `name` under a stored trace position (a run's) when there is one, else as
+    /// [`start_here`](Self::start_here) does.
+    pub(crate) fn start_under(&self, name: &'static str, parent: Option<TraceParent>) -> TraceSpan {
+        if !self.enabled() {
+            return TraceSpan::off();
+        }
+        match parent {
+            Some(p) => self.start(name, SpanKind::Internal, &remote_context(p), None),
+            None => self.start_here(name),
+        }
+    }
+
     /// Starts the span of a pipeline run's step submission (a new trace, the parent of
     /// the step's task): the run, the step and its attempt.
     pub(crate) fn pipeline_step(
@@ -425,6 +437,20 @@ pub(crate) fn record_admission(
     }
 }
 
+/// The log span of a worker's lines about a task (docs/telemetry.md, "Logs"):
+/// `task{trace_id=…}` when the task was submitted with traces on, so every line the
+/// execution writes joins its trace; no span (nothing formatted) otherwise.
+pub(crate) fn task_log_span(task: &Task) -> tracing::Span {
+    log_span(task.trace_parent)
+}
+
+fn log_span(position: Option<TraceParent>) -> tracing::Span {
+    match position {
+        Some(p) => tracing::info_span!("task", trace_id = %p.trace_id_hex()),
+        None => tracing::Span::none(),
+    }
+}
+
 /// The trace id of the current span (the request's, inside the HTTP layer), as 32
 /// hexadecimal digits, for log lines; `None` outside a recorded trace.
 pub fn current_trace_id() -> Option<String> {
@@ -447,4 +473,59 @@ fn remote_context(parent: TraceParent) -> Context {
 
 fn system_time(at: Timestamp) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(at.0).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A log writer the test reads back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log buffer").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// docs/telemetry.md, "Logs": a traced task's log lines carry its trace id; an
+    /// untraced task's carry none (and no span is made for it).
+    #[test]
+    fn a_tasks_log_lines_carry_its_trace_id() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let traced = TraceParent {
+            trace_id: [0xab; 16],
+            parent_id: [1; 8],
+            flags: 1,
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            log_span(Some(traced)).in_scope(|| tracing::info!(task = "t1", "task failed"));
+            let none = log_span(None);
+            assert!(none.is_none());
+            none.in_scope(|| tracing::info!(task = "t2", "task failed"));
+        });
+        let out = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(
+            lines[0].contains(&format!("task{{trace_id={}}}", "ab".repeat(16)))
+                && lines[0].contains("t1"),
+            "{out}"
+        );
+        assert!(
+            !lines[1].contains("trace_id") && lines[1].contains("t2"),
+            "{out}"
+        );
+    }
 }

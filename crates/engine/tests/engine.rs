@@ -568,6 +568,7 @@ async fn runs_are_woken_when_their_task_finishes(db: TestDb) {
     let engine = db.engine(fast_config()).await;
     let run = engine
         .create_run(NewRun {
+            trace_parent: None,
             app: app(),
             scope: scope(),
             subject: None,
@@ -613,6 +614,7 @@ async fn runs_are_woken_when_their_task_finishes(db: TestDb) {
     // Canceling a run cancels its queued tasks.
     let run2 = engine
         .create_run(NewRun {
+            trace_parent: None,
             app: app(),
             scope: scope(),
             subject: None,
@@ -837,6 +839,7 @@ async fn a_caller_bound_to_a_subject_sees_only_its_subject(db: TestDb) {
     assert_eq!(task.subject.as_ref(), Some(&alice));
     let run = engine
         .create_run(NewRun {
+            trace_parent: None,
             app: app(),
             scope: scope(),
             subject: Some(alice.clone()),

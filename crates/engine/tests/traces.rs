@@ -16,15 +16,18 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tollgate_core::{ModelId, PipelineName, RunState, TaskStatus, Usage};
+use tollgate_core::{ModelId, NewRun, PipelineName, RunState, TaskKind, TaskStatus, Usage};
 use tollgate_engine::config::{AppConfig, ModelConfig, ModelPrices};
-use tollgate_engine::{EngineConfig, Provider, ProviderAnswer, ProviderCall, ProviderError};
+use tollgate_engine::{
+    EngineConfig, Provider, ProviderAnswer, ProviderCall, ProviderError, Submission,
+};
 
 on_both_backends!(
     a_reasked_task_is_one_trace_of_submit_queue_calls_validations_and_settle,
     content_goes_into_spans_only_for_apps_that_allow_it,
     without_a_tracer_tasks_carry_no_trace,
     a_pipeline_step_is_the_parent_of_its_task,
+    a_runs_tasks_are_children_of_the_run_span,
 );
 
 const SECRET: &str = "the secret prompt text";
@@ -342,4 +345,90 @@ async fn a_pipeline_step_is_the_parent_of_its_task(db: TestDb) {
             "the step's task runs and settles in the same trace"
         );
     }
+}
+
+/// docs/telemetry.md, "Runs": a run created with traces on stores its `run` span, and
+/// every task submitted for it (by any caller, later) is a child of that span: one trace
+/// for the run's tasks.
+async fn a_runs_tasks_are_children_of_the_run_span(db: TestDb) {
+    let (engine, exporter) = traced_engine(&db, config(false)).await;
+    let handle = engine.start().await.unwrap();
+    let run = engine
+        .create_run(NewRun {
+            trace_parent: None,
+            app: app(),
+            scope: scope(),
+            subject: None,
+            input: json!({}),
+        })
+        .await
+        .unwrap();
+    let position = run.trace_parent.expect("the run keeps its span's position");
+    assert_eq!(
+        engine
+            .get_run(&app(), run.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .trace_parent,
+        Some(position)
+    );
+    let mut tasks = Vec::new();
+    for k in ["run-a", "run-b"] {
+        let task = engine
+            .submit(
+                Submission::for_run(
+                    app(),
+                    run.id,
+                    key(k),
+                    TaskKind::Classify,
+                    json!({"input": k, "labels": ["spam", "ham"]}),
+                )
+                .with_model(ModelId::new("flaky").unwrap()),
+            )
+            .await
+            .unwrap()
+            .task;
+        tasks.push(finished(&engine, task.id).await);
+    }
+    // An application task outside any run starts its own trace.
+    let alone = engine
+        .submit(classify("alone", SECRET).with_model(ModelId::new("flaky").unwrap()))
+        .await
+        .unwrap()
+        .task;
+    let alone = finished(&engine, alone.id).await;
+    handle.shutdown(std::time::Duration::from_secs(5)).await;
+    let spans = spans_of(&exporter, position.trace_id).await;
+    let run_span = one(&spans, "run");
+    assert_eq!(
+        run_span.span_context.span_id().to_bytes(),
+        position.parent_id
+    );
+    assert_eq!(
+        value(run_span, "tollgate.run.id"),
+        Some(&Value::from(run.id.to_string()))
+    );
+    let submits = all_named(&spans, "submit");
+    assert_eq!(
+        submits.len(),
+        2,
+        "both tasks in the run's trace: {spans:#?}"
+    );
+    for submit in submits {
+        parent_is(submit, run_span);
+    }
+    for task in &tasks {
+        assert_eq!(task.status, TaskStatus::Succeeded);
+        assert_eq!(
+            task.trace_parent.map(|t| t.trace_id),
+            Some(position.trace_id),
+            "the task continues the run's trace"
+        );
+    }
+    assert!(alone.trace_parent.is_some());
+    assert_ne!(
+        alone.trace_parent.map(|t| t.trace_id),
+        Some(position.trace_id)
+    );
 }

@@ -290,12 +290,24 @@ pub(crate) async fn layer(State(state): State<AppState>, request: Request, next:
         .and_then(|v| TraceParent::parse(v).ok());
     let method = request.method().to_string();
     let span = traces.server_span(format!("{method} {route}"), caller);
-    span.set("http.request.method", method);
-    span.set("http.route", route);
+    span.set("http.request.method", method.clone());
+    span.set("http.route", route.clone());
     span.set("url.path", request.uri().path().to_string());
-    span.set(attr::REQUEST_ID, crate::request_id::current());
-    let response = span.in_scope(next.run(request)).await;
+    let request_id = crate::request_id::current();
+    span.set(attr::REQUEST_ID, request_id.clone());
+    // docs/telemetry.md, "Logs": every line logged while serving the request (the
+    // engine's too) carries the request id and the trace id.
+    let trace_id = span
+        .trace_parent()
+        .map(|p| p.trace_id_hex())
+        .unwrap_or_default();
+    let log = tracing::info_span!("request", request_id = %request_id, trace_id = %trace_id);
+    let response =
+        tracing::Instrument::instrument(span.in_scope(next.run(request)), log.clone()).await;
     let status = response.status();
+    log.in_scope(|| {
+        tracing::debug!(method = %method, route = %route, status = status.as_u16(), "request served")
+    });
     span.set("http.response.status_code", i64::from(status.as_u16()));
     if status.is_server_error() {
         span.error(status.to_string());

@@ -10,6 +10,13 @@ function stateBadge(state) {
   return h("span", { class: `badge s-${STATE_COLOURS[state] || "queued"}` }, state);
 }
 
+/** The endpoint's events; `budget.threshold` with its thresholds as percentages. */
+function events(e) {
+  return e.events.map((name) => name === "budget.threshold" && e.budget_thresholds
+    ? `${name} (${e.budget_thresholds.map((t) => `${Math.round(t * 1000) / 10} %`).join(", ")})`
+    : name).join(", ");
+}
+
 function notice(err) {
   return h("p", { class: "error", role: "alert" }, err.message || String(err));
 }
@@ -43,7 +50,7 @@ export async function webhooks(page, [chosen]) {
       replace(endpoints, table(["Endpoint", "URL", "Events", "Enabled", "Created"], list.map((e) =>
         h("tr", { dataset: { webhook: e.id }, class: e.id === chosen ? "selected" : "" }, [
           h("a", { href: `#/webhooks/${encodeURIComponent(e.id)}`, class: "mono", title: e.id }, shortId(e.id)),
-          h("span", { class: "mono" }, e.url), e.events.join(", "),
+          h("span", { class: "mono" }, e.url), events(e),
           e.enabled ? "yes" : h("span", { class: "muted" }, "no"), ago(e.created_at),
         ].map((c) => h("td", {}, c)))), "No endpoints: add one with POST /v1/webhooks or in the configuration file."));
     } catch (e) {

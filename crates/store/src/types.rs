@@ -187,7 +187,8 @@ pub struct SweepConfig {
     /// Running without a heartbeat this long fails with `WORKFLOW_AI_INTERRUPTED`.
     pub liveness_timeout: Duration,
     /// Released terminal application tasks are deleted this long after release and
-    /// completion.
+    /// completion; webhook events this long after their deliveries all ended
+    /// (docs/webhooks.md, "Retention and deletion").
     pub retention: Duration,
     /// Rows per item per sweep.
     pub batch_size: u32,
@@ -219,6 +220,8 @@ pub struct SweepReport {
     pub admissions_pruned: u64,
     /// Item 6: released terminal application tasks deleted.
     pub tasks_deleted: u64,
+    /// Item 7: webhook events (with their deliveries) deleted after the retention.
+    pub webhook_events_deleted: u64,
     /// Item 2 for tasks with tries left (docs/routes.md, "Attempts"): running tasks put
     /// back in the queue for their next attempt (notify the workers).
     pub requeued: Vec<(AppId, TaskId)>,

@@ -5,6 +5,7 @@
 use crate::StoreResult;
 use async_trait::async_trait;
 use std::time::Duration;
+use tollgate_core::webhook::budget::BudgetThreshold;
 use tollgate_core::webhook::{RetrySchedule, WebhookEvent, WebhookEventType};
 use tollgate_core::{AppId, Timestamp, WorkerId};
 
@@ -21,6 +22,8 @@ pub struct WebhookEndpoint {
     pub secret: String,
     /// The event types it receives.
     pub events: Vec<WebhookEventType>,
+    /// The shares of a USD limit it hears `budget.threshold` about, sorted.
+    pub budget_thresholds: Vec<BudgetThreshold>,
     /// Disabled endpoints get no new deliveries and their pending ones wait.
     pub enabled: bool,
     /// Free text.
@@ -46,6 +49,9 @@ pub struct NewWebhookEndpoint {
     pub secret: String,
     /// The event types (at least one).
     pub events: Vec<WebhookEventType>,
+    /// The shares of a USD limit it hears `budget.threshold` about (checked by the
+    /// caller; empty means [`BudgetThreshold::DEFAULT`]).
+    pub budget_thresholds: Vec<BudgetThreshold>,
     /// Whether it receives deliveries.
     pub enabled: bool,
     /// Free text.
@@ -63,6 +69,8 @@ pub struct WebhookEndpointPatch {
     pub secret: Option<String>,
     /// New event types.
     pub events: Option<Vec<WebhookEventType>>,
+    /// New budget thresholds.
+    pub budget_thresholds: Option<Vec<BudgetThreshold>>,
     /// Enable or disable.
     pub enabled: Option<bool>,
     /// New description (`Some(None)` clears it).

@@ -228,6 +228,7 @@ async fn sweep_repairs_a_lost_wake() {
     let acme = AppId::new("acme").unwrap();
     let run = store
         .create_run(NewRun {
+            trace_parent: None,
             app: acme.clone(),
             scope: ScopeId::new("s").unwrap(),
             subject: None,
@@ -455,6 +456,7 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
     store.first_queued().await.unwrap();
     let run = store
         .create_run(NewRun {
+            trace_parent: None,
             app: acme.clone(),
             scope: ScopeId::new("scope-1").unwrap(),
             subject: None,

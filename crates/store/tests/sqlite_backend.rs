@@ -66,6 +66,7 @@ async fn sweep_repairs_a_lost_wake() {
     let acme = AppId::new("acme").unwrap();
     let run = store
         .create_run(NewRun {
+            trace_parent: None,
             app: acme.clone(),
             scope: ScopeId::new("s").unwrap(),
             subject: None,

@@ -270,11 +270,14 @@ def create_webhook(
     description: str | None,
     enabled: bool | None,
     secret: str | None,
+    budget_thresholds: Sequence[float] | None = None,
 ) -> Call[WebhookView]:
     body: dict[str, Any] = {"url": url, "events": list(events)}
     for name, value in (("description", description), ("enabled", enabled), ("secret", secret)):
         if value is not None:
             body[name] = value
+    if budget_thresholds is not None:
+        body["budget_thresholds"] = list(budget_thresholds)
     # Each call creates an endpoint: only a 503 (nothing written) is retried.
     return Call("POST", "/v1/webhooks", body=body, idempotent=False)
 

@@ -775,7 +775,7 @@ class UsageView(TypedDict):
 
 
 WebhookEventName: TypeAlias = Literal[
-    'task.succeeded', 'task.failed', 'task.canceled', 'run.finished'
+    'task.succeeded', 'task.failed', 'task.canceled', 'run.finished', 'budget.threshold'
 ]
 """
 An event type an endpoint may receive.
@@ -787,6 +787,10 @@ class WebhookPatchBody(TypedDict, closed=True):
     `PATCH /v1/webhooks/{id}` body: each field given replaces that field.
     """
 
+    budget_thresholds: NotRequired[list[float] | None]
+    """
+    New budget thresholds.
+    """
     description: NotRequired[str | None]
     """
     New description (`null` clears it).
@@ -814,6 +818,10 @@ class WebhookView(TypedDict):
     A webhook endpoint.
     """
 
+    budget_thresholds: list[float]
+    """
+    The shares of a USD limit `budget.threshold` is sent for, ascending.
+    """
     created_at: str
     """
     Creation time (RFC 3339, UTC).
@@ -1573,6 +1581,11 @@ class WebhookBody(TypedDict, closed=True):
     `POST /v1/webhooks` body.
     """
 
+    budget_thresholds: NotRequired[list[float] | None]
+    """
+    The shares of a USD limit (above 0, at most 1) `budget.threshold` is sent for
+    (default `[0.8]`).
+    """
     description: NotRequired[str | None]
     """
     Free text (at most 500 characters).

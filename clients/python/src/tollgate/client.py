@@ -535,12 +535,16 @@ class Tollgate(_Base):
         description: str | None = None,
         enabled: bool | None = None,
         secret: str | None = None,
+        budget_thresholds: Sequence[float] | None = None,
     ) -> WebhookView:
         """``POST /v1/webhooks``: a webhook endpoint, with its signing secret (made when
-        ``secret`` is absent). Not idempotent: only a 503 is retried. A key bound to a subject:
-        :class:`~tollgate.ForbiddenError`; an address the operator did not allow:
-        :class:`~tollgate.InvalidRequestError`."""
-        return self._send(_api.create_webhook(url, events, description, enabled, secret))
+        ``secret`` is absent). ``budget_thresholds``: the shares of a USD limit
+        ``budget.threshold`` is sent for (default ``[0.8]``). Not idempotent: only a 503 is
+        retried. A key bound to a subject: :class:`~tollgate.ForbiddenError`; an address the
+        operator did not allow: :class:`~tollgate.InvalidRequestError`."""
+        return self._send(
+            _api.create_webhook(url, events, description, enabled, secret, budget_thresholds)
+        )
 
     def list_webhooks(self) -> list[WebhookView]:
         """``GET /v1/webhooks``: the app's endpoints, oldest first (without their secrets)."""
@@ -553,7 +557,7 @@ class Tollgate(_Base):
 
     def update_webhook(self, webhook_id: str, **changes: Unpack[WebhookPatchBody]) -> WebhookView:
         """``PATCH /v1/webhooks/{id}``: replaces each field given (``url``, ``events``,
-        ``description`` — ``None`` clears it —, ``enabled``, ``secret``). An endpoint from the
+        ``budget_thresholds``, ``description`` — ``None`` clears it —, ``enabled``, ``secret``). An endpoint from the
         configuration file is read-only: :class:`~tollgate.ConflictError`."""
         return self._send(_api.update_webhook(webhook_id, changes))
 
@@ -972,10 +976,14 @@ class AsyncTollgate(_Base):
         description: str | None = None,
         enabled: bool | None = None,
         secret: str | None = None,
+        budget_thresholds: Sequence[float] | None = None,
     ) -> WebhookView:
         """``POST /v1/webhooks``: a webhook endpoint, with its signing secret (made when
-        ``secret`` is absent). Not idempotent: only a 503 is retried."""
-        return await self._send(_api.create_webhook(url, events, description, enabled, secret))
+        ``secret`` is absent; ``budget_thresholds`` default ``[0.8]``). Not idempotent: only a
+        503 is retried."""
+        return await self._send(
+            _api.create_webhook(url, events, description, enabled, secret, budget_thresholds)
+        )
 
     async def list_webhooks(self) -> list[WebhookView]:
         """``GET /v1/webhooks``: the app's endpoints, oldest first (without their secrets)."""

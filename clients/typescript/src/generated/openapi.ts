@@ -1515,6 +1515,11 @@ export interface components {
         };
         /** @description `POST /v1/webhooks` body. */
         WebhookBody: {
+            /**
+             * @description The shares of a USD limit (above 0, at most 1) `budget.threshold` is sent for
+             *     (default `[0.8]`).
+             */
+            budget_thresholds?: number[] | null;
             /** @description Free text (at most 500 characters). */
             description?: string | null;
             /** @description Whether it receives deliveries (default true). */
@@ -1533,7 +1538,7 @@ export interface components {
          * @description An event type an endpoint may receive.
          * @enum {string}
          */
-        WebhookEventName: "task.succeeded" | "task.failed" | "task.canceled" | "run.finished";
+        WebhookEventName: "task.succeeded" | "task.failed" | "task.canceled" | "run.finished" | "budget.threshold";
         /** @description `GET /v1/webhooks` answer. */
         WebhookListView: {
             /** @description The app's endpoints, oldest first. */
@@ -1541,6 +1546,8 @@ export interface components {
         };
         /** @description `PATCH /v1/webhooks/{id}` body: each field given replaces that field. */
         WebhookPatchBody: {
+            /** @description New budget thresholds. */
+            budget_thresholds?: number[] | null;
             /** @description New description (`null` clears it). */
             description?: string | null;
             /** @description Enable or disable. */
@@ -1554,6 +1561,8 @@ export interface components {
         };
         /** @description A webhook endpoint. */
         WebhookView: {
+            /** @description The shares of a USD limit `budget.threshold` is sent for, ascending. */
+            budget_thresholds: number[];
             /** @description Creation time (RFC 3339, UTC). */
             created_at: string;
             /** @description Free text. */

@@ -88,6 +88,9 @@ pub struct NewRun {
     pub subject: Option<Subject>,
     /// The run's input.
     pub input: Value,
+    /// Where its tasks' traces continue (docs/telemetry.md, "Runs"): the run's span, the
+    /// parent of every task submitted for it. `None` when traces are off.
+    pub trace_parent: Option<crate::trace::TraceParent>,
 }
 
 /// A stored workflow run.
@@ -119,4 +122,8 @@ pub struct Run {
     pub updated_at: Timestamp,
     /// Last time it was woken by a terminal task (for its workflow worker).
     pub woken_at: Option<Timestamp>,
+    /// Where its tasks' traces continue (docs/telemetry.md, "Runs"); `None` when it was
+    /// created with traces off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_parent: Option<crate::trace::TraceParent>,
 }

@@ -168,3 +168,74 @@ fn subscriptions_round_trip() {
         assert!(!t.as_str().contains(['_', '%']));
     }
 }
+
+#[test]
+fn budget_thresholds_are_exact_shares_of_a_limit() {
+    use budget::*;
+    let t = BudgetThreshold::from_fraction(0.8).unwrap();
+    assert_eq!(t, BudgetThreshold::DEFAULT);
+    assert_eq!(t.basis_points(), 8_000);
+    assert_eq!(t.fraction(), 0.8);
+    assert_eq!(
+        BudgetThreshold::from_fraction(1.0).unwrap().basis_points(),
+        10_000
+    );
+    assert_eq!(
+        BudgetThreshold::from_fraction(0.0001)
+            .unwrap()
+            .basis_points(),
+        1
+    );
+    for bad in [0.0, -0.5, 1.01, f64::NAN, f64::INFINITY, 0.00005, 0.80005] {
+        assert!(BudgetThreshold::from_fraction(bad).is_err(), "{bad}");
+    }
+    // 80 % of 10 USD is reached at 8 USD, not a nano-dollar before.
+    let limit = 10_000_000_000u64;
+    assert!(!t.reached(7_999_999_999, limit));
+    assert!(t.reached(8_000_000_000, limit));
+    assert!(t.reached(i64::MAX, u64::MAX / 2), "no overflow");
+    let parsed: Vec<BudgetThreshold> = serde_json::from_str("[1.0, 0.5, 0.5]").unwrap();
+    let checked = check_thresholds(&parsed).unwrap();
+    assert_eq!(thresholds_text(&checked), "[5000,10000]");
+    assert_eq!(parse_thresholds("[5000,10000,0,20000]"), checked);
+    assert!(check_thresholds(&[]).is_err());
+    assert!(serde_json::from_str::<Vec<BudgetThreshold>>("[1.5]").is_err());
+    assert_eq!(serde_json::to_string(&checked).unwrap(), "[0.5,1.0]");
+}
+
+#[test]
+fn a_threshold_is_announced_once_per_24_hours_per_limit() {
+    use crate::Timestamp;
+    use crate::cost::SPEND_WINDOW_MS;
+    use budget::*;
+    let w = Timestamp(1_767_225_600_000);
+    assert!(due_again(None, w));
+    assert!(!due_again(Some(w.0), w));
+    assert!(!due_again(Some(w.0), Timestamp(w.0 + SPEND_WINDOW_MS - 1)));
+    assert!(due_again(Some(w.0), Timestamp(w.0 + SPEND_WINDOW_MS)));
+    // The window starts at the hour of now − 24 h.
+    assert_eq!(window_start(Timestamp(w.0 + SPEND_WINDOW_MS + 1_234)), w);
+    let limit = BudgetLimit {
+        app: "acme".into(),
+        kind: BudgetLimitKind::ScopeUsd,
+        scope: "s".into(),
+        limit_nano: 10,
+    };
+    let id = limit.event_id(BudgetThreshold::DEFAULT, w);
+    assert_eq!(id, limit.event_id(BudgetThreshold::DEFAULT, w), "stable");
+    assert!(id.starts_with("evt_budget_") && id.len() == "evt_budget_".len() + 32);
+    let other_scope = BudgetLimit {
+        scope: "t".into(),
+        ..limit.clone()
+    };
+    assert_ne!(id, other_scope.event_id(BudgetThreshold::DEFAULT, w));
+    assert_ne!(
+        id,
+        limit.event_id(BudgetThreshold::DEFAULT, Timestamp(w.0 + 1))
+    );
+    let data = limit.event_data(BudgetThreshold::DEFAULT, w, 8);
+    assert_eq!(data["limit"], "scope_usd_per_24_hours");
+    assert_eq!(data["threshold"], 0.8);
+    assert_eq!(data["app"], "acme");
+    assert_eq!(data["limit_usd"], 1e-8);
+}

@@ -71,7 +71,7 @@
 //! interval = "10s"
 //! queue_timeout = "1h"
 //! liveness_timeout = "30s"
-//! retention = "24h"
+//! retention = "24h"                    # released tasks; ended webhook events
 //! batch_size = 100
 //!
 //! [notifications]

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use tollgate_core::webhook::budget::{BudgetThreshold, check_thresholds};
 use tollgate_core::webhook::{RetrySchedule, WebhookEventType, WebhookSecret};
 use tollgate_core::{AppId, check_identifier};
 
@@ -112,8 +113,11 @@ pub struct ConfigWebhookEndpoint {
     /// The signing secret, `whsec_<base64>`.
     pub secret: String,
     /// The event types (`task.succeeded`, `task.failed`, `task.canceled`,
-    /// `run.finished`).
+    /// `run.finished`, `budget.threshold`).
     pub events: Vec<WebhookEventType>,
+    /// The shares of a USD limit it hears `budget.threshold` about (default `[0.8]`).
+    #[serde(default = "thresholds_default")]
+    pub budget_thresholds: Vec<BudgetThreshold>,
     /// Whether it receives deliveries (default true).
     #[serde(default = "enabled_default")]
     pub enabled: bool,
@@ -121,6 +125,10 @@ pub struct ConfigWebhookEndpoint {
 
 fn enabled_default() -> bool {
     true
+}
+
+fn thresholds_default() -> Vec<BudgetThreshold> {
+    vec![BudgetThreshold::DEFAULT]
 }
 
 impl ConfigWebhookEndpoint {
@@ -198,6 +206,9 @@ impl WebhookConfig {
             if e.events.is_empty() {
                 add(&key("events"), "name at least one event type".into());
             }
+            if let Err(err) = check_thresholds(&e.budget_thresholds) {
+                add(&key("budget_thresholds"), err.to_string());
+            }
         }
         p
     }
@@ -221,6 +232,7 @@ mod tests {
             url: url.into(),
             secret: secret.into(),
             events: vec![WebhookEventType::TaskFailed],
+            budget_thresholds: vec![BudgetThreshold::DEFAULT],
             enabled: true,
         }
     }
@@ -255,7 +267,10 @@ mod tests {
                     "https://h.example/x",
                     "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
                 ),
-                endpoint("acme", "main", "http://h.example/x", "plain"),
+                ConfigWebhookEndpoint {
+                    budget_thresholds: Vec::new(),
+                    ..endpoint("acme", "main", "http://h.example/x", "plain")
+                },
             ],
             ..WebhookConfig::default()
         };
@@ -269,6 +284,7 @@ mod tests {
                 "webhooks.endpoints[1].name",
                 "webhooks.endpoints[1].url",
                 "webhooks.endpoints[1].secret",
+                "webhooks.endpoints[1].budget_thresholds",
             ]
         );
         assert_eq!(c.networks().len(), 2, "a single address is its own network");

@@ -49,7 +49,7 @@ pub struct SweeperConfig {
     #[serde(with = "duration_text")]
     pub liveness_timeout: Duration,
     /// Released terminal application tasks are deleted this long after release and
-    /// completion.
+    /// completion; webhook events this long after their deliveries all ended.
     #[serde(with = "duration_text")]
     pub retention: Duration,
     /// Rows per sweep item per round.

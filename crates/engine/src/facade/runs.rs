@@ -8,9 +8,23 @@ use tollgate_store::{RunCancel, RunResult, WaitOutcome};
 use super::*;
 
 impl Tollgate {
-    /// docs/conformance.md#workflow-runs: creates a workflow run.
-    pub async fn create_run(&self, new: NewRun) -> Result<Run, EngineError> {
-        Ok(self.inner.store.create_run(new).await?)
+    /// docs/conformance.md#workflow-runs: creates a workflow run. With traces on, a `run`
+    /// span (a child of the current span: the request's, which continues the caller's
+    /// `traceparent`) is stored on the run as the parent of its tasks (docs/telemetry.md,
+    /// "Runs").
+    pub async fn create_run(&self, mut new: NewRun) -> Result<Run, EngineError> {
+        let traces = &self.inner.traces;
+        let span = traces.start_under("run", None);
+        if let Some(position) = span.trace_parent() {
+            new.trace_parent = Some(position);
+        }
+        span.set_with(crate::telemetry::attr::APP, || new.app.to_string());
+        let created = self.inner.store.create_run(new).await;
+        match &created {
+            Ok(run) => span.set_with(crate::telemetry::attr::RUN_ID, || run.id.to_string()),
+            Err(e) => span.error(e.to_string()),
+        }
+        Ok(created?)
     }
 
     /// A run of the app by id.

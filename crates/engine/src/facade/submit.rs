@@ -39,7 +39,19 @@ impl Tollgate {
     ) -> Result<Submitted, EngineError> {
         let kind = submission.kind;
         let traces = &self.inner.traces;
-        let span = traces.start_here("submit");
+        // docs/telemetry.md, "Runs": a run's task is a child of the run's span.
+        let run_parent = match &submission.owner {
+            SubmissionOwner::Run(run) if traces.enabled() => self
+                .inner
+                .store
+                .get_run(&submission.app, *run)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.trace_parent),
+            _ => None,
+        };
+        let span = traces.start_under("submit", run_parent);
         let result =
             match check_key_space(&submission, space).and_then(|()| self.prepare(submission)) {
                 Ok(mut prepared) => {

@@ -12,6 +12,7 @@ use crate::config::WebhookConfig;
 use crate::error::EngineError;
 use crate::inner::Inner;
 use std::net::IpAddr;
+use tollgate_core::webhook::budget::{BudgetThreshold, check_thresholds};
 use tollgate_core::webhook::{
     WebhookEventType, WebhookSecret, address_allowed, check_endpoint_url,
 };
@@ -30,6 +31,9 @@ pub struct WebhookInput {
     pub url: String,
     /// The event types it receives (at least one).
     pub events: Vec<WebhookEventType>,
+    /// The shares of a USD limit it hears `budget.threshold` about (default
+    /// [`BudgetThreshold::DEFAULT`], 0.8).
+    pub budget_thresholds: Option<Vec<BudgetThreshold>>,
     /// Free text.
     pub description: Option<String>,
     /// Whether it receives deliveries (default true).
@@ -45,6 +49,8 @@ pub struct WebhookChange {
     pub url: Option<String>,
     /// New event types.
     pub events: Option<Vec<WebhookEventType>>,
+    /// New budget thresholds.
+    pub budget_thresholds: Option<Vec<BudgetThreshold>>,
     /// New description (`Some(None)` clears it).
     pub description: Option<Option<String>>,
     /// Enable or disable.
@@ -121,6 +127,10 @@ impl CallerView {
         check_url(config, &input.url)?;
         check_events(&input.events)?;
         check_description(&input.description)?;
+        let budget_thresholds = match &input.budget_thresholds {
+            Some(t) => check_thresholds(t)?,
+            None => vec![BudgetThreshold::DEFAULT],
+        };
         let secret = match input.secret {
             Some(s) => WebhookSecret::parse(&s)?.to_text(),
             None => new_secret()?,
@@ -135,6 +145,7 @@ impl CallerView {
                 url: input.url,
                 secret,
                 events: input.events,
+                budget_thresholds,
                 enabled: input.enabled.unwrap_or(true),
                 description: input.description,
                 from_config: false,
@@ -184,6 +195,11 @@ impl CallerView {
         if let Some(d) = &change.description {
             check_description(d)?;
         }
+        let budget_thresholds = change
+            .budget_thresholds
+            .as_deref()
+            .map(check_thresholds)
+            .transpose()?;
         let secret = change
             .secret
             .map(|s| WebhookSecret::parse(&s).map(|s| s.to_text()))
@@ -199,6 +215,7 @@ impl CallerView {
                     url: change.url,
                     secret,
                     events: change.events,
+                    budget_thresholds,
                     enabled: change.enabled,
                     description: change.description,
                 },
@@ -263,6 +280,7 @@ pub(crate) async fn sync_config_endpoints(inner: &Inner) -> Result<(), EngineErr
             url: e.url.clone(),
             secret: e.secret.clone(),
             events: e.events.clone(),
+            budget_thresholds: check_thresholds(&e.budget_thresholds)?,
             enabled: e.enabled,
             description: None,
             from_config: true,

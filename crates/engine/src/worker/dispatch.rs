@@ -127,10 +127,12 @@ impl WorkerPool {
             id: task.id,
         };
         let crash = self.control.crash.clone();
+        // docs/telemetry.md, "Logs": the worker's lines about the task carry its trace id.
+        let log = crate::telemetry::task_log_span(&task);
         tokio::select! {
             biased;
             _ = crash.cancelled() => {}
-            _ = self.clone().execute_and_record(task, permit) => {}
+            _ = tracing::Instrument::instrument(self.clone().execute_and_record(task, permit), log) => {}
         }
     }
 }

@@ -115,6 +115,7 @@ pub(crate) async fn create_run(
     let run = s
         .tollgate
         .create_run(tollgate_core::NewRun {
+            trace_parent: None,
             app: caller.app,
             scope: ScopeId::new(body.scope)?,
             subject: caller.subject,

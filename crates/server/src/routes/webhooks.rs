@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Deserializer, Serialize};
 use tollgate_core::InvalidInput;
 use tollgate_core::webhook::WebhookEventType;
+use tollgate_core::webhook::budget::BudgetThreshold;
 use tollgate_engine::{CallerView, WebhookChange, WebhookInput};
 use tollgate_store::webhooks::{DeliveryQuery, DeliveryState, WebhookDelivery, WebhookEndpoint};
 use utoipa::ToSchema;
@@ -33,6 +34,10 @@ pub enum WebhookEventName {
     /// A run finished (succeeded, failed or canceled).
     #[schema(rename = "run.finished")]
     RunFinished,
+    /// A scope's or the app's settled spend in a 24 h window reached one of the endpoint's
+    /// `budget_thresholds` of a USD limit.
+    #[schema(rename = "budget.threshold")]
+    BudgetThreshold,
 }
 
 /// Where a delivery stands.
@@ -59,6 +64,11 @@ pub struct WebhookBody {
     /// The event types it receives (at least one).
     #[schema(value_type = Vec<WebhookEventName>, min_items = 1)]
     pub events: Vec<String>,
+    /// The shares of a USD limit (above 0, at most 1) `budget.threshold` is sent for
+    /// (default `[0.8]`).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<f64>>, min_items = 1, max_items = 10)]
+    pub budget_thresholds: Option<Vec<f64>>,
     /// Free text (at most 500 characters).
     #[serde(default)]
     #[schema(max_length = 500)]
@@ -88,6 +98,10 @@ pub struct WebhookPatchBody {
     #[serde(default)]
     #[schema(value_type = Option<Vec<WebhookEventName>>, min_items = 1)]
     pub events: Option<Vec<String>>,
+    /// New budget thresholds.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<f64>>, min_items = 1, max_items = 10)]
+    pub budget_thresholds: Option<Vec<f64>>,
     /// New description (`null` clears it).
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<String>, max_length = 500)]
@@ -111,6 +125,8 @@ pub struct WebhookView {
     /// The event types it receives.
     #[schema(value_type = Vec<WebhookEventName>)]
     pub events: Vec<String>,
+    /// The shares of a USD limit `budget.threshold` is sent for, ascending.
+    pub budget_thresholds: Vec<f64>,
     /// Whether it receives deliveries.
     pub enabled: bool,
     /// Free text.
@@ -134,6 +150,7 @@ impl WebhookView {
             id: e.id.clone(),
             url: e.url.clone(),
             events: e.events.iter().map(|t| t.as_str().to_string()).collect(),
+            budget_thresholds: e.budget_thresholds.iter().map(|t| t.fraction()).collect(),
             enabled: e.enabled,
             description: e.description.clone(),
             from_config: e.from_config,
@@ -220,6 +237,13 @@ fn events(names: Vec<String>) -> Result<Vec<WebhookEventType>, InvalidInput> {
     names.iter().map(|n| WebhookEventType::parse(n)).collect()
 }
 
+fn thresholds(values: Vec<f64>) -> Result<Vec<BudgetThreshold>, InvalidInput> {
+    values
+        .into_iter()
+        .map(BudgetThreshold::from_fraction)
+        .collect()
+}
+
 async fn endpoint(view: &CallerView, id: &str) -> Result<WebhookEndpoint, ApiError> {
     view.get_webhook(id)
         .await?
@@ -241,6 +265,7 @@ pub(crate) async fn create_webhook(
         .create_webhook(WebhookInput {
             url: body.url,
             events: events(body.events)?,
+            budget_thresholds: body.budget_thresholds.map(thresholds).transpose()?,
             description: body.description,
             enabled: body.enabled,
             secret: body.secret,
@@ -299,6 +324,7 @@ pub(crate) async fn update_webhook(
             WebhookChange {
                 url: body.url,
                 events: body.events.map(events).transpose()?,
+                budget_thresholds: body.budget_thresholds.map(thresholds).transpose()?,
                 description: body.description,
                 enabled: body.enabled,
                 secret: body.secret,

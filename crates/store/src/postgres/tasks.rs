@@ -76,6 +76,8 @@ impl TaskStatements for PostgresStore {
         // records and logical keys stay as they are.
         let in_flight = EndedRow::in_flight(&rows);
         after_terminal(&mut tx, &in_flight, TerminalMove::DELETED, Timestamp(0)).await?;
+        // docs/webhooks.md, "Retention and deletion": the tasks' events go with them.
+        crate::shared::webhooks::forget_owner_events(&mut *tx, app, scope, source).await?;
         let ids: Vec<&str> = rows.iter().map(|r| r.finished.id.as_str()).collect();
         sqlx::query("DELETE FROM tasks WHERE id = ANY($1)")
             .bind(&ids)

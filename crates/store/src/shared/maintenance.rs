@@ -174,6 +174,18 @@ impl Maintenance {
             report.tasks_deleted += deleted;
             report.more |= deleted as i64 == batch;
         }
+
+        // Item 7: retention of webhook events whose deliveries all ended (docs/webhooks.md,
+        // "Retention and deletion").
+        {
+            let mut tx = store.begin_tx().await?;
+            let now = store.now_in(&mut tx).await?;
+            let cutoff = now.minus(config.retention).0;
+            let deleted = crate::shared::webhooks::retain_events(&mut tx, cutoff, batch).await?;
+            tx.commit_tx().await?;
+            report.webhook_events_deleted += deleted;
+            report.more |= deleted as i64 == batch;
+        }
         Ok(report)
     }
 

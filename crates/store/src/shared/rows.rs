@@ -56,7 +56,7 @@ pub(crate) use task_columns_qualified;
 macro_rules! run_columns {
     () => {
         "id, app, scope, subject_type, subject_id, state, cancel_requested, input, output, \
-         error_code, error_message, waiting_on, created_at, updated_at, woken_at"
+         error_code, error_message, waiting_on, created_at, updated_at, woken_at, trace_parent"
     };
 }
 pub(crate) use run_columns;
@@ -249,6 +249,7 @@ pub(crate) struct RunRow {
     created_at: i64,
     updated_at: i64,
     woken_at: Option<i64>,
+    trace_parent: Option<String>,
 }
 
 impl RunRow {
@@ -276,6 +277,11 @@ impl RunRow {
             created_at: Timestamp(self.created_at),
             updated_at: Timestamp(self.updated_at),
             woken_at: self.woken_at.map(Timestamp),
+            trace_parent: self
+                .trace_parent
+                .as_deref()
+                .map(|t| TraceParent::parse(t).map_err(|e| corrupt("trace_parent", e)))
+                .transpose()?,
         })
     }
 }

@@ -130,7 +130,8 @@ pub(crate) async fn insert_run<E: Exec + ?Sized>(
     tx.run(
         Statement::new(
             "INSERT INTO runs (id, app, scope, subject_type, subject_id, state, input, \
-             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, $7, $7)",
+             created_at, updated_at, trace_parent) \
+             VALUES ($1, $2, $3, $4, $5, 'running', $6, $7, $7, $8)",
         )
         .bind(id.to_string())
         .bind(new.app.as_str())
@@ -138,7 +139,8 @@ pub(crate) async fn insert_run<E: Exec + ?Sized>(
         .bind(new.subject.as_ref().map(|s| s.kind.as_str()))
         .bind(new.subject.as_ref().map(|s| s.id.as_str()))
         .bind(input)
-        .bind(now.0),
+        .bind(now.0)
+        .bind(new.trace_parent.map(|t| t.to_string())),
     )
     .await?;
     Ok(id)

@@ -266,7 +266,14 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
         if !reserved.is_empty() {
             let rows = tx.unsettled(&reserved).await?;
             if !rows.is_empty() {
-                tx.apply_settlement(&plan_settlement(&rows)?).await?;
+                let settlement = plan_settlement(&rows)?;
+                tx.apply_settlement(&settlement).await?;
+                // docs/webhooks.md, "Budget thresholds": after the spend buckets, in the
+                // lock order (docs/locking.md); not for an owner's deletion.
+                if plan.events {
+                    super::webhooks::record_budget_events(tx, &rows, &settlement.charged, now)
+                        .await?;
+                }
             }
         }
     }

@@ -9,9 +9,14 @@
 //! replicas racing for a delivery exactly one gets it (PostgreSQL re-reads a row another
 //! transaction changed; SQLite has one writer).
 
+mod budget;
 mod deliveries;
+mod retention;
 mod rows;
 mod store_for;
+
+pub(crate) use budget::record_budget_events;
+pub(crate) use retention::{forget_owner_events, retain_events};
 
 pub(crate) use store_for::webhook_store_for;
 
@@ -19,6 +24,7 @@ use crate::shared::sql::{Arg, Backend, Exec, Statement, TxExec};
 use crate::webhooks::{NewWebhookEndpoint, WebhookDelivery, WebhookEndpoint, WebhookEndpointPatch};
 use crate::{StoreError, StoreResult};
 use rows::{DELIVERY_COLUMNS, DeliveryRow, ENDPOINT_COLUMNS, EndpointRow};
+use tollgate_core::webhook::budget::{BudgetThreshold, thresholds_text};
 use tollgate_core::webhook::{TERMINAL_EVENT_PREFIX, WebhookEventType, subscription_text};
 use tollgate_core::{AppId, Timestamp};
 
@@ -39,7 +45,7 @@ pub(super) fn event_type(s: &str) -> StoreResult<WebhookEventType> {
 
 /// `LIKE` pattern matching a subscription (a JSON array of names) that holds `name`.
 /// Event names hold no `LIKE` wildcard (core's tests check it).
-fn subscribed_pattern(name: &str) -> String {
+pub(super) fn subscribed_pattern(name: &str) -> String {
     format!("%\"{name}\"%")
 }
 
@@ -185,7 +191,8 @@ async fn insert_endpoint<E: Exec + ?Sized>(
     tx.run(
         Statement::new(
             "INSERT INTO webhook_endpoints (id, app, url, secret, events, enabled, description, \
-             from_config, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
+             from_config, created_at, updated_at, budget_thresholds) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10)",
         )
         .bind(new.id.as_str())
         .bind(new.app.as_str())
@@ -195,10 +202,20 @@ async fn insert_endpoint<E: Exec + ?Sized>(
         .bind(new.enabled)
         .bind(new.description.as_deref())
         .bind(new.from_config)
-        .bind(now.0),
+        .bind(now.0)
+        .bind(budget_thresholds_text(&new.budget_thresholds)),
     )
     .await?;
     Ok(())
+}
+
+/// The stored thresholds ([`BudgetThreshold::DEFAULT`] when none are given).
+fn budget_thresholds_text(thresholds: &[BudgetThreshold]) -> String {
+    if thresholds.is_empty() {
+        thresholds_text(&[BudgetThreshold::DEFAULT])
+    } else {
+        thresholds_text(thresholds)
+    }
 }
 
 async fn delete_endpoint_rows<E: Exec + ?Sized>(tx: &mut E, id: &str) -> StoreResult<u64> {
@@ -266,7 +283,8 @@ impl Webhooks {
         tx.run(
             Statement::new(
                 "UPDATE webhook_endpoints SET url = $1, secret = $2, events = $3, enabled = $4, \
-                 description = $5, updated_at = $6 WHERE id = $7 AND app = $8",
+                 description = $5, updated_at = $6, budget_thresholds = $9 \
+                 WHERE id = $7 AND app = $8",
             )
             .bind(patch.url.unwrap_or(current.url))
             .bind(patch.secret.unwrap_or(current.secret))
@@ -275,7 +293,13 @@ impl Webhooks {
             .bind(patch.description.unwrap_or(current.description))
             .bind(now.0)
             .bind(id)
-            .bind(app.as_str()),
+            .bind(app.as_str())
+            .bind(budget_thresholds_text(
+                patch
+                    .budget_thresholds
+                    .as_deref()
+                    .unwrap_or(&current.budget_thresholds),
+            )),
         )
         .await?;
         let updated = fetch_endpoint(&mut tx, app, id).await?;
@@ -320,9 +344,11 @@ impl Webhooks {
                 .run(
                     Statement::new(
                         "UPDATE webhook_endpoints SET url = $1, secret = $2, events = $3, \
-                         enabled = $4, description = $5, from_config = TRUE, updated_at = $6 \
+                         enabled = $4, description = $5, from_config = TRUE, updated_at = $6, \
+                         budget_thresholds = $9 \
                          WHERE id = $7 AND app = $8 AND (url <> $1 OR secret <> $2 \
-                         OR events <> $3 OR enabled <> $4 OR from_config = FALSE)",
+                         OR events <> $3 OR enabled <> $4 OR budget_thresholds <> $9 \
+                         OR from_config = FALSE)",
                     )
                     .bind(new.url.as_str())
                     .bind(new.secret.as_str())
@@ -331,7 +357,8 @@ impl Webhooks {
                     .bind(new.description.as_deref())
                     .bind(now.0)
                     .bind(new.id.as_str())
-                    .bind(new.app.as_str()),
+                    .bind(new.app.as_str())
+                    .bind(budget_thresholds_text(&new.budget_thresholds)),
                 )
                 .await?;
             if changed == 0 && fetch_endpoint(&mut tx, &new.app, &new.id).await?.is_none() {

@@ -63,6 +63,8 @@ impl TaskStatements for SqliteStore {
         .await?;
         let in_flight = EndedRow::in_flight(&in_flight);
         after_terminal(&mut tx, &in_flight, TerminalMove::DELETED, Timestamp(0)).await?;
+        // docs/webhooks.md, "Retention and deletion": the tasks' events go with them.
+        crate::shared::webhooks::forget_owner_events(&mut *tx, app, scope, source).await?;
         let deleted = sqlx::query(
             "DELETE FROM tasks WHERE app = ?1 AND scope = ?2 AND run_id IS NULL \
              AND (?3 IS NULL OR source_id = ?3)",

@@ -145,6 +145,11 @@ pub(super) async fn insert_and_commit(
         if row.saved_nano > 0 {
             record_saved(&mut tx, app, &row.scope, row.now, row.saved_nano).await?;
         }
+        if row.cached_from.is_some() {
+            // docs/webhooks.md, "The outbox": a cache hit is created succeeded.
+            let ids = [task.id.to_string()];
+            crate::shared::webhooks::record_task_events(&mut *tx, &ids, row.now).await?;
+        }
         tx.commit().await?;
         return Ok(Some(Created::inserted(task).saving(row.saved_nano)));
     };

@@ -4,6 +4,7 @@ use super::{app_id, corrupt, event_type};
 use crate::StoreResult;
 use crate::webhooks::{DeliveryState, WebhookDelivery, WebhookEndpoint};
 use tollgate_core::Timestamp;
+use tollgate_core::webhook::budget::parse_thresholds;
 use tollgate_core::webhook::{WebhookEvent, parse_subscription};
 
 /// An endpoint as stored.
@@ -14,6 +15,7 @@ pub(crate) struct EndpointRow {
     url: String,
     secret: String,
     events: String,
+    budget_thresholds: String,
     enabled: bool,
     description: Option<String>,
     from_config: bool,
@@ -21,7 +23,7 @@ pub(crate) struct EndpointRow {
     updated_at: i64,
 }
 
-pub(super) const ENDPOINT_COLUMNS: &str = "id, app, url, secret, events, enabled, description, \
+pub(super) const ENDPOINT_COLUMNS: &str = "id, app, url, secret, events, budget_thresholds, enabled, description, \
      from_config, created_at, updated_at";
 
 impl EndpointRow {
@@ -32,6 +34,7 @@ impl EndpointRow {
             url: self.url,
             secret: self.secret,
             events: parse_subscription(&self.events),
+            budget_thresholds: parse_thresholds(&self.budget_thresholds),
             enabled: self.enabled,
             description: self.description,
             from_config: self.from_config,

@@ -171,6 +171,10 @@ async fn create_in(
     // Step 6: insert, with what follows it in the same query: a hit's saving, or a
     // queued task's queue activation and admission record.
     let task = insert_task(conn, &insert, admission).await?;
+    if insert.cached_from.is_some() {
+        // docs/webhooks.md, "The outbox": a cache hit is created succeeded.
+        crate::shared::webhooks::record_task_events(conn, &[id.to_string()], now).await?;
+    }
     Ok(Created::inserted(task).saving(insert.saved_nano))
 }
 
