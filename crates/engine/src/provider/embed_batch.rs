@@ -121,6 +121,7 @@ impl EmbedBatcher {
             Err(ProviderError::Unavailable {
                 message: "the grouped embeddings call ended without an answer".into(),
                 retry_after: None,
+                refused: false,
             })
         })
     }
