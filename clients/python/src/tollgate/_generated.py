@@ -132,7 +132,7 @@ An identifier: 1 to 256 characters, no control or invisible formatting character
 
 
 KindName: TypeAlias = Literal[
-    'generate_text', 'classify', 'classify_many', 'extract_data', 'chat'
+    'generate_text', 'classify', 'classify_many', 'extract_data', 'chat', 'embed'
 ]
 """
 A task kind.
@@ -165,7 +165,7 @@ class KindsAnswer(TypedDict):
 
     kinds: list[KindView]
     """
-    The four kinds.
+    Every kind, in documentation order.
     """
 
 
@@ -1196,8 +1196,48 @@ class ChatOutput(TypedDict, closed=True):
     """
 
 
+class EmbedItem(TypedDict, closed=True):
+    """
+    A text with the source it comes from: its cache entry is keyed by `id` and `revision` too.
+    """
+
+    id: NotRequired[str | None]
+    revision: NotRequired[str | None]
+    text: str
+
+
+class EmbedRequest(TypedDict, closed=True):
+    """
+    The `embed` request (GET /v1/kinds).
+    """
+
+    dimensions: NotRequired[int | None]
+    """
+    The vectors' dimension, for models that can shorten them.
+    """
+    input: str | list[str | EmbedItem]
+    """
+    One text, or up to 2048 items: each a text or `{text, id?, revision?}` (its source and revision key its cache entry). Every text is non-blank and at most 32768 UTF-8 bytes.
+    """
+
+
+class EmbedOutput(TypedDict, closed=True):
+    """
+    The `embed` output (GET /v1/kinds).
+    """
+
+    dimensions: int
+    """
+    Every vector's length.
+    """
+    embeddings: list[list[float]]
+    """
+    One vector per input item, in the items' order.
+    """
+
+
 Kind: TypeAlias = Literal[
-    'generate_text', 'classify', 'classify_many', 'extract_data', 'chat'
+    'generate_text', 'classify', 'classify_many', 'extract_data', 'chat', 'embed'
 ]
 """
 The task kinds (GET /v1/kinds).

@@ -650,6 +650,26 @@ export interface components {
              */
             weight: number;
         };
+        /** @description A text with the source it comes from: its cache entry is keyed by `id` and `revision` too. */
+        EmbedItem: {
+            id?: string | null;
+            revision?: string | null;
+            text: string;
+        };
+        /** @description The `embed` output (GET /v1/kinds). */
+        EmbedOutput: {
+            /** @description Every vector's length. */
+            dimensions: number;
+            /** @description One vector per input item, in the items' order. */
+            embeddings: number[][];
+        };
+        /** @description The `embed` request (GET /v1/kinds). */
+        EmbedRequest: {
+            /** @description The vectors' dimension, for models that can shorten them. */
+            dimensions?: number | null;
+            /** @description One text, or up to 2048 items: each a text or `{text, id?, revision?}` (its source and revision key its cache entry). Every text is non-blank and at most 32768 UTF-8 bytes. */
+            input: string | (string | components["schemas"]["EmbedItem"])[];
+        };
         /** @description The body of every error answer. */
         ErrorBody: {
             /** @description The error. */
@@ -744,15 +764,15 @@ export interface components {
          * @description The task kinds (GET /v1/kinds).
          * @enum {string}
          */
-        Kind: "generate_text" | "classify" | "classify_many" | "extract_data" | "chat";
+        Kind: "generate_text" | "classify" | "classify_many" | "extract_data" | "chat" | "embed";
         /**
          * @description A task kind.
          * @enum {string}
          */
-        KindName: "generate_text" | "classify" | "classify_many" | "extract_data" | "chat";
+        KindName: "generate_text" | "classify" | "classify_many" | "extract_data" | "chat" | "embed";
         /** @description `GET /v1/kinds` answer. */
         KindsAnswer: {
-            /** @description The four kinds. */
+            /** @description Every kind, in documentation order. */
             kinds: components["schemas"]["KindView"][];
         };
         /** @description One kind's published schemas. */
