@@ -321,8 +321,7 @@ mod tests {
         .bind("c", 2_i64);
         let e = b
             .statement()
-            .err()
-            .expect("a group that binds less is refused");
+            .expect_err("a group that binds less is refused");
         assert!(e.to_string().contains("for the group"), "{e}");
     }
 
@@ -334,7 +333,7 @@ mod tests {
         assert!(b.statement().is_ok());
         let mut b = ONCE.binder();
         b.bind("b", 2_i64).bind("a", 1_i64);
-        let e = b.statement().err().expect("another order is refused");
+        let e = b.statement().expect_err("another order is refused");
         assert!(e.to_string().contains("first bound as"), "{e}");
     }
 
