@@ -11,6 +11,7 @@ use crate::shared::dispatch::QUEUE_JOIN;
 use crate::shared::named::{NamedStatement, Parts};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::sql::Exec;
+use crate::shared::tasks::Tasks;
 use crate::{Created, StoreError, StoreResult};
 use tollgate_core::cost::spend_bucket;
 use tollgate_core::{
@@ -257,18 +258,13 @@ pub(super) async fn lost_race(
     app: &AppId,
     new: &NewTask,
 ) -> StoreResult<Created> {
-    let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        " FROM tasks WHERE app = $1 AND effect_key = $2"
-    ))
-    .bind(app.as_str())
-    .bind(new.effect_key.as_str())
-    .fetch_optional(&store.pool)
-    .await?;
-    let task = row.map(TaskRow::into_task).transpose()?.ok_or_else(|| {
-        StoreError::Unavailable("effect key taken by a transaction that rolled back; retry".into())
-    })?;
+    let task = Tasks::get_task_by_effect_key(store, app, &new.effect_key)
+        .await?
+        .ok_or_else(|| {
+            StoreError::Unavailable(
+                "effect key taken by a transaction that rolled back; retry".into(),
+            )
+        })?;
     Ok(Created::existing(task))
 }
 
