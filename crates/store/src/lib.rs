@@ -21,7 +21,11 @@
 //! | [`WebhookStore`] | docs/webhooks.md: endpoints, the outbox's events, deliveries and their leases | `shared/webhooks.rs` (the outbox is written by the terminal-move plan) |
 //!
 //! Logic written once runs its statements through `shared::sql` (one text with `$n`
-//! placeholders runs on both backends); a backend supplies only what really differs —
+//! placeholders runs on both backends). The composite statements of creation and
+//! admission are whole SQL texts (`.sql` files) with `:name` parameters, bound by name
+//! from one struct by `shared::named` into the same kind of statement and run the same
+//! way; each such statement's unit test checks its text against its binder's names. A
+//! backend supplies only what really differs —
 //! locks, `SKIP LOCKED`, id sets, admission, the claim — as constants and hooks of a
 //! per-concern trait, and states the store trait with one macro line. A wrapper of another store (the bench's
 //! counting store) implements [`wrap::StoreWrapper`] and the traits it does not change are

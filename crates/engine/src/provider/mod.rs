@@ -21,6 +21,7 @@ pub mod http;
 pub mod openai;
 pub mod pace;
 pub mod prompt;
+pub mod wait;
 
 use crate::config::{ConfigError, DEV_PROVIDER, EngineConfig, ProviderKind};
 use async_trait::async_trait;

@@ -3,8 +3,8 @@
 //! admission then writes to its scope's row ([`ScopeUpdate`]). A later admission rule
 //! (cost reservations) adds its facts here and its arithmetic in core.
 
+use crate::shared::named::Binder;
 use crate::shared::sql::{Exec, Statement};
-use crate::shared::statement::Binder;
 use crate::{StoreError, StoreResult};
 use tollgate_core::cost::{
     CostSnapshot, decide_app_spend, decide_cost, spend_retry_after, window_first_bucket,
@@ -142,10 +142,7 @@ pub(crate) fn stored_reservation(
 
 /// Binds a model-token bucket to store with its capacity in units (`:token_units`,
 /// `:token_at`, `:token_capacity`; NULLs: none).
-pub(crate) fn bind_token<DB: sqlx::Database>(b: &mut Binder<DB>, token: Option<(BucketState, i64)>)
-where
-    Option<i64>: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-{
+pub(crate) fn bind_token(b: &mut Binder, token: Option<(BucketState, i64)>) {
     b.group(TOKEN_NAMES, |b| {
         b.bind("token_units", token.map(|(b, _)| b.units))
             .bind("token_at", token.map(|(b, _)| b.at.0))
@@ -334,16 +331,7 @@ impl<'a> InsertRow<'a> {
 
     /// Binds the task row's values, both backends; `clock`: the statement reads the
     /// creation time itself (no `:now`), and `:dispatch_key` is the key's offset from it.
-    pub(crate) fn bind<DB: sqlx::Database>(&self, b: &mut Binder<DB>, clock: bool)
-    where
-        for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-        for<'t> Option<&'t str>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-        String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-        Option<String>: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-        bool: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-        i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-        Option<i64>: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-    {
+    pub(crate) fn bind(&self, b: &mut Binder, clock: bool) {
         let new = self.new;
         let cached = self.cached_from.is_some();
         let scoped = new.scope.as_ref();
@@ -429,10 +417,7 @@ pub(crate) const NOW_NAMES: &[&str] = &["now"];
 
 /// Binds a queue join's `join_params` for a task of `weight` (`shared/sql/queue_join.sql`):
 /// `:weight`, `:credit` (core's join credit) and `:stride`.
-pub(crate) fn bind_join<DB: sqlx::Database>(b: &mut Binder<DB>, weight: Weight)
-where
-    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-{
+pub(crate) fn bind_join(b: &mut Binder, weight: Weight) {
     b.group(JOIN_NAMES, |b| {
         b.bind("weight", i64::from(weight))
             .bind("credit", join_credit(weight))

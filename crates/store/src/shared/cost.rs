@@ -94,15 +94,12 @@ impl SpendDelta {
 /// to a scope's spend bucket and the app's: `:bucket`, the app's `:stripe` (of `scope`)
 /// and the delta's `:reserved_nano`, `:reserved_tokens` and `:saved_nano` (the statement
 /// binds `:app` and `:scope` itself).
-pub(crate) fn bind_spend<DB: sqlx::Database>(
-    b: &mut crate::shared::statement::Binder<DB>,
+pub(crate) fn bind_spend(
+    b: &mut crate::shared::named::Binder,
     scope: &str,
     bucket: i64,
     d: SpendDelta,
-) where
-    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-    i32: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-{
+) {
     b.group(SPEND_NAMES, |b| {
         b.bind("bucket", bucket)
             .bind("stripe", app_spend_stripe(scope) as i32)

@@ -4,9 +4,9 @@
 //! run transactions ([`runs`]), the application's side of tasks ([`tasks`]), pipelines
 //! ([`pipelines`]), cost settlement and usage ([`cost`]),
 //! the listings ([`list`]) and the plan of a fair claim ([`dispatch`], docs/conformance.md#fair-share); the
-//! one way both backends run a statement written once ([`sql`]); and whole SQL texts
-//! with named parameters, bound from one struct ([`statement`]), with the texts both
-//! dialects share in `sql/`.
+//! one way both backends bind and run a statement ([`sql`]); and whole SQL texts with
+//! named parameters, bound by name from one struct into such a statement ([`named`]),
+//! with the texts both dialects share in `sql/`.
 
 pub(crate) mod admission;
 pub(crate) mod attempts;
@@ -16,11 +16,11 @@ pub(crate) mod embeddings;
 pub(crate) mod lifecycle;
 pub(crate) mod list;
 pub(crate) mod maintenance;
+pub(crate) mod named;
 pub(crate) mod pipelines;
 pub(crate) mod rows;
 pub(crate) mod runs;
 pub(crate) mod sql;
-pub(crate) mod statement;
 pub(crate) mod tasks;
 pub(crate) mod terminal;
 pub(crate) mod webhooks;

@@ -108,8 +108,8 @@ impl Statement {
         self.text.to_mut().push_str(s);
     }
 
-    /// The arguments, bound in order for the backend `A` belongs to.
-    pub(crate) fn arguments<A>(&self) -> StoreResult<A>
+    /// The text and the arguments, bound in order for the backend `A` belongs to.
+    pub(crate) fn into_parts<A>(self) -> StoreResult<(Cow<'static, str>, A)>
     where
         A: sqlx::Arguments,
         Option<String>: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
@@ -118,16 +118,17 @@ impl Statement {
         bool: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
     {
         let mut a = A::default();
-        for arg in &self.args {
+        a.reserve(self.args.len(), 0);
+        for arg in self.args {
             match arg {
-                Arg::Text(s) => a.add(s.clone()),
-                Arg::Int(i) => a.add(*i),
-                Arg::Int32(i) => a.add(*i),
-                Arg::Bool(b) => a.add(*b),
+                Arg::Text(s) => a.add(s),
+                Arg::Int(i) => a.add(i),
+                Arg::Int32(i) => a.add(i),
+                Arg::Bool(b) => a.add(b),
             }
             .map_err(|e| crate::StoreError::Database(e.to_string()))?;
         }
-        Ok(a)
+        Ok((self.text, a))
     }
 }
 
@@ -257,8 +258,8 @@ macro_rules! exec_for {
         #[async_trait::async_trait]
         impl $crate::shared::sql::Exec for $conn {
             async fn run(&mut self, s: $crate::shared::sql::Statement) -> $crate::StoreResult<u64> {
-                let a: $args = s.arguments()?;
-                Ok(sqlx::query_with::<$db, _>(sqlx::AssertSqlSafe(s.text), a)
+                let (text, a) = s.into_parts::<$args>()?;
+                Ok(sqlx::query_with::<$db, _>(sqlx::AssertSqlSafe(text), a)
                     .execute(&mut *self)
                     .await?
                     .rows_affected())
@@ -267,9 +268,9 @@ macro_rules! exec_for {
                 &mut self,
                 s: $crate::shared::sql::Statement,
             ) -> $crate::StoreResult<Vec<T>> {
-                let a: $args = s.arguments()?;
+                let (text, a) = s.into_parts::<$args>()?;
                 Ok(
-                    sqlx::query_as_with::<$db, T, _>(sqlx::AssertSqlSafe(s.text), a)
+                    sqlx::query_as_with::<$db, T, _>(sqlx::AssertSqlSafe(text), a)
                         .fetch_all(&mut *self)
                         .await?,
                 )
@@ -278,9 +279,9 @@ macro_rules! exec_for {
                 &mut self,
                 s: $crate::shared::sql::Statement,
             ) -> $crate::StoreResult<Option<T>> {
-                let a: $args = s.arguments()?;
+                let (text, a) = s.into_parts::<$args>()?;
                 Ok(
-                    sqlx::query_as_with::<$db, T, _>(sqlx::AssertSqlSafe(s.text), a)
+                    sqlx::query_as_with::<$db, T, _>(sqlx::AssertSqlSafe(text), a)
                         .fetch_optional(&mut *self)
                         .await?,
                 )
@@ -289,9 +290,9 @@ macro_rules! exec_for {
                 &mut self,
                 s: $crate::shared::sql::Statement,
             ) -> $crate::StoreResult<T> {
-                let a: $args = s.arguments()?;
+                let (text, a) = s.into_parts::<$args>()?;
                 Ok(
-                    sqlx::query_as_with::<$db, T, _>(sqlx::AssertSqlSafe(s.text), a)
+                    sqlx::query_as_with::<$db, T, _>(sqlx::AssertSqlSafe(text), a)
                         .fetch_one(&mut *self)
                         .await?,
                 )

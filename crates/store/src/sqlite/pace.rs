@@ -91,17 +91,10 @@ impl PaceStore for SqliteStore {
         Ok(())
     }
 
+    /// The longest of [`pace_pauses_left`](PaceStore::pace_pauses_left)'s pauses.
     async fn pace_pause_left(&self, keys: &[String]) -> StoreResult<Duration> {
-        let mut longest = 0i64;
-        for key in keys {
-            let until: Option<i64> =
-                sqlx::query_scalar("SELECT paused_until FROM provider_pace WHERE pace_key = ?")
-                    .bind(key)
-                    .fetch_optional(&self.reader)
-                    .await?;
-            longest = longest.max(until.unwrap_or(0) - self.now_us());
-        }
-        Ok(wait(longest))
+        let left = self.pace_pauses_left(keys).await?;
+        Ok(left.into_iter().max().unwrap_or(Duration::ZERO))
     }
 
     async fn pace_pauses_left(&self, keys: &[String]) -> StoreResult<Vec<Duration>> {

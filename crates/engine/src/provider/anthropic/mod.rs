@@ -32,8 +32,9 @@ mod response;
 pub use request::{format_fields, request_body_as, tool_fields};
 pub use response::parse_answer;
 
-use super::http::{ApiKeyHeader, HttpClient, wait_until_rfc3339};
+use super::http::{ApiKeyHeader, HttpClient};
 use super::pace::ProviderPace;
+use super::wait::wait_until_rfc3339;
 use super::{Provider, ProviderAnswer, ProviderCall, ProviderError, answer_limit};
 use crate::config::{
     ANTHROPIC_BASE_URL, ANTHROPIC_VERSION, ConfigError, ProviderConfig, ProviderKind,

@@ -8,10 +8,11 @@ pub(super) use crate::shared::admission::InsertRow;
 use crate::shared::admission::{ScopeUpdate, TASK_INSERT, bind_join, bind_token};
 use crate::shared::cost::{SpendDelta, bind_spend};
 use crate::shared::dispatch::QUEUE_JOIN;
+use crate::shared::named::{NamedStatement, Parts};
 use crate::shared::rows::{TaskRow, task_columns};
-use crate::shared::statement::{Parts, Statement};
+use crate::shared::sql::Exec;
+use crate::shared::tasks::Tasks;
 use crate::{Created, StoreError, StoreResult};
-use sqlx::{FromRow, Row};
 use tollgate_core::cost::spend_bucket;
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
@@ -39,17 +40,17 @@ const QUEUE: Parts = &[
 ];
 
 /// The task insert alone (a batch's run task: its queues join at the batch's end).
-static TASK_ROW: Statement = Statement::new("task_insert", TASK_INSERT, &[BOUND_ROW]);
+static TASK_ROW: NamedStatement = NamedStatement::new("task_insert", TASK_INSERT, &[BOUND_ROW]);
 
 /// The task insert and its queue's join.
-static INSERT_TASK: Statement = Statement::new(
+static INSERT_TASK: NamedStatement = NamedStatement::new(
     "insert_task",
     include_str!("../sql/insert_task.sql"),
     &[BOUND_ROW, QUEUE],
 );
 
 /// An unscoped application task in one statement, with the database's clock.
-static INSERT_APP_TASK: Statement = Statement::new(
+static INSERT_APP_TASK: NamedStatement = NamedStatement::new(
     "insert_app_task",
     include_str!("../sql/insert_app_task.sql"),
     &[
@@ -64,7 +65,7 @@ static INSERT_APP_TASK: Statement = Statement::new(
 );
 
 /// An admitted task: the task, its queue, the admission's writes and (fast path) its slot.
-static ADMIT_TASK: Statement = Statement::new(
+static ADMIT_TASK: NamedStatement = NamedStatement::new(
     "admit_task",
     include_str!("../sql/admit_task.sql"),
     &[
@@ -75,7 +76,7 @@ static ADMIT_TASK: Statement = Statement::new(
 );
 
 /// A task without a source: its reservation, after its task row.
-static RESERVE_UNSOURCED: Statement = Statement::new(
+static RESERVE_UNSOURCED: NamedStatement = NamedStatement::new(
     "reserve_unsourced",
     include_str!("../sql/reserve_unsourced.sql"),
     &[&[
@@ -85,14 +86,14 @@ static RESERVE_UNSOURCED: Statement = Statement::new(
 );
 
 /// A cache hit's saving.
-static RECORD_SAVED: Statement = Statement::new(
+static RECORD_SAVED: NamedStatement = NamedStatement::new(
     "record_saved",
     include_str!("../sql/record_saved.sql"),
     &[&[("spend_add", SPEND_ADD), ("after", "(SELECT 1) AS one")]],
 );
 
 /// One queue of a batch joins.
-static ACTIVATE_QUEUE: Statement = Statement::new(
+static ACTIVATE_QUEUE: NamedStatement = NamedStatement::new(
     "activate_queue",
     include_str!("../sql/activate_queue.sql"),
     &[&[("queue_join", QUEUE_JOIN)]],
@@ -117,6 +118,14 @@ const SAVED_NAMES: &[&str] = &["app", "scope"];
 const APP_TASK_NAMES: &[&str] = &["lock_key", "fixed_now"];
 /// The names [`activate_queues`] binds ([`ACTIVATE_QUEUE`]).
 const ACTIVATE_NAMES: &[&str] = &["app", "scope", "weight", "credit", "stride"];
+
+/// What [`ADMIT_TASK`] returns: the task row, and the slot's count when it took one.
+#[derive(sqlx::FromRow)]
+struct AdmittedRow {
+    #[sqlx(flatten)]
+    task: TaskRow,
+    took: Option<i64>,
+}
 
 pub(super) struct AdmissionRecord<'a> {
     pub(super) source: &'a SourceId,
@@ -182,15 +191,15 @@ pub(super) async fn insert_and_commit(
             .bind("slot_stripe", stripe)
             .bind("cap", cap);
     });
-    let inserted = b.query()?.fetch_optional(&mut *tx).await?;
+    let inserted: Option<AdmittedRow> = tx.optional(b.statement()?).await?;
     let Some(inserted) = inserted else {
         // Another replica inserted the same effect key first: keep nothing of ours.
         tx.rollback().await?;
         return lost_race(store, app, row.new).await.map(Some);
     };
-    let task = TaskRow::from_row(&inserted)?.into_task()?;
+    let task = inserted.task.into_task()?;
     let took = match path {
-        SlotPath::Fast => inserted.try_get::<Option<i64>, _>("took")?.is_some(),
+        SlotPath::Fast => inserted.took.is_some(),
         SlotPath::Rebalance => {
             if let Err(refusal) = take_share_rebalancing(&mut tx, app, record.budget).await? {
                 tx.rollback().await?;
@@ -244,7 +253,7 @@ pub(super) async fn insert_reserved_and_commit(
     });
     bind_token(&mut b, token);
     bind_spend(&mut b, row.scope.as_str(), spend_bucket(row.now), reserve);
-    b.query()?.execute(&mut *tx).await?;
+    tx.run(b.statement()?).await?;
     tx.commit().await?;
     Ok(Some(Created::inserted(task)))
 }
@@ -254,18 +263,13 @@ pub(super) async fn lost_race(
     app: &AppId,
     new: &NewTask,
 ) -> StoreResult<Created> {
-    let row: Option<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        " FROM tasks WHERE app = $1 AND effect_key = $2"
-    ))
-    .bind(app.as_str())
-    .bind(new.effect_key.as_str())
-    .fetch_optional(&store.pool)
-    .await?;
-    let task = row.map(TaskRow::into_task).transpose()?.ok_or_else(|| {
-        StoreError::Unavailable("effect key taken by a transaction that rolled back; retry".into())
-    })?;
+    let task = Tasks::get_task_by_effect_key(store, app, &new.effect_key)
+        .await?
+        .ok_or_else(|| {
+            StoreError::Unavailable(
+                "effect key taken by a transaction that rolled back; retry".into(),
+            )
+        })?;
     Ok(Created::existing(task))
 }
 
@@ -287,7 +291,7 @@ async fn record_saved(
         b.bind("app", app.as_str()).bind("scope", scope.as_str());
     });
     bind_spend(&mut b, scope.as_str(), spend_bucket(now), saved);
-    b.query()?.execute(&mut **tx).await?;
+    tx.run(b.statement()?).await?;
     Ok(())
 }
 
@@ -309,11 +313,8 @@ pub(super) async fn insert_task(
     if activate {
         bind_join(&mut b, i.new.dispatch.weight);
     }
-    let row = b.query()?.fetch_optional(&mut **tx).await?;
-    row.map(|r| TaskRow::from_row(&r).map_err(StoreError::from))
-        .transpose()?
-        .map(TaskRow::into_task)
-        .transpose()
+    let row: Option<TaskRow> = tx.optional(b.statement()?).await?;
+    row.map(TaskRow::into_task).transpose()
 }
 
 /// An unscoped application task (no cache, no admission: docs/conformance.md#create-idempotency, docs/conformance.md#create-insert) in ONE
@@ -336,11 +337,8 @@ pub(super) async fn insert_app_task(
     });
     i.bind(&mut b, true);
     bind_join(&mut b, i.new.dispatch.weight);
-    let row = b.query()?.fetch_optional(&store.pool).await?;
-    row.map(|r| TaskRow::from_row(&r).map_err(StoreError::from))
-        .transpose()?
-        .map(TaskRow::into_task)
-        .transpose()
+    let row: Option<TaskRow> = store.pool.clone().optional(b.statement()?).await?;
+    row.map(TaskRow::into_task).transpose()
 }
 
 /// docs/conformance.md#fair-share for a batch of creations: activates the dispatch queues of its queued tasks
@@ -390,7 +388,7 @@ pub(super) async fn activate_queues(
                 .bind("credit", join_credit(w))
                 .bind("stride", stride(w));
         });
-        b.query()?.execute(&mut **tx).await?;
+        tx.run(b.statement()?).await?;
     }
     Ok(())
 }
@@ -499,7 +497,7 @@ mod tests {
     use super::*;
     use crate::shared::admission::{JOIN_NAMES, NOW_NAMES, ROW_NAMES, TOKEN_NAMES};
     use crate::shared::cost::SPEND_NAMES;
-    use crate::shared::statement::check_binds;
+    use crate::shared::named::check_binds;
 
     /// Every statement of this module, with the groups its binder binds, in order.
     #[test]

@@ -4,10 +4,11 @@
 use crate::shared::admission::{InsertRow, TASK_INSERT, bind_join};
 use crate::shared::cost::{SpendDelta, bind_spend};
 use crate::shared::dispatch::QUEUE_JOIN;
+use crate::shared::named::NamedStatement;
 use crate::shared::rows::{TaskRow, task_columns};
-use crate::shared::statement::Statement;
+use crate::shared::sql::Exec;
 use crate::{StoreError, StoreResult};
-use sqlx::{FromRow, Sqlite, SqliteConnection};
+use sqlx::SqliteConnection;
 use tollgate_core::cost::spend_bucket;
 use tollgate_core::{SourceId, Task};
 
@@ -16,7 +17,7 @@ use tollgate_core::{SourceId, Task};
 pub(super) const SPEND_UPSERTS: &str = include_str!("../sql/spend_upserts.sql");
 
 /// The task, a cache hit's saving, its queue's join and its admission record.
-static CREATE_TASK: Statement = Statement::new(
+static CREATE_TASK: NamedStatement = NamedStatement::new(
     "create_task",
     include_str!("../sql/create_task.sql"),
     &[&[
@@ -42,7 +43,7 @@ pub(super) async fn insert_task(
     i: &InsertRow<'_>,
     admission: Option<(&SourceId, String)>,
 ) -> StoreResult<Task> {
-    let mut b = CREATE_TASK.binder::<Sqlite>();
+    let mut b = CREATE_TASK.binder();
     i.bind(&mut b, false);
     let saved = SpendDelta {
         saved_nano: i.saved_nano,
@@ -55,11 +56,12 @@ pub(super) async fn insert_task(
         b.bind("source", source).bind("logical_key", logical_key);
     });
     // The insert's row comes first; the statements after it return none.
-    let rows = b.query()?.fetch_all(&mut *conn).await?;
+    let rows: Vec<TaskRow> = conn.all(b.statement()?).await?;
     let row = rows
-        .first()
+        .into_iter()
+        .next()
         .ok_or_else(|| StoreError::Database("the task insert returned no row".into()))?;
-    TaskRow::from_row(row)?.into_task()
+    row.into_task()
 }
 
 #[cfg(test)]
@@ -67,7 +69,7 @@ mod tests {
     use super::*;
     use crate::shared::admission::{JOIN_NAMES, NOW_NAMES, ROW_NAMES};
     use crate::shared::cost::SPEND_NAMES;
-    use crate::shared::statement::check_binds;
+    use crate::shared::named::check_binds;
 
     #[test]
     fn the_statement_and_its_binder_agree() {

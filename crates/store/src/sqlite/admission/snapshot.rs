@@ -10,8 +10,9 @@ use crate::shared::admission::{
     stored_reservation,
 };
 use crate::shared::cost::{SpendDelta, bind_spend};
-use crate::shared::statement::{Parts, Statement};
-use sqlx::{Sqlite, SqliteConnection};
+use crate::shared::named::{NamedStatement, Parts};
+use crate::shared::sql::Exec;
+use sqlx::SqliteConnection;
 use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::cost::{spend_bucket, window_first_bucket};
 use tollgate_core::{
@@ -22,10 +23,11 @@ use tollgate_core::{
 const SPEND_ALWAYS: &[Parts] = &[&[("spend_upserts", SPEND_UPSERTS), ("spend_when", "1")]];
 
 /// An admission's writes but its record.
-static ADMIT: Statement = Statement::new("admit", include_str!("../sql/admit.sql"), SPEND_ALWAYS);
+static ADMIT: NamedStatement =
+    NamedStatement::new("admit", include_str!("../sql/admit.sql"), SPEND_ALWAYS);
 
 /// A task without a source: its reservation and its scope's token bucket.
-static RESERVE_UNSOURCED: Statement = Statement::new(
+static RESERVE_UNSOURCED: NamedStatement = NamedStatement::new(
     "reserve_unsourced",
     include_str!("../sql/reserve_unsourced.sql"),
     SPEND_ALWAYS,
@@ -139,7 +141,7 @@ pub(super) async fn admit(
     let token = update.token_bucket;
     let stored = stored_reservation(reservation, budget, token.is_some());
     // Every write of the admission in one query (one hop to the connection's thread).
-    let mut b = ADMIT.binder::<Sqlite>();
+    let mut b = ADMIT.binder();
     b.group(SCOPE_NAMES, |b| {
         b.bind("app", app.as_str()).bind("scope", scope.as_str());
     });
@@ -161,7 +163,7 @@ pub(super) async fn admit(
                 budget.global_share.map_or(0, |s| i64::from(s.share)),
             );
     });
-    b.query()?.execute(&mut *tx).await?;
+    tx.run(b.statement()?).await?;
     Ok(Ok(stored))
 }
 
@@ -196,7 +198,7 @@ pub(super) async fn reserve_unsourced(
     let stored = stored_reservation(reservation, budget, token.is_some());
     // The scope's row may not exist yet: a task bucket that was never used is full.
     let tasks = BucketState::full(budget.burst.get(), now);
-    let mut b = RESERVE_UNSOURCED.binder::<Sqlite>();
+    let mut b = RESERVE_UNSOURCED.binder();
     b.group(SCOPE_NAMES, |b| {
         b.bind("app", app.as_str()).bind("scope", scope.as_str());
     });
@@ -211,7 +213,7 @@ pub(super) async fn reserve_unsourced(
             .bind("bucket_at", tasks.at.0);
     });
     bind_token(&mut b, token);
-    b.query()?.execute(&mut *tx).await?;
+    tx.run(b.statement()?).await?;
     Ok(Ok(stored))
 }
 
@@ -273,7 +275,7 @@ mod tests {
     use super::*;
     use crate::shared::admission::TOKEN_NAMES;
     use crate::shared::cost::SPEND_NAMES;
-    use crate::shared::statement::check_binds;
+    use crate::shared::named::check_binds;
 
     /// Every statement of this module, with the groups its binder binds, in order.
     #[test]

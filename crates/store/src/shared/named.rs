@@ -5,7 +5,9 @@
 //! stands (the queue join of docs/conformance.md#fair-share, the task columns, …: each rule written once). Its
 //! values are bound by name from one struct ([`Binder::bind`]); the binder numbers the
 //! parameters in the order they are bound (`$1`, `$2`, … in the text sent, which both
-//! PostgreSQL and SQLite read by number, SQLite across the statements of one query too).
+//! PostgreSQL and SQLite read by number, SQLite across the statements of one query too)
+//! and hands back a [`sql::Statement`](crate::shared::sql::Statement), run like every
+//! other statement through [`Exec`](crate::shared::sql::Exec): one way to bind and run.
 //!
 //! The agreement of text and binds is checked, not trusted: the first use of a statement
 //! compiles its text for the names as bound, refusing a name bound twice, a bound name
@@ -16,12 +18,12 @@
 //! so each statement's unit test lists its binder's groups and checks them against the
 //! text without a database ([`check_binds`]): a disagreement fails a unit test first.
 
+use crate::shared::sql::{Arg, Statement};
 use crate::{StoreError, StoreResult};
-use sqlx::{Arguments, Database, Encode, IntoArguments, Type};
 use std::sync::OnceLock;
 
 /// A statement's text with its named parameters and parts, compiled on first use.
-pub(crate) struct Statement {
+pub(crate) struct NamedStatement {
     /// What the errors name.
     name: &'static str,
     source: &'static str,
@@ -47,14 +49,14 @@ enum Piece {
     Name(String),
 }
 
-impl Statement {
+impl NamedStatement {
     /// `source` with `:name` parameters and `{part}` places filled from `parts`.
     pub(crate) const fn new(
         name: &'static str,
         source: &'static str,
         parts: &'static [Parts],
-    ) -> Statement {
-        Statement {
+    ) -> NamedStatement {
+        NamedStatement {
             name,
             source,
             parts,
@@ -63,10 +65,10 @@ impl Statement {
     }
 
     /// Starts binding this statement's values.
-    pub(crate) fn binder<DB: Database>(&'static self) -> Binder<DB> {
+    pub(crate) fn binder(&'static self) -> Binder {
         Binder {
             statement: self,
-            args: DB::Arguments::default(),
+            args: Vec::new(),
             names: Vec::new(),
             failed: None,
         }
@@ -196,31 +198,24 @@ fn split(source: &str, parts: &[Parts], out: &mut Vec<Piece>, depth: usize) -> R
 }
 
 /// A statement's values as they are bound, by name.
-pub(crate) struct Binder<DB: Database> {
-    statement: &'static Statement,
-    args: DB::Arguments,
+pub(crate) struct Binder {
+    statement: &'static NamedStatement,
+    args: Vec<Arg>,
     names: Vec<&'static str>,
     failed: Option<String>,
 }
 
-impl<DB: Database> Binder<DB> {
+impl Binder {
     /// Binds `:name` (numbered in the order bound).
-    pub(crate) fn bind<'t, T: Encode<'t, DB> + Type<DB>>(
-        &mut self,
-        name: &'static str,
-        value: T,
-    ) -> &mut Self {
-        if let Err(e) = self.args.add(value) {
-            self.failed
-                .get_or_insert_with(|| format!("cannot encode :{name}: {e}"));
-        }
+    pub(crate) fn bind(&mut self, name: &'static str, value: impl Into<Arg>) -> &mut Self {
+        self.args.push(value.into());
         self.names.push(name);
         self
     }
 
     /// Binds a group of names with `bind`, which must bind exactly `names`, in that order
     /// (each binder's names are a constant, so tests enumerate a statement's binds
-    /// without a database: [`check_binds`]); otherwise the query fails.
+    /// without a database: [`check_binds`]); otherwise the statement is refused.
     pub(crate) fn group(
         &mut self,
         names: &'static [&'static str],
@@ -236,24 +231,24 @@ impl<DB: Database> Binder<DB> {
         self
     }
 
-    /// The query, once every name is bound (see the module's checks).
-    pub(crate) fn query<'q>(self) -> StoreResult<sqlx::query::Query<'q, DB, DB::Arguments>>
-    where
-        DB::Arguments: IntoArguments<DB>,
-    {
+    /// The statement to run, once every name is bound (see the module's checks).
+    pub(crate) fn statement(self) -> StoreResult<Statement> {
         if let Some(e) = self.failed {
             return Err(self.statement.error(e));
         }
         let text = self.statement.text(&self.names)?;
-        Ok(sqlx::query_with(text, self.args))
+        Ok(Statement {
+            text: text.into(),
+            args: self.args,
+        })
     }
 }
 
 /// What tests check of every statement: its text splits (each `{part}` is given, each
 /// literal closed) and names at least one parameter. Which names are bound is checked
-/// at every use ([`Binder::query`]), so every test that runs the statement checks it.
+/// at every use ([`Binder::statement`]), so every test that runs the statement checks it.
 #[cfg(test)]
-pub(crate) fn check_text(statement: &'static Statement) {
+pub(crate) fn check_text(statement: &'static NamedStatement) {
     let names = statement.names().expect("the statement splits");
     assert!(!names.is_empty(), "{}: no parameter", statement.name);
 }
@@ -262,7 +257,7 @@ pub(crate) fn check_text(statement: &'static Statement) {
 /// its binder binds (`groups`, the constants of the groups it binds, in order) are
 /// exactly the names its text uses, none missing, none extra, none twice.
 #[cfg(test)]
-pub(crate) fn check_binds(statement: &'static Statement, groups: &[&[&'static str]]) {
+pub(crate) fn check_binds(statement: &'static NamedStatement, groups: &[&[&'static str]]) {
     check_text(statement);
     let bound: Vec<&'static str> = groups.iter().flat_map(|g| g.iter().copied()).collect();
     if let Err(e) = statement.compile(&bound) {
@@ -274,7 +269,7 @@ pub(crate) fn check_binds(statement: &'static Statement, groups: &[&[&'static st
 mod tests {
     use super::*;
 
-    static CAST: Statement = Statement::new(
+    static CAST: NamedStatement = NamedStatement::new(
         "cast",
         "-- a comment with :not_a_name\nSELECT :a::BIGINT, ':b', {p} WHERE x = :a",
         &[&[("p", "COALESCE(:c, 0)")]],
@@ -303,25 +298,43 @@ mod tests {
                 .unwrap_err()
                 .contains(":d is bound")
         );
-        static MISSING: Statement = Statement::new("missing", "SELECT {nope}", &[]);
+        static MISSING: NamedStatement = NamedStatement::new("missing", "SELECT {nope}", &[]);
         assert!(MISSING.names().is_err());
     }
 
-    #[cfg(feature = "sqlite")]
     #[test]
     fn a_group_binds_exactly_its_names() {
-        let mut b = CAST.binder::<sqlx::Sqlite>();
+        let mut b = CAST.binder();
         b.group(&["a", "c"], |b| {
             b.bind("a", 1_i64).bind("c", 2_i64);
         });
-        assert!(b.query().is_ok());
-        let mut b = CAST.binder::<sqlx::Sqlite>();
+        let s = b.statement().expect("every name bound once");
+        assert_eq!(
+            s.text,
+            "\nSELECT $1::BIGINT, ':b', COALESCE($2, 0) WHERE x = $1"
+        );
+        assert_eq!(s.args, vec![Arg::Int(Some(1)), Arg::Int(Some(2))]);
+        let mut b = CAST.binder();
         b.group(&["a", "c"], |b| {
             b.bind("a", 1_i64);
         })
         .bind("c", 2_i64);
-        let e = b.query().err().expect("a group that binds less is refused");
+        let e = b
+            .statement()
+            .expect_err("a group that binds less is refused");
         assert!(e.to_string().contains("for the group"), "{e}");
+    }
+
+    #[test]
+    fn a_later_use_must_bind_in_the_first_order() {
+        static ONCE: NamedStatement = NamedStatement::new("once", "SELECT :a, :b", &[]);
+        let mut b = ONCE.binder();
+        b.bind("a", 1_i64).bind("b", 2_i64);
+        assert!(b.statement().is_ok());
+        let mut b = ONCE.binder();
+        b.bind("b", 2_i64).bind("a", 1_i64);
+        let e = b.statement().expect_err("another order is refused");
+        assert!(e.to_string().contains("first bound as"), "{e}");
     }
 
     #[test]
