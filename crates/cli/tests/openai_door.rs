@@ -735,9 +735,9 @@ async fn request_shape_errors_are_400_in_openai_shape_and_store_nothing(backend:
     // A path the door does not have.
     let response = server
         .http
-        .post(format!("{}/openai/v1/embeddings", server.base))
+        .post(format!("{}/openai/v1/audio/speech", server.base))
         .bearer_auth(ACME)
-        .json(&json!({"model": "default", "input": "x"}))
+        .json(&json!({"model": "default", "input": "x", "voice": "alloy"}))
         .send()
         .await
         .unwrap();
