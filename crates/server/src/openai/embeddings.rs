@@ -6,17 +6,15 @@
 //! `base64` is each vector's little-endian `f32` bytes, base64-encoded, as OpenAI sends.
 
 use super::error::OpenAiError;
-use super::{DoorCaller, TASK_ID_HEADER, model_not_found, run_door_task, submission};
+use super::{DoorCaller, TASK_ID_HEADER, check_model, read_json_body, run_door_task, submission};
 use crate::AppState;
-use crate::body_limit;
-use crate::routes::read_body;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
-use tollgate_core::{ModelId, StepKey, TaskKind, ValidatedRequest};
+use tollgate_core::{StepKey, TaskKind, ValidatedRequest};
 
 /// The step name of the door's embeddings tasks.
 pub const EMBEDDINGS_STEP: &str = "openai-embeddings";
@@ -123,23 +121,9 @@ pub(super) async fn embeddings(
     body: Body,
 ) -> Result<Response, OpenAiError> {
     let max_request_bytes = s.tollgate.config().max_request_bytes;
-    let bytes = read_body(&s, &headers, body, body_limit(max_request_bytes)).await?;
-    let value: Value = tollgate_core::json::parse_unambiguous(&bytes).map_err(|e| {
-        if e.is_data() {
-            OpenAiError::new(
-                StatusCode::BAD_REQUEST,
-                "ambiguous_request",
-                format!("the body is ambiguous: {e}"),
-            )
-        } else {
-            OpenAiError::invalid("", format!("the body is not valid JSON: {e}"))
-        }
-    })?;
+    let value = read_json_body(&s, &headers, body, max_request_bytes).await?;
     let call = parse(&value)?;
-    let model = ModelId::new(call.model.clone()).map_err(|_| model_not_found(&call.model))?;
-    if s.tollgate.models().resolve(Some(&model)).is_err() {
-        return Err(model_not_found(&call.model));
-    }
+    check_model(&s, &call.model)?;
     // Request-shape errors are 400 here and write nothing (the engine checks again).
     ValidatedRequest::new(TaskKind::Embed, &call.request, max_request_bytes)?;
     let (mut sub, keyed) = submission(
@@ -185,6 +169,7 @@ pub(super) async fn embeddings(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     #[test]
     fn calls_are_read_like_openai() {

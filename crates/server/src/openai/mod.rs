@@ -209,17 +209,17 @@ fn model_not_found(model: &str) -> OpenAiError {
     .param("model")
 }
 
-async fn chat_completions(
-    State(s): State<AppState>,
-    caller: DoorCaller,
-    headers: HeaderMap,
+/// A door call's body, read within the request size limit and parsed as JSON. A key named
+/// twice (`{"model": "slow", "model": "default"}`) is refused, as on `/v1/tasks`, never
+/// read as the last one.
+async fn read_json_body(
+    s: &AppState,
+    headers: &HeaderMap,
     body: Body,
-) -> Result<Response, OpenAiError> {
-    let max_request_bytes = s.tollgate.config().max_request_bytes;
-    let bytes = read_body(&s, &headers, body, body_limit(max_request_bytes)).await?;
-    // A key named twice (`{"model": "slow", "model": "default"}`) is refused, as on
-    // `/v1/tasks`, never read as the last one.
-    let value: Value = tollgate_core::json::parse_unambiguous(&bytes).map_err(|e| {
+    max_request_bytes: usize,
+) -> Result<Value, OpenAiError> {
+    let bytes = read_body(s, headers, body, body_limit(max_request_bytes)).await?;
+    tollgate_core::json::parse_unambiguous(&bytes).map_err(|e| {
         if e.is_data() {
             OpenAiError::new(
                 StatusCode::BAD_REQUEST,
@@ -229,12 +229,28 @@ async fn chat_completions(
         } else {
             OpenAiError::invalid("", format!("the body is not valid JSON: {e}"))
         }
-    })?;
-    let chat = request::parse(&value)?;
-    let model = ModelId::new(chat.model.clone()).map_err(|_| model_not_found(&chat.model))?;
-    if s.tollgate.models().resolve(Some(&model)).is_err() {
-        return Err(model_not_found(&chat.model));
+    })
+}
+
+/// The call's `model` is one of the Tollgate model ids (404 in OpenAI's shape otherwise).
+fn check_model(s: &AppState, model: &str) -> Result<(), OpenAiError> {
+    let id = ModelId::new(model.to_string()).map_err(|_| model_not_found(model))?;
+    match s.tollgate.models().resolve(Some(&id)) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(model_not_found(model)),
     }
+}
+
+async fn chat_completions(
+    State(s): State<AppState>,
+    caller: DoorCaller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, OpenAiError> {
+    let max_request_bytes = s.tollgate.config().max_request_bytes;
+    let value = read_json_body(&s, &headers, body, max_request_bytes).await?;
+    let chat = request::parse(&value)?;
+    check_model(&s, &chat.model)?;
     // Request-shape errors are 400 here and write nothing (the engine checks again).
     ValidatedRequest::new(chat.kind, &chat.request, max_request_bytes)?;
     let (sub, keyed) = submission(&caller.0, &headers, &chat.model, chat.kind, &chat.request)?;
