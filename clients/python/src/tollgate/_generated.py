@@ -774,6 +774,9 @@ class UsageView(TypedDict):
     """
 
 
+BudgetThreshold: TypeAlias = float
+
+
 WebhookEventName: TypeAlias = Literal[
     'task.succeeded', 'task.failed', 'task.canceled', 'run.finished', 'budget.threshold'
 ]
@@ -787,9 +790,9 @@ class WebhookPatchBody(TypedDict, closed=True):
     `PATCH /v1/webhooks/{id}` body: each field given replaces that field.
     """
 
-    budget_thresholds: NotRequired[list[float] | None]
+    budget_thresholds: NotRequired[list[BudgetThreshold] | None]
     """
-    New budget thresholds.
+    The shares of a USD limit `budget.threshold` is sent for: each from 0.0001 (one basis point) to 1, kept to the nearest basis point (default `[0.8]`).
     """
     description: NotRequired[str | None]
     """
@@ -1621,10 +1624,9 @@ class WebhookBody(TypedDict, closed=True):
     `POST /v1/webhooks` body.
     """
 
-    budget_thresholds: NotRequired[list[float] | None]
+    budget_thresholds: NotRequired[list[BudgetThreshold] | None]
     """
-    The shares of a USD limit (above 0, at most 1) `budget.threshold` is sent for
-    (default `[0.8]`).
+    The shares of a USD limit `budget.threshold` is sent for: each from 0.0001 (one basis point) to 1, kept to the nearest basis point (default `[0.8]`).
     """
     description: NotRequired[str | None]
     """

@@ -1535,10 +1535,7 @@ export interface components {
         };
         /** @description `POST /v1/webhooks` body. */
         WebhookBody: {
-            /**
-             * @description The shares of a USD limit (above 0, at most 1) `budget.threshold` is sent for
-             *     (default `[0.8]`).
-             */
+            /** @description The shares of a USD limit `budget.threshold` is sent for: each from 0.0001 (one basis point) to 1, kept to the nearest basis point (default `[0.8]`). */
             budget_thresholds?: number[] | null;
             /** @description Free text (at most 500 characters). */
             description?: string | null;
@@ -1566,7 +1563,7 @@ export interface components {
         };
         /** @description `PATCH /v1/webhooks/{id}` body: each field given replaces that field. */
         WebhookPatchBody: {
-            /** @description New budget thresholds. */
+            /** @description The shares of a USD limit `budget.threshold` is sent for: each from 0.0001 (one basis point) to 1, kept to the nearest basis point (default `[0.8]`). */
             budget_thresholds?: number[] | null;
             /** @description New description (`null` clears it). */
             description?: string | null;

@@ -12,11 +12,14 @@ use sha2::{Digest, Sha256};
 /// Basis points in a whole limit (a threshold of 1.0).
 pub const BASIS_POINTS: u16 = 10_000;
 
+/// The smallest threshold: one basis point (0.01 %).
+pub const MIN_THRESHOLD: f64 = 0.0001;
+
 /// Most thresholds one endpoint may name.
 pub const MAX_THRESHOLDS: usize = 10;
 
 /// A share of a limit, kept exactly as basis points (0.8 = 8,000). Written as a number
-/// above 0 and at most 1 in the API and the configuration (`budget_thresholds = [0.8]`).
+/// from 0.0001 to 1 in the API and the configuration (`budget_thresholds = [0.8]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "f64", into = "f64")]
 pub struct BudgetThreshold(u16);
@@ -25,26 +28,21 @@ impl BudgetThreshold {
     /// 80 %: the threshold of an endpoint that names none.
     pub const DEFAULT: BudgetThreshold = BudgetThreshold(8_000);
 
-    /// The threshold of `fraction` (above 0, at most 1, whole basis points: 0.805 is fine,
-    /// 0.80005 is not).
+    /// The threshold of `fraction`: at least one basis point ([`MIN_THRESHOLD`]) and at most
+    /// 1, kept to the nearest basis point (0.80004 is 0.8, 0.80006 is 0.8001).
     pub fn from_fraction(fraction: f64) -> Result<BudgetThreshold, InvalidInput> {
-        let bad = || {
-            InvalidInput::field(
-                "budget_thresholds",
-                format!("each must be above 0 and at most 1 (0.8 = 80 %), got {fraction}"),
-            )
-        };
-        if !fraction.is_finite() || fraction <= 0.0 || fraction > 1.0 {
-            return Err(bad());
-        }
-        let bp = fraction * f64::from(BASIS_POINTS);
-        if (bp - bp.round()).abs() > 1e-6 || bp.round() < 1.0 {
+        if !fraction.is_finite() || !(MIN_THRESHOLD..=1.0).contains(&fraction) {
             return Err(InvalidInput::field(
                 "budget_thresholds",
-                format!("{fraction} is finer than a basis point (0.0001)"),
+                format!(
+                    "each must be at least {MIN_THRESHOLD} (one basis point) and at most 1 \
+                     (0.8 = 80 %), got {fraction}"
+                ),
             ));
         }
-        Ok(BudgetThreshold(bp.round() as u16))
+        let bp = (fraction * f64::from(BASIS_POINTS)).round();
+        // In 1..=10,000 by the range check above.
+        Ok(BudgetThreshold(bp as u16))
     }
 
     /// The threshold of a stored number of basis points.

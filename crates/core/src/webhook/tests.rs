@@ -186,7 +186,22 @@ fn budget_thresholds_are_exact_shares_of_a_limit() {
             .basis_points(),
         1
     );
-    for bad in [0.0, -0.5, 1.01, f64::NAN, f64::INFINITY, 0.00005, 0.80005] {
+    assert_eq!(
+        BudgetThreshold::from_fraction(0.80006)
+            .unwrap()
+            .basis_points(),
+        8_001,
+        "kept to the nearest basis point"
+    );
+    for bad in [
+        0.0,
+        -0.5,
+        1.01,
+        f64::NAN,
+        f64::INFINITY,
+        0.00005,
+        0.000_099_9,
+    ] {
         assert!(BudgetThreshold::from_fraction(bad).is_err(), "{bad}");
     }
     // 80 % of 10 USD is reached at 8 USD, not a nano-dollar before.

@@ -53,6 +53,28 @@ pub enum DeliveryStateName {
     Dead,
 }
 
+/// The schema of `budget_thresholds`: 1 to 10 shares of a USD limit, each from one basis
+/// point to 1 (core's rule, [`tollgate_core::webhook::budget`]), or `null` for the default.
+fn budget_thresholds_schema() -> utoipa::openapi::schema::Array {
+    use tollgate_core::webhook::budget::{MAX_THRESHOLDS, MIN_THRESHOLD};
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
+    ArrayBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .minimum(Some(MIN_THRESHOLD))
+                .maximum(Some(1.0)),
+        )
+        .min_items(Some(1))
+        .max_items(Some(MAX_THRESHOLDS))
+        .description(Some(
+            "The shares of a USD limit `budget.threshold` is sent for: each from 0.0001 \
+             (one basis point) to 1, kept to the nearest basis point (default `[0.8]`).",
+        ))
+        .build()
+}
+
 /// `POST /v1/webhooks` body.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -67,7 +89,7 @@ pub struct WebhookBody {
     /// The shares of a USD limit (above 0, at most 1) `budget.threshold` is sent for
     /// (default `[0.8]`).
     #[serde(default)]
-    #[schema(value_type = Option<Vec<f64>>, min_items = 1, max_items = 10)]
+    #[schema(schema_with = budget_thresholds_schema)]
     pub budget_thresholds: Option<Vec<f64>>,
     /// Free text (at most 500 characters).
     #[serde(default)]
@@ -100,7 +122,7 @@ pub struct WebhookPatchBody {
     pub events: Option<Vec<String>>,
     /// New budget thresholds.
     #[serde(default)]
-    #[schema(value_type = Option<Vec<f64>>, min_items = 1, max_items = 10)]
+    #[schema(schema_with = budget_thresholds_schema)]
     pub budget_thresholds: Option<Vec<f64>>,
     /// New description (`null` clears it).
     #[serde(default, deserialize_with = "present")]
