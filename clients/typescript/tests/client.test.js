@@ -235,7 +235,7 @@ describe("idempotency", () => {
       return fetch(url, init);
     };
     const client = new Tollgate({ baseUrl: server.baseUrl, apiKey: ACME_KEY, fetch: unavailable, retryBaseDelayMs: 10 });
-    assert.equal((await client.kinds()).length, 5);
+    assert.equal((await client.kinds()).length, 6);
     assert.equal(calls, 3);
 
     const never = new Tollgate({
