@@ -31,6 +31,7 @@ from ._generated import (
     DeletedAnswer,
     DeliveryStateName,
     DeliveryView,
+    EmbedRequest,
     ExtractDataRequest,
     GenerateTextRequest,
     Kind,
@@ -65,7 +66,8 @@ T = TypeVar("T")
 
 #: Any kind's request object (``GET /v1/kinds`` has their JSON Schemas).
 KindRequest = Union[
-    GenerateTextRequest, ClassifyRequest, ClassifyManyRequest, ExtractDataRequest, ChatRequest
+    GenerateTextRequest, ClassifyRequest, ClassifyManyRequest, ExtractDataRequest, ChatRequest,
+    EmbedRequest,
 ]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
