@@ -195,6 +195,17 @@ impl CallerView {
         Ok(self.visible_task(self.tollgate.wait(&self.app, id, timeout).await?))
     }
 
+    /// [`Tollgate::events`] of a visible task (a task's subject never changes).
+    pub async fn events(
+        &self,
+        id: TaskId,
+    ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
+        if self.get(id).await?.is_none() {
+            return Ok(None);
+        }
+        self.tollgate.events(&self.app, id).await
+    }
+
     /// [`Tollgate::waiter`]: make it before submitting or reading the task to wait on.
     pub fn waiter(&self) -> TaskWaiter {
         self.tollgate.waiter()

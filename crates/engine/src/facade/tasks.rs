@@ -48,6 +48,19 @@ impl Tollgate {
         self.waiter().wait(app, id, None, timeout).await
     }
 
+    /// The task's events (docs/api.md, "Streaming a task"): its output as the provider
+    /// sends it while this process runs it, restarts, then its end
+    /// ([`TaskEvents`](crate::stream::TaskEvents)). `None`: no such task. Reading a task
+    /// that has not ended holds one of the app's waiter slots
+    /// ([`EngineError::TooManyWaiters`] when none is free).
+    pub async fn events(
+        &self,
+        app: &AppId,
+        id: TaskId,
+    ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
+        crate::stream::TaskEvents::open(self.inner.clone(), app, id).await
+    }
+
     /// A [`TaskWaiter`] that hears every task end from now on: make it before submitting or
     /// reading a task to wait on it without reading it again.
     pub fn waiter(&self) -> TaskWaiter {
