@@ -126,6 +126,8 @@ const ROUTE_ERRORS: &[(&str, HttpMethod, &[u16])] = &[
     ),
     ("/v1/tasks/{id}", HttpMethod::Get, &[503]),
     ("/v1/tasks/{id}/cancel", HttpMethod::Post, &[409, 503]),
+    // 429: all of the app's waiter slots are taken (`WORKFLOW_AI_TOO_MANY_WAITERS`).
+    ("/v1/tasks/{id}/events", HttpMethod::Get, &[429, 503]),
     (
         "/v1/scopes/{scope}/unreleased-sources",
         HttpMethod::Get,

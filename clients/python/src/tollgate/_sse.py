@@ -4,7 +4,7 @@ read line by line: each event as ``{"event": name, "data": parsed JSON}``."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 
 class TaskStreamEvent(TypedDict):
@@ -42,4 +42,4 @@ class SseLines:
         self._name, self._data = "message", []
         if not data:
             return None
-        return {"event": name, "data": json.loads("\n".join(data))}  # type: ignore[typeddict-item]
+        return cast(TaskStreamEvent, {"event": name, "data": json.loads("\n".join(data))})

@@ -92,8 +92,7 @@ fn sse_event(event: TaskEvent, attempts: Vec<tollgate_core::Attempt>) -> Event {
     params(("id" = String, Path, description = "the task id")),
     responses(
         (status = 200, content_type = "text/event-stream", body = String, description = "server-sent events until the task ends: `delta` (data `TaskDeltaEvent`: a piece of the output as the provider sends it), `restart` (data `TaskRestartEvent`: the deltas so far are void), then one `end` (data `TaskView`: the task as `GET /v1/tasks/{id}` answers it, with its validated output and usage, or its error). A task that ended already, or whose live output this replica cannot see, gets its whole answer as one `delta` before `end`. Disconnecting does not cancel the task"),
-        (status = 404, body = crate::error::ErrorBody, description = "no such task in the caller's app"),
-        (status = 429, body = crate::error::ErrorBody, description = "all of the app's waiter slots are taken (`too_many_waiters`)")),
+        (status = 404, body = crate::error::ErrorBody, description = "no such task in the caller's app")),
     security(("api_key" = [])))]
 pub(crate) async fn task_events(
     State(s): State<AppState>,
