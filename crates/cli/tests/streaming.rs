@@ -114,6 +114,9 @@ async fn fake_stream(State(script): State<Arc<Script>>, body: Bytes) -> Response
         if last.contains("hold") {
             script.release.notified().await;
         }
+        if last.contains("ttft") {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+        }
         send(chunk(json!({"content": "world"}), Value::Null)).await;
         send(chunk(json!({}), json!("stop"))).await;
         if !last.contains("nousage") {
@@ -300,7 +303,70 @@ macro_rules! on_both_backends {
 on_both_backends!(
     the_door_streams_as_the_provider_sends_and_records_the_usage,
     a_broken_provider_stream_ends_with_an_error_event_and_settles,
+    time_to_first_token_is_near_the_direct_call,
 );
+
+/// Time from sending a request to its first content piece, reading `response`.
+async fn first_piece(started: std::time::Instant, response: reqwest::Response) -> Duration {
+    let mut events = Events::of(response);
+    while let Some((_, data)) = events.next().await {
+        if !content(&[(String::new(), data)]).is_empty() {
+            let elapsed = started.elapsed();
+            let _ = events.rest().await;
+            return elapsed;
+        }
+    }
+    panic!("no content piece");
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+/// Issue 30's measure: time to the first piece through the door (a new durable task
+/// each: admission, claim, the provider call, the live stream) against the direct call
+/// to the same fake, whose first piece leaves at once and the rest 1 s later. Printed
+/// as medians of 9 calls each; the door must stay within 500 ms of the direct call even
+/// in a debug build on a busy machine (the test fails if pieces were held until the end:
+/// that is 1 s more).
+async fn time_to_first_token_is_near_the_direct_call(backend: &str) {
+    let fake = Fake::start().await;
+    let url = fake.url.clone();
+    let Some(server) = common::start(backend, "stream", |db| config_text(db, &url)) else {
+        return;
+    };
+    let (mut direct, mut door) = (Vec::new(), Vec::new());
+    for i in 0..9 {
+        let started = std::time::Instant::now();
+        let response = server
+            .http
+            .post(format!("{}/v1/chat/completions", fake.url))
+            .json(&json!({"model": "fake-model", "stream": true,
+                          "stream_options": {"include_usage": true},
+                          "messages": [{"role": "user", "content": format!("ttft {i}")}]}))
+            .send()
+            .await
+            .unwrap();
+        direct.push(first_piece(started, response).await);
+        let started = std::time::Instant::now();
+        let response = server.stream_chat(&format!("ttft {i}"), None).await;
+        door.push(first_piece(started, response).await);
+    }
+    let (direct, door) = (median(direct), median(door));
+    println!(
+        "time to first token ({backend}): direct {:.1} ms, through the door {:.1} ms \
+         (+{:.1} ms, ×{:.1})",
+        direct.as_secs_f64() * 1e3,
+        door.as_secs_f64() * 1e3,
+        (door.saturating_sub(direct)).as_secs_f64() * 1e3,
+        door.as_secs_f64() / direct.as_secs_f64().max(1e-6),
+    );
+    assert!(
+        door < direct + Duration::from_millis(500),
+        "{door:?} vs {direct:?}"
+    );
+}
 
 async fn the_door_streams_as_the_provider_sends_and_records_the_usage(backend: &str) {
     let fake = Fake::start().await;
