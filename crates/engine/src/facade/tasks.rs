@@ -58,7 +58,7 @@ impl Tollgate {
         app: &AppId,
         id: TaskId,
     ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
-        crate::stream::TaskEvents::open(self.inner.clone(), app, id).await
+        crate::stream::TaskEvents::open(self.inner.clone(), app, id, None).await
     }
 
     /// A [`TaskWaiter`] that hears every task end from now on: make it before submitting or
@@ -152,6 +152,17 @@ pub struct TaskWaiter {
 }
 
 impl TaskWaiter {
+    /// [`Tollgate::events`] of `(app, id)`, reading with this waiter's slot (taken before
+    /// the task was submitted, [`Tollgate::waiter_for`]) rather than another.
+    pub async fn events(
+        mut self,
+        app: &AppId,
+        id: TaskId,
+    ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
+        let inner = self.tollgate.inner.clone();
+        crate::stream::TaskEvents::open(inner, app, id, self.slot.take()).await
+    }
+
     /// [`Tollgate::wait`], starting from `known` when given: the task as read (or submitted)
     /// after this waiter was made, so a finish after that read is heard, not missed. An
     /// end published by this process carries the task as it ended (no read); the task's

@@ -91,6 +91,7 @@ impl TaskEvents {
         inner: Arc<Inner>,
         app: &AppId,
         id: TaskId,
+        slot: Option<WaitSlot>,
     ) -> Result<Option<TaskEvents>, EngineError> {
         // Listening first, so a stream that opens after the read is not missed.
         let opened = inner.streams.opened();
@@ -113,7 +114,10 @@ impl TaskEvents {
             events.finish(task);
             return Ok(Some(events));
         }
-        events._slot = Some(inner.watches.slot(app)?);
+        events._slot = Some(match slot {
+            Some(slot) if slot.app() == app => slot,
+            _ => inner.watches.slot(app)?,
+        });
         events.watching = Some(inner.watches.watch(app, id));
         // An end between the read and the watch is not missed either.
         inner.watches.read_now(app, id);

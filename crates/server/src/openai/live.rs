@@ -41,21 +41,20 @@ pub(super) enum Opened {
 }
 
 /// Opens the stream of `task`, just submitted through `view` (`waiter` holds the call's
-/// waiter slot until the reader takes its own).
+/// waiter slot, which the reader then holds).
 pub(super) async fn open(
     how: Live,
     view: &CallerView,
     waiter: TaskWaiter,
     task: Task,
 ) -> Result<Opened, OpenAiError> {
-    drop(waiter);
     let pending = |task: Task| {
         super::door_answer(task, how.keyed, how.max_wait).map(|t| Opened::Ended(Box::new(t)))
     };
     if task.status.is_terminal() {
         return pending(task);
     }
-    let Some(mut events) = view.events(task.id).await? else {
+    let Some(mut events) = view.events_known(waiter, &task).await? else {
         return pending(task); // deleted meanwhile: answered as still pending
     };
     let first = match tokio::time::timeout(how.max_wait, events.next()).await {
