@@ -70,6 +70,28 @@ test("a json_schema structured output is valid JSON of the schema", async () => 
   assert.equal(await count(), before + 1);
 });
 
+test("a stream arrives while the provider still sends it", async () => {
+  // The fake holds its last piece until /release: a piece read before that came live.
+  const stream = await client().chat.completions.create({
+    model: "default",
+    messages: hello(`gated: ${RUN}`),
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  const pieces = [];
+  const chunks = [];
+  for await (const chunk of stream) {
+    chunks.push(chunk);
+    const piece = chunk.choices[0]?.delta?.content;
+    if (piece) {
+      pieces.push(piece);
+      if (pieces.length === 1) await fetch(`${FAKE}/release`, { method: "POST" });
+    }
+  }
+  assert.deepEqual(pieces, ["piece one ", "piece two ", "the end"]);
+  assert.equal(chunks.at(-1).usage.completion_tokens, 3);
+});
+
 test("a streamed completion arrives as chunks ending with usage", async () => {
   const stream = await client().chat.completions.create({
     model: "default",

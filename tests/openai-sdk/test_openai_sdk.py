@@ -95,6 +95,29 @@ def test_json_schema_structured_output_is_parsed():
     assert sent["response_format"]["json_schema"]["schema"]["required"] == ["name", "year"]
 
 
+def test_a_stream_arrives_while_the_provider_still_sends_it():
+    # The fake holds its last piece until /release: a piece read before that came live.
+    stream = client().chat.completions.create(
+        model="default",
+        messages=hello(f"gated: {RUN}"),
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces = []
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+            if len(pieces) == 1:
+                release = urllib.request.Request(FAKE + "/release", method="POST")
+                urllib.request.urlopen(release).close()
+    assert pieces == ["piece one ", "piece two ", "the end"]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 3
+    assert provider_calls()["last"]["stream_options"] == {"include_usage": True}
+
+
 def test_a_streamed_completion_ends_with_usage():
     stream = client().chat.completions.create(
         model="default",

@@ -66,6 +66,11 @@ async def test_four_kinds_in_parallel(acme: AsyncTollgate) -> None:
     )
     assert [t["status"] for t in tasks] == ["succeeded"] * 5
     assert [t["kind"] for t in tasks] == ["classify", "generate_text", "classify_many", "extract_data", "embed"]
+    # A finished task's events: its answer as one delta, then its end.
+    events = [e async for e in acme.events(tasks[1]["id"])]
+    assert [e["event"] for e in events] == ["delta", "end"]
+    assert events[0]["data"] == {"text": tasks[1]["output"]["text"]}
+    assert events[1]["data"]["status"] == "succeeded"
 
 
 async def test_replay_conflict_and_kept_key(acme: AsyncTollgate, server: Server) -> None:

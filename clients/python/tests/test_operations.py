@@ -120,6 +120,7 @@ CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "get_task": (("t/1",), {}),
     "wait": (("t-1",), {"timeout": 1}),
     "cancel": (("t-1",), {}),
+    "events": (("t-1",), {}),
     "release": (("k", "s"), {}),
     "list_scopes": ((), {"limit": 5}),
     "iter_scopes": ((), {}),

@@ -91,6 +91,9 @@ def test_four_kinds_complete(acme: Tollgate) -> None:
     assert classify["output"] and classify["output"]["label"] in ("spam", "ham")
     text = acme.run("generate_text", {"prompt": "Write a one-line welcome.", "max_output_tokens": 50}, scope=scope, timeout=20)
     assert text["status"] == "succeeded" and text["output"] and isinstance(text["output"]["text"], str)
+    events = list(acme.events(text["id"]))  # a finished task: its answer, then its end
+    assert [e["event"] for e in events] == ["delta", "end"]
+    assert events[0]["data"] == {"text": text["output"]["text"]}
     many = acme.run(
         "classify_many",
         {"items": [{"id": "a", "input": "refund please"}, {"id": "b", "input": "love it"}], "labels": ["complaint", "praise"]},

@@ -56,6 +56,14 @@ export type StepStatus = "pending" | "queued" | "running" | "succeeded" | "faile
 export type SourceBody = Schemas["SourceBody"];
 export type TaskErrorView = Schemas["TaskErrorView"];
 export type Usage = Schemas["UsageView"];
+/**
+ * One event of `GET /v1/tasks/{id}/events` (docs/api.md, "Streaming a task"): `delta` (a
+ * piece of the output), `restart` (the deltas so far are void), and last `end` (the task).
+ */
+export type TaskStreamEvent =
+  | { event: "delta"; data: Schemas["TaskDeltaEvent"] }
+  | { event: "restart"; data: Schemas["TaskRestartEvent"] }
+  | { event: "end"; data: Task };
 
 /** A task (docs/conformance.md#http-shapes) of kind `K`. */
 export type Task<K extends Kind = Kind> = Omit<Schemas["TaskView"], "kind" | "status" | "output"> & {
@@ -436,6 +444,68 @@ export class Tollgate {
     });
     const timeoutMs = options.timeoutMs === undefined ? undefined : Math.max(0, options.timeoutMs - (Date.now() - started));
     return this.wait(task, { timeoutMs, signal: options.signal });
+  }
+
+  /**
+   * `GET /v1/tasks/{id}/events`: the task's output as the provider sends it (`delta`),
+   * `restart` when it starts over, and last `end` with the task. Stopping early (`break`,
+   * an abort) changes nothing about the task.
+   */
+  async *events(id: string, options: { signal?: AbortSignal } = {}): AsyncGenerator<TaskStreamEvent> {
+    const headers: Record<string, string> = { Accept: "text/event-stream" };
+    if (this.apiKey) headers.Authorization = `Bearer ${this.apiKey}`;
+    if (this.subject) headers["X-Tollgate-Subject"] = this.subject;
+    const url = this.url(`/v1/tasks/${encodeURIComponent(id)}/events`, undefined);
+    const response = await this.fetchImpl(url, { method: "GET", headers, signal: options.signal });
+    if (!response.ok) {
+      const text = await response.text();
+      let detail: ErrorDetail | undefined;
+      try {
+        detail = (JSON.parse(text) as { error?: ErrorDetail }).error;
+      } catch {
+        detail = undefined;
+      }
+      throw errorFor(response.status, detail, response.headers.get("retry-after"));
+    }
+    if (!response.body) return;
+    let name = "message";
+    let data: string[] = [];
+    // A blank line ends an event; `:` lines are comments (keep-alives).
+    const line = (text: string): TaskStreamEvent | undefined => {
+      if (text === "") {
+        const event = data.length ? ({ event: name, data: JSON.parse(data.join("\n")) } as TaskStreamEvent) : undefined;
+        name = "message";
+        data = [];
+        return event;
+      }
+      if (text.startsWith(":")) return undefined;
+      const colon = text.indexOf(":");
+      const field = colon < 0 ? text : text.slice(0, colon);
+      let value = colon < 0 ? "" : text.slice(colon + 1);
+      if (value.startsWith(" ")) value = value.slice(1);
+      if (field === "event") name = value;
+      else if (field === "data") data.push(value);
+      return undefined;
+    };
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        for (let end = buffer.indexOf("\n"); end >= 0; end = buffer.indexOf("\n")) {
+          const event = line(buffer.slice(0, end).replace(/\r$/, ""));
+          buffer = buffer.slice(end + 1);
+          if (event) yield event;
+        }
+      }
+      const last = (buffer ? line(buffer) : undefined) ?? line("");
+      if (last) yield last;
+    } finally {
+      reader.cancel().catch(() => undefined);
+    }
   }
 
   /** `POST /v1/tasks/{id}/cancel`: a queued or running task becomes `canceled`; a finished one is unchanged. */

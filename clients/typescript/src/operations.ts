@@ -16,6 +16,7 @@ export const OPERATIONS = {
   "GET /v1/tasks": ["listTasks", "allTasks", "getTaskByEffectKey"],
   "GET /v1/tasks/{id}": ["getTask", "wait"],
   "POST /v1/tasks/{id}/cancel": ["cancel"],
+  "GET /v1/tasks/{id}/events": ["events"],
   "POST /v1/tasks/release": ["release"],
   // scopes
   "GET /v1/scopes": ["listScopes", "allScopes"],

@@ -97,6 +97,12 @@ describe("every kind completes", () => {
     assert.equal(task.status, "succeeded");
     assert.equal(typeof task.output.text, "string");
     assert.ok(task.usage.output_tokens >= 0);
+    // A finished task's events: its answer as one delta, then its end.
+    const events = [];
+    for await (const e of acme.events(task.id)) events.push(e);
+    assert.deepEqual(events.map((e) => e.event), ["delta", "end"]);
+    assert.equal(events[0].data.text, task.output.text);
+    assert.equal(events[1].data.status, "succeeded");
   });
 
   test("classify_many", async () => {

@@ -118,6 +118,7 @@ const CALLS = {
   getTask: (c) => c.getTask("t/1"),
   wait: (c) => c.wait("t-1", { timeoutMs: 1000 }),
   cancel: (c) => c.cancel("t-1"),
+  events: (c) => drain(c.events("t-1")),
   release: (c) => c.release({ effect_key: "k", scope: "s" }),
   listScopes: (c) => c.listScopes({ limit: 5 }),
   allScopes: (c) => drain(c.allScopes()),

@@ -30,6 +30,8 @@ const BETA: &str = "beta-key-0123456789abcdef";
 struct Seen {
     count: u64,
     last: Option<Value>,
+    /// Lets a `gated:` stream send its last piece (`POST /release`).
+    release: Arc<tokio::sync::Notify>,
 }
 
 /// A scripted OpenAI-compatible chat completions server on 127.0.0.1.
@@ -44,6 +46,12 @@ impl FakeProvider {
         let app = Router::new()
             .route("/v1/chat/completions", post(fake_completion))
             .route("/calls", get(fake_calls))
+            .route(
+                "/release",
+                post(|State(seen): State<Arc<Mutex<Seen>>>| async move {
+                    seen.lock().unwrap().release.notify_one();
+                }),
+            )
             .with_state(seen.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -68,7 +76,16 @@ const SLOW_ANSWER: std::time::Duration = std::time::Duration::from_secs(8);
 async fn fake_completion(
     State(seen): State<Arc<Mutex<Seen>>>,
     Json(body): Json<Value>,
-) -> Json<Value> {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let last = body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default();
+    if body["stream"] == true && last.starts_with("gated:") {
+        return gated_stream(seen, body);
+    }
     if body.get("tools").is_some() {
         let message = tool_answer(&body);
         {
@@ -85,7 +102,8 @@ async fn fake_completion(
             "id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": "fake-model",
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
-        }));
+        }))
+        .into_response();
     }
     let content = match body
         .pointer("/response_format/type")
@@ -124,6 +142,59 @@ async fn fake_completion(
         "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
                   "prompt_tokens_details": {"cached_tokens": 4}}
     }))
+    .into_response()
+}
+
+/// A streamed answer (`gated:` messages): "piece one " and "piece two " at once, then —
+/// once the test posts `/release` — "the end", the finish, the usage (11 + 3 tokens)
+/// and `[DONE]`. A client that reads a piece before releasing proves the stream is live.
+fn gated_stream(seen: Arc<Mutex<Seen>>, body: Value) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let release = {
+        let mut s = seen.lock().unwrap();
+        s.count += 1;
+        s.last = Some(body);
+        s.release.clone()
+    };
+    let chunk = |delta: Value, finish: Value| {
+        let c = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+                       "model": "fake-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        Ok::<_, std::io::Error>(format!("data: {c}\n\n"))
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::spawn(async move {
+        let _ = tx
+            .send(chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            ))
+            .await;
+        let _ = tx
+            .send(chunk(json!({"content": "piece one "}), Value::Null))
+            .await;
+        let _ = tx
+            .send(chunk(json!({"content": "piece two "}), Value::Null))
+            .await;
+        release.notified().await;
+        let _ = tx
+            .send(chunk(json!({"content": "the end"}), Value::Null))
+            .await;
+        let _ = tx.send(chunk(json!({}), json!("stop"))).await;
+        let usage = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [],
+                           "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}});
+        let _ = tx
+            .send(Ok(format!("data: {usage}\n\ndata: [DONE]\n\n")))
+            .await;
+    });
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut response = axum::body::Body::from_stream(body).into_response();
+    response.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("text/event-stream"),
+    );
+    response
 }
 
 /// With tools: after tool results, a text answer quoting them; otherwise a call of each

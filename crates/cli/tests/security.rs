@@ -566,9 +566,16 @@ async fn tenant_isolation_matrix_covers_every_route() {
             )
             .await;
         assert_eq!(st, StatusCode::NOT_FOUND, "cancel {id}");
+        let (st, e) = s.get(&format!("/v1/tasks/{id}/events"), BETA).await;
+        assert_eq!(
+            (st, is_json_error(&e)),
+            (StatusCode::NOT_FOUND, true),
+            "events {id}: {e}"
+        );
     }
     cover(&Method::GET, "/v1/tasks/{id}");
     cover(&Method::POST, "/v1/tasks/{id}/cancel");
+    cover(&Method::GET, "/v1/tasks/{id}/events");
     let (st, _) = s.get(&format!("/v1/runs/{r}"), BETA).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
     let (st, _) = s

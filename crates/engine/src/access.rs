@@ -195,6 +195,31 @@ impl CallerView {
         Ok(self.visible_task(self.tollgate.wait(&self.app, id, timeout).await?))
     }
 
+    /// [`Tollgate::events`] of a visible task (a task's subject never changes).
+    pub async fn events(
+        &self,
+        id: TaskId,
+    ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
+        if self.get(id).await?.is_none() {
+            return Ok(None);
+        }
+        self.tollgate.events(&self.app, id).await
+    }
+
+    /// [`TaskWaiter::events`] of a task this caller just submitted or read (`known`): the
+    /// waiter's slot (taken before submitting) is the reader's. `None`: not visible to
+    /// this caller, or deleted meanwhile.
+    pub async fn events_known(
+        &self,
+        waiter: TaskWaiter,
+        known: &Task,
+    ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
+        if self.visible_task(Some(known.clone())).is_none() {
+            return Ok(None);
+        }
+        waiter.events(&self.app, known.id).await
+    }
+
     /// [`Tollgate::waiter`]: make it before submitting or reading the task to wait on.
     pub fn waiter(&self) -> TaskWaiter {
         self.tollgate.waiter()

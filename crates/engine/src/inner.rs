@@ -25,6 +25,8 @@ pub(crate) struct Inner {
     pub(crate) pipelines: PipelineCache,
     /// Shared watches of waited-on tasks and each app's waiter slots.
     pub(crate) watches: Arc<Watches>,
+    /// Live output of the tasks this process executes (docs/api.md, "Streaming a task").
+    pub(crate) streams: Arc<crate::stream::StreamHub>,
     /// Traces (docs/telemetry.md): off unless a tracer was given.
     pub(crate) traces: crate::telemetry::Traces,
 }

@@ -69,6 +69,7 @@ pub mod prelude;
 pub mod provider;
 mod registry;
 mod replay;
+pub mod stream;
 mod sweeper;
 pub mod telemetry;
 mod watch;
@@ -91,6 +92,7 @@ pub use pipelines::{
 };
 pub use provider::{Provider, ProviderAnswer, ProviderCall, ProviderError};
 pub use registry::{BudgetPolicies, ModelRegistry, ResolvedModel};
+pub use stream::{StreamEvent, StreamSink, TaskEvent, TaskEvents};
 pub use telemetry::{TraceSpan, Traces};
 pub use webhooks::{WebhookChange, WebhookInput};
 pub use worker::{EngineHandle, ShutdownReport};

@@ -12,6 +12,7 @@ use crate::dto::{
     UnreleasedPageView, UnreleasedSourceView, UsageReportView, UsageView,
 };
 use crate::error::{ErrorBody, ErrorDetail};
+use crate::routes::events::{TaskDeltaEvent, TaskRestartEvent, ToolCallDelta};
 use crate::routes::webhooks::{
     DeliveryListView, DeliveryStateName, DeliveryView, WebhookBody, WebhookEventName,
     WebhookListView, WebhookPatchBody, WebhookView,
@@ -35,6 +36,7 @@ use utoipa::{Modify, OpenApi};
         crate::routes::tasks::list_tasks,
         crate::routes::tasks::get_task,
         crate::routes::tasks::cancel_task,
+        crate::routes::events::task_events,
         crate::routes::tasks::release,
         crate::routes::scopes::unreleased_sources,
         crate::routes::scopes::delete_owner_data,
@@ -72,7 +74,8 @@ use utoipa::{Modify, OpenApi};
         PipelineVersionView, PipelineSummaryView, PipelinePageView, PolicyView, ScopeView,
         CostView, ScopePageView, FailureCount, LatencyView, StatsView, UsageReportView,
         MinuteCountView, PricesView, WebhookBody, WebhookPatchBody, WebhookView,
-        WebhookListView, DeliveryView, DeliveryListView, WebhookEventName, DeliveryStateName, RouteView, DeploymentView
+        WebhookListView, DeliveryView, DeliveryListView, WebhookEventName, DeliveryStateName, RouteView, DeploymentView,
+        TaskDeltaEvent, ToolCallDelta, TaskRestartEvent
     )),
     modifiers(&ApiKeyAuth, &ErrorAnswers)
 )]
@@ -123,6 +126,8 @@ const ROUTE_ERRORS: &[(&str, HttpMethod, &[u16])] = &[
     ),
     ("/v1/tasks/{id}", HttpMethod::Get, &[503]),
     ("/v1/tasks/{id}/cancel", HttpMethod::Post, &[409, 503]),
+    // 429: all of the app's waiter slots are taken (`WORKFLOW_AI_TOO_MANY_WAITERS`).
+    ("/v1/tasks/{id}/events", HttpMethod::Get, &[429, 503]),
     (
         "/v1/scopes/{scope}/unreleased-sources",
         HttpMethod::Get,

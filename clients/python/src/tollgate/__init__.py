@@ -8,6 +8,7 @@ request, task, run and error shapes are TypedDicts generated from the server's
 
 from ._calls import new_idempotency_key
 from ._operations import OPERATIONS, ROUTES_OUTSIDE_OPENAPI
+from ._sse import TaskStreamEvent
 from ._generated import (
     BatchAnswer,
     BatchItem,
@@ -100,6 +101,7 @@ def batch_item_error(item: BatchItem) -> TollgateError | None:
 
 
 __all__ = [
+    "TaskStreamEvent",
     "WebhookVerificationError",
     "verify_webhook",
     "OPERATIONS", "ROUTES_OUTSIDE_OPENAPI",

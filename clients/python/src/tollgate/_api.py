@@ -168,6 +168,12 @@ def cancel(task_id: str) -> Call[TaskView]:
     return Call("POST", f"/v1/tasks/{_seg(task_id)}/cancel")
 
 
+def task_events(task_id: str) -> Call[None]:
+    return Call(
+        "GET", f"/v1/tasks/{_seg(task_id)}/events", headers={"Accept": "text/event-stream"}
+    )
+
+
 def release(effect_key: str, scope: str) -> Call[ReleaseAnswer]:
     return Call("POST", "/v1/tasks/release", body={"effect_key": effect_key, "scope": scope})
 

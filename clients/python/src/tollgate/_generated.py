@@ -647,12 +647,48 @@ class TaskErrorView(TypedDict):
     """
 
 
+class TaskRestartEvent(TypedDict):
+    """
+    The data of a `restart` event: every `delta` before it is void (a re-ask, a fallback
+    to another deployment, another attempt); the output starts over.
+    """
+
+    reason: str
+    """
+    What started the output over.
+    """
+
+
 TaskStatusName: TypeAlias = Literal[
     'queued', 'running', 'succeeded', 'failed', 'canceled'
 ]
 """
 A task's status.
 """
+
+
+class ToolCallDelta(TypedDict):
+    """
+    A piece of a tool call: the first piece of a call names its `id` and function; the
+    `arguments` pieces of one `index` concatenate to the call's arguments.
+    """
+
+    arguments: str
+    """
+    The next piece of the arguments' JSON text.
+    """
+    id: NotRequired[str | None]
+    """
+    The call's id (first piece only).
+    """
+    index: int
+    """
+    The call's position among the answer's calls.
+    """
+    name: NotRequired[str | None]
+    """
+    The function called (first piece only).
+    """
 
 
 class UnreleasedSourceView(TypedDict):
@@ -1498,6 +1534,19 @@ class StepView(TypedDict):
     """
     The latest attempt's task.
     """
+
+
+class TaskDeltaEvent(TypedDict):
+    """
+    The data of a `delta` event: one piece of the output — text, or a piece of a tool call.
+    """
+
+    text: NotRequired[str | None]
+    """
+    The next piece of the output's text (a structured kind's raw model text; the
+    `end` event carries the validated output).
+    """
+    tool_call: NotRequired[ToolCallDelta | None]
 
 
 class TaskView(TypedDict):

@@ -18,6 +18,7 @@ OPERATIONS: Final[Mapping[str, tuple[str, ...]]] = {
     "GET /v1/tasks": ("list_tasks", "iter_tasks", "get_task_by_effect_key"),
     "GET /v1/tasks/{id}": ("get_task", "wait"),
     "POST /v1/tasks/{id}/cancel": ("cancel",),
+    "GET /v1/tasks/{id}/events": ("events",),
     "POST /v1/tasks/release": ("release",),
     # scopes
     "GET /v1/scopes": ("list_scopes", "iter_scopes"),

@@ -60,6 +60,7 @@ from ._generated import (
     WebhookPatchBody,
     WebhookView,
 )
+from ._sse import SseLines, TaskStreamEvent
 from .errors import ConnectionError, TollgateError, WaitTimeoutError
 
 T = TypeVar("T")
@@ -366,6 +367,26 @@ class Tollgate(_Base):
     def cancel(self, task_id: str) -> TaskView:
         """``POST /v1/tasks/{id}/cancel``: a queued or running task becomes ``canceled``."""
         return self._send(_api.cancel(task_id))
+
+    def events(self, task_id: str) -> Iterator[TaskStreamEvent]:
+        """``GET /v1/tasks/{id}/events``: the task's output as the provider sends it
+        (``delta`` events), ``restart`` when it starts over, and last ``end`` with the task
+        (docs/api.md, "Streaming a task"). Stopping early changes nothing about the task."""
+        call = _api.task_events(task_id)
+        args = request_args(call, self._api_key, self._subject)
+        args["timeout"] = httpx.Timeout(None, connect=10.0)  # open until the task ends
+        with self._http.stream(**args) as response:
+            if not response.is_success:
+                response.read()
+                answer(call, response)  # raises the typed error
+            lines = SseLines()
+            for line in response.iter_lines():
+                event = lines.line(line)
+                if event is not None:
+                    yield event
+            last = lines.flush()
+            if last is not None:
+                yield last
 
     def release(self, effect_key: str, scope: str) -> ReleaseAnswer:
         """``POST /v1/tasks/release``: the application stored (or discarded) that task's result."""
@@ -810,6 +831,24 @@ class AsyncTollgate(_Base):
         )  # fmt: skip
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return await self.wait(task, timeout=left)
+
+    async def events(self, task_id: str) -> AsyncIterator[TaskStreamEvent]:
+        """:meth:`Tollgate.events`."""
+        call = _api.task_events(task_id)
+        args = request_args(call, self._api_key, self._subject)
+        args["timeout"] = httpx.Timeout(None, connect=10.0)  # open until the task ends
+        async with self._http.stream(**args) as response:
+            if not response.is_success:
+                await response.aread()
+                answer(call, response)  # raises the typed error
+            lines = SseLines()
+            async for line in response.aiter_lines():
+                event = lines.line(line)
+                if event is not None:
+                    yield event
+            last = lines.flush()
+            if last is not None:
+                yield last
 
     async def cancel(self, task_id: str) -> TaskView:
         return await self._send(_api.cancel(task_id))

@@ -276,6 +276,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tasks/{id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["task_events"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tasks/batch": {
         parameters: {
             query?: never;
@@ -1299,6 +1315,15 @@ export interface components {
             source?: null | components["schemas"]["SourceBody"];
             step?: null | components["schemas"]["Identifier"];
         };
+        /** @description The data of a `delta` event: one piece of the output — text, or a piece of a tool call. */
+        TaskDeltaEvent: {
+            /**
+             * @description The next piece of the output's text (a structured kind's raw model text; the
+             *     `end` event carries the validated output).
+             */
+            text?: string | null;
+            tool_call?: null | components["schemas"]["ToolCallDelta"];
+        };
         /** @description A task error, as shown. */
         TaskErrorView: {
             /** @description Stable code. */
@@ -1312,6 +1337,14 @@ export interface components {
             next?: string;
             /** @description Tasks, newest first. */
             tasks: components["schemas"]["TaskView"][];
+        };
+        /**
+         * @description The data of a `restart` event: every `delta` before it is void (a re-ask, a fallback
+         *     to another deployment, another attempt); the output starts over.
+         */
+        TaskRestartEvent: {
+            /** @description What started the output over. */
+            reason: string;
         };
         /** @description The `GET /v1/tasks` answer: one task for `?effect_key=`, a page otherwise. */
         TasksAnswer: components["schemas"]["TaskView"] | components["schemas"]["TaskPageView"];
@@ -1413,6 +1446,23 @@ export interface components {
             id: string;
             /** @constant */
             type: "function";
+        };
+        /**
+         * @description A piece of a tool call: the first piece of a call names its `id` and function; the
+         *     `arguments` pieces of one `index` concatenate to the call's arguments.
+         */
+        ToolCallDelta: {
+            /** @description The next piece of the arguments' JSON text. */
+            arguments: string;
+            /** @description The call's id (first piece only). */
+            id?: string | null;
+            /**
+             * Format: int32
+             * @description The call's position among the answer's calls.
+             */
+            index: number;
+            /** @description The function called (first piece only). */
+            name?: string | null;
         };
         /** @description `GET /v1/scopes/{scope}/unreleased-sources` answer. */
         UnreleasedPageView: {
@@ -3323,6 +3373,94 @@ export interface operations {
             /** @description conflicts with the current state */
             409: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a server fault (the message carries no internal detail) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the database is unavailable; retry */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    task_events: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the task id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description server-sent events until the task ends: `delta` (data `TaskDeltaEvent`: a piece of the output as the provider sends it), `restart` (data `TaskRestartEvent`: the deltas so far are void), then one `end` (data `TaskView`: the task as `GET /v1/tasks/{id}` answers it, with its validated output and usage, or its error). A task that ended already, or whose live output this replica cannot see, gets its whole answer as one `delta` before `end`. Disconnecting does not cancel the task */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            /** @description malformed: not JSON or not the body's shape, a bad query parameter or header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no API key, or an unknown one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the key may not assert the X-Tollgate-Subject it sent */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such task in the caller's app */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description refused by admission: the code says which limit; Retry-After on a rate limit */
+            429: {
+                headers: {
+                    /** @description seconds until admission may succeed again, where known (the task rate limit, docs/conformance.md#cost-limits's token rate limit and spend budgets) */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {

@@ -335,6 +335,16 @@ pub struct ProviderConfig {
     /// a model's `embed_batch_size` parameter overrides it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embed_batch_size: Option<std::num::NonZeroU32>,
+    /// Whether chat answers are asked for as a stream (docs/providers.md, "Streaming"):
+    /// the pieces reach the task's live readers as the provider sends them, and the
+    /// answer recorded is the same. Default `true`; `false` for a server that cannot
+    /// stream (or cannot send the usage in its stream).
+    #[serde(default = "default_stream")]
+    pub stream: bool,
+}
+
+fn default_stream() -> bool {
+    true
 }
 
 fn default_provider_timeout() -> Duration {
@@ -388,6 +398,7 @@ impl ProviderConfig {
             pace_window: default_pace_window(),
             max_pause: default_max_pause(),
             embed_batch_size: None,
+            stream: true,
         }
     }
 

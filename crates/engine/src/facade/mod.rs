@@ -98,6 +98,7 @@ impl TollgateBuilder {
                 notifier,
                 pipelines: PipelineCache::default(),
                 watches,
+                streams: Arc::default(),
             }),
         })
     }

@@ -48,6 +48,19 @@ impl Tollgate {
         self.waiter().wait(app, id, None, timeout).await
     }
 
+    /// The task's events (docs/api.md, "Streaming a task"): its output as the provider
+    /// sends it while this process runs it, restarts, then its end
+    /// ([`TaskEvents`](crate::stream::TaskEvents)). `None`: no such task. Reading a task
+    /// that has not ended holds one of the app's waiter slots
+    /// ([`EngineError::TooManyWaiters`] when none is free).
+    pub async fn events(
+        &self,
+        app: &AppId,
+        id: TaskId,
+    ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
+        crate::stream::TaskEvents::open(self.inner.clone(), app, id, None).await
+    }
+
     /// A [`TaskWaiter`] that hears every task end from now on: make it before submitting or
     /// reading a task to wait on it without reading it again.
     pub fn waiter(&self) -> TaskWaiter {
@@ -139,6 +152,17 @@ pub struct TaskWaiter {
 }
 
 impl TaskWaiter {
+    /// [`Tollgate::events`] of `(app, id)`, reading with this waiter's slot (taken before
+    /// the task was submitted, [`Tollgate::waiter_for`]) rather than another.
+    pub async fn events(
+        mut self,
+        app: &AppId,
+        id: TaskId,
+    ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
+        let inner = self.tollgate.inner.clone();
+        crate::stream::TaskEvents::open(inner, app, id, self.slot.take()).await
+    }
+
     /// [`Tollgate::wait`], starting from `known` when given: the task as read (or submitted)
     /// after this waiter was made, so a finish after that read is heard, not missed. An
     /// end published by this process carries the task as it ended (no read); the task's

@@ -12,8 +12,10 @@
 use crate::config::{ConfigError, HeaderValueSource, ProviderConfig};
 use crate::metrics as m;
 use crate::provider::pace::{PaceTicket, ProviderPace};
+use crate::provider::sse::{SseDecoder, SseEvent, StreamBroke, StreamParser};
 use crate::provider::wait::retry_after;
 use crate::provider::{ProviderAnswer, ProviderError};
+use crate::stream::StreamSink;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
@@ -183,6 +185,54 @@ impl HttpClient {
         max_answer_bytes: usize,
         exhausted: ExhaustedLimits,
     ) -> Result<(Value, Option<PaceTicket>), ProviderError> {
+        let reading = Reading::Json;
+        self.send(
+            url,
+            body,
+            model,
+            estimate,
+            max_answer_bytes,
+            exhausted,
+            reading,
+        )
+        .await
+    }
+
+    /// [`post`](Self::post) of a request that asks for a streamed answer: a
+    /// `text/event-stream` answer is read event by event with a fresh parser from
+    /// `parser` for each try, its pieces published to `sink` (a try after one that broke
+    /// off restarts them), and answered as the parser rebuilds it; output past
+    /// `max_output_bytes` stops it. A server that answers with plain JSON is read as
+    /// [`post`](Self::post) reads it.
+    #[allow(clippy::too_many_arguments)] // `post`'s, and how to read the stream
+    pub async fn post_streaming(
+        &self,
+        url: &str,
+        body: &Value,
+        model: &str,
+        estimate: u64,
+        max_output_bytes: usize,
+        exhausted: ExhaustedLimits,
+        parser: &(dyn Fn() -> Box<dyn StreamParser> + Sync),
+        sink: &StreamSink,
+    ) -> Result<(Value, Option<PaceTicket>), ProviderError> {
+        let reading = Reading::Stream { parser, sink };
+        let limit = super::answer_limit(max_output_bytes);
+        self.send(url, body, model, estimate, limit, exhausted, reading)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn send(
+        &self,
+        url: &str,
+        body: &Value,
+        model: &str,
+        estimate: u64,
+        max_answer_bytes: usize,
+        exhausted: ExhaustedLimits,
+        reading: Reading<'_>,
+    ) -> Result<(Value, Option<PaceTicket>), ProviderError> {
         let text = serde_json::to_string(body)
             .map_err(|e| ProviderError::Failed(format!("cannot encode the request: {e}")))?;
         let mut attempt: u32 = 0;
@@ -210,8 +260,13 @@ impl HttpClient {
                         let pause = pace.pause(wait).await;
                         tracing::info!(provider = %self.name, ?pause, "rate limit exhausted: provider paused");
                     }
-                    match read_bounded(response, max_answer_bytes).await {
-                        Ok(bytes) => return Ok((parse_json_body(bytes).await?, ticket)),
+                    match reading.read(response, max_answer_bytes).await {
+                        Ok(answer) => return Ok((answer, ticket)),
+                        Err(ReadError::Provider(e)) => return Err(e),
+                        Err(ReadError::Broken(message)) => {
+                            maybe_billed = true;
+                            (message, None)
+                        }
                         Err(ReadError::TooLarge) => {
                             return Err(ProviderError::OutputTooLarge(format!(
                                 "the provider's answer is longer than {max_answer_bytes} bytes, \
@@ -312,6 +367,78 @@ pub fn no_exhausted_limits(_: &HeaderMap, _: SystemTime) -> Option<Duration> {
 enum ReadError {
     TooLarge,
     Http(reqwest::Error),
+    /// A stream that stopped short or reported an error: a later try may succeed.
+    Broken(String),
+    /// The answer cannot be read (not JSON, not the dialect's events).
+    Provider(ProviderError),
+}
+
+/// How a successful answer's body is read.
+#[derive(Clone, Copy)]
+enum Reading<'a> {
+    /// One JSON document.
+    Json,
+    /// Server-sent events, when the server streams.
+    Stream {
+        parser: &'a (dyn Fn() -> Box<dyn StreamParser> + Sync),
+        sink: &'a StreamSink,
+    },
+}
+
+impl Reading<'_> {
+    async fn read(self, response: reqwest::Response, limit: usize) -> Result<Value, ReadError> {
+        let streamed = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.trim_start().starts_with("text/event-stream"));
+        match self {
+            Reading::Stream { parser, sink } if streamed => {
+                read_stream(response, limit, parser(), sink).await
+            }
+            _ => {
+                let bytes = read_bounded(response, limit).await?;
+                parse_json_body(bytes).await.map_err(ReadError::Provider)
+            }
+        }
+    }
+}
+
+/// A streamed answer, event by event: pieces published as they come, the answer rebuilt
+/// by `parser`. Output past `limit` bytes stops it.
+async fn read_stream(
+    mut response: reqwest::Response,
+    limit: usize,
+    mut parser: Box<dyn StreamParser>,
+    sink: &StreamSink,
+) -> Result<Value, ReadError> {
+    // A try after one that broke off: what that one published is void.
+    sink.restart("the provider's answer broke off: asked again");
+    let mut decoder = SseDecoder::default();
+    let feed = |events: Vec<SseEvent>, parser: &mut Box<dyn StreamParser>| {
+        for event in events {
+            parser
+                .event(&event.name, &event.data, sink)
+                .map_err(|broke| match broke {
+                    StreamBroke::Broken(m) => ReadError::Broken(m),
+                    StreamBroke::Failed(m) => ReadError::Provider(ProviderError::Failed(m)),
+                })?;
+            if parser.output_bytes() > limit {
+                return Err(ReadError::TooLarge);
+            }
+        }
+        Ok(())
+    };
+    while let Some(chunk) = response.chunk().await.map_err(ReadError::Http)? {
+        feed(decoder.feed(&chunk), &mut parser)?;
+    }
+    feed(decoder.finish().into_iter().collect(), &mut parser)?;
+    if !parser.complete() {
+        return Err(ReadError::Broken(
+            "the provider's stream ended before its answer did".into(),
+        ));
+    }
+    Ok(parser.answer())
 }
 
 /// The body, chunk by chunk, stopping past `limit` bytes.

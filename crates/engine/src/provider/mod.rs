@@ -21,9 +21,11 @@ pub mod http;
 pub mod openai;
 pub mod pace;
 pub mod prompt;
+pub mod sse;
 pub mod wait;
 
 use crate::config::{ConfigError, DEV_PROVIDER, EngineConfig, ProviderKind};
+use crate::stream::StreamSink;
 use async_trait::async_trait;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -125,6 +127,19 @@ pub struct EmbedAnswer {
 pub trait Provider: Send + Sync + fmt::Debug + 'static {
     /// Produces one output for one request.
     async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError>;
+
+    /// [`complete`](Self::complete), publishing the answer's pieces to `sink` as the
+    /// provider sends them (docs/api.md, "Streaming a task"). The answer returned is the
+    /// same as `complete`'s (output and usage). A provider that cannot stream keeps this
+    /// default: its answer is read by readers as a whole at the task's end.
+    async fn complete_streaming(
+        &self,
+        call: ProviderCall<'_>,
+        sink: &StreamSink,
+    ) -> Result<ProviderAnswer, ProviderError> {
+        let _ = sink;
+        self.complete(call).await
+    }
 
     /// Embeds texts (the `embed` kind). A provider without an embeddings API (Anthropic)
     /// keeps this default, which fails the call for good.

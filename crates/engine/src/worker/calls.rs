@@ -67,6 +67,7 @@ impl WorkerPool {
         spent: &mut Spent,
         covered: bool,
         trace: &TraceSpan,
+        sink: &crate::StreamSink,
     ) -> Result<Attempted, Failure> {
         let deployment = &route.deployments[index];
         let model = deployment.model_ref();
@@ -109,6 +110,13 @@ impl WorkerPool {
                         .increment(1);
                 }
             }
+            // Output another call published is void from here (docs/api.md, "Streaming a
+            // task"): readers are told before this call's pieces.
+            sink.restart(if reask > 0 {
+                "the output was invalid: the model is asked again"
+            } else {
+                "another attempt"
+            });
             spent.calls += 1;
             let started = Instant::now();
             let span =
@@ -122,7 +130,7 @@ impl WorkerPool {
                         self.embed_call(task, r, deployment, provider, counter)
                             .await
                     }
-                    _ => provider.complete(call).await,
+                    _ => provider.complete_streaming(call, sink).await,
                 }
             };
             let answer = match timeout {

@@ -79,12 +79,16 @@ impl WorkerPool {
         // The task's reservation as it grows with each re-ask (docs/budgets.md).
         let mut reservation = task.reservation;
         let trace = self.inner.traces.execution(&task, self.worker.as_str());
+        // The execution's live output (docs/api.md, "Streaming a task"), open until its
+        // end is recorded.
+        let live = self.inner.streams.open(task.id);
+        let sink = live.sink();
         let ended = tokio::select! {
             biased;
             _ = stop.cancelled() => Ended::Stopped,
             _ = interrupt.cancelled() => Ended::Interrupted,
             // docs/engine.md, "Workers": a panicking execution fails its task at once.
-            result = AssertUnwindSafe(self.execute(&task, &mut reservation, &trace)).catch_unwind() => match result {
+            result = AssertUnwindSafe(self.execute(&task, &mut reservation, &trace, &sink)).catch_unwind() => match result {
                 Ok(result) => Ended::Done(result),
                 Err(panic) => {
                     let message = cpu::panic_message(&*panic);
@@ -106,7 +110,10 @@ impl WorkerPool {
         let r = reservation.as_ref();
         let settle = self.inner.traces.child(&trace, "settle");
         let (outcome, code) = match ended {
-            Ended::Done(Ok((output, usage))) => self.complete(&task, r, output, usage).await,
+            Ended::Done(Ok((output, usage))) => {
+                live.answered();
+                self.complete(&task, r, output, usage).await
+            }
             Ended::Done(Err(failure)) => {
                 tracing::info!(task = %task.id, code = %failure.code, message = %failure.message, "task failed");
                 self.fail(&task, r, failure).await
@@ -128,6 +135,7 @@ impl WorkerPool {
         metrics::histogram!(m::TASK_EXECUTION_SECONDS, "kind" => task.kind.as_str())
             .record(started.elapsed().as_secs_f64());
         self.held().remove(&task.id);
+        drop(live);
     }
 
     /// The task's attempts (docs/routes.md, "Attempts"): each goes to one deployment of
@@ -145,6 +153,7 @@ impl WorkerPool {
         task: &Task,
         reservation: &mut Option<Reservation>,
         trace: &crate::TraceSpan,
+        sink: &crate::StreamSink,
     ) -> Result<(Value, Usage), Failure> {
         let request = task.parsed_request().map_err(|e| {
             Failure::new(
@@ -204,6 +213,7 @@ impl WorkerPool {
                     &mut spent,
                     covered,
                     trace,
+                    sink,
                 )
                 .await
             {

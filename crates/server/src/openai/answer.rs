@@ -109,19 +109,40 @@ impl Completion {
         chunk
     }
 
-    /// The stream's events, in order, without the final `[DONE]`.
-    pub(crate) fn chunks(&self, include_usage: bool) -> Vec<Value> {
-        // With include_usage every chunk carries `usage: null` but the last, as OpenAI's do.
+    /// A chunk with one `delta` (with include_usage every chunk carries `usage: null`
+    /// but the last, as OpenAI's do).
+    pub(crate) fn delta_chunk(&self, delta: Value, include_usage: bool) -> Value {
+        let none = include_usage.then_some(Value::Null);
+        self.chunk(
+            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}]),
+            none.as_ref(),
+        )
+    }
+
+    /// The stream's first chunk: the assistant's role.
+    pub(crate) fn role_chunk(&self, include_usage: bool) -> Value {
+        self.delta_chunk(json!({"role": "assistant", "content": ""}), include_usage)
+    }
+
+    /// The stream's last chunks: the `finish_reason`, then with include_usage the usage.
+    pub(crate) fn closing_chunks(&self, include_usage: bool) -> Vec<Value> {
         let none = include_usage.then_some(Value::Null);
         let mut chunks = vec![self.chunk(
-            json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+            json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": self.finish_reason}]),
             none.as_ref(),
         )];
+        if include_usage {
+            chunks.push(self.chunk(json!([]), Some(&self.usage)));
+        }
+        chunks
+    }
+
+    /// The stream's events, in order, without the final `[DONE]`.
+    pub(crate) fn chunks(&self, include_usage: bool) -> Vec<Value> {
+        let none = include_usage.then_some(Value::Null);
+        let mut chunks = vec![self.role_chunk(include_usage)];
         if !self.content.is_null() {
-            chunks.push(self.chunk(
-                json!([{"index": 0, "delta": {"content": self.content}, "logprobs": null, "finish_reason": null}]),
-                none.as_ref(),
-            ));
+            chunks.push(self.delta_chunk(json!({"content": self.content}), include_usage));
         }
         if let Some(Value::Array(calls)) = &self.tool_calls {
             // Each call whole in one delta, with its index, as streamed tool calls are.
@@ -139,34 +160,39 @@ impl Completion {
                 none.as_ref(),
             ));
         }
-        chunks.push(self.chunk(
-            json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": self.finish_reason}]),
-            none.as_ref(),
-        ));
-        if include_usage {
-            chunks.push(self.chunk(json!([]), Some(&self.usage)));
-        }
+        chunks.extend(self.closing_chunks(include_usage));
         chunks
     }
 }
 
-/// `text/event-stream` of the chunks and `data: [DONE]`. The task has finished when
-/// this is built: the whole answer is sent at once (docs/openai.md says so).
-pub(crate) fn stream(completion: &Completion, include_usage: bool) -> Response {
-    let mut text = String::new();
-    for chunk in completion.chunks(include_usage) {
-        text.push_str("data: ");
-        text.push_str(&chunk.to_string());
-        text.push_str("\n\n");
-    }
-    text.push_str("data: [DONE]\n\n");
-    let mut response = Body::from(text).into_response();
+/// One server-sent event of a stream: `data: <json>`.
+pub(crate) fn sse_data(value: &Value) -> String {
+    format!("data: {value}\n\n")
+}
+
+/// The stream's end.
+pub(crate) const SSE_DONE: &str = "data: [DONE]\n\n";
+
+/// The headers of a `text/event-stream` answer.
+pub(crate) fn sse_headers(response: &mut Response) {
     let h = response.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream; charset=utf-8"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+}
+
+/// `text/event-stream` of the chunks and `data: [DONE]`, for a task that has finished
+/// (a replay, a cache hit, a structured kind): the whole answer at once.
+pub(crate) fn stream(completion: &Completion, include_usage: bool) -> Response {
+    let mut text = String::new();
+    for chunk in completion.chunks(include_usage) {
+        text.push_str(&sse_data(&chunk));
+    }
+    text.push_str(SSE_DONE);
+    let mut response = Body::from(text).into_response();
+    sse_headers(&mut response);
     response
 }
 

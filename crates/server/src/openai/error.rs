@@ -76,6 +76,19 @@ impl OpenAiError {
         self.param.as_deref()
     }
 
+    /// The answer's body, `{"error": {"message", "type", "param", "code"}}` (also the
+    /// data of a stream's error event).
+    pub(crate) fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind(),
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+
     /// OpenAI's `type` for a status.
     fn kind(&self) -> &'static str {
         match self.status.as_u16() {
@@ -165,14 +178,7 @@ impl IntoResponse for OpenAiError {
         if self.status.is_server_error() {
             tracing::warn!(code = %self.code, message = %self.message, "openai door error");
         }
-        let body = json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind(),
-                "param": self.param,
-                "code": self.code,
-            }
-        });
+        let body = self.body();
         let mut response = (self.status, Json(body)).into_response();
         let headers = response.headers_mut();
         if let Some(s) = self.retry_after_s

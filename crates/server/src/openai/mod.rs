@@ -8,6 +8,7 @@
 mod answer;
 mod embeddings;
 mod error;
+mod live;
 mod request;
 
 use crate::AppState;
@@ -27,7 +28,7 @@ use tollgate_core::{
     BudgetName, EffectKey, EngineKeySpace, ErrorCode, ModelId, ScopeId, SourceId, SourceRevision,
     StepKey, TaskKind, TaskStatus, ValidatedRequest,
 };
-use tollgate_engine::{SourceSpec, Submission, SubmissionOwner};
+use tollgate_engine::{CallerView, SourceSpec, Submission, SubmissionOwner, TaskWaiter};
 
 /// The header naming the Tollgate task of an answer.
 pub(crate) const TASK_ID_HEADER: &str = "x-tollgate-task-id";
@@ -254,7 +255,23 @@ async fn chat_completions(
     // Request-shape errors are 400 here and write nothing (the engine checks again).
     ValidatedRequest::new(chat.kind, &chat.request, max_request_bytes)?;
     let (sub, keyed) = submission(&caller.0, &headers, &chat.model, chat.kind, &chat.request)?;
-    let task = run_door_task(&s, &caller.0, sub, keyed).await?;
+    // docs/openai.md, "Streaming": text and chat answers are forwarded as the provider
+    // sends them; a structured answer is validated first, then sent whole.
+    let task = if chat.stream && matches!(chat.kind, TaskKind::GenerateText | TaskKind::Chat) {
+        let (view, waiter, task) = submit_door_task(&s, &caller.0, sub).await?;
+        let how = live::Live {
+            include_usage: chat.include_usage,
+            max_tokens: chat.max_tokens,
+            keyed,
+            max_wait: s.max_wait,
+        };
+        match live::open(how, &view, waiter, task).await? {
+            live::Opened::Live(response) => return Ok(response),
+            live::Opened::Ended(task) => *task,
+        }
+    } else {
+        run_door_task(&s, &caller.0, sub, keyed).await?
+    };
     let completion = answer::Completion::of(&task, chat.max_tokens);
     let mut response = if chat.stream {
         answer::stream(&completion, chat.include_usage)
@@ -281,6 +298,22 @@ async fn run_door_task(
     sub: Submission,
     keyed: bool,
 ) -> Result<tollgate_core::Task, OpenAiError> {
+    let (view, waiter, mut task) = submit_door_task(s, caller, sub).await?;
+    if !task.status.is_terminal()
+        && let Some(now) = view.wait_known(waiter, task.clone(), s.max_wait).await?
+    {
+        task = now;
+    }
+    door_answer(task, keyed, s.max_wait)
+}
+
+/// Submits a door call's task (its waiter slot taken first, so a call refused for want of
+/// one submitted nothing) and releases it; answers the view, the waiter and the task.
+async fn submit_door_task(
+    s: &AppState,
+    caller: &Caller,
+    sub: Submission,
+) -> Result<(CallerView, TaskWaiter, tollgate_core::Task), OpenAiError> {
     let view = view(s, caller);
     let scope = match &sub.owner {
         SubmissionOwner::Application { scope } => scope.clone(),
@@ -295,12 +328,16 @@ async fn run_door_task(
     // Nothing replays a door task after it is answered but a retried call, so it is
     // released now: deleted `sweeper.retention` after it finishes, replayable until then.
     view.release(&scope, &submitted.task.effect_key).await?;
-    let mut task = submitted.task;
-    if !task.status.is_terminal()
-        && let Some(now) = view.wait_known(waiter, task.clone(), s.max_wait).await?
-    {
-        task = now;
-    }
+    Ok((view, waiter, submitted.task))
+}
+
+/// A door task as the call's answer: succeeded, or the door's error for a task still
+/// pending after `max_wait` (504 `task_pending`) or one that failed or was canceled.
+fn door_answer(
+    task: tollgate_core::Task,
+    keyed: bool,
+    max_wait: std::time::Duration,
+) -> Result<tollgate_core::Task, OpenAiError> {
     match task.status {
         TaskStatus::Succeeded => {}
         TaskStatus::Queued | TaskStatus::Running => {
@@ -316,7 +353,7 @@ async fn run_door_task(
                     "task {} is still {} after the server's longest wait ({} s); {retry}",
                     task.id,
                     task.status.as_str(),
-                    s.max_wait.as_secs()
+                    max_wait.as_secs()
                 ),
             )
             // Retrying without a key would start a second task.

@@ -3,6 +3,7 @@
 //! calls, and turns the answer (or the typed error) into JSON. The rules themselves
 //! (idempotency, defaults, visibility) are the engine's.
 
+pub(crate) mod events;
 mod listing;
 pub(crate) mod meta;
 pub(crate) mod pipelines;
@@ -36,6 +37,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/tasks/release", post(tasks::release))
         .route("/v1/tasks/{id}", get(tasks::get_task))
         .route("/v1/tasks/{id}/cancel", post(tasks::cancel_task))
+        .route("/v1/tasks/{id}/events", get(events::task_events))
         .route(
             "/v1/scopes/{scope}/unreleased-sources",
             get(scopes::unreleased_sources),

@@ -141,7 +141,7 @@ pub struct ReleaseAnswer {
     pub released: bool,
 }
 
-fn task_id(text: &str) -> Result<TaskId, ApiError> {
+pub(super) fn task_id(text: &str) -> Result<TaskId, ApiError> {
     // An id that cannot exist is reported like a missing one.
     TaskId::parse(text).map_err(|_| ApiError::not_found("task"))
 }

@@ -28,12 +28,15 @@
 
 mod request;
 mod response;
+mod stream;
 
 pub use request::{format_fields, request_body_as, tool_fields};
 pub use response::parse_answer;
+pub use stream::MessageStream;
 
 use super::http::{ApiKeyHeader, HttpClient};
 use super::pace::ProviderPace;
+use super::sse::StreamParser;
 use super::wait::wait_until_rfc3339;
 use super::{Provider, ProviderAnswer, ProviderCall, ProviderError, answer_limit};
 use crate::config::{
@@ -41,6 +44,7 @@ use crate::config::{
     StructuredOutput,
 };
 use crate::cost::TokenCounter;
+use crate::stream::StreamSink;
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderValue};
 use std::fmt;
@@ -56,6 +60,8 @@ pub struct AnthropicProvider {
     endpoint: String,
     structured_output: StructuredOutput,
     http: HttpClient,
+    /// Whether answers are streamed (`providers.<name>.stream`).
+    stream: bool,
 }
 
 impl fmt::Debug for AnthropicProvider {
@@ -65,6 +71,7 @@ impl fmt::Debug for AnthropicProvider {
             .field("endpoint", &self.endpoint)
             .field("structured_output", &self.structured_output)
             .field("http", &self.http)
+            .field("stream", &self.stream)
             .finish()
     }
 }
@@ -92,6 +99,7 @@ impl AnthropicProvider {
             endpoint: format!("{base}/messages"),
             structured_output: config.structured_output(),
             http,
+            stream: config.stream,
         })
     }
 
@@ -108,35 +116,81 @@ impl AnthropicProvider {
     }
 }
 
-#[async_trait]
-impl Provider for AnthropicProvider {
-    async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
+impl AnthropicProvider {
+    /// One Messages API call; streamed (`stream: true`) when `sink` is given and the
+    /// provider streams.
+    async fn message(
+        &self,
+        call: ProviderCall<'_>,
+        sink: Option<&StreamSink>,
+    ) -> Result<ProviderAnswer, ProviderError> {
         let counter = TokenCounter::for_provider(
             ProviderKind::Anthropic,
             self.structured_output,
             &call.model.model,
         );
         let prompt = counter.render(&call);
-        let body = request::body(&call, &prompt);
+        let mut body = request::body(&call, &prompt);
+        let sink = sink.filter(|_| self.stream);
+        if sink.is_some() {
+            body["stream"] = serde_json::json!(true);
+        }
         let estimate = if self.http.is_paced() {
             counter.pace_estimate(&call, &prompt)
         } else {
             0
         };
-        let (answer, ticket) = self
-            .http
-            .post(
-                &self.endpoint,
-                &body,
-                &call.model.model,
-                estimate,
-                answer_limit(call.max_output_bytes),
-                exhausted_limits,
-            )
-            .await?;
+        let model = &call.model.model;
+        let (answer, ticket) = match sink {
+            Some(sink) => {
+                let shape = prompt.shape;
+                let parser =
+                    move || -> Box<dyn StreamParser> { Box::new(MessageStream::new(shape)) };
+                self.http
+                    .post_streaming(
+                        &self.endpoint,
+                        &body,
+                        model,
+                        estimate,
+                        call.max_output_bytes,
+                        exhausted_limits,
+                        &parser,
+                        sink,
+                    )
+                    .await?
+            }
+            None => {
+                let limit = answer_limit(call.max_output_bytes);
+                self.http
+                    .post(
+                        &self.endpoint,
+                        &body,
+                        model,
+                        estimate,
+                        limit,
+                        exhausted_limits,
+                    )
+                    .await?
+            }
+        };
         let parsed = parse_answer(&answer, prompt.shape);
         self.http.settle(ticket, &parsed).await;
         parsed
+    }
+}
+
+#[async_trait]
+impl Provider for AnthropicProvider {
+    async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
+        self.message(call, None).await
+    }
+
+    async fn complete_streaming(
+        &self,
+        call: ProviderCall<'_>,
+        sink: &StreamSink,
+    ) -> Result<ProviderAnswer, ProviderError> {
+        self.message(call, Some(sink)).await
     }
 }
 

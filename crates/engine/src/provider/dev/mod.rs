@@ -13,13 +13,16 @@
 //!
 //! Usage is reported as one token per four bytes of request and output. The model
 //! parameter `latency_ms` delays every answer, so cancellation and heartbeats can be
-//! exercised; the delay is dropped with the call when a task is canceled.
+//! exercised; the delay is dropped with the call when a task is canceled. A streamed
+//! answer (a task's live readers) comes in small deterministic pieces, `stream_delay_ms`
+//! apart (module `stream`).
 
 mod chat;
 mod embed;
 mod extract;
 mod instance;
 mod labels;
+mod stream;
 
 pub use embed::{DEFAULT_DEV_DIMENSIONS, dev_vector};
 
@@ -250,6 +253,16 @@ impl Provider for DevProvider {
         };
         answered
             .map_err(|panic| ProviderError::Failed(format!("the dev provider failed: {panic}")))?
+    }
+
+    async fn complete_streaming(
+        &self,
+        call: ProviderCall<'_>,
+        sink: &crate::stream::StreamSink,
+    ) -> Result<ProviderAnswer, ProviderError> {
+        let answer = self.complete(call).await?;
+        stream::publish(call.model, call.request.kind(), &answer, sink).await;
+        Ok(answer)
     }
 
     async fn embed(&self, call: EmbedCall<'_>) -> Result<EmbedAnswer, ProviderError> {

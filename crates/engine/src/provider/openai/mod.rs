@@ -51,14 +51,17 @@
 mod embeddings;
 mod request;
 mod response;
+mod stream;
 
 pub use super::prompt::AnswerShape;
 pub use embeddings::{embeddings_body, parse_embeddings};
 pub use request::{format_fields, message_value, request_body, request_body_as, tool_fields};
 pub use response::parse_answer;
+pub use stream::ChatStream;
 
 use super::http::{ApiKeyHeader, HttpClient, no_exhausted_limits};
 use super::pace::ProviderPace;
+use super::sse::StreamParser;
 use super::{
     EmbedAnswer, EmbedCall, Provider, ProviderAnswer, ProviderCall, ProviderError, answer_limit,
 };
@@ -66,6 +69,7 @@ use crate::config::{
     AZURE_API_VERSION, ConfigError, OPENAI_BASE_URL, ProviderConfig, ProviderKind, StructuredOutput,
 };
 use crate::cost::TokenCounter;
+use crate::stream::StreamSink;
 use async_trait::async_trait;
 use std::fmt;
 
@@ -91,6 +95,8 @@ pub struct OpenAiProvider {
     endpoint: Endpoint,
     structured_output: StructuredOutput,
     http: HttpClient,
+    /// Whether answers are streamed (`providers.<name>.stream`).
+    stream: bool,
 }
 
 impl fmt::Debug for OpenAiProvider {
@@ -101,6 +107,7 @@ impl fmt::Debug for OpenAiProvider {
             .field("endpoint", &self.endpoint)
             .field("structured_output", &self.structured_output)
             .field("http", &self.http)
+            .field("stream", &self.stream)
             .finish()
     }
 }
@@ -141,6 +148,7 @@ impl OpenAiProvider {
             endpoint,
             structured_output: config.structured_output(),
             http: HttpClient::new(name, config, key_header)?,
+            stream: config.stream,
         })
     }
 
@@ -180,13 +188,24 @@ impl OpenAiProvider {
     }
 }
 
-#[async_trait]
-impl Provider for OpenAiProvider {
-    async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
+impl OpenAiProvider {
+    /// One chat completion; streamed (`stream: true` with `stream_options.include_usage`,
+    /// so the usage comes in the stream's last chunk) when `sink` is given and the
+    /// provider streams.
+    async fn chat(
+        &self,
+        call: ProviderCall<'_>,
+        sink: Option<&StreamSink>,
+    ) -> Result<ProviderAnswer, ProviderError> {
         let counter =
             TokenCounter::for_provider(self.kind, self.structured_output, &call.model.model);
         let prompt = counter.render(&call);
-        let body = request::body(&call, &prompt);
+        let mut body = request::body(&call, &prompt);
+        let sink = sink.filter(|_| self.stream);
+        if sink.is_some() {
+            body["stream"] = serde_json::json!(true);
+            body["stream_options"] = serde_json::json!({"include_usage": true});
+        }
         // docs/conformance.md#provider-pace token pace: this call's bound, counted as a
         // reservation counts it (its re-ask messages included), settled with the real usage.
         let estimate = if self.http.is_paced() {
@@ -194,20 +213,50 @@ impl Provider for OpenAiProvider {
         } else {
             0
         };
-        let (answer, ticket) = self
-            .http
-            .post(
-                &self.endpoint_for(&call.model.model),
-                &body,
-                &call.model.model,
-                estimate,
-                answer_limit(call.max_output_bytes),
-                no_exhausted_limits,
-            )
-            .await?;
+        let url = self.endpoint_for(&call.model.model);
+        let model = &call.model.model;
+        let (answer, ticket) = match sink {
+            Some(sink) => {
+                let shape = prompt.shape;
+                let parser = move || -> Box<dyn StreamParser> { Box::new(ChatStream::new(shape)) };
+                self.http
+                    .post_streaming(
+                        &url,
+                        &body,
+                        model,
+                        estimate,
+                        call.max_output_bytes,
+                        no_exhausted_limits,
+                        &parser,
+                        sink,
+                    )
+                    .await?
+            }
+            None => {
+                let limit = answer_limit(call.max_output_bytes);
+                self.http
+                    .post(&url, &body, model, estimate, limit, no_exhausted_limits)
+                    .await?
+            }
+        };
         let parsed = parse_answer(&answer, prompt.shape);
         self.http.settle(ticket, &parsed).await;
         parsed
+    }
+}
+
+#[async_trait]
+impl Provider for OpenAiProvider {
+    async fn complete(&self, call: ProviderCall<'_>) -> Result<ProviderAnswer, ProviderError> {
+        self.chat(call, None).await
+    }
+
+    async fn complete_streaming(
+        &self,
+        call: ProviderCall<'_>,
+        sink: &StreamSink,
+    ) -> Result<ProviderAnswer, ProviderError> {
+        self.chat(call, Some(sink)).await
     }
 
     async fn embed(&self, call: EmbedCall<'_>) -> Result<EmbedAnswer, ProviderError> {
