@@ -290,11 +290,11 @@ fn tools() -> Value {
 /// Task `k`: the first [`QUEUED_FIRST`] and odd ones `embed`, the other even ones
 /// `chat` (every fourth a tool-result round trip).
 fn submission(k: usize) -> Submission {
-    let (kind, model, request) = if k >= QUEUED_FIRST && k % 2 == 0 {
+    let (kind, model, request) = if k >= QUEUED_FIRST && k.is_multiple_of(2) {
         let again = if k % 8 == 2 { " (ask again)" } else { "" };
         let question =
             json!({"role": "user", "content": format!("Weather and time in Paris? ({k}){again}")});
-        let messages = if k % 4 == 0 {
+        let messages = if k.is_multiple_of(4) {
             json!([question,
                 {"role": "assistant", "content": null, "tool_calls": [
                     call(format!("c{k}a"), "get_weather", json!({"city": "Paris"})),
