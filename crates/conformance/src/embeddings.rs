@@ -1,11 +1,14 @@
 //! docs/conformance.md#embed-item-cache: the embeddings item cache — vectors by item key
 //! within one app and scope, the first entry of a key kept, each entry owned by the task
 //! that computed it and deleted with it (owner deletion, retention), nothing stored for a
-//! task that is gone.
+//! task that is gone; a mostly cached task charged for its other items only, and tasks
+//! of one grouped call each settling its own share.
 
 use crate::Backend;
+use crate::cost::{cost_budget, priced_task, reserve, test_prices, tokens};
 use crate::fixtures::*;
-use tollgate_store::{EmbeddingEntry, Store, SweepConfig};
+use tollgate_core::AttemptOutcome;
+use tollgate_store::{AttemptEnd, EmbeddingEntry, Store, SweepConfig};
 
 fn entry(key: &str, x: f32) -> EmbeddingEntry {
     EmbeddingEntry {
@@ -148,4 +151,159 @@ pub async fn embedding_cache_entries_go_with_retention(b: &dyn Backend) {
         .await
         .expect("cached_embeddings");
     assert_eq!(found.keys().collect::<Vec<_>>(), vec!["k"]);
+}
+
+/// docs/conformance.md#embed-item-cache: a task of 1,000 items of which 990 were
+/// embedded before finds those 990 in one lookup (the 10 others missing, exactly), and,
+/// settled with the 10 others' tokens, is charged for those only: its reservation of
+/// every item's input tokens goes, its share of the spend is the 10 items'.
+pub async fn a_mostly_cached_embed_task_is_charged_for_its_uncached_items(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    let limited = cost_budget(Some(100_000_000), None, None);
+    // Three tokens an item (`entry`); input tokens only, no output bound.
+    let first = create_new(
+        &*s,
+        priced_task("acme", "s", "first", "doc-1", limited, reserve(3 * 990, 0)),
+    )
+    .await;
+    claim(&*s, first.id, &w).await;
+    let stored: Vec<EmbeddingEntry> = (0..990)
+        .map(|i| entry(&format!("item-{i}"), i as f32 / 990.0))
+        .collect();
+    assert_eq!(put(&*s, first.id, &stored).await, 990);
+    s.complete_task(first.id, &w, spam(), tokens(3 * 990, 0))
+        .await
+        .expect("complete");
+    let before = s.spend(&app("acme"), Some(&scope("s"))).await.unwrap();
+    assert_eq!(before.settled_nano, 3 * 990 * 1_000);
+
+    let second = create_new(
+        &*s,
+        priced_task(
+            "acme",
+            "s",
+            "second",
+            "doc-2",
+            limited,
+            reserve(3 * 1000, 0),
+        ),
+    )
+    .await;
+    let reserved = s.spend(&app("acme"), Some(&scope("s"))).await.unwrap();
+    assert_eq!(
+        reserved.reserved_nano,
+        3 * 1000 * 1_000,
+        "reserved by every item's input tokens"
+    );
+    claim(&*s, second.id, &w).await;
+    let wanted: Vec<String> = (0..1000).map(|i| format!("item-{i}")).collect();
+    let found = s
+        .cached_embeddings(&app("acme"), &scope("s"), &wanted)
+        .await
+        .expect("cached_embeddings");
+    assert_eq!(found.len(), 990);
+    let mut missing: Vec<&String> = wanted.iter().filter(|k| !found.contains_key(*k)).collect();
+    missing.sort();
+    let expected: Vec<String> = (990..1000).map(|i| format!("item-{i}")).collect();
+    assert_eq!(missing, expected.iter().collect::<Vec<_>>());
+    assert_eq!(found["item-495"], stored[495].vector);
+    let new: Vec<EmbeddingEntry> = (990..1000)
+        .map(|i| entry(&format!("item-{i}"), 0.5))
+        .collect();
+    assert_eq!(put(&*s, second.id, &new).await, 10);
+    s.complete_task(second.id, &w, spam(), tokens(3 * 10, 0))
+        .await
+        .expect("complete");
+    let after = s.spend(&app("acme"), Some(&scope("s"))).await.unwrap();
+    assert_eq!(after.reserved_nano, 0, "the reservation is gone");
+    assert_eq!(
+        after.settled_nano - before.settled_nano,
+        3 * 10 * 1_000,
+        "charged for the 10 uncached items only"
+    );
+    assert_eq!(
+        s.embeddings_of_task(&app("acme"), second.id).await.unwrap(),
+        10
+    );
+}
+
+/// docs/conformance.md#embed-item-cache: `embed` tasks reserved by their input tokens
+/// fill a scope's limit exactly (the next is refused); one grouped provider call
+/// answers them all, each settles its own share (attempt and task), and the settled
+/// spend is the call's usage, to the nano-dollar.
+pub async fn grouped_embed_tasks_settle_each_its_own_share(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    let shares: [u64; 5] = [30, 31, 32, 33, 34];
+    let total: u64 = shares.iter().sum();
+    let limited = cost_budget(Some(total * 1_000), None, None);
+    let mut ids = Vec::new();
+    for (t, &n) in shares.iter().enumerate() {
+        let task = create_new(
+            &*s,
+            priced_task(
+                "acme",
+                "g",
+                &format!("g{t}"),
+                &format!("doc-{t}"),
+                limited,
+                reserve(n, 0),
+            ),
+        )
+        .await;
+        ids.push(task.id);
+    }
+    match s
+        .create_task(priced_task(
+            "acme",
+            "g",
+            "g5",
+            "doc-5",
+            limited,
+            reserve(1, 0),
+        ))
+        .await
+    {
+        Err(tollgate_store::StoreError::Cost(c)) => {
+            assert_eq!(c.code(), tollgate_core::ErrorCode::SpendBudget, "{c}")
+        }
+        other => panic!("the limit is reserved in full: {other:?}"),
+    }
+    let claimed = s.claim_next(&w, 5).await.expect("claim_next");
+    assert_eq!(claimed.len(), 5, "claimed together");
+    for id in &ids {
+        assert!(
+            s.begin_attempt(*id, &w, "rec/embed")
+                .await
+                .expect("begin_attempt")
+                .is_some()
+        );
+    }
+    // The grouped call used `total` tokens; each task's share is its own texts'.
+    for (id, &n) in ids.iter().zip(&shares) {
+        let end = AttemptEnd {
+            outcome: AttemptOutcome::Succeeded,
+            usage: Some(tokens(n, 0)),
+            prices: Some(test_prices()),
+            error: None,
+        };
+        assert!(s.end_attempt(*id, 1, &end).await.expect("end_attempt"));
+        let t = s
+            .complete_task(*id, &w, spam(), tokens(n, 0))
+            .await
+            .expect("complete");
+        assert!(t.applied);
+    }
+    let spent = s.spend(&app("acme"), Some(&scope("g"))).await.unwrap();
+    assert_eq!((spent.reserved_nano, spent.reserved_tokens), (0, 0));
+    assert_eq!(spent.settled_nano, (total * 1_000) as i64);
+    assert_eq!(spent.settled_tokens, total as i64);
+    for (id, &n) in ids.iter().zip(&shares) {
+        let t = get(&*s, &app("acme"), *id).await;
+        assert_eq!(t.usage.map(|u| u.input_tokens), Some(n));
+        let attempts = s.task_attempts(&app("acme"), *id).await.unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].charged.nano_usd, (n * 1_000) as i64);
+    }
 }

@@ -174,6 +174,8 @@ macro_rules! conformance_suite {
             embeddings::embedding_cache_is_per_app_and_scope,
             embeddings::embedding_cache_entries_go_with_owner_deletion,
             embeddings::embedding_cache_entries_go_with_retention,
+            embeddings::a_mostly_cached_embed_task_is_charged_for_its_uncached_items,
+            embeddings::grouped_embed_tasks_settle_each_its_own_share,
             owner::delete_owner_data_keeps_admission_records,
             owner::deleted_in_flight_task_sees_cancellation_and_cannot_complete,
             isolation::another_app_cannot_see_a_task_even_with_its_effect_key,

@@ -200,13 +200,10 @@ impl TokenCounter {
 /// The output-token bound of a request of `model` (see the module docs).
 /// An `embed` request has no output tokens: its bound is 0 (docs/budgets.md).
 pub fn output_bound(model: &ModelRef, request: &TaskRequest) -> Option<u64> {
-    let own = match request {
-        TaskRequest::GenerateText(r) => r.max_output_tokens,
-        TaskRequest::ExtractData(r) => r.max_output_tokens,
-        TaskRequest::Chat(r) => r.max_output_tokens,
-        TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) => None,
-        TaskRequest::Embed(_) => return Some(0),
-    };
+    if let TaskRequest::Embed(_) = request {
+        return Some(0);
+    }
+    let own = request.sampling().and_then(|s| s.max_output_tokens);
     own.map(u64::from).or_else(|| {
         ["max_tokens", "max_completion_tokens"]
             .iter()

@@ -13,10 +13,11 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::Sampling;
 use super::chat_tools::{parse_tool_choice, parse_tools};
 use super::messages::{clip, describe};
 use super::parse::{ROOT, de, object, optional};
-use super::sampling::{Sampling, check_sampling};
+use super::sampling::with_sampling_fields;
 use crate::error::InvalidInput;
 
 /// Most messages a `chat` request may have.
@@ -31,17 +32,8 @@ pub const MAX_TOOL_NAME_BYTES: usize = 64;
 /// Longest tool call id, in bytes.
 pub const MAX_TOOL_CALL_ID_BYTES: usize = 256;
 
-const CHAT_FIELDS: [&str; 9] = [
-    "messages",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "stop",
-    "seed",
-];
+/// The fields of a `chat` request besides the sampling fields.
+const CHAT_FIELDS: [&str; 4] = ["messages", "tools", "tool_choice", "parallel_tool_calls"];
 
 /// A `chat` request: the conversation so far and the tools the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,21 +50,9 @@ pub struct ChatRequest {
     /// Whether the answer may call several tools at once (absent: yes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
-    /// Cap on generated tokens (at least 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_output_tokens: Option<u32>,
-    /// Sampling temperature, finite, in `[0, 2]`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    /// Nucleus sampling, in `(0, 1]`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    /// Up to [`MAX_STOP_SEQUENCES`](super::MAX_STOP_SEQUENCES) non-empty stop sequences.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Vec<String>>,
-    /// A sampling seed (within ±2^53).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
+    /// The sampling fields (flattened into the request object).
+    #[serde(flatten)]
+    pub sampling: Sampling,
 }
 
 impl ChatRequest {
@@ -248,7 +228,7 @@ pub struct ToolName {
 }
 
 pub(super) fn parse_chat(value: &Value) -> Result<ChatRequest, InvalidInput> {
-    let map = object(value, ROOT, &CHAT_FIELDS)?;
+    let map = object(value, ROOT, &with_sampling_fields(&CHAT_FIELDS))?;
     let messages = match map.get("messages") {
         None | Some(Value::Null) => {
             return Err(InvalidInput::field(ROOT, "missing field `messages`"));
@@ -268,19 +248,9 @@ pub(super) fn parse_chat(value: &Value) -> Result<ChatRequest, InvalidInput> {
         tools,
         tool_choice,
         parallel_tool_calls: optional(map, "parallel_tool_calls", ROOT)?,
-        max_output_tokens: optional(map, "max_output_tokens", ROOT)?,
-        temperature: optional(map, "temperature", ROOT)?,
-        top_p: optional(map, "top_p", ROOT)?,
-        stop: optional(map, "stop", ROOT)?,
-        seed: optional(map, "seed", ROOT)?,
+        sampling: Sampling::read(map)?,
     };
-    check_sampling(Sampling {
-        max_output_tokens: request.max_output_tokens,
-        temperature: request.temperature,
-        top_p: request.top_p,
-        stop: request.stop.as_deref(),
-        seed: request.seed,
-    })?;
+    request.sampling.check()?;
     Ok(request)
 }
 

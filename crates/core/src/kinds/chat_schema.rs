@@ -6,6 +6,7 @@ use super::chat::{
     MAX_CHAT_MESSAGES, MAX_CHAT_TOOLS, MAX_TOOL_CALL_ID_BYTES, MAX_TOOL_CALLS, MAX_TOOL_NAME_BYTES,
 };
 use super::chat_output::FINISH_REASONS;
+use super::sampling::with_sampling_schemas;
 
 fn tool_name_schema() -> Value {
     json!({
@@ -48,14 +49,8 @@ fn text_message(role: &str) -> Value {
 }
 
 /// The published schema of a `chat` request.
-pub(super) fn chat_request_schema(
-    dialect: &str,
-    temperature: Value,
-    top_p: Value,
-    stop: Value,
-    seed: Value,
-) -> Value {
-    json!({
+pub(super) fn chat_request_schema(dialect: &str) -> Value {
+    with_sampling_schemas(json!({
         "$schema": dialect,
         "title": "chat request",
         "type": "object",
@@ -101,12 +96,7 @@ pub(super) fn chat_request_schema(
             "parallel_tool_calls": {
                 "type": ["boolean", "null"],
                 "description": "Whether the answer may call several tools (default true)."
-            },
-            "max_output_tokens": { "type": ["integer", "null"], "minimum": 1, "maximum": u32::MAX },
-            "temperature": temperature,
-            "top_p": top_p,
-            "stop": stop,
-            "seed": seed
+            }
         },
         "required": ["messages"],
         "additionalProperties": false,
@@ -168,7 +158,7 @@ pub(super) fn chat_request_schema(
                 ]
             }
         }
-    })
+    }))
 }
 
 /// The published schema of a `chat` output.

@@ -6,28 +6,17 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::ChatMessage;
 use super::messages::{clip, clip_long, describe};
 use super::parse::{ROOT, object, optional, parse_messages, required};
-use super::sampling::{Sampling, check_sampling};
+use super::sampling::with_sampling_fields;
+use super::{ChatMessage, Sampling};
 use crate::error::InvalidInput;
 
-const EXTRACT_DATA_FIELDS: [&str; 9] = [
-    "input",
-    "messages",
-    "schema",
-    "instructions",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "stop",
-    "seed",
-];
+/// The fields of an `extract_data` request besides the sampling fields.
+const EXTRACT_DATA_FIELDS: [&str; 4] = ["input", "messages", "schema", "instructions"];
 
 /// An `extract_data` request: a JSON value valid against `schema`, drawn from `input`
-/// or answering a chat (`messages`, exactly one of the two). The sampling fields are
-/// those of [`GenerateTextRequest`](super::GenerateTextRequest); each is absent from the
-/// stored request (and so from its hash) unless set.
+/// or answering a chat (`messages`, exactly one of the two).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExtractDataRequest {
@@ -44,25 +33,13 @@ pub struct ExtractDataRequest {
     /// Extra instructions for the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
-    /// Cap on generated tokens (at least 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_output_tokens: Option<u32>,
-    /// Sampling temperature, finite, in `[0, 2]`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    /// Nucleus sampling, in `(0, 1]`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    /// Up to [`MAX_STOP_SEQUENCES`](super::MAX_STOP_SEQUENCES) non-empty stop sequences.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Vec<String>>,
-    /// A sampling seed (within ±2^53).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
+    /// The sampling fields (flattened into the request object).
+    #[serde(flatten)]
+    pub sampling: Sampling,
 }
 
 pub(super) fn parse_extract_data(value: &Value) -> Result<ExtractDataRequest, InvalidInput> {
-    let map = object(value, ROOT, &EXTRACT_DATA_FIELDS)?;
+    let map = object(value, ROOT, &with_sampling_fields(&EXTRACT_DATA_FIELDS))?;
     let input: Option<String> = optional(map, "input", ROOT)?;
     let messages = match map.get("messages") {
         None | Some(Value::Null) => None,
@@ -85,19 +62,9 @@ pub(super) fn parse_extract_data(value: &Value) -> Result<ExtractDataRequest, In
         messages,
         schema: schema.clone(),
         instructions: optional(map, "instructions", ROOT)?,
-        max_output_tokens: optional(map, "max_output_tokens", ROOT)?,
-        temperature: optional(map, "temperature", ROOT)?,
-        top_p: optional(map, "top_p", ROOT)?,
-        stop: optional(map, "stop", ROOT)?,
-        seed: optional(map, "seed", ROOT)?,
+        sampling: Sampling::read(map)?,
     };
-    check_sampling(Sampling {
-        max_output_tokens: request.max_output_tokens,
-        temperature: request.temperature,
-        top_p: request.top_p,
-        stop: request.stop.as_deref(),
-        seed: request.seed,
-    })?;
+    request.sampling.check()?;
     Ok(request)
 }
 

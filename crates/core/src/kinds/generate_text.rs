@@ -3,20 +3,13 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::Sampling;
 use super::parse::{ROOT, list, object, optional};
-use super::sampling::{Sampling, check_sampling};
+use super::sampling::with_sampling_fields;
 use crate::error::InvalidInput;
 
-const GENERATE_TEXT_FIELDS: [&str; 8] = [
-    "messages",
-    "prompt",
-    "system",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "stop",
-    "seed",
-];
+/// The fields of a `generate_text` request besides the sampling fields.
+const GENERATE_TEXT_FIELDS: [&str; 3] = ["messages", "prompt", "system"];
 
 /// A `generate_text` request: exactly one of `messages` or `prompt`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,22 +24,9 @@ pub struct GenerateTextRequest {
     /// A system prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
-    /// Cap on generated tokens (at least 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_output_tokens: Option<u32>,
-    /// Sampling temperature, finite, in `[0, 2]`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    /// Nucleus sampling: the probability mass considered, in `(0, 1]`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    /// Up to [`MAX_STOP_SEQUENCES`](super::MAX_STOP_SEQUENCES) non-empty sequences where
-    /// generation stops.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Vec<String>>,
-    /// A seed for providers that sample deterministically with one (within ±2^53).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
+    /// The sampling fields (flattened into the request object).
+    #[serde(flatten)]
+    pub sampling: Sampling,
 }
 
 /// One message of a chat.
@@ -72,7 +52,7 @@ pub enum ChatRole {
 }
 
 pub(super) fn parse_generate_text(value: &Value) -> Result<GenerateTextRequest, InvalidInput> {
-    let map = object(value, ROOT, &GENERATE_TEXT_FIELDS)?;
+    let map = object(value, ROOT, &with_sampling_fields(&GENERATE_TEXT_FIELDS))?;
     let messages: Option<Vec<ChatMessage>> = match map.get("messages") {
         None | Some(Value::Null) => None,
         Some(v) => Some(list(v, "request.messages", usize::MAX, "messages")?),
@@ -81,11 +61,7 @@ pub(super) fn parse_generate_text(value: &Value) -> Result<GenerateTextRequest, 
         messages,
         prompt: optional(map, "prompt", ROOT)?,
         system: optional(map, "system", ROOT)?,
-        max_output_tokens: optional(map, "max_output_tokens", ROOT)?,
-        temperature: optional(map, "temperature", ROOT)?,
-        top_p: optional(map, "top_p", ROOT)?,
-        stop: optional(map, "stop", ROOT)?,
-        seed: optional(map, "seed", ROOT)?,
+        sampling: Sampling::read(map)?,
     };
     match (&request.messages, &request.prompt) {
         (Some(_), Some(_)) => {
@@ -111,13 +87,7 @@ pub(super) fn parse_generate_text(value: &Value) -> Result<GenerateTextRequest, 
     if request.prompt.as_ref().is_some_and(String::is_empty) {
         return Err(InvalidInput::field("request.prompt", "must not be empty"));
     }
-    check_sampling(Sampling {
-        max_output_tokens: request.max_output_tokens,
-        temperature: request.temperature,
-        top_p: request.top_p,
-        stop: request.stop.as_deref(),
-        seed: request.seed,
-    })?;
+    request.sampling.check()?;
     Ok(request)
 }
 
@@ -138,8 +108,8 @@ mod tests {
             panic!()
         };
         assert_eq!(g.prompt.as_deref(), Some("Write a haiku"));
-        assert_eq!(g.max_output_tokens, Some(1));
-        assert_eq!(g.temperature, Some(0.0));
+        assert_eq!(g.sampling.max_output_tokens, Some(1));
+        assert_eq!(g.sampling.temperature, Some(0.0));
         let r = accepts(
             TaskKind::GenerateText,
             json!({ "messages": [

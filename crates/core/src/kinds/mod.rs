@@ -11,7 +11,8 @@
 //! and the request limits; `generate_text`, `classify`, `classify_many` and `extract_data`
 //! hold each kind's request type and parser (`extract_data` also the checks on a caller's
 //! schema), `labels` the label type shared by both classifications, `sampling` the
-//! sampling fields `generate_text` and `extract_data` share, `parse` and `messages` the
+//! sampling fields `generate_text`, `extract_data` and `chat` share ([`Sampling`]: their
+//! parsing, ranges and schemas), `parse` and `messages` the
 //! field and message helpers, `schemas` the published JSON Schemas,
 //! `validate` [`validate_output`], `output_size` the output size rules and `schema_cost`
 //! the cost rule for a caller's schema.
@@ -59,6 +60,7 @@ pub use extract_data::ExtractDataRequest;
 pub use generate_text::{ChatMessage, ChatRole, GenerateTextRequest};
 pub use labels::Label;
 pub use output_size::{check_output_fits, check_output_size};
+pub use sampling::Sampling;
 pub use schema_cost::{
     MAX_SCHEMA_DEPTH, MAX_SCHEMA_EXPANSION, MAX_SCHEMA_NODES, check_schema_cost,
 };
@@ -185,6 +187,17 @@ impl TaskRequest {
             TaskRequest::ExtractData(_) => TaskKind::ExtractData,
             TaskRequest::Chat(_) => TaskKind::Chat,
             TaskRequest::Embed(_) => TaskKind::Embed,
+        }
+    }
+
+    /// The request's sampling fields, for the kinds that have them (`generate_text`,
+    /// `extract_data`, `chat`).
+    pub fn sampling(&self) -> Option<&Sampling> {
+        match self {
+            TaskRequest::GenerateText(r) => Some(&r.sampling),
+            TaskRequest::ExtractData(r) => Some(&r.sampling),
+            TaskRequest::Chat(r) => Some(&r.sampling),
+            TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) | TaskRequest::Embed(_) => None,
         }
     }
 

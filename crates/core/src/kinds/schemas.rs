@@ -2,9 +2,10 @@
 
 use serde_json::{Value, json};
 
+use super::sampling::with_sampling_schemas;
 use super::{
     MAX_EMBED_DIMENSIONS, MAX_EMBED_INPUT_BYTES, MAX_EMBED_INPUTS, MAX_ITEM_ID_BYTES, MAX_ITEMS,
-    MAX_LABEL_BYTES, MAX_LABELS, MAX_SEED, MAX_STOP_SEQUENCES, MAX_TEMPERATURE, TaskKind,
+    MAX_LABEL_BYTES, MAX_LABELS, TaskKind,
 };
 
 /// The dialect of every JSON Schema this module publishes.
@@ -58,28 +59,6 @@ fn chat_message_schema() -> Value {
     })
 }
 
-fn temperature_schema() -> Value {
-    json!({ "type": ["number", "null"], "minimum": 0, "maximum": MAX_TEMPERATURE })
-}
-
-fn top_p_schema() -> Value {
-    json!({ "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1 })
-}
-
-fn stop_schema() -> Value {
-    json!({
-        "type": ["array", "null"],
-        "minItems": 1,
-        "maxItems": MAX_STOP_SEQUENCES,
-        "items": { "type": "string", "minLength": 1 },
-        "description": "Sequences where generation stops."
-    })
-}
-
-fn seed_schema() -> Value {
-    json!({ "type": ["integer", "null"], "minimum": -MAX_SEED, "maximum": MAX_SEED })
-}
-
 fn instructions_schema() -> Value {
     json!({ "type": ["string", "null"], "description": "Extra instructions for the model." })
 }
@@ -90,7 +69,7 @@ fn instructions_schema() -> Value {
 /// [`TaskRequest::parse`](super::TaskRequest::parse).
 pub fn request_schema(kind: TaskKind) -> Value {
     match kind {
-        TaskKind::GenerateText => json!({
+        TaskKind::GenerateText => with_sampling_schemas(json!({
             "$schema": SCHEMA_DIALECT,
             "title": "generate_text request",
             "type": "object",
@@ -106,16 +85,7 @@ pub fn request_schema(kind: TaskKind) -> Value {
                     "minLength": 1,
                     "description": "A single user prompt; exclusive with `messages`."
                 },
-                "system": { "type": ["string", "null"], "description": "A system prompt." },
-                "max_output_tokens": {
-                    "type": ["integer", "null"],
-                    "minimum": 1,
-                    "maximum": u32::MAX
-                },
-                "temperature": temperature_schema(),
-                "top_p": top_p_schema(),
-                "stop": stop_schema(),
-                "seed": seed_schema()
+                "system": { "type": ["string", "null"], "description": "A system prompt." }
             },
             "additionalProperties": false,
             "oneOf": [
@@ -123,7 +93,7 @@ pub fn request_schema(kind: TaskKind) -> Value {
                 { "required": ["prompt"], "properties": { "prompt": { "type": "string" } } }
             ],
             "$defs": { "chat_message": chat_message_schema() }
-        }),
+        })),
         TaskKind::Classify => json!({
             "$schema": SCHEMA_DIALECT,
             "title": "classify request",
@@ -171,7 +141,7 @@ pub fn request_schema(kind: TaskKind) -> Value {
             "additionalProperties": false,
             "$defs": { "label": label_schema() }
         }),
-        TaskKind::ExtractData => json!({
+        TaskKind::ExtractData => with_sampling_schemas(json!({
             "$schema": SCHEMA_DIALECT,
             "title": "extract_data request",
             "type": "object",
@@ -192,16 +162,7 @@ pub fn request_schema(kind: TaskKind) -> Value {
                     "minItems": 1,
                     "items": { "$ref": "#/$defs/chat_message" },
                     "description": "A chat whose answer is the JSON value; exclusive with `input`."
-                },
-                "max_output_tokens": {
-                    "type": ["integer", "null"],
-                    "minimum": 1,
-                    "maximum": u32::MAX
-                },
-                "temperature": temperature_schema(),
-                "top_p": top_p_schema(),
-                "stop": stop_schema(),
-                "seed": seed_schema()
+                }
             },
             "required": ["schema"],
             "additionalProperties": false,
@@ -210,14 +171,8 @@ pub fn request_schema(kind: TaskKind) -> Value {
                 { "required": ["messages"], "properties": { "messages": { "type": "array" } } }
             ],
             "$defs": { "chat_message": chat_message_schema() }
-        }),
-        TaskKind::Chat => super::chat_schema::chat_request_schema(
-            SCHEMA_DIALECT,
-            temperature_schema(),
-            top_p_schema(),
-            stop_schema(),
-            seed_schema(),
-        ),
+        })),
+        TaskKind::Chat => super::chat_schema::chat_request_schema(SCHEMA_DIALECT),
         TaskKind::Embed => json!({
             "$schema": SCHEMA_DIALECT,
             "title": "embed request",

@@ -8,7 +8,6 @@ use crate::provider::prompt::{
     AnswerShape, OutputFormat, Prompt, PromptMessage, PromptRole, ToolOffer,
 };
 use serde_json::{Map, Value, json};
-use tollgate_core::TaskRequest;
 use tollgate_core::kinds::{ToolChoice, ToolChoiceMode};
 
 /// The Messages API body for a call whose structured output is asked for as `mode`
@@ -158,40 +157,19 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
             body.insert(key.into(), value);
         }
     }
-    let (max_output_tokens, temperature, top_p, stop) = match call.request {
-        TaskRequest::GenerateText(r) => (
-            r.max_output_tokens,
-            r.temperature,
-            r.top_p,
-            r.stop.as_deref(),
-        ),
-        TaskRequest::ExtractData(r) => (
-            r.max_output_tokens,
-            r.temperature,
-            r.top_p,
-            r.stop.as_deref(),
-        ),
-        TaskRequest::Chat(r) => (
-            r.max_output_tokens,
-            r.temperature,
-            r.top_p,
-            r.stop.as_deref(),
-        ),
-        TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) | TaskRequest::Embed(_) => {
-            (None, None, None, None)
+    if let Some(s) = call.request.sampling() {
+        if let Some(n) = s.max_output_tokens {
+            body.insert("max_tokens".into(), json!(n));
         }
-    };
-    if let Some(n) = max_output_tokens {
-        body.insert("max_tokens".into(), json!(n));
-    }
-    if let Some(t) = temperature {
-        body.insert("temperature".into(), json!(t));
-    }
-    if let Some(p) = top_p {
-        body.insert("top_p".into(), json!(p));
-    }
-    if let Some(stop) = stop {
-        body.insert("stop_sequences".into(), json!(stop));
+        if let Some(t) = s.temperature {
+            body.insert("temperature".into(), json!(t));
+        }
+        if let Some(p) = s.top_p {
+            body.insert("top_p".into(), json!(p));
+        }
+        if let Some(stop) = &s.stop {
+            body.insert("stop_sequences".into(), json!(stop));
+        }
     }
     // A request's `seed` has no counterpart here: it is not sent.
     let system: Vec<&str> = prompt
@@ -210,7 +188,7 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::{ModelRef, TaskKind};
+    use tollgate_core::{ModelRef, TaskKind, TaskRequest};
 
     #[test]
     fn system_messages_are_hoisted_and_sampling_renamed() {

@@ -50,7 +50,7 @@ pub(super) fn answer(
     }
     let source = last_text(request);
     let mut words: Vec<&str> = source.split_whitespace().take(12).collect();
-    if let Some(limit) = request.max_output_tokens {
+    if let Some(limit) = request.sampling.max_output_tokens {
         words.truncate((limit as usize).saturating_sub(2));
     }
     for w in words {

@@ -116,7 +116,7 @@ impl DevProvider {
                     .unwrap_or_default();
                 let mut words: Vec<&str> = source.split_whitespace().take(12).collect();
                 let mut text = format!("[dev provider, {}]", model.model);
-                if let Some(limit) = r.max_output_tokens {
+                if let Some(limit) = r.sampling.max_output_tokens {
                     words.truncate((limit as usize).saturating_sub(2));
                 }
                 for w in words {

@@ -6,7 +6,7 @@ use crate::config::StructuredOutput;
 use crate::provider::ProviderCall;
 use crate::provider::prompt::{AnswerShape, OutputFormat, Prompt, PromptMessage, ToolOffer};
 use serde_json::{Map, Value, json};
-use tollgate_core::TaskRequest;
+use tollgate_core::kinds::Sampling;
 
 /// The chat completions request body for a call in the default `json_schema` mode, and
 /// how to read its answer.
@@ -110,31 +110,7 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
             body.insert(key.into(), value);
         }
     }
-    let sampling = match call.request {
-        TaskRequest::GenerateText(r) => Some(Sampling {
-            max_output_tokens: r.max_output_tokens,
-            temperature: r.temperature,
-            top_p: r.top_p,
-            stop: r.stop.as_deref(),
-            seed: r.seed,
-        }),
-        TaskRequest::ExtractData(r) => Some(Sampling {
-            max_output_tokens: r.max_output_tokens,
-            temperature: r.temperature,
-            top_p: r.top_p,
-            stop: r.stop.as_deref(),
-            seed: r.seed,
-        }),
-        TaskRequest::Chat(r) => Some(Sampling {
-            max_output_tokens: r.max_output_tokens,
-            temperature: r.temperature,
-            top_p: r.top_p,
-            stop: r.stop.as_deref(),
-            seed: r.seed,
-        }),
-        TaskRequest::Classify(_) | TaskRequest::ClassifyMany(_) | TaskRequest::Embed(_) => None,
-    };
-    if let Some(s) = sampling {
+    if let Some(s) = call.request.sampling() {
         insert_sampling(&mut body, s);
     }
     let messages: Vec<Value> = prompt.messages.iter().map(message_value).collect();
@@ -142,18 +118,9 @@ pub(super) fn body(call: &ProviderCall<'_>, prompt: &Prompt) -> Value {
     Value::Object(body)
 }
 
-/// The request's own sampling fields, borrowed.
-struct Sampling<'a> {
-    max_output_tokens: Option<u32>,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    stop: Option<&'a [String]>,
-    seed: Option<i64>,
-}
-
 /// The request's sampling fields win over the model's `params`; `max_output_tokens` is
 /// sent as `max_tokens` (what every OpenAI-compatible server reads).
-fn insert_sampling(body: &mut Map<String, Value>, s: Sampling<'_>) {
+fn insert_sampling(body: &mut Map<String, Value>, s: &Sampling) {
     if let Some(t) = s.temperature {
         body.insert("temperature".into(), json!(t));
     }
@@ -163,7 +130,7 @@ fn insert_sampling(body: &mut Map<String, Value>, s: Sampling<'_>) {
     if let Some(p) = s.top_p {
         body.insert("top_p".into(), json!(p));
     }
-    if let Some(stop) = s.stop {
+    if let Some(stop) = &s.stop {
         body.insert("stop".into(), json!(stop));
     }
     if let Some(seed) = s.seed {
@@ -175,7 +142,7 @@ fn insert_sampling(body: &mut Map<String, Value>, s: Sampling<'_>) {
 mod tests {
     use super::*;
     use crate::provider::openai::parse_answer;
-    use tollgate_core::{ModelRef, TaskKind};
+    use tollgate_core::{ModelRef, TaskKind, TaskRequest};
 
     fn call_for(kind: TaskKind, raw: Value) -> (TaskRequest, Value) {
         let request = TaskRequest::parse(kind, &raw).unwrap();
