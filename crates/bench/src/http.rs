@@ -149,6 +149,16 @@ impl HttpClient {
         Ok(())
     }
 
+    /// The server's root, `http://127.0.0.1:<port>`.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The benchmark app's API key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
     /// The longest `?wait=` the server honours (a longer one is cut to it).
     pub(crate) fn max_wait(&self) -> Duration {
         self.max_wait

@@ -19,6 +19,7 @@ mod burn_down;
 mod cache;
 mod counting;
 mod database;
+mod door;
 mod fairness;
 mod heartbeat;
 mod http;
@@ -26,6 +27,7 @@ mod latency;
 mod measure;
 mod peer;
 mod report;
+mod upstream;
 mod window;
 mod work;
 
@@ -121,7 +123,8 @@ pub struct SizeArgs {
     #[arg(long)]
     pub scopes: Option<usize>,
     /// admission, admission-window, cache, latency: measured time per side (per window
-    /// for admission-window), e.g. `30s` [default: 30s; quick: 2s].
+    /// for admission-window), e.g. `30s` [default: 30s; quick: 2s]; door: per phase
+    /// (six phases) [default: 10s; quick: 1s].
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
     /// Rounds each side's time (or tasks) is split into; sides alternate round by round
@@ -176,6 +179,9 @@ pub enum Scenario {
     /// enqueued over HTTP (`POST /v1/tasks/batch`) into a database of their own, never run.
     /// Not part of `all`: the peer binary is built apart from the workspace.
     Peer,
+    /// The OpenAI-compatible door over a fake upstream: added p50/p99 at 50 calls/s and
+    /// max calls/s at 32 connections, one scope and 64 scopes (vs the direct call).
+    Door,
     /// Every scenario, one after the other (all but `peer`).
     All,
 }
@@ -183,7 +189,7 @@ pub enum Scenario {
 impl Scenario {
     /// What `all` runs: every scenario but `peer`, which needs a binary the workspace
     /// does not build.
-    const EACH: [Scenario; 7] = [
+    const EACH: [Scenario; 8] = [
         Scenario::BurnDown,
         Scenario::Fairness,
         Scenario::Admission,
@@ -191,6 +197,7 @@ impl Scenario {
         Scenario::Cache,
         Scenario::Heartbeat,
         Scenario::Latency,
+        Scenario::Door,
     ];
 
     /// The scenario's command-line name.
@@ -204,6 +211,7 @@ impl Scenario {
             Scenario::Heartbeat => "heartbeat",
             Scenario::Latency => "latency",
             Scenario::Peer => "peer",
+            Scenario::Door => "door",
             Scenario::All => "all",
         }
     }
@@ -240,6 +248,8 @@ pub struct Sizes {
     clients: usize,
     scopes: usize,
     duration: Duration,
+    /// `--duration` for the door scenario: each of its phases (its own default).
+    door_duration: Duration,
     rounds: u32,
     small_window: u64,
     large_window: u64,
@@ -265,6 +275,11 @@ impl Sizes {
                 quick,
                 Duration::from_secs(30),
                 Duration::from_secs(2),
+            )),
+            door_duration: args.duration.unwrap_or(pick(
+                quick,
+                Duration::from_secs(10),
+                Duration::from_secs(1),
             )),
             rounds: args.rounds.unwrap_or(pick(quick, 5, 1)),
             small_window: args.small_window.unwrap_or(1_000),
@@ -365,6 +380,7 @@ async fn run_scenario(
         Scenario::Heartbeat => heartbeat::run(&ctx).await,
         Scenario::Latency => latency::run(&ctx).await,
         Scenario::Peer => peer::run(&ctx).await,
+        Scenario::Door => door::run(&ctx).await,
         Scenario::All => Err(anyhow::anyhow!("`all` is not one scenario")),
     };
     progress.stage("dropping the database");

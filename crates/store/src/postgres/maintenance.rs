@@ -151,6 +151,10 @@ impl MaintenanceStatements for PostgresStore {
         expire(self, config, batch, queued, report).await
     }
 
+    fn keep_lean(&self) {
+        self.vacuum_dead_rows();
+    }
+
     fn settings(&self) -> PgPool {
         self.pool.clone()
     }

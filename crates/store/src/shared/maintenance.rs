@@ -40,6 +40,11 @@ pub(crate) trait MaintenanceStatements: Backend {
     /// completed at or before `$1`.
     const RETAIN_TASKS: &'static str;
 
+    /// docs/engine.md, "Dead rows": after each sweep, the backend keeps its hot
+    /// tables lean (PostgreSQL: vacuums a hot table whose dead rows passed a bound, in the
+    /// background; SQLite reuses freed pages itself: nothing to do).
+    fn keep_lean(&self) {}
+
     /// Items 1–3 for one state: queued past the queue timeout, or running past the
     /// liveness timeout; canceled instead when cancellation was requested.
     async fn expire(
@@ -186,6 +191,7 @@ impl Maintenance {
             report.webhook_events_deleted += deleted;
             report.more |= deleted as i64 == batch;
         }
+        store.keep_lean();
         Ok(report)
     }
 

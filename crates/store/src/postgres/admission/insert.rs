@@ -75,14 +75,18 @@ static ADMIT_TASK: NamedStatement = NamedStatement::new(
     ],
 );
 
-/// A task without a source: its reservation, after its task row.
+/// A task without a source: its task row, its queue and its reservation.
 static RESERVE_UNSOURCED: NamedStatement = NamedStatement::new(
     "reserve_unsourced",
     include_str!("../sql/reserve_unsourced.sql"),
-    &[&[
-        ("spend_add", SPEND_ADD),
-        ("after", "(SELECT COUNT(*) FROM st) AS after_st"),
-    ]],
+    &[
+        BOUND_ROW,
+        QUEUE,
+        &[
+            ("spend_add", SPEND_ADD),
+            ("after", "t, (SELECT COUNT(*) FROM st) AS after_st"),
+        ],
+    ],
 );
 
 /// A cache hit's saving.
@@ -109,9 +113,9 @@ const ADMISSION_NAMES: &[&str] = &[
 ];
 /// The names [`insert_and_commit`] binds of the global slot ([`ADMIT_TASK`]).
 const SLOT_NAMES: &[&str] = &["fast", "share", "no_share", "slot_stripe", "cap"];
-/// The names [`insert_reserved_and_commit`] binds besides the token and spend groups
-/// ([`RESERVE_UNSOURCED`]).
-const UNSOURCED_NAMES: &[&str] = &["app", "scope", "bucket_units", "bucket_at"];
+/// The names [`insert_reserved_and_commit`] binds besides the row, the join, the token
+/// and the spend groups ([`RESERVE_UNSOURCED`]).
+const UNSOURCED_NAMES: &[&str] = &["bucket_units", "bucket_at"];
 /// The names `record_saved` binds besides the spend group ([`RECORD_SAVED`]).
 const SAVED_NAMES: &[&str] = &["app", "scope"];
 /// The names [`insert_app_task`] binds besides the row and the join ([`INSERT_APP_TASK`]).
@@ -238,22 +242,23 @@ pub(super) async fn insert_reserved_and_commit(
     token: Option<(BucketState, i64)>,
     reserve: SpendDelta,
 ) -> StoreResult<Option<Created>> {
-    let Some(task) = insert_task(&mut tx, row, true).await? else {
-        // Another replica inserted the same effect key first: keep nothing of ours.
-        tx.rollback().await?;
-        return lost_race(store, app, row.new).await.map(Some);
-    };
     let tasks = BucketState::full(budget.burst.get(), row.now);
     let mut b = RESERVE_UNSOURCED.binder();
+    row.bind(&mut b, false);
+    bind_join(&mut b, row.new.dispatch.weight);
     b.group(UNSOURCED_NAMES, |b| {
-        b.bind("app", app.as_str())
-            .bind("scope", row.scope.as_str())
-            .bind("bucket_units", tasks.units)
+        b.bind("bucket_units", tasks.units)
             .bind("bucket_at", tasks.at.0);
     });
     bind_token(&mut b, token);
     bind_spend(&mut b, row.scope.as_str(), spend_bucket(row.now), reserve);
-    tx.run(b.statement()?).await?;
+    let inserted: Option<TaskRow> = tx.optional(b.statement()?).await?;
+    let Some(task) = inserted else {
+        // Another replica inserted the same effect key first: keep nothing of ours.
+        tx.rollback().await?;
+        return lost_race(store, app, row.new).await.map(Some);
+    };
+    let task = task.into_task()?;
     tx.commit().await?;
     Ok(Some(Created::inserted(task)))
 }
@@ -519,7 +524,14 @@ mod tests {
         );
         check_binds(
             &RESERVE_UNSOURCED,
-            &[UNSOURCED_NAMES, TOKEN_NAMES, SPEND_NAMES],
+            &[
+                ROW_NAMES,
+                NOW_NAMES,
+                JOIN_NAMES,
+                UNSOURCED_NAMES,
+                TOKEN_NAMES,
+                SPEND_NAMES,
+            ],
         );
         check_binds(&RECORD_SAVED, &[SAVED_NAMES, SPEND_NAMES]);
         check_binds(&ACTIVATE_QUEUE, &[ACTIVATE_NAMES]);

@@ -1,13 +1,19 @@
--- docs/budgets.md, "Tasks without a source": after its task row, the reservation of a
--- task without a source that can cost money — the scope's model-token bucket taken
--- (:token_units NULL: no token rate; a new scope row starts with a full task bucket,
--- :bucket_units at :bucket_at, as one never admitted into), the reservation added to
--- the scope's and the app's spend bucket — in the lock order (scope row, scope bucket,
--- app bucket).
-WITH st AS (
+-- docs/budgets.md, "Tasks without a source": a task without a source that can cost money
+-- in ONE statement — its task row, its queue's join (docs/conformance.md#fair-share), and
+-- its reservation: the scope's model-token bucket taken (:token_units NULL: no token
+-- rate; a new scope row starts with a full task bucket, :bucket_units at :bucket_at, as
+-- one never admitted into), the reservation added to the scope's and the app's spend
+-- bucket. Every write after the task's reads from the one before, so nothing is reserved
+-- when the effect key was taken (no row in t), and the rows lock in the lock order: task,
+-- scope row, scope bucket, app bucket. One statement, so the scope's lock is held for one
+-- round trip less than a separate insert and reservation took.
+WITH t AS ({task_insert}),
+{task_queue_join},
+st AS (
   INSERT INTO scope_state (app, scope, bucket_units, bucket_at,
                            token_units, token_at, token_capacity)
   SELECT :app, :scope, :bucket_units, :bucket_at, :token_units, :token_at, :token_capacity
+  FROM t
   WHERE :token_units::BIGINT IS NOT NULL
   ON CONFLICT (app, scope) DO UPDATE SET
     token_units = EXCLUDED.token_units,
@@ -16,4 +22,4 @@ WITH st AS (
   RETURNING 1
 ),
 {spend_add}
-SELECT 1
+SELECT * FROM t
