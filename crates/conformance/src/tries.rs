@@ -455,3 +455,69 @@ pub async fn a_worker_that_lost_its_lease_cannot_fail_the_task(b: &dyn Backend) 
         "charged the interrupted attempt's reservation"
     );
 }
+
+/// The claim fence: a worker whose task was requeued while its execution still ran (its
+/// heartbeats starved past the liveness timeout) and that claimed the task again —
+/// the same worker id — completes nothing with the execution of its earlier claim: the
+/// completion carries the claimed copy, and only the current claim's applies; the
+/// current execution completes it, and its attempt ends with it.
+pub async fn a_stale_claim_of_the_same_worker_completes_nothing(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("pool");
+    let budget = cost_budget(Some(10_000_000), None, None);
+    let t = create_new(
+        &*s,
+        tries(
+            priced_task("acme", "s", "a", "doc", budget, reserve(100, 50)),
+            3,
+        ),
+    )
+    .await;
+    let stale = std::sync::Arc::new(claim(&*s, t.id, &w).await);
+    b.clock().advance(secs(31));
+    assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
+    let current = std::sync::Arc::new(claim(&*s, t.id, &w).await);
+    assert_eq!((stale.attempt, current.attempt), (1, 2));
+    let completion = |copy: &std::sync::Arc<tollgate_core::Task>| tollgate_store::Completion {
+        id: t.id,
+        worker: w.clone(),
+        output: spam(),
+        usage: tokens(10, 5),
+        claimed: Some(copy.clone()),
+        attempt: None,
+    };
+    let answers = s
+        .complete_tasks(vec![completion(&stale)])
+        .await
+        .expect("complete_tasks");
+    let refused = answers[0].as_ref().expect("an answer");
+    assert!(
+        !refused.applied,
+        "the earlier claim's completion is refused"
+    );
+    let got = get(&*s, &app("acme"), t.id).await;
+    assert_eq!(
+        (got.status, got.attempt),
+        (TaskStatus::Running, 2),
+        "and changed nothing"
+    );
+    let answers = s
+        .complete_tasks(vec![completion(&current)])
+        .await
+        .expect("complete_tasks");
+    assert!(
+        answers[0].as_ref().expect("an answer").applied,
+        "the current claim completes it"
+    );
+    let attempts = s.task_attempts(&app("acme"), t.id).await.expect("attempts");
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| (a.n, a.outcome))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, AttemptOutcome::Interrupted),
+            (2, AttemptOutcome::Succeeded)
+        ]
+    );
+}

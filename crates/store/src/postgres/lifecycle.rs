@@ -182,6 +182,8 @@ pub(super) async fn complete_tasks(
     let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
     // Each item's attempt ends with it (`END_ATTEMPT`'s columns, for a batch).
     let (mut attempt_usages, mut charged_nano, mut charged_tokens) = (vec![], vec![], vec![]);
+    // The claim each item completes under: its claimed copy's (`None`: the worker's).
+    let mut claims: Vec<Option<i64>> = vec![];
     let mut seen = HashSet::new();
     let mut any_run = false;
     for (i, item) in items.iter().enumerate() {
@@ -208,6 +210,7 @@ pub(super) async fn complete_tasks(
                 attempt_usages.push(ending.usage);
                 charged_nano.push(ending.charged.nano_usd);
                 charged_tokens.push(i64::try_from(ending.charged.tokens).unwrap_or(i64::MAX));
+                claims.push(claimed_copy(item).map(|t| i64::from(t.attempt)));
             }
             Err(e) if e.is_per_item() => answers[i] = Some(Err(e)),
             Err(e) => return Err(e),
@@ -241,14 +244,16 @@ pub(super) async fn complete_tasks(
             now_sql!(5),
             " AS now), \
              item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], \
-             $6::TEXT[], $7::BIGINT[], $8::BIGINT[]) \
-             AS i(id, worker, output, usage, attempt_usage, charged_nano, charged_tokens)), \
+             $6::TEXT[], $7::BIGINT[], $8::BIGINT[], $10::BIGINT[]) \
+             AS i(id, worker, output, usage, attempt_usage, charged_nano, charged_tokens, \
+             claim)), \
              picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($1) \
              AND status = 'running' ORDER BY id FOR NO KEY UPDATE), \
              done AS (UPDATE tasks SET status = 'succeeded', output = item.output, \
              usage = item.usage, completed_at = clock.now FROM item, clock \
              WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) AND item.id = tasks.id \
-             AND tasks.status = 'running' AND tasks.worker = item.worker AND NOT ",
+             AND tasks.status = 'running' AND tasks.worker = item.worker \
+             AND (item.claim IS NULL OR tasks.attempt = item.claim) AND NOT ",
             cancel_wanted!(),
             " RETURNING ",
             task_columns_qualified!(),
@@ -268,7 +273,8 @@ pub(super) async fn complete_tasks(
         .bind(&attempt_usages)
         .bind(&charged_nano)
         .bind(&charged_tokens)
-        .bind(AttemptOutcome::Succeeded.as_str());
+        .bind(AttemptOutcome::Succeeded.as_str())
+        .bind(&claims);
         done = match tx.as_mut() {
             Some(tx) => update.fetch_all(&mut **tx).await?,
             None => update.fetch_all(&store.pool).await?,

@@ -73,13 +73,26 @@ pub(crate) use returning_finished;
 
 /// docs/conformance.md#lifecycle complete: `running → succeeded` for the worker holding
 /// it, unless cancellation was requested (`$1` output, `$2` usage, `$3` now, `$4` task,
-/// `$5` worker).
-const COMPLETE: &str = concat!(
-    "UPDATE tasks SET status = 'succeeded', output = $1, usage = $2, completed_at = $3 \
-     WHERE id = $4 AND status = 'running' AND worker = $5 AND NOT ",
-    cancel_wanted!(),
-    returning_finished!()
-);
+/// `$5` worker), and under `$condition`.
+macro_rules! complete_where {
+    ($condition:expr) => {
+        concat!(
+            "UPDATE tasks SET status = 'succeeded', output = $1, usage = $2, completed_at = $3 \
+             WHERE id = $4 AND status = 'running' AND worker = $5 AND NOT ",
+            cancel_wanted!(),
+            $condition,
+            returning_finished!()
+        )
+    };
+}
+
+/// Complete for the worker holding the task (see [`complete_where!`]).
+const COMPLETE: &str = complete_where!("");
+
+/// Complete under the claim the worker's copy was claimed by (`$6`, the copy's
+/// `attempt`): a claim the task was requeued from since (and claimed again, by the same
+/// worker, too) completes nothing (see [`complete_where!`]).
+const COMPLETE_CLAIMED: &str = complete_where!(" AND attempt = $6");
 
 /// docs/conformance.md#lifecycle fail: `queued/running → failed` (`$1` code, `$2` message,
 /// `$3` now, `$4` task, `$5` usage, kept when `NULL`).
@@ -208,7 +221,8 @@ impl Worker {
         // the worker's claimed copy when it has one). An invalid output is never stored
         // as success.
         let read;
-        let current = match item.claimed.as_deref().filter(|t| t.id == id) {
+        let claimed = item.claimed.as_deref().filter(|t| t.id == id);
+        let current = match claimed {
             Some(task) => task,
             None => match fetch_task(&mut store.reader(), &id.to_string()).await? {
                 Some(task) => {
@@ -225,16 +239,21 @@ impl Worker {
         if current.run_id().is_some() {
             tx.lock_run_of(id).await?;
         }
-        let done: Option<FinishedRow> = tx
-            .optional(
-                Statement::new(COMPLETE)
-                    .bind(output)
-                    .bind(usage)
-                    .bind(now.0)
-                    .bind(id.to_string())
-                    .bind(item.worker.as_str()),
-            )
-            .await?;
+        let statement = Statement::new(if claimed.is_some() {
+            COMPLETE_CLAIMED
+        } else {
+            COMPLETE
+        })
+        .bind(output)
+        .bind(usage)
+        .bind(now.0)
+        .bind(id.to_string())
+        .bind(item.worker.as_str());
+        let statement = match claimed {
+            Some(task) => statement.bind(i64::from(task.attempt)),
+            None => statement,
+        };
+        let done: Option<FinishedRow> = tx.optional(statement).await?;
         if done.is_some() {
             tx.run(ending.bind(Statement::new(END_ATTEMPT), now, &id.to_string()))
                 .await?;
