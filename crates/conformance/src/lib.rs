@@ -125,6 +125,7 @@ macro_rules! conformance_suite {
             tries::one_attempt_fails_a_lost_lease_as_before,
             tries::a_later_attempt_refused_by_the_budget_settles_the_spent_attempts,
             tries::a_worker_that_lost_its_lease_cannot_fail_the_task,
+            tries::a_stale_claim_of_the_same_worker_completes_nothing,
             route_race::racing_attempts_with_fallbacks_and_crashes_never_exceed_a_spend_limit,
             unsourced::unsourced_tasks_count_against_the_app_spend_limit,
             unsourced::unsourced_tasks_count_against_the_scope_limits,

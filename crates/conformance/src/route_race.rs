@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tollgate_core::cost::attempt_reservation;
 use tollgate_core::{
-    AttemptOutcome, ErrorCode, MaxAttempts, Prices, TaskError, TaskId, TaskStatus, Usage, WorkerId,
+    AttemptOutcome, ErrorCode, MaxAttempts, Prices, Task, TaskError, TaskId, TaskStatus, Usage,
+    WorkerId,
 };
 use tollgate_store::{AttemptEnd, Store, StoreError, SweepConfig};
 
@@ -92,15 +93,11 @@ fn sweeps_config() -> SweepConfig {
 /// (starting at a random one) until one succeeds, the task runs out of tries, a later
 /// attempt does not fit, the worker "crashes" (walks away mid-attempt) or finds its
 /// lease lost (every write refused, nothing changed).
-async fn work(
-    s: &dyn Store,
-    w: &WorkerId,
-    id: TaskId,
-    max_attempts: u32,
-    rng: &mut Rng,
-    seen: &Mutex<Seen>,
-) {
+async fn work(s: &dyn Store, w: &WorkerId, claimed: &Task, rng: &mut Rng, seen: &Mutex<Seen>) {
+    let (id, max_attempts) = (claimed.id, claimed.max_attempts.get());
     let mut index = rng.below(3) as usize;
+    // The claim opened its attempt; the first turn moves it to the chosen deployment.
+    let mut first = Some(claimed.attempt);
     let end_task = |applied: bool| {
         if applied {
             *seen.lock().unwrap().ended.entry(id).or_default() += 1;
@@ -109,7 +106,15 @@ async fn work(
     loop {
         let (name, factor) = DEPLOYMENTS[index];
         let deployment_prices = prices(factor);
-        let Some(n) = s.begin_attempt(id, w, name).await.expect("begin_attempt") else {
+        let n = match first.take() {
+            Some(n) => s
+                .redirect_attempt(id, w, n, name)
+                .await
+                .expect("redirect_attempt")
+                .then_some(n),
+            None => s.begin_attempt(id, w, name).await.expect("begin_attempt"),
+        };
+        let Some(n) = n else {
             // Not ours any more (requeued, claimed by another), or out of tries.
             let t = s
                 .fail_task(id, Some(w), ErrorCode::ProviderError, "no tries left", None)
@@ -277,7 +282,7 @@ pub async fn racing_attempts_with_fallbacks_and_crashes_never_exceed_a_spend_lim
                 }
                 let claimed = s.claim_next(&w, 1).await.expect("claim_next");
                 for t in claimed {
-                    work(&*s, &w, t.id, t.max_attempts.get(), &mut rng, &seen).await;
+                    work(&*s, &w, &t, &mut rng, &seen).await;
                 }
                 tokio::task::yield_now().await;
             }

@@ -1,5 +1,6 @@
-//! docs/routes.md, "Attempts": a task makes attempts, each begun before a deployment's
-//! call and ended after it; at most one is open; each is charged its usage or, when
+//! docs/routes.md, "Attempts": a task makes attempts, each claim beginning one and each
+//! later turn of the route another before its call, each ended after it; at most one is
+//! open; each is charged its usage or, when
 //! unknown, its reservation, and the task's settlement is their sum. A running task that
 //! goes silent with tries left goes back to the queue for its next attempt (its open
 //! attempt charged its reservation); with none left it fails as before. A later attempt
@@ -68,13 +69,34 @@ pub async fn attempts_are_recorded_and_settled_as_their_sum(b: &dyn Backend) {
         None,
         "a queued task begins no attempt"
     );
-    claim(&*s, t.id, &w).await;
+    let claimed = claim(&*s, t.id, &w).await;
+    assert_eq!(claimed.attempt, 1, "the claim begins attempt 1");
+    let opened = s.task_attempts(&app("acme"), t.id).await.expect("attempts");
+    assert_eq!(
+        opened
+            .iter()
+            .map(|a| (a.n, a.deployment.as_str(), a.outcome))
+            .collect::<Vec<_>>(),
+        vec![(1, "dev/dev-1", AttemptOutcome::Running)],
+        "the claim opens its attempt on the first deployment of the task's model"
+    );
+    assert!(
+        !s.redirect_attempt(t.id, &worker("other"), 1, DEPLOYMENT)
+            .await
+            .expect("redirect"),
+        "only its worker moves it"
+    );
+    assert!(
+        s.redirect_attempt(t.id, &w, 1, DEPLOYMENT)
+            .await
+            .expect("redirect"),
+        "its worker moves it to the deployment the route chose"
+    );
     assert_eq!(
         begin(&*s, t.id, &worker("other")).await,
         None,
         "only its worker begins one"
     );
-    assert_eq!(begin(&*s, t.id, &w).await, Some(1));
     assert_eq!(
         begin(&*s, t.id, &w).await,
         None,
@@ -163,7 +185,6 @@ pub async fn a_lost_lease_with_tries_left_requeues_the_task(b: &dyn Backend) {
     )
     .await;
     claim(&*s, t.id, &w1).await;
-    assert_eq!(begin(&*s, t.id, &w1).await, Some(1));
     b.clock().advance(secs(31));
     let report = sweep_all(&*s, &sweep_config()).await;
     assert_eq!(report.interrupted, 0);
@@ -194,7 +215,11 @@ pub async fn a_lost_lease_with_tries_left_requeues_the_task(b: &dyn Backend) {
         None,
         "the first worker lost it"
     );
-    assert_eq!(begin(&*s, t.id, &w2).await, Some(2));
+    assert_eq!(
+        begin(&*s, t.id, &w2).await,
+        None,
+        "the second claim opened attempt 2"
+    );
     s.reserve_attempt(t.id, &w2, &reserve(100, 50))
         .await
         .expect("reserve")
@@ -260,9 +285,7 @@ pub async fn one_attempt_fails_a_lost_lease_as_before(b: &dyn Backend) {
     )
     .await;
     claim(&*s, once.id, &w).await;
-    assert_eq!(begin(&*s, once.id, &w).await, Some(1));
     claim(&*s, twice.id, &w).await;
-    assert_eq!(begin(&*s, twice.id, &w).await, Some(1));
     assert!(
         s.end_attempt(twice.id, 1, &ended(AttemptOutcome::Unavailable, None))
             .await
@@ -317,11 +340,14 @@ pub async fn a_later_attempt_refused_by_the_budget_settles_the_spent_attempts(b:
     )
     .await;
     claim(&*s, t.id, &w1).await;
-    assert_eq!(begin(&*s, t.id, &w1).await, Some(1));
     b.clock().advance(secs(31));
     assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
     claim(&*s, t.id, &w2).await;
-    assert_eq!(begin(&*s, t.id, &w2).await, Some(2));
+    assert_eq!(
+        begin(&*s, t.id, &w2).await,
+        None,
+        "the second claim opened attempt 2"
+    );
     match s.reserve_attempt(t.id, &w2, &reserve(100, 50)).await {
         Err(StoreError::Cost(c)) => assert_eq!(c.code(), ErrorCode::SpendBudget, "{c}"),
         other => panic!("the later attempt must not fit, got {other:?}"),
@@ -394,7 +420,6 @@ pub async fn a_worker_that_lost_its_lease_cannot_fail_the_task(b: &dyn Backend) 
     };
     assert_refused(late(&w1).await, "a queued task failed by a worker");
     claim(&*s, t.id, &w1).await;
-    assert_eq!(begin(&*s, t.id, &w1).await, Some(1));
     assert_refused(
         late(&w2).await,
         "a failure by a worker that does not hold it",
@@ -428,5 +453,71 @@ pub async fn a_worker_that_lost_its_lease_cannot_fail_the_task(b: &dyn Backend) 
         (spent.reserved_nano, spent.settled_nano),
         (0, 200_000),
         "charged the interrupted attempt's reservation"
+    );
+}
+
+/// The claim fence: a worker whose task was requeued while its execution still ran (its
+/// heartbeats starved past the liveness timeout) and that claimed the task again —
+/// the same worker id — completes nothing with the execution of its earlier claim: the
+/// completion carries the claimed copy, and only the current claim's applies; the
+/// current execution completes it, and its attempt ends with it.
+pub async fn a_stale_claim_of_the_same_worker_completes_nothing(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("pool");
+    let budget = cost_budget(Some(10_000_000), None, None);
+    let t = create_new(
+        &*s,
+        tries(
+            priced_task("acme", "s", "a", "doc", budget, reserve(100, 50)),
+            3,
+        ),
+    )
+    .await;
+    let stale = std::sync::Arc::new(claim(&*s, t.id, &w).await);
+    b.clock().advance(secs(31));
+    assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
+    let current = std::sync::Arc::new(claim(&*s, t.id, &w).await);
+    assert_eq!((stale.attempt, current.attempt), (1, 2));
+    let completion = |copy: &std::sync::Arc<tollgate_core::Task>| tollgate_store::Completion {
+        id: t.id,
+        worker: w.clone(),
+        output: spam(),
+        usage: tokens(10, 5),
+        claimed: Some(copy.clone()),
+        attempt: None,
+    };
+    let answers = s
+        .complete_tasks(vec![completion(&stale)])
+        .await
+        .expect("complete_tasks");
+    let refused = answers[0].as_ref().expect("an answer");
+    assert!(
+        !refused.applied,
+        "the earlier claim's completion is refused"
+    );
+    let got = get(&*s, &app("acme"), t.id).await;
+    assert_eq!(
+        (got.status, got.attempt),
+        (TaskStatus::Running, 2),
+        "and changed nothing"
+    );
+    let answers = s
+        .complete_tasks(vec![completion(&current)])
+        .await
+        .expect("complete_tasks");
+    assert!(
+        answers[0].as_ref().expect("an answer").applied,
+        "the current claim completes it"
+    );
+    let attempts = s.task_attempts(&app("acme"), t.id).await.expect("attempts");
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| (a.n, a.outcome))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, AttemptOutcome::Interrupted),
+            (2, AttemptOutcome::Succeeded)
+        ]
     );
 }

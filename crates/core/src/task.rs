@@ -468,8 +468,11 @@ pub struct Task {
     pub usage: Option<Usage>,
     /// The error, once failed or canceled.
     pub error: Option<TaskError>,
-    /// How many times it was claimed (a task whose attempt was interrupted goes back to
-    /// the queue while it has tries left, and is claimed again).
+    /// The number of the attempt its latest claim began (docs/routes.md, "Attempts"):
+    /// each claim begins one, numbered after every attempt the task made, so it is 1
+    /// for the first claim and grows with each later one (a task whose attempt was
+    /// interrupted goes back to the queue while it has tries left, and is claimed
+    /// again); 0 while never claimed.
     pub attempt: u32,
     /// How many attempts it may make (docs/routes.md, "Attempts").
     pub max_attempts: crate::attempt::MaxAttempts,

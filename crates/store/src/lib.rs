@@ -223,7 +223,8 @@ pub trait WorkerStore: Send + Sync {
 
     /// docs/conformance.md#lifecycle complete: `running → succeeded` with output and usage, only if not canceled
     /// and the output satisfies the kind's contract. A late completion is refused and
-    /// changes nothing.
+    /// changes nothing. The task's open attempt ends `succeeded` with it, charged
+    /// `usage` at the prices the task reserved at (a [`Completion`] can say more).
     async fn complete_task(
         &self,
         id: TaskId,
@@ -234,26 +235,15 @@ pub trait WorkerStore: Send + Sync {
 
     /// Several completions, each exactly as [`complete_task`](Self::complete_task) would record it: one
     /// answer per item, in order ([`StoreError::InvalidOutput`] in an item's place when its
-    /// output breaks the contract); a database failure fails the call. Backends use as few
-    /// transactions as they can (PostgreSQL: one for the batch); the default runs one
-    /// `complete_task` per item. Workers batch the completions that are ready together,
-    /// which saves a commit per task under load.
+    /// output breaks the contract); a database failure fails the call. Each applied
+    /// completion ends the task's open attempt `succeeded` in the same transaction,
+    /// charged as [`Completion::attempt`] says. Backends use as few transactions as they
+    /// can (PostgreSQL: one for the batch; SQLite: one per item). Workers batch the
+    /// completions that are ready together, which saves a commit per task under load.
     async fn complete_tasks(
         &self,
         items: Vec<Completion>,
-    ) -> StoreResult<Vec<StoreResult<Transition>>> {
-        let mut out = Vec::with_capacity(items.len());
-        for item in items {
-            match self
-                .complete_task(item.id, &item.worker, item.output, item.usage)
-                .await
-            {
-                Err(e) if !e.is_per_item() => return Err(e),
-                result => out.push(result),
-            }
-        }
-        Ok(out)
-    }
+    ) -> StoreResult<Vec<StoreResult<Transition>>>;
 
     /// docs/conformance.md#lifecycle fail: `queued/running → failed` with a code and a message cut to 2,000
     /// characters; clears the admission logical key. `usage` is what the task's attempts
@@ -304,8 +294,10 @@ pub trait WorkerStore: Send + Sync {
 #[async_trait]
 pub trait AttemptStore: Send + Sync {
     /// Begins the next attempt of a task running under `worker`, on `deployment`, and
-    /// returns its number (1 for the first). The first attempt holds the admission's
-    /// reservation; a later one holds nothing until the worker reserves it
+    /// returns its number: a later attempt of the same claim (the claim opened its
+    /// first, with the claim's number, `Task::attempt`, on the first deployment of
+    /// the task's model, holding the admission's reservation when it is the task's
+    /// first). A later attempt holds nothing until the worker reserves it
     /// ([`WorkerStore::reserve_attempt`], which adds every reservation of a running
     /// task to its open attempt). `None`: the task is not running under `worker`, an
     /// attempt is open, or it made `max_attempts` already; nothing changed.
@@ -315,6 +307,18 @@ pub trait AttemptStore: Send + Sync {
         worker: &WorkerId,
         deployment: &str,
     ) -> StoreResult<Option<u32>>;
+
+    /// The open attempt `n` of a task running under `worker` goes to `deployment`
+    /// instead of the one recorded (a claim records the first deployment of the task's
+    /// model; a route may choose another). `false`: no such open attempt of a task
+    /// running under `worker`; nothing changed.
+    async fn redirect_attempt(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        n: u32,
+        deployment: &str,
+    ) -> StoreResult<bool>;
 
     /// Ends attempt `n`: its outcome, usage and error, and what it is charged
     /// (`tollgate_core::attempt::attempt_charge`: its usage at `end.prices`, or its

@@ -131,8 +131,24 @@ pub struct Completion {
     /// reservation never change after its creation, so the store checks the output
     /// against this copy instead of reading the row first (the write itself stays
     /// conditional on the task still running under `worker`). `None`, or a copy of
-    /// another task: the store reads the row.
+    /// another task: the store reads the row. With a copy, the completion applies only
+    /// under the claim the copy was claimed by (its `attempt`): an execution whose task
+    /// was requeued and claimed again — by the same worker, too — completes nothing.
     pub claimed: Option<std::sync::Arc<Task>>,
+    /// The attempt that produced the output (docs/routes.md, "Attempts"): it ends
+    /// `succeeded` with the completion, in its transaction. `None`: it used `usage` at the
+    /// prices the task reserved at.
+    pub attempt: Option<AttemptUsage>,
+}
+
+/// What the attempt that produced a completion's output used: its own calls' usage (a
+/// task's usage sums every attempt of its execution) and its deployment's prices.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttemptUsage {
+    /// Tokens its calls used.
+    pub usage: Usage,
+    /// Its deployment's prices (`None`: unpriced, its cost is unknown).
+    pub prices: Option<tollgate_core::Prices>,
 }
 
 /// Answer of `heartbeat`.

@@ -157,6 +157,15 @@ impl<W: ForwardStore> AttemptStore for W {
     ) -> StoreResult<Option<u32>> {
         forward!(self, write, begin_attempt(id, worker, deployment))
     }
+    async fn redirect_attempt(
+        &self,
+        id: TaskId,
+        worker: &WorkerId,
+        n: u32,
+        deployment: &str,
+    ) -> StoreResult<bool> {
+        forward!(self, write, redirect_attempt(id, worker, n, deployment))
+    }
     async fn end_attempt(&self, id: TaskId, n: u32, end: &AttemptEnd) -> StoreResult<bool> {
         forward!(self, write, end_attempt(id, n, end))
     }

@@ -121,10 +121,23 @@ pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend
         output,
         usage: usage(),
         claimed: claimed.map(|t| std::sync::Arc::new(t.clone())),
+        attempt: None,
+    };
+    // `a`'s last attempt used less than the task (an earlier attempt used the rest).
+    let last_attempt = tollgate_core::Usage {
+        input_tokens: 1,
+        output_tokens: 1,
+        ..usage()
     };
     let answers = s
         .complete_tasks(vec![
-            item(a.id, spam(), Some(&claimed_a)),
+            tollgate_store::Completion {
+                attempt: Some(tollgate_store::AttemptUsage {
+                    usage: last_attempt,
+                    prices: None,
+                }),
+                ..item(a.id, spam(), Some(&claimed_a))
+            },
             item(other.id, spam(), Some(&held_elsewhere)),
             item(bad.id, json!({"label": "maybe"}), Some(&running_bad)),
             item(TaskId::generate(), spam(), None),
@@ -147,6 +160,19 @@ pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend
             }
             other => panic!("item {i} should apply, got {other:?}"),
         }
+    }
+    // Each applied completion ended its claim's attempt `succeeded`, with what that
+    // attempt used (the task's usage when the item does not say).
+    for (id, used) in [(a.id, last_attempt), (d.id, usage())] {
+        let attempts = s.task_attempts(&acme, id).await.expect("attempts");
+        assert_eq!(
+            attempts
+                .iter()
+                .map(|a| (a.n, a.outcome, a.usage))
+                .collect::<Vec<_>>(),
+            vec![(1, tollgate_core::AttemptOutcome::Succeeded, Some(used))],
+            "the attempt ends with its completion"
+        );
     }
     assert_refused(
         answers[1]

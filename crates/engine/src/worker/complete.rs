@@ -2,14 +2,13 @@
 //! commit), failures one by one, both retried while the database is unavailable, and
 //! the settlement's metrics.
 
-use super::execute::Failure;
+use super::execute::{Failure, Produced};
 use super::{MAX_COMPLETION_BATCH, WorkerPool};
 use crate::metrics as m;
-use serde_json::Value;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::oneshot;
-use tollgate_core::{ErrorCode, Reservation, Task, Usage};
+use tollgate_core::{AttemptOutcome, ErrorCode, Reservation, Task, Usage};
 use tollgate_store::{Completion, StoreError, Transition};
 
 /// Attempts to record a completion while the database is unavailable.
@@ -50,27 +49,31 @@ impl WorkerPool {
         }
     }
 
-    /// Records a success. Returns the outcome and code labels.
+    /// Records a success: the task's and its last attempt's (docs/routes.md,
+    /// "Attempts"), in one completion. Returns the outcome and code labels.
     pub(super) async fn complete(
         &self,
         task: &Arc<Task>,
         reservation: Option<&Reservation>,
-        output: Value,
-        usage: Usage,
+        produced: Produced,
     ) -> (&'static str, &'static str) {
-        let settled = usage;
+        let settled = produced.usage;
+        let spent = produced.spent;
         let result = self
             .record_completion(Completion {
                 id: task.id,
                 worker: self.worker.clone(),
-                output,
-                usage,
+                output: produced.output,
+                usage: produced.usage,
                 claimed: Some(task.clone()),
+                attempt: Some(spent),
             })
             .await;
         match result {
             Ok(t) if t.applied => {
                 self.inner.publish_transition(&t);
+                metrics::counter!(m::ATTEMPTS_TOTAL, "outcome" => AttemptOutcome::Succeeded.as_str())
+                    .increment(1);
                 self.count_settlement(task, reservation, Some(&settled));
                 ("succeeded", "none")
             }
@@ -79,8 +82,13 @@ impl WorkerPool {
                 ("refused", "none")
             }
             Err(StoreError::InvalidOutput(v)) => {
-                let failure = Failure::new(ErrorCode::InvalidModelOutput, v.0).with_usage(settled);
-                self.fail(task, reservation, failure).await
+                let invalid = |message: String, usage| {
+                    Failure::new(ErrorCode::InvalidModelOutput, message).with_usage(usage)
+                };
+                let ended = invalid(v.0.clone(), spent.usage);
+                self.end_attempt(task, produced.attempt, &ended, spent.prices)
+                    .await;
+                self.fail(task, reservation, invalid(v.0, settled)).await
             }
             Err(e) => {
                 tracing::error!(task = %task.id, error = %e, "cannot record the completion; the sweeper will end the task");

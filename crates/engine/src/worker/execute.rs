@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate_core::attempt::{may_try_again, retry_backoff};
 use tollgate_core::route::choose;
 use tollgate_core::{Deployment, ErrorCode, Prices, Reservation, Route, Task, Usage};
+use tollgate_store::AttemptUsage;
 
 /// Why an execution ended without an output.
 #[derive(Debug)]
@@ -52,9 +53,21 @@ impl Failure {
     }
 }
 
+/// A valid output and what produced it.
+pub(super) struct Produced {
+    pub(super) output: Value,
+    /// What the execution's attempts used, summed (the task's usage).
+    pub(super) usage: Usage,
+    /// The attempt that produced it: its number and what it used at its deployment's
+    /// prices. It ends with the completion, in its transaction (docs/routes.md,
+    /// "Attempts").
+    pub(super) attempt: u32,
+    pub(super) spent: AttemptUsage,
+}
+
 /// How an execution ended.
 enum Ended {
-    Done(Result<(Value, Usage), Failure>),
+    Done(Result<Box<Produced>, Failure>),
     /// The store or a notification said to stop (canceled, expired, deleted).
     Stopped,
     /// Shutdown's deadline passed.
@@ -89,7 +102,7 @@ impl WorkerPool {
             _ = interrupt.cancelled() => Ended::Interrupted,
             // docs/engine.md, "Workers": a panicking execution fails its task at once.
             result = AssertUnwindSafe(self.execute(&task, &mut reservation, &trace, &sink)).catch_unwind() => match result {
-                Ok(result) => Ended::Done(result),
+                Ok(result) => Ended::Done(result.map(Box::new)),
                 Err(panic) => {
                     let message = cpu::panic_message(&*panic);
                     tracing::error!(task = %task.id, %message, "the execution panicked");
@@ -110,9 +123,9 @@ impl WorkerPool {
         let r = reservation.as_ref();
         let settle = self.inner.traces.child(&trace, "settle");
         let (outcome, code) = match ended {
-            Ended::Done(Ok((output, usage))) => {
+            Ended::Done(Ok(produced)) => {
                 live.answered();
-                self.complete(&task, r, output, usage).await
+                self.complete(&task, r, *produced).await
             }
             Ended::Done(Err(failure)) => {
                 tracing::info!(task = %task.id, code = %failure.code, message = %failure.message, "task failed");
@@ -141,7 +154,9 @@ impl WorkerPool {
     /// The task's attempts (docs/routes.md, "Attempts"): each goes to one deployment of
     /// its route (chosen by the route's strategy, skipping those cooling down and those
     /// this execution tried already while others are left), is begun in the store before
-    /// its call and ended after it. A transient failure (the deployment unavailable) cools
+    /// its call and ended after it (the claim began the first, on the first deployment of
+    /// the task's model: it is moved when the route chooses another; the one that
+    /// produces the output ends with the completion). A transient failure (the deployment unavailable) cools
     /// the deployment down on every replica and is followed by the next attempt while the
     /// task has tries left and a deployment remains that did not ask to wait longer than
     /// its provider's `max_retry_delay` (after a short backoff when it goes to the same deployment);
@@ -154,7 +169,7 @@ impl WorkerPool {
         reservation: &mut Option<Reservation>,
         trace: &crate::TraceSpan,
         sink: &crate::StreamSink,
-    ) -> Result<(Value, Usage), Failure> {
+    ) -> Result<Produced, Failure> {
         let request = task.parsed_request().map_err(|e| {
             Failure::new(
                 ErrorCode::InvalidRequest,
@@ -194,8 +209,15 @@ impl WorkerPool {
                 let next = u32::try_from(failures.len()).unwrap_or(u32::MAX);
                 tokio::time::sleep(retry_backoff(next.saturating_add(1))).await;
             }
+            // The claim's attempt first (open since the claim), then one more per turn.
+            let n = match last {
+                None => {
+                    self.redirect_attempt(task, &deployment.name()).await?;
+                    task.attempt
+                }
+                Some(_) => self.begin_attempt(task, &deployment.name()).await?,
+            };
             last = Some(index);
-            let n = self.begin_attempt(task, &deployment.name()).await?;
             // A requeued task's reservation went with its interrupted attempt: its first
             // call here is reserved like any later one.
             let covered = n == 1;
@@ -247,22 +269,34 @@ impl WorkerPool {
                 Err(failure) => Err(failure),
             };
             calls = spent.calls;
-            self.end_attempt(task, n, &result, deployment.prices).await;
-            match result {
+            let result = match result {
                 Ok((output, used)) => {
                     let total = spent_total.map_or(used, |s| s.plus(&used));
-                    return Ok((output, total));
+                    return Ok(Produced {
+                        output,
+                        usage: total,
+                        attempt: n,
+                        spent: AttemptUsage {
+                            usage: used,
+                            prices: deployment.prices,
+                        },
+                    });
                 }
-                Err(f)
-                    if f.transient
-                        && may_try_again(n, task.max_attempts)
-                        && barred.contains(&false) =>
+                Err(f) => {
+                    self.end_attempt(task, n, &f, deployment.prices).await;
+                    f
+                }
+            };
+            match result {
+                f if f.transient
+                    && may_try_again(n, task.max_attempts)
+                    && barred.contains(&false) =>
                 {
                     spent_total = spent_total.zip(f.usage).map(|(s, u)| s.plus(&u));
                     tracing::info!(task = %task.id, attempt = n, deployment = %deployment.name(), message = %f.message, "deployment unavailable: the next attempt follows");
                     failures.push(f.message);
                 }
-                Err(mut f) => {
+                mut f => {
                     f.usage = spent_total.zip(f.usage).map(|(s, u)| s.plus(&u));
                     if f.transient && !failures.is_empty() {
                         failures.push(f.message);

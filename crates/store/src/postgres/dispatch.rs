@@ -17,8 +17,10 @@
 //! flight: creations hold it to their commit) and only then looks, with a fresh
 //! snapshot, for a queued task. The slots it left go round again to the other queues.
 
+use super::lifecycle::claiming;
 use super::{PostgresStore, now_sql};
 use crate::StoreResult;
+use crate::shared::attempts::claim_attempt;
 use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::lifecycle::run_not_canceled;
 use crate::shared::rows::{TaskRow, task_columns_qualified};
@@ -44,14 +46,16 @@ pub(super) async fn claim_fair(
 /// were queued when locked (the lock re-checks the condition on the newest version),
 /// and with that condition the planner may walk a queued index it believes nearly empty
 /// (statistics taken while nothing was queued) instead of the primary key.
+/// Each claim opens its attempt in the same statement ([`claiming!`]).
 macro_rules! claim_picked {
     () => {
-        concat!(
-            "UPDATE tasks SET status = 'running', worker = $1, \
-             attempt = attempt + 1, claimed_at = clock.now, heartbeat_at = clock.now \
+        claiming!(concat!(
+            "UPDATE tasks SET status = 'running', worker = $1, attempt = ",
+            claim_attempt!(),
+            ", claimed_at = clock.now, heartbeat_at = clock.now \
              FROM clock WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING ",
             task_columns_qualified!()
-        )
+        ))
     };
 }
 
@@ -75,7 +79,7 @@ static SINGLE_QUEUE_CLAIMS: LazyLock<Vec<Arc<str>>> = LazyLock::new(|| {
                      picked AS MATERIALIZED (SELECT id FROM tasks WHERE app = $3 AND scope = $4 \
                        AND status = 'queued' AND NOT cancel_requested AND ",
                     run_not_canceled!(),
-                    " ORDER BY dispatch_key, id LIMIT {} FOR UPDATE SKIP LOCKED) ",
+                    " ORDER BY dispatch_key, id LIMIT {} FOR UPDATE SKIP LOCKED)",
                     claim_picked!()
                 ),
                 take
@@ -132,7 +136,7 @@ impl FairClaim for PgFairClaim<'_> {
                (SELECT id FROM tasks WHERE tasks.app = p.app AND tasks.scope = p.scope \
                 AND status = 'queued' AND NOT cancel_requested AND ",
             run_not_canceled!(),
-            " ORDER BY dispatch_key, id LIMIT p.take FOR UPDATE SKIP LOCKED) x) ",
+            " ORDER BY dispatch_key, id LIMIT p.take FOR UPDATE SKIP LOCKED) x)",
             claim_picked!()
         ))
         .bind(self.worker.as_str())

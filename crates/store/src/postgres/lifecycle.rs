@@ -7,6 +7,7 @@
 use super::admission::lock_scope;
 use super::{PostgresStore, id_array, now_sql};
 use crate::shared::admission::SpendReads;
+use crate::shared::attempts::{Ending, claim_attempt};
 use crate::shared::cost::decode_reservation;
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, status_is_queued, worker_store_for,
@@ -19,7 +20,31 @@ use crate::shared::terminal::{TerminalMove, Wake, after_terminal};
 use crate::{ClaimOrder, Completion, StoreError, StoreResult, Transition};
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
-use tollgate_core::{AppId, ScopeId, Task, TaskId, Timestamp, WorkerId};
+use tollgate_core::{AppId, AttemptOutcome, ScopeId, Task, TaskId, Timestamp, WorkerId};
+
+/// The end of a claim statement after its `clock` (and `picked`) CTEs: `$update` (the
+/// claim's `UPDATE … RETURNING` the task columns) as the CTE `claimed`, the claims'
+/// attempts opened from it in the same statement
+/// ([`open_claimed_attempts!`](crate::shared::attempts::open_claimed_attempts), JSON read
+/// with `->>`), and the claimed rows as the answer: still one round trip.
+macro_rules! claiming {
+    ($update:expr) => {
+        concat!(
+            ", claimed AS (",
+            $update,
+            "), opened AS (",
+            $crate::shared::attempts::open_claimed_attempts!(
+                "claimed",
+                "(model_ref::json ->> 'provider')",
+                "(model_ref::json ->> 'model')",
+                "(reservation::json ->> 'nano_usd')",
+                "(reservation::json ->> 'tokens')"
+            ),
+            ") SELECT * FROM claimed"
+        )
+    };
+}
+pub(super) use claiming;
 
 #[async_trait]
 impl WorkerStatements for PostgresStore {
@@ -32,14 +57,18 @@ impl WorkerStatements for PostgresStore {
         Ok(sqlx::query_as(concat!(
             "WITH clock AS (SELECT ",
             now_sql!(2),
-            " AS now) UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
-             claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
-             WHERE id = $3 AND ",
-            status_is_queued!(),
-            " AND NOT cancel_requested AND ",
-            run_not_canceled!(),
-            " RETURNING ",
-            task_columns_qualified!()
+            " AS now)",
+            claiming!(concat!(
+                "UPDATE tasks SET status = 'running', worker = $1, attempt = ",
+                claim_attempt!(),
+                ", claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
+                 WHERE id = $3 AND ",
+                status_is_queued!(),
+                " AND NOT cancel_requested AND ",
+                run_not_canceled!(),
+                " RETURNING ",
+                task_columns_qualified!()
+            ))
         ))
         .bind(worker.as_str())
         .bind(self.fixed_now())
@@ -59,11 +88,14 @@ impl WorkerStatements for PostgresStore {
                 " AS now), picked AS MATERIALIZED (SELECT id FROM tasks \
                  WHERE status = 'queued' AND NOT cancel_requested AND ",
                 run_not_canceled!(),
-                " ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
-                 UPDATE tasks SET status = 'running', worker = $1, attempt = attempt + 1, \
-                 claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
-                 WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING ",
-                task_columns_qualified!()
+                " ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)",
+                claiming!(concat!(
+                    "UPDATE tasks SET status = 'running', worker = $1, attempt = ",
+                    claim_attempt!(),
+                    ", claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
+                     WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING ",
+                    task_columns_qualified!()
+                ))
             ))
             .bind(worker.as_str())
             .bind(self.fixed_now())
@@ -148,6 +180,10 @@ pub(super) async fn complete_tasks(
     let read = tasks_by_id(&store.pool, &unknown).await?;
     let mut answers: Vec<Option<StoreResult<Transition>>> = items.iter().map(|_| None).collect();
     let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
+    // Each item's attempt ends with it (`END_ATTEMPT`'s columns, for a batch).
+    let (mut attempt_usages, mut charged_nano, mut charged_tokens) = (vec![], vec![], vec![]);
+    // The claim each item completes under: its claimed copy's (`None`: the worker's).
+    let mut claims: Vec<Option<i64>> = vec![];
     let mut seen = HashSet::new();
     let mut any_run = false;
     for (i, item) in items.iter().enumerate() {
@@ -160,13 +196,21 @@ pub(super) async fn complete_tasks(
             answers[i] = Some(Ok(Transition::default()));
             continue;
         }
-        match encode_completion(task, &item.output, &item.usage) {
-            Ok((output, usage)) => {
+        let encoded = encode_completion(task, &item.output, &item.usage).and_then(|encoded| {
+            let ending = Ending::of_completion(task, &item.usage, item.attempt.as_ref())?;
+            Ok((encoded, ending))
+        });
+        match encoded {
+            Ok(((output, usage), ending)) => {
                 any_run |= task.run_id().is_some();
                 ids.push(item.id.to_string());
                 workers.push(item.worker.as_str().to_string());
                 outputs.push(output);
                 usages.push(usage);
+                attempt_usages.push(ending.usage);
+                charged_nano.push(ending.charged.nano_usd);
+                charged_tokens.push(i64::try_from(ending.charged.tokens).unwrap_or(i64::MAX));
+                claims.push(claimed_copy(item).map(|t| i64::from(t.attempt)));
             }
             Err(e) if e.is_per_item() => answers[i] = Some(Err(e)),
             Err(e) => return Err(e),
@@ -192,29 +236,45 @@ pub(super) async fn complete_tasks(
         // found by id as arrays (`= ANY`), locked in id order, and only then joined to
         // the items: joined to the unnested items from the start, the planner (which
         // cannot know how many items there are) took every running task for every
-        // item, 9 ms for a batch of 57 behind 150 running tasks instead of 1.
+        // item, 9 ms for a batch of 57 behind 150 running tasks instead of 1. The tasks
+        // moved end their open attempts in the same statement (docs/routes.md,
+        // "Attempts"), before the settlement reads what they are charged.
         let update = sqlx::query_as(concat!(
             "WITH clock AS (SELECT ",
             now_sql!(5),
             " AS now), \
-             item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[]) \
-             AS i(id, worker, output, usage)), \
+             item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], \
+             $6::TEXT[], $7::BIGINT[], $8::BIGINT[], $10::BIGINT[]) \
+             AS i(id, worker, output, usage, attempt_usage, charged_nano, charged_tokens, \
+             claim)), \
              picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($1) \
-             AND status = 'running' ORDER BY id FOR NO KEY UPDATE) \
-             UPDATE tasks SET status = 'succeeded', output = item.output, usage = item.usage, \
-             completed_at = clock.now FROM item, clock \
+             AND status = 'running' ORDER BY id FOR NO KEY UPDATE), \
+             done AS (UPDATE tasks SET status = 'succeeded', output = item.output, \
+             usage = item.usage, completed_at = clock.now FROM item, clock \
              WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) AND item.id = tasks.id \
-             AND tasks.status = 'running' AND tasks.worker = item.worker AND NOT ",
+             AND tasks.status = 'running' AND tasks.worker = item.worker \
+             AND (item.claim IS NULL OR tasks.attempt = item.claim) AND NOT ",
             cancel_wanted!(),
             " RETURNING ",
             task_columns_qualified!(),
-            ", tasks.admitted, clock.now AS now"
+            ", tasks.admitted, clock.now AS now), \
+             ended AS (UPDATE task_attempts SET ended_at = done.now, outcome = $9, \
+             usage = item.attempt_usage, charged_nano = item.charged_nano, \
+             charged_tokens = item.charged_tokens, error_code = NULL, error_message = NULL \
+             FROM done JOIN item ON item.id = done.id \
+             WHERE task_attempts.task_id = done.id AND task_attempts.ended_at IS NULL) \
+             SELECT * FROM done"
         ))
         .bind(&ids)
         .bind(&workers)
         .bind(&outputs)
         .bind(&usages)
-        .bind(store.fixed_now());
+        .bind(store.fixed_now())
+        .bind(&attempt_usages)
+        .bind(&charged_nano)
+        .bind(&charged_tokens)
+        .bind(AttemptOutcome::Succeeded.as_str())
+        .bind(&claims);
         done = match tx.as_mut() {
             Some(tx) => update.fetch_all(&mut **tx).await?,
             None => update.fetch_all(&store.pool).await?,

@@ -9,7 +9,6 @@
 //! task is running under the worker and none is open, in one transaction that writes the
 //! task row first (the row lock on PostgreSQL; SQLite's writer covers all).
 
-use crate::shared::cost::decode_reservation;
 use crate::shared::lifecycle::cancel_wanted;
 use crate::shared::rows::task_id;
 use crate::shared::sql::{Backend, Exec, Statement, TxExec};
@@ -53,6 +52,45 @@ macro_rules! open_attempt_outcome {
 }
 pub(crate) use open_attempt_outcome;
 
+/// The number of the attempt a claim begins (docs/routes.md, "Attempts"): after every
+/// attempt the task made (`tasks` unaliased). A claim stores it as the task's `attempt`,
+/// which is then the claim's number: it grows with every claim.
+macro_rules! claim_attempt {
+    () => {
+        "(SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id) + 1"
+    };
+}
+pub(crate) use claim_attempt;
+
+/// A claim's attempt, opened with the claim (docs/routes.md, "Attempts"), one row per
+/// task just claimed (`$from`: the claimed rows, with `attempt` set by
+/// [`claim_attempt!`]): on the first deployment of the task's model reference, named
+/// as [`Deployment::name`](tollgate_core::Deployment::name) names it (`provider/model`;
+/// a route's first deployment), holding the admission's reservation when it is the
+/// task's first attempt (a requeued task's later attempt holds nothing until its
+/// worker reserves it). The backend supplies how it reads a field of a JSON text
+/// (`$provider`, `$model` of `model_ref`; `$nano`, `$tokens` of `reservation`). A worker
+/// whose call goes to another deployment of the route says so first
+/// ([`AttemptStore::redirect_attempt`](crate::AttemptStore::redirect_attempt)).
+macro_rules! open_claimed_attempts {
+    ($from:expr, $provider:expr, $model:expr, $nano:expr, $tokens:expr) => {
+        concat!(
+            "INSERT INTO task_attempts (task_id, n, deployment, started_at, outcome, \
+             reserved_nano, reserved_tokens) SELECT id, attempt, ",
+            $provider,
+            " || '/' || ",
+            $model,
+            ", claimed_at, 'running', CASE WHEN attempt = 1 THEN COALESCE(CAST(",
+            $nano,
+            " AS BIGINT), 0) ELSE 0 END, CASE WHEN attempt = 1 THEN COALESCE(CAST(",
+            $tokens,
+            " AS BIGINT), 0) ELSE 0 END FROM ",
+            $from
+        )
+    };
+}
+pub(crate) use open_claimed_attempts;
+
 /// What an ended attempt's row says when a terminal move or a requeue ends it: charged
 /// its reservation (its usage is unknown). `$1` the time, `$2` the outcome, `$3` the
 /// error code, `$4` the message; the caller appends its task condition.
@@ -60,11 +98,83 @@ pub(crate) const END_OPEN: &str = "UPDATE task_attempts SET ended_at = $1, outco
      charged_nano = reserved_nano, charged_tokens = reserved_tokens, \
      error_code = $3, error_message = $4 WHERE ended_at IS NULL AND ";
 
+/// Ends an open attempt of a task with what its worker says ([`Ending`]): `$1` the
+/// time, `$2`–`$7` the ending, `$8` the task; the caller appends its condition on the
+/// attempt. Written once for [`AttemptStore::end_attempt`](crate::AttemptStore::end_attempt)
+/// and the completions, which end the attempt that produced the output.
+pub(crate) const END_ATTEMPT: &str = "UPDATE task_attempts SET ended_at = $1, outcome = $2, \
+     usage = $3, charged_nano = $4, charged_tokens = $5, error_code = $6, error_message = $7 \
+     WHERE task_id = $8 AND ended_at IS NULL";
+
+/// What an attempt's row says once its worker ends it: its outcome, usage, charge
+/// (core's [`attempt_charge`]) and error.
+pub(crate) struct Ending {
+    pub(crate) outcome: &'static str,
+    pub(crate) usage: Option<String>,
+    pub(crate) charged: Charged,
+    pub(crate) error: Option<TaskError>,
+}
+
+impl Ending {
+    /// The ending of an attempt that reserved `reserved`.
+    pub(crate) fn of(end: &AttemptEnd, reserved: Charged) -> StoreResult<Ending> {
+        let usage = end.usage.map(|u| u.clamped().0);
+        let charged = attempt_charge(end.prices, usage.as_ref(), reserved);
+        Ok(Ending {
+            outcome: end.outcome.as_str(),
+            usage: usage
+                .map(|u| serde_json::to_string(&u))
+                .transpose()
+                .map_err(|e| corrupt("usage", e))?,
+            charged,
+            error: end
+                .error
+                .as_ref()
+                .map(|e| TaskError::new(e.code, &e.message)),
+        })
+    }
+
+    /// The attempt that produced a completion's output (docs/routes.md, "Attempts"):
+    /// `succeeded`, charged its own usage at its deployment's prices — `attempt`, or,
+    /// when the completion does not say, the completion's usage at the prices the task
+    /// reserved at. Its usage is known, so its reservation does not count.
+    pub(crate) fn of_completion(
+        task: &tollgate_core::Task,
+        usage: &Usage,
+        attempt: Option<&crate::AttemptUsage>,
+    ) -> StoreResult<Ending> {
+        let (usage, prices) = match attempt {
+            Some(a) => (a.usage, a.prices),
+            None => (*usage, task.reservation.and_then(|r| r.prices)),
+        };
+        let end = AttemptEnd {
+            outcome: AttemptOutcome::Succeeded,
+            usage: Some(usage),
+            prices,
+            error: None,
+        };
+        Ending::of(&end, Charged::default())
+    }
+
+    /// [`END_ATTEMPT`]'s `$2`–`$8` bound on `statement` (its `$1` the time).
+    pub(crate) fn bind(&self, statement: Statement, now: Timestamp, id: &str) -> Statement {
+        let error = self.error.clone();
+        statement
+            .bind(now.0)
+            .bind(self.outcome)
+            .bind(self.usage.clone())
+            .bind(self.charged.nano_usd)
+            .bind(i64::try_from(self.charged.tokens).unwrap_or(i64::MAX))
+            .bind(error.as_ref().map(|e| e.code.as_str()))
+            .bind(error.map(|e| e.message))
+            .bind(id.to_string())
+    }
+}
+
 /// A running task's facts when an attempt begins.
 #[derive(sqlx::FromRow)]
 struct BeginRow {
     max_attempts: i64,
-    reservation: Option<String>,
     made: i64,
     open: i64,
 }
@@ -154,7 +264,7 @@ impl Attempts {
                 Statement::new(
                     "UPDATE tasks SET heartbeat_at = $1 \
                      WHERE id = $2 AND status = 'running' AND worker = $3 \
-                     RETURNING max_attempts, reservation, \
+                     RETURNING max_attempts, \
                      (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id) AS made, \
                      (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id \
                       AND a.ended_at IS NULL) AS open",
@@ -168,12 +278,9 @@ impl Attempts {
             tx.rollback_tx().await?;
             return Ok(None);
         };
-        // The first attempt holds the admission's reservation; a later one reserves
-        // before its call (`reserve_attempt` adds to the open attempt).
-        let reserved = match (&row.reservation, row.made) {
-            (Some(text), 0) => Charged::of_reservation(&decode_reservation(&id, text)?),
-            _ => Charged::default(),
-        };
+        // A claim opens its first attempt with the admission's reservation; a later one
+        // reserves before its call (`reserve_attempt` adds to the open attempt).
+        let reserved = Charged::default();
         let n = row.made + 1;
         tx.run(
             Statement::new(
@@ -217,39 +324,51 @@ impl Attempts {
             tx.rollback_tx().await?;
             return Ok(false);
         };
-        let usage = end.usage.map(|u| u.clamped().0);
         let reserved = Charged {
             nano_usd,
             tokens: tokens(reserved_tokens),
         };
-        let charged = attempt_charge(end.prices, usage.as_ref(), reserved);
-        let usage_text = usage
-            .map(|u| serde_json::to_string(&u))
-            .transpose()
-            .map_err(|e| corrupt("usage", e))?;
-        let error = end
-            .error
-            .as_ref()
-            .map(|e| TaskError::new(e.code, &e.message));
+        let ending = Ending::of(end, reserved)?;
         tx.run(
-            Statement::new(
-                "UPDATE task_attempts SET ended_at = $1, outcome = $2, usage = $3, \
-                 charged_nano = $4, charged_tokens = $5, error_code = $6, error_message = $7 \
-                 WHERE task_id = $8 AND n = $9 AND ended_at IS NULL",
-            )
-            .bind(now.0)
-            .bind(end.outcome.as_str())
-            .bind(usage_text)
-            .bind(charged.nano_usd)
-            .bind(i64::try_from(charged.tokens).unwrap_or(i64::MAX))
-            .bind(error.as_ref().map(|e| e.code.as_str()))
-            .bind(error.map(|e| e.message))
-            .bind(&id)
-            .bind(i64::from(n)),
+            ending
+                .bind(
+                    Statement::new(format!("{END_ATTEMPT} AND n = $9")),
+                    now,
+                    &id,
+                )
+                .bind(i64::from(n)),
         )
         .await?;
         tx.commit_tx().await?;
         Ok(true)
+    }
+
+    /// Moves the claim's open attempt to another deployment; see
+    /// [`AttemptStore::redirect_attempt`](crate::AttemptStore::redirect_attempt).
+    pub(crate) async fn redirect<B: Backend>(
+        store: &B,
+        id: TaskId,
+        worker: &WorkerId,
+        n: u32,
+        deployment: &str,
+    ) -> StoreResult<bool> {
+        let mut tx = store.begin_tx().await?;
+        let moved = tx
+            .run(
+                Statement::new(
+                    "UPDATE task_attempts SET deployment = $1 \
+                     WHERE task_id = $2 AND n = $3 AND ended_at IS NULL AND EXISTS \
+                     (SELECT 1 FROM tasks WHERE tasks.id = $2 AND tasks.status = 'running' \
+                      AND tasks.worker = $4)",
+                )
+                .bind(deployment)
+                .bind(id.to_string())
+                .bind(i64::from(n))
+                .bind(worker.as_str()),
+            )
+            .await?;
+        tx.commit_tx().await?;
+        Ok(moved > 0)
     }
 
     /// Hands a held task back to the queue; see
@@ -417,6 +536,16 @@ macro_rules! attempt_store_for {
                 deployment: &str,
             ) -> $crate::StoreResult<Option<u32>> {
                 $crate::shared::attempts::Attempts::begin(self, id, worker, deployment).await
+            }
+
+            async fn redirect_attempt(
+                &self,
+                id: tollgate_core::TaskId,
+                worker: &tollgate_core::WorkerId,
+                n: u32,
+                deployment: &str,
+            ) -> $crate::StoreResult<bool> {
+                $crate::shared::attempts::Attempts::redirect(self, id, worker, n, deployment).await
             }
 
             async fn end_attempt(

@@ -7,7 +7,8 @@
 //! id order) and the locks a reservation takes before reading its task; the lock of a
 //! task's run is [`TerminalStatements::LOCK_RUN_OF`].
 
-use crate::shared::cost::{AttemptRow, reserve_checked};
+use crate::shared::attempts::{END_ATTEMPT, Ending};
+use crate::shared::cost::{AttemptRow, decode_reservation, reserve_checked};
 use crate::shared::rows::{
     CancelStateRow, FinishedRow, TaskRow, cancellation_requested, encode_completion, encode_usage,
     heartbeat_report, tasks,
@@ -15,8 +16,10 @@ use crate::shared::rows::{
 use crate::shared::sql::{Backend, Exec, Statement, TxExec};
 use crate::shared::tasks::{CANCELED_MESSAGE, fetch_task};
 use crate::shared::terminal::{TerminalMove, TerminalStatements, finish};
-use crate::{HeartbeatReport, MAX_PAGE, StoreResult, Transition};
+use crate::{AttemptEnd, Completion, HeartbeatReport, MAX_PAGE, StoreResult, Transition};
 use async_trait::async_trait;
+use tollgate_core::TaskError;
+use tollgate_core::attempt::{AttemptOutcome, Charged};
 use tollgate_core::cost::window_first_bucket;
 use tollgate_core::{ErrorCode, Reservation, Task, TaskId, Usage, WorkerId, truncate_message};
 
@@ -70,13 +73,26 @@ pub(crate) use returning_finished;
 
 /// docs/conformance.md#lifecycle complete: `running → succeeded` for the worker holding
 /// it, unless cancellation was requested (`$1` output, `$2` usage, `$3` now, `$4` task,
-/// `$5` worker).
-const COMPLETE: &str = concat!(
-    "UPDATE tasks SET status = 'succeeded', output = $1, usage = $2, completed_at = $3 \
-     WHERE id = $4 AND status = 'running' AND worker = $5 AND NOT ",
-    cancel_wanted!(),
-    returning_finished!()
-);
+/// `$5` worker), and under `$condition`.
+macro_rules! complete_where {
+    ($condition:expr) => {
+        concat!(
+            "UPDATE tasks SET status = 'succeeded', output = $1, usage = $2, completed_at = $3 \
+             WHERE id = $4 AND status = 'running' AND worker = $5 AND NOT ",
+            cancel_wanted!(),
+            $condition,
+            returning_finished!()
+        )
+    };
+}
+
+/// Complete for the worker holding the task (see [`complete_where!`]).
+const COMPLETE: &str = complete_where!("");
+
+/// Complete under the claim the worker's copy was claimed by (`$6`, the copy's
+/// `attempt`): a claim the task was requeued from since (and claimed again, by the same
+/// worker, too) completes nothing (see [`complete_where!`]).
+const COMPLETE_CLAIMED: &str = complete_where!(" AND attempt = $6");
 
 /// docs/conformance.md#lifecycle fail: `queued/running → failed` (`$1` code, `$2` message,
 /// `$3` now, `$4` task, `$5` usage, kept when `NULL`).
@@ -194,35 +210,71 @@ impl Worker {
         heartbeat_report(ids, &alive)
     }
 
-    pub(crate) async fn complete_task<B: WorkerStatements>(
+    /// One completion in its own transaction: the task succeeds and its open attempt
+    /// ends `succeeded` ([`Ending::of_completion`]) before the terminal move settles it.
+    pub(crate) async fn complete<B: WorkerStatements>(
         store: &B,
-        id: TaskId,
-        worker: &WorkerId,
-        output: serde_json::Value,
-        usage: Usage,
+        item: Completion,
     ) -> StoreResult<Transition> {
-        // The request never changes, so its contract is checked before the write. An
-        // invalid output is never stored as success.
-        let Some(current) = fetch_task(&mut store.reader(), &id.to_string()).await? else {
-            return Ok(Transition::default());
+        let id = item.id;
+        // The request never changes, so its contract is checked before the write (against
+        // the worker's claimed copy when it has one). An invalid output is never stored
+        // as success.
+        let read;
+        let claimed = item.claimed.as_deref().filter(|t| t.id == id);
+        let current = match claimed {
+            Some(task) => task,
+            None => match fetch_task(&mut store.reader(), &id.to_string()).await? {
+                Some(task) => {
+                    read = task;
+                    &read
+                }
+                None => return Ok(Transition::default()),
+            },
         };
-        let (output, usage) = encode_completion(&current, &output, &usage)?;
+        let (output, usage) = encode_completion(current, &item.output, &item.usage)?;
+        let ending = Ending::of_completion(current, &item.usage, item.attempt.as_ref())?;
         let mut tx = store.begin_tx().await?;
         let now = store.now_in(&mut tx).await?;
         if current.run_id().is_some() {
             tx.lock_run_of(id).await?;
         }
-        let done: Option<FinishedRow> = tx
-            .optional(
-                Statement::new(COMPLETE)
-                    .bind(output)
-                    .bind(usage)
-                    .bind(now.0)
-                    .bind(id.to_string())
-                    .bind(worker.as_str()),
-            )
-            .await?;
+        let statement = Statement::new(if claimed.is_some() {
+            COMPLETE_CLAIMED
+        } else {
+            COMPLETE
+        })
+        .bind(output)
+        .bind(usage)
+        .bind(now.0)
+        .bind(id.to_string())
+        .bind(item.worker.as_str());
+        let statement = match claimed {
+            Some(task) => statement.bind(i64::from(task.attempt)),
+            None => statement,
+        };
+        let done: Option<FinishedRow> = tx.optional(statement).await?;
+        if done.is_some() {
+            tx.run(ending.bind(Statement::new(END_ATTEMPT), now, &id.to_string()))
+                .await?;
+        }
         finish(tx, id, done, TerminalMove::SUCCEEDED, now).await
+    }
+
+    /// [`WorkerStore::complete_tasks`](crate::WorkerStore::complete_tasks) as one
+    /// [`complete`](Self::complete) per item (a backend without a batched completion).
+    pub(crate) async fn complete_each<B: WorkerStatements>(
+        store: &B,
+        items: Vec<Completion>,
+    ) -> StoreResult<Vec<StoreResult<Transition>>> {
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            match Worker::complete(store, item).await {
+                Err(e) if !e.is_per_item() => return Err(e),
+                result => out.push(result),
+            }
+        }
+        Ok(out)
     }
 
     pub(crate) async fn fail_task<B: WorkerStatements>(
@@ -233,6 +285,7 @@ impl Worker {
         message: &str,
         usage: Option<&Usage>,
     ) -> StoreResult<Transition> {
+        let usage_reported = usage;
         let usage = usage.map(encode_usage).transpose()?;
         let mut tx = store.begin_tx().await?;
         let now = store.now_in(&mut tx).await?;
@@ -248,6 +301,29 @@ impl Worker {
             None => statement,
         };
         let done: Option<FinishedRow> = tx.optional(statement).await?;
+        if let (Some(done), Some(used)) = (&done, usage_reported) {
+            // The open attempt (a worker that ends its attempts itself has none) used
+            // what the failure reports, at the prices the task reserved at.
+            let reservation: Option<String> = tx
+                .one::<(Option<String>,)>(
+                    Statement::new("SELECT reservation FROM tasks WHERE id = $1").bind(&done.id),
+                )
+                .await?
+                .0;
+            let prices = reservation
+                .map(|r| decode_reservation(&done.id, &r))
+                .transpose()?
+                .and_then(|r| r.prices);
+            let end = AttemptEnd {
+                outcome: AttemptOutcome::of_error(code),
+                usage: Some(*used),
+                prices,
+                error: Some(TaskError::new(code, message)),
+            };
+            let ending = Ending::of(&end, Charged::default())?;
+            tx.run(ending.bind(Statement::new(END_ATTEMPT), now, &done.id))
+                .await?;
+        }
         finish(tx, id, done, TerminalMove::ENDED, now).await
     }
 
@@ -316,9 +392,15 @@ impl Worker {
 /// [`WorkerStore`](crate::WorkerStore) for a backend that implements
 /// [`WorkerStatements`] (written once; the store's wrappers forward the trait by a
 /// blanket impl, so each backend states its own). `complete_tasks = path` names a
-/// backend's batched completion; without it the trait's default (one completion per
-/// item) serves.
+/// backend's batched completion; without it one completion per item serves
+/// ([`Worker::complete_each`]).
 macro_rules! worker_store_for {
+    (@complete_tasks $self:ident, $items:ident) => {
+        $crate::shared::lifecycle::Worker::complete_each($self, $items).await
+    };
+    (@complete_tasks $self:ident, $items:ident, $batch:path) => {
+        $batch($self, $items).await
+    };
     ($store:ty $(, complete_tasks = $batch:path)?) => {
         #[async_trait::async_trait]
         impl $crate::WorkerStore for $store {
@@ -353,18 +435,24 @@ macro_rules! worker_store_for {
                 output: serde_json::Value,
                 usage: tollgate_core::Usage,
             ) -> $crate::StoreResult<$crate::Transition> {
-                $crate::shared::lifecycle::Worker::complete_task(self, id, worker, output, usage)
-                    .await
+                let item = $crate::Completion {
+                    id,
+                    worker: worker.clone(),
+                    output,
+                    usage,
+                    claimed: None,
+                    attempt: None,
+                };
+                $crate::shared::lifecycle::Worker::complete(self, item).await
             }
 
-            $(
             async fn complete_tasks(
                 &self,
                 items: Vec<$crate::Completion>,
             ) -> $crate::StoreResult<Vec<$crate::StoreResult<$crate::Transition>>> {
-                $batch(self, items).await
+                $crate::shared::lifecycle::worker_store_for!(@complete_tasks self, items
+                    $(, $batch)?)
             }
-            )?
 
             async fn fail_task(
                 &self,

@@ -142,6 +142,12 @@ fn text<T>(what: &str, r: Result<T, tollgate_core::InvalidInput>) -> Result<T, S
 }
 
 impl TaskRow {
+    /// The task's id, as stored.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
     /// The task's app, as stored.
     pub(crate) fn app(&self) -> &str {
         &self.app

@@ -5,6 +5,7 @@
 
 use super::Tx;
 use crate::StoreResult;
+use crate::shared::attempts::claim_attempt;
 use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::lifecycle::run_not_canceled;
 use crate::shared::rows::{TaskRow, task_columns};
@@ -85,8 +86,9 @@ async fn claim_planned(
     let picks = vec![PICK; plan.len()].join(" UNION ALL ");
     let sql = format!(
         concat!(
-            "UPDATE tasks SET status = 'running', worker = ?, attempt = attempt + 1, \
-             claimed_at = ?, heartbeat_at = ? WHERE id IN ({}) RETURNING ",
+            "UPDATE tasks SET status = 'running', worker = ?, attempt = ",
+            claim_attempt!(),
+            ", claimed_at = ?, heartbeat_at = ? WHERE id IN ({}) RETURNING ",
             task_columns!()
         ),
         picks

@@ -5,6 +5,7 @@
 //! a reservation with every admission, so it takes no lock of its own.
 
 use super::{SqliteStore, id_list};
+use crate::shared::attempts::{claim_attempt, open_claimed_attempts};
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, worker_store_for,
 };
@@ -21,8 +22,9 @@ impl WorkerStatements for SqliteStore {
         let mut tx = self.begin().await?;
         let now = self.now();
         let row = sqlx::query_as(concat!(
-            "UPDATE tasks SET status = 'running', worker = ?, attempt = attempt + 1, \
-             claimed_at = ?, heartbeat_at = ? \
+            "UPDATE tasks SET status = 'running', worker = ?, attempt = ",
+            claim_attempt!(),
+            ", claimed_at = ?, heartbeat_at = ? \
              WHERE id = ? AND status = 'queued' AND cancel_requested = 0 AND ",
             run_not_canceled!(),
             " RETURNING ",
@@ -34,6 +36,9 @@ impl WorkerStatements for SqliteStore {
         .bind(id.to_string())
         .fetch_optional(&mut *tx)
         .await?;
+        if let Some(row) = &row {
+            open_claimed(&mut tx, std::slice::from_ref(row)).await?;
+        }
         tx.commit().await?;
         Ok(row)
     }
@@ -47,8 +52,9 @@ impl WorkerStatements for SqliteStore {
             }
             ClaimOrder::Oldest => {
                 sqlx::query_as(concat!(
-                    "UPDATE tasks SET status = 'running', worker = ?, attempt = attempt + 1, \
-                     claimed_at = ?, heartbeat_at = ? \
+                    "UPDATE tasks SET status = 'running', worker = ?, attempt = ",
+                    claim_attempt!(),
+                    ", claimed_at = ?, heartbeat_at = ? \
                      WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' \
                      AND cancel_requested = 0 AND ",
                     run_not_canceled!(),
@@ -63,6 +69,7 @@ impl WorkerStatements for SqliteStore {
                 .await?
             }
         };
+        open_claimed(&mut tx, &rows).await?;
         tx.commit().await?;
         Ok(rows)
     }
@@ -95,3 +102,23 @@ impl WorkerStatements for SqliteStore {
 }
 
 worker_store_for!(SqliteStore);
+
+/// Opens the attempts of the tasks just claimed, in the claim's transaction
+/// ([`open_claimed_attempts!`], JSON read with `json_extract`).
+async fn open_claimed(tx: &mut super::Tx, rows: &[TaskRow]) -> StoreResult<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = rows.iter().map(TaskRow::id).collect();
+    sqlx::query(open_claimed_attempts!(
+        "tasks WHERE id IN (SELECT value FROM json_each(?))",
+        "json_extract(model_ref, '$.provider')",
+        "json_extract(model_ref, '$.model')",
+        "json_extract(reservation, '$.nano_usd')",
+        "json_extract(reservation, '$.tokens')"
+    ))
+    .bind(id_list(&ids))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
