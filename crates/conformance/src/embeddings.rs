@@ -272,13 +272,9 @@ pub async fn grouped_embed_tasks_settle_each_its_own_share(b: &dyn Backend) {
     }
     let claimed = s.claim_next(&w, 5).await.expect("claim_next");
     assert_eq!(claimed.len(), 5, "claimed together");
-    for id in &ids {
-        assert!(
-            s.begin_attempt(*id, &w, "rec/embed")
-                .await
-                .expect("begin_attempt")
-                .is_some()
-        );
+    // The claim opened each task's first attempt (docs/routes.md, "Attempts").
+    for t in &claimed {
+        assert_eq!(t.attempt, 1, "the claim opens the first attempt");
     }
     // The grouped call used `total` tokens; each task's share is its own texts'.
     for (id, &n) in ids.iter().zip(&shares) {
