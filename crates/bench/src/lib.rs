@@ -26,6 +26,7 @@ mod latency;
 mod measure;
 mod peer;
 mod report;
+mod ttft;
 mod window;
 mod work;
 
@@ -149,6 +150,9 @@ pub struct SizeArgs {
     /// heartbeat: the pools' heartbeat interval [default: 1s].
     #[arg(long, value_parser = humantime::parse_duration)]
     pub heartbeat_interval: Option<Duration>,
+    /// ttft: streamed calls per side [default: 200; quick: 20].
+    #[arg(long)]
+    pub calls: Option<u64>,
 }
 
 /// What to measure.
@@ -176,6 +180,9 @@ pub enum Scenario {
     /// enqueued over HTTP (`POST /v1/tasks/batch`) into a database of their own, never run.
     /// Not part of `all`: the peer binary is built apart from the workspace.
     Peer,
+    /// Time to first token of a streamed chat completion through the OpenAI door (a new
+    /// durable task each) vs the same call straight to an in-process fake upstream.
+    Ttft,
     /// Every scenario, one after the other (all but `peer`).
     All,
 }
@@ -183,7 +190,7 @@ pub enum Scenario {
 impl Scenario {
     /// What `all` runs: every scenario but `peer`, which needs a binary the workspace
     /// does not build.
-    const EACH: [Scenario; 7] = [
+    const EACH: [Scenario; 8] = [
         Scenario::BurnDown,
         Scenario::Fairness,
         Scenario::Admission,
@@ -191,6 +198,7 @@ impl Scenario {
         Scenario::Cache,
         Scenario::Heartbeat,
         Scenario::Latency,
+        Scenario::Ttft,
     ];
 
     /// The scenario's command-line name.
@@ -204,6 +212,7 @@ impl Scenario {
             Scenario::Heartbeat => "heartbeat",
             Scenario::Latency => "latency",
             Scenario::Peer => "peer",
+            Scenario::Ttft => "ttft",
             Scenario::All => "all",
         }
     }
@@ -247,6 +256,7 @@ pub struct Sizes {
     heartbeat_workers: u32,
     hold: Duration,
     heartbeat_interval: Duration,
+    calls: u64,
 }
 
 impl Sizes {
@@ -278,12 +288,14 @@ impl Sizes {
                 .hold
                 .unwrap_or(pick(quick, Duration::from_secs(20), Duration::from_secs(3))),
             heartbeat_interval: args.heartbeat_interval.unwrap_or(Duration::from_secs(1)),
+            calls: args.calls.unwrap_or(pick(quick, 20, 200)),
         };
         anyhow::ensure!(sizes.tasks > 0, "--tasks must be positive");
         anyhow::ensure!(sizes.workers > 0, "--workers must be positive");
         anyhow::ensure!(sizes.clients > 0, "--clients must be positive");
         anyhow::ensure!(sizes.scopes > 0, "--scopes must be positive");
         anyhow::ensure!(sizes.rounds > 0, "--rounds must be positive");
+        anyhow::ensure!(sizes.calls > 0, "--calls must be positive");
         anyhow::ensure!(!sizes.duration.is_zero(), "--duration must be positive");
         anyhow::ensure!(sizes.small_window > 0, "--small-window must be positive");
         anyhow::ensure!(
@@ -365,6 +377,7 @@ async fn run_scenario(
         Scenario::Heartbeat => heartbeat::run(&ctx).await,
         Scenario::Latency => latency::run(&ctx).await,
         Scenario::Peer => peer::run(&ctx).await,
+        Scenario::Ttft => ttft::run(&ctx).await,
         Scenario::All => Err(anyhow::anyhow!("`all` is not one scenario")),
     };
     progress.stage("dropping the database");
