@@ -288,7 +288,7 @@ impl Sizes {
                 .hold
                 .unwrap_or(pick(quick, Duration::from_secs(20), Duration::from_secs(3))),
             heartbeat_interval: args.heartbeat_interval.unwrap_or(Duration::from_secs(1)),
-            calls: args.calls.unwrap_or(pick(quick, 20, 200)),
+            calls: args.calls.unwrap_or(pick(quick, 200, 20)),
         };
         anyhow::ensure!(sizes.tasks > 0, "--tasks must be positive");
         anyhow::ensure!(sizes.workers > 0, "--workers must be positive");

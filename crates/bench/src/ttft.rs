@@ -21,7 +21,7 @@
 use super::http::HttpServer;
 use super::measure::Phase;
 use super::report::ScenarioReport;
-use super::{Ctx, Scenario, engine_config};
+use super::{Ctx, HOLD_MODEL, Scenario, engine_config};
 use anyhow::Context;
 use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
@@ -29,8 +29,8 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
-use tollgate_engine::config::{ModelConfig, ModelPrices, ProviderConfig};
 use tollgate_engine::Tollgate;
+use tollgate_engine::config::{ModelConfig, ModelPrices, ProviderConfig};
 use tollgate_store::Store;
 
 /// How long after the first piece the fake sends the rest of its answer.
@@ -51,6 +51,8 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let fake = FakeUpstream::start().await?;
     let store: Arc<dyn Store> = Arc::new(ctx.counting_store());
     let mut config = engine_config(ctx.sizes.workers, &ctx.sizes);
+    // The heartbeat scenario's held model needs a provider this engine does not have.
+    config.models.remove(HOLD_MODEL);
     config.providers.insert(
         PROVIDER.to_string(),
         serde_json::from_value::<ProviderConfig>(json!({
@@ -89,7 +91,9 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     fake.stop();
     let (door, direct) = measured?;
 
-    let door_p = door.percentiles().context("the door side measured no call")?;
+    let door_p = door
+        .percentiles()
+        .context("the door side measured no call")?;
     let direct_p = direct
         .percentiles()
         .context("the direct side measured no call")?;
@@ -218,6 +222,11 @@ impl FakeUpstream {
             .await
             .context("cannot listen on 127.0.0.1")?;
         let base = format!("http://{}", listener.local_addr()?);
+        // Pieces leave as they are written (no Nagle delay behind the headers), as from
+        // a real provider's streaming endpoint.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(async move {
             let _ = axum::serve(listener, app)
