@@ -164,6 +164,14 @@ impl HttpClient {
         self.max_wait
     }
 
+    /// A `POST <path>` with the key, to be completed and sent by the caller (e.g. a
+    /// streamed call read piece by piece).
+    pub(crate) fn stream_request(&self, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+    }
+
     /// Sends `body` (JSON) to `POST <path>` with the key and waits at most `timeout`;
     /// returns the status and the whole answer.
     pub(crate) async fn post(

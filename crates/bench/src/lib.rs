@@ -27,6 +27,7 @@ mod latency;
 mod measure;
 mod peer;
 mod report;
+mod ttft;
 mod upstream;
 mod window;
 mod work;
@@ -152,6 +153,9 @@ pub struct SizeArgs {
     /// heartbeat: the pools' heartbeat interval [default: 1s].
     #[arg(long, value_parser = humantime::parse_duration)]
     pub heartbeat_interval: Option<Duration>,
+    /// ttft: streamed calls per side [default: 200; quick: 20].
+    #[arg(long)]
+    pub calls: Option<u64>,
 }
 
 /// What to measure.
@@ -182,6 +186,9 @@ pub enum Scenario {
     /// The OpenAI-compatible door over a fake upstream: added p50/p99 at 50 calls/s and
     /// max calls/s at 32 connections, one scope and 64 scopes (vs the direct call).
     Door,
+    /// Time to first token of a streamed chat completion through the OpenAI door (a new
+    /// durable task each) vs the same call straight to an in-process fake upstream.
+    Ttft,
     /// Every scenario, one after the other (all but `peer`).
     All,
 }
@@ -189,7 +196,7 @@ pub enum Scenario {
 impl Scenario {
     /// What `all` runs: every scenario but `peer`, which needs a binary the workspace
     /// does not build.
-    const EACH: [Scenario; 8] = [
+    const EACH: [Scenario; 9] = [
         Scenario::BurnDown,
         Scenario::Fairness,
         Scenario::Admission,
@@ -198,6 +205,7 @@ impl Scenario {
         Scenario::Heartbeat,
         Scenario::Latency,
         Scenario::Door,
+        Scenario::Ttft,
     ];
 
     /// The scenario's command-line name.
@@ -212,6 +220,7 @@ impl Scenario {
             Scenario::Latency => "latency",
             Scenario::Peer => "peer",
             Scenario::Door => "door",
+            Scenario::Ttft => "ttft",
             Scenario::All => "all",
         }
     }
@@ -257,6 +266,7 @@ pub struct Sizes {
     heartbeat_workers: u32,
     hold: Duration,
     heartbeat_interval: Duration,
+    calls: u64,
 }
 
 impl Sizes {
@@ -293,12 +303,14 @@ impl Sizes {
                 .hold
                 .unwrap_or(pick(quick, Duration::from_secs(20), Duration::from_secs(3))),
             heartbeat_interval: args.heartbeat_interval.unwrap_or(Duration::from_secs(1)),
+            calls: args.calls.unwrap_or(pick(quick, 200, 20)),
         };
         anyhow::ensure!(sizes.tasks > 0, "--tasks must be positive");
         anyhow::ensure!(sizes.workers > 0, "--workers must be positive");
         anyhow::ensure!(sizes.clients > 0, "--clients must be positive");
         anyhow::ensure!(sizes.scopes > 0, "--scopes must be positive");
         anyhow::ensure!(sizes.rounds > 0, "--rounds must be positive");
+        anyhow::ensure!(sizes.calls > 0, "--calls must be positive");
         anyhow::ensure!(!sizes.duration.is_zero(), "--duration must be positive");
         anyhow::ensure!(sizes.small_window > 0, "--small-window must be positive");
         anyhow::ensure!(
@@ -381,6 +393,7 @@ async fn run_scenario(
         Scenario::Latency => latency::run(&ctx).await,
         Scenario::Peer => peer::run(&ctx).await,
         Scenario::Door => door::run(&ctx).await,
+        Scenario::Ttft => ttft::run(&ctx).await,
         Scenario::All => Err(anyhow::anyhow!("`all` is not one scenario")),
     };
     progress.stage("dropping the database");
