@@ -1084,7 +1084,11 @@ async fn subject_isolation_matrix(backend: &str) {
     let mut covered: BTreeSet<(String, String)> = BTreeSet::new();
     let mut cover = |m: &Method, p: &str| covered.insert((m.to_string(), p.to_string()));
     for id in tasks {
-        for path in [format!("/v1/tasks/{id}"), format!("/v1/tasks/{id}?wait=1s")] {
+        for path in [
+            format!("/v1/tasks/{id}"),
+            format!("/v1/tasks/{id}?wait=1s"),
+            format!("/v1/tasks/{id}/events"),
+        ] {
             let (st, e) = scall(&s, Method::GET, &path, BOB, &[], None).await;
             assert_eq!(
                 (st, is_json_error(&e)),
@@ -1104,6 +1108,7 @@ async fn subject_isolation_matrix(backend: &str) {
         assert_eq!(st, StatusCode::NOT_FOUND, "cancel {id}: {e}");
     }
     cover(&Method::GET, "/v1/tasks/{id}");
+    cover(&Method::GET, "/v1/tasks/{id}/events");
     cover(&Method::POST, "/v1/tasks/{id}/cancel");
     for path in [
         format!("/v1/runs/{r}"),
