@@ -804,7 +804,7 @@ async fn migration_0013_repairs_a_provider_paused_for_years() {
 
 /// docs/engine.md, "Dead rows": a hot table whose dead rows pass the bound (at least 1,000
 /// and a tenth of its live rows) is vacuumed after a sweep, without autovacuum's help
-/// (off for this table here), so its dead rows come back under the bound.
+/// (off for this table here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_vacuums_hot_tables_whose_dead_rows_passed_the_bound() {
     let Some(url) = database_url("a_sweep_vacuums_hot_tables_whose_dead_rows_passed_the_bound")
@@ -815,12 +815,13 @@ async fn a_sweep_vacuums_hot_tables_whose_dead_rows_passed_the_bound() {
     let clock = ManualClock::new(START);
     let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
     let pool = store.pool().clone();
-    let dead = || {
+    // Dead rows and manual vacuums of `dispatch_queues`, as the statistics show them now.
+    let stats = || {
         let pool = pool.clone();
         async move {
             fresh_counters(&pool).await;
-            sqlx::query_scalar::<_, i64>(
-                "SELECT n_dead_tup FROM pg_stat_user_tables \
+            sqlx::query_as::<_, (i64, i64)>(
+                "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables \
                  WHERE schemaname = current_schema() AND relname = 'dispatch_queues'",
             )
             .fetch_one(&pool)
@@ -846,18 +847,22 @@ async fn a_sweep_vacuums_hot_tables_whose_dead_rows_passed_the_bound() {
             .await
             .unwrap();
     }
-    let before = dead().await;
+    let (before, vacuums_before) = stats().await;
     assert!(before >= 1000, "only {before} dead rows were made");
     store.sweep(&SweepConfig::default()).await.unwrap();
-    let mut after = before;
-    for _ in 0..20 {
-        after = dead().await;
-        if after < 1000 {
+    // The vacuum runs in the background after the sweep. Whether it can remove the dead
+    // rows depends on the oldest snapshot open anywhere on the server (other tests'), so
+    // what is asserted is that the table was vacuumed.
+    let mut vacuums = vacuums_before;
+    for _ in 0..100 {
+        vacuums = stats().await.1;
+        if vacuums > vacuums_before {
             break;
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
-        after < 1000,
-        "{before} dead rows, still {after} after the sweep"
+        vacuums > vacuums_before,
+        "{before} dead rows, and the sweep did not vacuum dispatch_queues"
     );
 }
