@@ -18,24 +18,12 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 
+#[macro_use]
 mod common;
 use common::Server;
 
 const KEY: &str = "acme-key-0123456789abcdef";
 const ANTHROPIC_KEY: &str = "sk-ant-test-0123456789";
-
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name("sqlite").await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name("postgres").await })*
-        }
-    };
-}
 
 on_both_backends!(an_anthropic_chat_calls_tools_in_parallel_and_answers_their_results);
 

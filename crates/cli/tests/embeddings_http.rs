@@ -15,23 +15,11 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 
+#[macro_use]
 mod common;
 use common::Server;
 
 const KEY: &str = "acme-key-0123456789abcdef";
-
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name("sqlite").await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name("postgres").await })*
-        }
-    };
-}
 
 on_both_backends!(
     a_thousand_inputs_with_990_cached_call_the_provider_for_10_and_are_charged_for_10,

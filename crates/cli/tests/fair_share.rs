@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
+#[macro_use]
 mod common;
 
 const ACME: &str = "acme-key-0123456789abcdef";
@@ -466,19 +467,6 @@ async fn batch_memory_is_bounded_by_its_body_and_given_back() {
         "resident memory stayed {:.1} MiB above its level before the batch",
         rss_after - rss_before
     );
-}
-
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name("sqlite").await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name("postgres").await })*
-        }
-    };
 }
 
 on_both_backends!(

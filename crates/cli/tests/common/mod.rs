@@ -126,3 +126,19 @@ pub fn start_with_env(
         _dir: dir,
     })
 }
+
+/// Runs each named `async fn name(backend: &str)` as a test on SQLite and on PostgreSQL
+/// (`sqlite::name`, `postgres::name`).
+#[allow(unused_macros)]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name("sqlite").await })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name("postgres").await })*
+        }
+    };
+}
