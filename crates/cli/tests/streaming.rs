@@ -11,7 +11,8 @@
 //! - a client that disconnects mid-stream does not cancel the task;
 //! - a replay of the finished call's `Idempotency-Key` streams the stored answer;
 //! - a provider stream that breaks off mid-answer ends the door's stream with an error
-//!   event, fails the task (`max_attempts = 1`) and charges the call's bound;
+//!   event, fails the task (`max_attempts = 1`; the attempt `unavailable`) and charges
+//!   the call's bound;
 //! - a stream without a usage chunk is charged its bound, never $0.
 
 use axum::Router;
@@ -472,11 +473,15 @@ async fn a_broken_provider_stream_ends_with_an_error_event_and_settles(backend: 
     assert_eq!(error["error"]["type"], "server_error", "{error}");
     let task = server.task(&id).await;
     assert_eq!(task["status"], "failed", "{task}");
-    // The broken call may have been billed: its usage is unknown, and its attempt is
-    // charged the reservation (docs/routes.md, "What is charged when"), never $0.
-    assert!(task["usage"].is_null(), "{task}");
+    // A dropped connection is a transient failure (`unavailable`: with tries left, the
+    // next attempt would follow). The broken call may have been billed: it is counted at
+    // its bound (docs/routes.md, "What is charged when"), never $0.
+    assert_eq!(task["attempts"][0]["outcome"], "unavailable", "{task}");
+    assert_eq!(task["usage"]["output_tokens"], 50, "{task}");
+    assert_eq!(task["usage"]["estimated"], true, "{task}");
     let charged = task["attempts"][0]["cost_usd"].as_f64();
     assert!(charged.is_some_and(|c| c > 0.0), "{task}");
+    assert_eq!(task["usage"]["cost_usd"].as_f64(), charged, "{task}");
 
     // A stream without a usage chunk is charged its bound too.
     let response = server.stream_chat("nousage: say hello", None).await;

@@ -274,11 +274,6 @@ impl HttpClient {
                                  (max_output_bytes)"
                             )));
                         }
-                        Err(ReadError::Http(e)) if is_transient(&e) => {
-                            maybe_billed = true;
-                            (describe(&e), None)
-                        }
-                        Err(ReadError::Http(e)) => return Err(ProviderError::Failed(describe(&e))),
                     }
                 }
                 Ok(response) => {
@@ -366,8 +361,8 @@ pub fn no_exhausted_limits(_: &HeaderMap, _: SystemTime) -> Option<Duration> {
 
 enum ReadError {
     TooLarge,
-    Http(reqwest::Error),
-    /// A stream that stopped short or reported an error: a later try may succeed.
+    /// A body that broke off while read (the connection died, a timeout), or a stream
+    /// that stopped short or reported an error: a later try may succeed.
     Broken(String),
     /// The answer cannot be read (not JSON, not the dialect's events).
     Provider(ProviderError),
@@ -429,7 +424,7 @@ async fn read_stream(
         }
         Ok(())
     };
-    while let Some(chunk) = response.chunk().await.map_err(ReadError::Http)? {
+    while let Some(chunk) = response.chunk().await.map_err(body_broke)? {
         feed(decoder.feed(&chunk), &mut parser)?;
     }
     feed(decoder.finish().into_iter().collect(), &mut parser)?;
@@ -441,13 +436,23 @@ async fn read_stream(
     Ok(parser.answer())
 }
 
+/// A failure to read the body of an answer that had begun (200): it broke off, so the
+/// provider may have done (and billed) the work and a later try may succeed — never a
+/// permanent failure. reqwest reports every failure to read a body frame as a decode
+/// error (`Response::chunk`), whatever its cause (a connection that died mid-answer, a
+/// timeout); with no content decoding enabled it never concerns the body's content,
+/// which the dialect's parser reads.
+fn body_broke(e: reqwest::Error) -> ReadError {
+    ReadError::Broken(describe(&e))
+}
+
 /// The body, chunk by chunk, stopping past `limit` bytes.
 async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, ReadError> {
     if response.content_length().is_some_and(|n| n > limit as u64) {
         return Err(ReadError::TooLarge);
     }
     let mut bytes = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(ReadError::Http)? {
+    while let Some(chunk) = response.chunk().await.map_err(body_broke)? {
         if bytes.len() + chunk.len() > limit {
             return Err(ReadError::TooLarge);
         }
