@@ -2,7 +2,8 @@
 //! "Streaming a task", docs/openai.md "Streaming"): the real `tollgate serve` (SQLite and
 //! PostgreSQL) calls a scripted OpenAI-compatible fake in this process
 //! (`stream_fake`) that streams each answer and holds its last pieces until the test
-//! releases them, so "arrived before the provider finished" is observed.
+//! releases them, so "arrived before the provider finished" is observed; its server
+//! configuration and shared calls are in `stream_fake::http`.
 //!
 //! - a re-ask during a stream: a reader of `GET /v1/tasks/{id}/events` gets the invalid
 //!   answer's pieces, a `restart`, the new answer's pieces (before the provider
@@ -17,6 +18,8 @@
 //!   `provider_error` event and fails the task, charged its reservation; with tries
 //!   left, the next attempt answers (the door ends `stream_restarted`, a reader of the
 //!   events gets a `restart`), both attempts charged;
+//! - a provider's own retry (`max_retries`) after its stream broke off: the events get
+//!   a `restart`, then the retry's pieces, within one attempt;
 //! - `classify_many` streams its raw text before the provider finished and ends with
 //!   the validated (reordered) output;
 //! - a `chat`'s tool-call pieces (door chunks and `delta` events) concatenate to the
@@ -30,224 +33,10 @@ use std::time::Duration;
 #[macro_use]
 mod common;
 mod stream_fake;
-use common::Server;
-use stream_fake::{End, Events, Fake, Reply, until_sent};
-
-const ACME: &str = "acme-key-0123456789abcdef";
-
-/// Prices are $1/M input and $2/M output tokens on every deployment.
-fn config_text(database_url: &str, provider_url: &str) -> String {
-    let prices = "prices = { input_per_million = 1.0, output_per_million = 2.0 }";
-    format!(
-        r#"
-default_model = "once"
-
-[server]
-max_wait = "20s"
-
-[database]
-url = "{database_url}"
-
-[models.once]
-provider = "fake"
-model = "once-model"
-max_output_tokens = 50
-max_attempts = 1
-{prices}
-
-[models.twice]
-provider = "fake"
-model = "twice-model"
-max_output_tokens = 50
-max_attempts = 2
-{prices}
-
-[models.routed]
-strategy = "fallback"
-cooldown = "1m"
-max_attempts = 2
-
-[[models.routed.deployments]]
-provider = "fake"
-model = "flaky-model"
-max_output_tokens = 50
-{prices}
-
-[[models.routed.deployments]]
-provider = "fake"
-model = "good-model"
-max_output_tokens = 50
-{prices}
-
-[providers.fake]
-kind = "openai"
-base_url = "{provider_url}/v1"
-max_retries = 0
-
-[budgets.standard]
-max_steps_per_source = 50
-sources_per_24_hours = 1000
-scope_concurrent = 50
-burst = 100
-tasks_per_minute = 600
-usd_per_24_hours = 1.0
-
-[apps.acme]
-api_keys = ["{ACME}"]
-default_budget = "standard"
-
-[workers]
-concurrency = 4
-heartbeat_interval = "200ms"
-"#
-    )
-}
-
-async fn start(backend: &str) -> Option<(Fake, Server)> {
-    let fake = Fake::start().await;
-    let url = fake.url.clone();
-    let server = common::start(backend, "streamre", |db| config_text(db, &url))?;
-    Some((fake, server))
-}
-
-impl Server {
-    /// A door call with `stream: true` (and the usage chunk) in `scope`.
-    async fn door(&self, scope: &str, key: Option<&str>, body: Value) -> reqwest::Response {
-        let mut body = body;
-        body["stream"] = json!(true);
-        body["stream_options"] = json!({"include_usage": true});
-        let mut rb = self
-            .http
-            .post(format!("{}/openai/v1/chat/completions", self.base))
-            .bearer_auth(ACME)
-            .header("x-tollgate-scope", scope)
-            .json(&body);
-        if let Some(k) = key {
-            rb = rb.header("idempotency-key", k);
-        }
-        let response = rb.send().await.expect("the server answers");
-        assert_eq!(response.status(), StatusCode::OK);
-        let kind = response.headers()["content-type"].to_str().unwrap();
-        assert!(kind.starts_with("text/event-stream"), "{kind}");
-        response
-    }
-
-    /// Submits a task through `POST /v1/tasks` (a fresh effect key); its id.
-    async fn submit(&self, body: Value) -> String {
-        let response = self
-            .http
-            .post(format!("{}/v1/tasks", self.base))
-            .bearer_auth(ACME)
-            .header("idempotency-key", uuid::Uuid::new_v4().to_string())
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status();
-        let task: Value = response.json().await.unwrap();
-        assert_eq!(status, StatusCode::CREATED, "{task}");
-        task["id"].as_str().unwrap().to_string()
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(ACME)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "{path}");
-        response.json().await.unwrap()
-    }
-
-    /// The task once it ended.
-    async fn ended(&self, id: &str) -> Value {
-        let task = self.get(&format!("/v1/tasks/{id}?wait=20")).await;
-        assert!(
-            matches!(
-                task["status"].as_str(),
-                Some("succeeded" | "failed" | "canceled")
-            ),
-            "{task}"
-        );
-        task
-    }
-
-    /// A reader of the task's events.
-    async fn events(&self, id: &str) -> Events {
-        let response = self
-            .http
-            .get(format!("{}/v1/tasks/{id}/events", self.base))
-            .bearer_auth(ACME)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        Events::of(response)
-    }
-}
-
-fn task_id(response: &reqwest::Response) -> String {
-    response.headers()["x-tollgate-task-id"]
-        .to_str()
-        .unwrap()
-        .to_string()
-}
-
-/// The `content` pieces of door chunks, in order.
-fn content(events: &[(String, String)]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|(_, d)| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|c| {
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(String::from)
-        })
-        .filter(|t| !t.is_empty())
-        .collect()
-}
-
-fn close(a: &Value, b: f64) -> bool {
-    a.as_f64().is_some_and(|a| (a - b).abs() < 1e-12)
-}
-
-/// $ at $1/M input and $2/M output tokens.
-fn cost(input: u64, output: u64) -> f64 {
-    (input as f64 + 2.0 * output as f64) / 1e6
-}
-
-/// The scope's usage report: everything settled, nothing left reserved, and the
-/// settled spend is `settled`.
-async fn assert_settled(server: &Server, scope: &str, settled: f64) {
-    let usage = server.get(&format!("/v1/scopes/{scope}/usage")).await;
-    assert!(close(&usage["reserved_usd"], 0.0), "{usage}");
-    assert_eq!(usage["reserved_tokens"], 0, "{usage}");
-    assert!(close(&usage["settled_usd"], settled), "{settled}: {usage}");
-}
-
-/// The sum of the task's attempts' `cost_usd` (each > 0).
-fn attempts_cost(task: &Value) -> f64 {
-    let attempts = task["attempts"].as_array().expect("attempts");
-    attempts
-        .iter()
-        .map(|a| {
-            let c = a["cost_usd"].as_f64().unwrap_or(0.0);
-            assert!(c > 0.0, "every attempt is charged: {task}");
-            c
-        })
-        .sum()
-}
-
-/// The door's error event (the stream's last, no `[DONE]` after it).
-fn door_error(events: &[(String, String)]) -> Value {
-    let (_, last) = events.last().expect("events");
-    let error: Value = serde_json::from_str(last).unwrap_or_else(|_| panic!("{last}"));
-    assert!(error["error"].is_object(), "{error}");
-    assert!(events.iter().all(|(_, d)| d != "[DONE]"), "{events:?}");
-    error["error"].clone()
-}
+use stream_fake::http::{
+    ACME, assert_settled, attempts_cost, close, content, cost, door_error, start, task_id,
+};
+use stream_fake::{End, Events, Reply, until_sent};
 
 on_both_backends!(
     a_reask_restarts_the_events_and_counts_both_calls,
@@ -255,6 +44,7 @@ on_both_backends!(
     a_fallback_after_text_was_sent_ends_the_door_stream_restarted,
     an_error_event_mid_stream_fails_the_task_and_settles,
     a_broken_stream_with_tries_left_is_answered_by_the_next_attempt,
+    a_provider_retry_after_a_broken_stream_restarts_the_events,
     classify_many_streams_its_raw_text_and_ends_validated,
     tool_call_pieces_concatenate_to_the_stored_calls,
 );
@@ -527,6 +317,42 @@ async fn a_broken_stream_with_tries_left_is_answered_by_the_next_attempt(backend
     );
     assert!(close(&attempts[1]["cost_usd"], cost(11, 3)), "{task}");
     assert_settled(&server, "retry", attempts_cost(&task)).await;
+}
+
+async fn a_provider_retry_after_a_broken_stream_restarts_the_events(backend: &str) {
+    let Some((fake, server)) = start(backend).await else {
+        return;
+    };
+    let tag = "[again]";
+    fake.script(
+        tag,
+        vec![
+            Reply::text(&["Hello "], &[], End::Drop),
+            Reply::text(&["Hello "], &["again"], End::Finish("stop", (11, 3))),
+        ],
+    );
+    let id = server
+        .submit(
+            json!({"kind": "generate_text", "model": "retried", "scope": "again",
+            "request": {"prompt": format!("{tag} say hello")}}),
+        )
+        .await;
+    let mut events = server.events(&id).await;
+    assert_eq!(events.expect("delta").await, json!({"text": "Hello "}));
+    let restart = events.expect("restart").await;
+    let reason = restart["reason"].as_str().unwrap();
+    assert!(reason.contains("broke off"), "{restart}");
+    assert_eq!(events.expect("delta").await, json!({"text": "Hello "}));
+    assert_eq!(fake.sent(tag), 2, "the fake still holds the rest");
+    fake.release();
+    assert_eq!(events.expect("delta").await, json!({"text": "again"}));
+    let end = events.expect("end").await;
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert_eq!(end["output"]["text"], "Hello again", "{end}");
+    // The provider's own retry (`max_retries = 1`) stays inside the call's one attempt.
+    assert_eq!(fake.calls(tag).len(), 2);
+    let task = server.ended(&id).await;
+    assert_eq!(task["attempts"].as_array().unwrap().len(), 1, "{task}");
 }
 
 async fn classify_many_streams_its_raw_text_and_ends_validated(backend: &str) {

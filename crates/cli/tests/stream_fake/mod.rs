@@ -7,6 +7,8 @@
 //! "arrived before the provider finished" is observed, not inferred from timing. A call
 //! no script matches (or one past its script's replies) is answered 500 and recorded.
 
+pub mod http;
+
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
