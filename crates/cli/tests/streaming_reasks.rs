@@ -352,7 +352,21 @@ async fn a_provider_retry_after_a_broken_stream_restarts_the_events(backend: &st
     // The provider's own retry (`max_retries = 1`) stays inside the call's one attempt.
     assert_eq!(fake.calls(tag).len(), 2);
     let task = server.ended(&id).await;
-    assert_eq!(task["attempts"].as_array().unwrap().len(), 1, "{task}");
+    let attempts = task["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{task}");
+    // The try that broke off may have been billed: the call is charged its bound (its
+    // input and 50 output tokens) besides the answer's reported usage
+    // (docs/routes.md, "What is charged when"), and settled at that.
+    assert!(
+        task["usage"]["input_tokens"].as_u64().unwrap() > 11,
+        "{task}"
+    );
+    assert_eq!(task["usage"]["output_tokens"], 3 + 50, "{task}");
+    assert!(
+        attempts[0]["cost_usd"].as_f64().unwrap() > cost(11, 3 + 50),
+        "{task}"
+    );
+    assert_settled(&server, "again", attempts_cost(&task)).await;
 }
 
 async fn classify_many_streams_its_raw_text_and_ends_validated(backend: &str) {

@@ -171,7 +171,11 @@ impl Provider for Scripted {
             ..Usage::default()
         };
         self.deliver(&usage);
-        Ok(ProviderAnswer { output, usage })
+        Ok(ProviderAnswer {
+            output,
+            usage,
+            billed_before: false,
+        })
     }
 
     async fn embed(&self, call: EmbedCall<'_>) -> Result<EmbedAnswer, ProviderError> {

@@ -195,6 +195,7 @@ impl Provider for Verbose {
         Ok(ProviderAnswer {
             output: json!({"text": "y".repeat(self.bytes)}),
             usage: Default::default(),
+            billed_before: false,
         })
     }
 }

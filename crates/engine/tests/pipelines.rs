@@ -181,6 +181,7 @@ impl Provider for Scripted {
                 estimated: false,
                 cost_nano_usd: None,
             },
+            billed_before: false,
         })
     }
 }

@@ -55,6 +55,7 @@ impl Provider for WrongThenRight {
                 output_tokens: 5,
                 ..Usage::default()
             },
+            billed_before: false,
         })
     }
 }

@@ -175,6 +175,8 @@ async fn call(
                     texts.len()
                 ),
                 usage: a.usage,
+                // The provider counted a lost try in `usage` already.
+                billed_before: false,
             })
         }
     });
@@ -201,6 +203,7 @@ async fn call(
                     ProviderError::InvalidOutput { message, .. } => ProviderError::InvalidOutput {
                         message: message.clone(),
                         usage: share,
+                        billed_before: false,
                     },
                     other => other.clone(),
                 };

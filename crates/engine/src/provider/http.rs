@@ -170,8 +170,9 @@ impl HttpClient {
         }
     }
 
-    /// POSTs `body` to `url`, retrying what may succeed later. Returns the answer's JSON
-    /// and, when paced, the ticket to settle with its usage. `model` names the pace
+    /// POSTs `body` to `url`, retrying what may succeed later. Returns the answer's JSON,
+    /// when paced the ticket to settle with its usage, and whether an earlier try may have
+    /// been billed ([`Posted`]). `model` names the pace
     /// schedule, `estimate` the call's token bound; an answer body longer than
     /// `max_answer_bytes` is not read further. `exhausted` reads the dialect's rate-limit
     /// headers: a limit it reports exhausted pauses the provider (at most `max_pause`)
@@ -184,7 +185,7 @@ impl HttpClient {
         estimate: u64,
         max_answer_bytes: usize,
         exhausted: ExhaustedLimits,
-    ) -> Result<(Value, Option<PaceTicket>), ProviderError> {
+    ) -> Result<Posted, ProviderError> {
         let reading = Reading::Json;
         self.send(
             url,
@@ -215,7 +216,7 @@ impl HttpClient {
         exhausted: ExhaustedLimits,
         parser: &(dyn Fn() -> Box<dyn StreamParser> + Sync),
         sink: &StreamSink,
-    ) -> Result<(Value, Option<PaceTicket>), ProviderError> {
+    ) -> Result<Posted, ProviderError> {
         let reading = Reading::Stream { parser, sink };
         let limit = super::answer_limit(max_output_bytes);
         self.send(url, body, model, estimate, limit, exhausted, reading)
@@ -232,7 +233,7 @@ impl HttpClient {
         max_answer_bytes: usize,
         exhausted: ExhaustedLimits,
         reading: Reading<'_>,
-    ) -> Result<(Value, Option<PaceTicket>), ProviderError> {
+    ) -> Result<Posted, ProviderError> {
         let text = serde_json::to_string(body)
             .map_err(|e| ProviderError::Failed(format!("cannot encode the request: {e}")))?;
         let mut attempt: u32 = 0;
@@ -261,7 +262,13 @@ impl HttpClient {
                         tracing::info!(provider = %self.name, ?pause, "rate limit exhausted: provider paused");
                     }
                     match reading.read(response, max_answer_bytes).await {
-                        Ok(answer) => return Ok((answer, ticket)),
+                        Ok(answer) => {
+                            return Ok(Posted {
+                                answer,
+                                ticket,
+                                billed_before: maybe_billed,
+                            });
+                        }
                         Err(ReadError::Provider(e)) => return Err(e),
                         Err(ReadError::Broken(message)) => {
                             maybe_billed = true;
@@ -357,6 +364,17 @@ impl HttpClient {
 /// No rate-limit headers read (dialects whose headers say nothing usable).
 pub fn no_exhausted_limits(_: &HeaderMap, _: SystemTime) -> Option<Duration> {
     None
+}
+
+/// A successful answer's body, read.
+pub struct Posted {
+    /// The answer (JSON, or the stream rebuilt into the dialect's JSON answer).
+    pub answer: Value,
+    /// The pace ticket to settle with the answer's usage, when paced.
+    pub ticket: Option<PaceTicket>,
+    /// An earlier try failed after the provider may have processed it
+    /// ([`ProviderAnswer::billed_before`](super::ProviderAnswer::billed_before)).
+    pub billed_before: bool,
 }
 
 enum ReadError {

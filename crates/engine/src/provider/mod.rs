@@ -58,6 +58,36 @@ pub struct ProviderAnswer {
     pub output: Value,
     /// Tokens used (and cost where known).
     pub usage: Usage,
+    /// An earlier try of this call failed after the provider may have processed it (a
+    /// timeout, a dropped connection or stream, a 5xx other than 503) before the
+    /// provider's own retry (`max_retries`) answered: the worker charges that try at the
+    /// call's bound besides `usage` (docs/routes.md, "What is charged when").
+    pub billed_before: bool,
+}
+
+/// Marks an answer read after a try that may have been billed
+/// ([`ProviderAnswer::billed_before`]), or the answer's refusal
+/// ([`ProviderError::InvalidOutput`]).
+pub fn billed_before(
+    parsed: Result<ProviderAnswer, ProviderError>,
+    billed: bool,
+) -> Result<ProviderAnswer, ProviderError> {
+    match parsed {
+        Ok(answer) => Ok(ProviderAnswer {
+            billed_before: answer.billed_before || billed,
+            ..answer
+        }),
+        Err(ProviderError::InvalidOutput {
+            message,
+            usage,
+            billed_before,
+        }) => Err(ProviderError::InvalidOutput {
+            message,
+            usage,
+            billed_before: billed_before || billed,
+        }),
+        Err(other) => Err(other),
+    }
 }
 
 /// Why a provider call produced no output.
@@ -71,6 +101,8 @@ pub enum ProviderError {
         message: String,
         /// Tokens the refused answer used.
         usage: Usage,
+        /// As [`ProviderAnswer::billed_before`].
+        billed_before: bool,
     },
     /// The call failed for good (an HTTP 4xx other than 408/409/429, a malformed answer,
     /// misconfiguration): trying again would fail the same way. The task fails with

@@ -150,11 +150,13 @@ impl WorkerPool {
             };
             metrics::histogram!(m::PROVIDER_LATENCY_SECONDS, "provider" => provider_name.to_string())
                 .record(started.elapsed().as_secs_f64());
-            let (output, used, refused) = match answer {
-                Ok(a) => (Some(a.output), a.usage, None),
-                Err(ProviderError::InvalidOutput { message, usage }) => {
-                    (None, usage, Some(reask_error(message)))
-                }
+            let (output, used, refused, billed_before) = match answer {
+                Ok(a) => (Some(a.output), a.usage, None, a.billed_before),
+                Err(ProviderError::InvalidOutput {
+                    message,
+                    usage,
+                    billed_before,
+                }) => (None, usage, Some(reask_error(message)), billed_before),
                 Err(ProviderError::Unavailable {
                     message,
                     retry_after,
@@ -189,6 +191,13 @@ impl WorkerPool {
                 }
             };
             let used = priced(attempt_usage(task, counter, &call, used), deployment.prices);
+            if billed_before {
+                // docs/routes.md, "What is charged when": a try before this answer may
+                // have been billed (it timed out, dropped or broke off): counted at the
+                // call's bound, as a call that got no answer at all would be.
+                let lost = priced(bound_usage(counter, &call), deployment.prices);
+                add_usage(&mut spent.usage, lost, provider_name);
+            }
             self.inner
                 .traces
                 .call_answered(span, task, output.as_ref(), || used);

@@ -105,7 +105,11 @@ impl WorkerPool {
             // where the tokenizer is known; bytes otherwise).
             usage.input_tokens = weights.iter().sum();
         }
-        let invalid = |message: String| ProviderError::InvalidOutput { message, usage };
+        let invalid = |message: String| ProviderError::InvalidOutput {
+            message,
+            usage,
+            billed_before: false,
+        };
         let dimension = vectors
             .first()
             .or_else(|| known.values().next())
@@ -149,6 +153,7 @@ impl WorkerPool {
         Ok(ProviderAnswer {
             output: json!({ "embeddings": vectors_json(&ordered), "dimensions": dimension }),
             usage,
+            billed_before: false,
         })
     }
 

@@ -141,7 +141,7 @@ impl AnthropicProvider {
             0
         };
         let model = &call.model.model;
-        let (answer, ticket) = match sink {
+        let posted = match sink {
             Some(sink) => {
                 let shape = prompt.shape;
                 let parser =
@@ -173,9 +173,9 @@ impl AnthropicProvider {
                     .await?
             }
         };
-        let parsed = parse_answer(&answer, prompt.shape);
-        self.http.settle(ticket, &parsed).await;
-        parsed
+        let parsed = parse_answer(&posted.answer, prompt.shape);
+        self.http.settle(posted.ticket, &parsed).await;
+        super::billed_before(parsed, posted.billed_before)
     }
 }
 

@@ -35,7 +35,11 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
         // No usage reported: the worker counts the attempt at its bound (docs/budgets.md).
         estimated: input.is_none() || output.is_none(),
     };
-    let invalid = |message: String| ProviderError::InvalidOutput { message, usage };
+    let invalid = |message: String| ProviderError::InvalidOutput {
+        message,
+        usage,
+        billed_before: false,
+    };
     let Some(blocks) = answer.get("content").and_then(Value::as_array) else {
         return Err(ProviderError::Failed(format!(
             "the provider's answer has no content: {}",
@@ -52,6 +56,7 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
         return Ok(ProviderAnswer {
             output: message_output(answer, blocks),
             usage,
+            billed_before: false,
         });
     }
     let tool_input = blocks
@@ -73,6 +78,7 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
     Ok(ProviderAnswer {
         output: output.map_err(invalid)?,
         usage,
+        billed_before: false,
     })
 }
 

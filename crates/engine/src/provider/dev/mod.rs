@@ -192,7 +192,11 @@ impl DevProvider {
             estimated: false,
             cost_nano_usd: None,
         };
-        Ok(ProviderAnswer { output, usage })
+        Ok(ProviderAnswer {
+            output,
+            usage,
+            billed_before: false,
+        })
     }
 }
 

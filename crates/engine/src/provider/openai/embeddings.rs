@@ -49,6 +49,7 @@ pub fn parse_embeddings(answer: &Value, n: usize) -> Result<EmbedAnswer, Provide
         return Err(ProviderError::InvalidOutput {
             message: format!("the provider answered {} vectors for {n} texts", data.len()),
             usage,
+            billed_before: false,
         });
     }
     let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n];

@@ -215,7 +215,7 @@ impl OpenAiProvider {
         };
         let url = self.endpoint_for(&call.model.model);
         let model = &call.model.model;
-        let (answer, ticket) = match sink {
+        let posted = match sink {
             Some(sink) => {
                 let shape = prompt.shape;
                 let parser = move || -> Box<dyn StreamParser> { Box::new(ChatStream::new(shape)) };
@@ -239,9 +239,9 @@ impl OpenAiProvider {
                     .await?
             }
         };
-        let parsed = parse_answer(&answer, prompt.shape);
-        self.http.settle(ticket, &parsed).await;
-        parsed
+        let parsed = parse_answer(&posted.answer, prompt.shape);
+        self.http.settle(posted.ticket, &parsed).await;
+        super::billed_before(parsed, posted.billed_before)
     }
 }
 
@@ -277,7 +277,7 @@ impl Provider for OpenAiProvider {
             .len()
             .saturating_mul(dimension.saturating_mul(25).saturating_add(64))
             .saturating_add(64 * 1024);
-        let (answer, ticket) = self
+        let posted = self
             .http
             .post(
                 &self.embeddings_endpoint_for(&call.model.model),
@@ -288,13 +288,29 @@ impl Provider for OpenAiProvider {
                 no_exhausted_limits,
             )
             .await?;
-        let parsed = parse_embeddings(&answer, call.texts.len());
+        let parsed = parse_embeddings(&posted.answer, call.texts.len()).map(|mut answer| {
+            if posted.billed_before {
+                // docs/routes.md, "What is charged when": a try that may have been billed
+                // before this answer sent the same texts, so they count twice (as
+                // counted here when the provider reported nothing: no longer an estimate
+                // the worker would replace by one count).
+                let sent = if answer.usage.estimated {
+                    call.texts.iter().map(|t| counter.count(t)).sum()
+                } else {
+                    answer.usage.input_tokens
+                };
+                answer.usage.input_tokens = sent.saturating_mul(2);
+                answer.usage.estimated = false;
+            }
+            answer
+        });
         let settled = parsed.as_ref().map(|a| ProviderAnswer {
             output: serde_json::Value::Null,
             usage: a.usage,
+            billed_before: false,
         });
         self.http
-            .settle(ticket, &settled.map_err(Clone::clone))
+            .settle(posted.ticket, &settled.map_err(Clone::clone))
             .await;
         parsed
     }

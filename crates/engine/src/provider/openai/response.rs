@@ -28,7 +28,11 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
         estimated: input.is_none() || output.is_none(),
         cost_nano_usd: None,
     };
-    let invalid = |message: String| ProviderError::InvalidOutput { message, usage };
+    let invalid = |message: String| ProviderError::InvalidOutput {
+        message,
+        usage,
+        billed_before: false,
+    };
     let message = answer.pointer("/choices/0/message").ok_or_else(|| {
         ProviderError::Failed(format!(
             "the provider's answer has no choices[0].message: {}",
@@ -63,6 +67,7 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
         return Ok(ProviderAnswer {
             output: Value::Object(output),
             usage,
+            billed_before: false,
         });
     }
     // A forced tool call (`structured_output = "tool"`) answers in its arguments, a
@@ -77,7 +82,11 @@ pub fn parse_answer(answer: &Value, shape: AnswerShape) -> Result<ProviderAnswer
         (None, None) => return Err(invalid("the answer has no message content".to_string())),
     };
     let output = shape.output_from_text(content).map_err(invalid)?;
-    Ok(ProviderAnswer { output, usage })
+    Ok(ProviderAnswer {
+        output,
+        usage,
+        billed_before: false,
+    })
 }
 
 /// A tool call's own fields (`id`, `type`, `function.name`, `function.arguments`):
