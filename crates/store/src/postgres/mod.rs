@@ -291,3 +291,4 @@ pub(crate) fn id_array<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
 
 crate::shared::attempts::attempt_store_for!(PostgresStore);
 crate::shared::embeddings::embedding_store_for!(PostgresStore);
+crate::shared::stream_log::stream_log_store_for!(PostgresStore);
