@@ -24,10 +24,15 @@ impl StreamLog {
         if chunks.is_empty() {
             return Ok(Vec::new());
         }
+        // Task rows in id order (the lock order: each insert's foreign key check holds
+        // its task row until the commit, docs/locking.md).
+        let mut order: Vec<usize> = (0..chunks.len()).collect();
+        order.sort_by_key(|&i| (chunks[i].task.to_string(), chunks[i].position));
         let mut tx = store.begin_tx().await?;
         let now = store.now_in(&mut tx).await?;
-        let mut written = Vec::with_capacity(chunks.len());
-        for c in chunks {
+        let mut written = vec![false; chunks.len()];
+        for i in order {
+            let c = &chunks[i];
             // Only while the claim that wrote it still runs the task: a chunk of an
             // execution whose task ended, was requeued or deleted is refused. A chunk
             // written already (a retried call) stays as it was.
@@ -64,7 +69,7 @@ impl StreamLog {
                     .await?
                     .0
                     > 0;
-            written.push(n > 0 || written_before);
+            written[i] = n > 0 || written_before;
         }
         tx.commit_tx().await?;
         Ok(written)
