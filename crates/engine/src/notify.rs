@@ -153,8 +153,9 @@ impl Notifier {
     }
 
     /// NATS core pub/sub on `<subject_prefix>.task.queued`, `.task.finished`,
-    /// `.task.streamed` and `.run.woken`. A server that cannot be reached now does not fail it: the client
-    /// connects in the background and hints flow from then on (polling covers the gap).
+    /// `.task.streamed` and `.run.woken`. A server that cannot be reached now does not
+    /// fail it: the client connects in the background and hints flow from then on
+    /// (polling covers the gap).
     pub async fn nats(url: &str, subject_prefix: &str) -> Result<Notifier, EngineError> {
         let transport = NatsTransport::connect(url, subject_prefix).await?;
         Notifier::with_transport(Arc::new(transport)).await
