@@ -416,6 +416,7 @@ pub async fn sweep_all(s: &dyn Store, config: &SweepConfig) -> SweepReport {
         total.runs_repaired += r.runs_repaired;
         total.admissions_pruned += r.admissions_pruned;
         total.tasks_deleted += r.tasks_deleted;
+        total.stream_chunks_deleted += r.stream_chunks_deleted;
         total.finished.extend(r.finished);
         total.requeued.extend(r.requeued);
         total.woken_runs.extend(r.woken_runs);

@@ -37,6 +37,7 @@ pub mod pace;
 pub mod pipelines;
 pub mod route_race;
 pub mod runs;
+pub mod stream_log;
 pub mod sweep;
 pub mod trace;
 pub mod tries;
@@ -177,6 +178,8 @@ macro_rules! conformance_suite {
             embeddings::embedding_cache_entries_go_with_retention,
             embeddings::a_mostly_cached_embed_task_is_charged_for_its_uncached_items,
             embeddings::grouped_embed_tasks_settle_each_its_own_share,
+            stream_log::stream_chunks_are_written_by_the_running_claim_and_read_in_order,
+            stream_log::stream_chunks_go_with_owner_deletion_and_are_swept_after_the_end,
             owner::delete_owner_data_keeps_admission_records,
             owner::deleted_in_flight_task_sees_cancellation_and_cannot_complete,
             isolation::another_app_cannot_see_a_task_even_with_its_effect_key,

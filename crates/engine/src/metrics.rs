@@ -92,6 +92,9 @@ pub const WAITERS_REFUSED_TOTAL: &str = "tollgate_waiters_refused_total";
 /// Reads of watched tasks by the shared wait loop (one per watched task per poll
 /// interval at most, whatever the number of waiters).
 pub const WAIT_READS_TOTAL: &str = "tollgate_wait_reads_total";
+/// Chunks of live output this process wrote to the stream log (docs/api.md, "Streaming
+/// a task"), for readers on other replicas.
+pub const STREAM_LOG_CHUNKS_TOTAL: &str = "tollgate_stream_log_chunks_total";
 
 /// Pipeline runs this process finished, by `outcome` (`succeeded`, `failed`).
 pub const PIPELINE_RUNS_FINISHED_TOTAL: &str = "tollgate_pipeline_runs_finished_total";
@@ -235,6 +238,11 @@ pub fn describe() {
         "Reads of watched tasks by the shared wait loop."
     );
     describe_counter!(
+        STREAM_LOG_CHUNKS_TOTAL,
+        Unit::Count,
+        "Chunks of live output written to the stream log for readers on other replicas."
+    );
+    describe_counter!(
         PIPELINE_RUNS_FINISHED_TOTAL,
         Unit::Count,
         "Pipeline runs finished by this process, by outcome."
@@ -365,6 +373,7 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
     }
     counter!(WAITERS_REFUSED_TOTAL).absolute(0);
     counter!(WAIT_READS_TOTAL).absolute(0);
+    counter!(STREAM_LOG_CHUNKS_TOTAL).absolute(0);
     counter!(ROUTE_COOLDOWNS_TOTAL).absolute(0);
     for series in [
         SPEND_RESERVED_TOTAL,
@@ -377,7 +386,7 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
 }
 
 /// Every series name above, for checks that an exporter lists them all.
-pub const ALL: [&str; 26] = [
+pub const ALL: [&str; 27] = [
     ATTEMPTS_TOTAL,
     SUBMITS_TOTAL,
     ADMISSIONS_TOTAL,
@@ -403,5 +412,6 @@ pub const ALL: [&str; 26] = [
     SPEND_SAVED_TOTAL,
     WAITERS_REFUSED_TOTAL,
     WAIT_READS_TOTAL,
+    STREAM_LOG_CHUNKS_TOTAL,
     ROUTE_COOLDOWNS_TOTAL,
 ];

@@ -53,6 +53,12 @@ pub enum Event {
         #[serde(skip)]
         task: Option<FinishedTask>,
     },
+    /// Chunks of these running tasks' live output were written to the stream log: their
+    /// readers on other replicas may read on (docs/api.md, "Streaming a task").
+    StreamAppended {
+        /// The tasks, each with its app.
+        tasks: Vec<(AppId, TaskId)>,
+    },
     /// A run waiting on a task was woken: its workflow worker may continue it.
     RunWoken {
         /// The run's app, when known.
@@ -70,6 +76,7 @@ impl Event {
             Event::TaskQueued { .. } => "task.queued",
             Event::TaskFinished { .. } => "task.finished",
             Event::RunWoken { .. } => "run.woken",
+            Event::StreamAppended { .. } => "task.streamed",
         }
     }
 }
@@ -145,9 +152,10 @@ impl Notifier {
         Notifier::build(false, None, "none", CancellationToken::new())
     }
 
-    /// NATS core pub/sub on `<subject_prefix>.task.queued`, `.task.finished` and
-    /// `.run.woken`. A server that cannot be reached now does not fail it: the client
-    /// connects in the background and hints flow from then on (polling covers the gap).
+    /// NATS core pub/sub on `<subject_prefix>.task.queued`, `.task.finished`,
+    /// `.task.streamed` and `.run.woken`. A server that cannot be reached now does not
+    /// fail it: the client connects in the background and hints flow from then on
+    /// (polling covers the gap).
     pub async fn nats(url: &str, subject_prefix: &str) -> Result<Notifier, EngineError> {
         let transport = NatsTransport::connect(url, subject_prefix).await?;
         Notifier::with_transport(Arc::new(transport)).await

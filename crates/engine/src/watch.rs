@@ -66,6 +66,9 @@ struct State {
 #[derive(Debug)]
 struct Entry {
     seen: watch::Sender<Seen>,
+    /// Counts the stream log appends heard for the task (docs/api.md, "Streaming a
+    /// task"): its readers that follow the log read on.
+    appended: watch::Sender<u64>,
     waiters: usize,
     /// When the loop reads the task next (unless an end is heard first).
     next_read: Instant,
@@ -137,11 +140,13 @@ impl Watches {
             .entry((app.clone(), id))
             .or_insert_with(|| Entry {
                 seen: watch::channel(Seen::Pending(None)).0,
+                appended: watch::channel(0).0,
                 waiters: 0,
                 next_read: now + self.poll,
             });
         entry.waiters += 1;
         let seen = entry.seen.subscribe();
+        let appended = entry.appended.subscribe();
         drop(state);
         // The loop may sleep until a later read than this watch's.
         self.wake.notify_one();
@@ -149,6 +154,7 @@ impl Watches {
             watches: self.clone(),
             key: (app.clone(), id),
             seen,
+            appended,
         }
     }
 
@@ -181,6 +187,7 @@ impl Watches {
                 () = self.wake.notified() => {}
                 event = events.recv() => match event {
                     Ok(Event::TaskFinished { app, id, task, .. }) => self.finished(app, id, task),
+                    Ok(Event::StreamAppended { tasks }) => self.appended(&tasks),
                     Ok(_) => {}
                     Err(RecvError::Lagged(_)) => self.all_due(),
                     // Cannot happen while `self.notifier` lives; polling alone would carry on.
@@ -205,6 +212,16 @@ impl Watches {
                     entry.next_read = far_future(now);
                 }
                 _ => entry.next_read = now,
+            }
+        }
+    }
+
+    /// Stream log appends heard: the readers of those tasks read on.
+    fn appended(&self, tasks: &[(AppId, TaskId)]) {
+        let state = self.lock();
+        for key in tasks {
+            if let Some(entry) = state.tasks.get(key) {
+                entry.appended.send_modify(|n| *n = n.wrapping_add(1));
             }
         }
     }
@@ -304,6 +321,7 @@ pub(crate) struct Watching {
     watches: Arc<Watches>,
     key: (AppId, TaskId),
     seen: watch::Receiver<Seen>,
+    appended: watch::Receiver<u64>,
 }
 
 impl Watching {
@@ -320,6 +338,23 @@ impl Watching {
                 _ => return self.seen.borrow().clone(),
             }
         }
+    }
+}
+
+impl Watching {
+    /// The task as the watch last read it, while it had not ended (`None`: not read yet,
+    /// or ended).
+    pub(crate) fn latest(&self) -> Option<Arc<Task>> {
+        match &*self.seen.borrow() {
+            Seen::Pending(task) => task.clone(),
+            _ => None,
+        }
+    }
+
+    /// Changes when a stream log append is heard for the task (docs/api.md, "Streaming
+    /// a task").
+    pub(crate) fn appended(&self) -> watch::Receiver<u64> {
+        self.appended.clone()
     }
 }
 

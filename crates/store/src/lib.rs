@@ -13,6 +13,7 @@
 //! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | `shared/lifecycle.rs`; each backend's `lifecycle.rs` (its claims, its heartbeat statement, a reservation's locks; PostgreSQL's batched completion) |
 //! | [`AttemptStore`] | a task's attempts: begin, end, list (docs/routes.md, "Attempts") | `shared/attempts.rs` |
 //! | [`EmbeddingStore`] | the embeddings item cache: look up, store (docs/api.md, "Embeddings") | `shared/embeddings.rs` |
+//! | [`StreamLogStore`] | the stream log: running tasks' live output for readers on any replica (docs/api.md, "Streaming a task") | `shared/stream_log.rs` |
 //! | [`RunStore`] | workflow runs, waits and the cancel cascade | `shared/runs.rs`; each backend's `runs.rs` (its row locks, its cascade) |
 //! | [`PipelineStore`] | pipeline definitions, pipeline runs, driver leases | `shared/pipelines.rs`; each backend's `pipelines.rs` (its claim, its keyed start) |
 //! | [`MaintenanceStore`] | backend name, ping, sweep, recovery | `shared/maintenance.rs`; each backend's `maintenance.rs` (its statements, its expiry) |
@@ -68,6 +69,7 @@ pub mod wrap;
 
 pub use error::StoreError;
 pub use list::ListStore;
+pub use shared::stream_log::STREAM_LOG_GRACE;
 pub use types::*;
 pub use webhooks::WebhookStore;
 
@@ -90,6 +92,7 @@ pub trait Store:
     + WorkerStore
     + AttemptStore
     + EmbeddingStore
+    + StreamLogStore
     + RunStore
     + PipelineStore
     + MaintenanceStore
@@ -105,6 +108,7 @@ impl<T> Store for T where
         + WorkerStore
         + AttemptStore
         + EmbeddingStore
+        + StreamLogStore
         + RunStore
         + PipelineStore
         + MaintenanceStore
@@ -120,7 +124,7 @@ impl<T> Store for T where
 pub mod prelude {
     pub use crate::{
         AttemptStore, EmbeddingStore, ListStore, MaintenanceStore, PaceStore, PipelineStore,
-        RunStore, Store, TaskStore, WebhookStore, WorkerStore,
+        RunStore, Store, StreamLogStore, TaskStore, WebhookStore, WorkerStore,
     };
 }
 
@@ -377,6 +381,55 @@ pub trait EmbeddingStore: Send + Sync {
 
     /// How many cache entries a task of `app` owns.
     async fn embeddings_of_task(&self, app: &AppId, task: TaskId) -> StoreResult<u64>;
+}
+
+/// Where a chunk sits in a task's stream log: the claim that wrote it (the task's
+/// `attempt` at that claim, [`Task::attempt`]) and its number within that claim's
+/// chunks, from 0. Positions order chunks: by claim, then number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct StreamPosition {
+    /// The claim that wrote it.
+    pub claim: u32,
+    /// Its number within the claim's chunks.
+    pub seq: u32,
+}
+
+/// One chunk of a task's stream log: a few pieces of one execution's live output,
+/// coalesced (docs/api.md, "Streaming a task").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamChunk {
+    /// The task.
+    pub task: TaskId,
+    /// Its claim and number.
+    pub position: StreamPosition,
+    /// The pieces, as the engine encodes them (a JSON array; the store keeps the text).
+    pub events: String,
+    /// The claim's execution ended with the task's output: this is its last chunk.
+    pub answered: bool,
+}
+
+/// The stream log (docs/api.md, "Streaming a task"): the live output of running tasks,
+/// written by the process executing each task a few pieces at a time, read by readers
+/// on any replica. A task's chunks go with the task (owner deletion, retention) and are
+/// swept [`STREAM_LOG_GRACE`] after it ended (readers of an ended task read its stored
+/// output). Written once for both backends (`shared/stream_log.rs`).
+#[async_trait]
+pub trait StreamLogStore: Send + Sync {
+    /// Appends chunks, in one transaction: one answer per chunk, in order — `true` when
+    /// written (or written already: appending is idempotent), `false` when its task is
+    /// not running under the claim of its position (ended, requeued, deleted), which
+    /// writes nothing.
+    async fn append_stream_chunks(&self, chunks: &[StreamChunk]) -> StoreResult<Vec<bool>>;
+
+    /// Up to `limit` chunks of a task of `app` at or after `from`, in order (none for
+    /// another app's task).
+    async fn stream_chunks(
+        &self,
+        app: &AppId,
+        task: TaskId,
+        from: StreamPosition,
+        limit: u32,
+    ) -> StoreResult<Vec<StreamChunk>>;
 }
 
 /// Workflow runs (docs/conformance.md#workflow-runs): create, read, cancel with its cascade, wait on a task,

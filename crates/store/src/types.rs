@@ -238,6 +238,9 @@ pub struct SweepReport {
     pub tasks_deleted: u64,
     /// Item 7: webhook events (with their deliveries) deleted after the retention.
     pub webhook_events_deleted: u64,
+    /// Item 6c: stream log chunks of tasks that ended [`STREAM_LOG_GRACE`](crate::STREAM_LOG_GRACE)
+    /// ago or more, deleted (docs/api.md, "Streaming a task").
+    pub stream_chunks_deleted: u64,
     /// Item 2 for tasks with tries left (docs/routes.md, "Attempts"): running tasks put
     /// back in the queue for their next attempt (notify the workers).
     pub requeued: Vec<(AppId, TaskId)>,

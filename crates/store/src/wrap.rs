@@ -18,8 +18,9 @@ use crate::webhooks::{
 use crate::{
     AttemptEnd, AttemptStore, Completion, Created, EmbeddingEntry, EmbeddingStore, HeartbeatReport,
     MaintenanceStore, PaceSlot, PaceStore, PipelineRef, PipelineStore, RunCancel, RunResult,
-    RunStore, SpendWindow, Store, StoreResult, StoredPipeline, SweepConfig, SweepReport, TaskStore,
-    Transition, UnreleasedPage, UnreleasedQuery, WaitOutcome, WebhookStore, WorkerStore,
+    RunStore, SpendWindow, Store, StoreResult, StoredPipeline, StreamChunk, StreamLogStore,
+    StreamPosition, SweepConfig, SweepReport, TaskStore, Transition, UnreleasedPage,
+    UnreleasedQuery, WaitOutcome, WebhookStore, WorkerStore,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -69,7 +70,7 @@ pub trait StoreWrapper: Send + Sync + 'static {
     }
 }
 
-/// Forward [`TaskStore`], [`AttemptStore`], [`EmbeddingStore`], [`RunStore`], [`PipelineStore`],
+/// Forward [`TaskStore`], [`AttemptStore`], [`EmbeddingStore`], [`StreamLogStore`], [`RunStore`], [`PipelineStore`],
 /// [`MaintenanceStore`], [`PaceStore`] and [`WebhookStore`] to [`StoreWrapper::inner`]:
 /// every concern but the worker's.
 pub trait ForwardStore: StoreWrapper {}
@@ -144,6 +145,22 @@ impl<W: ForwardStore> EmbeddingStore for W {
     }
     async fn embeddings_of_task(&self, app: &AppId, task: TaskId) -> StoreResult<u64> {
         forward!(self, read, embeddings_of_task(app, task))
+    }
+}
+
+#[async_trait]
+impl<W: ForwardStore> StreamLogStore for W {
+    async fn append_stream_chunks(&self, chunks: &[StreamChunk]) -> StoreResult<Vec<bool>> {
+        forward!(self, write, append_stream_chunks(chunks))
+    }
+    async fn stream_chunks(
+        &self,
+        app: &AppId,
+        task: TaskId,
+        from: StreamPosition,
+        limit: u32,
+    ) -> StoreResult<Vec<StreamChunk>> {
+        forward!(self, read, stream_chunks(app, task, from, limit))
     }
 }
 

@@ -142,3 +142,39 @@ macro_rules! on_both_backends {
         }
     };
 }
+
+/// Starts another `serve` on the configuration (so the database) of `of`, with `extra`
+/// arguments (`--workers 0`: a replica that runs no task). Killed on drop; the schema
+/// stays `of`'s to drop.
+pub fn replica(of: &Server, extra: &[&str]) -> Server {
+    let config = of._dir.path().join("tollgate.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .args(extra)
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the tollgate binary starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(addr) = line.strip_prefix("Tollgate listening on ") {
+                let _ = tx.send(addr.trim().to_string());
+            }
+        }
+    });
+    let base = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the replica prints its address");
+    Server {
+        child,
+        base,
+        http: reqwest::Client::new(),
+        schema: None,
+        _dir: dir,
+    }
+}

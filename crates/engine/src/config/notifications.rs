@@ -29,7 +29,7 @@ pub struct NotificationConfig {
     /// The NATS server (`transport = "nats"`).
     pub nats_url: String,
     /// NATS subjects are `<prefix>.task.queued`, `<prefix>.task.finished`,
-    /// `<prefix>.run.woken`.
+    /// `<prefix>.task.streamed`, `<prefix>.run.woken`.
     pub subject_prefix: String,
     /// The bounded fallback: every waiter and every idle worker looks at the database at
     /// least this often, so a lost notification costs at most this much latency.

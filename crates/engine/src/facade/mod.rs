@@ -87,6 +87,11 @@ impl TollgateBuilder {
             self.config.notifications.waiters_per_app,
         ));
         let traces = crate::telemetry::Traces::new(self.tracer, &self.config);
+        // Running tasks' live output, logged for readers on other replicas.
+        let streams = Arc::new(crate::stream::StreamHub::logged(
+            self.store.clone(),
+            notifier.clone(),
+        ));
         Ok(Tollgate {
             inner: Arc::new(Inner {
                 traces,
@@ -98,7 +103,7 @@ impl TollgateBuilder {
                 notifier,
                 pipelines: PipelineCache::default(),
                 watches,
-                streams: Arc::default(),
+                streams,
             }),
         })
     }

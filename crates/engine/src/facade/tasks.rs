@@ -49,7 +49,8 @@ impl Tollgate {
     }
 
     /// The task's events (docs/api.md, "Streaming a task"): its output as the provider
-    /// sends it while this process runs it, restarts, then its end
+    /// sends it (from this process's live stream, or the stream log when another
+    /// replica runs it), restarts, then its end
     /// ([`TaskEvents`](crate::stream::TaskEvents)). `None`: no such task. Reading a task
     /// that has not ended holds one of the app's waiter slots
     /// ([`EngineError::TooManyWaiters`] when none is free).

@@ -12,17 +12,24 @@
 //! answers. The stream is a view: the task's stored output (validated, with its usage)
 //! is what counts, and every reader's last event is the task as it ended.
 //!
-//! Live pieces exist only in the process that runs the task; a reader on another replica
-//! gets the task's end (with its whole answer) when it ends, through the shared watch.
+//! The process running a task also writes its pieces to the store's stream log
+//! ([`log`]): a few coalesced per row, ~25 ms apart, never on the provider's path. A
+//! reader on a replica that does not run the task follows that log instead
+//! ([`TaskEvents`]), woken by [`Event::StreamAppended`](crate::notify::Event) hints and a
+//! short poll. An execution that ends before its first flush writes nothing.
 
+mod log;
 mod read;
 
+pub(crate) use log::LAST_CHUNK_WAIT;
 pub use read::{TaskEvent, TaskEvents, answer_events, output_events};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::watch;
-use tollgate_core::TaskId;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tollgate_core::{AppId, TaskId};
 
 /// One piece of a task's live output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +67,29 @@ struct Live {
     /// The execution ended with an output (being recorded): the pieces since the last
     /// restart are that output's.
     answered: bool,
+    /// What of it the stream log has.
+    log: LogState,
+}
+
+/// An execution's progress in the stream log ([`log`]).
+#[derive(Debug, Default)]
+struct LogState {
+    /// `events[..flushed]` are in the log.
+    flushed: usize,
+    /// The next chunk's number (chunks written so far).
+    seq: u32,
+    /// When the first piece not in the log yet was published.
+    pending_since: Option<Instant>,
+    /// A chunk of it is being written.
+    writing: bool,
+    /// The execution ended: only its last chunk is still written, when wanted.
+    ended: bool,
+    /// It answered after chunks were written: the rest goes in one last chunk marked
+    /// answered.
+    final_wanted: bool,
+    /// Nothing more goes to the log (its last chunk written, or refused: the claim no
+    /// longer runs the task).
+    done: bool,
 }
 
 /// One execution's live stream: its events, and a counter readers wait on.
@@ -67,6 +97,15 @@ struct Live {
 struct Shared {
     live: Mutex<Live>,
     changed: watch::Sender<u64>,
+    /// The task's app, for the log and its readers.
+    app: AppId,
+    /// The task.
+    task: TaskId,
+    /// The claim running this execution (the task's `attempt` at its claim): readers
+    /// tell executions apart by it.
+    claim: u32,
+    /// Wakes the log writer; `None`: this stream is not logged.
+    log_wake: Option<Arc<Notify>>,
 }
 
 impl Shared {
@@ -75,7 +114,7 @@ impl Shared {
     }
 
     fn push(&self, event: StreamEvent) {
-        {
+        let wake_log = {
             let mut live = self.lock();
             if live.closed {
                 return;
@@ -86,13 +125,37 @@ impl Shared {
                 _ => live.dirty = true,
             }
             live.events.push(event);
-        }
+            self.log_wake.is_some() && live.log_pending()
+        };
         self.changed.send_modify(|n| *n += 1);
+        if wake_log && let Some(wake) = &self.log_wake {
+            wake.notify_one();
+        }
     }
 
     fn close(&self) {
-        self.lock().closed = true;
+        {
+            let mut live = self.lock();
+            live.closed = true;
+            live.log.done = true;
+        }
         self.changed.send_modify(|n| *n += 1);
+    }
+}
+
+impl Live {
+    /// Notes a piece the log does not have yet; true when the writer should hear of it
+    /// (its first since the last flush starts the flush's clock; [`log::FLUSH_PIECES`]
+    /// of them are flushed at once).
+    fn log_pending(&mut self) -> bool {
+        if self.log.ended || self.log.done {
+            return false;
+        }
+        let first = self.log.pending_since.is_none();
+        if first {
+            self.log.pending_since = Some(Instant::now());
+        }
+        first || self.events.len() - self.log.flushed == log::FLUSH_PIECES
     }
 }
 
@@ -158,34 +221,70 @@ impl StreamSink {
 /// This process's live streams, one per task it is executing.
 #[derive(Debug)]
 pub(crate) struct StreamHub {
-    tasks: Mutex<HashMap<TaskId, Arc<Shared>>>,
+    streams: Mutex<Streams>,
     /// Counts streams opened, so a reader waiting for its task's can look again.
     opened: watch::Sender<u64>,
+    /// Where streams are logged for readers on other replicas; `None`: nowhere.
+    log: Option<log::LogTarget>,
+}
+
+#[derive(Debug, Default)]
+struct Streams {
+    by_task: HashMap<TaskId, Arc<Shared>>,
+    /// The log writer runs (it ends a while after the last stream closed).
+    writing: bool,
 }
 
 impl Default for StreamHub {
     fn default() -> StreamHub {
         StreamHub {
-            tasks: Mutex::new(HashMap::new()),
+            streams: Mutex::new(Streams::default()),
             opened: watch::channel(0).0,
+            log: None,
         }
     }
 }
 
 impl StreamHub {
-    fn lock(&self) -> MutexGuard<'_, HashMap<TaskId, Arc<Shared>>> {
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    /// A hub whose streams are written to the store's stream log, with an
+    /// [`Event::StreamAppended`](crate::notify::Event) hint after each write.
+    pub(crate) fn logged(
+        store: Arc<dyn tollgate_store::Store>,
+        notifier: crate::notify::Notifier,
+    ) -> StreamHub {
+        StreamHub {
+            log: Some(log::LogTarget::new(store, notifier)),
+            ..StreamHub::default()
+        }
     }
 
-    /// Opens `task`'s live stream for one execution; it closes (and its pieces are
+    fn lock(&self) -> MutexGuard<'_, Streams> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens the live stream of `task` (of `app`) for the execution of its claim
+    /// `claim` (the task's `attempt` at that claim); it closes (and its pieces are
     /// dropped) when the returned guard is dropped.
-    pub(crate) fn open(self: &Arc<Self>, task: TaskId) -> LiveGuard {
+    pub(crate) fn open(self: &Arc<Self>, app: &AppId, task: TaskId, claim: u32) -> LiveGuard {
         let shared = Arc::new(Shared {
             live: Mutex::new(Live::default()),
             changed: watch::channel(0).0,
+            app: app.clone(),
+            task,
+            claim,
+            log_wake: self.log.as_ref().map(log::LogTarget::wake),
         });
-        if let Some(old) = self.lock().insert(task, shared.clone()) {
-            old.close();
+        let start_writer = {
+            let mut streams = self.lock();
+            if let Some(old) = streams.by_task.insert(task, shared.clone()) {
+                old.close();
+            }
+            let start = self.log.is_some() && !streams.writing;
+            streams.writing |= start;
+            start
+        };
+        if start_writer {
+            tokio::spawn(log::write(self.clone()));
         }
         self.opened.send_modify(|n| *n += 1);
         LiveGuard {
@@ -197,7 +296,7 @@ impl StreamHub {
 
     /// Follows `task`'s live stream from its start, when this process is executing it.
     pub(crate) fn subscribe(&self, task: TaskId) -> Option<Subscription> {
-        let shared = self.lock().get(&task)?.clone();
+        let shared = self.lock().by_task.get(&task)?.clone();
         let changed = shared.changed.subscribe();
         Some(Subscription {
             shared,
@@ -230,26 +329,71 @@ impl LiveGuard {
 }
 
 impl LiveGuard {
-    /// The execution produced its output: readers may take the pieces published since
-    /// the last restart as that output's.
-    pub(crate) fn answered(&self) {
-        self.shared.lock().answered = true;
+    /// The execution ended, with its output (`answered`: readers may take the pieces
+    /// published since the last restart as that output's) or without. When chunks of it
+    /// are in the stream log, an answered end writes the rest in one last chunk marked
+    /// answered, for readers on other replicas: [`LastChunk::written`] waits (bounded)
+    /// for it. `None`: nothing to wait for (nothing logged, which an execution that ends
+    /// before its first flush never is; or no answer, whose pieces no reader needs).
+    pub(crate) fn end(&self, answered: bool) -> Option<LastChunk> {
+        let wanted = {
+            let mut live = self.shared.lock();
+            live.answered |= answered;
+            live.log.ended = true;
+            let logged = live.log.seq > 0 || live.log.writing;
+            live.log.final_wanted = answered && logged && !live.log.done;
+            live.log.final_wanted
+        };
+        let wake = self.shared.log_wake.as_ref().filter(|_| wanted)?;
+        wake.notify_one();
+        Some(LastChunk {
+            shared: self.shared.clone(),
+            changed: self.shared.changed.subscribe(),
+        })
+    }
+}
+
+/// The last chunk of an answered execution, on its way to the stream log
+/// ([`LiveGuard::end`]).
+#[derive(Debug)]
+pub(crate) struct LastChunk {
+    shared: Arc<Shared>,
+    changed: watch::Receiver<u64>,
+}
+
+impl LastChunk {
+    /// Waits until the chunk is written (or refused), at most `limit`: a slow log never
+    /// holds the task's completion longer.
+    pub(crate) async fn written(mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.shared.lock().log.done {
+            match tokio::time::timeout_at(deadline, self.changed.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
+        }
     }
 }
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        {
+        let last = {
             // Gone from the hub first, so no reader subscribes to a closed stream.
-            let mut tasks = self.hub.lock();
-            if tasks
+            let mut streams = self.hub.lock();
+            if streams
+                .by_task
                 .get(&self.task)
                 .is_some_and(|s| Arc::ptr_eq(s, &self.shared))
             {
-                tasks.remove(&self.task);
+                streams.by_task.remove(&self.task);
             }
-        }
+            streams.by_task.is_empty()
+        };
         self.shared.close();
+        if let (true, Some(wake)) = (last, &self.shared.log_wake) {
+            // The writer ends a while after the last stream closed.
+            wake.notify_one();
+        }
     }
 }
 
@@ -284,9 +428,14 @@ impl Subscription {
         }
     }
 
-    /// Whether the execution ended with an output ([`LiveGuard::answered`]).
+    /// Whether the execution ended with an output ([`LiveGuard::end`]).
     pub(crate) fn answered(&self) -> bool {
         self.shared.lock().answered
+    }
+
+    /// The claim whose execution this is.
+    pub(crate) fn claim(&self) -> u32 {
+        self.shared.claim
     }
 }
 
@@ -298,7 +447,7 @@ mod tests {
     async fn a_late_reader_gets_the_stream_from_its_start_and_restarts_only_after_output() {
         let hub = Arc::new(StreamHub::default());
         let id = TaskId::generate();
-        let guard = hub.open(id);
+        let guard = hub.open(&AppId::new("acme").unwrap(), id, 1);
         let sink = guard.sink();
         sink.restart("nothing yet: not published");
         sink.text("Hel");

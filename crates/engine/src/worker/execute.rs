@@ -94,7 +94,7 @@ impl WorkerPool {
         let trace = self.inner.traces.execution(&task, self.worker.as_str());
         // The execution's live output (docs/api.md, "Streaming a task"), open until its
         // end is recorded.
-        let live = self.inner.streams.open(task.id);
+        let live = self.inner.streams.open(&task.app, task.id, task.attempt);
         let sink = live.sink();
         let ended = tokio::select! {
             biased;
@@ -120,13 +120,16 @@ impl WorkerPool {
             Ended::Done(Err(f)) if f.code == ErrorCode::Canceled => Ended::Stopped,
             other => other,
         };
+        // Readers on other replicas get the answer's last pieces from the stream log
+        // before its end is recorded (waiting a little at most; none for an execution
+        // that logged nothing or did not answer).
+        if let Some(last) = live.end(matches!(ended, Ended::Done(Ok(_)))) {
+            last.written(crate::stream::LAST_CHUNK_WAIT).await;
+        }
         let r = reservation.as_ref();
         let settle = self.inner.traces.child(&trace, "settle");
         let (outcome, code) = match ended {
-            Ended::Done(Ok(produced)) => {
-                live.answered();
-                self.complete(&task, r, *produced).await
-            }
+            Ended::Done(Ok(produced)) => self.complete(&task, r, *produced).await,
             Ended::Done(Err(failure)) => {
                 tracing::info!(task = %task.id, code = %failure.code, message = %failure.message, "task failed");
                 self.fail(&task, r, failure).await

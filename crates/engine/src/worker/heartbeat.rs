@@ -67,7 +67,8 @@ impl WorkerPool {
                         token.cancel();
                     }
                 }
-                Ok(Event::RunWoken { .. }) | Err(RecvError::Lagged(_)) => {}
+                Ok(Event::RunWoken { .. } | Event::StreamAppended { .. })
+                | Err(RecvError::Lagged(_)) => {}
                 Err(RecvError::Closed) => return,
             }
         }

@@ -17,6 +17,7 @@
 //! | `global_finished` stripe rows | tasks leaving queued/running | the other half of the global count; 64 stripes, so finishing never contends with admitting |
 //! | `app_slots` row, and the share pool's advisory lock for a lent slot | admission (its final statement, or the rebalancing path), tasks leaving queued/running | each app's share of the global capacity (docs/budgets.md) |
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
+//! | task rows `FOR KEY SHARE` (a `stream_chunks` insert's foreign key check) | the stream log writer, in task id order | a chunk never outlives its task |
 //! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), the pass moves a store instance's fair claims owe (one statement per read of its queue view, `SKIP LOCKED`), deactivation of an empty queue (`SKIP LOCKED`) | docs/conformance.md#fair-share: a queue with a queued task is never inactive; virtual times count every claim |
 //!
 //! **Lock order** (every transaction takes locks in this order, and never more than one
@@ -291,3 +292,4 @@ pub(crate) fn id_array<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
 
 crate::shared::attempts::attempt_store_for!(PostgresStore);
 crate::shared::embeddings::embedding_store_for!(PostgresStore);
+crate::shared::stream_log::stream_log_store_for!(PostgresStore);

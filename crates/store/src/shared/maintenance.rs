@@ -191,6 +191,16 @@ impl Maintenance {
             report.webhook_events_deleted += deleted;
             report.more |= deleted as i64 == batch;
         }
+        // Item 6c: the stream log of tasks that ended a while ago (docs/api.md,
+        // "Streaming a task").
+        {
+            let mut tx = store.begin_tx().await?;
+            let now = store.now_in(&mut tx).await?;
+            let cutoff = now.minus(crate::STREAM_LOG_GRACE).0;
+            let deleted = crate::shared::stream_log::sweep_ended(&mut tx, cutoff, batch).await?;
+            tx.commit_tx().await?;
+            report.stream_chunks_deleted += deleted;
+        }
         store.keep_lean();
         Ok(report)
     }

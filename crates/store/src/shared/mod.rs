@@ -21,6 +21,7 @@ pub(crate) mod pipelines;
 pub(crate) mod rows;
 pub(crate) mod runs;
 pub(crate) mod sql;
+pub(crate) mod stream_log;
 pub(crate) mod tasks;
 pub(crate) mod terminal;
 pub(crate) mod webhooks;

@@ -210,3 +210,4 @@ pub(crate) fn id_list<T: std::fmt::Display>(ids: &[T]) -> String {
 
 crate::shared::attempts::attempt_store_for!(SqliteStore);
 crate::shared::embeddings::embedding_store_for!(SqliteStore);
+crate::shared::stream_log::stream_log_store_for!(SqliteStore);
