@@ -33,6 +33,32 @@ BEGIN
   COMMIT;
 END $$;
 
+-- Shape A+, today's with the attempt rows a claim opens and a completion ends (the
+-- attempts of docs/routes.md, "Attempts", written since issue 18 measured shape A): the
+-- claim inserts one task_attempts row per task in its statement, the completion ends it.
+CREATE PROCEDURE cycle_attempts(w TEXT, n INT) LANGUAGE plpgsql AS $$
+DECLARE ids TEXT[];
+BEGIN
+  WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE status = 'queued'
+         ORDER BY created_at, id LIMIT n FOR UPDATE SKIP LOCKED),
+       u AS (UPDATE tasks SET status = 'running', worker = w, attempt = attempt + 1,
+               claimed_at = 5, heartbeat_at = 5
+             FROM picked WHERE tasks.id = picked.id AND tasks.status = 'queued'
+             RETURNING tasks.id, tasks.attempt, tasks.claimed_at),
+       o AS (INSERT INTO task_attempts (task_id, n, deployment, started_at, outcome,
+               reserved_nano, reserved_tokens)
+             SELECT id, attempt, 'dev/instant', claimed_at, 'running', 0, 0 FROM u)
+  SELECT array_agg(id) INTO ids FROM u;
+  COMMIT;
+  WITH d AS (UPDATE tasks SET status = 'succeeded', output = '{"text":"ok"}',
+               usage = '{"input_tokens":3,"output_tokens":2}', completed_at = 6
+             WHERE id = ANY(ids) AND status = 'running' AND worker = w RETURNING id)
+  UPDATE task_attempts SET ended_at = 6, outcome = 'succeeded',
+         usage = '{"input_tokens":3,"output_tokens":2}', charged_nano = 0, charged_tokens = 0
+    FROM d WHERE task_attempts.task_id = d.id AND task_attempts.ended_at IS NULL;
+  COMMIT;
+END $$;
+
 -- A narrow queue table beside the task rows (shapes B and C use it).
 CREATE TABLE task_queue (
     task_id      TEXT COLLATE "C" PRIMARY KEY,

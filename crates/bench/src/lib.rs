@@ -26,6 +26,8 @@ mod http;
 mod latency;
 mod measure;
 mod peer;
+mod peers;
+pub use peers::PeerKind;
 mod report;
 mod ttft;
 mod upstream;
@@ -96,12 +98,31 @@ pub struct BenchArgs {
     /// Small sizes: each scenario runs in a few seconds (CI smoke runs).
     #[arg(long)]
     pub quick: bool,
+    /// peer: the peers to measure against, comma-separated, each taking its turn every
+    /// round (`graphile`: local queue 1000; `graphile-q-workers`: local queue of
+    /// `--workers`; `apalis`: apalis-postgres).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "graphile")]
+    pub peer: Vec<peer::PeerKind>,
     /// peer: the graphile_worker peer binary, built apart from the workspace with
     /// `cargo build --release --manifest-path bench/graphile-peer/Cargo.toml`.
-    #[arg(long, default_value = peer::DEFAULT_PEER_BIN)]
+    #[arg(long, default_value = peer::DEFAULT_GRAPHILE_BIN)]
     pub peer_bin: std::path::PathBuf,
+    /// peer: the apalis-postgres peer binary, built apart from the workspace with
+    /// `cargo build --release --manifest-path bench/apalis-peer/Cargo.toml`.
+    #[arg(long, default_value = peer::DEFAULT_APALIS_BIN)]
+    pub apalis_bin: std::path::PathBuf,
     #[command(flatten)]
     pub sizes: SizeArgs,
+}
+
+impl BenchArgs {
+    /// Where the peer scenario's peer binaries are.
+    fn peer_bins(&self) -> peers::PeerBins {
+        peers::PeerBins {
+            graphile: self.peer_bin.clone(),
+            apalis: self.apalis_bin.clone(),
+        }
+    }
 }
 
 /// Size options; each defaults to a run of about a minute per scenario on a 2-core
@@ -113,7 +134,7 @@ pub struct SizeArgs {
     #[arg(long)]
     pub tasks: Option<u64>,
     /// burn-down, latency: concurrent executions of Tollgate's worker pool and worker
-    /// loops of the baseline [default: 8]; peer: Tollgate's and graphile_worker's
+    /// loops of the baseline [default: 8]; peer: Tollgate's and the peers'
     /// concurrency [default: 32].
     #[arg(long)]
     pub workers: Option<u32>,
@@ -179,7 +200,8 @@ pub enum Scenario {
     /// HTTP (`POST /v1/tasks?wait=`) (vs the raw SQL lifecycle).
     Latency,
     /// PostgreSQL only: enqueue N with `submit_many`, then W = 32 workers run them, vs
-    /// graphile_worker (the `--peer-bin` child process) on the same server; and N more
+    /// the `--peer` job queues (graphile_worker, apalis-postgres: child processes) on the
+    /// same server; and N more
     /// enqueued over HTTP (`POST /v1/tasks/batch`) into a database of their own, never run.
     /// Not part of `all`: the peer binary is built apart from the workspace.
     Peer,
@@ -370,7 +392,7 @@ async fn run_scenario(
     sizes: &Sizes,
 ) -> anyhow::Result<ScenarioReport> {
     if scenario == Scenario::Peer {
-        peer::preflight(args.backend, &args.peer_bin)?;
+        peer::preflight(args.backend, &args.peer, &args.peer_bins())?;
     }
     let progress = Progress::start(format!("{} {}", scenario.name(), args.backend.name()));
     progress.stage("creating a fresh database");
@@ -381,7 +403,8 @@ async fn run_scenario(
         progress: progress.clone(),
         db,
         database_url: args.database_url.clone(),
-        peer_bin: args.peer_bin.clone(),
+        peers: args.peer.clone(),
+        peer_bins: args.peer_bins(),
     };
     let result = match scenario {
         Scenario::BurnDown => burn_down::run(&ctx).await,
@@ -412,8 +435,10 @@ pub(crate) struct Ctx {
     db: BenchDb,
     /// The PostgreSQL server's URL the fresh databases are created through.
     database_url: String,
-    /// The peer scenario's graphile_worker binary.
-    peer_bin: std::path::PathBuf,
+    /// The peer scenario's peers (`--peer`).
+    peers: Vec<peer::PeerKind>,
+    /// The peer scenario's peer binaries.
+    peer_bins: peers::PeerBins,
 }
 
 impl Ctx {

@@ -1,18 +1,18 @@
-//! `peer` (PostgreSQL only): Tollgate against graphile_worker, the Rust PostgreSQL job
-//! queue, in the same run on the same server.
+//! `peer` (PostgreSQL only): Tollgate against PostgreSQL job queues in Rust —
+//! graphile_worker and apalis-postgres ([`PeerKind`], `--peer`) — in the same run on the
+//! same server.
 //!
-//! graphile_worker's side is a separate binary (`bench/graphile-peer`, its own cargo
-//! project outside the workspace, so the product never compiles graphile_worker), run as
-//! a child process with `--json` on a fresh database of its own. It enqueues N no-op jobs
-//! with `add_jobs`, 1000 per call, then runs them with one worker of concurrency W and the
-//! crate's throughput settings (local queue, batched completions, 10 ms poll).
+//! Each peer's side is a separate binary (`bench/graphile-peer`, `bench/apalis-peer`: cargo
+//! projects of their own outside the workspace, so the product never compiles them), run
+//! as a child process with `--json` on a fresh database of its own ([`super::peers`]). It
+//! enqueues N no-op jobs, 1000 per call, then runs them with W concurrent executions.
 //!
 //! Tollgate's side, on the scenario's fresh database: N unscoped tasks through the
 //! facade's batch call (`submit_many`, [`MAX_BATCH`] = 1000 per call) with the instant
 //! provider, then W workers run them all — the burn-down scenario's own code
 //! ([`tollgate_burn_down`]).
 //!
-//! Tollgate's HTTP enqueue, a phase of its own after the two systems' turns in each round:
+//! Tollgate's HTTP enqueue, a phase of its own after the systems' turns in each round:
 //! N more unscoped tasks (fresh effect keys) through `POST /v1/tasks/batch`,
 //! [`MAX_BATCH`] = 1000 per call (the route's limit), one call at a time from one
 //! keep-alive HTTP/1.1 client, to the product's server started in-process
@@ -23,122 +23,96 @@
 //! Rates: enqueue/s = N ÷ (first batch → last batch answered), over HTTP too (the
 //! answers' items are checked to be created tasks once the clock has stopped); process/s =
 //! N ÷ (workers started → last committed completion); burn-down/s = N ÷ (first batch →
-//! last committed completion). The systems alternate order round by round. Targets:
-//! processing ≥ 1.0× and enqueue ≥ 1.0× graphile_worker; HTTP enqueue ≥ 1.0×
-//! graphile_worker's enqueue is reported apart (`http_enqueue_target_met`).
+//! last committed completion). The systems take turns round by round, each round starting
+//! with the next one. Targets, for every peer: processing ≥ 1.0× and enqueue ≥ 1.0×; HTTP
+//! enqueue ≥ 1.0× the first peer's enqueue is reported apart (`http_enqueue_target_met`).
 //!
-//! Not part of `all` (the peer binary may not be built).
+//! Not part of `all` (the peer binaries may not be built).
 
 use super::burn_down::{SUBMIT_SCOPES, Timed, timeout_for, tollgate_burn_down};
 use super::counting::CountingStore;
 use super::http::{HttpClient, HttpServer, check_batch};
 use super::measure::Phase;
+pub use super::peers::PeerKind;
+use super::peers::{PeerBins, Side, run_peer};
 use super::report::ScenarioReport;
 use super::{BackendKind, BenchDb, Ctx, Scenario, scope_ids, submit_body, with_database};
 use crate::baseline::{create_postgres_database, drop_postgres_database};
 use anyhow::Context;
-use serde::Deserialize;
-use serde_json::{Value, json};
-use std::path::Path;
+use serde_json::{Map, Value, json};
 use std::time::{Duration, Instant};
 use tollgate_core::ScopeId;
 use tollgate_engine::MAX_BATCH;
 
-/// Where `cargo build --release --manifest-path bench/graphile-peer/Cargo.toml` puts the
-/// peer, relative to the repository's root.
-pub(super) const DEFAULT_PEER_BIN: &str = "bench/graphile-peer/target/release/graphile-peer";
+pub(super) use super::peers::{DEFAULT_APALIS_BIN, DEFAULT_GRAPHILE_BIN};
 
-/// The scenario's `--workers` default (both systems).
+/// The scenario's `--workers` default (every system).
 pub(super) const DEFAULT_WORKERS: u32 = 32;
 
-/// How to build the peer, for messages.
-const BUILD_HINT: &str = "build it with `cargo build --release --manifest-path \
-     bench/graphile-peer/Cargo.toml` (from the repository's root), or point --peer-bin at it";
-
 /// Fails early, before any database is created, when the scenario cannot run.
-pub(super) fn preflight(backend: BackendKind, peer_bin: &Path) -> anyhow::Result<()> {
+pub(super) fn preflight(
+    backend: BackendKind,
+    peers: &[PeerKind],
+    bins: &PeerBins,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         backend == BackendKind::Postgres,
         "the peer scenario runs on PostgreSQL only: add --backend postgres"
     );
-    anyhow::ensure!(
-        peer_bin.is_file(),
-        "graphile_worker's peer binary {} is missing: {BUILD_HINT}",
-        peer_bin.display()
-    );
-    Ok(())
+    bins.check(peers)
 }
 
-/// The peer's `--json` object (fields this scenario reads).
-#[derive(Debug, Clone, Deserialize)]
-struct PeerRun {
-    peer: String,
-    version: String,
-    jobs: u64,
-    workers: u32,
-    batch: u64,
-    enqueue_per_s: f64,
-    process_per_s: f64,
-    burn_down_per_s: f64,
-}
-
-/// One side's three rates, added up over rounds.
-#[derive(Debug, Default)]
-struct Side {
-    enqueue: Phase,
-    process: Phase,
-    burn_down: Phase,
-}
-
-impl Side {
-    fn add(&mut self, n: u64, enqueue: Duration, process: Duration, burn_down: Duration) {
-        for (phase, elapsed) in [
-            (&mut self.enqueue, enqueue),
-            (&mut self.process, process),
-            (&mut self.burn_down, burn_down),
-        ] {
-            phase.add(Phase {
-                ops: n,
-                elapsed,
-                latencies_us: Vec::new(),
-            });
+/// The peers asked for, each once, in the order given.
+fn distinct(peers: &[PeerKind]) -> Vec<PeerKind> {
+    let mut out: Vec<PeerKind> = Vec::new();
+    for &p in peers {
+        if !out.contains(&p) {
+            out.push(p);
         }
     }
-
-    fn add_peer(&mut self, run: &PeerRun) {
-        let took = |per_s: f64| {
-            Duration::from_secs_f64(if per_s > 0.0 {
-                run.jobs as f64 / per_s
-            } else {
-                0.0
-            })
-        };
-        self.add(
-            run.jobs,
-            took(run.enqueue_per_s),
-            took(run.process_per_s),
-            took(run.burn_down_per_s),
-        );
-    }
+    out
 }
 
 pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
-    preflight(ctx.backend, &ctx.peer_bin)?;
-    let name = format!("tollgate_bench_peer_{}", uuid::Uuid::new_v4().simple());
-    ctx.progress
-        .stage("creating graphile_worker's fresh database");
-    create_postgres_database(&ctx.database_url, &name)
-        .await
-        .with_context(|| format!("cannot create graphile_worker's database {name}"))?;
-    let peer_url = with_database(&ctx.database_url, &name);
-    let result = match peer_url {
-        Ok(url) => with_http_database(ctx, &url).await,
-        Err(e) => Err(e),
+    let peers = distinct(&ctx.peers);
+    preflight(ctx.backend, &peers, &ctx.peer_bins)?;
+    // A fresh database per peer, all dropped at the end whatever happened.
+    let mut names = Vec::new();
+    let mut urls = Vec::new();
+    let mut failed: Option<anyhow::Error> = None;
+    for kind in &peers {
+        let name = format!("tollgate_bench_peer_{}", uuid::Uuid::new_v4().simple());
+        ctx.progress.stage(format!(
+            "creating the {} peer's fresh database",
+            kind.name()
+        ));
+        if let Err(e) = create_postgres_database(&ctx.database_url, &name).await {
+            failed = Some(
+                anyhow::Error::new(e).context(format!("cannot create the peer database {name}")),
+            );
+            break;
+        }
+        names.push(name.clone());
+        match with_database(&ctx.database_url, &name) {
+            Ok(url) => urls.push(url),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let result = match failed {
+        None => with_http_database(ctx, &peers, &urls).await,
+        Some(e) => Err(e),
     };
-    ctx.progress.stage("dropping graphile_worker's database");
-    let dropped = drop_postgres_database(&ctx.database_url, &name)
-        .await
-        .with_context(|| format!("cannot drop graphile_worker's database {name}"));
+    ctx.progress.stage("dropping the peers' databases");
+    let mut dropped = Ok(());
+    for name in names {
+        if let Err(e) = drop_postgres_database(&ctx.database_url, &name).await {
+            dropped =
+                Err(anyhow::Error::new(e).context(format!("cannot drop the peer database {name}")));
+        }
+    }
     let report = result?;
     dropped?;
     Ok(report)
@@ -146,13 +120,17 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
 
 /// The rounds with the HTTP enqueue's own fresh database, dropped afterwards whatever
 /// happened.
-async fn with_http_database(ctx: &Ctx, peer_url: &str) -> anyhow::Result<ScenarioReport> {
+async fn with_http_database(
+    ctx: &Ctx,
+    peers: &[PeerKind],
+    peer_urls: &[String],
+) -> anyhow::Result<ScenarioReport> {
     ctx.progress
         .stage("creating the HTTP enqueue's fresh database");
     let db = BenchDb::create(ctx.backend, &ctx.database_url)
         .await
         .context("cannot create the HTTP enqueue's database")?;
-    let result = rounds(ctx, peer_url, &db).await;
+    let result = rounds(ctx, peers, peer_urls, &db).await;
     ctx.progress.stage("dropping the HTTP enqueue's database");
     let dropped = db.drop().await;
     let report = result?;
@@ -162,22 +140,40 @@ async fn with_http_database(ctx: &Ctx, peer_url: &str) -> anyhow::Result<Scenari
 
 /// The alternating rounds (the HTTP enqueue's server over a Tollgate on `http_db`, its
 /// workers never started) and the report.
-async fn rounds(ctx: &Ctx, peer_url: &str, http_db: &BenchDb) -> anyhow::Result<ScenarioReport> {
+async fn rounds(
+    ctx: &Ctx,
+    peers: &[PeerKind],
+    peer_urls: &[String],
+    http_db: &BenchDb,
+) -> anyhow::Result<ScenarioReport> {
     let http_tollgate = ctx.tollgate(
         &CountingStore::new(http_db.store.clone()),
         ctx.sizes.peer_workers,
         None,
     )?;
     let server = HttpServer::start(&http_tollgate).await?;
-    let measured = measure(ctx, peer_url, server.client()).await;
+    let measured = measure(ctx, peers, peer_urls, server.client()).await;
     let stopped = server.shutdown().await;
     let report = measured?;
     stopped?;
     Ok(report)
 }
 
+/// One peer's measurements over the rounds.
+struct PeerSide {
+    kind: PeerKind,
+    side: Side,
+    version: String,
+    runs: Vec<Value>,
+}
+
 /// Every round's turns, then the report.
-async fn measure(ctx: &Ctx, peer_url: &str, http: &HttpClient) -> anyhow::Result<ScenarioReport> {
+async fn measure(
+    ctx: &Ctx,
+    peers: &[PeerKind],
+    peer_urls: &[String],
+    http: &HttpClient,
+) -> anyhow::Result<ScenarioReport> {
     let sizes = &ctx.sizes;
     let workers = sizes.peer_workers;
     let rounds = u64::from(sizes.peer_rounds).min(sizes.tasks).max(1);
@@ -185,15 +181,28 @@ async fn measure(ctx: &Ctx, peer_url: &str, http: &HttpClient) -> anyhow::Result
     let tollgate = ctx.tollgate(&counting, workers, None)?;
     let scopes = scope_ids("peer", SUBMIT_SCOPES)?;
     let mut ours = Side::default();
-    let mut theirs = Side::default();
+    let mut theirs: Vec<PeerSide> = peers
+        .iter()
+        .map(|&kind| PeerSide {
+            kind,
+            side: Side::default(),
+            version: String::new(),
+            runs: Vec::new(),
+        })
+        .collect();
     let mut http_enqueue = Phase::default();
-    let mut peer_runs = Vec::new();
-    let mut version = String::new();
+    let mut per_round = Vec::new();
+    // Turn 0 is Tollgate's, turn i + 1 the i-th peer's; each round starts one further on.
+    let turns = peers.len() + 1;
     for round in 0..rounds {
         let n = sizes.tasks / rounds + u64::from(round < sizes.tasks % rounds);
         let label = format!("round {}/{rounds}", round + 1);
-        for tollgate_turn in [round % 2 == 0, round % 2 == 1] {
-            if tollgate_turn {
+        let mut this_round = Map::new();
+        this_round.insert("round".into(), json!(round + 1));
+        let mut ours_now = 0.0;
+        for step in 0..turns {
+            let turn = (step + round as usize) % turns;
+            if turn == 0 {
                 let Timed {
                     submit,
                     process,
@@ -209,16 +218,44 @@ async fn measure(ctx: &Ctx, peer_url: &str, http: &HttpClient) -> anyhow::Result
                 )
                 .await?;
                 ours.add(n, submit, process, total);
+                ours_now = measure_per_s(n, process);
+                this_round.insert("tollgate_process_per_s".into(), json!(ours_now));
             } else {
+                let peer = &mut theirs[turn - 1];
                 ctx.progress.stage(format!(
-                    "graphile_worker ({workers} workers) {label}: {n} jobs (child process)"
+                    "{} ({workers} workers) {label}: {n} jobs (child process)",
+                    peer.kind.label(workers)
                 ));
-                let (run, raw) = run_peer(&ctx.peer_bin, peer_url, n, workers).await?;
-                theirs.add_peer(&run);
-                version = run.version.clone();
-                peer_runs.push(raw);
+                let timeout = timeout_for(n) * 2;
+                let (run, raw) = run_peer(
+                    peer.kind,
+                    &ctx.peer_bins,
+                    &peer_urls[turn - 1],
+                    n,
+                    workers,
+                    MAX_BATCH as u64,
+                    timeout,
+                )
+                .await?;
+                peer.side.add_peer(&run);
+                peer.version = run.version.clone();
+                this_round.insert(
+                    format!("{}_process_per_s", peer.kind.name()),
+                    json!(run.process_per_s),
+                );
+                peer.runs.push(raw);
             }
         }
+        for peer in &theirs {
+            let key = format!("{}_process_per_s", peer.kind.name());
+            if let Some(theirs_now) = this_round.get(&key).and_then(Value::as_f64) {
+                this_round.insert(
+                    format!("process_ratio_vs_{}", peer.kind.name()),
+                    json!(ours_now / theirs_now.max(f64::MIN_POSITIVE)),
+                );
+            }
+        }
+        per_round.push(Value::Object(this_round));
         let elapsed = enqueue_over_http(
             ctx,
             http,
@@ -234,22 +271,43 @@ async fn measure(ctx: &Ctx, peer_url: &str, http: &HttpClient) -> anyhow::Result
             latencies_us: Vec::new(),
         });
     }
+    Ok(report(
+        ctx,
+        rounds,
+        &ours,
+        &theirs,
+        &http_enqueue,
+        per_round,
+        &counting,
+    ))
+}
 
+fn measure_per_s(n: u64, elapsed: Duration) -> f64 {
+    super::measure::per_s(n, elapsed)
+}
+
+/// The scenario's report: a row per rate, the ratios against every peer.
+fn report(
+    ctx: &Ctx,
+    rounds: u64,
+    ours: &Side,
+    theirs: &[PeerSide],
+    http_enqueue: &Phase,
+    per_round: Vec<Value>,
+    counting: &CountingStore,
+) -> ScenarioReport {
+    let sizes = &ctx.sizes;
+    let workers = sizes.peer_workers;
     let ratio = |t: &Phase, b: &Phase| t.per_s() / b.per_s().max(f64::MIN_POSITIVE);
-    let process_ratio = ratio(&ours.process, &theirs.process);
-    let enqueue_ratio = ratio(&ours.enqueue, &theirs.enqueue);
-    let burn_down_ratio = ratio(&ours.burn_down, &theirs.burn_down);
-    let http_enqueue_ratio = ratio(&http_enqueue, &theirs.enqueue);
-    let (process_met, enqueue_met) = (process_ratio >= 1.0, enqueue_ratio >= 1.0);
-    let http_enqueue_met = http_enqueue_ratio >= 1.0;
     let met = |ok: bool| if ok { "met" } else { "MISSED" };
     let mut report = ctx.report(Scenario::Peer);
+    let names: Vec<&str> = theirs.iter().map(|p| p.kind.name()).collect();
     report
         .param("tasks", sizes.tasks)
         .param("workers", workers)
         .param("batch", MAX_BATCH as u64)
         .param("rounds", rounds)
-        .param("peer", format!("graphile_worker {version}"))
+        .param("peers", names.join(","))
         .row(
             &format!("tollgate enqueue (submit_many, {MAX_BATCH}/call)"),
             Some(ours.enqueue.per_s()),
@@ -260,76 +318,109 @@ async fn measure(ctx: &Ctx, peer_url: &str, http: &HttpClient) -> anyhow::Result
             Some(http_enqueue.per_s()),
             None,
         )
-        .row(
-            &format!("graphile_worker enqueue (add_jobs, {MAX_BATCH}/call)"),
-            Some(theirs.enqueue.per_s()),
-            None,
-        )
         .tollgate(
             &format!("tollgate process ({workers} workers)"),
             ours.process.per_s(),
-            None,
-        )
-        .baseline(
-            &format!("graphile_worker process ({workers} workers)"),
-            theirs.process.per_s(),
             None,
         )
         .row(
             "tollgate burn-down (enqueue → all done)",
             Some(ours.burn_down.per_s()),
             None,
-        )
-        .row(
-            "graphile_worker burn-down (enqueue → all done)",
-            Some(theirs.burn_down.per_s()),
-            None,
-        )
+        );
+    let mut peers_json = Map::new();
+    let (mut process_min, mut enqueue_min, mut burn_down_min) = (f64::MAX, f64::MAX, f64::MAX);
+    let mut notes = Vec::new();
+    for (i, peer) in theirs.iter().enumerate() {
+        let label = peer.kind.label(workers);
+        let process_ratio = ratio(&ours.process, &peer.side.process);
+        let enqueue_ratio = ratio(&ours.enqueue, &peer.side.enqueue);
+        let burn_down_ratio = ratio(&ours.burn_down, &peer.side.burn_down);
+        process_min = process_min.min(process_ratio);
+        enqueue_min = enqueue_min.min(enqueue_ratio);
+        burn_down_min = burn_down_min.min(burn_down_ratio);
+        if i == 0 {
+            report.baseline(
+                &format!("{label} process ({workers} workers)"),
+                peer.side.process.per_s(),
+                None,
+            );
+        } else {
+            report.row(
+                &format!("{label} process ({workers} workers)"),
+                Some(peer.side.process.per_s()),
+                None,
+            );
+        }
+        report
+            .row(
+                &format!("{label} enqueue ({MAX_BATCH}/call)"),
+                Some(peer.side.enqueue.per_s()),
+                None,
+            )
+            .row(
+                &format!("{label} burn-down (enqueue → all done)"),
+                Some(peer.side.burn_down.per_s()),
+                None,
+            );
+        peers_json.insert(
+            peer.kind.name().into(),
+            json!({
+                "version": peer.version,
+                "process_per_s": peer.side.process.per_s(),
+                "enqueue_per_s": peer.side.enqueue.per_s(),
+                "burn_down_per_s": peer.side.burn_down.per_s(),
+                "process_ratio": process_ratio,
+                "enqueue_ratio": enqueue_ratio,
+                "burn_down_ratio": burn_down_ratio,
+                "process_target_met": process_ratio >= 1.0,
+                "enqueue_target_met": enqueue_ratio >= 1.0,
+                "runs": peer.runs,
+            }),
+        );
+        notes.push(format!(
+            "processing: {process_ratio:.2}× {label} (target ≥ 1.0×: {}); enqueue:              {enqueue_ratio:.2}× (target ≥ 1.0×: {}); burn-down: {burn_down_ratio:.2}×",
+            met(process_ratio >= 1.0),
+            met(enqueue_ratio >= 1.0)
+        ));
+        notes.push(peer.kind.settings(workers));
+    }
+    let first_enqueue = theirs.first().map(|p| &p.side.enqueue);
+    let http_enqueue_ratio = first_enqueue.map_or(0.0, |b| ratio(http_enqueue, b));
+    let (process_met, enqueue_met) = (process_min >= 1.0, enqueue_min >= 1.0);
+    let http_enqueue_met = http_enqueue_ratio >= 1.0;
+    report
         .ratio_at_least(1.0)
         .target(
-            "processing ≥ 1.0× graphile_worker, enqueue ≥ 1.0× graphile_worker",
+            "processing ≥ 1.0× and enqueue ≥ 1.0× every peer",
             process_met && enqueue_met,
         )
-        .extra("graphile_worker_version", version.clone())
-        .extra("process_ratio", process_ratio)
-        .extra("enqueue_ratio", enqueue_ratio)
-        .extra("burn_down_ratio", burn_down_ratio)
+        .extra("peers", Value::Object(peers_json))
+        .extra("per_round", Value::Array(per_round))
+        .extra("process_ratio", process_min)
+        .extra("enqueue_ratio", enqueue_min)
+        .extra("burn_down_ratio", burn_down_min)
         .extra("process_target_met", process_met)
         .extra("enqueue_target_met", enqueue_met)
         .extra("http_enqueue_vs_peer", http_enqueue_ratio)
         .extra("http_enqueue_target_met", http_enqueue_met)
         .extra("tollgate_enqueue_per_s", ours.enqueue.per_s())
         .extra("tollgate_http_enqueue_per_s", http_enqueue.per_s())
-        .extra("graphile_worker_enqueue_per_s", theirs.enqueue.per_s())
-        .extra("tollgate_burn_down_per_s", ours.burn_down.per_s())
-        .extra("graphile_worker_burn_down_per_s", theirs.burn_down.per_s())
-        .extra("graphile_worker_runs", Value::Array(peer_runs))
+        .extra("tollgate_burn_down_per_s", ours.burn_down.per_s());
+    for note in notes {
+        report.note(note);
+    }
+    report
         .note(format!(
-            "processing: {process_ratio:.2}× graphile_worker (target ≥ 1.0×: {})",
-            met(process_met)
-        ))
-        .note(format!(
-            "enqueue: {enqueue_ratio:.2}× graphile_worker (target ≥ 1.0×: {})",
-            met(enqueue_met)
-        ))
-        .note(format!(
-            "enqueue over HTTP: {http_enqueue_ratio:.2}× graphile_worker's enqueue \
-             (target ≥ 1.0×: {})",
+            "enqueue over HTTP: {http_enqueue_ratio:.2}× the first peer's enqueue              (target ≥ 1.0×: {})",
             met(http_enqueue_met)
         ))
-        .note(format!("burn-down: {burn_down_ratio:.2}× graphile_worker"))
+        .note("tollgate: instant provider, 16 connections")
         .note(
-            "graphile_worker: no-op handler, local queue of 1000, completions and failures \
-             batched every 5 ms, 10 ms poll, 20 connections; tollgate: instant provider, \
-             16 connections",
-        )
-        .note(
-            "HTTP enqueue: one keep-alive HTTP/1.1 client, one call at a time, to an \
-             in-process server over a second fresh database with no workers (its tasks \
-             are never run)",
+            "HTTP enqueue: one keep-alive HTTP/1.1 client, one call at a time, to an              in-process server over a second fresh database with no workers (its tasks              are never run)",
         );
     report.store_profile(&counting.counts().profile());
-    Ok(report)
+    report
 }
 
 /// Enqueues `n` unscoped tasks (spread over `scopes`, effect keys `burn-<tag>-<i>`, the
@@ -385,61 +476,21 @@ async fn enqueue_over_http(
     Ok(elapsed)
 }
 
-/// Runs the peer binary once on `url` and parses its JSON object.
-async fn run_peer(bin: &Path, url: &str, n: u64, workers: u32) -> anyhow::Result<(PeerRun, Value)> {
-    let mut command = std::process::Command::new(bin);
-    command
-        .arg("--database-url")
-        .arg(url)
-        .args(["--jobs", &n.to_string()])
-        .args(["--workers", &workers.to_string()])
-        .args(["--batch", &MAX_BATCH.to_string()])
-        .arg("--json");
-    let timeout = timeout_for(n) * 2;
-    let output = tokio::time::timeout(
-        timeout,
-        tokio::task::spawn_blocking(move || command.output()),
-    )
-    .await
-    .with_context(|| format!("graphile_worker's peer did not finish within {timeout:?}"))?
-    .context("the peer's runner panicked")?
-    .with_context(|| format!("cannot run {} ({BUILD_HINT})", bin.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    anyhow::ensure!(
-        output.status.success(),
-        "{} failed ({}): {}",
-        bin.display(),
-        output.status,
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .with_context(|| format!("the peer printed no JSON object: {stdout:?}"))?;
-    let raw: Value = serde_json::from_str(line).context("the peer's JSON does not parse")?;
-    let run: PeerRun =
-        serde_json::from_value(raw.clone()).context("the peer's JSON lacks a field")?;
-    anyhow::ensure!(
-        run.peer == "graphile_worker"
-            && run.jobs == n
-            && run.workers == workers
-            && run.batch == MAX_BATCH as u64,
-        "the peer ran something else than asked: {line}"
-    );
-    Ok((run, raw))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_scenario_refuses_sqlite_and_a_missing_binary() {
-        let missing = Path::new("/nonexistent/graphile-peer");
-        let sqlite = preflight(BackendKind::Sqlite, missing).expect_err("sqlite");
+        let bins = PeerBins {
+            graphile: "/nonexistent/graphile-peer".into(),
+            apalis: "/nonexistent/apalis-peer".into(),
+        };
+        let sqlite =
+            preflight(BackendKind::Sqlite, &[PeerKind::Graphile], &bins).expect_err("sqlite");
         assert!(sqlite.to_string().contains("--backend postgres"));
-        let absent = preflight(BackendKind::Postgres, missing).expect_err("missing");
+        let absent =
+            preflight(BackendKind::Postgres, &[PeerKind::Graphile], &bins).expect_err("missing");
         assert!(
             absent
                 .to_string()
@@ -448,21 +499,11 @@ mod tests {
     }
 
     #[test]
-    fn peer_rounds_add_up_by_time() {
-        let run = |jobs, per_s| PeerRun {
-            peer: "graphile_worker".into(),
-            version: "0.0.0".into(),
-            jobs,
-            workers: 32,
-            batch: 1000,
-            enqueue_per_s: per_s,
-            process_per_s: per_s,
-            burn_down_per_s: per_s / 2.0,
-        };
-        let mut side = Side::default();
-        side.add_peer(&run(1000, 1000.0));
-        side.add_peer(&run(1000, 500.0));
-        assert!((side.process.per_s() - 2000.0 / 3.0).abs() < 1e-6);
-        assert!((side.burn_down.per_s() - 1000.0 / 3.0).abs() < 1e-6);
+    fn each_peer_runs_once_in_the_order_given() {
+        use PeerKind::*;
+        assert_eq!(
+            distinct(&[Apalis, Graphile, Apalis, GraphileQueueWorkers]),
+            vec![Apalis, Graphile, GraphileQueueWorkers]
+        );
     }
 }
