@@ -284,10 +284,5 @@ impl crate::shared::sql::Backend for PostgresStore {
     }
 }
 
-/// Ids as a `TEXT[]` parameter.
-pub(crate) fn id_array<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
-    ids.iter().map(ToString::to_string).collect()
-}
-
 crate::shared::attempts::attempt_store_for!(PostgresStore);
 crate::shared::embeddings::embedding_store_for!(PostgresStore);
