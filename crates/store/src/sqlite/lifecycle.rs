@@ -82,8 +82,9 @@ impl WorkerStatements for SqliteStore {
         let mut tx = self.begin().await?;
         let now = self.now();
         // One write for all of the worker's tasks: found by id (the primary key), each
-        // kept only under a claim asked about with it (`?3`, a JSON list of
-        // `[id, claim]` pairs).
+        // kept only under a claim asked about with it (`?3`, a JSON list of `[id, claim]`
+        // pairs, read once into a list: not a subquery per row, which grows with the
+        // square of the ids).
         let ids: Vec<TaskId> = held.iter().map(|(id, _)| *id).collect();
         let pairs = serde_json::Value::Array(
             held.iter()
@@ -94,8 +95,8 @@ impl WorkerStatements for SqliteStore {
         let alive = sqlx::query_as(concat!(
             "UPDATE tasks SET heartbeat_at = ?1 \
              WHERE id IN (SELECT value FROM json_each(?2)) AND status = 'running' AND worker = ?4 \
-             AND attempt IN (SELECT json_extract(h.value, '$[1]') FROM json_each(?3) h \
-             WHERE json_extract(h.value, '$[0]') = tasks.id) AND NOT ",
+             AND (id, attempt) IN (SELECT json_extract(value, '$[0]'), \
+             json_extract(value, '$[1]') FROM json_each(?3)) AND NOT ",
             cancel_wanted!(),
             " RETURNING id, attempt"
         ))
