@@ -19,7 +19,8 @@
 //! [`Baseline::seed_admission_window`] bulk-loads a scope's 24 h window of admission
 //! records (and the per-scope facts Tollgate keeps beside them) in a few statements, and
 //! [`create_postgres_database`] / [`drop_postgres_database`] give a benchmark its own
-//! fresh database.
+//! fresh database, and [`Baseline::autovacuum_off`] / [`Baseline::table_health`] turn
+//! autovacuum off on its tables and read how lean they are (`steady-state`).
 
 use sqlx::{PgPool, SqlitePool};
 use tollgate_core::{TaskId, Timestamp};
@@ -27,9 +28,11 @@ use tollgate_store::postgres::PostgresStore;
 use tollgate_store::sqlite::SqliteStore;
 use tollgate_store::{StoreError, StoreResult};
 
+mod health;
 mod reference;
 mod seed;
 
+pub use health::TableHealth;
 pub use seed::WindowSeed;
 
 /// A database name a benchmark may create and drop: ASCII letters, digits and `_`.

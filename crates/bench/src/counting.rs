@@ -179,17 +179,21 @@ impl WorkerStore for CountingStore {
         Ok(claimed)
     }
 
-    async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport> {
+    async fn heartbeat(
+        &self,
+        worker: &WorkerId,
+        held: &[(TaskId, u32)],
+    ) -> StoreResult<HeartbeatReport> {
         self.wrote();
         let started = Instant::now();
         let report = self
-            .timed("heartbeat", self.inner.heartbeat(worker, ids))
+            .timed("heartbeat", self.inner.heartbeat(worker, held))
             .await;
         let took = started.elapsed().as_micros() as u64;
         self.counts.heartbeat_calls.fetch_add(1, Ordering::SeqCst);
         self.counts
             .heartbeat_ids
-            .fetch_add(ids.len() as u64, Ordering::SeqCst);
+            .fetch_add(held.len() as u64, Ordering::SeqCst);
         self.counts
             .heartbeat_latency_us
             .lock()
@@ -201,7 +205,7 @@ impl WorkerStore for CountingStore {
     async fn complete_task(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &tollgate_core::Lease,
         output: serde_json::Value,
         usage: Usage,
     ) -> StoreResult<Transition> {
@@ -209,7 +213,7 @@ impl WorkerStore for CountingStore {
         let transition = self
             .timed(
                 "complete_task",
-                self.inner.complete_task(id, worker, output, usage),
+                self.inner.complete_task(id, lease, output, usage),
             )
             .await?;
         self.completed(u64::from(transition.applied));
@@ -219,10 +223,10 @@ impl WorkerStore for CountingStore {
     async fn reserve_attempt(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &tollgate_core::Lease,
         attempt: &tollgate_core::Reservation,
     ) -> StoreResult<Option<tollgate_core::Reservation>> {
-        let call = self.inner.reserve_attempt(id, worker, attempt);
+        let call = self.inner.reserve_attempt(id, lease, attempt);
         self.around(Call::write("reserve_attempt"), call).await
     }
 
@@ -245,12 +249,12 @@ impl WorkerStore for CountingStore {
     async fn fail_task(
         &self,
         id: TaskId,
-        worker: Option<&WorkerId>,
+        lease: Option<&tollgate_core::Lease>,
         code: ErrorCode,
         message: &str,
         usage: Option<&tollgate_core::Usage>,
     ) -> StoreResult<Transition> {
-        let call = self.inner.fail_task(id, worker, code, message, usage);
+        let call = self.inner.fail_task(id, lease, code, message, usage);
         self.around(Call::write("fail_task"), call).await
     }
 

@@ -29,6 +29,7 @@ mod peer;
 mod peers;
 pub use peers::PeerKind;
 mod report;
+mod steady;
 mod ttft;
 mod upstream;
 mod window;
@@ -177,6 +178,10 @@ pub struct SizeArgs {
     /// ttft: streamed calls per side [default: 200; quick: 20].
     #[arg(long)]
     pub calls: Option<u64>,
+    /// steady-state: tasks run through between the fresh and the later burn-down
+    /// [default: 100000; quick: 3000].
+    #[arg(long)]
+    pub history: Option<u64>,
 }
 
 /// What to measure.
@@ -211,6 +216,9 @@ pub enum Scenario {
     /// Time to first token of a streamed chat completion through the OpenAI door (a new
     /// durable task each) vs the same call straight to an in-process fake upstream.
     Ttft,
+    /// The burn-down rate on a fresh database vs after 100,000 more tasks went through
+    /// (PostgreSQL with autovacuum off).
+    SteadyState,
     /// Every scenario, one after the other (all but `peer`).
     All,
 }
@@ -218,7 +226,7 @@ pub enum Scenario {
 impl Scenario {
     /// What `all` runs: every scenario but `peer`, which needs a binary the workspace
     /// does not build.
-    const EACH: [Scenario; 9] = [
+    const EACH: [Scenario; 10] = [
         Scenario::BurnDown,
         Scenario::Fairness,
         Scenario::Admission,
@@ -228,6 +236,7 @@ impl Scenario {
         Scenario::Latency,
         Scenario::Door,
         Scenario::Ttft,
+        Scenario::SteadyState,
     ];
 
     /// The scenario's command-line name.
@@ -243,6 +252,7 @@ impl Scenario {
             Scenario::Peer => "peer",
             Scenario::Door => "door",
             Scenario::Ttft => "ttft",
+            Scenario::SteadyState => "steady-state",
             Scenario::All => "all",
         }
     }
@@ -289,6 +299,7 @@ pub struct Sizes {
     hold: Duration,
     heartbeat_interval: Duration,
     calls: u64,
+    history: u64,
 }
 
 impl Sizes {
@@ -326,6 +337,7 @@ impl Sizes {
                 .unwrap_or(pick(quick, Duration::from_secs(20), Duration::from_secs(3))),
             heartbeat_interval: args.heartbeat_interval.unwrap_or(Duration::from_secs(1)),
             calls: args.calls.unwrap_or(pick(quick, 200, 20)),
+            history: args.history.unwrap_or(pick(quick, 100_000, 3_000)),
         };
         anyhow::ensure!(sizes.tasks > 0, "--tasks must be positive");
         anyhow::ensure!(sizes.workers > 0, "--workers must be positive");
@@ -417,6 +429,7 @@ async fn run_scenario(
         Scenario::Peer => peer::run(&ctx).await,
         Scenario::Door => door::run(&ctx).await,
         Scenario::Ttft => ttft::run(&ctx).await,
+        Scenario::SteadyState => steady::run(&ctx).await,
         Scenario::All => Err(anyhow::anyhow!("`all` is not one scenario")),
     };
     progress.stage("dropping the database");

@@ -27,7 +27,7 @@ async fn refused(
     w: &tollgate_core::WorkerId,
     r: &Reservation,
 ) -> CostRejection {
-    match s.reserve_attempt(id, w, r).await {
+    match s.reserve_attempt(id, &lease(w, 1), r).await {
         Err(StoreError::Cost(c)) => c,
         other => panic!("expected the re-ask to be refused, got {other:?}"),
     }
@@ -52,7 +52,7 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
         "admission reserves the first attempt only"
     );
     assert_eq!(
-        s.reserve_attempt(t.id, &w, &reserve(100, 50))
+        s.reserve_attempt(t.id, &lease(&w, 1), &reserve(100, 50))
             .await
             .expect("reserve"),
         None,
@@ -60,14 +60,14 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
     );
     claim(&*s, t.id, &w).await;
     assert_eq!(
-        s.reserve_attempt(t.id, &worker("other"), &reserve(100, 50))
+        s.reserve_attempt(t.id, &lease(&worker("other"), 1), &reserve(100, 50))
             .await
             .expect("reserve"),
         None,
         "only the worker holding the task reserves its re-asks"
     );
     let after = s
-        .reserve_attempt(t.id, &w, &reserve(100, 50))
+        .reserve_attempt(t.id, &lease(&w, 1), &reserve(100, 50))
         .await
         .expect("reserve")
         .expect("a running task's re-ask fits");
@@ -108,7 +108,7 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
     assert_eq!((spent.reserved_nano, spent.reserved_tokens), (0, 0));
     assert_eq!(spent.settled_nano, 150 * 1_000 + 40 * 2_000);
     assert_eq!(
-        s.reserve_attempt(t.id, &w, &reserve(100, 50))
+        s.reserve_attempt(t.id, &lease(&w, 1), &reserve(100, 50))
             .await
             .expect("reserve"),
         None,
@@ -124,13 +124,13 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
     )
     .await;
     claim(&*s, t.id, &w).await;
-    s.reserve_attempt(t.id, &w, &reserve(100, 50))
+    s.reserve_attempt(t.id, &lease(&w, 1), &reserve(100, 50))
         .await
         .expect("reserve")
         .expect("fits the bucket");
     let c = refused(&*s, t.id, &w, &reserve(100, 50)).await;
     assert!(matches!(c, CostRejection::TokenRate { .. }), "{c}");
-    s.complete_task(t.id, &w, spam(), tokens(100, 20))
+    s.complete_task(t.id, &lease(&w, 1), spam(), tokens(100, 20))
         .await
         .expect("complete");
     let bucket = scope_spend(&*s, "acme", "tok").await.token_bucket;
@@ -154,7 +154,7 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
     )
     .await;
     claim(&*s, a.id, &w).await;
-    s.reserve_attempt(a.id, &w, &reserve(100, 50))
+    s.reserve_attempt(a.id, &lease(&w, 1), &reserve(100, 50))
         .await
         .expect("reserve")
         .expect("600,000 of 700,000");
@@ -165,7 +165,7 @@ pub async fn reask_reservations_are_checked_like_admission(b: &dyn Backend) {
     let u = create_new(&*s, new_app_task("acme", "s", "u")).await;
     claim(&*s, u.id, &w).await;
     assert_eq!(
-        s.reserve_attempt(u.id, &w, &reserve(100, 50))
+        s.reserve_attempt(u.id, &lease(&w, 1), &reserve(100, 50))
             .await
             .expect("reserve"),
         None
@@ -209,7 +209,10 @@ pub async fn racing_reasks_and_admissions_never_exceed_a_spend_limit(b: &dyn Bac
             for i in 0..10 {
                 if (n + i) % 2 == 0 {
                     let id = running[(n * 10 + i) % running.len()];
-                    match s.reserve_attempt(id, &w, &reserve(100, 50)).await {
+                    match s
+                        .reserve_attempt(id, &lease(&w, 1), &reserve(100, 50))
+                        .await
+                    {
                         Ok(Some(_)) => {
                             granted.fetch_add(200_000, Ordering::SeqCst);
                         }
@@ -272,7 +275,7 @@ pub async fn absurd_usage_is_clamped_and_the_answer_kept(b: &dyn Backend) {
     claim(&*s, t.id, &w).await;
     let absurd = tokens(1_000_000_000_000_000, 10);
     let done = s
-        .complete_task(t.id, &w, spam(), absurd)
+        .complete_task(t.id, &lease(&w, 1), spam(), absurd)
         .await
         .expect("absurd usage never fails the completion");
     assert!(done.applied);
@@ -330,7 +333,7 @@ pub async fn deleting_an_owner_settles_its_in_flight_reservations(b: &dyn Backen
     )
     .await;
     claim(&*s, done.id, &w).await;
-    s.complete_task(done.id, &w, spam(), tokens(10, 5))
+    s.complete_task(done.id, &lease(&w, 1), spam(), tokens(10, 5))
         .await
         .expect("complete");
     let before = scope_spend(&*s, "acme", "s").await;

@@ -61,7 +61,7 @@ fn what(e: &WebhookEvent) -> (String, Option<String>, f64) {
 async fn spend(s: &dyn Store, id: TaskId, w: &WorkerId) {
     claim(s, id, w).await;
     let t = s
-        .complete_task(id, w, spam(), tokens(100, 50))
+        .complete_task(id, &lease(w, 1), spam(), tokens(100, 50))
         .await
         .expect("complete_task");
     assert!(t.applied);
@@ -114,7 +114,7 @@ pub async fn crossing_a_spend_threshold_writes_one_event(b: &dyn Backend) {
     )
     .await;
     claim(&*s, free.id, &w).await;
-    s.complete_task(free.id, &w, spam(), tokens(0, 0))
+    s.complete_task(free.id, &lease(&w, 1), spam(), tokens(0, 0))
         .await
         .unwrap();
     succeed(
@@ -276,7 +276,7 @@ async fn race_one_app(stores: &[std::sync::Arc<dyn Store>], app_name: &str) {
         racers.push(tokio::spawn(async move {
             for id in mine {
                 let t = s
-                    .complete_task(id, &w, spam(), tokens(100, 50))
+                    .complete_task(id, &lease(&w, 1), spam(), tokens(100, 50))
                     .await
                     .expect("complete_task");
                 assert!(t.applied);

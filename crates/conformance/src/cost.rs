@@ -150,7 +150,7 @@ pub async fn settlement_replaces_the_reservation_up_and_down(b: &dyn Backend) {
     .await;
     claim(&*s, down.id, &w).await;
     let t = s
-        .complete_task(down.id, &w, spam(), tokens(40, 10))
+        .complete_task(down.id, &lease(&w, 1), spam(), tokens(40, 10))
         .await
         .expect("complete");
     assert!(t.applied);
@@ -166,7 +166,7 @@ pub async fn settlement_replaces_the_reservation_up_and_down(b: &dyn Backend) {
     )
     .await;
     claim(&*s, up.id, &w).await;
-    s.complete_task(up.id, &w, spam(), tokens(30, 5))
+    s.complete_task(up.id, &lease(&w, 1), spam(), tokens(30, 5))
         .await
         .expect("complete");
     let spent = scope_spend(&*s, "acme", "s").await;
@@ -276,7 +276,7 @@ pub async fn cache_hits_are_free_and_report_savings(b: &dyn Backend) {
     first.scope.as_mut().expect("scoped").reservation = reserve(100, 50);
     let first = create_new(&*s, first).await;
     claim(&*s, first.id, &w).await;
-    s.complete_task(first.id, &w, spam(), tokens(40, 10))
+    s.complete_task(first.id, &lease(&w, 1), spam(), tokens(40, 10))
         .await
         .expect("complete");
     let mut again = new_scoped_task("acme", "s", "b", "doc", free);
@@ -348,7 +348,7 @@ pub async fn scope_spend_limit_counts_settled_and_reserved(b: &dyn Backend) {
     .await;
     // Settling below the reservation frees the difference.
     claim(&*s, a.id, &w).await;
-    s.complete_task(a.id, &w, spam(), tokens(0, 0))
+    s.complete_task(a.id, &lease(&w, 1), spam(), tokens(0, 0))
         .await
         .expect("complete");
     create_new(
@@ -387,7 +387,7 @@ pub async fn token_bucket_reserves_model_tokens(b: &dyn Backend) {
     );
     // Settling gives back what was not used: 200 reserved, 20 used.
     claim(&*s, a.id, &w).await;
-    s.complete_task(a.id, &w, spam(), tokens(10, 10))
+    s.complete_task(a.id, &lease(&w, 1), spam(), tokens(10, 10))
         .await
         .expect("complete");
     create_new(
@@ -535,7 +535,7 @@ pub async fn spend_window_slides(b: &dyn Backend) {
     .await;
     b.clock().advance(hours(20));
     claim(&*s, a.id, &w).await;
-    s.complete_task(a.id, &w, spam(), tokens(100, 50))
+    s.complete_task(a.id, &lease(&w, 1), spam(), tokens(100, 50))
         .await
         .expect("complete");
     assert!(matches!(

@@ -172,7 +172,7 @@ pub async fn a_mostly_cached_embed_task_is_charged_for_its_uncached_items(b: &dy
         .map(|i| entry(&format!("item-{i}"), i as f32 / 990.0))
         .collect();
     assert_eq!(put(&*s, first.id, &stored).await, 990);
-    s.complete_task(first.id, &w, spam(), tokens(3 * 990, 0))
+    s.complete_task(first.id, &lease(&w, 1), spam(), tokens(3 * 990, 0))
         .await
         .expect("complete");
     let before = s.spend(&app("acme"), Some(&scope("s"))).await.unwrap();
@@ -212,7 +212,7 @@ pub async fn a_mostly_cached_embed_task_is_charged_for_its_uncached_items(b: &dy
         .map(|i| entry(&format!("item-{i}"), 0.5))
         .collect();
     assert_eq!(put(&*s, second.id, &new).await, 10);
-    s.complete_task(second.id, &w, spam(), tokens(3 * 10, 0))
+    s.complete_task(second.id, &lease(&w, 1), spam(), tokens(3 * 10, 0))
         .await
         .expect("complete");
     let after = s.spend(&app("acme"), Some(&scope("s"))).await.unwrap();
@@ -286,7 +286,7 @@ pub async fn grouped_embed_tasks_settle_each_its_own_share(b: &dyn Backend) {
         };
         assert!(s.end_attempt(*id, 1, &end).await.expect("end_attempt"));
         let t = s
-            .complete_task(*id, &w, spam(), tokens(n, 0))
+            .complete_task(*id, &lease(&w, 1), spam(), tokens(n, 0))
             .await
             .expect("complete");
         assert!(t.applied);

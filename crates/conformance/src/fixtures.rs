@@ -8,9 +8,10 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{
-    AdmissionRejection, AppId, Budget, DEFAULT_MAX_REQUEST_BYTES, EffectKey, ModelId, ModelRef,
-    NewRun, NewTask, Owner, Run, RunId, ScopeId, SourceId, SourceRevision, StepKey, Subject,
-    SubjectKind, Task, TaskId, TaskKind, TaskScope, Timestamp, Usage, ValidatedRequest, WorkerId,
+    AdmissionRejection, AppId, Budget, DEFAULT_MAX_REQUEST_BYTES, EffectKey, Lease, ModelId,
+    ModelRef, NewRun, NewTask, Owner, Run, RunId, ScopeId, SourceId, SourceRevision, StepKey,
+    Subject, SubjectKind, Task, TaskId, TaskKind, TaskScope, Timestamp, Usage, ValidatedRequest,
+    WorkerId,
 };
 use tollgate_store::{Created, Store, StoreError, SweepConfig, SweepReport, Transition};
 
@@ -336,6 +337,11 @@ pub async fn create_run(s: &dyn Store, new: NewRun) -> Run {
         .unwrap_or_else(|e| panic!("create_run failed: {e:?}"))
 }
 
+/// The lease of `w`'s claim number `claim` of a task (1: the task's first claim).
+pub fn lease(w: &WorkerId, claim: u32) -> Lease {
+    Lease::new(w.clone(), claim)
+}
+
 /// `claim_task` that must succeed.
 pub async fn claim(s: &dyn Store, id: TaskId, w: &WorkerId) -> Task {
     try_claim(s, id, w)
@@ -352,7 +358,7 @@ pub async fn try_claim(s: &dyn Store, id: TaskId, w: &WorkerId) -> Option<Task> 
 
 /// `complete_task`, panicking on error.
 pub async fn complete(s: &dyn Store, id: TaskId, w: &WorkerId, output: Value) -> Transition {
-    s.complete_task(id, w, output, usage())
+    s.complete_task(id, &lease(w, 1), output, usage())
         .await
         .unwrap_or_else(|e| panic!("complete_task({id}) failed: {e:?}"))
 }

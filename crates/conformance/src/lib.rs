@@ -30,6 +30,7 @@ pub mod dispatch;
 pub mod embeddings;
 pub mod fixtures;
 pub mod isolation;
+pub mod lease;
 pub mod lifecycle;
 pub mod list;
 pub mod owner;
@@ -127,6 +128,13 @@ macro_rules! conformance_suite {
             tries::a_later_attempt_refused_by_the_budget_settles_the_spent_attempts,
             tries::a_worker_that_lost_its_lease_cannot_fail_the_task,
             tries::a_stale_claim_of_the_same_worker_completes_nothing,
+            lease::a_stale_lease_keeps_nothing_alive,
+            lease::a_stale_lease_fails_nothing,
+            lease::a_stale_lease_completes_nothing,
+            lease::a_stale_lease_reserves_nothing,
+            lease::a_stale_lease_begins_and_redirects_no_attempt,
+            lease::a_stale_lease_hands_nothing_back,
+            lease::racing_stale_and_current_executions_end_each_task_by_the_current_one,
             route_race::racing_attempts_with_fallbacks_and_crashes_never_exceed_a_spend_limit,
             unsourced::unsourced_tasks_count_against_the_app_spend_limit,
             unsourced::unsourced_tasks_count_against_the_scope_limits,

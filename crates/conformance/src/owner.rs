@@ -467,14 +467,14 @@ pub async fn deleted_in_flight_task_sees_cancellation_and_cannot_complete(b: &dy
         cancel_requested(&*s, t.id).await,
         "the worker sees cancellation"
     );
-    let report = s.heartbeat(&w, &[t.id]).await.expect("heartbeat");
+    let report = s.heartbeat(&w, &[(t.id, 1)]).await.expect("heartbeat");
     assert_eq!(
         (report.alive, report.stop),
-        (vec![], vec![t.id]),
+        (vec![], vec![(t.id, 1)]),
         "the worker is told to stop"
     );
     let tr = s
-        .complete_task(t.id, &w, spam(), usage())
+        .complete_task(t.id, &lease(&w, 1), spam(), usage())
         .await
         .expect("complete_task");
     assert!(

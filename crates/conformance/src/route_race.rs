@@ -98,6 +98,8 @@ async fn work(s: &dyn Store, w: &WorkerId, claimed: &Task, rng: &mut Rng, seen: 
     let mut index = rng.below(3) as usize;
     // The claim opened its attempt; the first turn moves it to the chosen deployment.
     let mut first = Some(claimed.attempt);
+    // Every write names the claim's lease: one the task was requeued from is refused.
+    let held = claimed.lease().expect("a claimed task has a lease");
     let end_task = |applied: bool| {
         if applied {
             *seen.lock().unwrap().ended.entry(id).or_default() += 1;
@@ -108,16 +110,25 @@ async fn work(s: &dyn Store, w: &WorkerId, claimed: &Task, rng: &mut Rng, seen: 
         let deployment_prices = prices(factor);
         let n = match first.take() {
             Some(n) => s
-                .redirect_attempt(id, w, n, name)
+                .redirect_attempt(id, &held, n, name)
                 .await
                 .expect("redirect_attempt")
                 .then_some(n),
-            None => s.begin_attempt(id, w, name).await.expect("begin_attempt"),
+            None => s
+                .begin_attempt(id, &held, name)
+                .await
+                .expect("begin_attempt"),
         };
         let Some(n) = n else {
             // Not ours any more (requeued, claimed by another), or out of tries.
             let t = s
-                .fail_task(id, Some(w), ErrorCode::ProviderError, "no tries left", None)
+                .fail_task(
+                    id,
+                    Some(&held),
+                    ErrorCode::ProviderError,
+                    "no tries left",
+                    None,
+                )
                 .await
                 .expect("fail");
             if !t.applied {
@@ -133,7 +144,7 @@ async fn work(s: &dyn Store, w: &WorkerId, claimed: &Task, rng: &mut Rng, seen: 
                 continue; // the admission reserved the first call, at the dearest price
             }
             let bound = attempt_reservation(INPUT, OUTPUT, Some(deployment_prices));
-            match s.reserve_attempt(id, w, &bound).await {
+            match s.reserve_attempt(id, &held, &bound).await {
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     seen.lock().unwrap().lost_leases += 1;
@@ -150,7 +161,13 @@ async fn work(s: &dyn Store, w: &WorkerId, claimed: &Task, rng: &mut Rng, seen: 
                     };
                     s.end_attempt(id, n, &refused).await.expect("end_attempt");
                     let t = s
-                        .fail_task(id, Some(w), ErrorCode::SpendBudget, "does not fit", None)
+                        .fail_task(
+                            id,
+                            Some(&held),
+                            ErrorCode::SpendBudget,
+                            "does not fit",
+                            None,
+                        )
                         .await
                         .expect("fail");
                     end_task(t.applied);
@@ -159,7 +176,10 @@ async fn work(s: &dyn Store, w: &WorkerId, claimed: &Task, rng: &mut Rng, seen: 
                 Err(e) => panic!("only the budget may refuse an attempt's reservation: {e:?}"),
             }
         }
-        let heartbeat = s.heartbeat(w, &[id]).await.expect("heartbeat");
+        let heartbeat = s
+            .heartbeat(w, &[(id, held.claim)])
+            .await
+            .expect("heartbeat");
         if heartbeat.alive.is_empty() {
             seen.lock().unwrap().lost_leases += 1;
             return;
@@ -179,7 +199,7 @@ async fn work(s: &dyn Store, w: &WorkerId, claimed: &Task, rng: &mut Rng, seen: 
                     return;
                 }
                 let t = s
-                    .complete_task(id, w, spam(), usage)
+                    .complete_task(id, &held, spam(), usage)
                     .await
                     .expect("complete");
                 if t.applied {
@@ -206,7 +226,7 @@ async fn work(s: &dyn Store, w: &WorkerId, claimed: &Task, rng: &mut Rng, seen: 
                 }
                 if n >= max_attempts {
                     let t = s
-                        .fail_task(id, Some(w), ErrorCode::ProviderError, "HTTP 503", None)
+                        .fail_task(id, Some(&held), ErrorCode::ProviderError, "HTTP 503", None)
                         .await
                         .expect("fail");
                     end_task(t.applied);

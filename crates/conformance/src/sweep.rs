@@ -31,7 +31,7 @@ pub async fn sweep_fails_tasks_queued_too_long_with_queue_timeout(b: &dyn Backen
     claim(&*s, young.id, &worker("w")).await;
     for _ in 0..16 {
         b.clock().advance(secs(20));
-        s.heartbeat(&worker("w"), &[young.id])
+        s.heartbeat(&worker("w"), &[(young.id, 1)])
             .await
             .expect("heartbeat");
     }
@@ -73,8 +73,8 @@ pub async fn heartbeat_keeps_a_running_task_alive(b: &dyn Backend) {
     claim(&*s, t.id, &w).await;
     for _ in 0..6 {
         b.clock().advance(secs(20));
-        let report = s.heartbeat(&w, &[t.id]).await.expect("heartbeat");
-        assert_eq!(report.alive, vec![t.id]);
+        let report = s.heartbeat(&w, &[(t.id, 1)]).await.expect("heartbeat");
+        assert_eq!(report.alive, vec![(t.id, 1)]);
         assert!(report.stop.is_empty());
         b.clock().advance(secs(20));
         let swept = sweep_all(&*s, &sweep_config()).await;
@@ -359,7 +359,9 @@ pub async fn no_waiting_run_has_a_terminal_task(b: &dyn Backend) {
     cancel(&*s, &acme, pairs[5].1).await;
     b.clock().advance(secs(40));
     for i in [6, 7] {
-        s.heartbeat(&w, &[pairs[i].1]).await.expect("heartbeat");
+        s.heartbeat(&w, &[(pairs[i].1, 1)])
+            .await
+            .expect("heartbeat");
     }
     let swept = sweep_all(&*s, &sweep_config()).await; // 8, 9 interrupted
     assert_eq!(swept.interrupted, 2);

@@ -42,9 +42,9 @@ async fn spend(s: &dyn Store, scope_name: &str) -> SpendWindow {
 async fn begin(
     s: &dyn Store,
     id: tollgate_core::TaskId,
-    w: &tollgate_core::WorkerId,
+    held: &tollgate_core::Lease,
 ) -> Option<u32> {
-    s.begin_attempt(id, w, DEPLOYMENT)
+    s.begin_attempt(id, held, DEPLOYMENT)
         .await
         .expect("begin_attempt")
 }
@@ -65,7 +65,7 @@ pub async fn attempts_are_recorded_and_settled_as_their_sum(b: &dyn Backend) {
     )
     .await;
     assert_eq!(
-        begin(&*s, t.id, &w).await,
+        begin(&*s, t.id, &lease(&w, 1)).await,
         None,
         "a queued task begins no attempt"
     );
@@ -81,24 +81,24 @@ pub async fn attempts_are_recorded_and_settled_as_their_sum(b: &dyn Backend) {
         "the claim opens its attempt on the first deployment of the task's model"
     );
     assert!(
-        !s.redirect_attempt(t.id, &worker("other"), 1, DEPLOYMENT)
+        !s.redirect_attempt(t.id, &lease(&worker("other"), 1), 1, DEPLOYMENT)
             .await
             .expect("redirect"),
         "only its worker moves it"
     );
     assert!(
-        s.redirect_attempt(t.id, &w, 1, DEPLOYMENT)
+        s.redirect_attempt(t.id, &lease(&w, 1), 1, DEPLOYMENT)
             .await
             .expect("redirect"),
         "its worker moves it to the deployment the route chose"
     );
     assert_eq!(
-        begin(&*s, t.id, &worker("other")).await,
+        begin(&*s, t.id, &lease(&worker("other"), 1)).await,
         None,
         "only its worker begins one"
     );
     assert_eq!(
-        begin(&*s, t.id, &w).await,
+        begin(&*s, t.id, &lease(&w, 1)).await,
         None,
         "one attempt open at a time"
     );
@@ -109,14 +109,14 @@ pub async fn attempts_are_recorded_and_settled_as_their_sum(b: &dyn Backend) {
         !s.end_attempt(t.id, 1, &first).await.expect("end"),
         "ended once"
     );
-    assert_eq!(begin(&*s, t.id, &w).await, Some(2));
-    s.reserve_attempt(t.id, &w, &reserve(100, 50))
+    assert_eq!(begin(&*s, t.id, &lease(&w, 1)).await, Some(2));
+    s.reserve_attempt(t.id, &lease(&w, 1), &reserve(100, 50))
         .await
         .expect("reserve")
         .expect("the later attempt fits");
     let second = ended(AttemptOutcome::Succeeded, Some(tokens(10, 5)));
     assert!(s.end_attempt(t.id, 2, &second).await.expect("end"));
-    s.complete_task(t.id, &w, spam(), tokens(10, 5))
+    s.complete_task(t.id, &lease(&w, 1), spam(), tokens(10, 5))
         .await
         .expect("complete");
 
@@ -162,7 +162,7 @@ pub async fn attempts_are_recorded_and_settled_as_their_sum(b: &dyn Backend) {
         "another app sees no attempts"
     );
     assert_eq!(
-        begin(&*s, t.id, &w).await,
+        begin(&*s, t.id, &lease(&w, 1)).await,
         None,
         "a finished task begins none"
     );
@@ -211,16 +211,16 @@ pub async fn a_lost_lease_with_tries_left_requeues_the_task(b: &dyn Backend) {
     assert_eq!(claimed.iter().map(|t| t.id).collect::<Vec<_>>(), vec![t.id]);
     assert_eq!(claimed[0].attempt, 2, "claimed a second time");
     assert_eq!(
-        begin(&*s, t.id, &w1).await,
+        begin(&*s, t.id, &lease(&w1, 1)).await,
         None,
         "the first worker lost it"
     );
     assert_eq!(
-        begin(&*s, t.id, &w2).await,
+        begin(&*s, t.id, &lease(&w2, 2)).await,
         None,
         "the second claim opened attempt 2"
     );
-    s.reserve_attempt(t.id, &w2, &reserve(100, 50))
+    s.reserve_attempt(t.id, &lease(&w2, 2), &reserve(100, 50))
         .await
         .expect("reserve")
         .expect("fits");
@@ -244,11 +244,12 @@ pub async fn a_lost_lease_with_tries_left_requeues_the_task(b: &dyn Backend) {
         .expect("end")
     );
     assert_refused(
-        s.complete_task(t.id, &w1, spam(), tokens(10, 5)).await,
+        s.complete_task(t.id, &lease(&w1, 1), spam(), tokens(10, 5))
+            .await,
         "the first worker's completion",
     );
     let done = s
-        .complete_task(t.id, &w2, spam(), tokens(10, 5))
+        .complete_task(t.id, &lease(&w2, 2), spam(), tokens(10, 5))
         .await
         .expect("complete");
     assert!(done.applied);
@@ -291,9 +292,9 @@ pub async fn one_attempt_fails_a_lost_lease_as_before(b: &dyn Backend) {
             .await
             .expect("end")
     );
-    assert_eq!(begin(&*s, twice.id, &w).await, Some(2));
+    assert_eq!(begin(&*s, twice.id, &lease(&w, 1)).await, Some(2));
     assert_eq!(
-        s.begin_attempt(twice.id, &w, DEPLOYMENT)
+        s.begin_attempt(twice.id, &lease(&w, 1), DEPLOYMENT)
             .await
             .expect("begin"),
         None
@@ -344,11 +345,14 @@ pub async fn a_later_attempt_refused_by_the_budget_settles_the_spent_attempts(b:
     assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
     claim(&*s, t.id, &w2).await;
     assert_eq!(
-        begin(&*s, t.id, &w2).await,
+        begin(&*s, t.id, &lease(&w2, 2)).await,
         None,
         "the second claim opened attempt 2"
     );
-    match s.reserve_attempt(t.id, &w2, &reserve(100, 50)).await {
+    match s
+        .reserve_attempt(t.id, &lease(&w2, 2), &reserve(100, 50))
+        .await
+    {
         Err(StoreError::Cost(c)) => assert_eq!(c.code(), ErrorCode::SpendBudget, "{c}"),
         other => panic!("the later attempt must not fit, got {other:?}"),
     }
@@ -410,30 +414,36 @@ pub async fn a_worker_that_lost_its_lease_cannot_fail_the_task(b: &dyn Backend) 
         ),
     )
     .await;
-    let late = |w: &tollgate_core::WorkerId| {
-        let w = w.clone();
+    let late = |held: tollgate_core::Lease| {
         let s = s.clone();
         async move {
-            s.fail_task(t.id, Some(&w), ErrorCode::ProviderError, "late", None)
+            s.fail_task(t.id, Some(&held), ErrorCode::ProviderError, "late", None)
                 .await
         }
     };
-    assert_refused(late(&w1).await, "a queued task failed by a worker");
+    assert_refused(
+        late(lease(&w1, 1)).await,
+        "a queued task failed by a worker",
+    );
     claim(&*s, t.id, &w1).await;
     assert_refused(
-        late(&w2).await,
+        late(lease(&w2, 1)).await,
         "a failure by a worker that does not hold it",
     );
     b.clock().advance(secs(31));
     assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
     assert_refused(
-        late(&w1).await,
+        late(lease(&w1, 1)).await,
         "the failure of a worker whose task was requeued",
     );
     claim(&*s, t.id, &w2).await;
     assert_refused(
-        late(&w1).await,
+        late(lease(&w1, 1)).await,
         "the failure of a worker whose task another claimed",
+    );
+    assert_refused(
+        late(lease(&w2, 1)).await,
+        "the failure of the new worker under a claim it never made",
     );
     let got = get(&*s, &app("acme"), t.id).await;
     assert_eq!(
@@ -442,7 +452,7 @@ pub async fn a_worker_that_lost_its_lease_cannot_fail_the_task(b: &dyn Backend) 
         "the refused failures changed nothing"
     );
     assert_eq!(spend(&*s, "s").await.settled_nano, 0, "nothing settled yet");
-    let failed = late(&w2).await.expect("fail");
+    let failed = late(lease(&w2, 2)).await.expect("fail");
     assert!(failed.applied, "its worker fails it");
     assert_eq!(
         get(&*s, &app("acme"), t.id).await.error.map(|e| e.code),
@@ -480,7 +490,7 @@ pub async fn a_stale_claim_of_the_same_worker_completes_nothing(b: &dyn Backend)
     assert_eq!((stale.attempt, current.attempt), (1, 2));
     let completion = |copy: &std::sync::Arc<tollgate_core::Task>| tollgate_store::Completion {
         id: t.id,
-        worker: w.clone(),
+        lease: copy.lease().expect("a claimed copy"),
         output: spam(),
         usage: tokens(10, 5),
         claimed: Some(copy.clone()),

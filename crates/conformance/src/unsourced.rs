@@ -111,7 +111,7 @@ pub async fn unsourced_tasks_count_against_the_app_spend_limit(b: &dyn Backend) 
     assert!(matches!(r, CostRejection::AppSpend { .. }), "{r:?}");
     // Settled at what it cost (40 + 10 tokens: 60,000 n$), the first makes room.
     claim(&*s, a.id, &w).await;
-    s.complete_task(a.id, &w, spam(), tokens(40, 10))
+    s.complete_task(a.id, &lease(&w, 1), spam(), tokens(40, 10))
         .await
         .expect("complete");
     let scope_w = window(&*s, "acme", Some("s00")).await;
@@ -196,7 +196,7 @@ pub async fn unsourced_tasks_count_against_the_scope_limits(b: &dyn Backend) {
     assert_eq!(r, CostRejection::OutputBoundRequired);
     // Settlement gives unused tokens back: 150 reserved, 20 used.
     claim(&*s, a.id, &w).await;
-    s.complete_task(a.id, &w, spam(), tokens(10, 10))
+    s.complete_task(a.id, &lease(&w, 1), spam(), tokens(10, 10))
         .await
         .expect("complete");
     let bucket = window(&*s, "acme", Some("s"))
@@ -285,7 +285,7 @@ pub async fn unsourced_tasks_settle_on_every_ending(b: &dyn Backend) {
     let plain = create_new(&*s, new_app_task("acme", "p", "p")).await;
     assert_eq!(plain.reservation, None);
     claim(&*s, plain.id, &w).await;
-    s.complete_task(plain.id, &w, spam(), tokens(40, 10))
+    s.complete_task(plain.id, &lease(&w, 1), spam(), tokens(40, 10))
         .await
         .expect("complete");
     let spent = window(&*s, "acme", Some("p")).await;

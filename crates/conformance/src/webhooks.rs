@@ -121,7 +121,8 @@ pub async fn terminal_moves_write_one_event_each(b: &dyn Backend) {
         "fail after success",
     );
     assert_refused(
-        s.complete_task(failed.id, &w, spam(), usage()).await,
+        s.complete_task(failed.id, &lease(&w, 1), spam(), usage())
+            .await,
         "complete after failure",
     );
     cancel(&*s, &acme, canceled.id).await;

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_conformance::START;
 use tollgate_core::{
-    AdmissionRejection, AppId, Budget, EffectKey, ErrorCode, ManualClock, ModelId, ModelRef,
+    AdmissionRejection, AppId, Budget, EffectKey, ErrorCode, Lease, ManualClock, ModelId, ModelRef,
     NewRun, NewTask, Owner, QueueShare, RunId, RunState, ScopeId, SourceId, SourceRevision,
     StepKey, Subject, SubjectKind, Task, TaskId, TaskKind, TaskScope, TaskStatus, Usage,
     ValidatedRequest, Weight, WorkerId, allocate_claims, join_credit, stride, validate_output,
@@ -1844,18 +1844,20 @@ impl Harness {
                 if n_tasks == 0 {
                     return Ok(Outcome::Skipped);
                 }
-                let ids: Vec<TaskId> = heartbeat_ids(tasks, n_tasks)
+                // Each task under the claim the model last saw it claimed by (its tasks
+                // have one try: claim 1).
+                let held: Vec<(TaskId, u32)> = heartbeat_ids(tasks, n_tasks)
                     .into_iter()
-                    .map(|i| self.task_ids[i])
+                    .map(|i| (self.task_ids[i], self.model.tasks[i].attempt.max(1)))
                     .collect();
                 let report = self
                     .store()
-                    .heartbeat(&worker_id(usize::from(*worker)), &ids)
+                    .heartbeat(&worker_id(usize::from(*worker)), &held)
                     .await
                     .map_err(|e| fatal("heartbeat", e))?;
                 Outcome::Heartbeat {
-                    alive: report.alive.iter().map(|id| self.tref(*id)).collect(),
-                    stop: report.stop.iter().map(|id| self.tref(*id)).collect(),
+                    alive: report.alive.iter().map(|(id, _)| self.tref(*id)).collect(),
+                    stop: report.stop.iter().map(|(id, _)| self.tref(*id)).collect(),
                 }
             }
             Op::Complete {
@@ -1871,7 +1873,7 @@ impl Harness {
                     .store()
                     .complete_task(
                         self.task_ids[i],
-                        &worker_id(w),
+                        &Lease::new(worker_id(w), self.model.tasks[i].attempt.max(1)),
                         valid_output(*output),
                         completion_usage(),
                     )
@@ -1912,7 +1914,10 @@ impl Harness {
                     .store()
                     .reserve_attempt(
                         self.task_ids[i],
-                        &worker_id(usize::from(*worker)),
+                        &Lease::new(
+                            worker_id(usize::from(*worker)),
+                            self.model.tasks[i].attempt.max(1),
+                        ),
                         &reservation_of(*reserve),
                     )
                     .await;

@@ -68,7 +68,7 @@ struct Attempt {
 async fn racing_replicas_never_exceed_a_limit() {
     use std::collections::{BTreeMap, BTreeSet};
     use tollgate_conformance::fixtures::{
-        budget, new_scoped_task, recompute, spam, usage, with_input, worker,
+        budget, lease, new_scoped_task, recompute, spam, usage, with_input, worker,
     };
     use tollgate_core::Clock;
     use tollgate_core::admission::TOKEN_UNITS;
@@ -214,7 +214,7 @@ async fn racing_replicas_never_exceed_a_limit() {
             let s = &stores[i % stores.len()];
             match rng.below(10) {
                 0..=5 => {
-                    s.complete_task(id, &w, spam(), usage())
+                    s.complete_task(id, &lease(&w, 1), spam(), usage())
                         .await
                         .expect("complete");
                 }
@@ -428,7 +428,7 @@ async fn racing_replicas_never_exceed_a_limit() {
 async fn racing_replicas_never_exceed_a_cost_limit() {
     use std::collections::BTreeMap;
     use std::num::{NonZeroU32, NonZeroU64};
-    use tollgate_conformance::fixtures::{new_scoped_task, spam, with_input, worker};
+    use tollgate_conformance::fixtures::{lease, new_scoped_task, spam, with_input, worker};
     use tollgate_core::admission::TOKEN_UNITS;
     use tollgate_core::cost::{
         CostLimits, TokenBound, TokenRate, attempt_reservation, refund_units, reservation,
@@ -577,7 +577,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
                 for t in mine {
                     out.push(store.create_task(t).await);
                     if let Some((id, attempt)) = my_asks.next() {
-                        match store.reserve_attempt(id, &w, &attempt).await {
+                        match store.reserve_attempt(id, &lease(&w, 1), &attempt).await {
                             Ok(Some(_)) => granted.push((id, attempt)),
                             Ok(None) => panic!("a running task's re-ask: {id}"),
                             Err(StoreError::Cost(_)) => refused += 1,
@@ -586,7 +586,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
                     }
                 }
                 for (id, attempt) in my_asks {
-                    match store.reserve_attempt(id, &w, &attempt).await {
+                    match store.reserve_attempt(id, &lease(&w, 1), &attempt).await {
                         Ok(Some(_)) => granted.push((id, attempt)),
                         Ok(None) => panic!("a running task's re-ask: {id}"),
                         Err(StoreError::Cost(_)) => refused += 1,
@@ -663,7 +663,7 @@ async fn racing_replicas_never_exceed_a_cost_limit() {
             };
             match rng.below(10) {
                 0..=5 => {
-                    s.complete_task(id, &w, spam(), used)
+                    s.complete_task(id, &lease(&w, 1), spam(), used)
                         .await
                         .expect("complete");
                 }

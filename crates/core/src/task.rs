@@ -12,9 +12,11 @@ use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+mod lease;
 mod run;
 mod usage;
 
+pub use lease::Lease;
 pub use run::{Dependency, NewRun, Run, RunState};
 pub use usage::{MAX_REPORTED_TOKENS, Usage};
 

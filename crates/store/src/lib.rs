@@ -76,8 +76,8 @@ pub use webhooks::WebhookStore;
 use async_trait::async_trait;
 use std::time::Duration;
 use tollgate_core::{
-    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Reservation, Run, RunId, ScopeId,
-    SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
+    AppId, EffectKey, ErrorCode, Lease, NewRun, NewTask, PipelineName, Reservation, Run, RunId,
+    ScopeId, SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
 };
 
 /// Result of store calls.
@@ -202,6 +202,12 @@ pub trait TaskStore: Send + Sync {
 /// The worker's side of tasks (docs/conformance.md#heartbeat): claim, heartbeat, complete, fail, acknowledge
 /// cancellation. Methods address tasks by id, since workers serve every app.
 ///
+/// The lease fence: every write a worker makes about a task it executes names its
+/// [`Lease`] (the worker and the claim it got the task by, [`Task::lease`]) and
+/// applies only while the task runs under that worker *and* that claim. A stale
+/// execution — its task went back to the queue and was claimed again since, by another
+/// worker or by the same one — changes nothing.
+///
 /// Where the next rules go: fair claiming is the order `claim_next` picks in (written
 /// once as a shared ordering rule, each backend's `dispatch.rs` turning it into its
 /// SQL); settling a cost reservation is part of the terminal-move plan in the shared
@@ -220,19 +226,27 @@ pub trait WorkerStore: Send + Sync {
     /// (`tollgate_core::dispatch`). An empty answer does not prove the queue is empty.
     async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>>;
 
-    /// docs/conformance.md#heartbeat heartbeat for many running tasks in one write. Reports which tasks the
-    /// worker should stop (canceled, cancellation requested, expired, deleted, or not
-    /// held by this worker).
-    async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport>;
+    /// docs/conformance.md#heartbeat heartbeat for many running tasks of `worker` in one
+    /// write, each named with the claim the worker holds it by (`(id, claim)`: the
+    /// worker's [`Lease`] on it). Reports which of them the worker should stop
+    /// (canceled, cancellation requested, expired, deleted, or not held by this worker
+    /// under that claim: a stale execution of a task claimed again is reported to stop
+    /// while the current one is kept alive).
+    async fn heartbeat(
+        &self,
+        worker: &WorkerId,
+        held: &[(TaskId, u32)],
+    ) -> StoreResult<HeartbeatReport>;
 
-    /// docs/conformance.md#lifecycle complete: `running → succeeded` with output and usage, only if not canceled
-    /// and the output satisfies the kind's contract. A late completion is refused and
-    /// changes nothing. The task's open attempt ends `succeeded` with it, charged
-    /// `usage` at the prices the task reserved at (a [`Completion`] can say more).
+    /// docs/conformance.md#lifecycle complete: `running → succeeded` with output and usage, only if not canceled,
+    /// held under `lease`, and the output satisfies the kind's contract. A late
+    /// completion is refused and changes nothing. The task's open attempt ends
+    /// `succeeded` with it, charged `usage` at the prices the task reserved at (a
+    /// [`Completion`] can say more).
     async fn complete_task(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         output: serde_json::Value,
         usage: Usage,
     ) -> StoreResult<Transition>;
@@ -253,32 +267,33 @@ pub trait WorkerStore: Send + Sync {
     /// characters; clears the admission logical key. `usage` is what the task's attempts
     /// used (docs/conformance.md#money-and-tokens: tokens spent on a failed task are real money and are recorded
     /// and settled); `None` when unknown (a running task is then charged its whole
-    /// reservation). With `worker` (a worker failing the task it executes) only while
-    /// the task is running under that worker, as for `complete_task`: a worker whose
-    /// lease was lost (its task went back to the queue, or to another worker) is refused
-    /// and changes nothing. Without it, a queued or running task fails whoever holds it.
+    /// reservation). With `lease` (a worker failing the task it executes) only while
+    /// the task is running under that lease, as for `complete_task`: a worker whose
+    /// lease was lost (its task went back to the queue, or to another worker, or to a
+    /// later claim of its own) is refused and changes nothing. Without it, a queued or
+    /// running task fails whoever holds it.
     async fn fail_task(
         &self,
         id: TaskId,
-        worker: Option<&WorkerId>,
+        lease: Option<&Lease>,
         code: ErrorCode,
         message: &str,
         usage: Option<&Usage>,
     ) -> StoreResult<Transition>;
 
     /// docs/budgets.md, "The reservation": reserves one more attempt (a re-ask) of a
-    /// running task held by `worker`, before the worker makes it. `attempt` is that
+    /// running task held under `lease`, before the worker makes it. `attempt` is that
     /// attempt's tokens and nano-dollars (its input counted as sent); it is checked with
     /// the same exactness as admission — under the scope's lock, against the scope's
     /// spend, the scope's token bucket and (under the app's lock) the app's spend, with
     /// the limits the task was admitted under — then added to the task's reservation and
     /// to the spend buckets of its admission hour. A refusal ([`StoreError::Cost`])
-    /// changes nothing. `Ok(None)`: the task is not running under `worker` (canceled,
-    /// deleted, finished) or has no reservation; nothing changed.
+    /// changes nothing. `Ok(None)`: the task is not running under `lease` (canceled,
+    /// deleted, finished, requeued, claimed again) or has no reservation; nothing changed.
     async fn reserve_attempt(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         attempt: &Reservation,
     ) -> StoreResult<Option<Reservation>>;
 
@@ -297,29 +312,29 @@ pub trait WorkerStore: Send + Sync {
 /// backends (`shared/attempts.rs`).
 #[async_trait]
 pub trait AttemptStore: Send + Sync {
-    /// Begins the next attempt of a task running under `worker`, on `deployment`, and
+    /// Begins the next attempt of a task running under `lease`, on `deployment`, and
     /// returns its number: a later attempt of the same claim (the claim opened its
     /// first, with the claim's number, `Task::attempt`, on the first deployment of
     /// the task's model, holding the admission's reservation when it is the task's
     /// first). A later attempt holds nothing until the worker reserves it
     /// ([`WorkerStore::reserve_attempt`], which adds every reservation of a running
-    /// task to its open attempt). `None`: the task is not running under `worker`, an
+    /// task to its open attempt). `None`: the task is not running under `lease`, an
     /// attempt is open, or it made `max_attempts` already; nothing changed.
     async fn begin_attempt(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         deployment: &str,
     ) -> StoreResult<Option<u32>>;
 
-    /// The open attempt `n` of a task running under `worker` goes to `deployment`
+    /// The open attempt `n` of a task running under `lease` goes to `deployment`
     /// instead of the one recorded (a claim records the first deployment of the task's
     /// model; a route may choose another). `false`: no such open attempt of a task
-    /// running under `worker`; nothing changed.
+    /// running under `lease`; nothing changed.
     async fn redirect_attempt(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         n: u32,
         deployment: &str,
     ) -> StoreResult<bool>;
@@ -342,11 +357,10 @@ pub trait AttemptStore: Send + Sync {
     /// (docs/routes.md, "Attempts"): in one transaction its open attempt ends
     /// `interrupted`, charged its reservation (`message` its error), the task becomes
     /// queued with no worker, and its scope's dispatch queue active again. Only while
-    /// the task runs under `worker`, its cancellation was not requested and it has tries
+    /// the task runs under `lease`, its cancellation was not requested and it has tries
     /// left (claimed and attempted fewer times than its `max_attempts`); otherwise
     /// `false`, nothing changed (the worker then fails it).
-    async fn requeue_task(&self, id: TaskId, worker: &WorkerId, message: &str)
-    -> StoreResult<bool>;
+    async fn requeue_task(&self, id: TaskId, lease: &Lease, message: &str) -> StoreResult<bool>;
 }
 
 /// One vector of the embeddings item cache, as an `embed` task computed it.

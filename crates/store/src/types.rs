@@ -3,7 +3,7 @@
 use std::time::Duration;
 use tollgate_core::{
     AppId, PipelineName, Run, RunId, ScopeId, SourceId, StepKey, Subject, Task, TaskError, TaskId,
-    Timestamp, Usage, WorkerId,
+    Timestamp, Usage,
 };
 
 /// Largest page any listing returns.
@@ -121,8 +121,10 @@ pub struct Transition {
 pub struct Completion {
     /// The running task.
     pub id: TaskId,
-    /// The worker that holds it.
-    pub worker: WorkerId,
+    /// The lease the worker holds it by: the completion applies only while the task
+    /// runs under it (an execution whose task was requeued and claimed again — by the
+    /// same worker, too — completes nothing).
+    pub lease: tollgate_core::Lease,
     /// The model's output.
     pub output: serde_json::Value,
     /// Tokens used.
@@ -130,10 +132,8 @@ pub struct Completion {
     /// The task as the worker claimed it, when it has it. A task's request, owner and
     /// reservation never change after its creation, so the store checks the output
     /// against this copy instead of reading the row first (the write itself stays
-    /// conditional on the task still running under `worker`). `None`, or a copy of
-    /// another task: the store reads the row. With a copy, the completion applies only
-    /// under the claim the copy was claimed by (its `attempt`): an execution whose task
-    /// was requeued and claimed again — by the same worker, too — completes nothing.
+    /// conditional on the task still running under `lease`). `None`, or a copy of
+    /// another task: the store reads the row.
     pub claimed: Option<std::sync::Arc<Task>>,
     /// The attempt that produced the output (docs/routes.md, "Attempts"): it ends
     /// `succeeded` with the completion, in its transaction. `None`: it used `usage` at the
@@ -154,11 +154,12 @@ pub struct AttemptUsage {
 /// Answer of `heartbeat`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct HeartbeatReport {
-    /// Tasks still running under this worker; their liveness was extended.
-    pub alive: Vec<TaskId>,
-    /// Tasks the worker must stop: canceled, cancellation requested, expired, deleted
-    /// or not held by this worker.
-    pub stop: Vec<TaskId>,
+    /// Tasks still running under this worker by the claim named, as `(id, claim)`; their
+    /// liveness was extended.
+    pub alive: Vec<(TaskId, u32)>,
+    /// Tasks the worker must stop, as `(id, claim)`: canceled, cancellation requested,
+    /// expired, deleted or not held by this worker under that claim.
+    pub stop: Vec<(TaskId, u32)>,
 }
 
 /// A (scope, source) pair with unreleased application tasks.

@@ -27,8 +27,8 @@ use futures::future::BoxFuture;
 use std::time::Duration;
 use tollgate_core::webhook::{RetrySchedule, WebhookEvent};
 use tollgate_core::{
-    AppId, EffectKey, ErrorCode, NewRun, NewTask, PipelineName, Reservation, Run, RunId, ScopeId,
-    SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
+    AppId, EffectKey, ErrorCode, Lease, NewRun, NewTask, PipelineName, Reservation, Run, RunId,
+    ScopeId, SourceId, Task, TaskId, Timestamp, Usage, WorkerId,
 };
 
 /// One store call as a wrapper sees it.
@@ -169,19 +169,19 @@ impl<W: ForwardStore> AttemptStore for W {
     async fn begin_attempt(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         deployment: &str,
     ) -> StoreResult<Option<u32>> {
-        forward!(self, write, begin_attempt(id, worker, deployment))
+        forward!(self, write, begin_attempt(id, lease, deployment))
     }
     async fn redirect_attempt(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         n: u32,
         deployment: &str,
     ) -> StoreResult<bool> {
-        forward!(self, write, redirect_attempt(id, worker, n, deployment))
+        forward!(self, write, redirect_attempt(id, lease, n, deployment))
     }
     async fn end_attempt(&self, id: TaskId, n: u32, end: &AttemptEnd) -> StoreResult<bool> {
         forward!(self, write, end_attempt(id, n, end))
@@ -193,13 +193,8 @@ impl<W: ForwardStore> AttemptStore for W {
     ) -> StoreResult<Vec<tollgate_core::Attempt>> {
         forward!(self, read, task_attempts(app, id))
     }
-    async fn requeue_task(
-        &self,
-        id: TaskId,
-        worker: &WorkerId,
-        message: &str,
-    ) -> StoreResult<bool> {
-        forward!(self, write, requeue_task(id, worker, message))
+    async fn requeue_task(&self, id: TaskId, lease: &Lease, message: &str) -> StoreResult<bool> {
+        forward!(self, write, requeue_task(id, lease, message))
     }
 }
 
@@ -211,17 +206,21 @@ impl<W: ForwardWorkerStore> WorkerStore for W {
     async fn claim_next(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<Task>> {
         forward!(self, write, claim_next(worker, limit))
     }
-    async fn heartbeat(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<HeartbeatReport> {
-        forward!(self, write, heartbeat(worker, ids))
+    async fn heartbeat(
+        &self,
+        worker: &WorkerId,
+        held: &[(TaskId, u32)],
+    ) -> StoreResult<HeartbeatReport> {
+        forward!(self, write, heartbeat(worker, held))
     }
     async fn complete_task(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         output: serde_json::Value,
         usage: Usage,
     ) -> StoreResult<Transition> {
-        forward!(self, write, complete_task(id, worker, output, usage))
+        forward!(self, write, complete_task(id, lease, output, usage))
     }
     async fn complete_tasks(
         &self,
@@ -232,20 +231,20 @@ impl<W: ForwardWorkerStore> WorkerStore for W {
     async fn fail_task(
         &self,
         id: TaskId,
-        worker: Option<&WorkerId>,
+        lease: Option<&Lease>,
         code: ErrorCode,
         message: &str,
         usage: Option<&Usage>,
     ) -> StoreResult<Transition> {
-        forward!(self, write, fail_task(id, worker, code, message, usage))
+        forward!(self, write, fail_task(id, lease, code, message, usage))
     }
     async fn reserve_attempt(
         &self,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         attempt: &Reservation,
     ) -> StoreResult<Option<Reservation>> {
-        forward!(self, write, reserve_attempt(id, worker, attempt))
+        forward!(self, write, reserve_attempt(id, lease, attempt))
     }
     async fn mark_canceled(&self, id: TaskId) -> StoreResult<Transition> {
         forward!(self, write, mark_canceled(id))

@@ -408,11 +408,11 @@ async fn hot_queries_never_scan_whole_tables_at_100k_rows() {
     let claimed = store.claim_next(&w, 1).await.unwrap();
     assert_eq!(claimed.len(), 1);
     store.claim_task(b.id, &w).await.unwrap();
-    store.heartbeat(&w, &[a.id, b.id]).await.unwrap();
+    store.heartbeat(&w, &[(a.id, 1), (b.id, 1)]).await.unwrap();
     store
         .complete_task(
             claimed[0].id,
-            &w,
+            &tollgate_core::Lease::new(w.clone(), 1),
             json!({"label": "spam"}),
             Default::default(),
         )

@@ -149,8 +149,9 @@ pub async fn heartbeat_reports_alive_and_stop_in_one_call(b: &dyn Backend) {
     b.clock().advance(secs(10));
     let mut ids = mine.clone();
     ids.extend([canceled.id, foreign.id, queued.id, deleted.id, missing]);
-    let report = s.heartbeat(&w1, &ids).await.expect("heartbeat");
-    let mut alive = report.alive.clone();
+    let held: Vec<(TaskId, u32)> = ids.iter().map(|id| (*id, 1)).collect();
+    let report = s.heartbeat(&w1, &held).await.expect("heartbeat");
+    let mut alive: Vec<TaskId> = report.alive.iter().map(|(id, _)| *id).collect();
     alive.sort();
     let mut expected_alive = mine.clone();
     expected_alive.sort();
@@ -158,7 +159,7 @@ pub async fn heartbeat_reports_alive_and_stop_in_one_call(b: &dyn Backend) {
         alive, expected_alive,
         "the worker's running tasks are alive"
     );
-    let mut stop = report.stop.clone();
+    let mut stop: Vec<TaskId> = report.stop.iter().map(|(id, _)| *id).collect();
     stop.sort();
     let mut expected_stop = vec![canceled.id, foreign.id, queued.id, deleted.id, missing];
     expected_stop.sort();

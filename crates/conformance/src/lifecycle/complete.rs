@@ -61,7 +61,7 @@ pub async fn complete_refuses_canceled_failed_and_expired_tasks(b: &dyn Backend)
         let before = get(&*s, &acme, id).await;
         assert_eq!(before.error.as_ref().map(|e| e.code), Some(code), "{what}");
         assert_refused(
-            s.complete_task(id, &w, spam(), usage()).await,
+            s.complete_task(id, &lease(&w, 1), spam(), usage()).await,
             &format!("completing a {what} task"),
         );
         assert_eq!(
@@ -79,21 +79,26 @@ pub async fn complete_refuses_a_task_not_held_by_the_worker(b: &dyn Backend) {
     let acme = app("acme");
     let queued = create_new(&*s, new_app_task("acme", "s", "queued")).await;
     assert_refused(
-        s.complete_task(queued.id, &worker("w1"), spam(), usage())
+        s.complete_task(queued.id, &lease(&worker("w1"), 1), spam(), usage())
             .await,
         "completing a queued task",
     );
     assert_eq!(get(&*s, &acme, queued.id).await, queued);
     let running = claim(&*s, queued.id, &worker("w1")).await;
     assert_refused(
-        s.complete_task(queued.id, &worker("w2"), spam(), usage())
+        s.complete_task(queued.id, &lease(&worker("w2"), 1), spam(), usage())
             .await,
         "completing another worker's task",
     );
     assert_eq!(get(&*s, &acme, queued.id).await, running);
     assert_refused(
-        s.complete_task(TaskId::generate(), &worker("w1"), spam(), usage())
-            .await,
+        s.complete_task(
+            TaskId::generate(),
+            &lease(&worker("w1"), 1),
+            spam(),
+            usage(),
+        )
+        .await,
         "completing a missing task",
     );
 }
@@ -117,7 +122,7 @@ pub async fn complete_tasks_answers_each_item_like_complete_task(b: &dyn Backend
     // copy as another worker claimed it); a copy of another task is ignored (`d`).
     let item = |id, output, claimed: Option<&Task>| tollgate_store::Completion {
         id,
-        worker: w.clone(),
+        lease: lease(&w, 1),
         output,
         usage: usage(),
         claimed: claimed.map(|t| std::sync::Arc::new(t.clone())),
@@ -207,7 +212,10 @@ pub async fn complete_refuses_invalid_output_and_changes_nothing(b: &dyn Backend
         json!({"text": "spam"}),
         json!("spam"),
     ] {
-        match s.complete_task(t.id, &w, bad.clone(), usage()).await {
+        match s
+            .complete_task(t.id, &lease(&w, 1), bad.clone(), usage())
+            .await
+        {
             Err(StoreError::InvalidOutput(_)) => {}
             other => panic!("output {bad} should be refused with InvalidOutput, got {other:?}"),
         }
@@ -239,7 +247,10 @@ pub async fn complete_refuses_invalid_output_and_changes_nothing(b: &dyn Backend
     .await;
     let running = claim(&*s, t.id, &w).await;
     let missing_id = json!({"results": [{"id": "a", "label": "spam"}]});
-    match s.complete_task(t.id, &w, missing_id, usage()).await {
+    match s
+        .complete_task(t.id, &lease(&w, 1), missing_id, usage())
+        .await
+    {
         Err(StoreError::InvalidOutput(_)) => {}
         other => panic!("a classify_many output missing an id should be refused, got {other:?}"),
     }

@@ -144,7 +144,7 @@ pub async fn terminal_states_are_final(b: &dyn Backend) {
         let _ = s
             .fail_task(id, None, ErrorCode::ProviderError, "late", None)
             .await;
-        let _ = s.complete_task(id, &w, spam(), usage()).await;
+        let _ = s.complete_task(id, &lease(&w, 1), spam(), usage()).await;
         let _ = s.mark_canceled(id).await;
         assert_eq!(
             terminal_facts(&get(&*s, &acme, id).await),

@@ -16,7 +16,8 @@ use tollgate_store::AttemptEnd;
 
 impl WorkerPool {
     /// Begins the task's next attempt on `deployment` and returns its number. A task no
-    /// longer running under this worker (canceled, deleted, finished, requeued) stops
+    /// longer running under this execution's lease (canceled, deleted, finished,
+    /// requeued, claimed again) stops
     /// (`Canceled`, acknowledged as such).
     pub(super) async fn begin_attempt(
         &self,
@@ -24,7 +25,8 @@ impl WorkerPool {
         deployment: &str,
     ) -> Result<u32, Failure> {
         let store = &self.inner.store;
-        match retry_unavailable(|| store.begin_attempt(task.id, &self.worker, deployment)).await {
+        let lease = self.lease(task);
+        match retry_unavailable(|| store.begin_attempt(task.id, &lease, deployment)).await {
             Ok(Some(n)) => Ok(n),
             Ok(None) => Err(Failure::new(
                 ErrorCode::Canceled,
@@ -51,9 +53,8 @@ impl WorkerPool {
         }
         let store = &self.inner.store;
         let n = task.attempt;
-        match retry_unavailable(|| store.redirect_attempt(task.id, &self.worker, n, deployment))
-            .await
-        {
+        let lease = self.lease(task);
+        match retry_unavailable(|| store.redirect_attempt(task.id, &lease, n, deployment)).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(Failure::new(
                 ErrorCode::Canceled,

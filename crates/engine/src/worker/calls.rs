@@ -254,7 +254,8 @@ impl WorkerPool {
         let input = attempt_input_tokens(counter, call);
         let attempt = tollgate_core::cost::attempt_reservation(input, output, prices);
         let store = &self.inner.store;
-        match retry_unavailable(|| store.reserve_attempt(task.id, &self.worker, &attempt)).await {
+        let lease = self.lease(task);
+        match retry_unavailable(|| store.reserve_attempt(task.id, &lease, &attempt)).await {
             Ok(Some(after)) => {
                 *reservation = Some(after);
                 if attempt.nano_usd > 0 {

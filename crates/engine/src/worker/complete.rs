@@ -62,7 +62,7 @@ impl WorkerPool {
         let result = self
             .record_completion(Completion {
                 id: task.id,
-                worker: self.worker.clone(),
+                lease: self.lease(task),
                 output: produced.output,
                 usage: produced.usage,
                 claimed: Some(task.clone()),
@@ -162,14 +162,9 @@ impl WorkerPool {
         let store = &self.inner.store;
         let id = task.id;
         let usage = failure.usage.as_ref();
+        let lease = self.lease(task);
         let result = retry_unavailable(|| {
-            store.fail_task(
-                id,
-                Some(&self.worker),
-                failure.code,
-                &failure.message,
-                usage,
-            )
+            store.fail_task(id, Some(&lease), failure.code, &failure.message, usage)
         })
         .await;
         match result {

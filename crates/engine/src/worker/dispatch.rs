@@ -60,7 +60,7 @@ impl WorkerPool {
             }
             while claimed.len() < free {
                 let Some(id) = pending.pop_front() else { break };
-                if self.held().contains_key(&id) {
+                if self.held().keys().any(|(held, _)| *held == id) {
                     continue;
                 }
                 match self.inner.store.claim_task(id, &self.worker).await {
@@ -124,7 +124,7 @@ impl WorkerPool {
         // is no longer held, so it is no longer heartbeated and the sweeper ends it.
         let _held = HeldUntilDropped {
             pool: self.clone(),
-            id: task.id,
+            key: (task.id, task.attempt),
         };
         let crash = self.control.crash.clone();
         // docs/telemetry.md, "Logs": the worker's lines about the task carry its trace id.

@@ -86,7 +86,8 @@ impl WorkerPool {
         permit: OwnedSemaphorePermit,
     ) {
         let stop = CancellationToken::new();
-        self.held().insert(task.id, stop.clone());
+        let key = (task.id, task.attempt);
+        self.held().insert(key, stop.clone());
         let started = Instant::now();
         let interrupt = self.control.interrupt.clone();
         // The task's reservation as it grows with each re-ask (docs/budgets.md).
@@ -150,7 +151,7 @@ impl WorkerPool {
             .increment(1);
         metrics::histogram!(m::TASK_EXECUTION_SECONDS, "kind" => task.kind.as_str())
             .record(started.elapsed().as_secs_f64());
-        self.held().remove(&task.id);
+        self.held().remove(&key);
         drop(live);
     }
 
@@ -323,7 +324,8 @@ impl WorkerPool {
     ) -> (&'static str, &'static str) {
         const MESSAGE: &str = "the worker shut down before the task finished";
         let store = &self.inner.store;
-        match retry_unavailable(|| store.requeue_task(task.id, &self.worker, MESSAGE)).await {
+        let lease = self.lease(task);
+        match retry_unavailable(|| store.requeue_task(task.id, &lease, MESSAGE)).await {
             Ok(true) => {
                 tracing::info!(task = %task.id, "interrupted by the shutdown: back in the queue for its next attempt");
                 metrics::counter!(m::ATTEMPTS_TOTAL, "outcome" => "interrupted").increment(1);

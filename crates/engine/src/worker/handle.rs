@@ -36,9 +36,13 @@ impl EngineHandle {
         &self.pool.worker
     }
 
-    /// Tasks this pool is executing now.
+    /// Tasks this pool is executing now (each once, even while a stale execution of one
+    /// still runs beside its current one).
     pub fn in_flight(&self) -> Vec<TaskId> {
-        self.pool.held().keys().copied().collect()
+        let mut ids: Vec<TaskId> = self.pool.held().keys().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// Graceful stop: claims nothing more at once, lets executions in flight finish

@@ -22,15 +22,15 @@ impl WorkerPool {
                 _ = crash.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let ids: Vec<TaskId> = self.held().keys().copied().collect();
-            if ids.is_empty() {
+            let held: Vec<(TaskId, u32)> = self.held().keys().copied().collect();
+            if held.is_empty() {
                 continue;
             }
-            match self.inner.store.heartbeat(&self.worker, &ids).await {
+            match self.inner.store.heartbeat(&self.worker, &held).await {
                 Ok(report) => {
                     let held = self.held();
-                    for id in &report.stop {
-                        if let Some(token) = held.get(id) {
+                    for key in &report.stop {
+                        if let Some(token) = held.get(key) {
                             metrics::counter!(m::HEARTBEAT_STOPS_TOTAL).increment(1);
                             token.cancel();
                         }
@@ -63,7 +63,8 @@ impl WorkerPool {
                     }
                 }
                 Ok(Event::TaskFinished { id, .. }) => {
-                    if let Some(token) = self.held().get(&id) {
+                    // Every execution of the task (a stale one too): it ended.
+                    for (_, token) in self.held().iter().filter(|((held, _), _)| *held == id) {
                         token.cancel();
                     }
                 }

@@ -8,6 +8,11 @@
 //!   does not prove the queue is empty (`SKIP LOCKED`), so idle workers poll again every
 //!   `notifications.poll_interval`. The store's claim is conditional, so a task is
 //!   executed by at most one worker at a time, across every replica.
+//! - **Leases.** A claimed task is held under its lease (this worker and the claim's
+//!   number, `Task::attempt`), and every write about it names the lease: a stale
+//!   execution, whose task went back to the queue and was claimed again (by this worker
+//!   too), changes nothing. Held executions are keyed by `(id, claim)`, so a stale
+//!   execution's end never unholds the current one.
 //! - **Heartbeats.** Every `workers.heartbeat_interval` the pool sends ONE heartbeat for
 //!   all the tasks it holds. Tasks the store reports to stop (canceled, expired, deleted,
 //!   not ours) have their execution dropped at once, which drops the in-flight provider
@@ -57,7 +62,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tollgate_core::{TaskId, WorkerId};
+use tollgate_core::{Lease, Task, TaskId, WorkerId};
 
 /// Attempts to record a completion while the database is unavailable.
 /// Most completions recorded in one store call (one transaction on PostgreSQL).
@@ -76,16 +81,20 @@ struct Control {
     crash: CancellationToken,
 }
 
+/// A held execution: the task and the claim this pool holds it by (two executions of
+/// one task — a stale one and the current one, after a requeue — are two entries).
+type HeldKey = (TaskId, u32);
+
 /// Ends a task's holding by this pool when dropped, also by a panic's unwinding: the
 /// heartbeat covers only tasks whose execution is alive.
 struct HeldUntilDropped {
     pool: Arc<WorkerPool>,
-    id: TaskId,
+    key: HeldKey,
 }
 
 impl Drop for HeldUntilDropped {
     fn drop(&mut self) {
-        self.pool.held().remove(&self.id);
+        self.pool.held().remove(&self.key);
         metrics::gauge!(m::TASKS_IN_FLIGHT).decrement(1.0);
         self.pool.slot_freed.notify_one();
     }
@@ -96,7 +105,7 @@ impl Drop for HeldUntilDropped {
 pub(crate) struct WorkerPool {
     inner: Arc<Inner>,
     worker: WorkerId,
-    held: Mutex<HashMap<TaskId, CancellationToken>>,
+    held: Mutex<HashMap<HeldKey, CancellationToken>>,
     slots: Arc<Semaphore>,
     slot_freed: Notify,
     executions: TaskTracker,
@@ -199,8 +208,14 @@ impl WorkerPool {
         })
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, CancellationToken>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<HeldKey, CancellationToken>> {
         // The map stays consistent even if a holder panicked: recover it.
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lease this pool holds `task` by: this worker and the claim that returned the
+    /// copy.
+    fn lease(&self, task: &Task) -> Lease {
+        Lease::new(self.worker.clone(), task.attempt)
     }
 }

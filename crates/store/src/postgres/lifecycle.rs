@@ -5,7 +5,7 @@
 //! the batched completion, one transaction for a batch.
 
 use super::admission::lock_scope;
-use super::{PostgresStore, id_array, now_sql};
+use super::{PostgresStore, now_sql};
 use crate::shared::admission::SpendReads;
 use crate::shared::attempts::{Ending, claim_attempt};
 use crate::shared::cost::decode_reservation;
@@ -105,22 +105,36 @@ impl WorkerStatements for PostgresStore {
         }
     }
 
-    async fn keep_alive(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<Vec<String>> {
+    async fn keep_alive(
+        &self,
+        worker: &WorkerId,
+        held: &[(TaskId, u32)],
+    ) -> StoreResult<Vec<(String, i64)>> {
         // One statement for all of the worker's tasks, its own transaction: one round trip.
-        // Rows are locked in id order (the lock order for several task rows).
-        Ok(sqlx::query_scalar(concat!(
+        // Rows are found by id as an array and locked in id order (the lock order for
+        // several task rows); the claims are only a filter on them, each (id, claim)
+        // pair asked about (`$4`, parallel to `$2`) a lease the task must still run by.
+        let (ids, claims): (Vec<String>, Vec<i64>) = held
+            .iter()
+            .map(|(id, claim)| (id.to_string(), i64::from(*claim)))
+            .unzip();
+        Ok(sqlx::query_as(concat!(
             "WITH picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($2) \
-             AND status = 'running' AND worker = $3 ORDER BY id FOR NO KEY UPDATE) \
+             AND status = 'running' AND worker = $3 AND EXISTS (SELECT 1 FROM \
+             unnest($2::TEXT[], $4::BIGINT[]) AS h(id, claim) \
+             WHERE h.id = tasks.id AND h.claim = tasks.attempt) \
+             ORDER BY id FOR NO KEY UPDATE) \
              UPDATE tasks SET heartbeat_at = ",
             now_sql!(1),
             " FROM picked \
              WHERE tasks.id = picked.id AND tasks.status = 'running' AND NOT ",
             cancel_wanted!(),
-            " RETURNING tasks.id"
+            " RETURNING tasks.id, tasks.attempt"
         ))
         .bind(self.fixed_now())
-        .bind(id_array(ids))
+        .bind(ids)
         .bind(worker.as_str())
+        .bind(claims)
         .fetch_all(&self.pool)
         .await?)
     }
@@ -182,8 +196,8 @@ pub(super) async fn complete_tasks(
     let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
     // Each item's attempt ends with it (`END_ATTEMPT`'s columns, for a batch).
     let (mut attempt_usages, mut charged_nano, mut charged_tokens) = (vec![], vec![], vec![]);
-    // The claim each item completes under: its claimed copy's (`None`: the worker's).
-    let mut claims: Vec<Option<i64>> = vec![];
+    // The claim each item completes under (its lease's).
+    let mut claims: Vec<i64> = vec![];
     let mut seen = HashSet::new();
     let mut any_run = false;
     for (i, item) in items.iter().enumerate() {
@@ -204,13 +218,13 @@ pub(super) async fn complete_tasks(
             Ok(((output, usage), ending)) => {
                 any_run |= task.run_id().is_some();
                 ids.push(item.id.to_string());
-                workers.push(item.worker.as_str().to_string());
+                workers.push(item.lease.worker.as_str().to_string());
                 outputs.push(output);
                 usages.push(usage);
                 attempt_usages.push(ending.usage);
                 charged_nano.push(ending.charged.nano_usd);
                 charged_tokens.push(i64::try_from(ending.charged.tokens).unwrap_or(i64::MAX));
-                claims.push(claimed_copy(item).map(|t| i64::from(t.attempt)));
+                claims.push(i64::from(item.lease.claim));
             }
             Err(e) if e.is_per_item() => answers[i] = Some(Err(e)),
             Err(e) => return Err(e),
@@ -253,7 +267,7 @@ pub(super) async fn complete_tasks(
              usage = item.usage, completed_at = clock.now FROM item, clock \
              WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) AND item.id = tasks.id \
              AND tasks.status = 'running' AND tasks.worker = item.worker \
-             AND (item.claim IS NULL OR tasks.attempt = item.claim) AND NOT ",
+             AND tasks.attempt = item.claim AND NOT ",
             cancel_wanted!(),
             " RETURNING ",
             task_columns_qualified!(),

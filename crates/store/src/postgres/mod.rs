@@ -285,11 +285,6 @@ impl crate::shared::sql::Backend for PostgresStore {
     }
 }
 
-/// Ids as a `TEXT[]` parameter.
-pub(crate) fn id_array<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
-    ids.iter().map(ToString::to_string).collect()
-}
-
 crate::shared::attempts::attempt_store_for!(PostgresStore);
 crate::shared::embeddings::embedding_store_for!(PostgresStore);
 crate::shared::stream_log::stream_log_store_for!(PostgresStore);

@@ -6,7 +6,7 @@
 //! open; the sweep puts a silent task with tries left back in the queue ([`requeue`]).
 //!
 //! At most one attempt of a task is open (`ended_at IS NULL`): one begins only while the
-//! task is running under the worker and none is open, in one transaction that writes the
+//! task is running under the worker's lease (its worker and claim) and none is open, in one transaction that writes the
 //! task row first (the row lock on PostgreSQL; SQLite's writer covers all).
 
 use crate::shared::lifecycle::cancel_wanted;
@@ -14,7 +14,7 @@ use crate::shared::rows::task_id;
 use crate::shared::sql::{Backend, Exec, Statement, TxExec};
 use crate::{AttemptEnd, StoreError, StoreResult};
 use tollgate_core::attempt::{Attempt, AttemptOutcome, Charged, attempt_charge};
-use tollgate_core::{AppId, ErrorCode, TaskError, TaskId, Timestamp, Usage, WorkerId};
+use tollgate_core::{AppId, ErrorCode, Lease, TaskError, TaskId, Timestamp, Usage};
 
 /// The settlement's view of a task's attempts, as columns of a `tasks` select: how many
 /// it made, and the sum of what they are charged (an open one at its reservation).
@@ -247,12 +247,12 @@ impl AttemptRow {
 pub(crate) struct Attempts;
 
 impl Attempts {
-    /// Begins the next attempt of a task running under `worker`; see
+    /// Begins the next attempt of a task running under `lease`; see
     /// [`AttemptStore::begin_attempt`](crate::AttemptStore::begin_attempt).
     pub(crate) async fn begin<B: Backend>(
         store: &B,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         deployment: &str,
     ) -> StoreResult<Option<u32>> {
         let mut tx = store.begin_tx().await?;
@@ -263,7 +263,7 @@ impl Attempts {
             .optional(
                 Statement::new(
                     "UPDATE tasks SET heartbeat_at = $1 \
-                     WHERE id = $2 AND status = 'running' AND worker = $3 \
+                     WHERE id = $2 AND status = 'running' AND worker = $3 AND attempt = $4 \
                      RETURNING max_attempts, \
                      (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id) AS made, \
                      (SELECT COUNT(*) FROM task_attempts a WHERE a.task_id = tasks.id \
@@ -271,7 +271,8 @@ impl Attempts {
                 )
                 .bind(now.0)
                 .bind(&id)
-                .bind(worker.as_str()),
+                .bind(lease.worker.as_str())
+                .bind(i64::from(lease.claim)),
             )
             .await?;
         let Some(row) = row.filter(|r| r.open == 0 && r.made < r.max_attempts) else {
@@ -348,7 +349,7 @@ impl Attempts {
     pub(crate) async fn redirect<B: Backend>(
         store: &B,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         n: u32,
         deployment: &str,
     ) -> StoreResult<bool> {
@@ -359,12 +360,13 @@ impl Attempts {
                     "UPDATE task_attempts SET deployment = $1 \
                      WHERE task_id = $2 AND n = $3 AND ended_at IS NULL AND EXISTS \
                      (SELECT 1 FROM tasks WHERE tasks.id = $2 AND tasks.status = 'running' \
-                      AND tasks.worker = $4)",
+                      AND tasks.worker = $4 AND tasks.attempt = $5)",
                 )
                 .bind(deployment)
                 .bind(id.to_string())
                 .bind(i64::from(n))
-                .bind(worker.as_str()),
+                .bind(lease.worker.as_str())
+                .bind(i64::from(lease.claim)),
             )
             .await?;
         tx.commit_tx().await?;
@@ -376,7 +378,7 @@ impl Attempts {
     pub(crate) async fn hand_back<B: Backend>(
         store: &B,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         message: &str,
     ) -> StoreResult<bool> {
         let mut tx = store.begin_tx().await?;
@@ -385,7 +387,8 @@ impl Attempts {
             .optional(
                 Statement::new(HAND_BACK)
                     .bind(id.to_string())
-                    .bind(worker.as_str()),
+                    .bind(lease.worker.as_str())
+                    .bind(i64::from(lease.claim)),
             )
             .await?;
         let Some(row) = moved else {
@@ -510,13 +513,13 @@ async fn back_in_queue<E: Exec + ?Sized>(
     Ok(requeued)
 }
 
-/// A worker hands back a task it holds (docs/routes.md, "Attempts"): running under it,
-/// cancellation not requested, claimed and attempted fewer times than its `max_attempts`
-/// (`$1` task, `$2` worker). The row lock of the update orders it with the sweep and
+/// A worker hands back a task it holds (docs/routes.md, "Attempts"): running under its
+/// lease, cancellation not requested, claimed and attempted fewer times than its
+/// `max_attempts` (`$1` task, `$2` worker, `$3` claim). The row lock of the update orders it with the sweep and
 /// with the task's other writes.
 const HAND_BACK: &str = concat!(
     "UPDATE tasks SET status = 'queued', worker = NULL, heartbeat_at = NULL \
-     WHERE id = $1 AND status = 'running' AND worker = $2 AND ",
+     WHERE id = $1 AND status = 'running' AND worker = $2 AND attempt = $3 AND ",
     tries_left!(),
     " AND NOT ",
     cancel_wanted!(),
@@ -532,20 +535,20 @@ macro_rules! attempt_store_for {
             async fn begin_attempt(
                 &self,
                 id: tollgate_core::TaskId,
-                worker: &tollgate_core::WorkerId,
+                lease: &tollgate_core::Lease,
                 deployment: &str,
             ) -> $crate::StoreResult<Option<u32>> {
-                $crate::shared::attempts::Attempts::begin(self, id, worker, deployment).await
+                $crate::shared::attempts::Attempts::begin(self, id, lease, deployment).await
             }
 
             async fn redirect_attempt(
                 &self,
                 id: tollgate_core::TaskId,
-                worker: &tollgate_core::WorkerId,
+                lease: &tollgate_core::Lease,
                 n: u32,
                 deployment: &str,
             ) -> $crate::StoreResult<bool> {
-                $crate::shared::attempts::Attempts::redirect(self, id, worker, n, deployment).await
+                $crate::shared::attempts::Attempts::redirect(self, id, lease, n, deployment).await
             }
 
             async fn end_attempt(
@@ -568,10 +571,10 @@ macro_rules! attempt_store_for {
             async fn requeue_task(
                 &self,
                 id: tollgate_core::TaskId,
-                worker: &tollgate_core::WorkerId,
+                lease: &tollgate_core::Lease,
                 message: &str,
             ) -> $crate::StoreResult<bool> {
-                $crate::shared::attempts::Attempts::hand_back(self, id, worker, message).await
+                $crate::shared::attempts::Attempts::hand_back(self, id, lease, message).await
             }
         }
     };

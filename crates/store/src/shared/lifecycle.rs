@@ -21,7 +21,9 @@ use async_trait::async_trait;
 use tollgate_core::TaskError;
 use tollgate_core::attempt::{AttemptOutcome, Charged};
 use tollgate_core::cost::window_first_bucket;
-use tollgate_core::{ErrorCode, Reservation, Task, TaskId, Usage, WorkerId, truncate_message};
+use tollgate_core::{
+    ErrorCode, Lease, Reservation, Task, TaskId, Usage, WorkerId, truncate_message,
+};
 
 /// SQL condition: the task's run (if any) is not canceled (`tasks` unaliased).
 macro_rules! run_not_canceled {
@@ -71,28 +73,16 @@ macro_rules! returning_finished {
 }
 pub(crate) use returning_finished;
 
-/// docs/conformance.md#lifecycle complete: `running → succeeded` for the worker holding
-/// it, unless cancellation was requested (`$1` output, `$2` usage, `$3` now, `$4` task,
-/// `$5` worker), and under `$condition`.
-macro_rules! complete_where {
-    ($condition:expr) => {
-        concat!(
-            "UPDATE tasks SET status = 'succeeded', output = $1, usage = $2, completed_at = $3 \
-             WHERE id = $4 AND status = 'running' AND worker = $5 AND NOT ",
-            cancel_wanted!(),
-            $condition,
-            returning_finished!()
-        )
-    };
-}
-
-/// Complete for the worker holding the task (see [`complete_where!`]).
-const COMPLETE: &str = complete_where!("");
-
-/// Complete under the claim the worker's copy was claimed by (`$6`, the copy's
-/// `attempt`): a claim the task was requeued from since (and claimed again, by the same
-/// worker, too) completes nothing (see [`complete_where!`]).
-const COMPLETE_CLAIMED: &str = complete_where!(" AND attempt = $6");
+/// docs/conformance.md#lifecycle complete: `running → succeeded` under the worker's
+/// lease (`$5` worker, `$6` claim: a claim the task was requeued from since, and claimed
+/// again — by the same worker, too — completes nothing), unless cancellation was
+/// requested (`$1` output, `$2` usage, `$3` now, `$4` task).
+const COMPLETE: &str = concat!(
+    "UPDATE tasks SET status = 'succeeded', output = $1, usage = $2, completed_at = $3 \
+     WHERE id = $4 AND status = 'running' AND worker = $5 AND attempt = $6 AND NOT ",
+    cancel_wanted!(),
+    returning_finished!()
+);
 
 /// docs/conformance.md#lifecycle fail: `queued/running → failed` (`$1` code, `$2` message,
 /// `$3` now, `$4` task, `$5` usage, kept when `NULL`).
@@ -110,9 +100,10 @@ macro_rules! fail_where {
 /// Fail whoever holds the task (see [`fail_where!`]).
 const FAIL: &str = fail_where!(status_in_flight!());
 
-/// A worker fails the task it executes: only while it runs under that worker (`$6`), as
-/// [`COMPLETE`] requires (see [`fail_where!`]).
-const FAIL_HELD: &str = fail_where!("status IS NOT DISTINCT FROM 'running' AND worker = $6");
+/// A worker fails the task it executes: only while it runs under the worker's lease
+/// (`$6` worker, `$7` claim), as [`COMPLETE`] requires (see [`fail_where!`]).
+const FAIL_HELD: &str =
+    fail_where!("status IS NOT DISTINCT FROM 'running' AND worker = $6 AND attempt = $7");
 
 /// A worker acknowledges cancellation: `queued/running → canceled` when cancellation was
 /// requested for the task or its run (`$1` code, `$2` message, `$3` now, `$4` task).
@@ -130,9 +121,10 @@ const CANCEL_STATE: &str = "SELECT t.status, t.cancel_requested, \
      r.cancel_requested AS run_cancel_requested, r.state AS run_state \
      FROM tasks t LEFT JOIN runs r ON r.id = t.run_id WHERE t.id = $1";
 
-/// docs/budgets.md, "The reservation": the running task held by the worker, with its
-/// scope's token bucket and spend window (`$1` task, `$2` worker, `$3` the window's
-/// first bucket); the backend's row lock ([`WorkerStatements::ATTEMPT_ROW_LOCK`]) follows.
+/// docs/budgets.md, "The reservation": the running task held under the worker's lease,
+/// with its scope's token bucket and spend window (`$1` task, `$2` worker, `$3` the
+/// window's first bucket, `$4` claim); the backend's row lock
+/// ([`WorkerStatements::ATTEMPT_ROW_LOCK`]) follows.
 const ATTEMPT_ROW: &str = concat!(
     "SELECT tasks.id, tasks.app, tasks.scope, tasks.created_at, tasks.reservation, \
      s.token_units, s.token_at, \
@@ -141,7 +133,7 @@ const ATTEMPT_ROW: &str = concat!(
       AND b.bucket >= $3) AS scope_window_nano \
      FROM tasks LEFT JOIN scope_state s ON s.app = tasks.app AND s.scope = tasks.scope \
      WHERE tasks.id = $1 AND tasks.status IS NOT DISTINCT FROM 'running' \
-     AND tasks.worker = $2 AND tasks.reservation IS NOT NULL AND NOT ",
+     AND tasks.worker = $2 AND tasks.attempt = $4 AND tasks.reservation IS NOT NULL AND NOT ",
     cancel_wanted!()
 );
 
@@ -157,9 +149,14 @@ pub(crate) trait WorkerStatements: Backend {
     async fn claim_one(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<TaskRow>>;
     /// Claims up to `limit` (1 to [`MAX_PAGE`]) queued tasks in the store's claim order.
     async fn claim_rows(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<TaskRow>>;
-    /// docs/conformance.md#heartbeat: records a heartbeat for each of `ids` (at least one)
-    /// that is running under `worker` with no cancellation requested; returns those ids.
-    async fn keep_alive(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<Vec<String>>;
+    /// docs/conformance.md#heartbeat: records a heartbeat for each `(id, claim)` of
+    /// `held` (at least one) whose task is running under `worker` by that claim with no
+    /// cancellation requested; returns those as `(id, claim)`.
+    async fn keep_alive(
+        &self,
+        worker: &WorkerId,
+        held: &[(TaskId, u32)],
+    ) -> StoreResult<Vec<(String, i64)>>;
     /// The locks a reservation of one more attempt takes before reading its task
     /// (docs/locking.md; PostgreSQL: the scope's advisory lock, then the app's spend lock
     /// when the app has a limit). `false`: the task has no reservation (or is gone),
@@ -201,13 +198,13 @@ impl Worker {
     pub(crate) async fn heartbeat<B: WorkerStatements>(
         store: &B,
         worker: &WorkerId,
-        ids: &[TaskId],
+        held: &[(TaskId, u32)],
     ) -> StoreResult<HeartbeatReport> {
-        if ids.is_empty() {
+        if held.is_empty() {
             return Ok(HeartbeatReport::default());
         }
-        let alive = store.keep_alive(worker, ids).await?;
-        heartbeat_report(ids, &alive)
+        let alive = store.keep_alive(worker, held).await?;
+        heartbeat_report(held, &alive)
     }
 
     /// One completion in its own transaction: the task succeeds and its open attempt
@@ -239,20 +236,13 @@ impl Worker {
         if current.run_id().is_some() {
             tx.lock_run_of(id).await?;
         }
-        let statement = Statement::new(if claimed.is_some() {
-            COMPLETE_CLAIMED
-        } else {
-            COMPLETE
-        })
-        .bind(output)
-        .bind(usage)
-        .bind(now.0)
-        .bind(id.to_string())
-        .bind(item.worker.as_str());
-        let statement = match claimed {
-            Some(task) => statement.bind(i64::from(task.attempt)),
-            None => statement,
-        };
+        let statement = Statement::new(COMPLETE)
+            .bind(output)
+            .bind(usage)
+            .bind(now.0)
+            .bind(id.to_string())
+            .bind(item.lease.worker.as_str())
+            .bind(i64::from(item.lease.claim));
         let done: Option<FinishedRow> = tx.optional(statement).await?;
         if done.is_some() {
             tx.run(ending.bind(Statement::new(END_ATTEMPT), now, &id.to_string()))
@@ -280,7 +270,7 @@ impl Worker {
     pub(crate) async fn fail_task<B: WorkerStatements>(
         store: &B,
         id: TaskId,
-        worker: Option<&WorkerId>,
+        lease: Option<&Lease>,
         code: ErrorCode,
         message: &str,
         usage: Option<&Usage>,
@@ -290,14 +280,14 @@ impl Worker {
         let mut tx = store.begin_tx().await?;
         let now = store.now_in(&mut tx).await?;
         tx.lock_run_of(id).await?;
-        let statement = Statement::new(if worker.is_some() { FAIL_HELD } else { FAIL })
+        let statement = Statement::new(if lease.is_some() { FAIL_HELD } else { FAIL })
             .bind(code.as_str())
             .bind(truncate_message(message))
             .bind(now.0)
             .bind(id.to_string())
             .bind(usage);
-        let statement = match worker {
-            Some(w) => statement.bind(w.as_str()),
+        let statement = match lease {
+            Some(l) => statement.bind(l.worker.as_str()).bind(i64::from(l.claim)),
             None => statement,
         };
         let done: Option<FinishedRow> = tx.optional(statement).await?;
@@ -330,7 +320,7 @@ impl Worker {
     pub(crate) async fn reserve_attempt<B: WorkerStatements>(
         store: &B,
         id: TaskId,
-        worker: &WorkerId,
+        lease: &Lease,
         attempt: &Reservation,
     ) -> StoreResult<Option<Reservation>> {
         let mut tx = store.begin_tx().await?;
@@ -345,8 +335,9 @@ impl Worker {
             .optional(
                 Statement::new(format!("{ATTEMPT_ROW}{}", B::ATTEMPT_ROW_LOCK))
                     .bind(id.to_string())
-                    .bind(worker.as_str())
-                    .bind(window_first_bucket(now)),
+                    .bind(lease.worker.as_str())
+                    .bind(window_first_bucket(now))
+                    .bind(i64::from(lease.claim)),
             )
             .await?;
         let Some(row) = row else {
@@ -423,21 +414,21 @@ macro_rules! worker_store_for {
             async fn heartbeat(
                 &self,
                 worker: &tollgate_core::WorkerId,
-                ids: &[tollgate_core::TaskId],
+                held: &[(tollgate_core::TaskId, u32)],
             ) -> $crate::StoreResult<$crate::HeartbeatReport> {
-                $crate::shared::lifecycle::Worker::heartbeat(self, worker, ids).await
+                $crate::shared::lifecycle::Worker::heartbeat(self, worker, held).await
             }
 
             async fn complete_task(
                 &self,
                 id: tollgate_core::TaskId,
-                worker: &tollgate_core::WorkerId,
+                lease: &tollgate_core::Lease,
                 output: serde_json::Value,
                 usage: tollgate_core::Usage,
             ) -> $crate::StoreResult<$crate::Transition> {
                 let item = $crate::Completion {
                     id,
-                    worker: worker.clone(),
+                    lease: lease.clone(),
                     output,
                     usage,
                     claimed: None,
@@ -457,22 +448,22 @@ macro_rules! worker_store_for {
             async fn fail_task(
                 &self,
                 id: tollgate_core::TaskId,
-                worker: Option<&tollgate_core::WorkerId>,
+                lease: Option<&tollgate_core::Lease>,
                 code: tollgate_core::ErrorCode,
                 message: &str,
                 usage: Option<&tollgate_core::Usage>,
             ) -> $crate::StoreResult<$crate::Transition> {
-                $crate::shared::lifecycle::Worker::fail_task(self, id, worker, code, message, usage)
+                $crate::shared::lifecycle::Worker::fail_task(self, id, lease, code, message, usage)
                     .await
             }
 
             async fn reserve_attempt(
                 &self,
                 id: tollgate_core::TaskId,
-                worker: &tollgate_core::WorkerId,
+                lease: &tollgate_core::Lease,
                 attempt: &tollgate_core::Reservation,
             ) -> $crate::StoreResult<Option<tollgate_core::Reservation>> {
-                $crate::shared::lifecycle::Worker::reserve_attempt(self, id, worker, attempt)
+                $crate::shared::lifecycle::Worker::reserve_attempt(self, id, lease, attempt)
                     .await
             }
 

@@ -500,20 +500,23 @@ pub(crate) fn encode_usage(usage: &Usage) -> Result<String, StoreError> {
         .map_err(|e| StoreError::Database(format!("cannot encode usage: {e}")))
 }
 
-/// docs/conformance.md#heartbeat heartbeat's answer: of the ids asked about, those the statement kept alive
-/// (`RETURNING id`) and the rest, which the worker must stop.
+/// docs/conformance.md#heartbeat heartbeat's answer: of the `(id, claim)` pairs asked
+/// about, those the statement kept alive (`RETURNING id, attempt`) and the rest, which
+/// the worker must stop.
 pub(crate) fn heartbeat_report(
-    ids: &[TaskId],
-    alive: &[String],
+    held: &[(TaskId, u32)],
+    alive: &[(String, i64)],
 ) -> Result<HeartbeatReport, StoreError> {
-    let alive: std::collections::HashSet<TaskId> =
-        alive.iter().map(|s| task_id(s)).collect::<Result<_, _>>()?;
+    let alive: std::collections::HashSet<(TaskId, i64)> = alive
+        .iter()
+        .map(|(id, claim)| Ok((task_id(id)?, *claim)))
+        .collect::<Result<_, StoreError>>()?;
     let mut report = HeartbeatReport::default();
-    for id in ids {
-        if alive.contains(id) {
-            report.alive.push(*id);
+    for &(id, claim) in held {
+        if alive.contains(&(id, i64::from(claim))) {
+            report.alive.push((id, claim));
         } else {
-            report.stop.push(*id);
+            report.stop.push((id, claim));
         }
     }
     Ok(report)

@@ -74,19 +74,35 @@ impl WorkerStatements for SqliteStore {
         Ok(rows)
     }
 
-    async fn keep_alive(&self, worker: &WorkerId, ids: &[TaskId]) -> StoreResult<Vec<String>> {
+    async fn keep_alive(
+        &self,
+        worker: &WorkerId,
+        held: &[(TaskId, u32)],
+    ) -> StoreResult<Vec<(String, i64)>> {
         let mut tx = self.begin().await?;
         let now = self.now();
-        // One write for all of the worker's tasks.
-        let alive = sqlx::query_scalar(concat!(
-            "UPDATE tasks SET heartbeat_at = ? \
-             WHERE id IN (SELECT value FROM json_each(?)) AND status = 'running' AND worker = ? \
-             AND NOT ",
+        // One write for all of the worker's tasks: found by id (the primary key), each
+        // kept only under a claim asked about with it (`?3`, a JSON list of `[id, claim]`
+        // pairs, read once into a list: not a subquery per row, which grows with the
+        // square of the ids).
+        let ids: Vec<TaskId> = held.iter().map(|(id, _)| *id).collect();
+        let pairs = serde_json::Value::Array(
+            held.iter()
+                .map(|(id, claim)| serde_json::json!([id.to_string(), claim]))
+                .collect(),
+        )
+        .to_string();
+        let alive = sqlx::query_as(concat!(
+            "UPDATE tasks SET heartbeat_at = ?1 \
+             WHERE id IN (SELECT value FROM json_each(?2)) AND status = 'running' AND worker = ?4 \
+             AND (id, attempt) IN (SELECT json_extract(value, '$[0]'), \
+             json_extract(value, '$[1]') FROM json_each(?3)) AND NOT ",
             cancel_wanted!(),
-            " RETURNING id"
+            " RETURNING id, attempt"
         ))
         .bind(now.0)
-        .bind(id_list(ids))
+        .bind(id_list(&ids))
+        .bind(pairs)
         .bind(worker.as_str())
         .fetch_all(&mut *tx)
         .await?;
