@@ -5,7 +5,7 @@
 
 use crate::Backend;
 use crate::fixtures::*;
-use tollgate_core::{MaxAttempts, TaskId};
+use tollgate_core::{Lease, MaxAttempts, TaskId};
 use tollgate_store::{STREAM_LOG_GRACE, Store, StreamChunk, StreamPosition, SweepConfig};
 
 fn chunk(task: TaskId, claim: u32, seq: u32, text: &str, answered: bool) -> StreamChunk {
@@ -102,7 +102,9 @@ pub async fn stream_chunks_are_written_by_the_running_claim_and_read_in_order(b:
     // Handed back to the queue and claimed again: the new claim writes, the old one no
     // longer can; a reader from the old claim's position reads on into the new one.
     assert!(
-        s.requeue_task(task.id, &w, "shutting down").await.unwrap(),
+        s.requeue_task(task.id, &Lease::new(w.clone(), c1), "shutting down")
+            .await
+            .unwrap(),
         "requeued"
     );
     assert_eq!(
