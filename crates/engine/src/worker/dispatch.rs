@@ -28,8 +28,6 @@ impl WorkerPool {
         let crash = self.control.crash.clone();
         let mut pending: VecDeque<TaskId> = VecDeque::new();
         let fair = self.inner.config.dispatch.fairness;
-        // Whether the idle wait is cut short by one more look (see HINT_RECHECK).
-        let mut recheck = false;
         loop {
             if stop.is_cancelled() || crash.is_cancelled() {
                 return;
@@ -101,7 +99,8 @@ impl WorkerPool {
             // A hinted task neither claimed nor held was skipped, not absent: look again
             // soon rather than after the poll interval (once: a task another replica
             // claimed would otherwise be looked for again and again).
-            recheck = !failed
+            // Then the idle wait below is cut short by one more look (HINT_RECHECK).
+            let recheck = !failed
                 && !hinted.is_empty()
                 && claimed.len() < free
                 && hinted.iter().any(|id| {
