@@ -163,6 +163,7 @@ pub fn new_app_task(app_name: &str, scope_name: &str, effect_key: &str) -> NewTa
         scope: None,
         trace_parent: None,
         max_attempts: tollgate_core::MaxAttempts::ONE,
+        released: false,
     }
 }
 

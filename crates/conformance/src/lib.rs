@@ -178,6 +178,7 @@ macro_rules! conformance_suite {
             runs::application_tasks_wake_nobody,
             runs::run_cancel_cascades_to_queued_and_running_tasks,
             owner::release_matches_only_application_tasks_of_the_scope,
+            owner::a_task_created_released_is_released_by_its_creation,
             owner::unreleased_sources_page_with_a_keyset_cursor,
             owner::unreleased_sources_last_full_page_has_no_next,
             owner::delete_owner_data_deletes_only_that_scope_and_source,

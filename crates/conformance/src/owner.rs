@@ -53,6 +53,69 @@ pub async fn release_matches_only_application_tasks_of_the_scope(b: &dyn Backend
     );
 }
 
+/// docs/conformance.md#application-tasks: a task created `released` (the OpenAI door's)
+/// is released by the write that creates it (`released_at` = `created_at`) on every
+/// creation path — alone unscoped, alone admitted under a reservation, in a batch — and a
+/// replay of its key changes nothing; a task created without it stays unreleased.
+pub async fn a_task_created_released_is_released_by_its_creation(b: &dyn Backend) {
+    let s = b.open().await;
+    let acme = app("acme");
+    let released = |mut t: NewTask| {
+        t.released = true;
+        t
+    };
+    let alone = create_new(&*s, released(new_app_task("acme", "s", "alone"))).await;
+    let reserved = super::unsourced::unsourced_task(
+        "acme",
+        "s",
+        "reserved",
+        unlimited(),
+        tollgate_core::Reservation {
+            nano_usd: 1_000,
+            tokens: 10,
+            ..Default::default()
+        },
+    );
+    let reserved = create_new(&*s, released(reserved)).await;
+    let batch = s
+        .create_tasks(vec![
+            released(with_input(new_app_task("acme", "s", "batch-1"), "one")),
+            with_input(new_app_task("acme", "s", "batch-2"), "two"),
+        ])
+        .await
+        .expect("create_tasks");
+    let batch: Vec<_> = batch
+        .into_iter()
+        .map(|c| c.expect("created").task)
+        .collect();
+    for t in [&alone, &reserved, &batch[0]] {
+        assert_eq!(t.released_at, Some(t.created_at), "{}", t.effect_key);
+        let stored = get(&*s, &acme, t.id).await;
+        assert_eq!(stored.released_at, Some(t.created_at), "{}", t.effect_key);
+    }
+    assert_eq!(batch[1].released_at, None, "created without `released`");
+    assert_eq!(get(&*s, &acme, batch[1].id).await.released_at, None);
+
+    b.clock().advance(secs(7));
+    let replay = s
+        .create_task(released(new_app_task("acme", "s", "alone")))
+        .await
+        .expect("replay");
+    assert!(!replay.created);
+    assert_eq!(replay.task.id, alone.id);
+    assert_eq!(replay.task.released_at, Some(alone.created_at));
+    // Released already: a later release keeps the first time.
+    assert!(
+        s.release(&acme, &scope("s"), &key("alone"))
+            .await
+            .expect("release")
+    );
+    assert_eq!(
+        get(&*s, &acme, alone.id).await.released_at,
+        Some(alone.created_at)
+    );
+}
+
 /// docs/conformance.md#application-tasks list unreleased sources: the distinct (scope, source) pairs that still have
 /// unreleased application tasks, ordered by (scope, source), in pages of at most 100 with
 /// a keyset cursor; optionally for one step key or one scope. Released, unscoped, run-owned

@@ -1756,6 +1756,7 @@ impl Harness {
             }),
             trace_parent: None,
             max_attempts: tollgate_core::MaxAttempts::ONE,
+            released: false,
         }
     }
 

@@ -300,6 +300,11 @@ pub struct NewTask {
     pub trace_parent: Option<crate::trace::TraceParent>,
     /// How many attempts it may make (docs/routes.md, "Attempts"); `ONE`: at most once.
     pub max_attempts: crate::attempt::MaxAttempts,
+    /// Released in the creating write (`released_at` = `created_at`): a task the engine
+    /// answers itself and nothing replays but a retried call (the OpenAI-compatible
+    /// door's), so it needs no separate release (docs/conformance.md#application-tasks).
+    /// A replay of its key changes nothing.
+    pub released: bool,
 }
 
 /// docs/conformance.md#create-cache: the cache key, a hash of source, revision, request, model config hash

@@ -120,7 +120,8 @@ impl CallerView {
 
     /// [`CallerView::submit`] of a call through the OpenAI-compatible door: its key is
     /// the door's (`openai-<Idempotency-Key>`, [`EngineKeySpace::OpenAiDoor`]), a
-    /// namespace [`CallerView::submit`] refuses (docs/openai.md, "Headers").
+    /// namespace [`CallerView::submit`] refuses (docs/openai.md, "Headers"). A task it
+    /// creates is released in the same write (see [`NewTask::released`](tollgate_core::NewTask::released)).
     pub async fn submit_door_call(
         &self,
         mut submission: Submission,
@@ -206,18 +207,21 @@ impl CallerView {
         self.tollgate.events(&self.app, id).await
     }
 
-    /// [`TaskWaiter::events`] of a task this caller just submitted or read (`known`): the
-    /// waiter's slot (taken before submitting) is the reader's. `None`: not visible to
-    /// this caller, or deleted meanwhile.
+    /// [`TaskWaiter::events_of`] a task this caller just submitted or read (`known`): no
+    /// read to start from; the waiter's slot (taken before submitting) is the reader's.
+    /// `None`: not visible to this caller.
     pub async fn events_known(
         &self,
         waiter: TaskWaiter,
         known: &Task,
     ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
-        if self.visible_task(Some(known.clone())).is_none() {
+        let Some(known) = self.visible_task(Some(known.clone())) else {
+            return Ok(None);
+        };
+        if known.app != self.app {
             return Ok(None);
         }
-        waiter.events(&self.app, known.id).await
+        waiter.events_of(known).await
     }
 
     /// [`Tollgate::waiter`]: make it before submitting or reading the task to wait on.

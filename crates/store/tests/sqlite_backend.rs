@@ -95,6 +95,7 @@ async fn sweep_repairs_a_lost_wake() {
             scope: None,
             trace_parent: None,
             max_attempts: tollgate_core::MaxAttempts::ONE,
+            released: false,
         })
         .await
         .unwrap()

@@ -56,6 +56,11 @@ impl Tollgate {
             match check_key_space(&submission, space).and_then(|()| self.prepare(submission)) {
                 Ok(mut prepared) => {
                     prepared.trace_parent = span.trace_parent();
+                    // docs/openai.md: the door answers its task itself and nothing replays
+                    // it but a retried call, so it is released in the creating write (no
+                    // second write on the call's path, none holding the row while a
+                    // worker claims it).
+                    prepared.released = space == Some(EngineKeySpace::OpenAiDoor);
                     let scoped = prepared.scope.is_some();
                     let admission = traces.child(&span, "admission");
                     let created = self.inner.store.create_task(prepared).await;
@@ -147,6 +152,7 @@ impl Tollgate {
                     .get(s.app.as_str())
                     .and_then(|a| a.max_attempts),
             ),
+            released: false,
         })
     }
 

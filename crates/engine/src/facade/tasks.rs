@@ -59,7 +59,7 @@ impl Tollgate {
         app: &AppId,
         id: TaskId,
     ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
-        crate::stream::TaskEvents::open(self.inner.clone(), app, id, None).await
+        crate::stream::TaskEvents::open(self.inner.clone(), app, id, None, None).await
     }
 
     /// A [`TaskWaiter`] that hears every task end from now on: make it before submitting or
@@ -161,7 +161,19 @@ impl TaskWaiter {
         id: TaskId,
     ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
         let inner = self.tollgate.inner.clone();
-        crate::stream::TaskEvents::open(inner, app, id, self.slot.take()).await
+        crate::stream::TaskEvents::open(inner, app, id, None, self.slot.take()).await
+    }
+
+    /// [`events`](Self::events) of `known`, the task as submitted or read after this
+    /// waiter was made: no read to start from (the shared watch still looks at the
+    /// task once at once, so an end before the watch began is not missed).
+    pub async fn events_of(
+        mut self,
+        known: Task,
+    ) -> Result<Option<crate::stream::TaskEvents>, EngineError> {
+        let inner = self.tollgate.inner.clone();
+        let (app, id) = (known.app.clone(), known.id);
+        crate::stream::TaskEvents::open(inner, &app, id, Some(known), self.slot.take()).await
     }
 
     /// [`Tollgate::wait`], starting from `known` when given: the task as read (or submitted)

@@ -118,17 +118,23 @@ enum Woken {
 }
 
 impl TaskEvents {
-    /// Starts reading `(app, id)`. `None`: no such task.
+    /// Starts reading `(app, id)`, from `known` when given (the task as submitted or
+    /// read by the caller: no read here). `None`: no such task.
     pub(crate) async fn open(
         inner: Arc<Inner>,
         app: &AppId,
         id: TaskId,
+        known: Option<Task>,
         slot: Option<WaitSlot>,
     ) -> Result<Option<TaskEvents>, EngineError> {
         // Listening first, so a stream that opens after the read is not missed.
         let opened = inner.streams.opened();
-        let Some(task) = inner.store.get_task(app, id).await? else {
-            return Ok(None);
+        let task = match known.filter(|t| t.id == id && t.app == *app) {
+            Some(task) => task,
+            None => match inner.store.get_task(app, id).await? {
+                Some(task) => task,
+                None => return Ok(None),
+            },
         };
         let running = task.status == TaskStatus::Running;
         let mut events = TaskEvents {

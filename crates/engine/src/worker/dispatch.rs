@@ -4,14 +4,20 @@
 
 use super::{HeldUntilDropped, MAX_COMPLETION_BATCH, WorkerPool};
 use crate::metrics as m;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tollgate_core::{Task, TaskId};
 use tollgate_store::MAX_PAGE;
 
 /// Hints waiting for the dispatcher; when full, new ones are dropped (polling covers).
 pub(super) const HINT_CAPACITY: usize = 4096;
+
+/// How soon a claim that missed a hinted task looks again (once): the task is committed
+/// (hints are sent after the commit), so a claim that skipped it met a row lock held for
+/// a moment by another statement (`SKIP LOCKED` on PostgreSQL), not an empty queue.
+const HINT_RECHECK: Duration = Duration::from_millis(5);
 
 impl WorkerPool {
     /// Claims tasks while there are free slots; waits for hints, freed slots or the poll
@@ -50,6 +56,9 @@ impl WorkerPool {
             }
             let mut claimed: Vec<(Task, &'static str)> = Vec::new();
             let mut failed = false;
+            // The tasks this round was woken for: each should be claimed by it (or held
+            // already), unless another replica took it first.
+            let hinted: HashSet<TaskId> = pending.iter().copied().collect();
             if pending.len() > 1 || fair {
                 // Several hints at once (a batch submit, start-up recovery): one batched
                 // `claim_next` below (in dispatch order, any queued task) serves them with
@@ -87,6 +96,19 @@ impl WorkerPool {
                     }
                 }
             }
+            // A hinted task neither claimed nor held was skipped, not absent: look again
+            // soon rather than after the poll interval (once: a task another replica
+            // claimed would otherwise be looked for again and again).
+            // Then the idle wait below is cut short by one more look (HINT_RECHECK).
+            let recheck = !failed
+                && !hinted.is_empty()
+                && claimed.len() < free
+                && hinted.iter().any(|id| {
+                    !claimed.iter().any(|(t, _)| t.id == *id) && !self.held().contains_key(id)
+                });
+            if recheck {
+                tracing::debug!("a hinted task was not claimable: looking again soon");
+            }
             for (task, via) in claimed {
                 metrics::counter!(m::CLAIMS_TOTAL, "via" => via).increment(1);
                 record_claim(&task);
@@ -105,14 +127,15 @@ impl WorkerPool {
                 tokio::task::yield_now().await;
                 continue;
             }
+            let wait = if recheck { HINT_RECHECK } else { poll };
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = crash.cancelled() => return,
                 hint = hints.recv() => match hint {
                     Some(id) => pending.push_back(id),
-                    None => tokio::time::sleep(poll).await,
+                    None => tokio::time::sleep(wait).await,
                 },
-                _ = tokio::time::sleep(poll) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
     }

@@ -325,9 +325,13 @@ async fn submit_door_task(
     // A door call waits for its task: its waiter slot is taken before submitting.
     let waiter = view.waiter_with_slot()?;
     let submitted = view.submit_door_call(sub).await?;
-    // Nothing replays a door task after it is answered but a retried call, so it is
-    // released now: deleted `sweeper.retention` after it finishes, replayable until then.
-    view.release(&scope, &submitted.task.effect_key).await?;
+    // Nothing replays a door task after it is answered but a retried call, so the engine
+    // releases it in the write that creates it: deleted `sweeper.retention` after it
+    // finishes, replayable until then. A replayed key of a task created unreleased (by
+    // an older version) is released here.
+    if submitted.task.released_at.is_none() {
+        view.release(&scope, &submitted.task.effect_key).await?;
+    }
     Ok((view, waiter, submitted.task))
 }
 

@@ -368,7 +368,8 @@ impl<'a> InsertRow<'a> {
                 .bind("priority", i64::from(new.dispatch.priority))
                 .bind("dispatch_key", new.dispatch.key(self.now))
                 .bind("trace_parent", new.trace_parent.map(|t| t.to_string()))
-                .bind("max_attempts", i64::from(new.max_attempts.get()));
+                .bind("max_attempts", i64::from(new.max_attempts.get()))
+                .bind("released", new.released);
         });
         if !clock {
             b.group(NOW_NAMES, |b| {
@@ -409,6 +410,7 @@ pub(crate) const ROW_NAMES: &[&str] = &[
     "dispatch_key",
     "trace_parent",
     "max_attempts",
+    "released",
 ];
 
 /// The name [`InsertRow::bind`] binds besides [`ROW_NAMES`] unless the statement reads its

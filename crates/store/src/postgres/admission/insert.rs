@@ -453,23 +453,26 @@ pub(super) async fn insert_app_tasks(
         .iter()
         .map(|i| i64::from(i.new.max_attempts.get()))
         .collect();
+    let released: Vec<bool> = items.iter().map(|i| i.new.released).collect();
     let rows: Vec<TaskRow> = sqlx::query_as(concat!(
         "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
          subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
          model_config_hash, request, input_hash, cache_key, status, cached_from, output, \
          usage, created_at, completed_at, reservation, priority, dispatch_key, trace_parent, \
-         max_attempts) \
+         max_attempts, released_at) \
          SELECT u.id, u.app, u.effect_key, u.kind, u.step, NULL, u.scope, u.subject_type, \
          u.subject_id, NULL, NULL, FALSE, FALSE, u.model_id, u.model_ref, u.config_hash, \
          u.request, u.input_hash, NULL, 'queued', NULL, NULL, NULL, $16, NULL, NULL, \
-         u.priority, u.dispatch_key, u.trace_parent, u.max_attempts \
+         u.priority, u.dispatch_key, u.trace_parent, u.max_attempts, \
+         CASE WHEN u.released THEN $16 END \
          FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], \
            $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::TEXT[], $11::TEXT[], \
-           $12::TEXT[], $13::TEXT[], $14::BIGINT[], $15::BIGINT[], $17::TEXT[], $18::BIGINT[]) \
+           $12::TEXT[], $13::TEXT[], $14::BIGINT[], $15::BIGINT[], $17::TEXT[], $18::BIGINT[], \
+           $19::BOOLEAN[]) \
            WITH ORDINALITY \
            AS u(id, app, effect_key, kind, step, scope, subject_type, subject_id, model_id, \
                 model_ref, config_hash, request, input_hash, priority, dispatch_key, \
-                trace_parent, max_attempts, ord) \
+                trace_parent, max_attempts, released, ord) \
          ORDER BY u.ord \
          ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
         task_columns!()
@@ -492,6 +495,7 @@ pub(super) async fn insert_app_tasks(
     .bind(now.0)
     .bind(&trace_parents)
     .bind(&max_attempts)
+    .bind(&released)
     .fetch_all(&mut **tx)
     .await?;
     rows.into_iter().map(TaskRow::into_task).collect()

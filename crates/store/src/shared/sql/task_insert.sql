@@ -1,19 +1,21 @@
 -- docs/conformance.md#create-insert, both backends: a task row. A taken effect key inserts nothing and
 -- returns no row.
 -- {created_at} and {dispatch_key} are the creation time and the dispatch key: bound
--- (:now, :dispatch_key), or read from the statement's own clock.
+-- (:now, :dispatch_key), or read from the statement's own clock. :released: the task is
+-- released in this write (released_at = its creation time; the OpenAI door's tasks).
 INSERT INTO tasks (
   id, app, effect_key, kind, step, run_id, scope, subject_type, subject_id,
   source_id, source_revision, recompute, admitted,
   model_id, model_ref, model_config_hash, request, input_hash, cache_key,
   status, cached_from, output, usage, created_at, completed_at, reservation,
-  priority, dispatch_key, trace_parent, max_attempts
+  priority, dispatch_key, trace_parent, max_attempts, released_at
 ) VALUES (
   :id, :app, :effect_key, :kind, :step, :run_id, :scope, :subject_type, :subject_id,
   :source_id, :source_revision, :recompute, :admitted,
   :model_id, :model_ref, :model_config_hash, :request, :input_hash, :cache_key,
   :status, :cached_from, :output, :usage, {created_at}, :completed_at, :reservation,
-  :priority, {dispatch_key}, :trace_parent, :max_attempts
+  :priority, {dispatch_key}, :trace_parent, :max_attempts,
+  CASE WHEN :released THEN {created_at} END
 )
 ON CONFLICT (app, effect_key) DO NOTHING
 RETURNING {task_columns}

@@ -1,0 +1,237 @@
+//! The OpenAI door's calls start on their hint alone (issue 30's time to first token):
+//! the real `tollgate serve` (SQLite and PostgreSQL) with `notifications.poll_interval`
+//! at one hour, so a call whose task a worker did not claim on the submission's hint
+//! would wait for the poll (the test's timeout first). Calls go one after another, each
+//! with its own `Idempotency-Key`, over several scopes, sourced and not, streamed and
+//! not; every one must answer within seconds.
+//!
+//! Also: a door task is released by the write that creates it (a sourced call leaves no
+//! unreleased source behind, where a `POST /v1/tasks` task of the same scope does), and
+//! a replay of a key answers the same task without a second provider call.
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+#[macro_use]
+mod common;
+
+const ACME: &str = "acme-key-0123456789abcdef";
+/// Longest a call may take: far below the poll interval, far above a claim.
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// Calls per backend (half streamed).
+const CALLS: usize = 16;
+
+/// An OpenAI-compatible fake: streams "Hello " and "world" at once when asked to
+/// stream, answers whole otherwise; counts its calls.
+async fn start_fake() -> (String, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/v1/chat/completions", post(answer))
+        .with_state(calls.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, calls)
+}
+
+async fn answer(State(calls): State<Arc<AtomicUsize>>, body: Bytes) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    let usage = json!({"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11});
+    if body["stream"] != true {
+        return axum::Json(json!({
+            "id": "x", "object": "chat.completion", "created": 1, "model": "fake-model",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "Hello world"}}],
+            "usage": usage,
+        }))
+        .into_response();
+    }
+    let chunk = |delta: Value, finish: Value| {
+        let c = json!({"id": "x", "object": "chat.completion.chunk", "created": 1,
+                       "model": "fake-model",
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {c}\n\n")
+    };
+    let last = json!({"id": "x", "object": "chat.completion.chunk", "created": 1,
+                      "model": "fake-model", "choices": [], "usage": usage});
+    let pieces = [
+        chunk(
+            json!({"role": "assistant", "content": "Hello "}),
+            Value::Null,
+        ),
+        chunk(json!({"content": "world"}), Value::Null),
+        chunk(json!({}), json!("stop")),
+        format!("data: {last}\n\n"),
+        "data: [DONE]\n\n".to_string(),
+    ];
+    let (tx, rx) = mpsc::channel::<Result<String, std::io::Error>>(8);
+    tokio::spawn(async move {
+        for piece in pieces {
+            let _ = tx.send(Ok(piece)).await;
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut response = Body::from_stream(stream).into_response();
+    response.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("text/event-stream"),
+    );
+    response
+}
+
+fn config_text(database_url: &str, provider_url: &str) -> String {
+    format!(
+        r#"
+[server]
+max_wait = "30s"
+
+[database]
+url = "{database_url}"
+
+[models.default]
+provider = "fake"
+model = "fake-model"
+max_output_tokens = 50
+max_attempts = 1
+prices = {{ input_per_million = 1.0, output_per_million = 2.0 }}
+
+[providers.fake]
+kind = "openai"
+base_url = "{provider_url}/v1"
+max_retries = 0
+
+[budgets.standard]
+max_steps_per_source = 1000
+sources_per_24_hours = 1000
+scope_concurrent = 50
+burst = 1000
+tasks_per_minute = 6000
+
+[apps.acme]
+api_keys = ["{ACME}"]
+default_budget = "standard"
+
+[notifications]
+poll_interval = "1h"
+
+[workers]
+concurrency = 4
+"#
+    )
+}
+
+/// One door call: its answer's text (streamed or not) and task id, within
+/// [`CALL_TIMEOUT`].
+async fn door_call(
+    server: &common::Server,
+    key: &str,
+    scope: &str,
+    source: Option<&str>,
+    stream: bool,
+) -> (String, String) {
+    let mut request = server
+        .http
+        .post(format!("{}/openai/v1/chat/completions", server.base))
+        .bearer_auth(ACME)
+        .header("Idempotency-Key", key)
+        .header("X-Tollgate-Scope", scope)
+        .json(&json!({"model": "default", "stream": stream,
+                      "messages": [{"role": "user", "content": format!("call {key}")}]}));
+    if let Some(source) = source {
+        request = request.header("X-Tollgate-Source", source);
+    }
+    let call = async {
+        let response = request.send().await.expect("the server answers");
+        assert_eq!(response.status(), 200, "call {key}");
+        let task = response.headers()["x-tollgate-task-id"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let text = response.text().await.expect("the whole answer");
+        (text, task)
+    };
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(answered) => answered,
+        Err(_) => panic!(
+            "call {key} (scope {scope}, stream {stream}) did not answer within {CALL_TIMEOUT:?}: \
+             its task was not claimed on its hint"
+        ),
+    }
+}
+
+async fn door_calls_start_on_their_hint_alone(backend: &str) {
+    let (fake, provider_calls) = start_fake().await;
+    let Some(server) = common::start(backend, "door_claims", |db| config_text(db, &fake)) else {
+        return;
+    };
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let mut tasks = Vec::new();
+    for i in 0..CALLS {
+        let key = format!("{run}-{i}");
+        let scope = format!("s{}", i % 3);
+        let source = (i % 4 == 1).then(|| format!("doc-{i}"));
+        let stream = i % 2 == 0;
+        let (text, task) = door_call(&server, &key, &scope, source.as_deref(), stream).await;
+        if stream {
+            assert!(text.contains("Hello "), "{text}");
+            assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+        } else {
+            let body: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(body["choices"][0]["message"]["content"], "Hello world");
+        }
+        tasks.push(task);
+    }
+    assert_eq!(provider_calls.load(Ordering::SeqCst), CALLS);
+
+    // A replay answers the same task; the provider is not called again.
+    let (_, again) = door_call(&server, &format!("{run}-0"), "s0", None, true).await;
+    assert_eq!(again, tasks[0]);
+    assert_eq!(provider_calls.load(Ordering::SeqCst), CALLS);
+
+    // Door tasks are released at creation: no sourced door call left an unreleased
+    // source; a task of the same scope through POST /v1/tasks did.
+    let task = server
+        .http
+        .post(format!("{}/v1/tasks?wait=20s", server.base))
+        .bearer_auth(ACME)
+        .json(
+            &json!({"kind": "generate_text", "scope": "s1", "step": "api",
+                      "effect_key": format!("{run}-api"),
+                      "source": {"id": "doc-api", "revision": "1"},
+                      "request": {"prompt": "Say hello"}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(task.status().is_success(), "{}", task.text().await.unwrap());
+    let unreleased: Value = server
+        .http
+        .get(format!("{}/v1/scopes/s1/unreleased-sources", server.base))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        unreleased["sources"],
+        json!([{"scope": "s1", "source": "doc-api"}]),
+        "{unreleased}"
+    );
+}
+
+on_both_backends!(door_calls_start_on_their_hint_alone);
