@@ -16,7 +16,12 @@
 //!
 //! each for one scope (every call in the same scope: the same scope's admissions must not
 //! queue on one lock) and for [`SCOPES`] scopes (calls spread round-robin).
+//!
+//! With `--gateway portkey`, a peer gateway ([`RunningPeer`], a child process over the same
+//! upstream) is a fourth side, and the door's figures are also given as ratios to its
+//! (issue 32's targets: added p50 ≤ 2×, added p99 ≤ 3×, max calls/s ≥ 0.8× the peer's).
 
+use super::door_peer::RunningPeer;
 use super::http::HttpServer;
 use super::measure::{Op, Percentiles, Phase, run_timed};
 use super::report::ScenarioReport;
@@ -51,16 +56,26 @@ enum Side {
     ManyScopes,
     /// The fake upstream itself.
     Direct,
+    /// The peer gateway (`--gateway`) over the fake upstream.
+    Peer,
 }
 
+/// Added latency ≤ this × the peer's, at the fixed rate (issue 32).
+const P50_TARGET: f64 = 2.0;
+/// Added p99 ≤ this × the peer's.
+const P99_TARGET: f64 = 3.0;
+/// Max calls a second ≥ this × the peer's.
+const MAX_TARGET: f64 = 0.8;
+
 impl Side {
-    const ALL: [Side; 3] = [Side::OneScope, Side::ManyScopes, Side::Direct];
+    const ALL: [Side; 4] = [Side::OneScope, Side::ManyScopes, Side::Direct, Side::Peer];
 
     fn label(self) -> &'static str {
         match self {
             Side::OneScope => "door, 1 scope",
             Side::ManyScopes => "door, 64 scopes",
             Side::Direct => "upstream direct",
+            Side::Peer => "peer gateway",
         }
     }
 
@@ -88,6 +103,8 @@ struct Target {
     upstream: String,
     /// Makes every run's idempotency keys new.
     run: String,
+    /// The peer gateway, when measured.
+    peer: Option<Arc<RunningPeer>>,
 }
 
 impl Target {
@@ -107,6 +124,10 @@ impl Target {
                 Side::Direct => this
                     .client
                     .post(format!("{}/chat/completions", this.upstream)),
+                Side::Peer => match &this.peer {
+                    Some(peer) => peer.request(&this.client),
+                    None => anyhow::bail!("no peer gateway is running"),
+                },
                 _ => this
                     .client
                     .post(format!("{}/openai/v1/chat/completions", this.door))
@@ -152,9 +173,13 @@ fn check_completion(status: reqwest::StatusCode, answer: &[u8]) -> anyhow::Resul
     Ok(())
 }
 
-/// The order of the sides in round `round`: each round starts with the next one.
-fn order(round: u32) -> [Side; 3] {
-    let mut sides = Side::ALL;
+/// The order of the sides in round `round`: each round starts with the next one. The
+/// peer gateway's side only when `peer`.
+fn order(round: u32, peer: bool) -> Vec<Side> {
+    let mut sides: Vec<Side> = Side::ALL
+        .into_iter()
+        .filter(|s| peer || *s != Side::Peer)
+        .collect();
     let len = sides.len();
     sides.rotate_left(round as usize % len);
     sides
@@ -162,11 +187,20 @@ fn order(round: u32) -> [Side; 3] {
 
 pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let upstream = FakeUpstream::start().await?;
-    let measured = with_upstream(ctx, &upstream).await;
+    let measured = match RunningPeer::start(&ctx.door_peer, upstream.base_url()).await {
+        Ok(peer) => {
+            let peer = peer.map(Arc::new);
+            let name = peer.as_ref().map(|p| p.name());
+            with_upstream(ctx, &upstream, peer)
+                .await
+                .map(|(sides, profile)| (sides, profile, name))
+        }
+        Err(e) => Err(e),
+    };
     let stopped = upstream.shutdown().await;
-    let (sides, profile) = measured?;
+    let (sides, profile, peer) = measured?;
     stopped?;
-    report(ctx, &sides, &profile)
+    report(ctx, &sides, &profile, peer)
 }
 
 type Profile = Vec<(&'static str, u64, Duration)>;
@@ -175,7 +209,8 @@ type Profile = Vec<(&'static str, u64, Duration)>;
 async fn with_upstream(
     ctx: &Ctx,
     upstream: &FakeUpstream,
-) -> anyhow::Result<([Measured; 3], Profile)> {
+    peer: Option<Arc<RunningPeer>>,
+) -> anyhow::Result<([Measured; 4], Profile)> {
     let counting = ctx.counting_store();
     let mut config = engine_config(ctx.sizes.peer_workers, &ctx.sizes);
     let mut provider = ProviderConfig::openai(upstream.base_url());
@@ -207,7 +242,7 @@ async fn with_upstream(
     let engine = tollgate.start().await?;
     let measured = match HttpServer::start(&tollgate).await {
         Ok(server) => {
-            let measured = rounds(ctx, &server, upstream).await;
+            let measured = rounds(ctx, &server, upstream, peer).await;
             let stopped = server.shutdown().await;
             measured.and_then(|sides| stopped.map(|()| sides))
         }
@@ -223,7 +258,8 @@ async fn rounds(
     ctx: &Ctx,
     server: &HttpServer,
     upstream: &FakeUpstream,
-) -> anyhow::Result<[Measured; 3]> {
+    peer: Option<Arc<RunningPeer>>,
+) -> anyhow::Result<[Measured; 4]> {
     let sizes = &ctx.sizes;
     let client = reqwest::Client::builder()
         .http1_only()
@@ -238,10 +274,12 @@ async fn rounds(
         key: server.client().key().to_string(),
         upstream: upstream.base_url().to_string(),
         run: uuid::Uuid::new_v4().simple().to_string(),
+        peer,
     };
+    let with_peer = target.peer.is_some();
     let phase_time = sizes.door_duration / sizes.rounds;
     // Warm-up, not counted: connections opened, statements prepared, scopes' rows made.
-    for side in Side::ALL {
+    for side in order(0, with_peer) {
         ctx.progress.stage(format!("warm-up: {}", side.label()));
         let op = op(&target, side, "warm");
         run_timed(
@@ -252,10 +290,10 @@ async fn rounds(
         )
         .await?;
     }
-    let mut measured: [Measured; 3] = Default::default();
+    let mut measured: [Measured; 4] = Default::default();
     for round in 0..sizes.rounds {
         let label = format!("round {}/{}", round + 1, sizes.rounds);
-        for side in order(round) {
+        for side in order(round, with_peer) {
             ctx.progress
                 .stage(format!("{label}: {} at {RATE}/s", side.label()));
             let phase = format!("rate{round}");
@@ -264,7 +302,7 @@ async fn rounds(
             let done = run_at_rate(&ctx.progress, RATE, phase_time, call).await?;
             measured[side as usize].at_rate.add(done);
         }
-        for side in order(round) {
+        for side in order(round, with_peer) {
             ctx.progress.stage(format!(
                 "{label}: {}, {CONNECTIONS} connections at full speed",
                 side.label()
@@ -302,7 +340,41 @@ fn figures(door: &Measured, direct: &Measured) -> anyhow::Result<(Value, Percent
     Ok((value, at_rate))
 }
 
-fn report(ctx: &Ctx, sides: &[Measured; 3], profile: &Profile) -> anyhow::Result<ScenarioReport> {
+/// A scope mode's figures (`door`, from [`figures`]) against the peer's (`peer`), with
+/// issue 32's targets: each ratio, whether its target is met, and all of them.
+fn vs_peer(door: &Value, peer: &Value) -> Value {
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    // An added latency at most the peer's target multiple; a ratio only when the peer
+    // added something (a peer no slower than the direct call has no ratio to meet,
+    // unless the door added nothing either).
+    let latency = |key: &str, target: f64| {
+        let (d, p) = (f(door, key), f(peer, key));
+        let ratio = (p > 0.0).then(|| d / p);
+        let met = ratio.is_some_and(|r| r <= target) || d <= 0.0;
+        (ratio, met)
+    };
+    let (p50, p50_met) = latency("added_p50_ms", P50_TARGET);
+    let (p99, p99_met) = latency("added_p99_ms", P99_TARGET);
+    let (d_max, p_max) = (f(door, "max_per_s"), f(peer, "max_per_s"));
+    let max = (p_max > 0.0).then(|| d_max / p_max);
+    let max_met = max.is_some_and(|r| r >= MAX_TARGET);
+    json!({
+        "added_p50_ratio": p50,
+        "added_p50_target_met": p50_met,
+        "added_p99_ratio": p99,
+        "added_p99_target_met": p99_met,
+        "max_ratio": max,
+        "max_target_met": max_met,
+        "targets_met": p50_met && p99_met && max_met,
+    })
+}
+
+fn report(
+    ctx: &Ctx,
+    sides: &[Measured; 4],
+    profile: &Profile,
+    peer: Option<&'static str>,
+) -> anyhow::Result<ScenarioReport> {
     let sizes = &ctx.sizes;
     let direct = &sides[Side::Direct as usize];
     let (one, one_rate) = figures(&sides[Side::OneScope as usize], direct)?;
@@ -357,6 +429,41 @@ fn report(ctx: &Ctx, sides: &[Measured; 3], profile: &Profile) -> anyhow::Result
         )
         .extra("direct_max_per_s", direct.max.per_s())
         .extra("one_scope_vs_many_scopes_max", one_vs_many);
+    if let Some(name) = peer {
+        let (theirs, peer_rate) = figures(&sides[Side::Peer as usize], direct)?;
+        let peer_max = sides[Side::Peer as usize].max.per_s();
+        let one_vs = vs_peer(&one, &theirs);
+        let many_vs = vs_peer(&many, &theirs);
+        let met = one_vs["targets_met"] == true && many_vs["targets_met"] == true;
+        report
+            .row(&format!("{name}, at {RATE}/s"), None, Some(peer_rate))
+            .row(
+                &format!("{name}, {CONNECTIONS} connections"),
+                Some(peer_max),
+                sides[Side::Peer as usize].max.percentiles(),
+            )
+            .param("peer", name)
+            .extra("peer", theirs)
+            .extra("one_scope_vs_peer", one_vs.clone())
+            .extra("many_scopes_vs_peer", many_vs.clone())
+            .target(
+                format!(
+                    "vs {name}: added p50 ≤ {P50_TARGET}×, p99 ≤ {P99_TARGET}×, max ≥ \
+                     {MAX_TARGET}× (1 and {SCOPES} scopes)"
+                ),
+                met,
+            );
+        for (mode, v) in [("1 scope", &one_vs), ("64 scopes", &many_vs)] {
+            let r = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+            report.note(format!(
+                "{mode} ÷ {name}: added p50 {:.2}× (≤ {P50_TARGET}), added p99 {:.2}× \
+                 (≤ {P99_TARGET}), max {:.2}× (≥ {MAX_TARGET})",
+                r("added_p50_ratio"),
+                r("added_p99_ratio"),
+                r("max_ratio"),
+            ));
+        }
+    }
     for (name, v) in [("1 scope", &one), ("64 scopes", &many)] {
         report.note(format!(
             "{name}: added p50 {:.2} ms, p99 {:.2} ms at {RATE}/s; {:.0} calls/s at \
@@ -380,9 +487,45 @@ mod tests {
 
     #[test]
     fn every_side_leads_a_round_in_turn() {
-        assert_eq!(order(0), [Side::OneScope, Side::ManyScopes, Side::Direct]);
-        assert_eq!(order(1), [Side::ManyScopes, Side::Direct, Side::OneScope]);
-        assert_eq!(order(3), order(0));
+        assert_eq!(
+            order(0, false),
+            [Side::OneScope, Side::ManyScopes, Side::Direct]
+        );
+        assert_eq!(
+            order(1, false),
+            [Side::ManyScopes, Side::Direct, Side::OneScope]
+        );
+        assert_eq!(order(3, false), order(0, false));
+        assert_eq!(
+            order(3, true),
+            [Side::Peer, Side::OneScope, Side::ManyScopes, Side::Direct]
+        );
+        assert_eq!(order(4, true), order(0, true));
+    }
+
+    #[test]
+    fn the_door_is_judged_against_the_peers_added_latency_and_max() {
+        let fig = |p50: f64, p99: f64, max: f64| json!({"added_p50_ms": p50, "added_p99_ms": p99, "max_per_s": max});
+        let peer = fig(3.0, 10.0, 800.0);
+        let met = vs_peer(&fig(6.0, 30.0, 640.0), &peer);
+        assert_eq!(met["targets_met"], true, "{met}");
+        assert_eq!(met["added_p50_ratio"], 2.0);
+        let slow = vs_peer(&fig(6.1, 12.0, 900.0), &peer);
+        assert_eq!(slow["added_p50_target_met"], false);
+        assert_eq!(slow["added_p99_target_met"], true);
+        assert_eq!(slow["targets_met"], false);
+        let few = vs_peer(&fig(1.0, 1.0, 639.0), &peer);
+        assert_eq!(few["max_target_met"], false);
+        // A peer that added nothing: met only by a door that added nothing either.
+        let instant = fig(-0.1, -0.2, 800.0);
+        assert_eq!(
+            vs_peer(&fig(0.5, 1.0, 800.0), &instant)["added_p50_target_met"],
+            false
+        );
+        assert_eq!(
+            vs_peer(&fig(-0.3, -0.1, 800.0), &instant)["targets_met"],
+            true
+        );
     }
 
     #[test]

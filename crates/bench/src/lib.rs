@@ -20,6 +20,7 @@ mod cache;
 mod counting;
 mod database;
 mod door;
+mod door_peer;
 mod fairness;
 mod heartbeat;
 mod http;
@@ -42,6 +43,7 @@ use counting::CountingStore;
 #[cfg(test)]
 use database::redact;
 use database::{BenchDb, with_database};
+pub use door_peer::{DoorPeerArgs, PeerGateway};
 use measure::Progress;
 use report::ScenarioReport;
 use std::sync::Arc;
@@ -112,6 +114,8 @@ pub struct BenchArgs {
     /// `cargo build --release --manifest-path bench/apalis-peer/Cargo.toml`.
     #[arg(long, default_value = peer::DEFAULT_APALIS_BIN)]
     pub apalis_bin: std::path::PathBuf,
+    #[command(flatten)]
+    pub door_peer: DoorPeerArgs,
     #[command(flatten)]
     pub sizes: SizeArgs,
 }
@@ -406,6 +410,9 @@ async fn run_scenario(
     if scenario == Scenario::Peer {
         peer::preflight(args.backend, &args.peer, &args.peer_bins())?;
     }
+    if scenario == Scenario::Door {
+        args.door_peer.preflight()?;
+    }
     let progress = Progress::start(format!("{} {}", scenario.name(), args.backend.name()));
     progress.stage("creating a fresh database");
     let db = BenchDb::create(args.backend, &args.database_url).await?;
@@ -417,6 +424,7 @@ async fn run_scenario(
         database_url: args.database_url.clone(),
         peers: args.peer.clone(),
         peer_bins: args.peer_bins(),
+        door_peer: args.door_peer.clone(),
     };
     let result = match scenario {
         Scenario::BurnDown => burn_down::run(&ctx).await,
@@ -452,6 +460,8 @@ pub(crate) struct Ctx {
     peers: Vec<peer::PeerKind>,
     /// The peer scenario's peer binaries.
     peer_bins: peers::PeerBins,
+    /// The door scenario's optional peer gateway.
+    door_peer: DoorPeerArgs,
 }
 
 impl Ctx {
