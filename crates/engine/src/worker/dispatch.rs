@@ -69,7 +69,7 @@ impl WorkerPool {
             }
             while claimed.len() < free {
                 let Some(id) = pending.pop_front() else { break };
-                if self.held().keys().any(|(held, _)| *held == id) {
+                if self.holds(id) {
                     continue;
                 }
                 match self.inner.store.claim_task(id, &self.worker).await {
@@ -103,9 +103,9 @@ impl WorkerPool {
             let recheck = !failed
                 && !hinted.is_empty()
                 && claimed.len() < free
-                && hinted.iter().any(|id| {
-                    !claimed.iter().any(|(t, _)| t.id == *id) && !self.held().contains_key(id)
-                });
+                && hinted
+                    .iter()
+                    .any(|id| !claimed.iter().any(|(t, _)| t.id == *id) && !self.holds(*id));
             if recheck {
                 tracing::debug!("a hinted task was not claimable: looking again soon");
             }

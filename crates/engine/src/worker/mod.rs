@@ -213,6 +213,11 @@ impl WorkerPool {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether this pool holds an execution of task `id` (of any claim).
+    fn holds(&self, id: TaskId) -> bool {
+        self.held().keys().any(|(held, _)| *held == id)
+    }
+
     /// The lease this pool holds `task` by: this worker and the claim that returned the
     /// copy.
     fn lease(&self, task: &Task) -> Lease {
