@@ -454,10 +454,16 @@ fn report(
                 met,
             );
         for (mode, v) in [("1 scope", &one_vs), ("64 scopes", &many_vs)] {
-            let r = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+            // No ratio (`null`): the peer added nothing over the direct call.
+            let r = |k: &str| {
+                v[k].as_f64().map_or_else(
+                    || format!("n/a ({name} added none)"),
+                    |x| format!("{x:.2}×"),
+                )
+            };
             report.note(format!(
-                "{mode} ÷ {name}: added p50 {:.2}× (≤ {P50_TARGET}), added p99 {:.2}× \
-                 (≤ {P99_TARGET}), max {:.2}× (≥ {MAX_TARGET})",
+                "{mode} ÷ {name}: added p50 {} (≤ {P50_TARGET}), added p99 {} \
+                 (≤ {P99_TARGET}), max {} (≥ {MAX_TARGET})",
                 r("added_p50_ratio"),
                 r("added_p99_ratio"),
                 r("max_ratio"),
