@@ -132,7 +132,10 @@ pub async fn stream_chunks_are_written_by_the_running_claim_and_read_in_order(b:
             format!(r#"{c2}.0 [{{"text":"Hi"}}] answered"#),
         ]
     );
-    let t = complete(&*s, task.id, &w, spam()).await;
+    let t = s
+        .complete_task(task.id, &Lease::new(w.clone(), c2), spam(), usage())
+        .await
+        .unwrap();
     assert!(t.applied);
     assert_eq!(
         append(&*s, &[chunk(task.id, c2, 1, "late", false)]).await,
