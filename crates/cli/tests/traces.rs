@@ -66,8 +66,10 @@ impl Received {
         }
     }
 
-    /// The spans of trace `trace` (hex), once one named `last` arrived.
-    async fn trace(&self, trace: &str, last: &str) -> Vec<Exported> {
+    /// The spans of trace `trace` (hex), once one of each name in `names` arrived (the
+    /// server's request span ends after its answer is sent, so it may come in a later
+    /// export batch than the task's own last span).
+    async fn trace(&self, trace: &str, names: &[&str]) -> Vec<Exported> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let spans: Vec<Exported> = self
@@ -78,13 +80,16 @@ impl Received {
                 .filter(|e| hex(&e.span.trace_id) == trace)
                 .cloned()
                 .collect();
-            if spans.iter().any(|e| e.span.name == last) {
+            if names
+                .iter()
+                .all(|name| spans.iter().any(|e| e.span.name == *name))
+            {
                 return spans;
             }
-            let names: Vec<&str> = spans.iter().map(|e| e.span.name.as_str()).collect();
+            let got: Vec<&str> = spans.iter().map(|e| e.span.name.as_str()).collect();
             assert!(
                 Instant::now() < deadline,
-                "no `{last}` span of trace {trace} arrived; got {names:?}"
+                "not every span of {names:?} of trace {trace} arrived; got {got:?}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -346,7 +351,9 @@ async fn over_http(backend: &str) {
     let task = submit_traced(&s, ACME, "t-1").await;
     assert_eq!(task["trace_id"], json!(CALLER_TRACE), "{task}");
     let id = task["id"].as_str().unwrap();
-    let spans = received.trace(CALLER_TRACE, "settle").await;
+    let spans = received
+        .trace(CALLER_TRACE, &["settle", "POST /v1/tasks"])
+        .await;
     assert_task_tree(&spans, id);
     let text = all_text(&spans);
     assert!(!text.contains(SECRET), "no prompt text by default:\n{text}");
@@ -391,7 +398,9 @@ async fn over_grpc(backend: &str) {
     };
     let task = submit_traced(&s, OPEN, "g-1").await;
     assert_eq!(task["trace_id"], json!(CALLER_TRACE), "{task}");
-    let spans = received.trace(CALLER_TRACE, "settle").await;
+    let spans = received
+        .trace(CALLER_TRACE, &["settle", "POST /v1/tasks"])
+        .await;
     assert_task_tree(&spans, task["id"].as_str().unwrap());
     let chat = named(&spans, "chat dev-1");
     let input = text_attr(chat, "gen_ai.input.messages").expect("the prompt, allowed");
