@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 
 mod common;
-use common::Server;
+use common::{Events, Server};
 
 const ACME: &str = "acme-key-0123456789abcdef";
 
@@ -175,57 +175,6 @@ concurrency = 4
 heartbeat_interval = "200ms"
 "#
     )
-}
-
-/// Reads server-sent events from a streaming answer, one `data` at a time.
-struct Events {
-    response: reqwest::Response,
-    buffer: String,
-}
-
-impl Events {
-    fn of(response: reqwest::Response) -> Events {
-        Events {
-            response,
-            buffer: String::new(),
-        }
-    }
-
-    /// The next event's (name, data); `None` at the end of the body.
-    async fn next(&mut self) -> Option<(String, String)> {
-        loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let raw: String = self.buffer.drain(..end + 2).collect();
-                let mut name = "message".to_string();
-                let mut data = Vec::new();
-                for line in raw.lines() {
-                    if let Some(v) = line.strip_prefix("event:") {
-                        name = v.trim().to_string();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push(v.trim_start().to_string());
-                    }
-                }
-                if data.is_empty() {
-                    continue; // a keep-alive comment
-                }
-                return Some((name, data.join("\n")));
-            }
-            let bytes = tokio::time::timeout(Duration::from_secs(30), self.response.chunk())
-                .await
-                .expect("an event within 30 s")
-                .ok()??;
-            self.buffer.push_str(&String::from_utf8_lossy(&bytes));
-        }
-    }
-
-    /// Every remaining event.
-    async fn rest(&mut self) -> Vec<(String, String)> {
-        let mut all = Vec::new();
-        while let Some(e) = self.next().await {
-            all.push(e);
-        }
-        all
-    }
 }
 
 impl Server {

@@ -26,7 +26,7 @@ use tokio::sync::{Notify, mpsc};
 
 #[macro_use]
 mod common;
-use common::Server;
+use common::{Events, Server};
 
 const ACME: &str = "acme-key-0123456789abcdef";
 
@@ -182,56 +182,10 @@ fn replicas(backend: &str, fake: &Fake) -> Option<(Server, Server)> {
     Some((a, b))
 }
 
-/// Reads server-sent events from a streaming answer, one `data` at a time.
-struct Events {
-    response: reqwest::Response,
-    buffer: String,
-}
-
-impl Events {
-    fn of(response: reqwest::Response) -> Events {
-        assert_eq!(response.status(), 200);
-        Events {
-            response,
-            buffer: String::new(),
-        }
-    }
-
-    /// The next event's (name, data); `None` at the end of the body.
-    async fn next(&mut self) -> Option<(String, String)> {
-        loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let raw: String = self.buffer.drain(..end + 2).collect();
-                let mut name = "message".to_string();
-                let mut data = Vec::new();
-                for line in raw.lines() {
-                    if let Some(v) = line.strip_prefix("event:") {
-                        name = v.trim().to_string();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push(v.trim_start().to_string());
-                    }
-                }
-                if data.is_empty() {
-                    continue; // a keep-alive comment
-                }
-                return Some((name, data.join("\n")));
-            }
-            let bytes = tokio::time::timeout(Duration::from_secs(30), self.response.chunk())
-                .await
-                .expect("an event within 30 s")
-                .ok()??;
-            self.buffer.push_str(&String::from_utf8_lossy(&bytes));
-        }
-    }
-
-    /// Every remaining event.
-    async fn rest(&mut self) -> Vec<(String, String)> {
-        let mut all = Vec::new();
-        while let Some(e) = self.next().await {
-            all.push(e);
-        }
-        all
-    }
+/// The events of a streaming answer, which must be a 200.
+fn ok_events(response: reqwest::Response) -> Events {
+    assert_eq!(response.status(), 200);
+    Events::of(response)
 }
 
 impl Server {
@@ -307,18 +261,18 @@ async fn another_replica_streams_a_running_task_from_its_start(backend: &str) {
         .to_str()
         .unwrap()
         .to_string();
-    let mut on_a = Events::of(response);
+    let mut on_a = ok_events(response);
     let _role = on_a.next().await.unwrap();
     assert_eq!(content(&[on_a.next().await.unwrap()]), "Hello ");
 
     // B runs nothing; it reads A's pieces from the log, from the start, while the fake
     // still holds the rest.
-    let mut on_b = Events::of(b.events(&id).await);
+    let mut on_b = ok_events(b.events(&id).await);
     assert_eq!(delta(&mut on_b).await, "Hello ");
     assert_eq!(delta(&mut on_b).await, "streaming ");
 
     // B's door replay of the running call streams it as it comes, too.
-    let mut replay = Events::of(b.stream_chat("hold: say hello", "xr-1").await);
+    let mut replay = ok_events(b.stream_chat("hold: say hello", "xr-1").await);
     let (_, role) = replay.next().await.unwrap();
     assert_eq!(
         serde_json::from_str::<Value>(&role).unwrap()["choices"][0]["delta"]["role"],
@@ -328,7 +282,7 @@ async fn another_replica_streams_a_running_task_from_its_start(backend: &str) {
     assert_eq!(content(&[replay.next().await.unwrap()]), "streaming ");
 
     // A reader on B that goes away mid-stream cancels nothing.
-    let mut quitter = Events::of(b.events(&id).await);
+    let mut quitter = ok_events(b.events(&id).await);
     assert_eq!(delta(&mut quitter).await, "Hello ");
     drop(quitter);
     assert_eq!(fake.calls(), 1, "the fake still holds its only call");
@@ -377,11 +331,11 @@ async fn a_restart_is_seen_on_another_replica(backend: &str) {
         .to_str()
         .unwrap()
         .to_string();
-    let mut on_a = Events::of(response);
+    let mut on_a = ok_events(response);
     let _role = on_a.next().await.unwrap();
     assert_eq!(content(&[on_a.next().await.unwrap()]), "Hello ");
 
-    let mut on_b = Events::of(b.events(&id).await);
+    let mut on_b = ok_events(b.events(&id).await);
     assert_eq!(delta(&mut on_b).await, "Hello ");
     assert_eq!(delta(&mut on_b).await, "streaming ");
     // The provider's stream breaks off; the provider asks again, from the start: B is

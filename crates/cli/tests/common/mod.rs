@@ -178,3 +178,62 @@ pub fn replica(of: &Server, extra: &[&str]) -> Server {
         _dir: dir,
     }
 }
+
+/// Reads server-sent events, one `(event name, data)` at a time.
+pub struct Events {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Events {
+    pub fn of(response: reqwest::Response) -> Events {
+        Events {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event; `None` at the end of the body.
+    pub async fn next(&mut self) -> Option<(String, String)> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let raw: String = self.buffer.drain(..end + 2).collect();
+                let mut name = "message".to_string();
+                let mut data = Vec::new();
+                for line in raw.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        name = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push(v.trim_start().to_string());
+                    }
+                }
+                if data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                return Some((name, data.join("\n")));
+            }
+            let bytes =
+                tokio::time::timeout(std::time::Duration::from_secs(30), self.response.chunk())
+                    .await
+                    .expect("an event within 30 s")
+                    .ok()??;
+            self.buffer.push_str(&String::from_utf8_lossy(&bytes));
+        }
+    }
+
+    /// The next event's data as JSON, checking its name.
+    pub async fn expect(&mut self, name: &str) -> serde_json::Value {
+        let (n, data) = self.next().await.expect("one more event");
+        assert_eq!(n, name, "{data}");
+        serde_json::from_str(&data).unwrap_or_else(|_| panic!("JSON data: {data}"))
+    }
+
+    /// Every remaining event.
+    pub async fn rest(&mut self) -> Vec<(String, String)> {
+        let mut all = Vec::new();
+        while let Some(e) = self.next().await {
+            all.push(e);
+        }
+        all
+    }
+}
