@@ -12,16 +12,19 @@
 //! passes at once serve the same queues a little more than their share for a moment;
 //! the passes count every claim, so shares over time stay those of the weights.
 //!
-//! A queue that gave no task of those planned may be empty: it is deactivated in a short
-//! transaction of its own that first locks its row (so no creation of the scope is in
-//! flight: creations hold it to their commit) and only then looks, with a fresh
-//! snapshot, for a queued task. The slots it left go round again to the other queues.
+//! A queue that gave no task of those planned may be empty; the slots it left go round
+//! again to the other queues. The queues that gave nothing are deactivated after the
+//! claim has returned its tasks, in one batch of the instance in the background
+//! ([`super::deactivate`]): one short transaction that first locks their rows (so no
+//! creation of their scopes is in flight: creations hold them to their commit) and
+//! only then looks, with a fresh snapshot, for queued tasks. The instance's next read of
+//! the queues waits for a batch in flight.
 
 use super::lifecycle::claiming;
 use super::{PostgresStore, now_sql};
 use crate::StoreResult;
 use crate::shared::attempts::claim_attempt;
-use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
+use crate::shared::dispatch::{EmptyQueues, FairClaim, PassDebt, QueueRow, QueueTake, QueueView};
 use crate::shared::lifecycle::run_not_canceled;
 use crate::shared::rows::{TaskRow, task_columns_qualified};
 use std::sync::{Arc, LazyLock};
@@ -97,11 +100,17 @@ struct PgFairClaim<'a> {
 
 #[async_trait::async_trait]
 impl FairClaim for PgFairClaim<'_> {
+    /// After this instance's deactivation batch in flight, if any (it pays the debt
+    /// too, and changes the queues a read lists).
     async fn pay_debt(&mut self, _view: &QueueView) -> StoreResult<()> {
+        self.store.deactivation.settled().await;
         pay_pass_debt(self.store).await
     }
 
     async fn read_queues(&mut self, limit: i64) -> StoreResult<Vec<QueueRow>> {
+        // Never a view a batch is about to change (a claim on this instance may have
+        // handed one over since the payment).
+        self.store.deactivation.settled().await;
         Ok(sqlx::query_as(
             "SELECT app, scope, weight, pass FROM dispatch_queues WHERE active \
              ORDER BY pass, app, scope LIMIT $1",
@@ -148,21 +157,48 @@ impl FairClaim for PgFairClaim<'_> {
         .await?)
     }
 
-    async fn deactivate_if_empty(&mut self, app: &str, scope: &str) -> StoreResult<bool> {
-        deactivate_if_empty(self.store, app, scope).await
+    /// After the claim: in the background ([`PostgresStore::deactivate_later`]), or
+    /// before it returns when the view has no period (tests compare rows with a model).
+    async fn deactivate_empty(&mut self, view: &QueueView, queues: EmptyQueues) -> StoreResult<()> {
+        if view.writes_through() {
+            if let Err(e) = super::deactivate::deactivate_empty(self.store, &queues).await {
+                // The claim holds its tasks: never lose them for a deactivation.
+                tracing::warn!(error = %e, "deactivating empty queues failed (they stay active)");
+            }
+        } else {
+            self.store.deactivate_later(queues);
+        }
+        Ok(())
     }
 }
 
 /// Writes the pass moves this instance's claims owe ([`QueueView`]) in one statement,
 /// rows locked in (app, scope) order; a row a creation or another instance holds is
-/// skipped and its move stays owed until the next read.
+/// skipped and its move stays owed until the next read. One writer of the instance's
+/// debt at a time ([`Deactivation::writer`](super::deactivate::Deactivation)), so no
+/// move is written twice.
 ///
 /// [`QueueView`]: crate::shared::dispatch::QueueView
 pub(super) async fn pay_pass_debt(store: &PostgresStore) -> StoreResult<()> {
+    if !store.queue_view.owes() {
+        return Ok(());
+    }
+    let _writer = store.deactivation.writer.lock().await;
     let debt = store.queue_view.debt();
     if debt.is_empty() {
         return Ok(());
     }
+    let paid = write_pass_debt(&store.pool, &debt).await?;
+    store.queue_view.paid(&paid);
+    Ok(())
+}
+
+/// The statement of [`pay_pass_debt`]: writes `debt` (rows it can lock) and returns the
+/// moves it wrote; the caller marks them paid once they are committed.
+pub(super) async fn write_pass_debt<'c>(
+    db: impl sqlx::PgExecutor<'c>,
+    debt: &PassDebt,
+) -> StoreResult<PassDebt> {
     let apps: Vec<&str> = debt.iter().map(|d| d.0.as_str()).collect();
     let scopes: Vec<&str> = debt.iter().map(|d| d.1.as_str()).collect();
     let moves: Vec<i64> = debt.iter().map(|d| d.2).collect();
@@ -179,45 +215,13 @@ pub(super) async fn pay_pass_debt(store: &PostgresStore) -> StoreResult<()> {
     .bind(&apps)
     .bind(&scopes)
     .bind(&moves)
-    .fetch_all(&store.pool)
+    .fetch_all(db)
     .await?;
-    let paid: Vec<(String, String, i64)> = debt
-        .into_iter()
+    Ok(debt
+        .iter()
         .filter(|(app, scope, _)| written.iter().any(|(a, s)| a == app && s == scope))
-        .collect();
-    store.queue_view.paid(&paid);
-    Ok(())
-}
-
-/// Deactivates a queue with no queued task. Locking the row first waits out creations
-/// of the scope in flight (they hold it to their commit); the check after it reads a
-/// fresh snapshot (READ COMMITTED), so a task committed by such a creation is seen.
-async fn deactivate_if_empty(store: &PostgresStore, app: &str, scope: &str) -> StoreResult<bool> {
-    let mut tx = store.begin().await?;
-    let held: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM dispatch_queues WHERE app = $1 AND scope = $2 AND active \
-         FOR NO KEY UPDATE SKIP LOCKED",
-    )
-    .bind(app)
-    .bind(scope)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if held.is_none() {
-        // Inactive already, or held by a creation or claim in flight: leave it active.
-        tx.rollback().await?;
-        return Ok(false);
-    }
-    let done = sqlx::query(
-        "UPDATE dispatch_queues SET active = FALSE WHERE app = $1 AND scope = $2 \
-         AND NOT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND scope = $2 \
-         AND status = 'queued')",
-    )
-    .bind(app)
-    .bind(scope)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(done.rows_affected() > 0)
+        .cloned()
+        .collect())
 }
 
 impl PostgresStore {
@@ -225,9 +229,6 @@ impl PostgresStore {
     /// passes (nothing to do, and no statement, when nothing is owed), so a queue the
     /// creation activates joins at the passes as they really are.
     pub(super) async fn pay_pass_debt(&self) -> StoreResult<()> {
-        if self.queue_view.owes() {
-            pay_pass_debt(self).await?;
-        }
-        Ok(())
+        pay_pass_debt(self).await
     }
 }

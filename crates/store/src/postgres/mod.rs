@@ -18,7 +18,7 @@
 //! | `app_slots` row, and the share pool's advisory lock for a lent slot | admission (its final statement, or the rebalancing path), tasks leaving queued/running | each app's share of the global capacity (docs/budgets.md) |
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
 //! | task rows `FOR KEY SHARE` (a `stream_chunks` insert's foreign key check) | the stream log writer, in task id order | a chunk never outlives its task |
-//! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), the pass moves a store instance's fair claims owe (one statement per read of its queue view, `SKIP LOCKED`), deactivation of an empty queue (`SKIP LOCKED`) | docs/conformance.md#fair-share: a queue with a queued task is never inactive; virtual times count every claim |
+//! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), the pass moves a store instance's fair claims owe (one statement per read of its queue view, `SKIP LOCKED`), deactivation of the queues a fair claim found empty (one batch per store instance after the claim, rows locked in (app, scope) order with `SKIP LOCKED`, then a fresh-snapshot check for queued tasks) | docs/conformance.md#fair-share: a queue with a queued task is never inactive; virtual times count every claim |
 //!
 //! **Lock order** (every transaction takes locks in this order, and never more than one
 //! of a kind except where noted): advisory `(app, scope)` → `runs` row → existing task
@@ -37,6 +37,7 @@
 //! never exceeded.
 
 mod admission;
+mod deactivate;
 mod dispatch;
 mod lifecycle;
 mod maintenance;
@@ -141,6 +142,9 @@ pub struct PostgresStore {
     claim_order: crate::ClaimOrder,
     /// docs/conformance.md#fair-share: this instance's recent view of the active queues.
     queue_view: Arc<crate::shared::dispatch::QueueView>,
+    /// docs/conformance.md#fair-share: this instance's deactivation batches of empty
+    /// queues (`deactivate.rs`).
+    deactivation: Arc<deactivate::Deactivation>,
     /// Keeps the planner's statistics in step with fast-growing tables.
     stats: Arc<stats::StatsWatch>,
 }
@@ -214,6 +218,7 @@ impl PostgresStore {
             queue_view: Arc::new(crate::shared::dispatch::QueueView::with_ttl(
                 options.queue_view_ttl,
             )),
+            deactivation: Arc::default(),
             stats: Arc::default(),
         })
     }

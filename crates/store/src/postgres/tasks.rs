@@ -16,6 +16,9 @@ use tollgate_core::{AppId, NewTask, ScopeId, SourceId, Timestamp};
 #[async_trait]
 impl TaskStatements for PostgresStore {
     async fn create_one(&self, new: NewTask) -> StoreResult<Created> {
+        // A deactivation batch in flight may drop from the view the queue this task
+        // joins: whether the view covers it is decided after the batch.
+        self.deactivation.settled().await;
         let keeps_view = self.queue_view.covers(std::slice::from_ref(&new));
         let created = around_creation(
             &self.queue_view,
@@ -31,6 +34,7 @@ impl TaskStatements for PostgresStore {
     }
 
     async fn create_many(&self, news: Vec<NewTask>) -> StoreResult<Vec<StoreResult<Created>>> {
+        self.deactivation.settled().await;
         let keeps_view = self.queue_view.covers(&news);
         let created = around_creation(
             &self.queue_view,

@@ -69,9 +69,17 @@ pub(crate) trait FairClaim: Send {
     async fn read_queues(&mut self, limit: i64) -> StoreResult<Vec<QueueRow>>;
     /// Claims each planned queue's share, its tasks in dispatch-key order.
     async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>>;
-    /// Deactivates the queue if it holds no queued task; true when it did.
-    async fn deactivate_if_empty(&mut self, app: &str, scope: &str) -> StoreResult<bool>;
+    /// Deactivates, in one batch, those of `queues` (they gave nothing to this claim, in
+    /// (app, scope) order) that hold no queued task, and drops them from `view`
+    /// ([`QueueView::forget`]). Runs after the claim has its tasks; a backend may also
+    /// run it after the claim returns (PostgreSQL's background batch), as long as the
+    /// instance's next read of the queues waits for it.
+    async fn deactivate_empty(&mut self, view: &QueueView, queues: EmptyQueues) -> StoreResult<()>;
 }
+
+/// Queues that gave nothing to a claim, in (app, scope) order: the candidates for
+/// deactivation ([`FairClaim::deactivate_empty`]).
+pub(crate) type EmptyQueues = Vec<(String, String)>;
 
 /// docs/conformance.md#fair-share: claims up to `limit` tasks across the active queues with the least virtual
 /// time, by the stride plan, in rounds; both backends run this loop with their own
@@ -81,13 +89,20 @@ pub(crate) trait FairClaim: Send {
 /// (read again when it is stale or cannot name the queues a read would list:
 /// [`QueueView::fresh`]), claims, and owes each queue's pass move. A queue that gave
 /// fewer than planned sits out the later rounds (nothing more of it is claimable now);
-/// only one that gave nothing is checked for emptiness (so a scope submitting one task
-/// at a time is not deactivated and reactivated for every task). Rounds go on until the
-/// claim is full or every active queue has come up short: each round that is not full
-/// sets at least one queue aside, so the loop ends, and a claim never comes back short
-/// while a task is claimable (docs/engine.md, "Dispatch order": a short claim lets
-/// workers sleep for the poll interval). A view with no period ([`QueueView::writes_through`]) writes the claim's
-/// moves before it returns.
+/// only one that gave nothing is a candidate for deactivation (so a scope submitting one
+/// task at a time is not deactivated and reactivated for every task). Rounds go on until
+/// the claim is full or every active queue has come up short: each round that is not
+/// full sets at least one queue aside, so the loop ends, and a claim never comes back
+/// short while a task is claimable (docs/engine.md, "Dispatch order": a short claim lets
+/// workers sleep for the poll interval). When the view is fresh and lists every active
+/// queue and all of them came up short, nothing more is claimable: a claim that holds
+/// tasks returns at once instead of reading the queues again (one that holds none reads
+/// them, so a worker does not sleep on a view that missed another replica's queue).
+///
+/// The queues that gave nothing are deactivated (when empty) after the rounds, all in
+/// one batch ([`FairClaim::deactivate_empty`]), not one transaction each between the
+/// claim and its tasks. A view with no period ([`QueueView::writes_through`]) writes the
+/// claim's moves before it returns.
 pub(crate) async fn claim_fair(
     view: &QueueView,
     steps: &mut dyn FairClaim,
@@ -95,6 +110,7 @@ pub(crate) async fn claim_fair(
 ) -> StoreResult<Vec<TaskRow>> {
     let mut claimed: Vec<TaskRow> = Vec::new();
     let mut spent: std::collections::BTreeSet<(String, String)> = Default::default();
+    let mut empty: std::collections::BTreeSet<(String, String)> = Default::default();
     loop {
         let want = limit.saturating_sub(claimed.len() as u32);
         if want == 0 {
@@ -103,6 +119,10 @@ pub(crate) async fn claim_fair(
         let n = want.min(MAX_CLAIM_QUEUES) as usize;
         let queues = match view.fresh(n, &spent) {
             Some(q) if !q.is_empty() => q,
+            // Fresh, listing every active queue, all of them set aside: a read would
+            // list only queues other instances opened within the period (which this
+            // claim's first round did not see either).
+            Some(_) if !claimed.is_empty() => break,
             _ => {
                 // The debt first: the rows read then hold this instance's moves. Read
                 // past the queues set aside, so n others are listed when they exist,
@@ -136,8 +156,8 @@ pub(crate) async fn claim_fair(
                 short = true;
                 spent.insert((app.clone(), scope.clone()));
             }
-            if got == 0 && steps.deactivate_if_empty(app, scope).await? {
-                view.forget(app, scope);
+            if got == 0 {
+                empty.insert((app.clone(), scope.clone()));
             }
         }
         claimed.extend(rows);
@@ -145,6 +165,11 @@ pub(crate) async fn claim_fair(
             // Full: every planned slot was filled.
             break;
         }
+    }
+    if !empty.is_empty() {
+        steps
+            .deactivate_empty(view, empty.into_iter().collect())
+            .await?;
     }
     if view.writes_through() {
         steps.pay_debt(view).await?;
@@ -367,7 +392,7 @@ impl QueueView {
         }
     }
 
-    /// Drops one queue from the view (it was found empty and deactivated).
+    /// Drops one queue from the view (it was found empty and deactivated, or inactive).
     pub(crate) fn forget(&self, app: &str, scope: &str) {
         if let Some(seen) = self.lock().seen.as_mut() {
             seen.rows.retain(|q| q.app != app || q.scope != scope);
@@ -406,6 +431,157 @@ impl QueueView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Queues in memory: (app, scope) → (pass, queued tasks, active); records the
+    /// statements a claim runs, in order.
+    #[derive(Default)]
+    struct FakeQueues {
+        queues: std::collections::BTreeMap<(String, String), (i64, u32, bool)>,
+        log: Vec<String>,
+    }
+
+    impl FakeQueues {
+        fn with(queues: &[(&str, i64, u32)]) -> FakeQueues {
+            FakeQueues {
+                queues: queues
+                    .iter()
+                    .map(|(scope, pass, tasks)| {
+                        (("a".into(), (*scope).into()), (*pass, *tasks, true))
+                    })
+                    .collect(),
+                log: Vec::new(),
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl FairClaim for FakeQueues {
+        async fn pay_debt(&mut self, view: &QueueView) -> StoreResult<()> {
+            let debt = view.debt();
+            if !debt.is_empty() {
+                self.log.push("pay".into());
+            }
+            for (app, scope, by) in &debt {
+                if let Some(q) = self.queues.get_mut(&(app.clone(), scope.clone())) {
+                    q.0 += by;
+                }
+            }
+            view.paid(&debt);
+            Ok(())
+        }
+
+        async fn read_queues(&mut self, limit: i64) -> StoreResult<Vec<QueueRow>> {
+            self.log.push("read".into());
+            let mut rows: Vec<QueueRow> = self
+                .queues
+                .iter()
+                .filter(|(_, q)| q.2)
+                .map(|((app, scope), q)| QueueRow {
+                    app: app.clone(),
+                    scope: scope.clone(),
+                    weight: 1,
+                    pass: q.0,
+                })
+                .collect();
+            rows.sort_by(|a, b| (a.pass, &a.scope).cmp(&(b.pass, &b.scope)));
+            rows.truncate(limit as usize);
+            Ok(rows)
+        }
+
+        async fn claim(&mut self, plan: &[QueueTake]) -> StoreResult<Vec<TaskRow>> {
+            self.log.push("claim".into());
+            let mut rows = Vec::new();
+            for take in plan {
+                let key = (take.queue.app.clone(), take.queue.scope.clone());
+                let q = self.queues.get_mut(&key).expect("planned queue exists");
+                let got = q.1.min(take.take);
+                q.1 -= got;
+                rows.extend((0..got).map(|_| TaskRow::for_test(&key.0, &key.1)));
+            }
+            Ok(rows)
+        }
+
+        async fn deactivate_empty(
+            &mut self,
+            view: &QueueView,
+            queues: EmptyQueues,
+        ) -> StoreResult<()> {
+            let names: Vec<&str> = queues.iter().map(|q| q.1.as_str()).collect();
+            self.log.push(format!("deactivate {}", names.join(",")));
+            for key in &queues {
+                if let Some(q) = self.queues.get_mut(key)
+                    && q.1 == 0
+                {
+                    q.2 = false;
+                    view.forget(&key.0, &key.1);
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn empty_queues_are_deactivated_once_in_one_batch_after_the_rounds() {
+        let view = QueueView::with_ttl(std::time::Duration::from_secs(3600));
+        let mut db = FakeQueues::with(&[("x", 0, 5), ("y", 0, 0), ("z", 0, 0)]);
+        let got = claim_fair(&view, &mut db, 6).await.expect("claim");
+        assert_eq!(got.len(), 5, "every claimable task");
+        // Round 1 from a read, round 2 from the fresh view (x alone); then the view lists
+        // every active queue and each came up short: no third read. The empty queues are
+        // deactivated together at the end, not one transaction each between the rounds.
+        assert_eq!(
+            db.log,
+            vec!["read", "claim", "claim", "deactivate y,z"],
+            "statements of the claim"
+        );
+        assert!(!db.queues[&("a".into(), "y".into())].2);
+        assert!(!db.queues[&("a".into(), "z".into())].2);
+        let listed: Vec<String> = view
+            .fresh(3, &Default::default())
+            .expect("fresh view")
+            .into_iter()
+            .map(|q| q.scope)
+            .collect();
+        assert_eq!(listed, vec!["x"], "the view forgets the deactivated queues");
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_holds_nothing_reads_the_queues_again_before_it_gives_up() {
+        let view = QueueView::with_ttl(std::time::Duration::from_secs(3600));
+        let mut db = FakeQueues::with(&[("x", 0, 0)]);
+        view.keep(db.read_queues(64).await.expect("read"), 64);
+        db.log.clear();
+        let got = claim_fair(&view, &mut db, 4).await.expect("claim");
+        assert!(got.is_empty());
+        // A short claim lets workers sleep: a view that may have missed another
+        // replica's queue is read again first.
+        assert_eq!(db.log, vec!["claim", "read", "deactivate x"]);
+    }
+
+    #[tokio::test]
+    async fn a_view_with_no_period_reads_every_round_and_writes_its_moves() {
+        let view = QueueView::with_ttl(std::time::Duration::ZERO);
+        let mut db = FakeQueues::with(&[("x", 0, 5), ("y", 0, 0)]);
+        let got = claim_fair(&view, &mut db, 6).await.expect("claim");
+        assert_eq!(got.len(), 5);
+        assert_eq!(
+            db.log,
+            vec![
+                "read",
+                "claim",
+                "pay",
+                "read",
+                "claim",
+                "pay",
+                "read",
+                "deactivate y"
+            ],
+        );
+        assert!(
+            view.debt().is_empty(),
+            "moves written before the claim returns"
+        );
+    }
 
     fn row(scope: &str, pass: i64) -> QueueRow {
         QueueRow {

@@ -142,6 +142,49 @@ fn text<T>(what: &str, r: Result<T, tollgate_core::InvalidInput>) -> Result<T, S
 }
 
 impl TaskRow {
+    /// A queued row of (app, scope) for tests of the code that reads only its owner.
+    #[cfg(test)]
+    pub(crate) fn for_test(app: &str, scope: &str) -> TaskRow {
+        TaskRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            app: app.to_owned(),
+            effect_key: String::new(),
+            kind: String::new(),
+            step: String::new(),
+            run_id: None,
+            scope: scope.to_owned(),
+            subject_type: None,
+            subject_id: None,
+            source_id: None,
+            source_revision: None,
+            recompute: false,
+            model_id: String::new(),
+            model_ref: String::new(),
+            model_config_hash: String::new(),
+            request: String::new(),
+            input_hash: String::new(),
+            cache_key: None,
+            status: "queued".to_owned(),
+            cancel_requested: false,
+            cached_from: None,
+            output: None,
+            usage: None,
+            error_code: None,
+            error_message: None,
+            attempt: 0,
+            worker: None,
+            created_at: 0,
+            claimed_at: None,
+            heartbeat_at: None,
+            completed_at: None,
+            released_at: None,
+            reservation: None,
+            priority: 5,
+            trace_parent: None,
+            max_attempts: 1,
+        }
+    }
+
     /// The task's id, as stored.
     #[cfg(feature = "sqlite")]
     pub(crate) fn id(&self) -> &str {

@@ -1,12 +1,13 @@
 //! docs/conformance.md#fair-share fair claiming on SQLite. The writer lock covers the whole claim; the plan is
 //! the shared one ([`crate::shared::dispatch`]), taken in one statement, and the passes
 //! move as on PostgreSQL: in the instance's view at once, in the rows when the view is
-//! read again ([`QueueView`]).
+//! read again ([`QueueView`]). The queues that gave nothing are deactivated (those left
+//! empty) in one more statement at the end of the claim's transaction, all together.
 
 use super::Tx;
 use crate::StoreResult;
 use crate::shared::attempts::claim_attempt;
-use crate::shared::dispatch::{FairClaim, QueueRow, QueueTake, QueueView};
+use crate::shared::dispatch::{EmptyQueues, FairClaim, QueueRow, QueueTake, QueueView};
 use crate::shared::lifecycle::run_not_canceled;
 use crate::shared::rows::{TaskRow, task_columns};
 use tollgate_core::{Timestamp, WorkerId};
@@ -53,19 +54,33 @@ impl FairClaim for SqliteFairClaim<'_> {
         claim_planned(self.tx, self.worker, self.now, plan).await
     }
 
-    /// Nothing of the queue was claimable: it stays active only while it still holds
-    /// queued tasks (unclaimable for now).
-    async fn deactivate_if_empty(&mut self, app: &str, scope: &str) -> StoreResult<bool> {
-        let gone = sqlx::query(
-            "UPDATE dispatch_queues SET active = 0 WHERE app = ?1 AND scope = ?2 \
-             AND NOT EXISTS (SELECT 1 FROM tasks WHERE app = ?1 AND scope = ?2 \
-             AND status = 'queued')",
+    /// The queues gave nothing: each stays active only while it still holds queued tasks
+    /// (unclaimable for now). One statement for all of them, in the claim's transaction
+    /// (the writer lock keeps every creation out until the commit); the view forgets
+    /// every one left inactive.
+    async fn deactivate_empty(&mut self, view: &QueueView, queues: EmptyQueues) -> StoreResult<()> {
+        let pairs = serde_json::Value::Array(
+            queues
+                .iter()
+                .map(|(app, scope)| serde_json::json!([app, scope]))
+                .collect(),
         )
-        .bind(app)
-        .bind(scope)
-        .execute(&mut **self.tx)
+        .to_string();
+        let gone: Vec<(String, String)> = sqlx::query_as(
+            "UPDATE dispatch_queues SET active = 0 \
+             WHERE (app, scope) IN (SELECT json_extract(value, '$[0]'), \
+               json_extract(value, '$[1]') FROM json_each(?1)) \
+             AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.app = dispatch_queues.app \
+               AND tasks.scope = dispatch_queues.scope AND tasks.status = 'queued') \
+             RETURNING app, scope",
+        )
+        .bind(pairs)
+        .fetch_all(&mut **self.tx)
         .await?;
-        Ok(gone.rows_affected() > 0)
+        for (app, scope) in &gone {
+            view.forget(app, scope);
+        }
+        Ok(())
     }
 }
 
