@@ -94,7 +94,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             theirs.per_s(),
             theirs.percentiles(),
         )
-        .ratio_at_least(5.0)
+        .ratio_at_least(3.0)
         .row(
             "tollgate under USD + token limits (docs/conformance.md#cost-limits)",
             Some(metered.per_s()),

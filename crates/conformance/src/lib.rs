@@ -140,6 +140,8 @@ macro_rules! conformance_suite {
             unsourced::unsourced_tasks_count_against_the_scope_limits,
             unsourced::unsourced_tasks_settle_on_every_ending,
             unsourced::racing_unsourced_tasks_respect_the_spend_limits_exactly,
+            unsourced::unsourced_tasks_in_a_batch_record_their_reservations,
+            unsourced::racing_unsourced_batches_record_each_reservation_once,
             lifecycle::claim_moves_queued_to_running_once,
             lifecycle::claim_refuses_canceled_and_finished_tasks,
             lifecycle::claim_refuses_tasks_of_a_canceled_run,

@@ -348,3 +348,121 @@ pub async fn racing_unsourced_tasks_respect_the_spend_limits_exactly(b: &dyn Bac
     let app_w = window(&*stores[0], "acme", None).await;
     assert_eq!(app_w.reserved_nano, 1_000_000);
 }
+
+/// A batch (`create_tasks`) records each new unsourced task's reservation in its scope's
+/// and the app's spend once, as single creations do: not for a replay (earlier in the
+/// batch or before it), not for a task that can cost nothing; a limited one in the same
+/// batch is checked on its own. Settled as a single creation's would be.
+pub async fn unsourced_tasks_in_a_batch_record_their_reservations(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    let free = cost_budget(None, None, None);
+    let limited = cost_budget(Some(300_000), None, None);
+    let before = create_new(
+        &*s,
+        unsourced_task("acme", "s1", "before", free, reserve(100, 50)),
+    )
+    .await;
+    let batch = vec![
+        unsourced_task("acme", "s1", "a", free, reserve(100, 50)),
+        unsourced_task("acme", "s1", "b", free, reserve(100, 50)),
+        unsourced_task("acme", "s1", "a", free, reserve(100, 50)),
+        unsourced_task("acme", "s1", "before", free, reserve(100, 50)),
+        new_app_task("acme", "s1", "plain"),
+        unsourced_task("acme", "s2", "c", free, reserve(10, 10)),
+        unsourced_task("acme", "s2", "big", limited, reserve(100, 50)),
+        unsourced_task("acme", "s3", "over", limited, reserve(1_000, 500)),
+    ];
+    let answers = s.create_tasks(batch).await.expect("the batch runs");
+    let created: Vec<Option<bool>> = answers
+        .iter()
+        .map(|a| a.as_ref().ok().map(|c| c.created))
+        .collect();
+    assert_eq!(
+        created,
+        vec![
+            Some(true),
+            Some(true),
+            Some(false),
+            Some(false),
+            Some(true),
+            Some(true),
+            Some(true),
+            None
+        ],
+        "{answers:?}"
+    );
+    assert!(
+        matches!(
+            answers[7],
+            Err(StoreError::Cost(CostRejection::ScopeSpend { .. }))
+        ),
+        "the limited one over its limit is refused on its own: {:?}",
+        answers[7]
+    );
+    let task = |i: usize| answers[i].as_ref().expect("created").task.clone();
+    assert_eq!(task(2).id, task(0).id, "a repeated key answers its first");
+    assert_eq!(task(3).id, before.id, "a taken key answers its task");
+    assert_eq!(task(0).reservation.map(|r| r.nano_usd), Some(200_000));
+    assert_eq!(task(4).reservation, None, "a task that can cost nothing");
+    // s1: before, a, b (200,000 n$ and 150 tokens each); s2: c (30,000, 20) and big.
+    let s1 = window(&*s, "acme", Some("s1")).await;
+    assert_eq!((s1.reserved_nano, s1.reserved_tokens), (600_000, 450));
+    let s2 = window(&*s, "acme", Some("s2")).await;
+    assert_eq!((s2.reserved_nano, s2.reserved_tokens), (230_000, 170));
+    assert_eq!(window(&*s, "acme", Some("s3")).await.reserved_nano, 0);
+    assert_eq!(window(&*s, "acme", None).await.reserved_nano, 830_000);
+    // Settled like a single creation's: 40 + 10 tokens cost 60,000 n$.
+    let a = task(0);
+    claim(&*s, a.id, &w).await;
+    s.complete_task(a.id, &lease(&w, 1), spam(), tokens(40, 10))
+        .await
+        .expect("complete");
+    let s1 = window(&*s, "acme", Some("s1")).await;
+    assert_eq!((s1.reserved_nano, s1.settled_nano), (400_000, 60_000));
+}
+
+/// Batches racing on four store instances over the same effect keys record each task's
+/// reservation exactly once: the windows hold what the tasks that exist reserved.
+pub async fn racing_unsourced_batches_record_each_reservation_once(b: &dyn Backend) {
+    const RACERS: usize = 8;
+    let stores = open_stores(b, 4).await;
+    let free = cost_budget(None, None, None);
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let mut handles = Vec::with_capacity(RACERS);
+    for i in 0..RACERS {
+        let s = stores[i % stores.len()].clone();
+        let barrier = barrier.clone();
+        // Each racer: 20 keys of 30, shifted by racer, in two scopes.
+        let batch: Vec<NewTask> = (0..20)
+            .map(|j| {
+                let k = (i * 5 + j) % 30;
+                let scope_name = if k % 2 == 0 { "even" } else { "odd" };
+                unsourced_task("acme", scope_name, &format!("k{k}"), free, reserve(10, 5))
+            })
+            .collect();
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            s.create_tasks(batch).await
+        }));
+    }
+    let mut created = 0;
+    for h in handles {
+        for answer in h.await.expect("racer").expect("the batch runs") {
+            created += i64::from(answer.expect("each item is created or replayed").created);
+        }
+    }
+    assert_eq!(created, 30, "each key is created once");
+    for scope_name in ["even", "odd"] {
+        let w = window(&*stores[0], "acme", Some(scope_name)).await;
+        assert_eq!(
+            (w.reserved_nano, w.reserved_tokens),
+            (15 * 20_000, 15 * 15),
+            "{scope_name}"
+        );
+    }
+    assert_eq!(
+        window(&*stores[0], "acme", None).await.reserved_nano,
+        30 * 20_000
+    );
+}

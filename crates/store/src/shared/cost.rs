@@ -139,6 +139,21 @@ pub(crate) struct SettlementPlan {
     pub(crate) charged: Vec<(String, i64, i64)>,
 }
 
+impl SettlementPlan {
+    /// Adds `delta` to the (app, scope)'s spend bucket `bucket` and to the app's bucket of
+    /// the scope's stripe.
+    pub(crate) fn add_spend(&mut self, app: &str, scope: &str, bucket: i64, delta: SpendDelta) {
+        self.scope
+            .entry((app.to_owned(), scope.to_owned(), bucket))
+            .or_default()
+            .add(delta);
+        self.app
+            .entry((app.to_owned(), bucket, app_spend_stripe(scope)))
+            .or_default()
+            .add(delta);
+    }
+}
+
 /// A task's stored reservation.
 pub(crate) fn decode_reservation(id: &str, text: &str) -> StoreResult<Reservation> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("reservation of {id}: {e}")))
@@ -387,14 +402,7 @@ pub(crate) fn plan_settlement(rows: &[SettleRow]) -> StoreResult<SettlementPlan>
             saved_nano: 0,
         };
         let bucket = spend_bucket(Timestamp(row.created_at));
-        plan.scope
-            .entry((row.app.clone(), row.scope.clone(), bucket))
-            .or_default()
-            .add(delta);
-        plan.app
-            .entry((row.app.clone(), bucket, app_spend_stripe(&row.scope)))
-            .or_default()
-            .add(delta);
+        plan.add_spend(&row.app, &row.scope, bucket, delta);
         if charge.refund_tokens > 0 {
             *plan
                 .refunds

@@ -183,6 +183,14 @@ pub(crate) trait TerminalStatements: Exec {
             )
             .await?;
         }
+        self.apply_spend(plan).await?;
+        self.charge(&plan.charged).await
+    }
+
+    /// docs/conformance.md#money-and-tokens: adds the plan's spend deltas to their buckets,
+    /// scope buckets then app buckets, each in key order (the lock order,
+    /// docs/locking.md); its refunds and charges are not written.
+    async fn apply_spend(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
         for ((app, scope, bucket), d) in &plan.scope {
             self.run(spend_delta(
                 Statement::new(SCOPE_SPEND_SETTLE)
@@ -206,7 +214,7 @@ pub(crate) trait TerminalStatements: Exec {
             ))
             .await?;
         }
-        self.charge(&plan.charged).await
+        Ok(())
     }
 
     /// docs/conformance.md#cost-settlement: each task's charge, (id, nano-dollars, tokens), which marks it settled.

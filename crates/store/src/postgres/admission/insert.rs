@@ -406,10 +406,13 @@ pub(super) struct AppInsert<'a> {
     pub(super) subject: Option<&'a Subject>,
     pub(super) config_hash: String,
     pub(super) model_ref: String,
+    /// A task without a source that can cost money (under no limit): its reservation as
+    /// the row keeps it, and what it adds to its spend buckets.
+    pub(super) reservation: Option<(String, crate::shared::cost::SpendDelta)>,
 }
 
 /// Inserts a batch's unscoped application tasks (queued, no run, no cache, no
-/// admission) in ONE statement, `$16` the creation time, `$17` the trace parents, `$18` the attempt limits; returns the rows inserted. A
+/// admission) in ONE statement, `$16` the creation time, `$17` the trace parents, `$18` the attempt limits, `$20` the reservations (of those that can cost money); returns the rows inserted. A
 /// taken effect key (before the batch, or earlier in it) inserts nothing for that item
 /// (`ON CONFLICT DO NOTHING`): the caller looks the taken ones up.
 pub(super) async fn insert_app_tasks(
@@ -454,6 +457,10 @@ pub(super) async fn insert_app_tasks(
         .map(|i| i64::from(i.new.max_attempts.get()))
         .collect();
     let released: Vec<bool> = items.iter().map(|i| i.new.released).collect();
+    let reservations: Vec<Option<&str>> = items
+        .iter()
+        .map(|i| i.reservation.as_ref().map(|(r, _)| r.as_str()))
+        .collect();
     let rows: Vec<TaskRow> = sqlx::query_as(concat!(
         "INSERT INTO tasks (id, app, effect_key, kind, step, run_id, scope, subject_type, \
          subject_id, source_id, source_revision, recompute, admitted, model_id, model_ref, \
@@ -462,17 +469,17 @@ pub(super) async fn insert_app_tasks(
          max_attempts, released_at) \
          SELECT u.id, u.app, u.effect_key, u.kind, u.step, NULL, u.scope, u.subject_type, \
          u.subject_id, NULL, NULL, FALSE, FALSE, u.model_id, u.model_ref, u.config_hash, \
-         u.request, u.input_hash, NULL, 'queued', NULL, NULL, NULL, $16, NULL, NULL, \
+         u.request, u.input_hash, NULL, 'queued', NULL, NULL, NULL, $16, NULL, u.reservation, \
          u.priority, u.dispatch_key, u.trace_parent, u.max_attempts, \
          CASE WHEN u.released THEN $16 END \
          FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], \
            $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::TEXT[], $11::TEXT[], \
            $12::TEXT[], $13::TEXT[], $14::BIGINT[], $15::BIGINT[], $17::TEXT[], $18::BIGINT[], \
-           $19::BOOLEAN[]) \
+           $19::BOOLEAN[], $20::TEXT[]) \
            WITH ORDINALITY \
            AS u(id, app, effect_key, kind, step, scope, subject_type, subject_id, model_id, \
                 model_ref, config_hash, request, input_hash, priority, dispatch_key, \
-                trace_parent, max_attempts, released, ord) \
+                trace_parent, max_attempts, released, reservation, ord) \
          ORDER BY u.ord \
          ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
         task_columns!()
@@ -496,6 +503,7 @@ pub(super) async fn insert_app_tasks(
     .bind(&trace_parents)
     .bind(&max_attempts)
     .bind(&released)
+    .bind(&reservations)
     .fetch_all(&mut **tx)
     .await?;
     rows.into_iter().map(TaskRow::into_task).collect()

@@ -22,8 +22,9 @@ pub(super) use probe::{lock_scope, scope_lock_key};
 
 use super::{PostgresStore, Tx};
 use crate::shared::admission::{Refusal, stored_reservation};
-use crate::shared::cost::SpendDelta;
+use crate::shared::cost::{SettlementPlan, SpendDelta};
 use crate::shared::rows::{TaskRow, task_columns};
+use crate::shared::terminal::TerminalStatements;
 use crate::{Created, StoreError, StoreResult};
 use insert::{
     AdmissionRecord, InsertRow, activate_queues, insert_and_commit, insert_reserved_and_commit,
@@ -31,6 +32,7 @@ use insert::{
 };
 use probe::{probe, run_owner};
 use snapshot::{admit, check_unsourced};
+use tollgate_core::cost::spend_bucket;
 use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskCost, TaskId, Timestamp, cache_key};
 
 pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
@@ -267,9 +269,13 @@ pub(super) async fn create_tasks(
     let mut out = Vec::with_capacity(news.len());
     let mut pending: Vec<NewTask> = Vec::new();
     for new in news {
-        // A task without a source that can cost money has its own short transaction, as a
-        // scoped one (its reservation is checked or recorded).
-        if new.scope.is_none() && new.cost.is_none() {
+        // A task without a source joins the batch's one transaction unless a USD or token
+        // limit applies to it (docs/budgets.md, "Tasks without a source": then its
+        // reservation is checked under the scope's lock, in a short transaction of its own,
+        // as a scoped task's admission); an unlimited one's reservation is only recorded
+        // (with the batch's). A run's task that can cost money is checked against its run
+        // one by one, as before.
+        if batched_unscoped(&new) {
             pending.push(new);
             continue;
         }
@@ -285,6 +291,16 @@ pub(super) async fn create_tasks(
         out.extend(create_unscoped(store, pending).await?);
     }
     Ok(out)
+}
+
+/// Whether a creation of a batch joins its shared transaction ([`create_unscoped`]): no
+/// source, and no cost, or a cost under no USD or token limit on an application's task.
+fn batched_unscoped(new: &NewTask) -> bool {
+    new.scope.is_none()
+        && match &new.cost {
+            None => true,
+            Some(cost) => !cost.limited() && matches!(new.owner, Owner::Application { .. }),
+        }
 }
 
 /// Unscoped creations in one transaction. Every refusal of an item (invalid model
@@ -361,9 +377,14 @@ async fn create_unscoped(
     let inserted = insert::insert_app_tasks(&mut tx, &app_items, now).await?;
     let mut by_id: std::collections::HashMap<TaskId, Task> =
         inserted.into_iter().map(|t| (t.id, t)).collect();
+    let mut spend = SettlementPlan::default();
+    let bucket = spend_bucket(now);
     for (n, item) in app_slots.iter().zip(&app_items) {
         let result = match by_id.remove(&item.id) {
             Some(task) => {
+                if let Some((_, delta)) = &item.reservation {
+                    spend.add_spend(task.app.as_str(), task.scope.as_str(), bucket, *delta);
+                }
                 queues.push((
                     task.app.to_string(),
                     task.scope.to_string(),
@@ -379,6 +400,12 @@ async fn create_unscoped(
     }
     // docs/conformance.md#fair-share: the batch's queues, in lock order, held to the commit.
     activate_queues(&mut tx, &queues).await?;
+    // docs/budgets.md, "Tasks without a source": the reservations of the tasks inserted,
+    // summed per spend bucket, after the queues (the single creation's lock order: task,
+    // queue, scope bucket, app bucket).
+    if !spend.scope.is_empty() {
+        tx.apply_spend(&spend).await?;
+    }
     tx.commit().await?;
     Ok(out
         .into_iter()
@@ -396,6 +423,15 @@ fn app_insert<'a>(
     let config_hash = new.model_ref.config_hash()?;
     let model_ref = serde_json::to_string(&new.model_ref)
         .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    // docs/budgets.md, "Tasks without a source": a cost under no limit is recorded as
+    // the single path records it (no token bucket taken).
+    let reservation = match &new.cost {
+        Some(cost) => {
+            let stored = stored_reservation(&cost.reservation, &cost.budget, false);
+            Some((encode_reservation(&stored)?, SpendDelta::reserve(&stored)))
+        }
+        None => None,
+    };
     Ok(insert::AppInsert {
         id: TaskId::generate(),
         new,
@@ -403,6 +439,7 @@ fn app_insert<'a>(
         subject,
         config_hash: config_hash.0,
         model_ref,
+        reservation,
     })
 }
 
