@@ -47,6 +47,19 @@ pub mod webhooks;
 
 pub use fixtures::START;
 
+/// The PostgreSQL URL of the tests (`TOLLGATE_TEST_DATABASE_URL`); `None` (after saying
+/// so) when it is not set, a panic when `TOLLGATE_REQUIRE_POSTGRES=1` requires it.
+pub fn postgres_url(test: &str) -> Option<String> {
+    let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
+        if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
+            panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
+        }
+        eprintln!("skipping {test}: TOLLGATE_TEST_DATABASE_URL is not set");
+        return None;
+    };
+    Some(url)
+}
+
 use async_trait::async_trait;
 use std::sync::Arc;
 use tollgate_core::ManualClock;

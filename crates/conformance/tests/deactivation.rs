@@ -46,6 +46,39 @@ const STRANDED_SQL: &str = "SELECT q.app, q.scope FROM dispatch_queues q WHERE N
 const QUEUES_SQL: &str = "SELECT app, scope, active FROM dispatch_queues ORDER BY app, scope";
 const QUEUED_SQL: &str = "SELECT COUNT(*) FROM tasks WHERE status = 'queued'";
 
+/// `impl Harness for $ty`: its `open` as given, and the reads, the same statements on
+/// either backend's inspector pool (`self.inspector.$pool()`).
+macro_rules! impl_harness {
+    ($ty:ty, $pool:ident, { $($open:tt)* }) => {
+        #[async_trait]
+        impl Harness for $ty {
+            $($open)*
+
+            async fn queues(&self) -> BTreeMap<(String, String), bool> {
+                let rows: Vec<(String, String, bool)> = sqlx::query_as(QUEUES_SQL)
+                    .fetch_all(self.inspector.$pool())
+                    .await
+                    .expect("read queues");
+                rows.into_iter().map(|(a, s, on)| ((a, s), on)).collect()
+            }
+
+            async fn stranded(&self) -> Vec<(String, String)> {
+                sqlx::query_as(STRANDED_SQL)
+                    .fetch_all(self.inspector.$pool())
+                    .await
+                    .expect("read stranded queues")
+            }
+
+            async fn queued(&self) -> i64 {
+                sqlx::query_scalar(QUEUED_SQL)
+                    .fetch_one(self.inspector.$pool())
+                    .await
+                    .expect("count queued")
+            }
+        }
+    };
+}
+
 struct Sqlite {
     path: std::path::PathBuf,
     clock: ManualClock,
@@ -70,8 +103,7 @@ impl Sqlite {
     }
 }
 
-#[async_trait]
-impl Harness for Sqlite {
+impl_harness!(Sqlite, writer_pool, {
     async fn open(&self, ttl: Duration) -> Arc<dyn Store> {
         let mut options = SqliteOptions::new(self.path.clone())
             .with_clock(Arc::new(self.clock.clone()))
@@ -80,29 +112,7 @@ impl Harness for Sqlite {
         options.busy_timeout = Duration::from_secs(30);
         Arc::new(SqliteStore::open(options).await.expect("open SQLite"))
     }
-
-    async fn queues(&self) -> BTreeMap<(String, String), bool> {
-        let rows: Vec<(String, String, bool)> = sqlx::query_as(QUEUES_SQL)
-            .fetch_all(self.inspector.writer_pool())
-            .await
-            .expect("read queues");
-        rows.into_iter().map(|(a, s, on)| ((a, s), on)).collect()
-    }
-
-    async fn stranded(&self) -> Vec<(String, String)> {
-        sqlx::query_as(STRANDED_SQL)
-            .fetch_all(self.inspector.writer_pool())
-            .await
-            .expect("read stranded queues")
-    }
-
-    async fn queued(&self) -> i64 {
-        sqlx::query_scalar(QUEUED_SQL)
-            .fetch_one(self.inspector.writer_pool())
-            .await
-            .expect("count queued")
-    }
-}
+});
 
 struct Postgres {
     url: String,
@@ -114,13 +124,7 @@ struct Postgres {
 impl Postgres {
     /// `None` (skipped, with a notice) without a database.
     async fn new(test: &str) -> Option<Postgres> {
-        let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
-            if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-                panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
-            }
-            eprintln!("skipping {test}: TOLLGATE_TEST_DATABASE_URL is not set");
-            return None;
-        };
+        let url = tollgate_conformance::postgres_url(test)?;
         let schema = format!("deact_{}", uuid::Uuid::new_v4().simple());
         let mut options = PostgresOptions::new(url.clone()).with_schema(schema.clone());
         options.max_connections = 2;
@@ -149,8 +153,7 @@ impl Postgres {
     }
 }
 
-#[async_trait]
-impl Harness for Postgres {
+impl_harness!(Postgres, pool, {
     async fn open(&self, ttl: Duration) -> Arc<dyn Store> {
         let mut options = PostgresOptions::new(self.url.clone())
             .with_clock(Arc::new(self.clock.clone()))
@@ -160,29 +163,7 @@ impl Harness for Postgres {
         options.acquire_timeout = Duration::from_secs(60);
         Arc::new(PostgresStore::open(options).await.expect("open PostgreSQL"))
     }
-
-    async fn queues(&self) -> BTreeMap<(String, String), bool> {
-        let rows: Vec<(String, String, bool)> = sqlx::query_as(QUEUES_SQL)
-            .fetch_all(self.inspector.pool())
-            .await
-            .expect("read queues");
-        rows.into_iter().map(|(a, s, on)| ((a, s), on)).collect()
-    }
-
-    async fn stranded(&self) -> Vec<(String, String)> {
-        sqlx::query_as(STRANDED_SQL)
-            .fetch_all(self.inspector.pool())
-            .await
-            .expect("read stranded queues")
-    }
-
-    async fn queued(&self) -> i64 {
-        sqlx::query_scalar(QUEUED_SQL)
-            .fetch_one(self.inspector.pool())
-            .await
-            .expect("count queued")
-    }
-}
+});
 
 fn queue(scope: &str) -> (String, String) {
     ("acme".to_owned(), scope.to_owned())

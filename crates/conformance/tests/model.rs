@@ -27,6 +27,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_conformance::START;
+use tollgate_conformance::postgres_url;
 use tollgate_core::{
     AdmissionRejection, AppId, Budget, EffectKey, ErrorCode, Lease, ManualClock, ModelId, ModelRef,
     NewRun, NewTask, Owner, QueueShare, RunId, RunState, ScopeId, SourceId, SourceRevision,
@@ -2418,19 +2419,6 @@ async fn sqlite_case(ops: &[Op]) -> Result<(), String> {
         s.close().await;
     }
     result
-}
-
-/// The PostgreSQL URL of the tests, `None` (after saying so) when it is not set and not
-/// required.
-fn postgres_url(test: &str) -> Option<String> {
-    let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
-        if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-            panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
-        }
-        eprintln!("skipping {test}: TOLLGATE_TEST_DATABASE_URL is not set");
-        return None;
-    };
-    Some(url)
 }
 
 /// Runs `ops` on two PostgreSQL store instances over one fresh schema.

@@ -39,13 +39,7 @@ impl Backend for PostgresBackend {
 }
 
 async fn backend(test_name: &str) -> Option<PostgresBackend> {
-    let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
-        if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-            panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
-        }
-        eprintln!("skipping {test_name}: TOLLGATE_TEST_DATABASE_URL is not set");
-        return None;
-    };
+    let url = tollgate_conformance::postgres_url(test_name)?;
     let short: String = test_name
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '_')

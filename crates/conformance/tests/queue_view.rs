@@ -73,13 +73,9 @@ async fn postgres_flood(url: &str, ttl: Duration) -> Vec<Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_flood_claims_are_the_same_at_any_claim_timing() {
-    let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
-        if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-            panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
-        }
-        eprintln!(
-            "skipping postgres_flood_claims_are_the_same_at_any_claim_timing: TOLLGATE_TEST_DATABASE_URL is not set"
-        );
+    let Some(url) = tollgate_conformance::postgres_url(
+        "postgres_flood_claims_are_the_same_at_any_claim_timing",
+    ) else {
         return;
     };
     let inside = postgres_flood(&url, EVERY_CLAIM_INSIDE).await;

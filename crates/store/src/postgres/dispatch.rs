@@ -172,7 +172,10 @@ impl FairClaim for PgFairClaim<'_> {
     }
 }
 
-/// Writes the pass moves this instance's claims owe ([`QueueView`]) in one statement,
+/// Writes the pass moves this instance's claims owe ([`QueueView`]) in one statement
+/// (none when nothing is owed): before a fair claim's read of the queues, and before a
+/// creation (docs/conformance.md#fair-share), so a queue it activates joins at the
+/// passes as they really are;
 /// rows locked in (app, scope) order; a row a creation or another instance holds is
 /// skipped and its move stays owed until the next read. One writer of the instance's
 /// debt at a time ([`Deactivation::writer`](super::deactivate::Deactivation)), so no
@@ -222,13 +225,4 @@ pub(super) async fn write_pass_debt<'c>(
         .filter(|(app, scope, _)| written.iter().any(|(a, s)| a == app && s == scope))
         .cloned()
         .collect())
-}
-
-impl PostgresStore {
-    /// docs/conformance.md#fair-share: before a creation, writes what this instance's claims owe the queues'
-    /// passes (nothing to do, and no statement, when nothing is owed), so a queue the
-    /// creation activates joins at the passes as they really are.
-    pub(super) async fn pay_pass_debt(&self) -> StoreResult<()> {
-        pay_pass_debt(self).await
-    }
 }

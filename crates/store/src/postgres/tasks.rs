@@ -23,7 +23,7 @@ impl TaskStatements for PostgresStore {
         let created = around_creation(
             &self.queue_view,
             keeps_view,
-            self.pay_pass_debt(),
+            super::dispatch::pay_pass_debt(self),
             admission::create_task(self, new),
         )
         .await?;
@@ -39,7 +39,7 @@ impl TaskStatements for PostgresStore {
         let created = around_creation(
             &self.queue_view,
             keeps_view,
-            self.pay_pass_debt(),
+            super::dispatch::pay_pass_debt(self),
             admission::create_tasks(self, news),
         )
         .await?;
