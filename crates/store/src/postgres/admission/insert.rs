@@ -415,6 +415,11 @@ pub(super) struct AppInsert<'a> {
 /// admission) in ONE statement, `$16` the creation time, `$17` the trace parents, `$18` the attempt limits, `$20` the reservations (of those that can cost money); returns the rows inserted. A
 /// taken effect key (before the batch, or earlier in it) inserts nothing for that item
 /// (`ON CONFLICT DO NOTHING`): the caller looks the taken ones up.
+/// The rows go in in (app, effect key) order, the first occurrence of a key first:
+/// batches racing over the same keys then wait for each other's uncommitted keys in one
+/// order and never deadlock (in their item order, two batches holding each other's next
+/// key did: `racing_unsourced_batches_record_each_reservation_once`). The items are
+/// matched to the rows by id, so the order changes no answer.
 pub(super) async fn insert_app_tasks(
     tx: &mut Tx,
     items: &[AppInsert<'_>],
@@ -480,7 +485,7 @@ pub(super) async fn insert_app_tasks(
            AS u(id, app, effect_key, kind, step, scope, subject_type, subject_id, model_id, \
                 model_ref, config_hash, request, input_hash, priority, dispatch_key, \
                 trace_parent, max_attempts, released, reservation, ord) \
-         ORDER BY u.ord \
+         ORDER BY u.app, u.effect_key, u.ord \
          ON CONFLICT (app, effect_key) DO NOTHING RETURNING ",
         task_columns!()
     ))
