@@ -531,3 +531,70 @@ pub async fn a_stale_claim_of_the_same_worker_completes_nothing(b: &dyn Backend)
         ]
     );
 }
+
+/// docs/routes.md, "Attempts", through a batch of completions (as workers complete): each
+/// task is charged the sum of its attempts, whether it made one, two within its claim,
+/// or one per claim after a requeue, as a single completion charges it. Its scope's spend
+/// settles that sum, and a later cache hit of the same request reports it as saved (the
+/// charge stored on the task).
+pub async fn a_batch_of_completions_charges_each_task_its_attempts(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    let budget = cost_budget(Some(10_000_000), None, None);
+    let task = |scope_name: &str, key: &str| {
+        let mut t = tries(new_scoped_task("acme", scope_name, key, "doc", budget), 3);
+        t.scope.as_mut().expect("scoped").reservation = reserve(100, 50);
+        t
+    };
+    // Requeued once: its first attempt is charged its reservation (200,000 n$).
+    let again = create_new(&*s, task("requeued", "again")).await;
+    claim(&*s, again.id, &w).await;
+    b.clock().advance(secs(31));
+    assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
+    let again = claim(&*s, again.id, &w).await;
+    assert_eq!(again.attempt, 2);
+    let one = create_new(&*s, task("one", "one")).await;
+    let one = claim(&*s, one.id, &w).await;
+    // Two attempts in one claim: the first gives up without usage (its reservation).
+    let two = create_new(&*s, task("two", "two")).await;
+    let two = claim(&*s, two.id, &w).await;
+    let unavailable = ended(AttemptOutcome::Unavailable, None);
+    assert!(s.end_attempt(two.id, 1, &unavailable).await.expect("end"));
+    assert_eq!(begin(&*s, two.id, &lease(&w, 1)).await, Some(2));
+    let completion = |copy: tollgate_core::Task| tollgate_store::Completion {
+        id: copy.id,
+        lease: copy.lease().expect("a claimed copy"),
+        output: spam(),
+        // 40 × 1,000 + 10 × 2,000 = 60,000 n$ at the reservation's prices.
+        usage: tokens(40, 10),
+        claimed: Some(std::sync::Arc::new(copy)),
+        attempt: None,
+    };
+    let answers = s
+        .complete_tasks(vec![completion(again), completion(one), completion(two)])
+        .await
+        .expect("complete_tasks");
+    assert!(
+        answers.iter().all(|a| a.as_ref().is_ok_and(|t| t.applied)),
+        "{answers:?}"
+    );
+    for (scope_name, charged) in [
+        ("requeued", 200_000 + 60_000),
+        ("one", 60_000),
+        ("two", 200_000 + 60_000),
+    ] {
+        let spent = spend(&*s, scope_name).await;
+        assert_eq!(
+            (spent.reserved_nano, spent.settled_nano),
+            (0, charged),
+            "{scope_name}: settled its attempts' sum, nothing left reserved"
+        );
+        let hit = create(&*s, task(scope_name, &format!("hit-{scope_name}"))).await;
+        assert!(hit.task.cached(), "{scope_name}: a cache hit");
+        assert_eq!(
+            i64::try_from(hit.saved_nano).ok(),
+            Some(charged),
+            "{scope_name}: the hit saved what the task was charged"
+        );
+    }
+}

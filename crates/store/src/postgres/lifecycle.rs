@@ -16,10 +16,11 @@ use crate::shared::rows::{
     CompletedRow, FinishedRow, TaskRow, encode_completion, task_columns, task_columns_qualified,
     tasks,
 };
-use crate::shared::terminal::{TerminalMove, Wake, after_terminal};
+use crate::shared::terminal::{Presettled, TerminalMove, Wake, after_terminal_with};
 use crate::{ClaimOrder, Completion, StoreError, StoreResult, Transition};
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
+use tollgate_core::attempt::settle_charged;
 use tollgate_core::{AppId, AttemptOutcome, ScopeId, Task, TaskId, Timestamp, WorkerId};
 
 /// The end of a claim statement after its `clock` (and `picked`) CTEs: `$update` (the
@@ -196,6 +197,10 @@ pub(super) async fn complete_tasks(
     let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
     // Each item's attempt ends with it (`END_ATTEMPT`'s columns, for a batch).
     let (mut attempt_usages, mut charged_nano, mut charged_tokens) = (vec![], vec![], vec![]);
+    // What each reserved task is charged if the completion's attempt is its only one
+    // (the common case), written by the same statement; the settlement checks it
+    // against the attempts the statement returns ([`Presettled`]).
+    let (mut guess_nano, mut guess_tokens): (Vec<Option<i64>>, Vec<Option<i64>>) = (vec![], vec![]);
     // The claim each item completes under (its lease's).
     let mut claims: Vec<i64> = vec![];
     let mut seen = HashSet::new();
@@ -225,6 +230,9 @@ pub(super) async fn complete_tasks(
                 charged_nano.push(ending.charged.nano_usd);
                 charged_tokens.push(i64::try_from(ending.charged.tokens).unwrap_or(i64::MAX));
                 claims.push(i64::from(item.lease.claim));
+                let guess = task.reservation.map(|r| settle_charged(&r, ending.charged));
+                guess_nano.push(guess.map(|c| c.nano_usd));
+                guess_tokens.push(guess.map(|c| i64::try_from(c.tokens).unwrap_or(i64::MAX)));
             }
             Err(e) if e.is_per_item() => answers[i] = Some(Err(e)),
             Err(e) => return Err(e),
@@ -252,19 +260,30 @@ pub(super) async fn complete_tasks(
         // cannot know how many items there are) took every running task for every
         // item, 9 ms for a batch of 57 behind 150 running tasks instead of 1. The tasks
         // moved end their open attempts in the same statement (docs/routes.md,
-        // "Attempts"), before the settlement reads what they are charged.
+        // "Attempts"). The reserved ones are charged in it too (a running task is not
+        // settled yet: settlement happens once, at its terminal move) what they cost if
+        // that attempt was their only one; each row comes back with its attempts as the
+        // settlement counts them once that attempt has ended (`attempt_charges!`), read
+        // in the statement's snapshot: a running task's attempts change only by its
+        // claiming worker, whose completion this is. The settlement plans from those
+        // rows and writes only the charges that differ.
         let update = sqlx::query_as(concat!(
             "WITH clock AS (SELECT ",
             now_sql!(5),
             " AS now), \
              item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], \
-             $6::TEXT[], $7::BIGINT[], $8::BIGINT[], $10::BIGINT[]) \
+             $6::TEXT[], $7::BIGINT[], $8::BIGINT[], $10::BIGINT[], $11::BIGINT[], \
+             $12::BIGINT[]) \
              AS i(id, worker, output, usage, attempt_usage, charged_nano, charged_tokens, \
-             claim)), \
+             claim, guess_nano, guess_tokens)), \
              picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($1) \
              AND status = 'running' ORDER BY id FOR NO KEY UPDATE), \
              done AS (UPDATE tasks SET status = 'succeeded', output = item.output, \
-             usage = item.usage, completed_at = clock.now FROM item, clock \
+             usage = item.usage, completed_at = clock.now, \
+             charged_nano = CASE WHEN tasks.reservation IS NULL THEN NULL \
+               ELSE item.guess_nano END, \
+             charged_tokens = CASE WHEN tasks.reservation IS NULL THEN NULL \
+               ELSE item.guess_tokens END FROM item, clock \
              WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) AND item.id = tasks.id \
              AND tasks.status = 'running' AND tasks.worker = item.worker \
              AND tasks.attempt = item.claim AND NOT ",
@@ -277,7 +296,14 @@ pub(super) async fn complete_tasks(
              charged_tokens = item.charged_tokens, error_code = NULL, error_message = NULL \
              FROM done JOIN item ON item.id = done.id \
              WHERE task_attempts.task_id = done.id AND task_attempts.ended_at IS NULL) \
-             SELECT * FROM done"
+             SELECT done.*, a.attempts, a.attempts_nano, a.attempts_tokens \
+             FROM done JOIN item ON item.id = done.id CROSS JOIN LATERAL \
+             (SELECT COUNT(*) AS attempts, CAST(COALESCE(SUM(CASE WHEN a.ended_at IS NULL \
+               THEN item.charged_nano ELSE COALESCE(a.charged_nano, a.reserved_nano) END), 0) \
+               AS BIGINT) AS attempts_nano, CAST(COALESCE(SUM(CASE WHEN a.ended_at IS NULL \
+               THEN item.charged_tokens ELSE COALESCE(a.charged_tokens, a.reserved_tokens) \
+               END), 0) AS BIGINT) AS attempts_tokens \
+             FROM task_attempts a WHERE a.task_id = done.id) a"
         ))
         .bind(&ids)
         .bind(&workers)
@@ -288,7 +314,9 @@ pub(super) async fn complete_tasks(
         .bind(&charged_nano)
         .bind(&charged_tokens)
         .bind(AttemptOutcome::Succeeded.as_str())
-        .bind(&claims);
+        .bind(&claims)
+        .bind(&guess_nano)
+        .bind(&guess_tokens);
         done = match tx.as_mut() {
             Some(tx) => update.fetch_all(&mut **tx).await?,
             None => update.fetch_all(&store.pool).await?,
@@ -305,7 +333,18 @@ pub(super) async fn complete_tasks(
                     ..TerminalMove::SUCCEEDED
                 }
             };
-            woken_runs = after_terminal(tx, &finished, plan, now).await?;
+            let presettled = Presettled {
+                rows: done.iter().filter_map(CompletedRow::settle_row).collect(),
+                written: ids
+                    .iter()
+                    .zip(guess_nano.iter().zip(&guess_tokens))
+                    .filter_map(|(id, guess)| match guess {
+                        (Some(n), Some(t)) => Some((id.clone(), *n, *t)),
+                        _ => None,
+                    })
+                    .collect(),
+            };
+            woken_runs = after_terminal_with(tx, &finished, plan, now, presettled).await?;
         }
     }
     if let Some(tx) = tx {

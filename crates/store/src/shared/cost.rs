@@ -8,7 +8,7 @@
 //! there, whenever the task ends.
 
 use crate::shared::admission::stored_bucket;
-use crate::shared::sql::{Exec, Statement};
+use crate::shared::sql::{Arg, Exec, Statement};
 use crate::{SpendWindow, StoreError, StoreResult};
 use std::collections::BTreeMap;
 use tollgate_core::attempt::{Charged, settle_charged};
@@ -18,28 +18,119 @@ use tollgate_core::cost::{
 };
 use tollgate_core::{CostLimits, CostRejection, Reservation, Timestamp, Usage};
 
-/// docs/conformance.md#cost-settlement settlement: a terminal move's delta added to one scope's hourly spend bucket
-/// (`$1` app, `$2` scope, `$3` bucket, `$4`–`$8` reserved and settled nano-dollars and
-/// tokens, overrun). One text for both backends (SQLite reads `$n` by position too).
-pub(crate) const SCOPE_SPEND_SETTLE: &str = "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano, \
-     reserved_tokens, settled_tokens, overrun_nano) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-     ON CONFLICT (app, scope, bucket) DO UPDATE SET \
-     reserved_nano = scope_spend.reserved_nano + EXCLUDED.reserved_nano, \
-     settled_nano = scope_spend.settled_nano + EXCLUDED.settled_nano, \
-     reserved_tokens = scope_spend.reserved_tokens + EXCLUDED.reserved_tokens, \
-     settled_tokens = scope_spend.settled_tokens + EXCLUDED.settled_tokens, \
-     overrun_nano = scope_spend.overrun_nano + EXCLUDED.overrun_nano";
+/// docs/conformance.md#cost-settlement settlement: deltas added to scopes' hourly spend
+/// buckets, one row per (app, scope, bucket) given, then [`SPEND_ROWS_CONFLICT`] for
+/// `scope_spend`. One text for both backends.
+const SCOPE_SPEND_INTO: &str = "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, \
+     settled_nano, reserved_tokens, settled_tokens, overrun_nano) VALUES ";
 
-/// The same delta added to the app's hourly spend bucket of one stripe (`$1` app, `$2`
-/// bucket, `$3` stripe, `$4`–`$8` as [`SCOPE_SPEND_SETTLE`]).
-pub(crate) const APP_SPEND_SETTLE: &str = "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, settled_nano, \
-     reserved_tokens, settled_tokens, overrun_nano) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-     ON CONFLICT (app, bucket, stripe) DO UPDATE SET \
-     reserved_nano = app_spend.reserved_nano + EXCLUDED.reserved_nano, \
-     settled_nano = app_spend.settled_nano + EXCLUDED.settled_nano, \
-     reserved_tokens = app_spend.reserved_tokens + EXCLUDED.reserved_tokens, \
-     settled_tokens = app_spend.settled_tokens + EXCLUDED.settled_tokens, \
-     overrun_nano = app_spend.overrun_nano + EXCLUDED.overrun_nano";
+/// The same deltas added to apps' hourly spend buckets, one row per (app, bucket, stripe).
+const APP_SPEND_INTO: &str = "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, \
+     settled_nano, reserved_tokens, settled_tokens, overrun_nano) VALUES ";
+
+/// What a spend bucket row that exists already gets: the delta added (`$table`'s key
+/// columns as the conflict target).
+macro_rules! spend_rows_conflict {
+    ($table:literal, $key:literal) => {
+        concat!(
+            " ON CONFLICT (",
+            $key,
+            ") DO UPDATE SET \
+             reserved_nano = ",
+            $table,
+            ".reserved_nano + EXCLUDED.reserved_nano, settled_nano = ",
+            $table,
+            ".settled_nano + EXCLUDED.settled_nano, reserved_tokens = ",
+            $table,
+            ".reserved_tokens + EXCLUDED.reserved_tokens, settled_tokens = ",
+            $table,
+            ".settled_tokens + EXCLUDED.settled_tokens, overrun_nano = ",
+            $table,
+            ".overrun_nano + EXCLUDED.overrun_nano"
+        )
+    };
+}
+
+/// Rows of one spend upsert statement at most (8 arguments each: within both backends'
+/// limits on arguments).
+const SPEND_ROWS_PER_STATEMENT: usize = 500;
+
+/// docs/conformance.md#cost-settlement: the statements that add each delta to its
+/// scope's spend bucket, rows in the order given (the caller's key order: the lock
+/// order, docs/locking.md), [`SPEND_ROWS_PER_STATEMENT`] rows a statement.
+pub(crate) fn scope_spend_rows<'a>(
+    rows: impl IntoIterator<Item = (&'a ScopeBucket, &'a SpendDelta)>,
+) -> Vec<Statement> {
+    spend_rows(
+        SCOPE_SPEND_INTO,
+        spend_rows_conflict!("scope_spend", "app, scope, bucket"),
+        rows.into_iter().map(|((app, scope, bucket), d)| {
+            ([Arg::from(app), Arg::from(scope), Arg::from(*bucket)], *d)
+        }),
+    )
+}
+
+/// docs/conformance.md#cost-settlement: the statements that add each delta to its
+/// app's spend bucket of one stripe, as [`scope_spend_rows`].
+pub(crate) fn app_spend_rows<'a>(
+    rows: impl IntoIterator<Item = (&'a AppBucket, &'a SpendDelta)>,
+) -> StoreResult<Vec<Statement>> {
+    let rows = rows
+        .into_iter()
+        .map(|((app, bucket, stripe), d)| {
+            // The stripe column is an `INT` on PostgreSQL.
+            let stripe = i32::try_from(*stripe)
+                .map_err(|_| StoreError::Corrupt(format!("spend stripe {stripe}")))?;
+            Ok(([Arg::from(app), Arg::from(*bucket), Arg::from(stripe)], *d))
+        })
+        .collect::<StoreResult<Vec<_>>>()?;
+    Ok(spend_rows(
+        APP_SPEND_INTO,
+        spend_rows_conflict!("app_spend", "app, bucket, stripe"),
+        rows,
+    ))
+}
+
+/// One multi-row upsert per [`SPEND_ROWS_PER_STATEMENT`] rows: each row its three key
+/// arguments, then the delta's five amounts.
+fn spend_rows(
+    into: &'static str,
+    conflict: &'static str,
+    rows: impl IntoIterator<Item = ([Arg; 3], SpendDelta)>,
+) -> Vec<Statement> {
+    let mut out = Vec::new();
+    let mut current: Option<(Statement, usize)> = None;
+    for (key, d) in rows {
+        let (s, n) = current.get_or_insert_with(|| (Statement::new(into), 0));
+        let amounts = [
+            d.reserved_nano,
+            d.settled_nano,
+            d.reserved_tokens,
+            d.settled_tokens,
+            d.overrun_nano,
+        ];
+        let ps: Vec<String> = key
+            .into_iter()
+            .chain(amounts.into_iter().map(Arg::from))
+            .map(|a| s.placeholder(a))
+            .collect();
+        if *n > 0 {
+            s.push(", ");
+        }
+        s.push(&format!("({})", ps.join(", ")));
+        *n += 1;
+        if *n == SPEND_ROWS_PER_STATEMENT {
+            let (mut s, _) = current.take().expect("a statement in progress");
+            s.push(conflict);
+            out.push(s);
+        }
+    }
+    if let Some((mut s, _)) = current {
+        s.push(conflict);
+        out.push(s);
+    }
+    out
+}
 
 /// A finished admitted task's reservation and usage, read by the terminal move.
 #[derive(sqlx::FromRow, Debug, Clone)]
@@ -314,37 +405,16 @@ pub(crate) async fn reserve_checked<E: Exec + ?Sized>(
         )
         .await?;
     }
-    // The stripe column is an `INT` on PostgreSQL.
-    let stripe = i32::try_from(plan.stripe)
-        .map_err(|_| StoreError::Corrupt(format!("spend stripe {}", plan.stripe)))?;
     let d = plan.delta;
-    tx.run(spend_delta(
-        Statement::new(SCOPE_SPEND_SETTLE)
-            .bind(&row.app)
-            .bind(&row.scope)
-            .bind(plan.bucket),
-        &d,
-    ))
-    .await?;
-    tx.run(spend_delta(
-        Statement::new(APP_SPEND_SETTLE)
-            .bind(&row.app)
-            .bind(plan.bucket)
-            .bind(stripe),
-        &d,
-    ))
-    .await?;
+    let scope_key = (row.app.clone(), row.scope.clone(), plan.bucket);
+    let app_key = (row.app.clone(), plan.bucket, plan.stripe);
+    for s in scope_spend_rows([(&scope_key, &d)])
+        .into_iter()
+        .chain(app_spend_rows([(&app_key, &d)])?)
+    {
+        tx.run(s).await?;
+    }
     Ok(plan.stored)
-}
-
-/// A [`SpendDelta`]'s five amounts bound after a spend bucket's key (`$4`–`$8` of
-/// [`SCOPE_SPEND_SETTLE`] and [`APP_SPEND_SETTLE`]).
-pub(crate) fn spend_delta(s: Statement, d: &SpendDelta) -> Statement {
-    s.bind(d.reserved_nano)
-        .bind(d.settled_nano)
-        .bind(d.reserved_tokens)
-        .bind(d.settled_tokens)
-        .bind(d.overrun_nano)
 }
 
 /// docs/conformance.md#cost-settlement "Settlement" for the rows of one terminal move: each task's reservation

@@ -354,7 +354,9 @@ pub(crate) struct FinishedRow {
 }
 
 /// A task a completion moved, as `RETURNING task_columns_qualified, tasks.admitted,
-/// clock.now AS now` gives it: the row as it is now, and what [`FinishedRow`] holds.
+/// clock.now AS now` gives it, with its attempts as `attempt_charges!` counts them once
+/// the completion's attempt has ended: the row as it is now, what [`FinishedRow`] holds
+/// and what its settlement reads ([`CompletedRow::settle_row`]).
 #[cfg(feature = "postgres")]
 #[derive(sqlx::FromRow)]
 pub(crate) struct CompletedRow {
@@ -362,6 +364,9 @@ pub(crate) struct CompletedRow {
     pub(crate) task: TaskRow,
     pub(crate) admitted: bool,
     pub(crate) now: i64,
+    pub(crate) attempts: i64,
+    pub(crate) attempts_nano: i64,
+    pub(crate) attempts_tokens: i64,
 }
 
 #[cfg(feature = "postgres")]
@@ -375,6 +380,26 @@ impl CompletedRow {
             admitted: self.admitted,
             reserved: self.task.reservation.is_some(),
         }
+    }
+
+    /// What the settlement reads of it ([`TerminalStatements::unsettled`]), when it holds
+    /// a reservation.
+    ///
+    /// [`TerminalStatements::unsettled`]: crate::shared::terminal::TerminalStatements::unsettled
+    pub(crate) fn settle_row(&self) -> Option<crate::shared::cost::SettleRow> {
+        let task = &self.task;
+        Some(crate::shared::cost::SettleRow {
+            id: task.id.clone(),
+            app: task.app.clone(),
+            scope: task.scope.clone(),
+            created_at: task.created_at,
+            claimed_at: task.claimed_at,
+            reservation: task.reservation.clone()?,
+            usage: task.usage.clone(),
+            attempts: self.attempts,
+            attempts_nano: self.attempts_nano,
+            attempts_tokens: self.attempts_tokens,
+        })
     }
 }
 

@@ -10,15 +10,13 @@
 //! that can cost money) are read, core's `settle` says what each cost,
 //! and the backend writes the plan.
 
-use super::cost::{
-    APP_SPEND_SETTLE, SCOPE_SPEND_SETTLE, SettleRow, SettlementPlan, plan_settlement, spend_delta,
-};
+use super::cost::{SettleRow, SettlementPlan, app_spend_rows, plan_settlement, scope_spend_rows};
 use super::rows::FinishedRow;
 use super::sql::{Exec, Statement, TxExec};
 use super::tasks::fetch_task;
-use crate::{StoreError, StoreResult, Transition};
+use crate::{StoreResult, Transition};
 use async_trait::async_trait;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use tollgate_core::{RunId, TaskId, Timestamp};
 
 /// (app, scope) as stored.
@@ -184,6 +182,9 @@ pub(crate) trait TerminalStatements: Exec {
             .await?;
         }
         self.apply_spend(plan).await?;
+        if plan.charged.is_empty() {
+            return Ok(());
+        }
         self.charge(&plan.charged).await
     }
 
@@ -191,28 +192,11 @@ pub(crate) trait TerminalStatements: Exec {
     /// scope buckets then app buckets, each in key order (the lock order,
     /// docs/locking.md); its refunds and charges are not written.
     async fn apply_spend(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
-        for ((app, scope, bucket), d) in &plan.scope {
-            self.run(spend_delta(
-                Statement::new(SCOPE_SPEND_SETTLE)
-                    .bind(app)
-                    .bind(scope)
-                    .bind(*bucket),
-                d,
-            ))
-            .await?;
-        }
-        for ((app, bucket, stripe), d) in &plan.app {
-            // The stripe column is an `INT` on PostgreSQL.
-            let stripe = i32::try_from(*stripe)
-                .map_err(|_| StoreError::Corrupt(format!("spend stripe {stripe}")))?;
-            self.run(spend_delta(
-                Statement::new(APP_SPEND_SETTLE)
-                    .bind(app)
-                    .bind(*bucket)
-                    .bind(stripe),
-                d,
-            ))
-            .await?;
+        for s in scope_spend_rows(&plan.scope)
+            .into_iter()
+            .chain(app_spend_rows(&plan.app)?)
+        {
+            self.run(s).await?;
         }
         Ok(())
     }
@@ -235,6 +219,17 @@ pub(crate) trait TerminalStatements: Exec {
     ) -> StoreResult<Vec<RunId>>;
 }
 
+/// Settlement facts a move's own statement already returned (docs/conformance.md#cost-settlement),
+/// so [`after_terminal_with`] need not read them: each row as
+/// [`TerminalStatements::unsettled`] would read it after the move, and the charges the
+/// statement already wrote (id, nano-dollars, tokens). A planned charge equal to the one
+/// written is not written again; any other is.
+#[derive(Debug, Default)]
+pub(crate) struct Presettled {
+    pub(crate) rows: Vec<SettleRow>,
+    pub(crate) written: HashSet<(String, i64, i64)>,
+}
+
 /// Runs the [`TerminalMove`] for tasks that just left queued/running (or were deleted
 /// while there). Returns the woken runs.
 pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
@@ -242,6 +237,18 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
     finished: &[FinishedRow],
     plan: TerminalMove,
     now: Timestamp,
+) -> StoreResult<Vec<RunId>> {
+    after_terminal_with(tx, finished, plan, now, Presettled::default()).await
+}
+
+/// [`after_terminal`], with the settlement rows the move's statement returned
+/// ([`Presettled`]): only the reserved tasks not among them are read.
+pub(crate) async fn after_terminal_with<S: TerminalStatements + ?Sized>(
+    tx: &mut S,
+    finished: &[FinishedRow],
+    plan: TerminalMove,
+    now: Timestamp,
+    presettled: Presettled,
 ) -> StoreResult<Vec<RunId>> {
     if finished.is_empty() {
         return Ok(Vec::new());
@@ -266,22 +273,25 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
     // a source"). Spend buckets before the finished stripe: the lock order
     // (docs/locking.md).
     if plan.settle {
+        let Presettled { mut rows, written } = presettled;
+        let known: HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
         let reserved: Vec<String> = finished
             .iter()
-            .filter(|f| f.reserved)
+            .filter(|f| f.reserved && !known.contains(f.id.as_str()))
             .map(|f| f.id.clone())
             .collect();
         if !reserved.is_empty() {
-            let rows = tx.unsettled(&reserved).await?;
-            if !rows.is_empty() {
-                let settlement = plan_settlement(&rows)?;
-                tx.apply_settlement(&settlement).await?;
-                // docs/webhooks.md, "Budget thresholds": after the spend buckets, in the
-                // lock order (docs/locking.md); not for an owner's deletion.
-                if plan.events {
-                    super::webhooks::record_budget_events(tx, &rows, &settlement.charged, now)
-                        .await?;
-                }
+            rows.extend(tx.unsettled(&reserved).await?);
+        }
+        if !rows.is_empty() {
+            let mut settlement = plan_settlement(&rows)?;
+            let charged = settlement.charged.clone();
+            settlement.charged.retain(|c| !written.contains(c));
+            tx.apply_settlement(&settlement).await?;
+            // docs/webhooks.md, "Budget thresholds": after the spend buckets, in the
+            // lock order (docs/locking.md); not for an owner's deletion.
+            if plan.events {
+                super::webhooks::record_budget_events(tx, &rows, &charged, now).await?;
             }
         }
     }
