@@ -241,6 +241,7 @@ macro_rules! conformance_suite {
             pace::a_pause_holds_every_replica_until_it_ends,
             webhooks::terminal_moves_write_one_event_each,
             webhooks::only_subscribed_events_are_written,
+            webhooks::a_batch_of_completions_writes_the_events_listened_for,
             webhooks::run_endings_write_one_event_each,
             webhooks::deliveries_are_leased_by_one_replica_at_a_time,
             webhooks::failures_back_off_then_dead_letter_and_replays_resend,

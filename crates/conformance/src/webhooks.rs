@@ -169,6 +169,104 @@ pub async fn terminal_moves_write_one_event_each(b: &dyn Backend) {
     assert_eq!(body["data"]["task_id"], json!(failed.id.to_string()));
 }
 
+/// docs/webhooks.md, "The outbox", through a batch of completions (as workers complete):
+/// each task whose app has an endpoint listening for `task.succeeded` gets its event and
+/// deliveries, whatever else the batch holds; a batch of tasks nobody listens to writes
+/// none; and an endpoint added later hears the batches after it.
+pub async fn a_batch_of_completions_writes_the_events_listened_for(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    add_endpoint(
+        &*s,
+        endpoint("acme", "whe_a", &[WebhookEventType::TaskSucceeded]),
+    )
+    .await;
+    // globex listens, but not for successes.
+    add_endpoint(
+        &*s,
+        endpoint("globex", "whe_g", &[WebhookEventType::TaskFailed]),
+    )
+    .await;
+    let (s, w) = (&*s, &w);
+    let batch = |apps: &'static [(&'static str, &'static str)]| async move {
+        let mut items = Vec::new();
+        let mut ids = Vec::new();
+        for (app_name, key) in apps {
+            let t = create_new(s, new_app_task(app_name, "s", key)).await;
+            let copy = claim(s, t.id, w).await;
+            ids.push((app_name.to_string(), t.id.to_string()));
+            items.push(tollgate_store::Completion {
+                id: copy.id,
+                lease: copy.lease().expect("a claimed copy"),
+                output: spam(),
+                usage: usage(),
+                claimed: Some(std::sync::Arc::new(copy)),
+                attempt: None,
+            });
+        }
+        let answers = s.complete_tasks(items).await.expect("complete_tasks");
+        assert!(
+            answers.iter().all(|a| a.as_ref().is_ok_and(|t| t.applied)),
+            "{answers:?}"
+        );
+        ids
+    };
+    let events_of = |app_name: &'static str| async move {
+        events_by_subject(s, &app(app_name))
+            .await
+            .into_keys()
+            .collect::<std::collections::BTreeSet<String>>()
+    };
+    let ids_of = |ids: &[(String, String)], app_name: &str| {
+        ids.iter()
+            .filter(|(a, _)| a == app_name)
+            .map(|(_, id)| id.clone())
+            .collect::<std::collections::BTreeSet<String>>()
+    };
+
+    // Mixed: acme's tasks are heard, globex's and initech's are not.
+    let mixed = batch(&[
+        ("globex", "g1"),
+        ("acme", "a1"),
+        ("initech", "i1"),
+        ("acme", "a2"),
+    ])
+    .await;
+    assert_eq!(events_of("acme").await, ids_of(&mixed, "acme"));
+    assert!(
+        events_of("globex").await.is_empty(),
+        "globex: not subscribed"
+    );
+    assert!(
+        events_of("initech").await.is_empty(),
+        "initech: no endpoint"
+    );
+    assert_eq!(deliveries(s, &app("acme")).await.len(), 2);
+
+    // Nobody listening: nothing written.
+    batch(&[("globex", "g2"), ("initech", "i2")]).await;
+    assert!(events_of("globex").await.is_empty());
+    assert!(events_of("initech").await.is_empty());
+
+    // Only a listened app: every task heard.
+    let alone = batch(&[("acme", "a3"), ("acme", "a4"), ("acme", "a5")]).await;
+    let mut acme = ids_of(&mixed, "acme");
+    acme.extend(ids_of(&alone, "acme"));
+    assert_eq!(events_of("acme").await, acme);
+
+    // An endpoint added later hears the batches after it, not those before.
+    add_endpoint(
+        s,
+        endpoint("initech", "whe_i", &[WebhookEventType::TaskSucceeded]),
+    )
+    .await;
+    let later = batch(&[("globex", "g3"), ("initech", "i3")]).await;
+    assert_eq!(events_of("initech").await, ids_of(&later, "initech"));
+    assert!(events_of("globex").await.is_empty());
+    assert_eq!(deliveries(s, &app("initech")).await.len(), 1);
+    assert_eq!(deliveries(s, &app("acme")).await.len(), 5);
+}
+
 /// docs/webhooks.md, "Endpoints": an event is written only for the types some enabled
 /// endpoint subscribes to; a disabled endpoint gets nothing new.
 pub async fn only_subscribed_events_are_written(b: &dyn Backend) {

@@ -16,7 +16,8 @@ use crate::shared::rows::{
     CompletedRow, FinishedRow, TaskRow, encode_completion, task_columns, task_columns_qualified,
     tasks,
 };
-use crate::shared::terminal::{Presettled, TerminalMove, Wake, after_terminal_with};
+use crate::shared::terminal::{Returned, TerminalMove, Wake, after_terminal_with};
+use crate::shared::webhooks::task_event_listened;
 use crate::{ClaimOrder, Completion, StoreError, StoreResult, Transition};
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
@@ -199,7 +200,7 @@ pub(super) async fn complete_tasks(
     let (mut attempt_usages, mut charged_nano, mut charged_tokens) = (vec![], vec![], vec![]);
     // What each reserved task is charged if the completion's attempt is its only one
     // (the common case), written by the same statement; the settlement checks it
-    // against the attempts the statement returns ([`Presettled`]).
+    // against the attempts the statement returns ([`Returned`]).
     let (mut guess_nano, mut guess_tokens): (Vec<Option<i64>>, Vec<Option<i64>>) = (vec![], vec![]);
     // The claim each item completes under (its lease's).
     let mut claims: Vec<i64> = vec![];
@@ -266,7 +267,9 @@ pub(super) async fn complete_tasks(
         // settlement counts them once that attempt has ended (`attempt_charges!`), read
         // in the statement's snapshot: a running task's attempts change only by its
         // claiming worker, whose completion this is. The settlement plans from those
-        // rows and writes only the charges that differ.
+        // rows and writes only the charges that differ; an unreserved task has nothing
+        // to settle, so its attempts are not read. Each row also says whether its
+        // event has a listener, so a batch nobody listens to skips the outbox statement.
         let update = sqlx::query_as(concat!(
             "WITH clock AS (SELECT ",
             now_sql!(5),
@@ -290,7 +293,9 @@ pub(super) async fn complete_tasks(
             cancel_wanted!(),
             " RETURNING ",
             task_columns_qualified!(),
-            ", tasks.admitted, clock.now AS now), \
+            ", tasks.admitted, clock.now AS now, ",
+            task_event_listened!("tasks"),
+            " AS listened), \
              ended AS (UPDATE task_attempts SET ended_at = done.now, outcome = $9, \
              usage = item.attempt_usage, charged_nano = item.charged_nano, \
              charged_tokens = item.charged_tokens, error_code = NULL, error_message = NULL \
@@ -303,7 +308,8 @@ pub(super) async fn complete_tasks(
                AS BIGINT) AS attempts_nano, CAST(COALESCE(SUM(CASE WHEN a.ended_at IS NULL \
                THEN item.charged_tokens ELSE COALESCE(a.charged_tokens, a.reserved_tokens) \
                END), 0) AS BIGINT) AS attempts_tokens \
-             FROM task_attempts a WHERE a.task_id = done.id) a"
+             FROM task_attempts a WHERE a.task_id = done.id \
+               AND done.reservation IS NOT NULL) a"
         ))
         .bind(&ids)
         .bind(&workers)
@@ -333,7 +339,7 @@ pub(super) async fn complete_tasks(
                     ..TerminalMove::SUCCEEDED
                 }
             };
-            let presettled = Presettled {
+            let returned = Returned {
                 rows: done.iter().filter_map(CompletedRow::settle_row).collect(),
                 written: ids
                     .iter()
@@ -343,8 +349,9 @@ pub(super) async fn complete_tasks(
                         _ => None,
                     })
                     .collect(),
+                listened: Some(done.iter().any(|d| d.listened)),
             };
-            woken_runs = after_terminal_with(tx, &finished, plan, now, presettled).await?;
+            woken_runs = after_terminal_with(tx, &finished, plan, now, returned).await?;
         }
     }
     if let Some(tx) = tx {

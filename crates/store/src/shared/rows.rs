@@ -354,9 +354,10 @@ pub(crate) struct FinishedRow {
 }
 
 /// A task a completion moved, as `RETURNING task_columns_qualified, tasks.admitted,
-/// clock.now AS now` gives it, with its attempts as `attempt_charges!` counts them once
-/// the completion's attempt has ended: the row as it is now, what [`FinishedRow`] holds
-/// and what its settlement reads ([`CompletedRow::settle_row`]).
+/// clock.now AS now, … AS listened` gives it, with its attempts as `attempt_charges!`
+/// counts them once the completion's attempt has ended (none read for a task without a
+/// reservation): the row as it is now, what [`FinishedRow`] holds, what its settlement
+/// reads ([`CompletedRow::settle_row`]) and whether its event has a listener.
 #[cfg(feature = "postgres")]
 #[derive(sqlx::FromRow)]
 pub(crate) struct CompletedRow {
@@ -367,6 +368,9 @@ pub(crate) struct CompletedRow {
     pub(crate) attempts: i64,
     pub(crate) attempts_nano: i64,
     pub(crate) attempts_tokens: i64,
+    /// Whether an endpoint of its app listens for its event
+    /// ([`task_event_listened!`](crate::shared::webhooks::task_event_listened)).
+    pub(crate) listened: bool,
 }
 
 #[cfg(feature = "postgres")]

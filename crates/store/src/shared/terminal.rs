@@ -219,15 +219,22 @@ pub(crate) trait TerminalStatements: Exec {
     ) -> StoreResult<Vec<RunId>>;
 }
 
-/// Settlement facts a move's own statement already returned (docs/conformance.md#cost-settlement),
-/// so [`after_terminal_with`] need not read them: each row as
-/// [`TerminalStatements::unsettled`] would read it after the move, and the charges the
-/// statement already wrote (id, nano-dollars, tokens). A planned charge equal to the one
-/// written is not written again; any other is.
+/// What a move's own statement already returned, so [`after_terminal_with`] need not
+/// read it again:
+/// - settlement facts (docs/conformance.md#cost-settlement): each row as
+///   [`TerminalStatements::unsettled`] would read it after the move, and the charges the
+///   statement already wrote (id, nano-dollars, tokens). A planned charge equal to the
+///   one written is not written again; any other is.
+/// - whether any moved task's event has a listener ([`task_event_listened!`], read in the
+///   statement's snapshot): `Some(false)` skips the outbox statement, which would write
+///   nothing; `None` (not read) runs it.
+///
+/// [`task_event_listened!`]: super::webhooks::task_event_listened
 #[derive(Debug, Default)]
-pub(crate) struct Presettled {
+pub(crate) struct Returned {
     pub(crate) rows: Vec<SettleRow>,
     pub(crate) written: HashSet<(String, i64, i64)>,
+    pub(crate) listened: Option<bool>,
 }
 
 /// Runs the [`TerminalMove`] for tasks that just left queued/running (or were deleted
@@ -238,21 +245,23 @@ pub(crate) async fn after_terminal<S: TerminalStatements + ?Sized>(
     plan: TerminalMove,
     now: Timestamp,
 ) -> StoreResult<Vec<RunId>> {
-    after_terminal_with(tx, finished, plan, now, Presettled::default()).await
+    after_terminal_with(tx, finished, plan, now, Returned::default()).await
 }
 
-/// [`after_terminal`], with the settlement rows the move's statement returned
-/// ([`Presettled`]): only the reserved tasks not among them are read.
+/// [`after_terminal`], with what the move's statement returned ([`Returned`]): only the
+/// reserved tasks not among its rows are read, and the outbox statement is skipped when
+/// it found no listener.
 pub(crate) async fn after_terminal_with<S: TerminalStatements + ?Sized>(
     tx: &mut S,
     finished: &[FinishedRow],
     plan: TerminalMove,
     now: Timestamp,
-    presettled: Presettled,
+    returned: Returned,
 ) -> StoreResult<Vec<RunId>> {
     if finished.is_empty() {
         return Ok(Vec::new());
     }
+    let listened = returned.listened;
     let per_scope = count_per_scope(
         finished
             .iter()
@@ -273,7 +282,9 @@ pub(crate) async fn after_terminal_with<S: TerminalStatements + ?Sized>(
     // a source"). Spend buckets before the finished stripe: the lock order
     // (docs/locking.md).
     if plan.settle {
-        let Presettled { mut rows, written } = presettled;
+        let Returned {
+            mut rows, written, ..
+        } = returned;
         let known: HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
         let reserved: Vec<String> = finished
             .iter()
@@ -308,7 +319,7 @@ pub(crate) async fn after_terminal_with<S: TerminalStatements + ?Sized>(
         tx.count_finished(finished_stripe(finished), total).await?;
     }
     let ids: Vec<String> = finished.iter().map(|f| f.id.clone()).collect();
-    if plan.events {
+    if plan.events && listened != Some(false) {
         // New outbox rows only: after every lock of the move (docs/locking.md).
         super::webhooks::record_task_events(tx, &ids, now).await?;
     }

@@ -58,6 +58,23 @@ pub(super) fn id_set(s: &mut Statement, ids: &[String]) -> String {
     format!(" IN ({})", ps.join(", "))
 }
 
+/// Whether an enabled endpoint of task `$t`'s app subscribes to the event of its
+/// current status (`task.<status>`): the one condition for writing a task's event
+/// ([`record_task_events`]), also read by a move's own statement so a batch nobody
+/// listens to skips the outbox statement (PostgreSQL's batch completion).
+macro_rules! task_event_listened {
+    ($t:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.app = ",
+            $t,
+            ".app AND e.enabled AND e.events LIKE '%\"task.' || ",
+            $t,
+            ".status || '\"%')"
+        )
+    };
+}
+pub(crate) use task_event_listened;
+
 /// docs/webhooks.md, "The outbox": writes the events of tasks that just reached a
 /// terminal status — one per task, `task.<status>`, only when an enabled endpoint of the
 /// task's app subscribes to it — and their deliveries. Runs in the transaction that
@@ -77,9 +94,9 @@ pub(crate) async fn record_task_events<E: Exec + ?Sized>(
                t.error_code, $1 \
              FROM tasks t \
              WHERE t.id{set} AND t.status IN ('succeeded', 'failed', 'canceled') \
-               AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.app = t.app \
-                 AND e.enabled AND e.events LIKE '%\"task.' || t.status || '\"%') \
-             ON CONFLICT (id) DO NOTHING"
+               AND {listened} \
+             ON CONFLICT (id) DO NOTHING",
+            listened = task_event_listened!("t"),
         ));
         if tx.run(s).await? > 0 {
             let events: Vec<String> = chunk
