@@ -501,3 +501,71 @@ pub async fn one_app_filling_the_service_leaves_the_others_their_share(b: &dyn B
         AdmissionRejection::AppCapacity { .. }
     ));
 }
+
+/// docs/budgets.md, "Each app's share of the global capacity": an app's count of queued
+/// or running admitted tasks is one count whether or not it had a share when each was
+/// admitted, and tasks ending give back on it. With `global_concurrent = 10` and shares
+/// of 3 (4 lent): `acme` admits 3 without a share and one ends (2 in use); `globex`
+/// takes its 3 and the 2 lent slots `acme`'s 2 leave; `acme` then gets its own third
+/// slot and the 2 lent ones it gave back by holding its share, and is refused at 5. Two
+/// of its tasks ending give back two; with shares removed only the service's cap applies.
+pub async fn an_apps_count_carries_across_its_share_being_set_and_removed(b: &dyn Backend) {
+    let s = b.open().await;
+    let unshared = budget(1000, 1000, 1000, 10, 1000, 1000);
+    let shared = tollgate_core::Budget {
+        global_share: Some(tollgate_core::GlobalShare {
+            share: 3,
+            reserved: 6,
+        }),
+        ..unshared
+    };
+    let scoped = |a: &str, i: &str, limits| new_scoped_task(a, i, i, "doc", limits);
+    let full = |in_use| AdmissionRejection::AppCapacity {
+        in_use,
+        share: 3,
+        lendable: 4,
+    };
+    let mut acme = Vec::new();
+    for i in 0..3 {
+        acme.push(
+            create_new(&*s, scoped("acme", &format!("u{i}"), unshared))
+                .await
+                .id,
+        );
+    }
+    cancel(&*s, &app("acme"), acme.remove(0)).await;
+    for i in 0..5 {
+        create_new(&*s, scoped("globex", &format!("g{i}"), shared)).await;
+    }
+    assert_eq!(
+        rejection(&*s, scoped("globex", "g5", shared)).await,
+        full(5),
+        "acme's 2 admitted without a share hold 2 of the lent slots"
+    );
+    for i in 0..3 {
+        acme.push(
+            create_new(&*s, scoped("acme", &format!("s{i}"), shared))
+                .await
+                .id,
+        );
+    }
+    assert_eq!(
+        rejection(&*s, scoped("acme", "s3", shared)).await,
+        full(5),
+        "the 2 admitted without a share count against acme's share"
+    );
+    for id in acme.drain(..2) {
+        cancel(&*s, &app("acme"), id).await;
+    }
+    for i in 4..6 {
+        create_new(&*s, scoped("acme", &format!("s{i}"), shared)).await;
+    }
+    assert_eq!(rejection(&*s, scoped("acme", "s6", shared)).await, full(5));
+    // Without shares, only the service's cap (10, all in use) applies.
+    assert_eq!(
+        rejection(&*s, scoped("acme", "u9", unshared)).await,
+        AdmissionRejection::GlobalCapacity { limit: 10 }
+    );
+    cancel(&*s, &app("acme"), acme.remove(0)).await;
+    create_new(&*s, scoped("acme", "u10", unshared)).await;
+}

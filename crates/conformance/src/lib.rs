@@ -217,6 +217,7 @@ macro_rules! conformance_suite {
             concurrency::racing_admissions_respect_global_concurrent_exactly,
             concurrency::racing_admissions_respect_each_apps_global_share_exactly,
             concurrency::one_app_filling_the_service_leaves_the_others_their_share,
+            concurrency::an_apps_count_carries_across_its_share_being_set_and_removed,
             concurrency::racing_admissions_respect_the_token_bucket_exactly,
             concurrency::racing_admissions_respect_daily_and_source_budgets_exactly,
             concurrency::racing_claims_claim_each_task_once,

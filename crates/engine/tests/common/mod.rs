@@ -72,13 +72,7 @@ impl TestDb {
     }
 
     pub fn postgres(test: &str) -> Option<TestDb> {
-        let Ok(url) = std::env::var("TOLLGATE_TEST_DATABASE_URL") else {
-            if std::env::var("TOLLGATE_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-                panic!("TOLLGATE_REQUIRE_POSTGRES=1 but TOLLGATE_TEST_DATABASE_URL is not set");
-            }
-            eprintln!("skipping {test} on PostgreSQL: TOLLGATE_TEST_DATABASE_URL is not set");
-            return None;
-        };
+        let url = tollgate_conformance::postgres_url(&format!("{test} on PostgreSQL"))?;
         let short: String = test
             .chars()
             .filter(|c| c.is_ascii_alphanumeric() || *c == '_')

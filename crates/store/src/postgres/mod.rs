@@ -15,7 +15,7 @@
 //! | one `global_slots` stripe | the **last** statement of an admission, until its commit | the global concurrency cap: a conditional increment within the stripe's allowance, held for one statement and the commit, never across the admission's reads |
 //! | every `global_slots` stripe, in order | an admission retried after its stripe's allowance ran out | the exact recount and fresh allowances (`admission::slots::take_slot_rebalancing`) |
 //! | `global_finished` stripe rows | tasks leaving queued/running | the other half of the global count; 64 stripes, so finishing never contends with admitting |
-//! | `app_slots` row, and the share pool's advisory lock for a lent slot | admission (its final statement, or the rebalancing path), tasks leaving queued/running | each app's share of the global capacity (docs/budgets.md) |
+//! | `app_slots` rows (one per (app, stripe), several only in stripe order), and the share pool's advisory lock for a lent slot | admission (its final statement: stripe 0 for an app with a share, one of 1–15 for one without; or the rebalancing path: every row of the app), tasks leaving queued/running (stripe 0) | each app's share of the global capacity (docs/budgets.md) |
 //! | task rows | claim, transitions, sweeps (`SKIP LOCKED`) | one claim per task, terminal states final |
 //! | task rows `FOR KEY SHARE` (a `stream_chunks` insert's foreign key check) | the stream log writer, in task id order | a chunk never outlives its task |
 //! | `dispatch_queues` rows (several only in (app, scope) order) | creation of a queued task (from its insert to its commit, even when nothing changes), the pass moves a store instance's fair claims owe (one statement per read of its queue view, `SKIP LOCKED`), deactivation of the queues a fair claim found empty (one batch per store instance after the claim, rows locked in (app, scope) order with `SKIP LOCKED`, then a fresh-snapshot check for queued tasks) | docs/conformance.md#fair-share: a queue with a queued task is never inactive; virtual times count every claim |
@@ -25,7 +25,7 @@
 //! rows (several only in id order) → new task rows → `dispatch_queues` rows (several
 //! only in (app, scope) order) → `scope_state` rows (several only in
 //! sorted (app, scope) order) → spend buckets → share pool advisory lock → `app_slots`
-//! row → `global_slots` (one, or all in order) → `global_finished` (one stripe). Sweeps take no advisory lock and skip locked rows (runs too), so they never
+//! rows (in stripe order) → `global_slots` (one, or all in order) → `global_finished` (one stripe). Sweeps take no advisory lock and skip locked rows (runs too), so they never
 //! wait on a replica. Because every transaction acquires in
 //! the same order, no cycle of waits can form, so no deadlock; the only wait between
 //! different scopes is a shared slot stripe during an admission's final statement and

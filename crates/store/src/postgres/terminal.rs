@@ -16,6 +16,11 @@ impl TerminalStatements for Tx {
            GREATEST(token_units, LEAST(token_units + $1 * 60000, token_capacity)) \
          WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
          AND token_capacity IS NOT NULL";
+    // On stripe 0 (the row an app with a share takes its own slots on), which an app
+    // without a share may not have yet.
+    const GIVE_BACK_APP: &'static str = "INSERT INTO app_slots (app, stripe, active, share) \
+         VALUES ($2, 0, -$1, 0) \
+         ON CONFLICT (app, stripe) DO UPDATE SET active = app_slots.active - $1";
     const LOCK_RUN_OF: Option<&'static str> = Some(
         "SELECT 1 FROM runs WHERE id = (SELECT run_id FROM tasks WHERE id = $1) FOR NO KEY UPDATE",
     );

@@ -98,38 +98,34 @@ fn spend_rows(
     conflict: &'static str,
     rows: impl IntoIterator<Item = ([Arg; 3], SpendDelta)>,
 ) -> Vec<Statement> {
-    let mut out = Vec::new();
-    let mut current: Option<(Statement, usize)> = None;
-    for (key, d) in rows {
-        let (s, n) = current.get_or_insert_with(|| (Statement::new(into), 0));
-        let amounts = [
-            d.reserved_nano,
-            d.settled_nano,
-            d.reserved_tokens,
-            d.settled_tokens,
-            d.overrun_nano,
-        ];
-        let ps: Vec<String> = key
-            .into_iter()
-            .chain(amounts.into_iter().map(Arg::from))
-            .map(|a| s.placeholder(a))
-            .collect();
-        if *n > 0 {
-            s.push(", ");
-        }
-        s.push(&format!("({})", ps.join(", ")));
-        *n += 1;
-        if *n == SPEND_ROWS_PER_STATEMENT {
-            let (mut s, _) = current.take().expect("a statement in progress");
+    let rows: Vec<_> = rows.into_iter().collect();
+    rows.chunks(SPEND_ROWS_PER_STATEMENT)
+        .map(|chunk| {
+            let mut s = Statement::new(into);
+            let values: Vec<String> = chunk
+                .iter()
+                .map(|(key, d)| {
+                    let amounts = [
+                        d.reserved_nano,
+                        d.settled_nano,
+                        d.reserved_tokens,
+                        d.settled_tokens,
+                        d.overrun_nano,
+                    ];
+                    let ps: Vec<String> = key
+                        .iter()
+                        .cloned()
+                        .chain(amounts.into_iter().map(Arg::from))
+                        .map(|a| s.placeholder(a))
+                        .collect();
+                    format!("({})", ps.join(", "))
+                })
+                .collect();
+            s.push(&values.join(", "));
             s.push(conflict);
-            out.push(s);
-        }
-    }
-    if let Some((mut s, _)) = current {
-        s.push(conflict);
-        out.push(s);
-    }
-    out
+            s
+        })
+        .collect()
 }
 
 /// A finished admitted task's reservation and usage, read by the terminal move.

@@ -121,6 +121,9 @@ pub(crate) trait TerminalStatements: Exec {
     /// before tasks), so a transition that wakes the run cannot deadlock with a cancel of
     /// that run; `None` where the backend's write lock already holds every row.
     const LOCK_RUN_OF: Option<&'static str>;
+    /// Gives `$1` admitted tasks of app `$2` back on its `app_slots` count (PostgreSQL
+    /// counts on stripes, migration 0026; SQLite on one row).
+    const GIVE_BACK_APP: &'static str;
 
     /// Takes [`Self::LOCK_RUN_OF`] for the task, where the backend has one.
     async fn lock_run_of(&mut self, id: TaskId) -> StoreResult<()> {
@@ -146,14 +149,10 @@ pub(crate) trait TerminalStatements: Exec {
     }
 
     /// `app_slots.active -= n` for one app (docs/budgets.md, "Each app's share of the
-    /// global capacity").
+    /// global capacity"; [`Self::GIVE_BACK_APP`]).
     async fn give_back_app(&mut self, app: &str, n: i64) -> StoreResult<()> {
-        self.run(
-            Statement::new("UPDATE app_slots SET active = active - $1 WHERE app = $2")
-                .bind(n)
-                .bind(app),
-        )
-        .await?;
+        self.run(Statement::new(Self::GIVE_BACK_APP).bind(n).bind(app))
+            .await?;
         Ok(())
     }
 

@@ -17,6 +17,7 @@ impl TerminalStatements for Tx {
            MAX(token_units, MIN(token_units + $1 * 60000, token_capacity)) \
          WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
          AND token_capacity IS NOT NULL";
+    const GIVE_BACK_APP: &'static str = "UPDATE app_slots SET active = active - $1 WHERE app = $2";
     // The write lock (`BEGIN IMMEDIATE`) already holds every row.
     const LOCK_RUN_OF: Option<&'static str> = None;
 

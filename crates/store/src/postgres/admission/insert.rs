@@ -3,7 +3,7 @@
 
 use super::super::{PostgresStore, Tx};
 use super::SlotPath;
-use super::slots::{slot_stripe, take_share_rebalancing, take_slot_rebalancing};
+use super::slots::{app_slot_stripe, slot_stripe, take_share_rebalancing, take_slot_rebalancing};
 pub(super) use crate::shared::admission::InsertRow;
 use crate::shared::admission::{ScopeUpdate, TASK_INSERT, bind_join, bind_token};
 use crate::shared::cost::{SpendDelta, bind_spend};
@@ -112,7 +112,14 @@ const ADMISSION_NAMES: &[&str] = &[
     "logical_key",
 ];
 /// The names [`insert_and_commit`] binds of the global slot ([`ADMIT_TASK`]).
-const SLOT_NAMES: &[&str] = &["fast", "share", "no_share", "slot_stripe", "cap"];
+const SLOT_NAMES: &[&str] = &[
+    "fast",
+    "share",
+    "no_share",
+    "app_stripe",
+    "slot_stripe",
+    "cap",
+];
 /// The names [`insert_reserved_and_commit`] binds besides the row, the join, the token
 /// and the spend groups ([`RESERVE_UNSOURCED`]).
 const UNSOURCED_NAMES: &[&str] = &["bucket_units", "bucket_at"];
@@ -192,6 +199,7 @@ pub(super) async fn insert_and_commit(
         b.bind("fast", path == SlotPath::Fast)
             .bind("share", share.map_or(0, |s| i64::from(s.share)))
             .bind("no_share", share.is_none())
+            .bind("app_stripe", app_slot_stripe(row.id))
             .bind("slot_stripe", stripe)
             .bind("cap", cap);
     });

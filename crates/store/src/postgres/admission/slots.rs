@@ -18,6 +18,30 @@ pub(super) fn slot_stripe(id: TaskId) -> i64 {
     (h % SLOT_STRIPES as u64) as i64
 }
 
+/// Each app's count and share as one row (`app`, `active`, `share`): the sums of its
+/// `app_slots` stripes, its share the largest (only stripe 0 holds a share).
+macro_rules! app_counts {
+    () => {
+        "(SELECT app, SUM(active) AS active, MAX(share) AS share FROM app_slots \
+         GROUP BY app) AS apps"
+    };
+}
+pub(super) use app_counts;
+
+/// Number of `app_slots` stripes an app without a share counts on (1 to this; stripe 0
+/// is a shared app's and every ending's, migration 0026).
+const APP_SLOT_STRIPES: u64 = 15;
+
+/// The `app_slots` stripe an admission of an app without a share counts on: spread by
+/// the new task's random id, independently of its [`slot_stripe`].
+pub(super) fn app_slot_stripe(id: TaskId) -> i64 {
+    let h = id
+        .to_string()
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    1 + ((h / SLOT_STRIPES as u64) % APP_SLOT_STRIPES) as i64
+}
+
 /// Slow path of the global cap, when the chosen stripe has no allowance left (or its
 /// allowance was computed for another `global_concurrent`): lock every stripe in order,
 /// count the service's active admitted tasks exactly (`Σ admitted − Σ finished`), and if
@@ -99,27 +123,33 @@ pub(super) async fn take_share_rebalancing(
             .bind(share_pool_lock_key())
             .execute(&mut **tx)
             .await?;
-        let app_active: Option<i64> =
-            sqlx::query_scalar("SELECT active FROM app_slots WHERE app = $1 FOR UPDATE")
-                .bind(app.as_str())
-                .fetch_optional(&mut **tx)
-                .await?;
-        let borrowed: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(SUM(GREATEST(active - share, 0)), 0)::BIGINT FROM app_slots",
+        // Every row of the app, in stripe order; its count is their sum.
+        let app_active: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(SUM(active), 0)::BIGINT FROM (SELECT active FROM app_slots \
+             WHERE app = $1 ORDER BY stripe FOR UPDATE) AS mine",
         )
+        .bind(app.as_str())
+        .fetch_one(&mut **tx)
+        .await?;
+        let borrowed: i64 = sqlx::query_scalar(concat!(
+            "SELECT COALESCE(SUM(GREATEST(active - share, 0)), 0)::BIGINT FROM ",
+            app_counts!()
+        ))
         .fetch_one(&mut **tx)
         .await?;
         let used = ShareUse {
-            app_active: app_active.unwrap_or(0).max(0) as u64,
+            app_active: app_active.max(0) as u64,
             borrowed: borrowed.max(0) as u64,
         };
         if let Err(refusal) = decide_global_share(share, budget.global_concurrent.get(), used) {
             return Ok(Err(refusal));
         }
     }
+    // On stripe 0, the row an app with a share counts its own slots on.
     sqlx::query(
-        "INSERT INTO app_slots (app, active, share) VALUES ($1, 1, $2) \
-         ON CONFLICT (app) DO UPDATE SET active = app_slots.active + 1, share = EXCLUDED.share",
+        "INSERT INTO app_slots (app, stripe, active, share) VALUES ($1, 0, 1, $2) \
+         ON CONFLICT (app, stripe) DO UPDATE SET active = app_slots.active + 1, \
+         share = EXCLUDED.share",
     )
     .bind(app.as_str())
     .bind(budget.global_share.map_or(0, |s| i64::from(s.share)))

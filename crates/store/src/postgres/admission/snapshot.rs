@@ -4,6 +4,7 @@
 //! has such a limit.
 
 use super::super::Tx;
+use super::slots::app_counts;
 use crate::StoreResult;
 use crate::shared::admission::{
     AdmissionFacts, Refusal, ScopeUpdate, SpendReads, UnsourcedFacts, spend_checked,
@@ -32,7 +33,7 @@ pub(super) async fn admit(
     let first = window_first_bucket(now);
     // The prune and the snapshot are one statement: the snapshot sees the sightings as
     // they were before the prune, and counts only those newer than the cutoff anyway.
-    let facts: AdmissionFacts = sqlx::query_as(
+    let facts: AdmissionFacts = sqlx::query_as(concat!(
         "WITH pruned AS (DELETE FROM scope_sources \
            WHERE app = $1 AND scope = $2 AND last_admitted_at <= $4 RETURNING 1) \
          SELECT (SELECT COUNT(*) FROM pruned)::BIGINT AS pruned, \
@@ -48,11 +49,13 @@ pub(super) async fn admit(
            - (SELECT COALESCE(SUM(finished), 0)::BIGINT FROM global_finished) AS global_active, \
          (SELECT COALESCE(SUM(reserved_nano + settled_nano), 0)::BIGINT FROM scope_spend \
                  WHERE app = $1 AND scope = $2 AND bucket >= $6) AS scope_window_nano, \
-         COALESCE((SELECT active FROM app_slots WHERE app = $1), 0)::BIGINT AS app_active, \
-         (SELECT COALESCE(SUM(GREATEST(active - share, 0)), 0)::BIGINT FROM app_slots) \
-           AS borrowed \
-         FROM (SELECT 1) AS one LEFT JOIN scope_state s ON s.app = $1 AND s.scope = $2",
-    )
+         (SELECT COALESCE(SUM(active), 0)::BIGINT FROM app_slots WHERE app = $1) \
+           AS app_active, \
+         (SELECT COALESCE(SUM(GREATEST(active - share, 0)), 0)::BIGINT FROM ",
+        app_counts!(),
+        ") AS borrowed \
+         FROM (SELECT 1) AS one LEFT JOIN scope_state s ON s.app = $1 AND s.scope = $2"
+    ))
     .bind(app.as_str())
     .bind(scope.as_str())
     .bind(source.as_str())

@@ -45,12 +45,27 @@ rec AS (
 -- docs/conformance.md#cost-reservation: the reservation, in the scope's and the app's spend bucket (sp, ap).
 {spend_add},
 -- The fast path: the app's share of the global capacity (:share, 0: none; :no_share:
--- the app has none, so it only counts), then a slot of this stripe's allowance.
+-- the app has none, so it only counts), then a slot of this stripe's allowance. The
+-- app's count is the sum of its rows (migration 0026): an app with a share takes an own
+-- slot on its stripe 0, under that row's lock, while that row and its other stripes
+-- (read in the statement's snapshot: only admissions without a share write them, and
+-- those check no share either) hold fewer than its share; an app without one counts on
+-- :app_stripe (1–15), first clearing a share it had (so a share removed takes effect
+-- at its next admission, and rows lock in stripe order).
+unshare AS (
+  UPDATE app_slots SET share = 0
+  WHERE :fast AND :no_share AND app = :app AND share <> 0 AND EXISTS (SELECT 1 FROM ap)
+  RETURNING 1
+),
 own AS (
-  INSERT INTO app_slots (app, active, share)
-  SELECT :app, 1, :share FROM ap WHERE :fast AND (:no_share OR :share > 0)
-  ON CONFLICT (app) DO UPDATE SET active = app_slots.active + 1, share = EXCLUDED.share
-  WHERE :no_share OR app_slots.active < EXCLUDED.share
+  INSERT INTO app_slots (app, stripe, active, share)
+  SELECT :app, CASE WHEN :no_share THEN :app_stripe ELSE 0 END, 1, :share
+  FROM ap WHERE :fast AND (:no_share OR :share > 0)
+    AND (SELECT COUNT(*) FROM unshare) >= 0
+  ON CONFLICT (app, stripe) DO UPDATE SET active = app_slots.active + 1,
+    share = EXCLUDED.share
+  WHERE :no_share OR app_slots.active + (SELECT COALESCE(SUM(o.active), 0) FROM app_slots o
+    WHERE o.app = :app AND o.stripe <> 0) < EXCLUDED.share
   RETURNING 1
 ),
 slot AS (
