@@ -97,9 +97,17 @@ async fn attempt_create(
         .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
     let app = new.owner.app().clone();
     let mut tx = store.begin().await?;
+    // Admission, and the cost checks of a task without a source under a USD or token
+    // limit, hold the scope's lock exclusively.
+    let checked = new.scope.is_some() || new.cost.as_ref().is_some_and(TaskCost::limited);
 
-    // Step 2: idempotency, before any lock: a replay costs one indexed read.
-    if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
+    // Step 2: idempotency, before any lock that can wait: a replay costs one indexed
+    // read, and never waits for the scope's admissions. A run's task replays before its
+    // run is checked. An application's task that takes only the scope's shared lock
+    // (nothing to admit or check) needs no read of its own: the probe below says whether
+    // its key is taken, in the same round trip.
+    let early = checked || matches!(new.owner, Owner::Run { .. });
+    if early && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
         tx.rollback().await?;
         return Ok(Some(Created::existing(task)));
     }
@@ -120,9 +128,6 @@ async fn attempt_create(
         })
     };
     let probe_cache = new.scope.as_ref().is_some_and(|scoped| !scoped.recompute);
-    // Admission, and the cost checks of a task without a source under a USD or token
-    // limit, hold the scope's lock exclusively.
-    let checked = new.scope.is_some() || new.cost.as_ref().is_some_and(TaskCost::limited);
     let (run_id, scope, subject, key, probe) = match &new.owner {
         Owner::Run { run_id, .. } => {
             let (scope, subject) = run_owner(&mut tx, &app, *run_id, checked).await?;
