@@ -9,13 +9,16 @@ use tollgate_core::{AdmissionRejection, AppId, Budget, ShareUse, TaskId, decide_
 /// Number of `global_slots` stripes (migration 0004).
 pub(super) const SLOT_STRIPES: i64 = 16;
 
+/// A hash of a new task's random id, which its stripes are picked by.
+fn id_hash(id: TaskId) -> u64 {
+    id.to_string()
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+}
+
 /// The slot stripe an admission tries first: spread by the new task's random id.
 pub(super) fn slot_stripe(id: TaskId) -> i64 {
-    let h = id
-        .to_string()
-        .bytes()
-        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-    (h % SLOT_STRIPES as u64) as i64
+    (id_hash(id) % SLOT_STRIPES as u64) as i64
 }
 
 /// Each app's count and share as one row (`app`, `active`, `share`): the sums of its
@@ -35,11 +38,7 @@ const APP_SLOT_STRIPES: u64 = 15;
 /// The `app_slots` stripe an admission of an app without a share counts on: spread by
 /// the new task's random id, independently of its [`slot_stripe`].
 pub(super) fn app_slot_stripe(id: TaskId) -> i64 {
-    let h = id
-        .to_string()
-        .bytes()
-        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-    1 + ((h / SLOT_STRIPES as u64) % APP_SLOT_STRIPES) as i64
+    1 + ((id_hash(id) / SLOT_STRIPES as u64) % APP_SLOT_STRIPES) as i64
 }
 
 /// Slow path of the global cap, when the chosen stripe has no allowance left (or its
