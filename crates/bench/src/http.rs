@@ -4,10 +4,10 @@
 //! system picks, over a [`Tollgate`] the scenario built, and one keep-alive HTTP/1.1
 //! client holding the benchmark app's API key.
 //!
-//! The server runs with `[server]`'s defaults but one: its idle timeout is raised, so the
-//! client's one kept-alive connection outlives the other sides' rounds (the product's 5 s
-//! would close it between rounds, and the first request of a round would pay a new
-//! connection).
+//! The server runs with `[server]`'s defaults but two: its idle and header-read timeouts
+//! are raised, so the clients' kept-alive connections outlive the other sides' rounds
+//! (the product's 5 s and 10 s would close them between rounds, and the first request of
+//! a round would pay a new connection, or race the close).
 
 use super::BENCH_APP;
 use anyhow::Context;
@@ -70,8 +70,12 @@ impl HttpServer {
             .await
             .context("cannot listen on 127.0.0.1")?;
         let addr = listener.local_addr()?;
+        // The header timeout too: hyper runs it while a kept-alive connection waits for
+        // its next request, so with the product's 10 s it would close connections
+        // resting through the other sides' rounds, racing the next call sent on them
+        // (`bench door` once failed so: "connection closed before message completed").
         let timeouts = ConnectionTimeouts {
-            header_read: defaults.header_read_timeout,
+            header_read: IDLE_TIMEOUT,
             idle: IDLE_TIMEOUT,
         };
         let (stop, stopped) = oneshot::channel::<()>();
