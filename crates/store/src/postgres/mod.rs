@@ -57,6 +57,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{Clock, Timestamp};
 
+/// How long a pooled connection may sit idle and still be used without a ping first
+/// (see the pool's options in [`PostgresStore::open`]).
+const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
 /// SQL for "now" in epoch milliseconds inside one statement: parameter `$n` (the
 /// [`PostgresStore::fixed_now`] clock) when bound, else the database's clock.
 macro_rules! now_sql {
@@ -202,6 +206,20 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
+            // sqlx pings every connection as it goes back to the pool (that ping stays),
+            // and by default again as it comes out: a round trip before every statement
+            // or transaction. A connection that came back moments ago was just checked,
+            // so only one idle for a while (the server may have closed it meanwhile) is
+            // pinged before use; a broken one is then dropped and another taken.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IDLE_AFTER {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(connect)
             .await?;
         crate::shared::sql::check_schema_version(
