@@ -21,6 +21,7 @@ impl TerminalStatements for Tx {
     const GIVE_BACK_APP: &'static str = "INSERT INTO app_slots (app, stripe, active, share) \
          VALUES ($2, 0, -$1, 0) \
          ON CONFLICT (app, stripe) DO UPDATE SET active = app_slots.active - $1";
+    const SPEND_IN_ONE_STATEMENT: bool = true;
     const LOCK_RUN_OF: Option<&'static str> = Some(
         "SELECT 1 FROM runs WHERE id = (SELECT run_id FROM tasks WHERE id = $1) FOR NO KEY UPDATE",
     );

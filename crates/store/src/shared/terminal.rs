@@ -10,7 +10,10 @@
 //! that can cost money) are read, core's `settle` says what each cost,
 //! and the backend writes the plan.
 
-use super::cost::{SettleRow, SettlementPlan, app_spend_rows, plan_settlement, scope_spend_rows};
+use super::cost::{
+    SettleRow, SettlementPlan, app_spend_rows, plan_settlement, scope_spend_rows,
+    spend_rows_one_statement,
+};
 use super::rows::FinishedRow;
 use super::sql::{Exec, Statement, TxExec};
 use super::tasks::fetch_task;
@@ -124,6 +127,10 @@ pub(crate) trait TerminalStatements: Exec {
     /// Gives `$1` admitted tasks of app `$2` back on its `app_slots` count (PostgreSQL
     /// counts on stripes, migration 0026; SQLite on one row).
     const GIVE_BACK_APP: &'static str;
+    /// Whether [`Self::apply_spend`] writes scope and app buckets in one statement
+    /// ([`spend_rows_one_statement`]: a data-modifying CTE, which PostgreSQL has and
+    /// SQLite has not).
+    const SPEND_IN_ONE_STATEMENT: bool;
 
     /// Takes [`Self::LOCK_RUN_OF`] for the task, where the backend has one.
     async fn lock_run_of(&mut self, id: TaskId) -> StoreResult<()> {
@@ -191,6 +198,12 @@ pub(crate) trait TerminalStatements: Exec {
     /// scope buckets then app buckets, each in key order (the lock order,
     /// docs/locking.md); its refunds and charges are not written.
     async fn apply_spend(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
+        if Self::SPEND_IN_ONE_STATEMENT
+            && let Some(s) = spend_rows_one_statement(plan)?
+        {
+            self.run(s).await?;
+            return Ok(());
+        }
         for s in scope_spend_rows(&plan.scope)
             .into_iter()
             .chain(app_spend_rows(&plan.app)?)
