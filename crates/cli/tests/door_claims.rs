@@ -7,7 +7,9 @@
 //!
 //! Also: a door task is released by the write that creates it (a sourced call leaves no
 //! unreleased source behind, where a `POST /v1/tasks` task of the same scope does), and
-//! a replay of a key answers the same task without a second provider call.
+//! a replay of a key answers the same task without a second provider call. With the
+//! pool idle, the calls' tasks are created claimed (they need no hint at all); the
+//! `POST /v1/tasks` task still starts on its hint alone.
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -195,6 +197,30 @@ async fn door_calls_start_on_their_hint_alone(backend: &str) {
         tasks.push(task);
     }
     assert_eq!(provider_calls.load(Ordering::SeqCst), CALLS);
+
+    // One call at a time on an idle pool: the calls' tasks were created claimed by this
+    // replica's worker (docs/engine.md, "Door calls claimed at creation"), not claimed
+    // from the queue.
+    let metrics = server
+        .http
+        .get(format!("{}/metrics", server.base))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let at_creation: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("tollgate_claims_total{via=\"creation\"}"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no creation claims counted:\n{metrics}"));
+    assert!(
+        at_creation >= (CALLS / 2) as f64,
+        "{at_creation} of {CALLS} calls claimed at creation"
+    );
 
     // A replay answers the same task; the provider is not called again.
     let (_, again) = door_call(&server, &format!("{run}-0"), "s0", None, true).await;

@@ -164,6 +164,7 @@ pub fn new_app_task(app_name: &str, scope_name: &str, effect_key: &str) -> NewTa
         trace_parent: None,
         max_attempts: tollgate_core::MaxAttempts::ONE,
         released: false,
+        claim_by: None,
     }
 }
 

@@ -157,6 +157,7 @@ macro_rules! conformance_suite {
             unsourced::unsourced_tasks_in_a_batch_record_their_reservations,
             unsourced::racing_unsourced_batches_record_each_reservation_once,
             lifecycle::claim_moves_queued_to_running_once,
+            lifecycle::a_task_created_claimed_is_running_and_never_claimable,
             lifecycle::claim_refuses_canceled_and_finished_tasks,
             lifecycle::claim_refuses_tasks_of_a_canceled_run,
             lifecycle::claim_next_claims_oldest_claimable_first,

@@ -1758,6 +1758,7 @@ impl Harness {
             trace_parent: None,
             max_attempts: tollgate_core::MaxAttempts::ONE,
             released: false,
+            claim_by: None,
         }
     }
 

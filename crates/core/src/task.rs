@@ -305,6 +305,12 @@ pub struct NewTask {
     /// door's), so it needs no separate release (docs/conformance.md#application-tasks).
     /// A replay of its key changes nothing.
     pub released: bool,
+    /// Created already claimed by this worker (docs/engine.md, "Door calls claimed at
+    /// creation"): the creating transaction moves the task to `running`, as a claim by
+    /// id would, before it commits, so it is never seen queued. The engine asks this only
+    /// for a door call on a replica with a free execution slot and nothing else
+    /// claimable. A replay or a cache hit is not claimed.
+    pub claim_by: Option<WorkerId>,
 }
 
 /// docs/conformance.md#create-cache: the cache key, a hash of source, revision, request, model config hash

@@ -29,6 +29,9 @@ pub(crate) struct Inner {
     pub(crate) streams: Arc<crate::stream::StreamHub>,
     /// Traces (docs/telemetry.md): off unless a tracer was given.
     pub(crate) traces: crate::telemetry::Traces,
+    /// This process's worker pool while it runs (docs/engine.md, "Door calls claimed at
+    /// creation"): a door call may be created already claimed by it.
+    pub(crate) local_pool: std::sync::Mutex<std::sync::Weak<crate::worker::WorkerPool>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -42,6 +45,18 @@ impl std::fmt::Debug for Inner {
 }
 
 impl Inner {
+    /// A free execution slot of this process's running worker pool for a door call's
+    /// task, created already claimed (docs/engine.md, "Door calls claimed at creation");
+    /// `None` when no pool runs here or it should not take one now.
+    pub(crate) fn direct_slot(&self) -> Option<crate::worker::DirectSlot> {
+        let pool = self
+            .local_pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .upgrade()?;
+        pool.direct_slot()
+    }
+
     /// docs/conformance.md#create-validate for a request: valid for its kind, within the request size limit,
     /// and able to produce an output within the output limit. The one check every
     /// submission (and every pipeline step written in full) goes through.

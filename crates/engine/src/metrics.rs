@@ -336,7 +336,7 @@ pub fn register<'a>(providers: impl IntoIterator<Item = &'a str>) {
         counter!(TASK_OUTCOMES_TOTAL, "outcome" => outcome, "code" => "none").absolute(0);
     }
     gauge!(TASKS_IN_FLIGHT).set(0.0);
-    for via in ["hint", "poll"] {
+    for via in ["hint", "poll", "creation"] {
         counter!(CLAIMS_TOTAL, "via" => via).absolute(0);
     }
     counter!(HEARTBEAT_STOPS_TOTAL).absolute(0);

@@ -65,6 +65,7 @@ fn app_task(app: &str, scope: &str, key: &str, source: Option<&str>) -> NewTask 
         trace_parent: None,
         max_attempts: tollgate_core::MaxAttempts::ONE,
         released: false,
+        claim_by: None,
     }
 }
 

@@ -96,6 +96,7 @@ async fn sweep_repairs_a_lost_wake() {
             trace_parent: None,
             max_attempts: tollgate_core::MaxAttempts::ONE,
             released: false,
+            claim_by: None,
         })
         .await
         .unwrap()

@@ -2,7 +2,7 @@
 
 use crate::Backend;
 use crate::fixtures::*;
-use tollgate_core::{Clock, TaskId, TaskStatus};
+use tollgate_core::{Budget, Clock, NewTask, TaskId, TaskStatus, WorkerId};
 
 /// docs/conformance.md#lifecycle claim: `queued → running`, recorded with the worker and the time; a task is
 /// claimed at most once (a second claim, by anyone, gets nothing).
@@ -180,4 +180,90 @@ pub async fn heartbeat_reports_alive_and_stop_in_one_call(b: &dyn Backend) {
         TaskStatus::Running,
         "another worker's task is untouched"
     );
+}
+
+/// docs/conformance.md#lifecycle claim, for a task created claimed (`NewTask::claim_by`,
+/// the OpenAI door's on a replica with a free slot): its creating transaction claims it,
+/// so it is running by that worker with its first attempt open, as a claim would leave
+/// it, and never claimable; its lease works as a claim's; a replay of its key claims
+/// nothing; a cache hit is created succeeded, not claimed. Every creation path: no cost,
+/// a cost under USD and token limits, a scoped (admitted) task.
+pub async fn a_task_created_claimed_is_running_and_never_claimable(b: &dyn Backend) {
+    use crate::cost::{cost_budget, reserve};
+    use crate::unsourced::unsourced_task;
+    use tollgate_core::AttemptOutcome;
+
+    let s = b.open().await;
+    let acme = app("acme");
+    let (w1, w2) = (worker("w1"), worker("w2"));
+    let claimed_by = |mut new: NewTask, w: &WorkerId| {
+        new.claim_by = Some(w.clone());
+        new
+    };
+    let limits = Budget {
+        cost: cost_budget(Some(10_000_000), Some((600, 4_000)), None).cost,
+        ..unlimited()
+    };
+    b.clock().advance(secs(2));
+    let news = [
+        ("no cost", new_app_task("acme", "s", "plain")),
+        (
+            "cost under limits",
+            unsourced_task("acme", "s", "limited", limits, reserve(100, 50)),
+        ),
+        (
+            "scoped",
+            new_scoped_task("acme", "s", "admitted", "src", unlimited()),
+        ),
+    ];
+    for (what, new) in news {
+        let created = s
+            .create_task(claimed_by(new.clone(), &w1))
+            .await
+            .expect(what);
+        assert!(created.created, "{what}");
+        let t = created.task;
+        assert_eq!(t.status, TaskStatus::Running, "{what}");
+        assert_eq!(t.worker, Some(w1.clone()), "{what}");
+        assert_eq!(t.attempt, 1, "{what}");
+        assert_eq!(t.claimed_at, Some(b.clock().now()), "{what}");
+        assert_eq!(get(&*s, &acme, t.id).await, t, "{what}: as committed");
+        let attempts = s.task_attempts(&acme, t.id).await.expect("task_attempts");
+        assert_eq!(attempts.len(), 1, "{what}: its first attempt is open");
+        assert_eq!(attempts[0].outcome, AttemptOutcome::Running, "{what}");
+        assert_eq!(
+            try_claim(&*s, t.id, &w2).await,
+            None,
+            "{what}: not claimable"
+        );
+        let replay = s.create_task(claimed_by(new, &w2)).await.expect(what);
+        assert!(!replay.created, "{what}: a replay");
+        assert_eq!(replay.task, t, "{what}: a replay claims nothing");
+        let beat = s.heartbeat(&w1, &[(t.id, 1)]).await.expect("heartbeat");
+        assert_eq!(
+            beat.alive,
+            vec![(t.id, 1)],
+            "{what}: its lease is the claim's"
+        );
+        let done = complete(&*s, t.id, &w1, spam()).await;
+        assert!(done.applied, "{what}: completed under its lease: {done:?}");
+    }
+    assert!(
+        s.claim_next(&w2, 10).await.expect("claim_next").is_empty(),
+        "no task created claimed was ever queued"
+    );
+
+    // A cache hit: created succeeded from the cache, not claimed.
+    let first = create_new(&*s, new_scoped_task("acme", "s", "c1", "doc", unlimited())).await;
+    succeed(&*s, first.id).await;
+    let hit = s
+        .create_task(claimed_by(
+            new_scoped_task("acme", "s", "c2", "doc", unlimited()),
+            &w1,
+        ))
+        .await
+        .expect("cache hit");
+    assert!(hit.created && hit.task.cached(), "{hit:?}");
+    assert_eq!(hit.task.status, TaskStatus::Succeeded);
+    assert_eq!(hit.task.worker, None);
 }

@@ -104,6 +104,7 @@ impl TollgateBuilder {
                 pipelines: PipelineCache::default(),
                 watches,
                 streams,
+                local_pool: std::sync::Mutex::default(),
             }),
         })
     }

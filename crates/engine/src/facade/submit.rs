@@ -61,9 +61,24 @@ impl Tollgate {
                     // second write on the call's path, none holding the row while a
                     // worker claims it).
                     prepared.released = space == Some(EngineKeySpace::OpenAiDoor);
+                    // docs/engine.md, "Door calls claimed at creation": with a free slot
+                    // and nothing else claimable here, the door's task is created claimed
+                    // by this process's worker and starts at once, without a claim of its
+                    // own (a commit and the dispatcher's hand-over saved).
+                    let direct = if prepared.released {
+                        self.inner.direct_slot()
+                    } else {
+                        None
+                    };
+                    prepared.claim_by = direct.as_ref().map(|slot| slot.worker().clone());
                     let scoped = prepared.scope.is_some();
                     let admission = traces.child(&span, "admission");
                     let created = self.inner.store.create_task(prepared).await;
+                    if let (Some(slot), Ok(c)) = (direct, &created)
+                        && c.created
+                    {
+                        slot.start(&c.task);
+                    }
                     let answer = self.created(kind, scoped, created);
                     crate::telemetry::record_admission(&admission, &answer);
                     answer
@@ -153,6 +168,7 @@ impl Tollgate {
                     .and_then(|a| a.max_attempts),
             ),
             released: false,
+            claim_by: None,
         })
     }
 

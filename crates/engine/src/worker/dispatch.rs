@@ -109,6 +109,10 @@ impl WorkerPool {
             if recheck {
                 tracing::debug!("a hinted task was not claimable: looking again soon");
             }
+            // Nothing more to claim (as far as this claim saw) and no hint waiting: a door
+            // call may now be created claimed (docs/engine.md, "Door calls claimed at
+            // creation"). A claim that filled every slot, failed or left hints says not.
+            self.set_idle(!failed && claimed.len() < free && pending.is_empty());
             for (task, via) in claimed {
                 metrics::counter!(m::CLAIMS_TOTAL, "via" => via).increment(1);
                 record_claim(&task);
@@ -168,4 +172,77 @@ fn record_claim(task: &Task) {
         metrics::histogram!(m::QUEUE_WAIT_SECONDS, m::app_labels(&task.app)).record(waited);
     }
     metrics::counter!(m::SCOPE_CLAIMS_TOTAL, m::app_labels(&task.app)).increment(1);
+}
+
+impl WorkerPool {
+    /// Whether the dispatcher found nothing more to claim ([`WorkerPool::direct_slot`]).
+    pub(super) fn set_idle(&self, idle: bool) {
+        self.idle.store(idle, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// An execution slot for a task created already claimed by this pool's worker
+    /// (docs/engine.md, "Door calls claimed at creation"): only while the dispatcher is
+    /// idle (its last claim found nothing more, no hint since), so such a task passes no
+    /// queued task of the fair order, and only with a slot free and the held executions
+    /// under the dispatcher's own cap. `None`: the call's task goes through the queue.
+    pub(crate) fn direct_slot(self: &Arc<Self>) -> Option<DirectSlot> {
+        if self.control.stop_claiming.is_cancelled()
+            || self.control.crash.is_cancelled()
+            || !self.idle.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return None;
+        }
+        let held_cap = self.inner.config.workers.concurrency as usize + 2 * MAX_COMPLETION_BATCH;
+        if self.held().len() >= held_cap {
+            return None;
+        }
+        let permit = self.slots.clone().try_acquire_owned().ok()?;
+        Some(DirectSlot {
+            pool: self.clone(),
+            permit: Some(permit),
+        })
+    }
+}
+
+/// A free execution slot of a [`WorkerPool`], taken for one task created claimed by its
+/// worker ([`WorkerPool::direct_slot`]). Given back (and the dispatcher told) when
+/// dropped unused: the creation was a replay, a cache hit, refused or failed.
+#[derive(Debug)]
+pub(crate) struct DirectSlot {
+    pool: Arc<WorkerPool>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl DirectSlot {
+    /// The worker a task created with this slot is claimed by.
+    pub(crate) fn worker(&self) -> &tollgate_core::WorkerId {
+        &self.pool.worker
+    }
+
+    /// Starts the execution of `task`, which its creation claimed for this slot's worker
+    /// (running, by this worker); any other task leaves the slot unused.
+    pub(crate) fn start(mut self, task: &Task) {
+        if task.status != tollgate_core::TaskStatus::Running
+            || task.worker.as_ref() != Some(&self.pool.worker)
+        {
+            return;
+        }
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        metrics::counter!(m::CLAIMS_TOTAL, "via" => "creation").increment(1);
+        record_claim(task);
+        let pool = self.pool.clone();
+        pool.executions
+            .spawn(pool.clone().run_task(Arc::new(task.clone()), permit));
+    }
+}
+
+impl Drop for DirectSlot {
+    fn drop(&mut self) {
+        if self.permit.take().is_some() {
+            // The dispatcher may be waiting for a slot while this one was taken.
+            self.pool.slot_freed.notify_one();
+        }
+    }
 }

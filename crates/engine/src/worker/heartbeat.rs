@@ -58,6 +58,10 @@ impl WorkerPool {
             };
             match event {
                 Ok(Event::TaskQueued { id, .. }) => {
+                    // Something may be claimable: no door call claims at creation until
+                    // the dispatcher has looked (docs/engine.md, "Door calls claimed at
+                    // creation").
+                    self.set_idle(false);
                     if !self.control.stop_claiming.is_cancelled() {
                         let _ = hints.try_send(id);
                     }
@@ -68,8 +72,9 @@ impl WorkerPool {
                         token.cancel();
                     }
                 }
-                Ok(Event::RunWoken { .. } | Event::StreamAppended { .. })
-                | Err(RecvError::Lagged(_)) => {}
+                // Missed events may have named queued tasks.
+                Err(RecvError::Lagged(_)) => self.set_idle(false),
+                Ok(Event::RunWoken { .. } | Event::StreamAppended { .. }) => {}
                 Err(RecvError::Closed) => return,
             }
         }

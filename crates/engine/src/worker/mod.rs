@@ -44,6 +44,8 @@ mod dispatch;
 mod embed;
 mod execute;
 mod handle;
+
+pub(crate) use dispatch::DirectSlot;
 mod heartbeat;
 
 pub(crate) use embed::vectors_json;
@@ -113,6 +115,9 @@ pub(crate) struct WorkerPool {
     completions: CompletionBatcher,
     /// Grouped embeddings calls of this process's `embed` executions.
     embeds: Arc<crate::provider::embed_batch::EmbedBatcher>,
+    /// The dispatcher's last claim found nothing more to claim, and no hint came since
+    /// (docs/engine.md, "Door calls claimed at creation").
+    idle: std::sync::atomic::AtomicBool,
 }
 
 impl Tollgate {
@@ -142,7 +147,14 @@ impl WorkerPool {
             embeds: Arc::new(crate::provider::embed_batch::EmbedBatcher::new(
                 inner.config.workers.embed_gather,
             )),
+            idle: std::sync::atomic::AtomicBool::new(false),
         });
+        if concurrency > 0 {
+            *inner
+                .local_pool
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&pool);
+        }
         let (hint_tx, hint_rx) = mpsc::channel(HINT_CAPACITY);
         // Subscribe before recovery lists the queue, so nothing queued meanwhile is missed.
         let events = inner.notifier.subscribe();

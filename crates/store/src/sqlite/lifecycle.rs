@@ -12,7 +12,8 @@ use crate::shared::lifecycle::{
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::{ClaimOrder, StoreResult};
 use async_trait::async_trait;
-use tollgate_core::{TaskId, WorkerId};
+use sqlx::SqliteConnection;
+use tollgate_core::{TaskId, Timestamp, WorkerId};
 
 #[async_trait]
 impl WorkerStatements for SqliteStore {
@@ -20,25 +21,7 @@ impl WorkerStatements for SqliteStore {
 
     async fn claim_one(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<TaskRow>> {
         let mut tx = self.begin().await?;
-        let now = self.now();
-        let row = sqlx::query_as(concat!(
-            "UPDATE tasks SET status = 'running', worker = ?, attempt = ",
-            claim_attempt!(),
-            ", claimed_at = ?, heartbeat_at = ? \
-             WHERE id = ? AND status = 'queued' AND cancel_requested = 0 AND ",
-            run_not_canceled!(),
-            " RETURNING ",
-            task_columns!()
-        ))
-        .bind(worker.as_str())
-        .bind(now.0)
-        .bind(now.0)
-        .bind(id.to_string())
-        .fetch_optional(&mut *tx)
-        .await?;
-        if let Some(row) = &row {
-            open_claimed(&mut tx, std::slice::from_ref(row)).await?;
-        }
+        let row = claim_by_id(&mut tx, id, worker, self.now()).await?;
         tx.commit().await?;
         Ok(row)
     }
@@ -119,9 +102,39 @@ impl WorkerStatements for SqliteStore {
 
 worker_store_for!(SqliteStore);
 
+/// docs/conformance.md#lifecycle claim of one task by id (`queued → running` for
+/// `worker` at `now`, its attempt opened) in a write transaction: a claim's own, or a
+/// creation's (a task created claimed, `NewTask::claim_by`).
+pub(super) async fn claim_by_id(
+    conn: &mut SqliteConnection,
+    id: TaskId,
+    worker: &WorkerId,
+    now: Timestamp,
+) -> StoreResult<Option<TaskRow>> {
+    let row = sqlx::query_as(concat!(
+        "UPDATE tasks SET status = 'running', worker = ?, attempt = ",
+        claim_attempt!(),
+        ", claimed_at = ?, heartbeat_at = ? \
+         WHERE id = ? AND status = 'queued' AND cancel_requested = 0 AND ",
+        run_not_canceled!(),
+        " RETURNING ",
+        task_columns!()
+    ))
+    .bind(worker.as_str())
+    .bind(now.0)
+    .bind(now.0)
+    .bind(id.to_string())
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(row) = &row {
+        open_claimed(conn, std::slice::from_ref(row)).await?;
+    }
+    Ok(row)
+}
+
 /// Opens the attempts of the tasks just claimed, in the claim's transaction
 /// ([`open_claimed_attempts!`], JSON read with `json_extract`).
-async fn open_claimed(tx: &mut super::Tx, rows: &[TaskRow]) -> StoreResult<()> {
+async fn open_claimed(tx: &mut SqliteConnection, rows: &[TaskRow]) -> StoreResult<()> {
     if rows.is_empty() {
         return Ok(());
     }
@@ -134,7 +147,7 @@ async fn open_claimed(tx: &mut super::Tx, rows: &[TaskRow]) -> StoreResult<()> {
         "json_extract(reservation, '$.tokens')"
     ))
     .bind(id_list(&ids))
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     Ok(())
 }

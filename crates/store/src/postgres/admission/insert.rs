@@ -16,7 +16,7 @@ use crate::{Created, StoreError, StoreResult};
 use tollgate_core::cost::spend_bucket;
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
-    TaskId, Timestamp, Weight, join_credit, stride,
+    TaskId, TaskStatus, Timestamp, Weight, join_credit, stride,
 };
 
 /// The spend upserts (`sql/spend_add.sql`), CTEs of the statements that reserve or save.
@@ -170,7 +170,7 @@ pub(super) async fn insert_and_commit(
             let ids = [task.id.to_string()];
             crate::shared::webhooks::record_task_events(&mut *tx, &ids, row.now).await?;
         }
-        tx.commit().await?;
+        let task = commit_created(store, tx, row.new, task).await?;
         return Ok(Some(Created::inserted(task).saving(row.saved_nano)));
     };
     let cap = i64::from(record.budget.global_concurrent.get());
@@ -232,7 +232,7 @@ pub(super) async fn insert_and_commit(
             })),
         };
     }
-    tx.commit().await?;
+    let task = commit_created(store, tx, row.new, task).await?;
     Ok(Some(Created::inserted(task)))
 }
 
@@ -267,8 +267,39 @@ pub(super) async fn insert_reserved_and_commit(
         return lost_race(store, app, row.new).await.map(Some);
     };
     let task = task.into_task()?;
-    tx.commit().await?;
+    let task = commit_created(store, tx, row.new, task).await?;
     Ok(Some(Created::inserted(task)))
+}
+
+/// Commits a creation's transaction. A task asked claimed (`NewTask::claim_by`) and
+/// inserted queued is first claimed in it (docs/engine.md, "Door calls claimed at
+/// creation"), so it is never seen queued and its claim costs no commit of its own; the
+/// claim then counts in its queue's virtual time as a fair claim's does
+/// (docs/conformance.md#fair-share). Answers the task as committed.
+async fn commit_created(
+    store: &PostgresStore,
+    mut tx: Tx,
+    new: &NewTask,
+    task: Task,
+) -> StoreResult<Task> {
+    let claimed = match &new.claim_by {
+        Some(worker) if task.status == TaskStatus::Queued => {
+            super::super::lifecycle::claim_by_id(&mut *tx, task.id, worker, store.fixed_now())
+                .await?
+        }
+        _ => None,
+    };
+    tx.commit().await?;
+    let Some(row) = claimed else {
+        return Ok(task);
+    };
+    let task = row.into_task()?;
+    store.queue_view.owe(
+        task.app.as_str(),
+        task.scope.as_str(),
+        stride(new.dispatch.weight),
+    );
+    Ok(task)
 }
 
 pub(super) async fn lost_race(

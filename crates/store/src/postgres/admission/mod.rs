@@ -38,6 +38,7 @@ use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskCost, TaskId, Time
 pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
     if new.scope.is_none()
         && new.cost.is_none()
+        && new.claim_by.is_none()
         && let Owner::Application {
             app,
             scope,
@@ -299,9 +300,11 @@ pub(super) async fn create_tasks(
 }
 
 /// Whether a creation of a batch joins its shared transaction ([`create_unscoped`]): no
-/// source, and no cost, or a cost under no USD or token limit on an application's task.
+/// source, not asked claimed, and no cost, or a cost under no USD or token limit on an
+/// application's task.
 fn batched_unscoped(new: &NewTask) -> bool {
     new.scope.is_none()
+        && new.claim_by.is_none()
         && match &new.cost {
             None => true,
             Some(cost) => !cost.limited() && matches!(new.owner, Owner::Application { .. }),

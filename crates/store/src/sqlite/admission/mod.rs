@@ -23,17 +23,17 @@ use insert::insert_task;
 use snapshot::{admit, reserve_unsourced};
 use sqlx::SqliteConnection;
 use tollgate_core::{
-    AppId, ConfigHash, NewTask, Owner, Reservation, RunState, ScopeId, Subject, TaskId, Timestamp,
-    cache_key,
+    AppId, ConfigHash, NewTask, Owner, Reservation, RunState, ScopeId, Subject, TaskId, TaskStatus,
+    Timestamp, cache_key,
 };
 
 pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResult<Created> {
     let mut tx = store.begin().await?;
     let now = store.now();
-    match create_in(&mut tx, &new, now).await {
+    match created_claimed(&mut tx, &new, now).await {
         Ok(created) => {
             tx.commit().await?;
-            Ok(created)
+            Ok(store.claimed(&new, created))
         }
         Err(e) => {
             tx.rollback().await?;
@@ -54,7 +54,7 @@ pub(super) async fn create_tasks(
     let mut out = Vec::with_capacity(news.len());
     for new in &news {
         let mut item = sqlx::Connection::begin(&mut *tx).await?;
-        match create_in(&mut item, new, now).await {
+        match created_claimed(&mut item, new, now).await {
             Ok(created) => {
                 item.commit().await?;
                 out.push(Ok(created));
@@ -71,7 +71,45 @@ pub(super) async fn create_tasks(
         }
     }
     tx.commit().await?;
-    Ok(out)
+    Ok(out
+        .into_iter()
+        .zip(&news)
+        .map(|(result, new)| result.map(|c| store.claimed(new, c)))
+        .collect())
+}
+
+/// [`create_in`], then, for a task asked claimed (`NewTask::claim_by`) and inserted
+/// queued, its claim in the same transaction (docs/engine.md, "Door calls claimed at
+/// creation"): it is never seen queued.
+async fn created_claimed(
+    conn: &mut SqliteConnection,
+    new: &NewTask,
+    now: Timestamp,
+) -> StoreResult<Created> {
+    let mut created = create_in(conn, new, now).await?;
+    if let Some(worker) = &new.claim_by
+        && created.created
+        && created.task.status == TaskStatus::Queued
+        && let Some(row) = super::lifecycle::claim_by_id(conn, created.task.id, worker, now).await?
+    {
+        created.task = row.into_task()?;
+    }
+    Ok(created)
+}
+
+impl SqliteStore {
+    /// After the commit: a task created claimed counts in its queue's virtual time as a
+    /// fair claim's does (docs/conformance.md#fair-share).
+    fn claimed(&self, new: &NewTask, created: Created) -> Created {
+        if new.claim_by.is_some() && created.created && created.task.status == TaskStatus::Running {
+            self.queue_view.owe(
+                created.task.app.as_str(),
+                created.task.scope.as_str(),
+                tollgate_core::stride(new.dispatch.weight),
+            );
+        }
+        created
+    }
 }
 
 /// docs/conformance.md#create-transaction on a connection inside a `BEGIN IMMEDIATE` transaction (or a
