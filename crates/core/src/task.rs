@@ -306,8 +306,8 @@ pub struct NewTask {
     /// A replay of its key changes nothing.
     pub released: bool,
     /// Created already claimed by this worker (docs/engine.md, "Door calls claimed at
-    /// creation"): the creating transaction moves the task to `running`, as a claim by
-    /// id would, before it commits, so it is never seen queued. The engine asks this only
+    /// creation"): its insert writes it `running` by this worker, its first attempt
+    /// open, as a claim would leave it, so it is never queued. The engine asks this only
     /// for a door call on a replica with a free execution slot and nothing else
     /// claimable. A replay or a cache hit is not claimed.
     pub claim_by: Option<WorkerId>,

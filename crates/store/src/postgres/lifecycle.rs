@@ -53,7 +53,7 @@ pub(super) use claiming;
 /// creation's transaction (a task created claimed, `NewTask::claim_by`). A concurrent
 /// claim waits for the row, then re-checks `status = 'queued'` and finds it running:
 /// each task is claimed once.
-pub(super) async fn claim_by_id<'e, E: sqlx::PgExecutor<'e>>(
+async fn claim_by_id<'e, E: sqlx::PgExecutor<'e>>(
     e: E,
     id: TaskId,
     worker: &WorkerId,

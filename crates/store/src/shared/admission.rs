@@ -334,6 +334,12 @@ impl<'a> InsertRow<'a> {
     pub(crate) fn bind(&self, b: &mut Binder, clock: bool) {
         let new = self.new;
         let cached = self.cached_from.is_some();
+        // docs/engine.md, "Door calls claimed at creation": a cache hit is never claimed.
+        let claimed = new
+            .claim_by
+            .as_ref()
+            .filter(|_| !cached)
+            .map(|w| w.as_str());
         let scoped = new.scope.as_ref();
         let subject = self.subject.as_ref();
         b.group(ROW_NAMES, |b| {
@@ -359,7 +365,17 @@ impl<'a> InsertRow<'a> {
                 .bind("request", new.request.canonical())
                 .bind("input_hash", new.request.input_hash())
                 .bind("cache_key", self.cache_key.as_deref())
-                .bind("status", if cached { "succeeded" } else { "queued" })
+                .bind(
+                    "status",
+                    if cached {
+                        "succeeded"
+                    } else if claimed.is_some() {
+                        "running"
+                    } else {
+                        "queued"
+                    },
+                )
+                .bind("worker", claimed)
                 .bind("cached_from", self.cached_from.as_deref())
                 .bind("output", self.cached_output.as_deref())
                 .bind("usage", cached.then(cached_usage))
@@ -401,6 +417,7 @@ pub(crate) const ROW_NAMES: &[&str] = &[
     "input_hash",
     "cache_key",
     "status",
+    "worker",
     "cached_from",
     "output",
     "usage",

@@ -103,9 +103,8 @@ impl WorkerStatements for SqliteStore {
 worker_store_for!(SqliteStore);
 
 /// docs/conformance.md#lifecycle claim of one task by id (`queued → running` for
-/// `worker` at `now`, its attempt opened) in a write transaction: a claim's own, or a
-/// creation's (a task created claimed, `NewTask::claim_by`).
-pub(super) async fn claim_by_id(
+/// `worker` at `now`, its attempt opened) in a claim's write transaction.
+async fn claim_by_id(
     conn: &mut SqliteConnection,
     id: TaskId,
     worker: &WorkerId,
@@ -132,13 +131,24 @@ pub(super) async fn claim_by_id(
     Ok(row)
 }
 
-/// Opens the attempts of the tasks just claimed, in the claim's transaction
-/// ([`open_claimed_attempts!`], JSON read with `json_extract`).
+/// Opens the first attempt of a task created claimed (`NewTask::claim_by`), in its
+/// creating transaction, as [`claim_by_id`] opens a claim's.
+pub(super) async fn open_claimed_task(conn: &mut SqliteConnection, id: TaskId) -> StoreResult<()> {
+    let ids = [id.to_string()];
+    open_claimed_ids(conn, &ids.iter().map(String::as_str).collect::<Vec<_>>()).await
+}
+
+/// Opens the attempts of the tasks just claimed, in the claim's transaction.
 async fn open_claimed(tx: &mut SqliteConnection, rows: &[TaskRow]) -> StoreResult<()> {
-    if rows.is_empty() {
+    let ids: Vec<&str> = rows.iter().map(TaskRow::id).collect();
+    open_claimed_ids(tx, &ids).await
+}
+
+/// [`open_claimed_attempts!`] for tasks by id (JSON read with `json_extract`).
+async fn open_claimed_ids(tx: &mut SqliteConnection, ids: &[&str]) -> StoreResult<()> {
+    if ids.is_empty() {
         return Ok(());
     }
-    let ids: Vec<&str> = rows.iter().map(TaskRow::id).collect();
     sqlx::query(open_claimed_attempts!(
         "tasks WHERE id IN (SELECT value FROM json_each(?))",
         "json_extract(model_ref, '$.provider')",
@@ -146,7 +156,7 @@ async fn open_claimed(tx: &mut SqliteConnection, rows: &[TaskRow]) -> StoreResul
         "json_extract(reservation, '$.nano_usd')",
         "json_extract(reservation, '$.tokens')"
     ))
-    .bind(id_list(&ids))
+    .bind(id_list(ids))
     .execute(&mut *tx)
     .await?;
     Ok(())

@@ -37,6 +37,16 @@ const QUEUE: Parts = &[
         include_str!("../sql/task_queue_join.sql"),
     ),
     ("queue_join", QUEUE_JOIN),
+    (
+        "task_opened",
+        crate::shared::attempts::open_claimed_attempts!(
+            "t WHERE t.status = 'running'",
+            "(t.model_ref::json ->> 'provider')",
+            "(t.model_ref::json ->> 'model')",
+            "(t.reservation::json ->> 'nano_usd')",
+            "(t.reservation::json ->> 'tokens')"
+        ),
+    ),
 ];
 
 /// The task insert alone (a batch's run task: its queues join at the batch's end).
@@ -271,34 +281,24 @@ pub(super) async fn insert_reserved_and_commit(
     Ok(Some(Created::inserted(task)))
 }
 
-/// Commits a creation's transaction. A task asked claimed (`NewTask::claim_by`) and
-/// inserted queued is first claimed in it (docs/engine.md, "Door calls claimed at
-/// creation"), so it is never seen queued and its claim costs no commit of its own; the
-/// claim then counts in its queue's virtual time as a fair claim's does
-/// (docs/conformance.md#fair-share). Answers the task as committed.
+/// Commits a creation's transaction. A task created claimed (`NewTask::claim_by`: its
+/// insert wrote it running and opened its attempt, docs/engine.md, "Door calls claimed at
+/// creation") then counts in its queue's virtual time as a fair claim does
+/// (docs/conformance.md#fair-share).
 async fn commit_created(
     store: &PostgresStore,
-    mut tx: Tx,
+    tx: Tx,
     new: &NewTask,
     task: Task,
 ) -> StoreResult<Task> {
-    let claimed = match &new.claim_by {
-        Some(worker) if task.status == TaskStatus::Queued => {
-            super::super::lifecycle::claim_by_id(&mut *tx, task.id, worker, store.fixed_now())
-                .await?
-        }
-        _ => None,
-    };
     tx.commit().await?;
-    let Some(row) = claimed else {
-        return Ok(task);
-    };
-    let task = row.into_task()?;
-    store.queue_view.owe(
-        task.app.as_str(),
-        task.scope.as_str(),
-        stride(new.dispatch.weight),
-    );
+    if new.claim_by.is_some() && task.status == TaskStatus::Running {
+        store.queue_view.owe(
+            task.app.as_str(),
+            task.scope.as_str(),
+            stride(new.dispatch.weight),
+        );
+    }
     Ok(task)
 }
 

@@ -78,21 +78,17 @@ pub(super) async fn create_tasks(
         .collect())
 }
 
-/// [`create_in`], then, for a task asked claimed (`NewTask::claim_by`) and inserted
-/// queued, its claim in the same transaction (docs/engine.md, "Door calls claimed at
-/// creation"): it is never seen queued.
+/// [`create_in`]; a task created claimed (`NewTask::claim_by`: its insert wrote it
+/// running, docs/engine.md, "Door calls claimed at creation") then has its first attempt
+/// opened in the same transaction, as a claim's would be.
 async fn created_claimed(
     conn: &mut SqliteConnection,
     new: &NewTask,
     now: Timestamp,
 ) -> StoreResult<Created> {
-    let mut created = create_in(conn, new, now).await?;
-    if let Some(worker) = &new.claim_by
-        && created.created
-        && created.task.status == TaskStatus::Queued
-        && let Some(row) = super::lifecycle::claim_by_id(conn, created.task.id, worker, now).await?
-    {
-        created.task = row.into_task()?;
+    let created = create_in(conn, new, now).await?;
+    if new.claim_by.is_some() && created.created && created.task.status == TaskStatus::Running {
+        super::lifecycle::open_claimed_task(conn, created.task.id).await?;
     }
     Ok(created)
 }
