@@ -190,22 +190,6 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-
-    async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
 }
 
 fn task(scope: &str, source: &str, input: &str, extra: Value) -> Value {

@@ -201,22 +201,9 @@ async fn door_calls_start_on_their_hint_alone(backend: &str) {
     // One call at a time on an idle pool: the calls' tasks were created claimed by this
     // replica's worker (docs/engine.md, "Door calls claimed at creation"), not claimed
     // from the queue.
-    let metrics = server
-        .http
-        .get(format!("{}/metrics", server.base))
-        .bearer_auth(ACME)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let at_creation: f64 = metrics
-        .lines()
-        .find(|l| l.starts_with("tollgate_claims_total{via=\"creation\"}"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no creation claims counted:\n{metrics}"));
+    let at_creation = server
+        .metric("tollgate_claims_total{via=\"creation\"}")
+        .await;
     assert!(
         at_creation >= (CALLS / 2) as f64,
         "{at_creation} of {CALLS} calls claimed at creation"

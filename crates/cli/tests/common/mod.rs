@@ -66,6 +66,26 @@ pub struct Server {
     pub _dir: tempfile::TempDir,
 }
 
+impl Server {
+    /// The sum of the `/metrics` series whose line starts with `series` (a name, or a
+    /// name with its labels).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
