@@ -350,15 +350,7 @@ async fn slow_and_stalled_connections_are_closed_within_the_timeouts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_lists_every_series_from_the_first_scrape() {
     let s = start();
-    let text = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     for name in tollgate_engine::metrics::ALL {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}:\n{text}");
         assert!(text.contains(&format!("# TYPE {name} ")), "{name}:\n{text}");

@@ -213,15 +213,7 @@ async fn routes_over_http(backend: &str) {
     );
     assert_eq!(good_calls.load(Ordering::SeqCst), 2);
 
-    let metrics = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = s.metrics().await;
     assert!(
         metrics
             .lines()

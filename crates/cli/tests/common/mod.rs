@@ -67,19 +67,24 @@ pub struct Server {
 }
 
 impl Server {
-    /// The sum of the `/metrics` series whose line starts with `series` (a name, or a
-    /// name with its labels).
-    pub async fn metric(&self, series: &str) -> f64 {
-        let text = self
-            .http
+    /// The `/metrics` page as text.
+    pub async fn metrics(&self) -> String {
+        self.http
             .get(format!("{}/metrics", self.base))
             .send()
             .await
             .unwrap()
             .text()
             .await
-            .unwrap();
-        text.lines()
+            .unwrap()
+    }
+
+    /// The sum of the `/metrics` series whose line starts with `series` (a name, or a
+    /// name with its labels).
+    pub async fn metric(&self, series: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
             .filter(|l| l.starts_with(series))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
