@@ -44,9 +44,9 @@ mod dispatch;
 mod embed;
 mod execute;
 mod handle;
+mod heartbeat;
 
 pub(crate) use dispatch::DirectSlot;
-mod heartbeat;
 
 pub(crate) use embed::vectors_json;
 pub use handle::{EngineHandle, ShutdownReport};

@@ -48,47 +48,35 @@ macro_rules! claiming {
 }
 pub(super) use claiming;
 
-/// docs/conformance.md#lifecycle claim of one task by id (`queued → running` for
-/// `worker`, its attempt opened) on `e`: the pool (a claim, its own transaction) or a
-/// creation's transaction (a task created claimed, `NewTask::claim_by`). A concurrent
-/// claim waits for the row, then re-checks `status = 'queued'` and finds it running:
-/// each task is claimed once.
-async fn claim_by_id<'e, E: sqlx::PgExecutor<'e>>(
-    e: E,
-    id: TaskId,
-    worker: &WorkerId,
-    fixed_now: Option<i64>,
-) -> StoreResult<Option<TaskRow>> {
-    Ok(sqlx::query_as(concat!(
-        "WITH clock AS (SELECT ",
-        now_sql!(2),
-        " AS now)",
-        claiming!(concat!(
-            "UPDATE tasks SET status = 'running', worker = $1, attempt = ",
-            claim_attempt!(),
-            ", claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
-             WHERE id = $3 AND ",
-            status_is_queued!(),
-            " AND NOT cancel_requested AND ",
-            run_not_canceled!(),
-            " RETURNING ",
-            task_columns_qualified!()
-        ))
-    ))
-    .bind(worker.as_str())
-    .bind(fixed_now)
-    .bind(id.to_string())
-    .fetch_optional(e)
-    .await?)
-}
-
 #[async_trait]
 impl WorkerStatements for PostgresStore {
     const ATTEMPT_ROW_LOCK: &'static str = " FOR UPDATE OF tasks";
 
     async fn claim_one(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<TaskRow>> {
-        // One statement, its own transaction: one round trip.
-        claim_by_id(&self.pool, id, worker, self.fixed_now()).await
+        // One statement, its own transaction: one round trip. A concurrent claim waits for
+        // the row, then re-checks `status = 'queued'` and finds it running: each task is
+        // claimed once.
+        Ok(sqlx::query_as(concat!(
+            "WITH clock AS (SELECT ",
+            now_sql!(2),
+            " AS now)",
+            claiming!(concat!(
+                "UPDATE tasks SET status = 'running', worker = $1, attempt = ",
+                claim_attempt!(),
+                ", claimed_at = clock.now, heartbeat_at = clock.now FROM clock \
+                 WHERE id = $3 AND ",
+                status_is_queued!(),
+                " AND NOT cancel_requested AND ",
+                run_not_canceled!(),
+                " RETURNING ",
+                task_columns_qualified!()
+            ))
+        ))
+        .bind(worker.as_str())
+        .bind(self.fixed_now())
+        .bind(id.to_string())
+        .fetch_optional(&self.pool)
+        .await?)
     }
 
     async fn claim_rows(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<TaskRow>> {

@@ -13,7 +13,7 @@ use crate::shared::rows::{TaskRow, task_columns};
 use crate::{ClaimOrder, StoreResult};
 use async_trait::async_trait;
 use sqlx::SqliteConnection;
-use tollgate_core::{TaskId, Timestamp, WorkerId};
+use tollgate_core::{TaskId, WorkerId};
 
 #[async_trait]
 impl WorkerStatements for SqliteStore {
@@ -21,7 +21,25 @@ impl WorkerStatements for SqliteStore {
 
     async fn claim_one(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<TaskRow>> {
         let mut tx = self.begin().await?;
-        let row = claim_by_id(&mut tx, id, worker, self.now()).await?;
+        let now = self.now();
+        let row = sqlx::query_as(concat!(
+            "UPDATE tasks SET status = 'running', worker = ?, attempt = ",
+            claim_attempt!(),
+            ", claimed_at = ?, heartbeat_at = ? \
+             WHERE id = ? AND status = 'queued' AND cancel_requested = 0 AND ",
+            run_not_canceled!(),
+            " RETURNING ",
+            task_columns!()
+        ))
+        .bind(worker.as_str())
+        .bind(now.0)
+        .bind(now.0)
+        .bind(id.to_string())
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(row) = &row {
+            open_claimed(&mut tx, std::slice::from_ref(row)).await?;
+        }
         tx.commit().await?;
         Ok(row)
     }
@@ -102,40 +120,10 @@ impl WorkerStatements for SqliteStore {
 
 worker_store_for!(SqliteStore);
 
-/// docs/conformance.md#lifecycle claim of one task by id (`queued → running` for
-/// `worker` at `now`, its attempt opened) in a claim's write transaction.
-async fn claim_by_id(
-    conn: &mut SqliteConnection,
-    id: TaskId,
-    worker: &WorkerId,
-    now: Timestamp,
-) -> StoreResult<Option<TaskRow>> {
-    let row = sqlx::query_as(concat!(
-        "UPDATE tasks SET status = 'running', worker = ?, attempt = ",
-        claim_attempt!(),
-        ", claimed_at = ?, heartbeat_at = ? \
-         WHERE id = ? AND status = 'queued' AND cancel_requested = 0 AND ",
-        run_not_canceled!(),
-        " RETURNING ",
-        task_columns!()
-    ))
-    .bind(worker.as_str())
-    .bind(now.0)
-    .bind(now.0)
-    .bind(id.to_string())
-    .fetch_optional(&mut *conn)
-    .await?;
-    if let Some(row) = &row {
-        open_claimed(conn, std::slice::from_ref(row)).await?;
-    }
-    Ok(row)
-}
-
 /// Opens the first attempt of a task created claimed (`NewTask::claim_by`), in its
-/// creating transaction, as [`claim_by_id`] opens a claim's.
+/// creating transaction, as a claim's are opened.
 pub(super) async fn open_claimed_task(conn: &mut SqliteConnection, id: TaskId) -> StoreResult<()> {
-    let ids = [id.to_string()];
-    open_claimed_ids(conn, &ids.iter().map(String::as_str).collect::<Vec<_>>()).await
+    open_claimed_ids(conn, &[id.to_string().as_str()]).await
 }
 
 /// Opens the attempts of the tasks just claimed, in the claim's transaction.
