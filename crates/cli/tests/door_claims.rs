@@ -9,7 +9,8 @@
 //! unreleased source behind, where a `POST /v1/tasks` task of the same scope does), and
 //! a replay of a key answers the same task without a second provider call. With the
 //! pool idle, the calls' tasks are created claimed (they need no hint at all); the
-//! `POST /v1/tasks` task still starts on its hint alone.
+//! `POST /v1/tasks` task still starts on its hint alone. Without a free slot a call's
+//! task is queued instead, and claimed from the queue once a slot frees.
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -247,4 +248,92 @@ async fn door_calls_start_on_their_hint_alone(backend: &str) {
     );
 }
 
-on_both_backends!(door_calls_start_on_their_hint_alone);
+/// A fake that holds every call until the test lets it answer (one permit of `gate` a
+/// call); counts the calls it has begun.
+async fn start_held_fake() -> (String, Arc<AtomicUsize>, Arc<tokio::sync::Semaphore>) {
+    let begun = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let state = (begun.clone(), gate.clone());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(held_answer))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, begun, gate)
+}
+
+async fn held_answer(
+    State((begun, gate)): State<(Arc<AtomicUsize>, Arc<tokio::sync::Semaphore>)>,
+) -> Response {
+    begun.fetch_add(1, Ordering::SeqCst);
+    gate.acquire().await.unwrap().forget();
+    axum::Json(json!({
+        "id": "x", "object": "chat.completion", "created": 1, "model": "fake-model",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "Hello world"}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
+    }))
+    .into_response()
+}
+
+/// docs/engine.md, "Door calls claimed at creation": only with an execution slot free.
+/// With one slot, held by a first call's execution, a second call's task is queued (its
+/// provider call does not begin while the first holds the slot) and is claimed from the
+/// queue once the slot is free: at most the first was claimed at its creation.
+async fn a_door_call_without_a_free_slot_is_queued(backend: &str) {
+    let (fake, begun, gate) = start_held_fake().await;
+    let Some(server) = common::start(backend, "door_busy", |db| {
+        config_text(db, &fake).replace("concurrency = 4", "concurrency = 1")
+    }) else {
+        return;
+    };
+    let server = Arc::new(server);
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let call = |n: u32| {
+        let (server, key) = (server.clone(), format!("{run}-{n}"));
+        tokio::spawn(async move { door_call(&server, &key, "s", None, false).await })
+    };
+    let first = call(1);
+    let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+    while begun.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first call never began"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = call(2);
+    // Long enough for the second call's task to be created and, were it claimed, to
+    // reach the provider.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        begun.load(Ordering::SeqCst),
+        1,
+        "the second call's task started while the only slot was held"
+    );
+    gate.add_permits(2);
+    first.await.unwrap();
+    second.await.unwrap();
+    assert_eq!(begun.load(Ordering::SeqCst), 2);
+    let at_creation = server
+        .metric("tollgate_claims_total{via=\"creation\"}")
+        .await;
+    let from_queue = server.metric("tollgate_claims_total{via=\"hint\"}").await
+        + server.metric("tollgate_claims_total{via=\"poll\"}").await;
+    assert!(
+        at_creation <= 1.0,
+        "{at_creation} calls claimed at creation"
+    );
+    assert!(
+        from_queue >= 1.0,
+        "the second call was not claimed from the queue"
+    );
+}
+
+on_both_backends!(
+    door_calls_start_on_their_hint_alone,
+    a_door_call_without_a_free_slot_is_queued
+);
