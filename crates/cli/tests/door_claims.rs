@@ -47,18 +47,22 @@ async fn start_fake() -> (String, Arc<AtomicUsize>) {
     (url, calls)
 }
 
+/// The fakes' answer to a call that does not stream.
+fn whole_answer() -> Value {
+    json!({
+        "id": "x", "object": "chat.completion", "created": 1, "model": "fake-model",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "Hello world"}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
+    })
+}
+
 async fn answer(State(calls): State<Arc<AtomicUsize>>, body: Bytes) -> Response {
     calls.fetch_add(1, Ordering::SeqCst);
     let body: Value = serde_json::from_slice(&body).unwrap();
-    let usage = json!({"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11});
+    let usage = whole_answer()["usage"].clone();
     if body["stream"] != true {
-        return axum::Json(json!({
-            "id": "x", "object": "chat.completion", "created": 1, "model": "fake-model",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "Hello world"}}],
-            "usage": usage,
-        }))
-        .into_response();
+        return axum::Json(whole_answer()).into_response();
     }
     let chunk = |delta: Value, finish: Value| {
         let c = json!({"id": "x", "object": "chat.completion.chunk", "created": 1,
@@ -270,13 +274,7 @@ async fn held_answer(
 ) -> Response {
     begun.fetch_add(1, Ordering::SeqCst);
     gate.acquire().await.unwrap().forget();
-    axum::Json(json!({
-        "id": "x", "object": "chat.completion", "created": 1, "model": "fake-model",
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": "Hello world"}}],
-        "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
-    }))
-    .into_response()
+    axum::Json(whole_answer()).into_response()
 }
 
 /// docs/engine.md, "Door calls claimed at creation": only with an execution slot free.

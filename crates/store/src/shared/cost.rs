@@ -93,14 +93,12 @@ pub(crate) fn spend_rows_one_statement(plan: &SettlementPlan) -> StoreResult<Opt
     }
     let mut s = Statement::new("WITH s AS (");
     s.push(SCOPE_SPEND_INTO);
-    let values = spend_values(&mut s, &scope_keyed(&plan.scope));
-    s.push(&values);
+    push_spend_values(&mut s, &scope_keyed(&plan.scope));
     s.push(spend_rows_conflict!("scope_spend", "app, scope, bucket"));
     s.push(" RETURNING 1) ");
     s.push(APP_SPEND_INTO.trim_end_matches("VALUES "));
     s.push("SELECT v.* FROM (VALUES ");
-    let values = spend_values(&mut s, &app_keyed(&plan.app)?);
-    s.push(&values);
+    push_spend_values(&mut s, &app_keyed(&plan.app)?);
     s.push(
         ") AS v (app, bucket, stripe, reserved_nano, settled_nano, reserved_tokens, \
          settled_tokens, overrun_nano) WHERE (SELECT COUNT(*) FROM s) >= 0",
@@ -144,37 +142,34 @@ fn spend_rows(
     rows.chunks(SPEND_ROWS_PER_STATEMENT)
         .map(|chunk| {
             let mut s = Statement::new(into);
-            let values = spend_values(&mut s, chunk);
-            s.push(&values);
+            push_spend_values(&mut s, chunk);
             s.push(conflict);
             s
         })
         .collect()
 }
 
-/// The `(…), (…)` rows of a spend upsert, their arguments bound to `s`: each row its
-/// three key arguments, then the delta's five amounts.
-fn spend_values(s: &mut Statement, rows: &[([Arg; 3], SpendDelta)]) -> String {
-    let values: Vec<String> = rows
-        .iter()
-        .map(|(key, d)| {
-            let amounts = [
-                d.reserved_nano,
-                d.settled_nano,
-                d.reserved_tokens,
-                d.settled_tokens,
-                d.overrun_nano,
-            ];
-            let ps: Vec<String> = key
-                .iter()
-                .cloned()
-                .chain(amounts.into_iter().map(Arg::from))
-                .map(|a| s.placeholder(a))
-                .collect();
-            format!("({})", ps.join(", "))
-        })
-        .collect();
-    values.join(", ")
+/// Appends the `(…), (…)` rows of a spend upsert to `s`, their arguments bound: each row
+/// its three key arguments, then the delta's five amounts.
+fn push_spend_values(s: &mut Statement, rows: &[([Arg; 3], SpendDelta)]) {
+    for (n, (key, d)) in rows.iter().enumerate() {
+        let amounts = [
+            d.reserved_nano,
+            d.settled_nano,
+            d.reserved_tokens,
+            d.settled_tokens,
+            d.overrun_nano,
+        ];
+        let ps: Vec<String> = key
+            .iter()
+            .cloned()
+            .chain(amounts.into_iter().map(Arg::from))
+            .map(|a| s.placeholder(a))
+            .collect();
+        s.push(if n == 0 { "(" } else { ", (" });
+        s.push(&ps.join(", "));
+        s.push(")");
+    }
 }
 
 /// A finished admitted task's reservation and usage, read by the terminal move.

@@ -4,7 +4,9 @@
 
 use crate::shared::rows::TaskRow;
 use crate::{MAX_CLAIM_QUEUES, StoreResult};
-use tollgate_core::{NewTask, Owner, QueueShare, Weight, allocate_claims, stride};
+use tollgate_core::{
+    NewTask, Owner, QueueShare, Task, TaskStatus, Weight, allocate_claims, stride,
+};
 
 /// docs/conformance.md#fair-share, both backends: the upsert by which a queued task's (app, scope) queue
 /// joins (`sql/queue_join.sql`, its rule in its comments), as the `{queue_join}` part of
@@ -399,6 +401,19 @@ impl QueueView {
         }
     }
 
+    /// After the commit of a creation that inserted `task` from `new`: a task created
+    /// claimed ([`claimed_at_creation`]) counts in its queue's virtual time as a fair
+    /// claim does.
+    pub(crate) fn owe_creation_claim(&self, new: &NewTask, task: &Task) {
+        if claimed_at_creation(new, task) {
+            self.owe(
+                task.app.as_str(),
+                task.scope.as_str(),
+                stride(new.dispatch.weight),
+            );
+        }
+    }
+
     /// Forgets the view (a creation); what is owed stays.
     pub(crate) fn clear(&self) {
         self.lock().seen = None;
@@ -426,6 +441,13 @@ impl QueueView {
                 Owner::Run { .. } => false,
             })
     }
+}
+
+/// Whether `task`, which a creation of `new` inserted, was created claimed
+/// (`NewTask::claim_by`, docs/engine.md, "Door calls claimed at creation"): its insert
+/// wrote it running. A cache hit asked claimed is inserted succeeded instead.
+pub(crate) fn claimed_at_creation(new: &NewTask, task: &Task) -> bool {
+    new.claim_by.is_some() && task.status == TaskStatus::Running
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@ impl TerminalStatements for Tx {
          WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
          AND token_capacity IS NOT NULL";
     const GIVE_BACK_APP: &'static str = "UPDATE app_slots SET active = active - $1 WHERE app = $2";
-    // The write lock (`BEGIN IMMEDIATE`) already holds every row.
     const SPEND_IN_ONE_STATEMENT: bool = false;
+    // The write lock (`BEGIN IMMEDIATE`) already holds every row.
     const LOCK_RUN_OF: Option<&'static str> = None;
 
     async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()> {

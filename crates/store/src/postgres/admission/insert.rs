@@ -16,7 +16,7 @@ use crate::{Created, StoreError, StoreResult};
 use tollgate_core::cost::spend_bucket;
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
-    TaskId, TaskStatus, Timestamp, Weight, join_credit, stride,
+    TaskId, Timestamp, Weight, join_credit, stride,
 };
 
 /// The spend upserts (`sql/spend_add.sql`), CTEs of the statements that reserve or save.
@@ -292,13 +292,7 @@ async fn commit_created(
     task: Task,
 ) -> StoreResult<Task> {
     tx.commit().await?;
-    if new.claim_by.is_some() && task.status == TaskStatus::Running {
-        store.queue_view.owe(
-            task.app.as_str(),
-            task.scope.as_str(),
-            stride(new.dispatch.weight),
-        );
-    }
+    store.queue_view.owe_creation_claim(new, &task);
     Ok(task)
 }
 

@@ -17,14 +17,15 @@ mod snapshot;
 
 use super::SqliteStore;
 use crate::shared::admission::InsertRow;
+use crate::shared::dispatch::claimed_at_creation;
 use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
 use insert::insert_task;
 use snapshot::{admit, reserve_unsourced};
 use sqlx::SqliteConnection;
 use tollgate_core::{
-    AppId, ConfigHash, NewTask, Owner, Reservation, RunState, ScopeId, Subject, TaskId, TaskStatus,
-    Timestamp, cache_key,
+    AppId, ConfigHash, NewTask, Owner, Reservation, RunState, ScopeId, Subject, TaskId, Timestamp,
+    cache_key,
 };
 
 pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResult<Created> {
@@ -87,22 +88,17 @@ async fn created_claimed(
     now: Timestamp,
 ) -> StoreResult<Created> {
     let created = create_in(conn, new, now).await?;
-    if new.claim_by.is_some() && created.created && created.task.status == TaskStatus::Running {
+    if created.created && claimed_at_creation(new, &created.task) {
         super::lifecycle::open_claimed_task(conn, created.task.id).await?;
     }
     Ok(created)
 }
 
 impl SqliteStore {
-    /// After the commit: a task created claimed counts in its queue's virtual time as a
-    /// fair claim's does (docs/conformance.md#fair-share).
+    /// After the commit: see [`QueueView::owe_creation_claim`](crate::shared::dispatch::QueueView::owe_creation_claim).
     fn claimed(&self, new: &NewTask, created: Created) -> Created {
-        if new.claim_by.is_some() && created.created && created.task.status == TaskStatus::Running {
-            self.queue_view.owe(
-                created.task.app.as_str(),
-                created.task.scope.as_str(),
-                tollgate_core::stride(new.dispatch.weight),
-            );
+        if created.created {
+            self.queue_view.owe_creation_claim(new, &created.task);
         }
         created
     }
