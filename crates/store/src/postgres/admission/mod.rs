@@ -30,7 +30,7 @@ use insert::{
     AdmissionRecord, InsertRow, activate_queues, insert_and_commit, insert_reserved_and_commit,
     insert_task,
 };
-use probe::{probe, run_owner};
+use probe::{Facts, ReadsLock, reads, run_owner};
 use snapshot::{admit, check_unsourced};
 use tollgate_core::cost::spend_bucket;
 use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskCost, TaskId, Timestamp, cache_key};
@@ -104,19 +104,22 @@ async fn attempt_create(
 
     // Step 2: idempotency, before any lock that can wait: a replay costs one indexed
     // read, and never waits for the scope's admissions. A run's task replays before its
-    // run is checked. An application's task that takes only the scope's shared lock
-    // (nothing to admit or check) needs no read of its own: the probe below says whether
-    // its key is taken, in the same round trip.
-    let early = checked || matches!(new.owner, Owner::Run { .. });
-    if early && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
+    // run is checked. An application's task under admission or a cost check has its key
+    // looked up first by its reads below, in their round trip; one that takes only the
+    // scope's shared lock (nothing to admit or check) has it looked up after the lock,
+    // in the same round trip.
+    if matches!(new.owner, Owner::Run { .. })
+        && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?
+    {
         tx.rollback().await?;
         return Ok(Some(Created::existing(task)));
     }
 
     // Step 3: owner check; a run's scope and subject apply to its tasks. Then step 2 again
     // under the lock (a racing creation of the same key that held the lock first has
-    // committed by now, and its replay must not be judged by admission) and step 4 (the
-    // cache: newest success first, same app and scope), read in one statement.
+    // committed by now, and its replay must not be judged by admission), step 4 (the
+    // cache: newest success first, same app and scope) and step 5's facts, read in one
+    // round trip.
     let cache_key_for = |subject: Option<&Subject>| {
         new.scope.as_ref().map(|scoped| {
             cache_key(
@@ -129,11 +132,23 @@ async fn attempt_create(
         })
     };
     let probe_cache = new.scope.as_ref().is_some_and(|scoped| !scoped.recompute);
-    let (run_id, scope, subject, key, probe) = match &new.owner {
+    let id = TaskId::generate();
+    // Step 5's logical key: the cache key, or for a recomputation the task's own id.
+    let logical_key = |key: &Option<String>| match &new.scope {
+        Some(scoped) if scoped.recompute => Some(id.to_string()),
+        Some(_) => key.clone(),
+        None => None,
+    };
+    let (run_id, scope, subject, key, logical_key, reads) = match &new.owner {
         Owner::Run { run_id, .. } => {
             let (scope, subject) = run_owner(&mut tx, &app, *run_id, checked).await?;
             let key = cache_key_for(subject.as_ref());
-            let probe = probe(
+            let logical = logical_key(&key);
+            let lock = ReadsLock {
+                lock: None,
+                replay_first: false,
+            };
+            let reads = reads(
                 store,
                 &mut tx,
                 &app,
@@ -141,17 +156,22 @@ async fn attempt_create(
                 &scope,
                 key.as_deref(),
                 probe_cache,
-                None,
+                lock,
+                facts_for(new, logical.as_deref()),
             )
             .await?;
-            (Some(run_id.to_string()), scope, subject, key, probe)
+            (Some(run_id.to_string()), scope, subject, key, logical, reads)
         }
         Owner::Application { scope, subject, .. } => {
             // Exclusive for admission; shared otherwise, which only keeps owner deletion
             // (exclusive) from interleaving with this creation.
             let key = cache_key_for(subject.as_ref());
-            let lock = (scope_lock_key(&app, scope), checked);
-            let probe = probe(
+            let logical = logical_key(&key);
+            let lock = ReadsLock {
+                lock: Some((scope_lock_key(&app, scope), checked)),
+                replay_first: checked,
+            };
+            let reads = reads(
                 store,
                 &mut tx,
                 &app,
@@ -159,21 +179,23 @@ async fn attempt_create(
                 scope,
                 key.as_deref(),
                 probe_cache,
-                Some(lock),
+                lock,
+                facts_for(new, logical.as_deref()),
             )
             .await?;
-            (None, scope.clone(), subject.clone(), key, probe)
+            (None, scope.clone(), subject.clone(), key, logical, reads)
         }
     };
+    let probe = &reads.probe;
     if probe.taken
         && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?
     {
         tx.rollback().await?;
         return Ok(Some(Created::existing(task)));
     }
-    let (hit_id, hit_output, now) = (probe.hit_id, probe.hit_output, Timestamp(probe.now));
+    let (hit_id, hit_output) = (probe.hit_id.clone(), probe.hit_output.clone());
+    let now = Timestamp(probe.now);
     let hit_charged = probe.hit_charged_nano;
-    let id = TaskId::generate();
     let owner = (run_id, scope, subject);
     let mut row = InsertRow::new(id, new, owner, (config_hash.0.clone(), model_ref), now);
 
@@ -185,7 +207,10 @@ async fn attempt_create(
         // the reservation recorded; never admitted (no task-count limit applies).
         let (budget, reservation) = (&cost.budget, &cost.reservation);
         let token = if cost.limited() {
-            match check_unsourced(&mut tx, &app, &row.scope, budget, reservation, now).await? {
+            let facts = reads.facts()?;
+            match check_unsourced(&mut tx, &app, &row.scope, &facts, budget, reservation, now)
+                .await?
+            {
                 Ok(token) => token,
                 Err(rejection) => return refused(tx, &app, new, rejection).await,
             }
@@ -205,18 +230,16 @@ async fn attempt_create(
         row.saved_nano = hit_charged.unwrap_or(0);
         return insert_and_commit(store, tx, &row, &app, None, path).await;
     }
-    // Step 5: admission.
-    let logical_key = if scoped.recompute {
-        id.to_string()
-    } else {
-        key
+    // Step 5: admission, on the facts read under the lock.
+    let facts = reads.facts()?;
+    let Some(logical_key) = logical_key else {
+        return Err(StoreError::Database("a scoped task without a logical key".into()));
     };
     let update = admit(
         &mut tx,
         &app,
         &row.scope,
-        &scoped.source_id,
-        &logical_key,
+        &facts,
         &scoped.budget,
         &scoped.reservation,
         now,
@@ -238,6 +261,19 @@ async fn attempt_create(
         reserve: SpendDelta::reserve(&reservation),
     };
     insert_and_commit(store, tx, &row, &app, Some(record), path).await
+}
+
+/// The facts a creation's decision needs: a scoped task's admission (for its logical
+/// step), or the cost checks of one without a source under a USD or token limit.
+fn facts_for<'a>(new: &'a NewTask, logical_key: Option<&'a str>) -> Facts<'a> {
+    match (&new.scope, logical_key) {
+        (Some(scoped), Some(logical_key)) => Facts::Admission {
+            source: &scoped.source_id,
+            logical_key,
+        },
+        _ if new.cost.as_ref().is_some_and(TaskCost::limited) => Facts::Cost,
+        _ => Facts::None,
+    }
 }
 
 /// A refused creation: rolled back, and answered with the task of its effect key if one

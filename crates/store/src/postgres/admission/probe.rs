@@ -1,11 +1,18 @@
-//! What a creation reads before it writes: its run owner, the scope's advisory lock, and
-//! in one statement whether its effect key is taken and the newest cache hit.
+//! What a creation reads before it writes: its run owner, then in one round trip the
+//! scope's advisory lock, whether its effect key is taken, the newest cache hit and the
+//! admission facts.
 
-use super::super::{PostgresStore, Tx, now_sql};
+use super::super::{PostgresStore, Tx};
+#[cfg(doc)]
+use crate::shared::admission::{AdmissionFacts, UnsourcedFacts};
 use crate::shared::rows::stored_subject;
 use crate::{StoreError, StoreResult};
+use sqlx::FromRow;
+use sqlx::postgres::PgRow;
+use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::canonical::sha256_hex;
-use tollgate_core::{AppId, NewTask, RunId, RunState, ScopeId, Subject};
+use tollgate_core::cost::{SPEND_BUCKET_MS, SPEND_WINDOW_MS, window_first_bucket};
+use tollgate_core::{AppId, NewTask, RunId, RunState, ScopeId, SourceId, Subject, Timestamp};
 
 /// The advisory lock key of an (app, scope): the first 8 bytes of SHA-256 of both, with a
 /// separator no identifier may contain.
@@ -43,16 +50,63 @@ pub(super) struct Probe {
     /// docs/conformance.md#money-and-tokens: what the hit's task was charged (what the hit saves).
     pub(super) hit_charged_nano: Option<i64>,
     pub(super) now: i64,
+    /// Whether [`Reads::facts`] were read (see [`reads`]).
+    facts_read: bool,
+    /// The oldest spend bucket the facts summed (checked against core's).
+    first_bucket: Option<i64>,
 }
 
-/// Reads the [`Probe`], taking the scope's advisory lock first in the same statement
-/// when `lock` is `(key, exclusive)`: one round trip. The lock is taken in the FROM
-/// subquery (volatile, so never flattened) before the outer select reads the clock; the
-/// statement's snapshot is older than the lock, so an effect key taken by a creation that
-/// committed while this one waited may be missed here — the task insert's `ON CONFLICT`
-/// finds it, and an admission rejection re-checks the key before it is reported.
+/// A creation's reads: the [`Probe`], and the facts asked for ([`Facts`]) when the key
+/// was not taken and no cache hit was found, read after the scope's lock was granted.
+pub(super) struct Reads {
+    pub(super) probe: Probe,
+    /// The row the facts are decoded from (`None`: none were read).
+    facts: Option<PgRow>,
+}
+
+impl Reads {
+    /// The facts read, as `T` ([`AdmissionFacts`] or [`UnsourcedFacts`], whichever
+    /// [`Facts`] asked for); an error when none were.
+    pub(super) fn facts<T: for<'r> FromRow<'r, PgRow>>(&self) -> StoreResult<T> {
+        match &self.facts {
+            Some(row) => Ok(T::from_row(row)?),
+            None => Err(StoreError::Database(
+                "the creation's reads did not read the facts it decides on".into(),
+            )),
+        }
+    }
+}
+
+/// Which facts [`reads`] reads besides the probe.
+#[derive(Clone, Copy)]
+pub(super) enum Facts<'a> {
+    /// None: nothing to admit or check.
+    None,
+    /// A scoped task's admission facts ([`AdmissionFacts`]) for this source and logical
+    /// step.
+    Admission {
+        source: &'a SourceId,
+        logical_key: &'a str,
+    },
+    /// A task without a source under a USD or token limit ([`UnsourcedFacts`]).
+    Cost,
+}
+
+/// How [`reads`] takes the scope's lock and whether it checks the effect key first.
+pub(super) struct ReadsLock {
+    /// `(key, exclusive)`; `None` when the caller holds it already (a run's task).
+    pub(super) lock: Option<(i64, bool)>,
+    /// Look the effect key up before waiting for the lock: a taken key answers
+    /// `taken` alone, and a replay never waits for the scope's admissions.
+    pub(super) replay_first: bool,
+}
+
+/// The [`Reads`] in one round trip: the function `tollgate_creation_reads` (migration
+/// 0028) takes the scope's lock, then reads in snapshots taken after it was granted
+/// (each statement of a VOLATILE function takes its own), so the facts see every
+/// admission and reservation committed before.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn probe(
+pub(super) async fn reads(
     store: &PostgresStore,
     tx: &mut Tx,
     app: &AppId,
@@ -60,39 +114,54 @@ pub(super) async fn probe(
     scope: &ScopeId,
     cache_key: Option<&str>,
     probe_cache: bool,
-    lock: Option<(i64, bool)>,
-) -> StoreResult<Probe> {
-    macro_rules! probe_sql {
-        ($from:literal) => {
-            concat!(
-                "SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2) AS taken, \
-                 hit.id AS hit_id, hit.output AS hit_output, \
-                 hit.charged_nano AS hit_charged_nano, ",
-                now_sql!("6"),
-                " AS now FROM ",
-                $from,
-                " LEFT JOIN LATERAL (SELECT id, output, charged_nano FROM tasks \
-                   WHERE $5 AND app = $1 AND scope = $3 AND cache_key = $4 \
-                   AND status = 'succeeded' \
-                   ORDER BY completed_at DESC, id DESC LIMIT 1) AS hit ON true"
-            )
-        };
-    }
-    let sql = match lock {
-        None => probe_sql!("(SELECT $7::BIGINT) AS unlocked"),
-        Some((_, true)) => probe_sql!("(SELECT pg_advisory_xact_lock($7)) AS locked"),
-        Some((_, false)) => probe_sql!("(SELECT pg_advisory_xact_lock_shared($7)) AS locked"),
+    lock: ReadsLock,
+    facts: Facts<'_>,
+) -> StoreResult<Reads> {
+    let (kind, source, logical_key) = match facts {
+        Facts::None => (None, None, None),
+        Facts::Admission {
+            source,
+            logical_key,
+        } => (Some("admission"), Some(source.as_str()), Some(logical_key)),
+        Facts::Cost => (Some("cost"), None, None),
     };
-    Ok(sqlx::query_as(sql)
-        .bind(app.as_str())
-        .bind(new.effect_key.as_str())
-        .bind(scope.as_str())
-        .bind(cache_key.unwrap_or(""))
-        .bind(probe_cache)
-        .bind(store.fixed_now())
-        .bind(lock.map_or(0, |(key, _)| key))
-        .fetch_one(&mut **tx)
-        .await?)
+    let row: PgRow = sqlx::query(
+        "SELECT * FROM tollgate_creation_reads($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+         $12, $13, $14, $15)",
+    )
+    .bind(app.as_str())
+    .bind(new.effect_key.as_str())
+    .bind(scope.as_str())
+    .bind(cache_key.unwrap_or(""))
+    .bind(probe_cache)
+    .bind(store.fixed_now())
+    .bind(lock.lock.map(|(key, _)| key))
+    .bind(lock.lock.is_some_and(|(_, exclusive)| exclusive))
+    .bind(lock.replay_first)
+    .bind(kind)
+    .bind(source)
+    .bind(logical_key)
+    .bind(ADMISSION_WINDOW.as_millis() as i64)
+    .bind(SPEND_WINDOW_MS)
+    .bind(SPEND_BUCKET_MS)
+    .fetch_one(&mut **tx)
+    .await?;
+    let probe = Probe::from_row(&row)?;
+    if !probe.facts_read {
+        return Ok(Reads { probe, facts: None });
+    }
+    // The window's first bucket is core's rule; the function's reading of it must agree.
+    let first = window_first_bucket(Timestamp(probe.now));
+    if probe.first_bucket != Some(first) {
+        return Err(StoreError::Corrupt(format!(
+            "creation reads summed spend from bucket {:?}, core's window starts at {first}",
+            probe.first_bucket
+        )));
+    }
+    Ok(Reads {
+        probe,
+        facts: Some(row),
+    })
 }
 
 /// docs/conformance.md#create-owner-check for a run's task: the run exists in the app and is not canceled; its

@@ -21,16 +21,6 @@ pub(super) fn slot_stripe(id: TaskId) -> i64 {
     (id_hash(id) % SLOT_STRIPES as u64) as i64
 }
 
-/// Each app's count and share as one row (`app`, `active`, `share`): the sums of its
-/// `app_slots` stripes, its share the largest (only stripe 0 holds a share).
-macro_rules! app_counts {
-    () => {
-        "(SELECT app, SUM(active) AS active, MAX(share) AS share FROM app_slots \
-         GROUP BY app) AS apps"
-    };
-}
-pub(super) use app_counts;
-
 /// Number of `app_slots` stripes an app without a share counts on (1 to this; stripe 0
 /// is a shared app's and every ending's, migration 0026).
 const APP_SLOT_STRIPES: u64 = 15;
@@ -130,10 +120,13 @@ pub(super) async fn take_share_rebalancing(
         .bind(app.as_str())
         .fetch_one(&mut **tx)
         .await?;
-        let borrowed: i64 = sqlx::query_scalar(concat!(
-            "SELECT COALESCE(SUM(GREATEST(active - share, 0)), 0)::BIGINT FROM ",
-            app_counts!()
-        ))
+        // Each app's count and share as one row: the view `app_slot_counts` (migration
+        // 0028) sums its stripes, its share the largest (only stripe 0 holds a share);
+        // the admission facts read the same view.
+        let borrowed: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(SUM(GREATEST(active - share, 0)), 0)::BIGINT \
+             FROM app_slot_counts",
+        )
         .fetch_one(&mut **tx)
         .await?;
         let used = ShareUse {
