@@ -35,13 +35,13 @@ CREATE FUNCTION tollgate_creation_reads(
     p_app TEXT, p_effect_key TEXT, p_scope TEXT, p_cache_key TEXT, p_probe_cache BOOLEAN,
     p_fixed_now BIGINT, p_lock BIGINT, p_exclusive BOOLEAN, p_replay_first BOOLEAN,
     p_facts TEXT, p_source TEXT, p_logical_key TEXT, p_admission_window_ms BIGINT,
-    p_spend_window_ms BIGINT, p_bucket_ms BIGINT)
-RETURNS TABLE (
-    taken BOOLEAN, hit_id TEXT, hit_output TEXT, hit_charged_nano BIGINT, now BIGINT,
-    facts_read BOOLEAN, first_bucket BIGINT, pruned BIGINT, bucket_units BIGINT,
-    bucket_at BIGINT, sources_in_window BIGINT, active BIGINT, token_units BIGINT,
-    token_at BIGINT, seen BOOLEAN, steps BIGINT, counted BOOLEAN, global_active BIGINT,
-    scope_window_nano BIGINT, app_active BIGINT, borrowed BIGINT)
+    p_spend_window_ms BIGINT, p_bucket_ms BIGINT,
+    OUT taken BOOLEAN, OUT hit_id TEXT, OUT hit_output TEXT, OUT hit_charged_nano BIGINT,
+    OUT now BIGINT, OUT facts_read BOOLEAN, OUT first_bucket BIGINT, OUT pruned BIGINT,
+    OUT bucket_units BIGINT, OUT bucket_at BIGINT, OUT sources_in_window BIGINT,
+    OUT active BIGINT, OUT token_units BIGINT, OUT token_at BIGINT, OUT seen BOOLEAN,
+    OUT steps BIGINT, OUT counted BOOLEAN, OUT global_active BIGINT,
+    OUT scope_window_nano BIGINT, OUT app_active BIGINT, OUT borrowed BIGINT)
 LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_column
@@ -54,7 +54,6 @@ BEGIN
     ) THEN
         taken := true;
         now := COALESCE(p_fixed_now, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT);
-        RETURN NEXT;
         RETURN;
     END IF;
     IF p_lock IS NOT NULL THEN
@@ -67,14 +66,15 @@ BEGIN
     -- Everything below reads in snapshots taken after the lock was granted. The clock as
     -- now_sql! reads it (crates/store/src/postgres/mod.rs).
     now := COALESCE(p_fixed_now, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT);
-    taken := EXISTS (SELECT 1 FROM tasks WHERE app = p_app AND effect_key = p_effect_key);
-    SELECT h.id, h.output, h.charged_nano INTO hit_id, hit_output, hit_charged_nano
-    FROM tasks h
-    WHERE p_probe_cache AND h.app = p_app AND h.scope = p_scope AND h.cache_key = p_cache_key
-      AND h.status = 'succeeded'
-    ORDER BY h.completed_at DESC, h.id DESC LIMIT 1;
+    SELECT EXISTS (SELECT 1 FROM tasks k WHERE k.app = p_app AND k.effect_key = p_effect_key),
+        h.id, h.output, h.charged_nano
+    INTO taken, hit_id, hit_output, hit_charged_nano
+    FROM (SELECT 1) AS one LEFT JOIN LATERAL (
+        SELECT c.id, c.output, c.charged_nano FROM tasks c
+        WHERE p_probe_cache AND c.app = p_app AND c.scope = p_scope
+          AND c.cache_key = p_cache_key AND c.status = 'succeeded'
+        ORDER BY c.completed_at DESC, c.id DESC LIMIT 1) AS h ON true;
     IF p_facts IS NULL OR taken OR hit_id IS NOT NULL THEN
-        RETURN NEXT;
         RETURN;
     END IF;
     -- Floor division in integers (core's div_euclid), exact for any sign.
@@ -90,7 +90,6 @@ BEGIN
              WHERE sp.app = p_app AND sp.scope = p_scope AND sp.bucket >= first_bucket)
         INTO token_units, token_at, scope_window_nano
         FROM (SELECT 1) AS one LEFT JOIN scope_state s ON s.app = p_app AND s.scope = p_scope;
-        RETURN NEXT;
         RETURN;
     END IF;
     -- docs/conformance.md#admission, docs/conformance.md#money-and-tokens: the facts core
@@ -121,6 +120,5 @@ BEGIN
     INTO pruned, bucket_units, bucket_at, sources_in_window, active, token_units, token_at,
         seen, steps, counted, global_active, scope_window_nano, app_active, borrowed
     FROM (SELECT 1) AS one LEFT JOIN scope_state s ON s.app = p_app AND s.scope = p_scope;
-    RETURN NEXT;
 END
 $$;
