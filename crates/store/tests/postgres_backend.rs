@@ -155,6 +155,43 @@ async fn lookups_by_id_stay_on_the_primary_key_with_stale_statistics() {
     );
 }
 
+/// A scope whose tasks are all created claimed (docs/engine.md, "Door calls claimed at
+/// creation") has no queue row: the pass moves its claims owe are dropped at the next
+/// payment, not carried (and written again) for ever.
+#[tokio::test]
+async fn moves_owed_to_queues_that_do_not_exist_are_dropped_when_paid() {
+    let Some(url) = database_url("moves_owed_to_queues_that_do_not_exist_are_dropped_when_paid")
+    else {
+        return;
+    };
+    let schema = Schema::new(&url, "owed");
+    let clock = ManualClock::new(START);
+    let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
+    let w = WorkerId::new("w").unwrap();
+    for i in 0..3 {
+        let mut new = app_task("owed", &format!("door-{i}"), &format!("k{i}"), None);
+        new.claim_by = Some(w.clone());
+        let created = store.create_task(new).await.unwrap();
+        assert_eq!(created.task.status, tollgate_core::TaskStatus::Running);
+    }
+    assert_eq!(store.owed_pass_moves(), 3, "each claim at creation owes its move");
+    // A queue that exists is moved: its move is paid too.
+    let queued = store
+        .create_task(app_task("owed", "queued", "q", None))
+        .await
+        .unwrap();
+    let claimed = store.claim_next(&w, 1).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].id, queued.task.id);
+    // The claim owes the queue's move; the next read of the queues pays it.
+    assert!(store.claim_next(&w, 1).await.unwrap().is_empty());
+    assert_eq!(
+        store.owed_pass_moves(),
+        0,
+        "moves owed to queues without a row are dropped, the others written"
+    );
+}
+
 #[tokio::test]
 async fn opening_a_newer_schema_is_refused() {
     let Some(url) = database_url("opening_a_newer_schema_is_refused") else {

@@ -197,7 +197,11 @@ pub(super) async fn pay_pass_debt(store: &PostgresStore) -> StoreResult<()> {
 }
 
 /// The statement of [`pay_pass_debt`]: writes `debt` (rows it can lock) and returns the
-/// moves it wrote; the caller marks them paid once they are committed.
+/// moves it wrote, and those of queues that have no row (a scope whose tasks were all
+/// created claimed, docs/engine.md, "Door calls claimed at creation": a queue that does
+/// not exist has no pass to move, and joins at the passes as they are when it first
+/// activates); the caller marks them paid once they are committed. Otherwise such a
+/// move would stay owed for ever, and every payment would carry it again.
 pub(super) async fn write_pass_debt<'c>(
     db: impl sqlx::PgExecutor<'c>,
     debt: &PassDebt,
@@ -210,10 +214,13 @@ pub(super) async fn write_pass_debt<'c>(
            AS o(app, scope, by)), \
          locked AS (SELECT d.app, d.scope FROM dispatch_queues d JOIN owed o \
            ON d.app = o.app AND d.scope = o.scope \
-           ORDER BY d.app, d.scope FOR NO KEY UPDATE OF d SKIP LOCKED) \
-         UPDATE dispatch_queues d SET pass = d.pass + o.by FROM owed o, locked l \
-         WHERE d.app = o.app AND d.scope = o.scope AND l.app = d.app AND l.scope = d.scope \
-         RETURNING d.app, d.scope",
+           ORDER BY d.app, d.scope FOR NO KEY UPDATE OF d SKIP LOCKED), \
+         moved AS (UPDATE dispatch_queues d SET pass = d.pass + o.by FROM owed o, locked l \
+           WHERE d.app = o.app AND d.scope = o.scope AND l.app = d.app AND l.scope = d.scope \
+           RETURNING d.app, d.scope) \
+         SELECT app, scope FROM moved \
+         UNION ALL SELECT o.app, o.scope FROM owed o WHERE NOT EXISTS \
+           (SELECT 1 FROM dispatch_queues d WHERE d.app = o.app AND d.scope = o.scope)",
     )
     .bind(&apps)
     .bind(&scopes)

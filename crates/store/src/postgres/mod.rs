@@ -246,6 +246,12 @@ impl PostgresStore {
         &self.pool
     }
 
+    /// How many queues this instance owes pass moves to (docs/conformance.md#fair-share:
+    /// its claims' moves not yet written; for diagnostics and tests).
+    pub fn owed_pass_moves(&self) -> usize {
+        self.queue_view.debt().len()
+    }
+
     async fn begin(&self) -> StoreResult<Tx> {
         Ok(self.pool.begin().await?)
     }
