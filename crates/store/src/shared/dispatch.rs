@@ -426,8 +426,14 @@ impl QueueView {
     /// instance's unpaid moves: shares, for one period, never tasks). Such creations
     /// neither pay the debt first nor drop the view, so a scope submitting one task at a
     /// time costs its claims no read of the queues. Run tasks (their scope is the run's)
-    /// never do.
+    /// never do. Tasks asked claimed (`NewTask::claim_by`: created running, or a cache
+    /// hit created succeeded) join no queue and activate none, so they leave any view
+    /// as it is: a door call pays no debt first (its own claim's move is owed after it,
+    /// and paid by the next fair claim's read or the next creation that joins a queue).
     pub(crate) fn covers(&self, news: &[NewTask]) -> bool {
+        if news.iter().all(|new| new.claim_by.is_some()) {
+            return true;
+        }
         let state = self.lock();
         let Some(seen) = state.seen.as_ref() else {
             return false;
