@@ -417,6 +417,70 @@ pub async fn token_bucket_reserves_model_tokens(b: &dyn Backend) {
     assert_eq!(r.retry_after(), None);
 }
 
+/// docs/conformance.md#cost-limits: one batch of completions over several scopes (of two
+/// apps, listed out of key order) gives each scope's token bucket back what its own task
+/// did not use, and touches no other scope's.
+pub async fn a_batch_of_completions_refunds_each_scopes_tokens(b: &dyn Backend) {
+    let s = b.open().await;
+    // 60 tokens a minute, 300 of burst; each task reserves 200 and uses 10 + 10 × n.
+    let limited = cost_budget(None, Some((60, 300)), None);
+    let w = worker("w");
+    let owners = [("globex", "z"), ("acme", "s2"), ("acme", "s1")];
+    let mut items = Vec::new();
+    for (n, (app_name, scope_name)) in owners.iter().enumerate() {
+        let t = create_new(
+            &*s,
+            priced_task(
+                app_name,
+                scope_name,
+                scope_name,
+                "doc",
+                limited,
+                reserve(100, 100),
+            ),
+        )
+        .await;
+        let copy = std::sync::Arc::new(claim(&*s, t.id, &w).await);
+        let used = 10 * (n as u64 + 1);
+        items.push(tollgate_store::Completion {
+            id: t.id,
+            lease: copy.lease().expect("a claimed copy"),
+            output: spam(),
+            usage: tokens(10, used),
+            claimed: Some(copy),
+            attempt: None,
+        });
+    }
+    // A scope with a bucket of its own and nothing settling.
+    create_new(
+        &*s,
+        priced_task("acme", "s3", "s3", "doc", limited, reserve(100, 100)),
+    )
+    .await;
+    let answers = s.complete_tasks(items).await.expect("complete_tasks");
+    assert!(
+        answers.iter().all(|a| a.as_ref().is_ok_and(|t| t.applied)),
+        "{answers:?}"
+    );
+    for (n, (app_name, scope_name)) in owners.iter().enumerate() {
+        let used = 10 + 10 * (n as i64 + 1);
+        let window = scope_spend(&*s, app_name, scope_name).await;
+        let bucket = window.token_bucket.expect("the scope's token bucket");
+        assert_eq!(
+            bucket.units / tollgate_core::admission::TOKEN_UNITS,
+            300 - used,
+            "{app_name}/{scope_name}: 200 reserved, {used} used"
+        );
+    }
+    let window = scope_spend(&*s, "acme", "s3").await;
+    let bucket = window.token_bucket.expect("the scope's token bucket");
+    assert_eq!(
+        bucket.units / tollgate_core::admission::TOKEN_UNITS,
+        100,
+        "acme/s3 still holds its reservation"
+    );
+}
+
 /// docs/conformance.md#cost-limits `usd_per_24_hours` (app): the app's spend over all its scopes; other apps
 /// are not affected.
 pub async fn app_spend_limit_spans_every_scope(b: &dyn Backend) {

@@ -128,6 +128,7 @@ macro_rules! conformance_suite {
             cost::cache_hits_are_free_and_report_savings,
             cost::scope_spend_limit_counts_settled_and_reserved,
             cost::token_bucket_reserves_model_tokens,
+            cost::a_batch_of_completions_refunds_each_scopes_tokens,
             cost::app_spend_limit_spans_every_scope,
             cost::cost_checks_follow_admission_checks_in_order,
             cost::spend_window_slides,

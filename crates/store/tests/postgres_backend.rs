@@ -174,7 +174,11 @@ async fn moves_owed_to_queues_that_do_not_exist_are_dropped_when_paid() {
         let created = store.create_task(new).await.unwrap();
         assert_eq!(created.task.status, tollgate_core::TaskStatus::Running);
     }
-    assert_eq!(store.owed_pass_moves(), 3, "each claim at creation owes its move");
+    assert_eq!(
+        store.owed_pass_moves(),
+        3,
+        "each claim at creation owes its move"
+    );
     // A queue that exists is moved: its move is paid too.
     let queued = store
         .create_task(app_task("owed", "queued", "q", None))

@@ -12,10 +12,6 @@ use tollgate_core::{RunId, Timestamp};
 
 #[async_trait]
 impl TerminalStatements for Tx {
-    const REFUND_TOKENS: &'static str = "UPDATE scope_state SET token_units = \
-           GREATEST(token_units, LEAST(token_units + $1 * 60000, token_capacity)) \
-         WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
-         AND token_capacity IS NOT NULL";
     // On stripe 0 (the row an app with a share takes its own slots on), which an app
     // without a share may not have yet.
     const GIVE_BACK_APP: &'static str = "INSERT INTO app_slots (app, stripe, active, share) \
@@ -25,6 +21,31 @@ impl TerminalStatements for Tx {
     const LOCK_RUN_OF: Option<&'static str> = Some(
         "SELECT 1 FROM runs WHERE id = (SELECT run_id FROM tasks WHERE id = $1) FOR NO KEY UPDATE",
     );
+
+    /// One statement for every scope of the settlement: the rows are locked in (app,
+    /// scope) order first (`ORDER BY … FOR NO KEY UPDATE` locks as the sorted rows come
+    /// out), so two settlements refunding the same scopes cannot deadlock.
+    async fn refund_tokens(&mut self, refunds: &[(&str, &str, i64)]) -> StoreResult<()> {
+        let apps: Vec<&str> = refunds.iter().map(|r| r.0).collect();
+        let scopes: Vec<&str> = refunds.iter().map(|r| r.1).collect();
+        let tokens: Vec<i64> = refunds.iter().map(|r| r.2).collect();
+        sqlx::query(
+            "UPDATE scope_state st SET token_units = \
+               GREATEST(st.token_units, LEAST(st.token_units + l.tokens * 60000, st.token_capacity)) \
+             FROM (SELECT s.app, s.scope, r.tokens FROM scope_state s \
+                   JOIN UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS r(app, scope, tokens) \
+                     ON s.app = r.app AND s.scope = r.scope \
+                   WHERE s.token_units IS NOT NULL AND s.token_capacity IS NOT NULL \
+                   ORDER BY s.app, s.scope FOR NO KEY UPDATE OF s) AS l \
+             WHERE st.app = l.app AND st.scope = l.scope",
+        )
+        .bind(&apps)
+        .bind(&scopes)
+        .bind(&tokens)
+        .execute(&mut **self)
+        .await?;
+        Ok(())
+    }
 
     /// One statement for every task of the settlement.
     async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()> {

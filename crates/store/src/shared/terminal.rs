@@ -117,9 +117,6 @@ impl TerminalMove {
 /// (PostgreSQL binds a `TEXT[]`, SQLite a JSON list), its token refund and its charge.
 #[async_trait]
 pub(crate) trait TerminalStatements: Exec {
-    /// docs/conformance.md#cost-reservation: gives unused reserved tokens back to a scope's token bucket, never above
-    /// its capacity nor below what it holds (`$1` tokens, `$2` app, `$3` scope).
-    const REFUND_TOKENS: &'static str;
     /// Locks the row of the task's run (`$1` task), if it has one (lock order: runs
     /// before tasks), so a transition that wakes the run cannot deadlock with a cancel of
     /// that run; `None` where the backend's write lock already holds every row.
@@ -177,15 +174,16 @@ pub(crate) trait TerminalStatements: Exec {
     /// docs/conformance.md#cost-settlement: writes a settlement — token refunds, spend buckets (scope, then app, in
     /// key order: the lock order), and each task's charge (which marks it settled).
     async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
-        for ((app, scope), refund) in &plan.refunds {
-            let refund = i64::try_from(*refund).unwrap_or(i64::MAX);
-            self.run(
-                Statement::new(Self::REFUND_TOKENS)
-                    .bind(refund)
-                    .bind(app)
-                    .bind(scope),
-            )
-            .await?;
+        if !plan.refunds.is_empty() {
+            let refunds: Vec<(&str, &str, i64)> = plan
+                .refunds
+                .iter()
+                .map(|((app, scope), refund)| {
+                    let refund = i64::try_from(*refund).unwrap_or(i64::MAX);
+                    (app.as_str(), scope.as_str(), refund)
+                })
+                .collect();
+            self.refund_tokens(&refunds).await?;
         }
         self.apply_spend(plan).await?;
         if plan.charged.is_empty() {
@@ -213,6 +211,11 @@ pub(crate) trait TerminalStatements: Exec {
         Ok(())
     }
 
+    /// docs/conformance.md#cost-reservation: gives unused reserved tokens back to scopes'
+    /// token buckets, never above a bucket's capacity nor below what it holds: `(app,
+    /// scope, tokens)`, in (app, scope) order, the rows locked in that order (the lock
+    /// order of scope rows, docs/locking.md).
+    async fn refund_tokens(&mut self, refunds: &[(&str, &str, i64)]) -> StoreResult<()>;
     /// docs/conformance.md#cost-settlement: each task's charge, (id, nano-dollars, tokens), which marks it settled.
     async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()>;
     /// docs/conformance.md#cost-settlement: the reservations and usage of the tasks not yet settled.

@@ -13,14 +13,28 @@ use tollgate_core::{RunId, Timestamp};
 
 #[async_trait]
 impl TerminalStatements for Tx {
-    const REFUND_TOKENS: &'static str = "UPDATE scope_state SET token_units = \
-           MAX(token_units, MIN(token_units + $1 * 60000, token_capacity)) \
-         WHERE app = $2 AND scope = $3 AND token_units IS NOT NULL \
-         AND token_capacity IS NOT NULL";
     const GIVE_BACK_APP: &'static str = "UPDATE app_slots SET active = active - $1 WHERE app = $2";
     const SPEND_IN_ONE_STATEMENT: bool = false;
     // The write lock (`BEGIN IMMEDIATE`) already holds every row.
     const LOCK_RUN_OF: Option<&'static str> = None;
+
+    /// One statement a scope (the write lock holds every row).
+    async fn refund_tokens(&mut self, refunds: &[(&str, &str, i64)]) -> StoreResult<()> {
+        for (app, scope, tokens) in refunds {
+            sqlx::query(
+                "UPDATE scope_state SET token_units = \
+                   MAX(token_units, MIN(token_units + ? * 60000, token_capacity)) \
+                 WHERE app = ? AND scope = ? AND token_units IS NOT NULL \
+                 AND token_capacity IS NOT NULL",
+            )
+            .bind(tokens)
+            .bind(app)
+            .bind(scope)
+            .execute(&mut **self)
+            .await?;
+        }
+        Ok(())
+    }
 
     async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()> {
         for (id, nano, tokens) in charged {

@@ -160,7 +160,14 @@ async fn attempt_create(
                 facts_for(new, logical.as_deref()),
             )
             .await?;
-            (Some(run_id.to_string()), scope, subject, key, logical, reads)
+            (
+                Some(run_id.to_string()),
+                scope,
+                subject,
+                key,
+                logical,
+                reads,
+            )
         }
         Owner::Application { scope, subject, .. } => {
             // Exclusive for admission; shared otherwise, which only keeps owner deletion
@@ -233,7 +240,9 @@ async fn attempt_create(
     // Step 5: admission, on the facts read under the lock.
     let facts = reads.facts()?;
     let Some(logical_key) = logical_key else {
-        return Err(StoreError::Database("a scoped task without a logical key".into()));
+        return Err(StoreError::Database(
+            "a scoped task without a logical key".into(),
+        ));
     };
     let update = admit(
         &mut tx,
