@@ -19,7 +19,8 @@ CREATE VIEW app_slot_counts AS
     SELECT app, SUM(active) AS active, MAX(share) AS share FROM app_slots GROUP BY app;
 
 -- p_replay_first: the effect key is looked up before the lock is waited for (a replay
---   never waits for the scope's admissions); when taken, only `taken` is answered.
+--   never waits for the scope's admissions); when taken, only `taken`, `early` (no lock
+--   was taken) and the clock are answered.
 -- p_lock: the scope's advisory lock key, taken exclusively (p_exclusive) or shared; NULL
 --   when the caller already holds it (a run's task: its lock comes before its run row).
 -- p_fixed_now: the test clock (NULL: the database's clock, as every statement's now_sql!).
@@ -37,7 +38,7 @@ CREATE FUNCTION tollgate_creation_reads(
     p_facts TEXT, p_source TEXT, p_logical_key TEXT, p_admission_window_ms BIGINT,
     p_spend_window_ms BIGINT, p_bucket_ms BIGINT,
     OUT taken BOOLEAN, OUT hit_id TEXT, OUT hit_output TEXT, OUT hit_charged_nano BIGINT,
-    OUT now BIGINT, OUT facts_read BOOLEAN, OUT first_bucket BIGINT, OUT pruned BIGINT,
+    OUT now BIGINT, OUT early BOOLEAN, OUT facts_read BOOLEAN, OUT first_bucket BIGINT, OUT pruned BIGINT,
     OUT bucket_units BIGINT, OUT bucket_at BIGINT, OUT sources_in_window BIGINT,
     OUT active BIGINT, OUT token_units BIGINT, OUT token_at BIGINT, OUT seen BOOLEAN,
     OUT steps BIGINT, OUT counted BOOLEAN, OUT global_active BIGINT,
@@ -49,9 +50,13 @@ DECLARE
     v_cutoff BIGINT;
 BEGIN
     facts_read := false;
+    early := false;
     IF p_replay_first AND EXISTS (
         SELECT 1 FROM tasks WHERE app = p_app AND effect_key = p_effect_key
     ) THEN
+        -- Answered before the lock: the caller reads the task, and if it went meanwhile
+        -- (owner deletion), asks again without this check.
+        early := true;
         taken := true;
         now := COALESCE(p_fixed_now, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT);
         RETURN;

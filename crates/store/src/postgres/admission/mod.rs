@@ -174,23 +174,45 @@ async fn attempt_create(
             // (exclusive) from interleaving with this creation.
             let key = cache_key_for(subject.as_ref());
             let logical = logical_key(&key);
-            let lock = ReadsLock {
+            let read = |replay_first| ReadsLock {
                 lock: Some((scope_lock_key(&app, scope), checked)),
-                replay_first: checked,
+                replay_first,
             };
-            let reads = reads(
+            let facts = facts_for(new, logical.as_deref());
+            let (cache, probe_cache) = (key.as_deref(), probe_cache);
+            let mut got = reads(
                 store,
                 &mut tx,
                 &app,
                 new,
                 scope,
-                key.as_deref(),
+                cache,
                 probe_cache,
-                lock,
-                facts_for(new, logical.as_deref()),
+                read(checked),
+                facts,
             )
             .await?;
-            (None, scope.clone(), subject.clone(), key, logical, reads)
+            if got.probe.early {
+                if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
+                    tx.rollback().await?;
+                    return Ok(Some(Created::existing(task)));
+                }
+                // Its task went between the two reads (owner deletion): read again, this
+                // time under the lock.
+                got = reads(
+                    store,
+                    &mut tx,
+                    &app,
+                    new,
+                    scope,
+                    cache,
+                    probe_cache,
+                    read(false),
+                    facts,
+                )
+                .await?;
+            }
+            (None, scope.clone(), subject.clone(), key, logical, got)
         }
     };
     let probe = &reads.probe;

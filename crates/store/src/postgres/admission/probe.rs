@@ -50,6 +50,9 @@ pub(super) struct Probe {
     /// docs/conformance.md#money-and-tokens: what the hit's task was charged (what the hit saves).
     pub(super) hit_charged_nano: Option<i64>,
     pub(super) now: i64,
+    /// The key was found taken before the lock (`ReadsLock::replay_first`): nothing else
+    /// was read and no lock taken.
+    pub(super) early: bool,
     /// Whether [`Reads::facts`] were read (see [`reads`]).
     facts_read: bool,
     /// The oldest spend bucket the facts summed (checked against core's).
