@@ -99,8 +99,9 @@ pub(super) enum Facts<'a> {
 pub(super) struct ReadsLock {
     /// `(key, exclusive)`; `None` when the caller holds it already (a run's task).
     pub(super) lock: Option<(i64, bool)>,
-    /// Look the effect key up before waiting for the lock: a taken key answers
-    /// `taken` alone, and a replay never waits for the scope's admissions.
+    /// Look the effect key up before waiting for the lock: a taken key answers `taken`
+    /// and [`Probe::early`] alone (no lock taken), and a replay never waits for the
+    /// scope's admissions.
     pub(super) replay_first: bool,
 }
 
