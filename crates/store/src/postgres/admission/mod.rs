@@ -30,7 +30,7 @@ use insert::{
     AdmissionRecord, InsertRow, activate_queues, insert_and_commit, insert_reserved_and_commit,
     insert_task,
 };
-use probe::{Facts, ReadsLock, reads, run_owner};
+use probe::{Asked, Facts, ReadsLock, reads, run_owner};
 use snapshot::{admit, check_unsourced};
 use tollgate_core::cost::spend_bucket;
 use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskCost, TaskId, Timestamp, cache_key};
@@ -120,108 +120,66 @@ async fn attempt_create(
     // committed by now, and its replay must not be judged by admission), step 4 (the
     // cache: newest success first, same app and scope) and step 5's facts, read in one
     // round trip.
-    let cache_key_for = |subject: Option<&Subject>| {
-        new.scope.as_ref().map(|scoped| {
-            cache_key(
-                &scoped.source_id,
-                &scoped.source_revision,
-                &new.request,
-                &config_hash,
-                subject,
-            )
-        })
-    };
-    let probe_cache = new.scope.as_ref().is_some_and(|scoped| !scoped.recompute);
     let id = TaskId::generate();
-    // Step 5's logical key: the cache key, or for a recomputation the task's own id.
-    let logical_key = |key: &Option<String>| match &new.scope {
-        Some(scoped) if scoped.recompute => Some(id.to_string()),
-        Some(_) => key.clone(),
-        None => None,
-    };
-    let (run_id, scope, subject, key, logical_key, reads) = match &new.owner {
+    let (run_id, scope, subject, mut lock) = match &new.owner {
         Owner::Run { run_id, .. } => {
             let (scope, subject) = run_owner(&mut tx, &app, *run_id, checked).await?;
-            let key = cache_key_for(subject.as_ref());
-            let logical = logical_key(&key);
+            // The run's scope lock is held already (before its run row: the lock order).
             let lock = ReadsLock {
                 lock: None,
                 replay_first: false,
             };
-            let reads = reads(
-                store,
-                &mut tx,
-                &app,
-                new,
-                &scope,
-                key.as_deref(),
-                probe_cache,
-                lock,
-                facts_for(new, logical.as_deref()),
-            )
-            .await?;
-            (
-                Some(run_id.to_string()),
-                scope,
-                subject,
-                key,
-                logical,
-                reads,
-            )
+            (Some(run_id.to_string()), scope, subject, lock)
         }
+        // Exclusive for admission; shared otherwise, which only keeps owner deletion
+        // (exclusive) from interleaving with this creation.
         Owner::Application { scope, subject, .. } => {
-            // Exclusive for admission; shared otherwise, which only keeps owner deletion
-            // (exclusive) from interleaving with this creation.
-            let key = cache_key_for(subject.as_ref());
-            let logical = logical_key(&key);
-            let read = |replay_first| ReadsLock {
+            let lock = ReadsLock {
                 lock: Some((scope_lock_key(&app, scope), checked)),
-                replay_first,
+                replay_first: checked,
             };
-            let facts = facts_for(new, logical.as_deref());
-            let (cache, probe_cache) = (key.as_deref(), probe_cache);
-            let mut got = reads(
-                store,
-                &mut tx,
-                &app,
-                new,
-                scope,
-                cache,
-                probe_cache,
-                read(checked),
-                facts,
-            )
-            .await?;
-            if got.probe.early {
-                if let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await? {
-                    tx.rollback().await?;
-                    return Ok(Some(Created::existing(task)));
-                }
-                // Its task went between the two reads (owner deletion): read again, this
-                // time under the lock.
-                got = reads(
-                    store,
-                    &mut tx,
-                    &app,
-                    new,
-                    scope,
-                    cache,
-                    probe_cache,
-                    read(false),
-                    facts,
-                )
-                .await?;
-            }
-            (None, scope.clone(), subject.clone(), key, logical, got)
+            (None, scope.clone(), subject.clone(), lock)
         }
     };
+    let key = new.scope.as_ref().map(|scoped| {
+        cache_key(
+            &scoped.source_id,
+            &scoped.source_revision,
+            &new.request,
+            &config_hash,
+            subject.as_ref(),
+        )
+    });
+    // Step 5's logical key: the cache key, or for a recomputation the task's own id.
+    let logical_key = match &new.scope {
+        Some(scoped) if scoped.recompute => Some(id.to_string()),
+        Some(_) => key.clone(),
+        None => None,
+    };
+    let asked = Asked {
+        app: &app,
+        new,
+        scope: &scope,
+        cache_key: key.as_deref(),
+        probe_cache: new.scope.as_ref().is_some_and(|scoped| !scoped.recompute),
+        facts: facts_for(new, logical_key.as_deref()),
+    };
+    let reads = loop {
+        let got = reads(store, &mut tx, &asked, &lock).await?;
+        if got.probe.taken
+            && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?
+        {
+            tx.rollback().await?;
+            return Ok(Some(Created::existing(task)));
+        }
+        if !got.probe.early {
+            break got;
+        }
+        // Found taken before the lock, its task gone by the read (owner deletion): read
+        // again, this time under the lock.
+        lock.replay_first = false;
+    };
     let probe = &reads.probe;
-    if probe.taken
-        && let Some(task) = by_effect_key(&mut tx, &app, new.effect_key.as_str()).await?
-    {
-        tx.rollback().await?;
-        return Ok(Some(Created::existing(task)));
-    }
     let (hit_id, hit_output) = (probe.hit_id.clone(), probe.hit_output.clone());
     let now = Timestamp(probe.now);
     let hit_charged = probe.hit_charged_nano;

@@ -95,6 +95,19 @@ pub(super) enum Facts<'a> {
     Cost,
 }
 
+/// What a creation asks [`reads`] about: its key, its scope's cache and the facts its
+/// decision needs.
+pub(super) struct Asked<'a> {
+    pub(super) app: &'a AppId,
+    pub(super) new: &'a NewTask,
+    pub(super) scope: &'a ScopeId,
+    /// The cache key (a task without a source has none).
+    pub(super) cache_key: Option<&'a str>,
+    /// Whether a cache hit may answer (not for a recomputation).
+    pub(super) probe_cache: bool,
+    pub(super) facts: Facts<'a>,
+}
+
 /// How [`reads`] takes the scope's lock and whether it checks the effect key first.
 pub(super) struct ReadsLock {
     /// `(key, exclusive)`; `None` when the caller holds it already (a run's task).
@@ -109,19 +122,13 @@ pub(super) struct ReadsLock {
 /// 0028) takes the scope's lock, then reads in snapshots taken after it was granted
 /// (each statement of a VOLATILE function takes its own), so the facts see every
 /// admission and reservation committed before.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn reads(
     store: &PostgresStore,
     tx: &mut Tx,
-    app: &AppId,
-    new: &NewTask,
-    scope: &ScopeId,
-    cache_key: Option<&str>,
-    probe_cache: bool,
-    lock: ReadsLock,
-    facts: Facts<'_>,
+    asked: &Asked<'_>,
+    lock: &ReadsLock,
 ) -> StoreResult<Reads> {
-    let (kind, source, logical_key) = match facts {
+    let (kind, source, logical_key) = match asked.facts {
         Facts::None => (None, None, None),
         Facts::Admission {
             source,
@@ -133,11 +140,11 @@ pub(super) async fn reads(
         "SELECT * FROM tollgate_creation_reads($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
          $12, $13, $14, $15)",
     )
-    .bind(app.as_str())
-    .bind(new.effect_key.as_str())
-    .bind(scope.as_str())
-    .bind(cache_key.unwrap_or(""))
-    .bind(probe_cache)
+    .bind(asked.app.as_str())
+    .bind(asked.new.effect_key.as_str())
+    .bind(asked.scope.as_str())
+    .bind(asked.cache_key.unwrap_or(""))
+    .bind(asked.probe_cache)
     .bind(store.fixed_now())
     .bind(lock.lock.map(|(key, _)| key))
     .bind(lock.lock.is_some_and(|(_, exclusive)| exclusive))
