@@ -157,6 +157,7 @@ macro_rules! conformance_suite {
             unsourced::racing_unsourced_tasks_respect_the_spend_limits_exactly,
             unsourced::unsourced_tasks_in_a_batch_record_their_reservations,
             unsourced::racing_unsourced_batches_record_each_reservation_once,
+            unsourced::racing_unsourced_tasks_of_one_scope_respect_the_token_bucket_exactly,
             lifecycle::claim_moves_queued_to_running_once,
             lifecycle::a_task_created_claimed_is_running_and_never_claimable,
             lifecycle::claim_refuses_canceled_and_finished_tasks,

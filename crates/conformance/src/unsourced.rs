@@ -466,3 +466,84 @@ pub async fn racing_unsourced_batches_record_each_reservation_once(b: &dyn Backe
         30 * 20_000
     );
 }
+
+/// Exact across replicas when many calls of one scope race (docs/locking.md, "Creations
+/// of one scope together": one instance may create such calls in one transaction): 64
+/// racers on four store instances, in one scope whose token bucket holds 17 tasks'
+/// reservations and 74 tokens more. Four keys exist before the race and are replayed in
+/// it; the other racers name 30 keys, each twice. Exactly 13 new tasks are created; a
+/// replay is never refused; the racers of one key all get its task or are all refused;
+/// the scope's window holds exactly the 17 tasks' reservations.
+pub async fn racing_unsourced_tasks_of_one_scope_respect_the_token_bucket_exactly(b: &dyn Backend) {
+    const RACERS: usize = 64;
+    let stores = open_stores(b, 4).await;
+    let limits = cost_budget(None, Some((1, 17 * 75 + 74)), None);
+    let mut before = std::collections::BTreeMap::new();
+    for k in 0..4 {
+        let key = format!("old{k}");
+        let task = create_new(
+            &*stores[0],
+            unsourced_task("acme", "p", &key, limits, reserve(50, 25)),
+        )
+        .await;
+        before.insert(key, task.id);
+    }
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let mut handles = Vec::with_capacity(RACERS);
+    for i in 0..RACERS {
+        let s = stores[i % stores.len()].clone();
+        let barrier = barrier.clone();
+        let key = if i < 4 {
+            format!("old{i}")
+        } else {
+            format!("k{}", (i - 4) % 30)
+        };
+        let new = unsourced_task("acme", "p", &key, limits, reserve(50, 25));
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let answer: StoreResult<Created> = s.create_task(new).await;
+            (key, answer)
+        }));
+    }
+    let mut by_key = std::collections::BTreeMap::<String, Vec<Option<Created>>>::new();
+    for h in handles {
+        let (key, answer) = h.await.expect("racer");
+        let answer = match answer {
+            Ok(c) => Some(c),
+            Err(StoreError::Cost(CostRejection::TokenRate { .. })) => None,
+            Err(e) => panic!("unexpected answer for {key}: {e:?}"),
+        };
+        by_key.entry(key).or_default().push(answer);
+    }
+    let mut created = 0;
+    for (key, answers) in &by_key {
+        if let Some(id) = before.get(key) {
+            let c = answers[0]
+                .as_ref()
+                .unwrap_or_else(|| panic!("a replay of {key} was refused"));
+            assert_eq!((c.task.id, c.created), (*id, false), "{key} replays");
+            continue;
+        }
+        let ids: std::collections::BTreeSet<_> = answers
+            .iter()
+            .map(|a| a.as_ref().map(|c| c.task.id))
+            .collect();
+        assert_eq!(
+            ids.len(),
+            1,
+            "the racers of {key} got one answer: {answers:?}"
+        );
+        let made = answers.iter().flatten().filter(|c| c.created).count();
+        assert!(made <= 1, "{key} was created once");
+        created += made;
+    }
+    assert_eq!(
+        created, 13,
+        "the bucket holds exactly 13 more tasks: {by_key:?}"
+    );
+    let w = window(&*stores[0], "acme", Some("p")).await;
+    assert_eq!(
+        (w.reserved_nano, w.reserved_tokens),
+        (17 * 100_000, 17 * 75)
+    );
+}

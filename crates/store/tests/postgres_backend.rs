@@ -196,6 +196,72 @@ async fn moves_owed_to_queues_that_do_not_exist_are_dropped_when_paid() {
     );
 }
 
+/// docs/locking.md, "Creations of one scope together": door-like calls (no source, a
+/// token limit, created claimed) racing in one scope on one instance are created
+/// together, in fewer transactions than calls, and each is created once, running, its
+/// reservation recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_calls_of_one_scope_are_created_together() {
+    let Some(url) = database_url("racing_calls_of_one_scope_are_created_together") else {
+        return;
+    };
+    const CALLS: usize = 48;
+    let schema = Schema::new(&url, "together");
+    let clock = ManualClock::new(START);
+    let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
+    let rate = tollgate_core::TokenRate {
+        tokens_per_minute: std::num::NonZeroU32::new(1_000_000).unwrap(),
+        token_burst: std::num::NonZeroU32::new(1_000_000).unwrap(),
+    };
+    let budget = Budget {
+        cost: tollgate_core::CostLimits {
+            scope_nano_per_24_hours: None,
+            token_rate: Some(rate),
+            app_nano_per_24_hours: None,
+        },
+        ..Budget::unlimited()
+    };
+    let reservation = tollgate_core::Reservation {
+        tokens: 10,
+        bounded: true,
+        ..Default::default()
+    };
+    let barrier = Arc::new(tokio::sync::Barrier::new(CALLS));
+    let mut racers = Vec::new();
+    for i in 0..CALLS {
+        let mut new = app_task("together", "door", &format!("k{i}"), None);
+        new.claim_by = Some(WorkerId::new("w").unwrap());
+        new.cost = Some(tollgate_core::TaskCost {
+            budget,
+            reservation,
+        });
+        let (store, barrier) = (store.clone(), barrier.clone());
+        racers.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store.create_task(new).await
+        }));
+    }
+    for racer in racers {
+        let created = racer.await.unwrap().unwrap();
+        assert!(created.created);
+        assert_eq!(created.task.status, tollgate_core::TaskStatus::Running);
+    }
+    assert!(
+        store.created_together() > 0,
+        "racing calls of one scope share transactions"
+    );
+    let tasks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tasks")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let reserved: i64 =
+        sqlx::query_scalar("SELECT CAST(SUM(reserved_tokens) AS BIGINT) FROM scope_spend")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!((tasks, reserved), (CALLS as i64, CALLS as i64 * 10));
+}
+
 #[tokio::test]
 async fn opening_a_newer_schema_is_refused() {
     let Some(url) = database_url("opening_a_newer_schema_is_refused") else {

@@ -151,6 +151,9 @@ pub struct PostgresStore {
     deactivation: Arc<deactivate::Deactivation>,
     /// Keeps the planner's statistics in step with fast-growing tables.
     stats: Arc<stats::StatsWatch>,
+    /// Creations of one scope made together (docs/locking.md, "Creations of one scope
+    /// together").
+    groups: Arc<admission::Groups>,
 }
 
 type Tx = Transaction<'static, Postgres>;
@@ -238,6 +241,7 @@ impl PostgresStore {
             )),
             deactivation: Arc::default(),
             stats: Arc::default(),
+            groups: Arc::default(),
         })
     }
 
@@ -250,6 +254,13 @@ impl PostgresStore {
     /// its claims' moves not yet written; for diagnostics and tests).
     pub fn owed_pass_moves(&self) -> usize {
         self.queue_view.debt().len()
+    }
+
+    /// How many creations this instance made together with others of their scope, in
+    /// one transaction (docs/locking.md, "Creations of one scope together"; for
+    /// diagnostics and tests).
+    pub fn created_together(&self) -> u64 {
+        self.groups.together()
     }
 
     async fn begin(&self) -> StoreResult<Tx> {

@@ -3,6 +3,7 @@
 //! admission then writes to its scope's row ([`ScopeUpdate`]). A later admission rule
 //! (cost reservations) adds its facts here and its arithmetic in core.
 
+use crate::shared::cost::SpendDelta;
 use crate::shared::named::Binder;
 use crate::shared::sql::{Exec, Statement};
 use crate::{StoreError, StoreResult};
@@ -189,6 +190,19 @@ impl UnsourcedFacts {
         let token_bucket =
             decide_cost(&budget.cost, reservation, &cost, now).map_err(Refusal::Cost)?;
         Ok(token_bucket.map(|b| (b, token_capacity_units(budget))))
+    }
+
+    /// The facts as the next creation of the scope reads them once this one's
+    /// reservation is written ([`UnsourcedFacts::decide`]'s token bucket stored, `reserve`
+    /// added to the scope's spend bucket of its creation time, which is in the window):
+    /// what a group of creations in one transaction decides the next one on (PostgreSQL,
+    /// docs/locking.md, "Creations of one scope together").
+    pub(crate) fn after(&mut self, token: Option<(BucketState, i64)>, reserve: &SpendDelta) {
+        if let Some((bucket, _)) = token {
+            self.token_units = Some(bucket.units);
+            self.token_at = Some(bucket.at.0);
+        }
+        self.scope_window_nano = self.scope_window_nano.saturating_add(reserve.reserved_nano);
     }
 }
 

@@ -260,6 +260,25 @@ pub(super) async fn insert_reserved_and_commit(
     token: Option<(BucketState, i64)>,
     reserve: SpendDelta,
 ) -> StoreResult<Option<Created>> {
+    let Some(task) = insert_reserved(&mut tx, row, budget, token, reserve).await? else {
+        // Another replica inserted the same effect key first: keep nothing of ours.
+        tx.rollback().await?;
+        return lost_race(store, app, row.new).await.map(Some);
+    };
+    let task = commit_created(store, tx, row.new, task).await?;
+    Ok(Some(Created::inserted(task)))
+}
+
+/// The statement of [`insert_reserved_and_commit`], inside a transaction that goes on
+/// (a creation's own, or its group's: [`super::group`]). `None`: the effect key was
+/// taken, and nothing was written.
+pub(super) async fn insert_reserved(
+    tx: &mut Tx,
+    row: &InsertRow<'_>,
+    budget: &Budget,
+    token: Option<(BucketState, i64)>,
+    reserve: SpendDelta,
+) -> StoreResult<Option<Task>> {
     let tasks = BucketState::full(budget.burst.get(), row.now);
     let mut b = RESERVE_UNSOURCED.binder();
     row.bind(&mut b, false);
@@ -271,14 +290,7 @@ pub(super) async fn insert_reserved_and_commit(
     bind_token(&mut b, token);
     bind_spend(&mut b, row.scope.as_str(), spend_bucket(row.now), reserve);
     let inserted: Option<TaskRow> = tx.optional(b.statement()?).await?;
-    let Some(task) = inserted else {
-        // Another replica inserted the same effect key first: keep nothing of ours.
-        tx.rollback().await?;
-        return lost_race(store, app, row.new).await.map(Some);
-    };
-    let task = task.into_task()?;
-    let task = commit_created(store, tx, row.new, task).await?;
-    Ok(Some(Created::inserted(task)))
+    inserted.map(TaskRow::into_task).transpose()
 }
 
 /// Commits a creation's transaction. A task created claimed (`NewTask::claim_by`: its

@@ -11,8 +11,10 @@
 //! Split along the steps: this module runs the creation (docs/conformance.md#create-transaction, batches);
 //! [`probe`] reads what a creation decides on (owner, scope lock, idempotency, cache);
 //! [`snapshot`] reads the admission facts and asks core; [`insert`] writes the task and
-//! the admission in one statement; [`slots`] holds the striped global cap.
+//! the admission in one statement; [`slots`] holds the striped global cap; [`group`]
+//! creates one scope's concurrent tasks without a source in one transaction.
 
+mod group;
 mod insert;
 mod probe;
 mod slots;
@@ -36,6 +38,17 @@ use tollgate_core::cost::spend_bucket;
 use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskCost, TaskId, Timestamp, cache_key};
 
 pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
+    if group::groups(&new) {
+        return group::create(store, new).await;
+    }
+    create_alone(store, new).await
+}
+
+pub(super) use group::Groups;
+
+/// One creation in transactions of its own (a group's creations run here when they
+/// cannot be made together: [`group`]).
+async fn create_alone(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
     if new.scope.is_none()
         && new.cost.is_none()
         && new.claim_by.is_none()
