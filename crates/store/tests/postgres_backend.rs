@@ -196,7 +196,7 @@ async fn moves_owed_to_queues_that_do_not_exist_are_dropped_when_paid() {
     );
 }
 
-/// docs/locking.md, "Creations of one scope together": door-like calls (no source, a
+/// docs/locking.md, "Creations made together": door-like calls (no source, a
 /// token limit, created claimed) racing in one scope on one instance are created
 /// together, in fewer transactions than calls, and each is created once, running, its
 /// reservation recorded once.

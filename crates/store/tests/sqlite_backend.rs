@@ -166,3 +166,71 @@ async fn migration_0013_repairs_a_provider_paused_for_years() {
         std::time::Duration::from_secs(10)
     );
 }
+
+/// docs/locking.md, "Creations made together": creations racing on one instance wait
+/// for the writer together and are made in shared write transactions; each is created
+/// once (a repeated key is answered with its one task).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_creations_are_made_together() {
+    const CALLS: usize = 48;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.db");
+    let clock = ManualClock::new(START);
+    let store = SqliteStore::open(options(&path, &clock)).await.unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(CALLS));
+    let mut racers = Vec::new();
+    for i in 0..CALLS {
+        let new = NewTask {
+            cost: None,
+            dispatch: tollgate_core::Dispatch::default(),
+            owner: Owner::Application {
+                app: AppId::new("acme").unwrap(),
+                scope: ScopeId::new(format!("s{}", i % 3)).unwrap(),
+                subject: None,
+            },
+            step: StepKey::new("label").unwrap(),
+            // Two racers of each key.
+            effect_key: EffectKey::new(format!("k{}", i / 2)).unwrap(),
+            request: ValidatedRequest::new(
+                TaskKind::Classify,
+                &json!({"input": format!("x{}", i / 2), "labels": ["a", "b"]}),
+                1 << 18,
+            )
+            .unwrap(),
+            model: ModelId::new("default").unwrap(),
+            model_ref: ModelRef::new("dev", "dev-1"),
+            scope: None,
+            trace_parent: None,
+            max_attempts: tollgate_core::MaxAttempts::ONE,
+            released: false,
+            claim_by: None,
+        };
+        let (store, barrier) = (store.clone(), barrier.clone());
+        racers.push(tokio::spawn(async move {
+            barrier.wait().await;
+            (i / 2, store.create_task(new).await.unwrap())
+        }));
+    }
+    let mut by_key = std::collections::BTreeMap::<usize, Vec<_>>::new();
+    for racer in racers {
+        let (key, created) = racer.await.unwrap();
+        by_key.entry(key).or_default().push(created);
+    }
+    for (key, answers) in &by_key {
+        assert_eq!(answers[0].task.id, answers[1].task.id, "k{key}: one task");
+        assert_eq!(
+            answers.iter().filter(|c| c.created).count(),
+            1,
+            "k{key}: created once"
+        );
+    }
+    assert!(
+        store.created_together() > 0,
+        "racing creations share write transactions"
+    );
+    let tasks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tasks")
+        .fetch_one(store.writer_pool())
+        .await
+        .unwrap();
+    assert_eq!(tasks, CALLS as i64 / 2);
+}

@@ -151,9 +151,9 @@ pub struct PostgresStore {
     deactivation: Arc<deactivate::Deactivation>,
     /// Keeps the planner's statistics in step with fast-growing tables.
     stats: Arc<stats::StatsWatch>,
-    /// Creations of one scope made together (docs/locking.md, "Creations of one scope
+    /// Creations of one scope made together (docs/locking.md, "Creations made
     /// together").
-    groups: Arc<admission::Groups>,
+    groups: Arc<crate::shared::group::Groups>,
 }
 
 type Tx = Transaction<'static, Postgres>;
@@ -257,7 +257,7 @@ impl PostgresStore {
     }
 
     /// How many creations this instance made together with others of their scope, in
-    /// one transaction (docs/locking.md, "Creations of one scope together"; for
+    /// one transaction (docs/locking.md, "Creations made together"; for
     /// diagnostics and tests).
     pub fn created_together(&self) -> u64 {
         self.groups.together()

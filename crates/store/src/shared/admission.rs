@@ -196,7 +196,7 @@ impl UnsourcedFacts {
     /// reservation is written ([`UnsourcedFacts::decide`]'s token bucket stored, `reserve`
     /// added to the scope's spend bucket of its creation time, which is in the window):
     /// what a group of creations in one transaction decides the next one on (PostgreSQL,
-    /// docs/locking.md, "Creations of one scope together").
+    /// docs/locking.md, "Creations made together").
     pub(crate) fn after(&mut self, token: Option<(BucketState, i64)>, reserve: &SpendDelta) {
         if let Some((bucket, _)) = token {
             self.token_units = Some(bucket.units);

@@ -13,6 +13,7 @@ pub(crate) mod attempts;
 pub(crate) mod cost;
 pub(crate) mod dispatch;
 pub(crate) mod embeddings;
+pub(crate) mod group;
 pub(crate) mod lifecycle;
 pub(crate) mod list;
 pub(crate) mod maintenance;

@@ -92,6 +92,8 @@ pub struct SqliteStore {
     claim_order: crate::ClaimOrder,
     /// docs/conformance.md#fair-share: this instance's recent view of the active queues.
     queue_view: Arc<crate::shared::dispatch::QueueView>,
+    /// Creations made together (docs/locking.md, "Creations made together").
+    groups: Arc<crate::shared::group::Groups>,
 }
 
 type Tx = Transaction<'static, Sqlite>;
@@ -151,7 +153,15 @@ impl SqliteStore {
             queue_view: Arc::new(crate::shared::dispatch::QueueView::with_ttl(
                 options.queue_view_ttl,
             )),
+            groups: Arc::default(),
         })
+    }
+
+    /// How many creations this instance made together with others, in one write
+    /// transaction (docs/locking.md, "Creations made together"; for diagnostics and
+    /// tests).
+    pub fn created_together(&self) -> u64 {
+        self.groups.together()
     }
 
     /// Starts a read-then-write transaction holding the write lock from the start.

@@ -38,13 +38,11 @@ use tollgate_core::cost::spend_bucket;
 use tollgate_core::{AppId, NewTask, Owner, Subject, Task, TaskCost, TaskId, Timestamp, cache_key};
 
 pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
-    if group::groups(&new) {
-        return group::create(store, new).await;
+    match group::group_of(&new) {
+        Some(key) => crate::shared::group::create(store, key, new).await,
+        None => create_alone(store, new).await,
     }
-    create_alone(store, new).await
 }
-
-pub(super) use group::Groups;
 
 /// One creation in transactions of its own (a group's creations run here when they
 /// cannot be made together: [`group`]).

@@ -18,6 +18,7 @@ mod snapshot;
 use super::SqliteStore;
 use crate::shared::admission::InsertRow;
 use crate::shared::dispatch::claimed_at_creation;
+use crate::shared::group::{Grouping, Groups, Together};
 use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
 use insert::insert_task;
@@ -28,18 +29,37 @@ use tollgate_core::{
     cache_key,
 };
 
+/// A single creation, made together with the others that wait for the writer while one
+/// is in flight (docs/locking.md, "Creations made together": one write transaction and
+/// one commit for all of them).
 pub(super) async fn create_task(store: &SqliteStore, new: NewTask) -> StoreResult<Created> {
-    let mut tx = store.begin().await?;
-    let now = store.now();
-    match created_claimed(&mut tx, &new, now).await {
-        Ok(created) => {
-            tx.commit().await?;
-            Ok(store.claimed(&new, created))
+    crate::shared::group::create(store, (String::new(), String::new()), new).await
+}
+
+#[async_trait::async_trait]
+impl Grouping for SqliteStore {
+    fn groups(&self) -> &Groups {
+        &self.groups
+    }
+
+    async fn alone(&self, new: NewTask) -> StoreResult<Created> {
+        let mut tx = self.begin().await?;
+        let now = self.now();
+        match created_claimed(&mut tx, &new, now).await {
+            Ok(created) => {
+                tx.commit().await?;
+                Ok(self.claimed(&new, created))
+            }
+            Err(e) => {
+                tx.rollback().await?;
+                Err(e)
+            }
         }
-        Err(e) => {
-            tx.rollback().await?;
-            Err(e)
-        }
+    }
+
+    /// As a batch ([`create_tasks`]): a replay in the group is answered in its place.
+    async fn together(&self, news: &[&NewTask]) -> StoreResult<Together> {
+        in_one_transaction(self, news).await.map(Together::Created)
     }
 }
 
@@ -50,10 +70,19 @@ pub(super) async fn create_tasks(
     store: &SqliteStore,
     news: Vec<NewTask>,
 ) -> StoreResult<Vec<StoreResult<Created>>> {
+    let news: Vec<&NewTask> = news.iter().collect();
+    in_one_transaction(store, &news).await
+}
+
+/// [`create_tasks`] of borrowed creations.
+async fn in_one_transaction(
+    store: &SqliteStore,
+    news: &[&NewTask],
+) -> StoreResult<Vec<StoreResult<Created>>> {
     let mut tx = store.begin().await?;
     let now = store.now();
     let mut out = Vec::with_capacity(news.len());
-    for new in &news {
+    for new in news {
         let mut item = sqlx::Connection::begin(&mut *tx).await?;
         match created_claimed(&mut item, new, now).await {
             Ok(created) => {
@@ -74,7 +103,7 @@ pub(super) async fn create_tasks(
     tx.commit().await?;
     Ok(out
         .into_iter()
-        .zip(&news)
+        .zip(news)
         .map(|(result, new)| result.map(|c| store.claimed(new, c)))
         .collect())
 }
