@@ -262,6 +262,73 @@ async fn racing_calls_of_one_scope_are_created_together() {
     assert_eq!((tasks, reserved), (CALLS as i64, CALLS as i64 * 10));
 }
 
+/// docs/locking.md, "Creations made together": when the creation that leads a group goes
+/// away (its caller dropped it while it waited), the creations waiting for it are still
+/// made, and its own writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn creations_waiting_for_a_lead_that_goes_away_are_still_made() {
+    let Some(url) = database_url("creations_waiting_for_a_lead_that_goes_away_are_still_made")
+    else {
+        return;
+    };
+    let schema = Schema::new(&url, "lead_gone");
+    let clock = ManualClock::new(START);
+    let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
+    let call = |key: &str| {
+        let mut new = app_task("lead_gone", "door", key, None);
+        new.cost = Some(tollgate_core::TaskCost {
+            budget: Budget {
+                cost: tollgate_core::CostLimits {
+                    scope_nano_per_24_hours: std::num::NonZeroU64::new(1_000_000_000),
+                    token_rate: None,
+                    app_nano_per_24_hours: None,
+                },
+                ..Budget::unlimited()
+            },
+            reservation: tollgate_core::Reservation {
+                nano_usd: 10,
+                bounded: true,
+                ..Default::default()
+            },
+        });
+        new
+    };
+    // Inserts into `tasks` wait while this transaction holds the table: the lead's
+    // creation stops at its insert, and the others wait for it in the group.
+    let mut blocker = store.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE tasks IN EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let lead = {
+        let (store, new) = (store.clone(), call("lead"));
+        tokio::spawn(async move { store.create_task(new).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut waiting = Vec::new();
+    for i in 0..8 {
+        let (store, new) = (store.clone(), call(&format!("w{i}")));
+        waiting.push(tokio::spawn(async move { store.create_task(new).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lead.abort();
+    assert!(lead.await.unwrap_err().is_cancelled());
+    blocker.commit().await.unwrap();
+    for w in waiting {
+        let created = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("a waiting creation is answered")
+            .unwrap()
+            .unwrap();
+        assert!(created.created);
+    }
+    let keys: Vec<String> = sqlx::query_scalar("SELECT effect_key FROM tasks ORDER BY effect_key")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(keys, (0..8).map(|i| format!("w{i}")).collect::<Vec<_>>());
+}
+
 #[tokio::test]
 async fn opening_a_newer_schema_is_refused() {
     let Some(url) = database_url("opening_a_newer_schema_is_refused") else {
