@@ -69,6 +69,31 @@ fn app_task(app: &str, scope: &str, key: &str, source: Option<&str>) -> NewTask 
     }
 }
 
+/// The cost of a task without a source under a scope's USD limit (nano-dollars) and a
+/// token rate, reserving `(nano-dollars, tokens)`.
+fn metered(
+    scope_nano: Option<std::num::NonZeroU64>,
+    rate: Option<tollgate_core::TokenRate>,
+    (nano_usd, tokens): (i64, u64),
+) -> tollgate_core::TaskCost {
+    tollgate_core::TaskCost {
+        budget: Budget {
+            cost: tollgate_core::CostLimits {
+                scope_nano_per_24_hours: scope_nano,
+                token_rate: rate,
+                app_nano_per_24_hours: None,
+            },
+            ..Budget::unlimited()
+        },
+        reservation: tollgate_core::Reservation {
+            nano_usd,
+            tokens,
+            bounded: true,
+            ..Default::default()
+        },
+    }
+}
+
 /// Statements that name tasks by id read them through the primary key even when the
 /// statistics are stale: taken while no task was queued, they make the partial indexes of
 /// queued (and unsucceeded) tasks look empty, and a statement that also says `status =
@@ -213,28 +238,12 @@ async fn racing_calls_of_one_scope_are_created_together() {
         tokens_per_minute: std::num::NonZeroU32::new(1_000_000).unwrap(),
         token_burst: std::num::NonZeroU32::new(1_000_000).unwrap(),
     };
-    let budget = Budget {
-        cost: tollgate_core::CostLimits {
-            scope_nano_per_24_hours: None,
-            token_rate: Some(rate),
-            app_nano_per_24_hours: None,
-        },
-        ..Budget::unlimited()
-    };
-    let reservation = tollgate_core::Reservation {
-        tokens: 10,
-        bounded: true,
-        ..Default::default()
-    };
     let barrier = Arc::new(tokio::sync::Barrier::new(CALLS));
     let mut racers = Vec::new();
     for i in 0..CALLS {
         let mut new = app_task("together", "door", &format!("k{i}"), None);
         new.claim_by = Some(WorkerId::new("w").unwrap());
-        new.cost = Some(tollgate_core::TaskCost {
-            budget,
-            reservation,
-        });
+        new.cost = Some(metered(None, Some(rate), (0, 10)));
         let (store, barrier) = (store.clone(), barrier.clone());
         racers.push(tokio::spawn(async move {
             barrier.wait().await;
@@ -276,21 +285,11 @@ async fn creations_waiting_for_a_lead_that_goes_away_are_still_made() {
     let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
     let call = |key: &str| {
         let mut new = app_task("lead_gone", "door", key, None);
-        new.cost = Some(tollgate_core::TaskCost {
-            budget: Budget {
-                cost: tollgate_core::CostLimits {
-                    scope_nano_per_24_hours: std::num::NonZeroU64::new(1_000_000_000),
-                    token_rate: None,
-                    app_nano_per_24_hours: None,
-                },
-                ..Budget::unlimited()
-            },
-            reservation: tollgate_core::Reservation {
-                nano_usd: 10,
-                bounded: true,
-                ..Default::default()
-            },
-        });
+        new.cost = Some(metered(
+            std::num::NonZeroU64::new(1_000_000_000),
+            None,
+            (10, 0),
+        ));
         new
     };
     // Inserts into `tasks` wait while this transaction holds the table: the lead's

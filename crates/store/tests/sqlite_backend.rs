@@ -18,6 +18,30 @@ fn options(path: &std::path::Path, clock: &ManualClock) -> SqliteOptions {
     SqliteOptions::new(path).with_clock(Arc::new(clock.clone()))
 }
 
+/// A classify task of `owner` under `key`, its input `input`.
+fn classify_task(owner: Owner, key: &str, input: &str) -> NewTask {
+    NewTask {
+        cost: None,
+        dispatch: tollgate_core::Dispatch::default(),
+        owner,
+        step: StepKey::new("label").unwrap(),
+        effect_key: EffectKey::new(key).unwrap(),
+        request: ValidatedRequest::new(
+            TaskKind::Classify,
+            &json!({"input": input, "labels": ["a", "b"]}),
+            1 << 18,
+        )
+        .unwrap(),
+        model: ModelId::new("default").unwrap(),
+        model_ref: ModelRef::new("dev", "dev-1"),
+        scope: None,
+        trace_parent: None,
+        max_attempts: tollgate_core::MaxAttempts::ONE,
+        released: false,
+        claim_by: None,
+    }
+}
+
 #[tokio::test]
 async fn opening_a_missing_file_creates_it_and_its_folder() {
     let dir = tempfile::tempdir().unwrap();
@@ -75,29 +99,14 @@ async fn sweep_repairs_a_lost_wake() {
         .await
         .unwrap();
     let task = store
-        .create_task(NewTask {
-            cost: None,
-            dispatch: tollgate_core::Dispatch::default(),
-            owner: Owner::Run {
+        .create_task(classify_task(
+            Owner::Run {
                 app: acme.clone(),
                 run_id: run.id,
             },
-            step: StepKey::new("label").unwrap(),
-            effect_key: EffectKey::new("k").unwrap(),
-            request: ValidatedRequest::new(
-                TaskKind::Classify,
-                &json!({"input": "x", "labels": ["a", "b"]}),
-                1 << 18,
-            )
-            .unwrap(),
-            model: ModelId::new("default").unwrap(),
-            model_ref: ModelRef::new("dev", "dev-1"),
-            scope: None,
-            trace_parent: None,
-            max_attempts: tollgate_core::MaxAttempts::ONE,
-            released: false,
-            claim_by: None,
-        })
+            "k",
+            "x",
+        ))
         .await
         .unwrap()
         .task;
@@ -180,31 +189,13 @@ async fn racing_creations_are_made_together() {
     let barrier = Arc::new(tokio::sync::Barrier::new(CALLS));
     let mut racers = Vec::new();
     for i in 0..CALLS {
-        let new = NewTask {
-            cost: None,
-            dispatch: tollgate_core::Dispatch::default(),
-            owner: Owner::Application {
-                app: AppId::new("acme").unwrap(),
-                scope: ScopeId::new(format!("s{}", i % 3)).unwrap(),
-                subject: None,
-            },
-            step: StepKey::new("label").unwrap(),
-            // Two racers of each key.
-            effect_key: EffectKey::new(format!("k{}", i / 2)).unwrap(),
-            request: ValidatedRequest::new(
-                TaskKind::Classify,
-                &json!({"input": format!("x{}", i / 2), "labels": ["a", "b"]}),
-                1 << 18,
-            )
-            .unwrap(),
-            model: ModelId::new("default").unwrap(),
-            model_ref: ModelRef::new("dev", "dev-1"),
-            scope: None,
-            trace_parent: None,
-            max_attempts: tollgate_core::MaxAttempts::ONE,
-            released: false,
-            claim_by: None,
+        let owner = Owner::Application {
+            app: AppId::new("acme").unwrap(),
+            scope: ScopeId::new(format!("s{}", i % 3)).unwrap(),
+            subject: None,
         };
+        // Two racers of each key.
+        let new = classify_task(owner, &format!("k{}", i / 2), &format!("x{}", i / 2));
         let (store, barrier) = (store.clone(), barrier.clone());
         racers.push(tokio::spawn(async move {
             barrier.wait().await;
