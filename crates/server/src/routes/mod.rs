@@ -98,6 +98,7 @@ pub(crate) fn router(state: AppState) -> Router {
         })
         .layer(axum::middleware::from_fn(require_json))
         .layer(axum::middleware::from_fn(refuse_invalid_query))
+        .layer(axum::middleware::from_fn(refuse_large_heads))
         .layer(axum::middleware::map_response(envelope_errors))
         // Bodies are read by `read_body` with each route's own limit.
         .layer(DefaultBodyLimit::disable())
@@ -116,6 +117,35 @@ pub(crate) fn metrics_router(state: AppState) -> Router {
         .fallback(|| async { ApiError::not_found("route") })
         .layer(axum::middleware::map_response(envelope_errors))
         .with_state(state)
+}
+
+/// The most bytes a request's headers may take (each name, value and its `": "` and
+/// line end): hyper refuses a head beyond its read buffer (about 400 KiB) only when it
+/// meets the limit between two reads, so a larger head that arrives in one read could
+/// pass; this makes the limit the same for every request (docs/api.md, 431).
+const MOST_HEADER_BYTES: usize = 400 * 1024;
+
+/// 431 for a request whose headers take more than [`MOST_HEADER_BYTES`].
+async fn refuse_large_heads(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let size: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if size > MOST_HEADER_BYTES {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request_header_fields_too_large",
+            format!(
+                "the request's headers take {size} bytes; at most {MOST_HEADER_BYTES} are read"
+            ),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// 415 for a `POST` whose `Content-Type` says its body is not JSON (every body the API
