@@ -141,6 +141,15 @@ pub(crate) fn stored_reservation(
     }
 }
 
+/// A task's model columns: its model configuration's hash (a configuration that cannot
+/// be hashed is the creation's own refusal) and its model reference as stored (JSON).
+pub(crate) fn model_columns(new: &NewTask) -> StoreResult<(tollgate_core::ConfigHash, String)> {
+    let config_hash = new.model_ref.config_hash()?;
+    let model_ref = serde_json::to_string(&new.model_ref)
+        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    Ok((config_hash, model_ref))
+}
+
 /// Binds a model-token bucket to store with its capacity in units (`:token_units`,
 /// `:token_at`, `:token_capacity`; NULLs: none).
 pub(crate) fn bind_token(b: &mut Binder, token: Option<(BucketState, i64)>) {

@@ -13,7 +13,7 @@ use super::insert::{InsertRow, insert_reserved};
 use super::probe::{Asked, Facts, ReadsLock, reads, scope_lock_key};
 use super::snapshot::check_unsourced;
 use super::{create_alone, encode_reservation};
-use crate::shared::admission::{Refusal, UnsourcedFacts, stored_reservation};
+use crate::shared::admission::{Refusal, UnsourcedFacts, model_columns, stored_reservation};
 use crate::shared::cost::SpendDelta;
 use crate::shared::group::{GroupKey, Grouping, Groups, Together};
 use crate::shared::tasks::Tasks;
@@ -98,15 +98,13 @@ async fn create_together(store: &PostgresStore, news: &[&NewTask]) -> StoreResul
                 "a grouped creation without an application owner or a cost".into(),
             ));
         };
-        let config_hash = match new.model_ref.config_hash() {
-            Ok(hash) => hash,
+        let (config_hash, model_ref) = match model_columns(new) {
+            Ok(columns) => columns,
             Err(e) => {
-                decided.push(Decided::Invalid(e.into()));
+                decided.push(Decided::Invalid(e));
                 continue;
             }
         };
-        let model_ref = serde_json::to_string(&new.model_ref)
-            .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
         let (budget, reservation) = (&cost.budget, &cost.reservation);
         let token =
             match check_unsourced(&mut tx, app, scope, &facts, budget, reservation, now).await? {

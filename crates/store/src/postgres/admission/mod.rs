@@ -23,7 +23,7 @@ mod snapshot;
 pub(super) use probe::{lock_scope, scope_lock_key};
 
 use super::{PostgresStore, Tx};
-use crate::shared::admission::{Refusal, stored_reservation};
+use crate::shared::admission::{Refusal, model_columns, stored_reservation};
 use crate::shared::cost::{SettlementPlan, SpendDelta};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::terminal::TerminalStatements;
@@ -104,9 +104,7 @@ async fn attempt_create(
     new: &NewTask,
     path: SlotPath,
 ) -> StoreResult<Option<Created>> {
-    let config_hash = new.model_ref.config_hash()?;
-    let model_ref = serde_json::to_string(&new.model_ref)
-        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    let (config_hash, model_ref) = model_columns(new)?;
     let app = new.owner.app().clone();
     let mut tx = store.begin().await?;
     // Admission, and the cost checks of a task without a source under a USD or token
@@ -464,9 +462,7 @@ fn app_insert<'a>(
     scope: &'a tollgate_core::ScopeId,
     subject: Option<&'a Subject>,
 ) -> StoreResult<insert::AppInsert<'a>> {
-    let config_hash = new.model_ref.config_hash()?;
-    let model_ref = serde_json::to_string(&new.model_ref)
-        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    let (config_hash, model_ref) = model_columns(new)?;
     // docs/budgets.md, "Tasks without a source": a cost under no limit is recorded as
     // the single path records it (no token bucket taken).
     let reservation = match &new.cost {
@@ -500,9 +496,7 @@ async fn taken_key(tx: &mut Tx, new: &NewTask) -> StoreResult<Created> {
 }
 
 async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> StoreResult<Created> {
-    let config_hash = new.model_ref.config_hash()?;
-    let model_ref = serde_json::to_string(&new.model_ref)
-        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    let (config_hash, model_ref) = model_columns(new)?;
     let app = new.owner.app().clone();
     // A run's task replays before its run is checked (a replay answers even once the run
     // is canceled). An application's task needs no read first: the insert below finds a

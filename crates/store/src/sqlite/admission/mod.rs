@@ -16,7 +16,7 @@ mod insert;
 mod snapshot;
 
 use super::SqliteStore;
-use crate::shared::admission::InsertRow;
+use crate::shared::admission::{InsertRow, model_columns};
 use crate::shared::dispatch::claimed_at_creation;
 use crate::shared::group::{Grouping, Groups, Together};
 use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
@@ -140,9 +140,7 @@ async fn create_in(
     new: &NewTask,
     now: Timestamp,
 ) -> StoreResult<Created> {
-    let config_hash = new.model_ref.config_hash()?;
-    let model_ref = serde_json::to_string(&new.model_ref)
-        .map_err(|e| StoreError::Database(format!("cannot encode model ref: {e}")))?;
+    let (config_hash, model_ref) = model_columns(new)?;
     let app = new.owner.app().clone();
 
     // Step 2: idempotency. The same key always names the same task, whatever its state.
