@@ -598,3 +598,112 @@ pub async fn a_batch_of_completions_charges_each_task_its_attempts(b: &dyn Backe
         );
     }
 }
+
+/// docs/budgets.md, "Settlement", for tasks without a source completed in a batch (on
+/// PostgreSQL such a batch is written in one statement when the worker's guess of its
+/// settlement holds: docs/locking.md, "Completions in one statement"): each task is
+/// charged its attempts' sum whether its attempt was its only one or not, a task
+/// canceled meanwhile is not completed (its cancel settled it), and the scopes' and the
+/// app's spend say so.
+pub async fn a_batch_of_unsourced_completions_charges_each_task_its_attempts(b: &dyn Backend) {
+    let s = b.open().await;
+    let w = worker("w");
+    let budget = cost_budget(Some(10_000_000), None, Some(100_000_000));
+    let task = |scope_name: &str, key: &str| {
+        tries(
+            super::unsourced::unsourced_task("acme", scope_name, key, budget, reserve(100, 50)),
+            3,
+        )
+    };
+    let completion = |copy: tollgate_core::Task| tollgate_store::Completion {
+        id: copy.id,
+        lease: copy.lease().expect("a claimed copy"),
+        output: spam(),
+        // 40 × 1,000 + 10 × 2,000 = 60,000 n$ at the reservation's prices.
+        usage: tokens(40, 10),
+        claimed: Some(std::sync::Arc::new(copy)),
+        attempt: None,
+    };
+    let all_applied = |answers: &[tollgate_store::StoreResult<tollgate_store::Transition>]| {
+        answers.iter().all(|a| a.as_ref().is_ok_and(|t| t.applied))
+    };
+    // Every attempt its task's only one: two tasks of one scope, one of another.
+    let mut items = Vec::new();
+    for (scope_name, key) in [("one", "a"), ("one", "b"), ("other", "c")] {
+        let t = create_new(&*s, task(scope_name, key)).await;
+        items.push(completion(claim(&*s, t.id, &w).await));
+    }
+    let answers = s.complete_tasks(items).await.expect("complete_tasks");
+    assert!(all_applied(&answers), "{answers:?}");
+    for (scope_name, charged) in [("one", 120_000), ("other", 60_000)] {
+        let spent = spend(&*s, scope_name).await;
+        assert_eq!(
+            (spent.reserved_nano, spent.settled_nano),
+            (0, charged),
+            "{scope_name}: each task settled at its one attempt"
+        );
+        assert_eq!(
+            (spent.reserved_tokens, spent.settled_tokens),
+            (0, 100 * charged / 120_000)
+        );
+    }
+    // One canceled meanwhile (settled by its cancel), beside one that completes.
+    let more = create_new(&*s, task("other", "more")).await;
+    let more = claim(&*s, more.id, &w).await;
+    let gone = create_new(&*s, task("gone", "gone")).await;
+    let gone = claim(&*s, gone.id, &w).await;
+    s.request_cancel(&app("acme"), gone.id)
+        .await
+        .expect("cancel");
+    let answers = s
+        .complete_tasks(vec![completion(more), completion(gone)])
+        .await
+        .expect("complete_tasks");
+    assert!(all_applied(&answers[..1]), "{answers:?}");
+    assert!(
+        answers[1].as_ref().is_ok_and(|t| !t.applied),
+        "a task canceled meanwhile is not completed: {answers:?}"
+    );
+    let gone_spent = spend(&*s, "gone").await;
+    assert_eq!(
+        (gone_spent.reserved_nano, gone_spent.settled_nano),
+        (0, 200_000),
+        "a task canceled while running is charged its reservation, once"
+    );
+    let app_spent = s.spend(&app("acme"), None).await.expect("spend");
+    assert_eq!(
+        (app_spent.reserved_nano, app_spent.settled_nano),
+        (0, 240_000 + 200_000),
+        "the app's window is the scopes' sum"
+    );
+    // Requeued once (its first attempt charged its reservation, 200,000 n$), and two
+    // attempts in one claim (the first given up without usage).
+    let again = create_new(&*s, task("requeued", "again")).await;
+    claim(&*s, again.id, &w).await;
+    b.clock().advance(secs(31));
+    assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
+    let again = claim(&*s, again.id, &w).await;
+    assert_eq!(again.attempt, 2);
+    let two = create_new(&*s, task("two", "two")).await;
+    let two = claim(&*s, two.id, &w).await;
+    let unavailable = ended(AttemptOutcome::Unavailable, None);
+    assert!(s.end_attempt(two.id, 1, &unavailable).await.expect("end"));
+    assert_eq!(begin(&*s, two.id, &lease(&w, 1)).await, Some(2));
+    let answers = s
+        .complete_tasks(vec![completion(again), completion(two)])
+        .await
+        .expect("complete_tasks");
+    assert!(all_applied(&answers), "{answers:?}");
+    for (scope_name, reserved, charged) in [
+        ("other", 0, 120_000),
+        ("requeued", 0, 200_000 + 60_000),
+        ("two", 0, 200_000 + 60_000),
+    ] {
+        let spent = spend(&*s, scope_name).await;
+        assert_eq!(
+            (spent.reserved_nano, spent.settled_nano),
+            (reserved, charged),
+            "{scope_name}: settled its attempts' sum, or still reserved"
+        );
+    }
+}

@@ -1041,3 +1041,91 @@ async fn a_sweep_vacuums_hot_tables_whose_dead_rows_passed_the_bound() {
         "{before} dead rows, and the sweep did not vacuum dispatch_queues"
     );
 }
+
+/// docs/locking.md, "Completions in one statement": a batch of metered tasks without a
+/// source, each at its only attempt, is moved and settled in one statement (its spend
+/// exact); once an endpoint of the app listens for their events, a batch is recorded in
+/// its transaction, which writes the events.
+#[tokio::test]
+async fn metered_completions_are_written_in_one_statement_unless_someone_listens() {
+    let Some(url) =
+        database_url("metered_completions_are_written_in_one_statement_unless_someone_listens")
+    else {
+        return;
+    };
+    let schema = Schema::new(&url, "one_statement");
+    let clock = ManualClock::new(START);
+    let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
+    let w = WorkerId::new("w").unwrap();
+    let batch = |keys: &'static [&'static str]| {
+        let store = store.clone();
+        let w = w.clone();
+        async move {
+            let mut items = Vec::new();
+            for key in keys {
+                let mut new = app_task("one_statement", "door", key, None);
+                new.claim_by = Some(w.clone());
+                new.cost = Some(metered(
+                    std::num::NonZeroU64::new(1_000_000_000),
+                    None,
+                    (500, 10),
+                ));
+                let task = store.create_task(new).await.unwrap().task;
+                items.push(tollgate_store::Completion {
+                    id: task.id,
+                    lease: task.lease().unwrap(),
+                    output: json!({"label": "spam"}),
+                    usage: tollgate_core::Usage::default(),
+                    claimed: Some(Arc::new(task)),
+                    attempt: None,
+                });
+            }
+            let answers = store.complete_tasks(items).await.unwrap();
+            assert!(answers.iter().all(|a| a.as_ref().unwrap().applied));
+        }
+    };
+    batch(&["a", "b", "c"]).await;
+    assert_eq!(store.completed_in_one_statement(), 3);
+    let (reserved, settled): (i64, i64) = sqlx::query_as(
+        "SELECT CAST(SUM(reserved_nano) AS BIGINT), CAST(SUM(settled_nano) AS BIGINT) \
+         FROM scope_spend",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(reserved, 0, "every reservation settled");
+    let charged: i64 = sqlx::query_scalar("SELECT CAST(SUM(charged_nano) AS BIGINT) FROM tasks")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        settled, charged,
+        "the buckets hold what the tasks were charged"
+    );
+
+    store
+        .create_webhook_endpoint(tollgate_store::webhooks::NewWebhookEndpoint {
+            id: "whe_a".into(),
+            app: AppId::new("one_statement").unwrap(),
+            url: "https://hooks.example.com/a".into(),
+            secret: "s".repeat(32),
+            events: vec![tollgate_core::webhook::WebhookEventType::TaskSucceeded],
+            budget_thresholds: vec![tollgate_core::webhook::budget::BudgetThreshold::DEFAULT],
+            enabled: true,
+            description: None,
+            from_config: false,
+        })
+        .await
+        .unwrap();
+    batch(&["d"]).await;
+    assert_eq!(
+        store.completed_in_one_statement(),
+        3,
+        "a listener: its transaction"
+    );
+    let events: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM webhook_events")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(events, 1, "the listened task's event is written");
+}

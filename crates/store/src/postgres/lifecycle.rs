@@ -9,6 +9,7 @@ use super::{PostgresStore, now_sql};
 use crate::shared::admission::SpendReads;
 use crate::shared::attempts::{Ending, claim_attempt};
 use crate::shared::cost::decode_reservation;
+use crate::shared::cost::{SettleRow, encode_reservation, plan_settlement, push_spend_ctes};
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, status_is_queued, worker_store_for,
 };
@@ -16,13 +17,87 @@ use crate::shared::rows::{
     CompletedRow, FinishedRow, TaskRow, encode_completion, task_columns, task_columns_qualified,
     tasks,
 };
+use crate::shared::sql::Statement;
 use crate::shared::terminal::{Returned, TerminalMove, Wake, after_terminal_with};
 use crate::shared::webhooks::task_event_listened;
+use crate::shared::webhooks::{apps_announcing, budget_listened, budget_listener_pattern};
 use crate::{ClaimOrder, Completion, StoreError, StoreResult, Transition};
 use async_trait::async_trait;
+use sqlx::Arguments;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use tollgate_core::attempt::settle_charged;
 use tollgate_core::{AppId, AttemptOutcome, ScopeId, Task, TaskId, Timestamp, WorkerId};
+
+/// A completion batch's statement up to its last CTE, `$1` to `$13` ([`Batch::bind`]).
+///
+/// "now" is read inside the statement (no round trip of its own) and returned with
+/// every row it moved, as the row is now (no read afterwards). The rows are found by id
+/// as arrays (`= ANY`), locked in id order, and only then joined to the items: joined to
+/// the unnested items from the start, the planner (which cannot know how many items
+/// there are) took every running task for every item, 9 ms for a batch of 57 behind 150
+/// running tasks instead of 1. The tasks moved end their open attempts in the same
+/// statement (docs/routes.md, "Attempts"). The reserved ones are charged in it too (a
+/// running task is not settled yet: settlement happens once, at its terminal move) what
+/// they cost if that attempt was their only one. Each row also says whether its event
+/// has a listener, so a batch nobody listens to skips the outbox statement.
+macro_rules! completion_ctes {
+    () => {
+        concat!(
+            "WITH clock AS (SELECT ",
+            now_sql!(5),
+            " AS now), \
+             item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], \
+             $6::TEXT[], $7::BIGINT[], $8::BIGINT[], $10::BIGINT[], $11::BIGINT[], \
+             $12::BIGINT[], $13::TEXT[]) \
+             AS i(id, worker, output, usage, attempt_usage, charged_nano, charged_tokens, \
+             claim, guess_nano, guess_tokens, guess_reservation)), \
+             picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($1) \
+             AND status = 'running' ORDER BY id FOR NO KEY UPDATE), \
+             done AS (UPDATE tasks SET status = 'succeeded', output = item.output, \
+             usage = item.usage, completed_at = clock.now, \
+             charged_nano = CASE WHEN tasks.reservation IS NULL THEN NULL \
+               ELSE item.guess_nano END, \
+             charged_tokens = CASE WHEN tasks.reservation IS NULL THEN NULL \
+               ELSE item.guess_tokens END FROM item, clock \
+             WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) AND item.id = tasks.id \
+             AND tasks.status = 'running' AND tasks.worker = item.worker \
+             AND tasks.attempt = item.claim AND NOT ",
+            cancel_wanted!(),
+            " RETURNING ",
+            task_columns_qualified!(),
+            ", tasks.admitted, clock.now AS now, ",
+            task_event_listened!("tasks"),
+            " AS listened), \
+             ended AS (UPDATE task_attempts SET ended_at = done.now, outcome = $9, \
+             usage = item.attempt_usage, charged_nano = item.charged_nano, \
+             charged_tokens = item.charged_tokens, error_code = NULL, error_message = NULL \
+             FROM done JOIN item ON item.id = done.id \
+             WHERE task_attempts.task_id = done.id AND task_attempts.ended_at IS NULL)"
+        )
+    };
+}
+
+/// The rows a completion batch moved ([`CompletedRow`]), each with its attempts as the
+/// settlement counts them once the attempt ending now has ended (`attempt_charges!`'s
+/// sums), read in the statement's snapshot: a running task's attempts change only by its
+/// claiming worker, whose completion this is. An unreserved task has nothing to settle,
+/// so its attempts are not read.
+macro_rules! completed_rows {
+    () => {
+        "SELECT done.*, a.attempts, a.attempts_nano, a.attempts_tokens \
+         FROM done JOIN item ON item.id = done.id CROSS JOIN LATERAL \
+         (SELECT COUNT(*) AS attempts, CAST(COALESCE(SUM(CASE WHEN a.ended_at IS NULL \
+           THEN item.charged_nano ELSE COALESCE(a.charged_nano, a.reserved_nano) END), 0) \
+           AS BIGINT) AS attempts_nano, CAST(COALESCE(SUM(CASE WHEN a.ended_at IS NULL \
+           THEN item.charged_tokens ELSE COALESCE(a.charged_tokens, a.reserved_tokens) \
+           END), 0) AS BIGINT) AS attempts_tokens \
+         FROM task_attempts a WHERE a.task_id = done.id \
+           AND done.reservation IS NOT NULL) a"
+    };
+}
 
 /// The end of a claim statement after its `clock` (and `picked`) CTEs: `$update` (the
 /// claim's `UPDATE … RETURNING` the task columns) as the CTE `claimed`, the claims'
@@ -206,6 +281,11 @@ pub(super) async fn complete_tasks(
     let mut claims: Vec<i64> = vec![];
     let mut seen = HashSet::new();
     let mut any_run = false;
+    // The settlement each moved task would have if its attempt ending now is its only
+    // one, and the reservation that guess starts from (docs/locking.md, "Completions in
+    // one statement"); `None` once an item is admitted, which the guess does not cover.
+    let mut guessed: Option<Vec<SettleRow>> = Some(vec![]);
+    let mut guess_reservations: Vec<Option<String>> = vec![];
     for (i, item) in items.iter().enumerate() {
         let Some(task) = claimed_copy(item).or_else(|| read.get(&item.id)) else {
             answers[i] = Some(Ok(Transition::default()));
@@ -234,127 +314,94 @@ pub(super) async fn complete_tasks(
                 let guess = task.reservation.map(|r| settle_charged(&r, ending.charged));
                 guess_nano.push(guess.map(|c| c.nano_usd));
                 guess_tokens.push(guess.map(|c| i64::try_from(c.tokens).unwrap_or(i64::MAX)));
+                let reservation = task
+                    .reservation
+                    .as_ref()
+                    .map(encode_reservation)
+                    .transpose()?;
+                if task.source.is_some() {
+                    guessed = None;
+                }
+                if let (Some(rows), Some(r)) = (guessed.as_mut(), &reservation) {
+                    rows.push(SettleRow {
+                        id: item.id.to_string(),
+                        app: task.app.as_str().to_string(),
+                        scope: task.scope.as_str().to_string(),
+                        created_at: task.created_at.0,
+                        claimed_at: task.claimed_at.map(|t| t.0),
+                        reservation: r.clone(),
+                        usage: None,
+                        attempts: 1,
+                        attempts_nano: ending.charged.nano_usd,
+                        attempts_tokens: *charged_tokens.last().unwrap_or(&0),
+                    });
+                }
+                guess_reservations.push(reservation);
             }
             Err(e) if e.is_per_item() => answers[i] = Some(Err(e)),
             Err(e) => return Err(e),
         }
     }
-    // Every completion may write webhook events with it (docs/webhooks.md, "The
-    // outbox"), so the UPDATE always runs in a transaction with the terminal-move plan.
-    let mut tx = Some(store.begin().await?);
+    let batch = Batch {
+        ids,
+        workers,
+        outputs,
+        usages,
+        attempt_usages,
+        charged_nano,
+        charged_tokens,
+        claims,
+        guess_nano,
+        guess_tokens,
+        guess_reservations,
+    };
     let mut done: Vec<CompletedRow> = Vec::new();
     let mut woken_runs = Vec::new();
-    if !ids.is_empty() {
-        if let Some(tx) = tx.as_mut().filter(|_| any_run) {
+    let in_one = match guessed {
+        Some(guessed) if !batch.ids.is_empty() && !any_run => {
+            complete_in_one_statement(store, &batch, &guessed).await?
+        }
+        _ => None,
+    };
+    if let Some(rows) = in_one {
+        done = rows;
+    } else if !batch.ids.is_empty() {
+        // Every completion may write webhook events with it (docs/webhooks.md, "The
+        // outbox"), so the UPDATE runs in a transaction with the terminal-move plan.
+        let mut tx = store.begin().await?;
+        if any_run {
             sqlx::query(
                 "SELECT 1 FROM runs WHERE id IN (SELECT run_id FROM tasks WHERE id = ANY($1)) \
                  ORDER BY id FOR NO KEY UPDATE",
             )
-            .bind(&ids)
-            .execute(&mut **tx)
+            .bind(&batch.ids)
+            .execute(&mut *tx)
             .await?;
         }
-        // "now" is read inside the statement (no round trip of its own) and returned
-        // with every row it moved, as the row is now (no read afterwards). The rows are
-        // found by id as arrays (`= ANY`), locked in id order, and only then joined to
-        // the items: joined to the unnested items from the start, the planner (which
-        // cannot know how many items there are) took every running task for every
-        // item, 9 ms for a batch of 57 behind 150 running tasks instead of 1. The tasks
-        // moved end their open attempts in the same statement (docs/routes.md,
-        // "Attempts"). The reserved ones are charged in it too (a running task is not
-        // settled yet: settlement happens once, at its terminal move) what they cost if
-        // that attempt was their only one; each row comes back with its attempts as the
-        // settlement counts them once that attempt has ended (`attempt_charges!`), read
-        // in the statement's snapshot: a running task's attempts change only by its
-        // claiming worker, whose completion this is. The settlement plans from those
-        // rows and writes only the charges that differ; an unreserved task has nothing
-        // to settle, so its attempts are not read. Each row also says whether its
-        // event has a listener, so a batch nobody listens to skips the outbox statement.
-        let update = sqlx::query_as(concat!(
-            "WITH clock AS (SELECT ",
-            now_sql!(5),
-            " AS now), \
-             item AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], \
-             $6::TEXT[], $7::BIGINT[], $8::BIGINT[], $10::BIGINT[], $11::BIGINT[], \
-             $12::BIGINT[]) \
-             AS i(id, worker, output, usage, attempt_usage, charged_nano, charged_tokens, \
-             claim, guess_nano, guess_tokens)), \
-             picked AS MATERIALIZED (SELECT id FROM tasks WHERE id = ANY($1) \
-             AND status = 'running' ORDER BY id FOR NO KEY UPDATE), \
-             done AS (UPDATE tasks SET status = 'succeeded', output = item.output, \
-             usage = item.usage, completed_at = clock.now, \
-             charged_nano = CASE WHEN tasks.reservation IS NULL THEN NULL \
-               ELSE item.guess_nano END, \
-             charged_tokens = CASE WHEN tasks.reservation IS NULL THEN NULL \
-               ELSE item.guess_tokens END FROM item, clock \
-             WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) AND item.id = tasks.id \
-             AND tasks.status = 'running' AND tasks.worker = item.worker \
-             AND tasks.attempt = item.claim AND NOT ",
-            cancel_wanted!(),
-            " RETURNING ",
-            task_columns_qualified!(),
-            ", tasks.admitted, clock.now AS now, ",
-            task_event_listened!("tasks"),
-            " AS listened), \
-             ended AS (UPDATE task_attempts SET ended_at = done.now, outcome = $9, \
-             usage = item.attempt_usage, charged_nano = item.charged_nano, \
-             charged_tokens = item.charged_tokens, error_code = NULL, error_message = NULL \
-             FROM done JOIN item ON item.id = done.id \
-             WHERE task_attempts.task_id = done.id AND task_attempts.ended_at IS NULL) \
-             SELECT done.*, a.attempts, a.attempts_nano, a.attempts_tokens \
-             FROM done JOIN item ON item.id = done.id CROSS JOIN LATERAL \
-             (SELECT COUNT(*) AS attempts, CAST(COALESCE(SUM(CASE WHEN a.ended_at IS NULL \
-               THEN item.charged_nano ELSE COALESCE(a.charged_nano, a.reserved_nano) END), 0) \
-               AS BIGINT) AS attempts_nano, CAST(COALESCE(SUM(CASE WHEN a.ended_at IS NULL \
-               THEN item.charged_tokens ELSE COALESCE(a.charged_tokens, a.reserved_tokens) \
-               END), 0) AS BIGINT) AS attempts_tokens \
-             FROM task_attempts a WHERE a.task_id = done.id \
-               AND done.reservation IS NOT NULL) a"
-        ))
-        .bind(&ids)
-        .bind(&workers)
-        .bind(&outputs)
-        .bind(&usages)
-        .bind(store.fixed_now())
-        .bind(&attempt_usages)
-        .bind(&charged_nano)
-        .bind(&charged_tokens)
-        .bind(AttemptOutcome::Succeeded.as_str())
-        .bind(&claims)
-        .bind(&guess_nano)
-        .bind(&guess_tokens);
-        done = match tx.as_mut() {
-            Some(tx) => update.fetch_all(&mut **tx).await?,
-            None => update.fetch_all(&store.pool).await?,
-        };
+        done = batch
+            .bind(
+                sqlx::query_as(concat!(completion_ctes!(), " ", completed_rows!())),
+                store.fixed_now(),
+            )
+            .fetch_all(&mut *tx)
+            .await?;
         // Only run-owned tasks can have waiting runs: skip the wake statement otherwise.
-        if let Some(tx) = tx.as_mut() {
-            let now = done.first().map_or(Timestamp(0), |d| Timestamp(d.now));
-            let finished: Vec<FinishedRow> = done.iter().map(CompletedRow::finished).collect();
-            let plan = if any_run {
-                TerminalMove::SUCCEEDED
-            } else {
-                TerminalMove {
-                    wake: Wake::No,
-                    ..TerminalMove::SUCCEEDED
-                }
-            };
-            let returned = Returned {
-                rows: done.iter().filter_map(CompletedRow::settle_row).collect(),
-                written: ids
-                    .iter()
-                    .zip(guess_nano.iter().zip(&guess_tokens))
-                    .filter_map(|(id, guess)| match guess {
-                        (Some(n), Some(t)) => Some((id.clone(), *n, *t)),
-                        _ => None,
-                    })
-                    .collect(),
-                listened: Some(done.iter().any(|d| d.listened)),
-            };
-            woken_runs = after_terminal_with(tx, &finished, plan, now, returned).await?;
-        }
-    }
-    if let Some(tx) = tx {
+        let now = done.first().map_or(Timestamp(0), |d| Timestamp(d.now));
+        let finished: Vec<FinishedRow> = done.iter().map(CompletedRow::finished).collect();
+        let plan = if any_run {
+            TerminalMove::SUCCEEDED
+        } else {
+            TerminalMove {
+                wake: Wake::No,
+                ..TerminalMove::SUCCEEDED
+            }
+        };
+        let returned = Returned {
+            rows: done.iter().filter_map(CompletedRow::settle_row).collect(),
+            written: batch.written(),
+            listened: Some(done.iter().any(|d| d.listened)),
+        };
+        woken_runs = after_terminal_with(&mut tx, &finished, plan, now, returned).await?;
         tx.commit().await?;
     }
     let mut after: HashMap<TaskId, Task> = tasks(done.into_iter().map(|d| d.task).collect())?
@@ -388,6 +435,186 @@ pub(super) async fn complete_tasks(
             }),
         })
         .collect())
+}
+
+/// The columns of a completion batch's items, bound as arrays (`$1` to `$13` of
+/// [`completion_ctes!`]).
+struct Batch {
+    ids: Vec<String>,
+    workers: Vec<String>,
+    outputs: Vec<String>,
+    usages: Vec<String>,
+    attempt_usages: Vec<Option<String>>,
+    charged_nano: Vec<i64>,
+    charged_tokens: Vec<i64>,
+    claims: Vec<i64>,
+    guess_nano: Vec<Option<i64>>,
+    guess_tokens: Vec<Option<i64>>,
+    guess_reservations: Vec<Option<String>>,
+}
+
+impl Batch {
+    /// `$1` to `$13` of [`completion_ctes!`] bound on `q` (`fixed_now`: the test clock).
+    fn bind<'q, O>(
+        &'q self,
+        q: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+        fixed_now: Option<i64>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+        q.bind(&self.ids)
+            .bind(&self.workers)
+            .bind(&self.outputs)
+            .bind(&self.usages)
+            .bind(fixed_now)
+            .bind(&self.attempt_usages)
+            .bind(&self.charged_nano)
+            .bind(&self.charged_tokens)
+            .bind(AttemptOutcome::Succeeded.as_str())
+            .bind(&self.claims)
+            .bind(&self.guess_nano)
+            .bind(&self.guess_tokens)
+            .bind(&self.guess_reservations)
+    }
+
+    /// The charges the statement writes: each reserved task's guess.
+    fn written(&self) -> HashSet<(String, i64, i64)> {
+        self.ids
+            .iter()
+            .zip(self.guess_nano.iter().zip(&self.guess_tokens))
+            .filter_map(|(id, guess)| match guess {
+                (Some(n), Some(t)) => Some((id.clone(), *n, *t)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// How long completions take their transaction after a batch found a listener.
+const GUESS_PAUSE: Duration = Duration::from_secs(10);
+
+/// docs/locking.md, "Completions in one statement": a batch of tasks without an
+/// admission and outside runs, moved and settled in ONE statement (no transaction of its
+/// own: a round trip for `BEGIN`, one for the spend buckets and one for `COMMIT` fewer),
+/// when the settlement `guessed` from the worker's copies (each reserved task's attempt
+/// ending now its only one) is what the rows say. The statement checks that it is
+/// (`tollgate_guess_holds`, migration 0029): every item moved, none admitted, each
+/// reservation and attempt sum as guessed, no endpoint listening for the tasks' events
+/// or for a budget threshold the settlement may cross; otherwise it fails whole and
+/// writes nothing. `None`: not tried, or the guess did not hold; the caller records the
+/// batch in its transaction.
+async fn complete_in_one_statement(
+    store: &PostgresStore,
+    batch: &Batch,
+    guessed: &[SettleRow],
+) -> StoreResult<Option<Vec<CompletedRow>>> {
+    if store.guesses.missed_lately() {
+        return Ok(None);
+    }
+    let plan = plan_settlement(guessed)?;
+    // Refunds to token buckets and charges the move does not write take statements of
+    // their own.
+    let written = batch.written();
+    if !plan.refunds.is_empty() || plan.charged.iter().any(|c| !written.contains(c)) {
+        return Ok(None);
+    }
+    let spends = !plan.scope.is_empty();
+    // `$14` to `$16`: the spend buckets' checks.
+    let bound = if spends { 16 } else { 13 };
+    let mut s = Statement::following(bound, concat!(completion_ctes!(), ", "));
+    let mut checks = None;
+    if spends {
+        // The spend buckets, after the task rows (the lock order, docs/locking.md), and
+        // only when every item moved and no budget threshold has a listener.
+        let when = concat!(
+            "tollgate_guess_holds(NOT ",
+            budget_listened!("$15::TEXT[]", "$16"),
+            ", 'TGG01') AND tollgate_guess_holds((SELECT COUNT(*) FROM done) = $14, 'TGG02')"
+        );
+        if !push_spend_ctes(&mut s, &plan, when)? {
+            return Ok(None);
+        }
+        checks = Some(apps_announcing(guessed, &plan.charged)?);
+        s.push(", ");
+    }
+    s.push(concat!(
+        "moved AS (",
+        completed_rows!(),
+        ") SELECT moved.* FROM moved JOIN item ON item.id = moved.id \
+         WHERE tollgate_guess_holds(NOT moved.listened, 'TGG01') \
+         AND tollgate_guess_holds(NOT moved.admitted \
+         AND (moved.reservation IS NULL) = (item.guess_reservation IS NULL) \
+         AND (moved.reservation IS NULL OR (moved.attempts = 1 \
+           AND moved.attempts_nano = item.charged_nano \
+           AND moved.attempts_tokens = item.charged_tokens \
+           AND moved.reservation::JSONB = item.guess_reservation::JSONB)), 'TGG02')"
+    ));
+    let mut first = sqlx::postgres::PgArguments::default();
+    let fail = |e: sqlx::error::BoxDynError| StoreError::Database(e.to_string());
+    first.add(&batch.ids).map_err(fail)?;
+    first.add(&batch.workers).map_err(fail)?;
+    first.add(&batch.outputs).map_err(fail)?;
+    first.add(&batch.usages).map_err(fail)?;
+    first.add(store.fixed_now()).map_err(fail)?;
+    first.add(&batch.attempt_usages).map_err(fail)?;
+    first.add(&batch.charged_nano).map_err(fail)?;
+    first.add(&batch.charged_tokens).map_err(fail)?;
+    first
+        .add(AttemptOutcome::Succeeded.as_str())
+        .map_err(fail)?;
+    first.add(&batch.claims).map_err(fail)?;
+    first.add(&batch.guess_nano).map_err(fail)?;
+    first.add(&batch.guess_tokens).map_err(fail)?;
+    first.add(&batch.guess_reservations).map_err(fail)?;
+    if let Some(apps) = &checks {
+        first.add(batch.ids.len() as i64).map_err(fail)?;
+        first.add(apps).map_err(fail)?;
+        first.add(budget_listener_pattern()).map_err(fail)?;
+    }
+    let (text, args) = s.into_parts_after(first)?;
+    let moved = sqlx::query_as_with::<_, CompletedRow, _>(sqlx::AssertSqlSafe(text), args)
+        .fetch_all(&store.pool)
+        .await;
+    match moved {
+        Ok(rows) => {
+            store
+                .guesses
+                .held
+                .fetch_add(rows.len() as u64, Ordering::Relaxed);
+            Ok(Some(rows))
+        }
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LISTENED) => {
+            store.guesses.missed_now();
+            Ok(None)
+        }
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(NOT_AS_GUESSED) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `tollgate_guess_holds`'s SQLSTATE (migration 0029) when someone listens for the
+/// batch's events: completions take their transaction for [`GUESS_PAUSE`].
+const LISTENED: &str = "TGG01";
+/// Its SQLSTATE when the rows are not as guessed.
+const NOT_AS_GUESSED: &str = "TGG02";
+
+/// What [`complete_in_one_statement`] keeps between batches.
+#[derive(Debug, Default)]
+pub(super) struct Guesses {
+    /// Tasks completed in one statement.
+    pub(super) held: AtomicU64,
+    /// When a batch last found a listener.
+    missed: Mutex<Option<Instant>>,
+}
+
+impl Guesses {
+    /// Whether a batch found a listener within [`GUESS_PAUSE`].
+    fn missed_lately(&self) -> bool {
+        let missed = self.missed.lock().unwrap_or_else(PoisonError::into_inner);
+        missed.is_some_and(|at| at.elapsed() < GUESS_PAUSE)
+    }
+
+    fn missed_now(&self) {
+        *self.missed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
 }
 
 /// The worker's claimed copy of an item's task, when it has one of that task.

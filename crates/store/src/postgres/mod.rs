@@ -154,6 +154,9 @@ pub struct PostgresStore {
     /// Creations of one scope made together (docs/locking.md, "Creations made
     /// together").
     groups: Arc<crate::shared::group::Groups>,
+    /// Completions in one statement (docs/locking.md, "Completions in one statement"):
+    /// how many, and when a guess last failed to hold.
+    guesses: Arc<lifecycle::Guesses>,
 }
 
 type Tx = Transaction<'static, Postgres>;
@@ -242,6 +245,7 @@ impl PostgresStore {
             deactivation: Arc::default(),
             stats: Arc::default(),
             groups: Arc::default(),
+            guesses: Arc::default(),
         })
     }
 
@@ -261,6 +265,12 @@ impl PostgresStore {
     /// diagnostics and tests).
     pub fn created_together(&self) -> u64 {
         self.groups.together()
+    }
+
+    /// How many tasks this instance completed in one statement with their settlement
+    /// (docs/locking.md, "Completions in one statement"; for diagnostics and tests).
+    pub fn completed_in_one_statement(&self) -> u64 {
+        self.guesses.held.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn begin(&self) -> StoreResult<Tx> {

@@ -87,24 +87,50 @@ pub(crate) fn app_spend_rows<'a>(
 /// in key order (the lock order). `None` when a side is empty or longer than one
 /// statement's rows: then those two kinds of statements, as on SQLite.
 pub(crate) fn spend_rows_one_statement(plan: &SettlementPlan) -> StoreResult<Option<Statement>> {
-    let (scopes, apps) = (plan.scope.len(), plan.app.len());
-    if scopes == 0 || apps == 0 || scopes.max(apps) > SPEND_ROWS_PER_STATEMENT {
+    let mut s = Statement::new("WITH ");
+    if !push_spend_ctes(&mut s, plan, "TRUE")? {
         return Ok(None);
     }
-    let mut s = Statement::new("WITH s AS (");
-    s.push(SCOPE_SPEND_INTO);
-    push_spend_values(&mut s, &scope_keyed(&plan.scope));
+    s.push(" SELECT COUNT(*) FROM app_spent");
+    Ok(Some(s))
+}
+
+/// The two upserts of [`spend_rows_one_statement`] as the CTEs `scope_spent` and
+/// `app_spent`, appended to a `WITH` list under way (`s` ends where a CTE may begin).
+/// The scope rows are written only where `when` holds, an SQL condition on each of them
+/// (`TRUE`: always); the app rows after every scope row (they read `scope_spent`'s
+/// count first). `false`, and nothing appended, when a side is empty or longer than one
+/// statement's rows.
+pub(crate) fn push_spend_ctes(
+    s: &mut Statement,
+    plan: &SettlementPlan,
+    when: &str,
+) -> StoreResult<bool> {
+    let (scopes, apps) = (plan.scope.len(), plan.app.len());
+    if scopes == 0 || apps == 0 || scopes.max(apps) > SPEND_ROWS_PER_STATEMENT {
+        return Ok(false);
+    }
+    s.push("scope_spent AS (");
+    s.push(SCOPE_SPEND_INTO.trim_end_matches("VALUES "));
+    s.push("SELECT v.* FROM (VALUES ");
+    push_spend_values(s, &scope_keyed(&plan.scope));
+    s.push(
+        ") AS v (app, scope, bucket, reserved_nano, settled_nano, reserved_tokens, \
+         settled_tokens, overrun_nano) WHERE ",
+    );
+    s.push(when);
     s.push(spend_rows_conflict!("scope_spend", "app, scope, bucket"));
-    s.push(" RETURNING 1) ");
+    s.push(" RETURNING 1), app_spent AS (");
     s.push(APP_SPEND_INTO.trim_end_matches("VALUES "));
     s.push("SELECT v.* FROM (VALUES ");
-    push_spend_values(&mut s, &app_keyed(&plan.app)?);
+    push_spend_values(s, &app_keyed(&plan.app)?);
     s.push(
         ") AS v (app, bucket, stripe, reserved_nano, settled_nano, reserved_tokens, \
-         settled_tokens, overrun_nano) WHERE (SELECT COUNT(*) FROM s) >= 0",
+         settled_tokens, overrun_nano) WHERE (SELECT COUNT(*) FROM scope_spent) >= 0",
     );
     s.push(spend_rows_conflict!("app_spend", "app, bucket, stripe"));
-    Ok(Some(s))
+    s.push(" RETURNING 1)");
+    Ok(true)
 }
 
 /// Scope bucket rows as [`spend_rows`] takes them: the key's arguments and the delta.
@@ -286,6 +312,12 @@ impl SettlementPlan {
 }
 
 /// A task's stored reservation.
+pub(crate) fn encode_reservation(r: &Reservation) -> StoreResult<String> {
+    serde_json::to_string(r)
+        .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))
+}
+
+/// A reservation as the task row keeps it, read.
 pub(crate) fn decode_reservation(id: &str, text: &str) -> StoreResult<Reservation> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("reservation of {id}: {e}")))
 }
@@ -354,8 +386,7 @@ impl AttemptRow {
             from_token_bucket: reservation.from_token_bucket || token.is_some(),
             ..reservation.plus(&attempt)
         };
-        let encoded = serde_json::to_string(&stored)
-            .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))?;
+        let encoded = encode_reservation(&stored)?;
         Ok(Ok(AttemptPlan {
             stored,
             encoded,

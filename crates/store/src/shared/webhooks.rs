@@ -15,7 +15,9 @@ mod retention;
 mod rows;
 mod store_for;
 
-pub(crate) use budget::record_budget_events;
+pub(crate) use budget::{
+    apps_announcing, budget_listened, budget_listener_pattern, record_budget_events,
+};
 pub(crate) use retention::{forget_owner_events, retain_events};
 
 pub(crate) use store_for::webhook_store_for;

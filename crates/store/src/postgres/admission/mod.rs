@@ -24,7 +24,7 @@ pub(super) use probe::{lock_scope, scope_lock_key};
 
 use super::{PostgresStore, Tx};
 use crate::shared::admission::{Refusal, model_columns, stored_reservation};
-use crate::shared::cost::{SettlementPlan, SpendDelta};
+use crate::shared::cost::{SettlementPlan, SpendDelta, encode_reservation};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::terminal::TerminalStatements;
 use crate::{Created, StoreError, StoreResult};
@@ -289,12 +289,6 @@ async fn refused(
         Some(task) => Ok(Some(Created::existing(task))),
         None => Err(rejection.into()),
     }
-}
-
-/// A reservation as the task row keeps it.
-fn encode_reservation(r: &tollgate_core::Reservation) -> StoreResult<String> {
-    serde_json::to_string(r)
-        .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))
 }
 
 /// Many creations with as few transactions as correctness allows: consecutive unscoped

@@ -63,6 +63,42 @@ fn limits_moved(
     Ok(limits)
 }
 
+/// The apps a settlement of `rows` charging `charged` may announce a crossing for, in
+/// order: where [`record_budget_events`] looks for listeners. A settlement written
+/// without it (PostgreSQL's completion in one statement) checks in its statement that
+/// none of them has one ([`budget_listened!`]).
+pub(crate) fn apps_announcing(
+    rows: &[SettleRow],
+    charged: &[(String, i64, i64)],
+) -> StoreResult<Vec<String>> {
+    let apps: BTreeSet<String> = limits_moved(rows, charged)?
+        .into_iter()
+        .map(|l| l.app)
+        .collect();
+    Ok(apps.into_iter().collect())
+}
+
+/// The `LIKE` pattern of endpoints that listen for `budget.threshold` (bound for
+/// [`budget_listened!`]).
+pub(crate) fn budget_listener_pattern() -> String {
+    subscribed_pattern(WebhookEventType::BudgetThreshold.as_str())
+}
+
+/// Whether an enabled endpoint of an app in `$apps` (a `TEXT[]` placeholder) listens
+/// for `budget.threshold` (`$pattern`: [`budget_listener_pattern`]), for `concat!`.
+macro_rules! budget_listened {
+    ($apps:literal, $pattern:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.app = ANY(",
+            $apps,
+            ") AND e.enabled AND e.events LIKE ",
+            $pattern,
+            ")"
+        )
+    };
+}
+pub(crate) use budget_listened;
+
 /// Writes the `budget.threshold` events of a settlement (`rows` and what each was
 /// `charged`), with one delivery per listening endpoint whose thresholds include the one
 /// crossed. Runs in the settlement's transaction, after its spend buckets.

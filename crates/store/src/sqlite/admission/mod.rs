@@ -17,6 +17,7 @@ mod snapshot;
 
 use super::SqliteStore;
 use crate::shared::admission::{InsertRow, model_columns};
+use crate::shared::cost::encode_reservation;
 use crate::shared::dispatch::claimed_at_creation;
 use crate::shared::group::{Grouping, Groups, Together};
 use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
@@ -25,8 +26,7 @@ use insert::insert_task;
 use snapshot::{admit, reserve_unsourced};
 use sqlx::SqliteConnection;
 use tollgate_core::{
-    AppId, ConfigHash, NewTask, Owner, Reservation, RunState, ScopeId, Subject, TaskId, Timestamp,
-    cache_key,
+    AppId, ConfigHash, NewTask, Owner, RunState, ScopeId, Subject, TaskId, Timestamp, cache_key,
 };
 
 /// A single creation, made together with the others that wait for the writer while one
@@ -233,12 +233,6 @@ async fn create_in(
         crate::shared::webhooks::record_task_events(conn, &[id.to_string()], now).await?;
     }
     Ok(Created::inserted(task).saving(insert.saved_nano))
-}
-
-/// A reservation as the task row keeps it.
-fn encode_reservation(r: &Reservation) -> StoreResult<String> {
-    serde_json::to_string(r)
-        .map_err(|e| StoreError::Database(format!("cannot encode reservation: {e}")))
 }
 
 /// docs/conformance.md#create-cache's key of a scoped task (`None` for an unscoped one).
