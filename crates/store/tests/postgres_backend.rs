@@ -1044,7 +1044,7 @@ async fn a_sweep_vacuums_hot_tables_whose_dead_rows_passed_the_bound() {
 
 /// docs/locking.md, "Completions in one statement": a batch of metered tasks without a
 /// source, each at its only attempt, is moved and settled in one statement (its spend
-/// exact); once an endpoint of the app listens for their events, a batch is recorded in
+/// and its token refunds exact); once an endpoint of the app listens for their events, a batch is recorded in
 /// its transaction, which writes the events.
 #[tokio::test]
 async fn metered_completions_are_written_in_one_statement_unless_someone_listens() {
@@ -1065,9 +1065,13 @@ async fn metered_completions_are_written_in_one_statement_unless_someone_listens
             for key in keys {
                 let mut new = app_task("one_statement", "door", key, None);
                 new.claim_by = Some(w.clone());
+                let rate = tollgate_core::TokenRate {
+                    tokens_per_minute: std::num::NonZeroU32::new(1_000).unwrap(),
+                    token_burst: std::num::NonZeroU32::new(1_000).unwrap(),
+                };
                 new.cost = Some(metered(
                     std::num::NonZeroU64::new(1_000_000_000),
-                    None,
+                    Some(rate),
                     (500, 10),
                 ));
                 let task = store.create_task(new).await.unwrap().task;
@@ -1101,6 +1105,17 @@ async fn metered_completions_are_written_in_one_statement_unless_someone_listens
     assert_eq!(
         settled, charged,
         "the buckets hold what the tasks were charged"
+    );
+    // The clock stands still: only the refunds of the unused reserved tokens fill the
+    // token bucket again.
+    let (units, capacity): (i64, i64) =
+        sqlx::query_as("SELECT token_units, token_capacity FROM scope_state")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        units, capacity,
+        "each task's unused tokens went back to the bucket"
     );
 
     store

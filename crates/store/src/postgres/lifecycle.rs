@@ -5,6 +5,7 @@
 //! the batched completion, one transaction for a batch.
 
 use super::admission::lock_scope;
+use super::terminal::refund_tokens_sql;
 use super::{PostgresStore, now_sql};
 use crate::shared::admission::SpendReads;
 use crate::shared::attempts::{Ending, claim_attempt};
@@ -510,25 +511,51 @@ async fn complete_in_one_statement(
         return Ok(None);
     }
     let plan = plan_settlement(guessed)?;
-    // Refunds to token buckets and charges the move does not write take statements of
-    // their own.
+    // Charges the move does not write take a statement of their own.
     let written = batch.written();
-    if !plan.refunds.is_empty() || plan.charged.iter().any(|c| !written.contains(c)) {
+    if plan.charged.iter().any(|c| !written.contains(c)) {
         return Ok(None);
     }
     let spends = !plan.scope.is_empty();
-    // `$14` to `$16`: the spend buckets' checks.
-    let bound = if spends { 16 } else { 13 };
+    let refunds = !plan.refunds.is_empty();
+    if refunds && !spends {
+        return Ok(None);
+    }
+    // `$14` to `$16`: the spend buckets' checks; `$17` to `$19`: the token refunds.
+    let bound = match (spends, refunds) {
+        (_, true) => 19,
+        (true, false) => 16,
+        (false, false) => 13,
+    };
     let mut s = Statement::following(bound, concat!(completion_ctes!(), ", "));
     let mut checks = None;
+    if refunds {
+        // The scopes' token buckets after the task rows and before the spend buckets
+        // (the lock order, docs/locking.md).
+        s.push(concat!(
+            "refunded AS (",
+            refund_tokens_sql!("$17", "$18", "$19"),
+            " AND (SELECT COUNT(*) FROM done) >= 0 RETURNING 1), "
+        ));
+    }
     if spends {
-        // The spend buckets, after the task rows (the lock order, docs/locking.md), and
-        // only when every item moved and no budget threshold has a listener.
-        let when = concat!(
-            "tollgate_guess_holds(NOT ",
-            budget_listened!("$15::TEXT[]", "$16"),
-            ", 'TGG01') AND tollgate_guess_holds((SELECT COUNT(*) FROM done) = $14, 'TGG02')"
-        );
+        // The spend buckets, after the task rows and refunds (the lock order,
+        // docs/locking.md), and only when every item moved and no budget threshold has
+        // a listener.
+        let when = if refunds {
+            concat!(
+                "tollgate_guess_holds(NOT ",
+                budget_listened!("$15::TEXT[]", "$16"),
+                ", 'TGG01') AND tollgate_guess_holds((SELECT COUNT(*) FROM done) = $14 \
+                 AND (SELECT COUNT(*) FROM refunded) >= 0, 'TGG02')"
+            )
+        } else {
+            concat!(
+                "tollgate_guess_holds(NOT ",
+                budget_listened!("$15::TEXT[]", "$16"),
+                ", 'TGG01') AND tollgate_guess_holds((SELECT COUNT(*) FROM done) = $14, 'TGG02')"
+            )
+        };
         if !push_spend_ctes(&mut s, &plan, when)? {
             return Ok(None);
         }
@@ -568,6 +595,18 @@ async fn complete_in_one_statement(
         first.add(batch.ids.len() as i64).map_err(fail)?;
         first.add(apps).map_err(fail)?;
         first.add(budget_listener_pattern()).map_err(fail)?;
+    }
+    if refunds {
+        let apps: Vec<&str> = plan.refunds.keys().map(|(a, _)| a.as_str()).collect();
+        let scopes: Vec<&str> = plan.refunds.keys().map(|(_, s)| s.as_str()).collect();
+        let tokens: Vec<i64> = plan
+            .refunds
+            .values()
+            .map(|t| i64::try_from(*t).unwrap_or(i64::MAX))
+            .collect();
+        first.add(apps).map_err(fail)?;
+        first.add(scopes).map_err(fail)?;
+        first.add(tokens).map_err(fail)?;
     }
     let (text, args) = s.into_parts_after(first)?;
     let moved = sqlx::query_as_with::<_, CompletedRow, _>(sqlx::AssertSqlSafe(text), args)

@@ -10,6 +10,34 @@ use crate::shared::terminal::TerminalStatements;
 use async_trait::async_trait;
 use tollgate_core::{RunId, Timestamp};
 
+/// docs/conformance.md#cost-reservation on PostgreSQL: unused reserved tokens back to
+/// scopes' token buckets (`$apps`, `$scopes`, `$tokens`: placeholders of `TEXT[]`,
+/// `TEXT[]`, `BIGINT[]`), never above a bucket's capacity nor below what it holds. The
+/// rows are locked in (app, scope) order first (`ORDER BY … FOR NO KEY UPDATE` locks as
+/// the sorted rows come out), so two settlements refunding the same scopes cannot
+/// deadlock. For `concat!`.
+macro_rules! refund_tokens_sql {
+    ($apps:literal, $scopes:literal, $tokens:literal) => {
+        concat!(
+            "UPDATE scope_state st SET token_units = \
+               GREATEST(st.token_units, LEAST(st.token_units + l.tokens * 60000, st.token_capacity)) \
+             FROM (SELECT s.app, s.scope, r.tokens FROM scope_state s \
+                   JOIN UNNEST(",
+            $apps,
+            "::TEXT[], ",
+            $scopes,
+            "::TEXT[], ",
+            $tokens,
+            "::BIGINT[]) AS r(app, scope, tokens) \
+                     ON s.app = r.app AND s.scope = r.scope \
+                   WHERE s.token_units IS NOT NULL AND s.token_capacity IS NOT NULL \
+                   ORDER BY s.app, s.scope FOR NO KEY UPDATE OF s) AS l \
+             WHERE st.app = l.app AND st.scope = l.scope"
+        )
+    };
+}
+pub(super) use refund_tokens_sql;
+
 #[async_trait]
 impl TerminalStatements for Tx {
     // On stripe 0 (the row an app with a share takes its own slots on), which an app
@@ -22,28 +50,17 @@ impl TerminalStatements for Tx {
         "SELECT 1 FROM runs WHERE id = (SELECT run_id FROM tasks WHERE id = $1) FOR NO KEY UPDATE",
     );
 
-    /// One statement for every scope of the settlement: the rows are locked in (app,
-    /// scope) order first (`ORDER BY … FOR NO KEY UPDATE` locks as the sorted rows come
-    /// out), so two settlements refunding the same scopes cannot deadlock.
+    /// One statement for every scope of the settlement ([`refund_tokens_sql!`]).
     async fn refund_tokens(&mut self, refunds: &[(&str, &str, i64)]) -> StoreResult<()> {
         let apps: Vec<&str> = refunds.iter().map(|r| r.0).collect();
         let scopes: Vec<&str> = refunds.iter().map(|r| r.1).collect();
         let tokens: Vec<i64> = refunds.iter().map(|r| r.2).collect();
-        sqlx::query(
-            "UPDATE scope_state st SET token_units = \
-               GREATEST(st.token_units, LEAST(st.token_units + l.tokens * 60000, st.token_capacity)) \
-             FROM (SELECT s.app, s.scope, r.tokens FROM scope_state s \
-                   JOIN UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS r(app, scope, tokens) \
-                     ON s.app = r.app AND s.scope = r.scope \
-                   WHERE s.token_units IS NOT NULL AND s.token_capacity IS NOT NULL \
-                   ORDER BY s.app, s.scope FOR NO KEY UPDATE OF s) AS l \
-             WHERE st.app = l.app AND st.scope = l.scope",
-        )
-        .bind(&apps)
-        .bind(&scopes)
-        .bind(&tokens)
-        .execute(&mut **self)
-        .await?;
+        sqlx::query(refund_tokens_sql!("$1", "$2", "$3"))
+            .bind(&apps)
+            .bind(&scopes)
+            .bind(&tokens)
+            .execute(&mut **self)
+            .await?;
         Ok(())
     }
 
