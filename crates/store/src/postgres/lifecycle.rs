@@ -10,7 +10,10 @@ use super::{PostgresStore, now_sql};
 use crate::shared::admission::SpendReads;
 use crate::shared::attempts::{Ending, claim_attempt};
 use crate::shared::cost::decode_reservation;
-use crate::shared::cost::{SettleRow, encode_reservation, plan_settlement, push_spend_ctes};
+use crate::shared::cost::{
+    SettleRow, SettlementPlan, SpendDelta, app_spend_into, encode_reservation, plan_settlement,
+    scope_spend_into, spend_rows_conflict,
+};
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, status_is_queued, worker_store_for,
 };
@@ -18,13 +21,11 @@ use crate::shared::rows::{
     CompletedRow, FinishedRow, TaskRow, encode_completion, task_columns, task_columns_qualified,
     tasks,
 };
-use crate::shared::sql::Statement;
 use crate::shared::terminal::{Returned, TerminalMove, Wake, after_terminal_with};
 use crate::shared::webhooks::task_event_listened;
 use crate::shared::webhooks::{apps_announcing, budget_listened, budget_listener_pattern};
 use crate::{ClaimOrder, Completion, StoreError, StoreResult, Transition};
 use async_trait::async_trait;
-use sqlx::Arguments;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -492,6 +493,106 @@ impl Batch {
 /// How long completions take their transaction after a batch found a listener.
 const GUESS_PAUSE: Duration = Duration::from_secs(10);
 
+/// docs/locking.md, "Completions in one statement": a batch's statement when its
+/// settlement is planned before it (`$1` to `$13`: [`Batch::bind`]; `$14` to `$16`: the
+/// checks; `$17` to `$19`: the token refunds; `$20` to `$27` and `$28` to `$35`: the scope
+/// and app spend rows, as arrays in key order). One text whatever the batch, so each
+/// connection prepares it once.
+macro_rules! completion_in_one_statement {
+    () => {
+        concat!(
+            completion_ctes!(),
+            ", refunded AS (",
+            refund_tokens_sql!("$17", "$18", "$19"),
+            " AND (SELECT COUNT(*) FROM done) >= 0 RETURNING 1), \
+             scope_spent AS (",
+            scope_spend_into!(),
+            "SELECT v.app, v.scope, v.bucket, v.reserved_nano, v.settled_nano, \
+             v.reserved_tokens, v.settled_tokens, v.overrun_nano \
+             FROM unnest($20::TEXT[], $21::TEXT[], $22::BIGINT[], $23::BIGINT[], \
+             $24::BIGINT[], $25::BIGINT[], $26::BIGINT[], $27::BIGINT[]) WITH ORDINALITY \
+             AS v(app, scope, bucket, reserved_nano, settled_nano, reserved_tokens, \
+             settled_tokens, overrun_nano, n) \
+             WHERE (SELECT COUNT(*) FROM refunded) >= 0 AND tollgate_guess_holds(NOT ",
+            budget_listened!("$15::TEXT[]", "$16"),
+            ", 'TGG01') AND tollgate_guess_holds((SELECT COUNT(*) FROM done) = $14, 'TGG02') \
+             ORDER BY v.n",
+            spend_rows_conflict!("scope_spend", "app, scope, bucket"),
+            " RETURNING 1), app_spent AS (",
+            app_spend_into!(),
+            "SELECT v.app, v.bucket, v.stripe, v.reserved_nano, v.settled_nano, \
+             v.reserved_tokens, v.settled_tokens, v.overrun_nano \
+             FROM unnest($28::TEXT[], $29::BIGINT[], $30::INT[], $31::BIGINT[], \
+             $32::BIGINT[], $33::BIGINT[], $34::BIGINT[], $35::BIGINT[]) WITH ORDINALITY \
+             AS v(app, bucket, stripe, reserved_nano, settled_nano, reserved_tokens, \
+             settled_tokens, overrun_nano, n) \
+             WHERE (SELECT COUNT(*) FROM scope_spent) >= 0 ORDER BY v.n",
+            spend_rows_conflict!("app_spend", "app, bucket, stripe"),
+            " RETURNING 1), moved AS MATERIALIZED (",
+            completed_rows!(),
+            "), guessed AS MATERIALIZED (SELECT \
+             tollgate_guess_holds(NOT EXISTS (SELECT 1 FROM moved WHERE moved.listened), \
+             'TGG01') AND tollgate_guess_holds(NOT EXISTS (SELECT 1 FROM moved \
+             JOIN item ON item.id = moved.id WHERE (NOT moved.admitted \
+             AND moved.reservation IS NOT DISTINCT FROM item.guess_reservation \
+             AND (moved.reservation IS NULL OR (moved.attempts = 1 \
+               AND moved.attempts_nano = item.charged_nano \
+               AND moved.attempts_tokens = item.charged_tokens))) IS NOT TRUE), 'TGG02') \
+             AS held) \
+             SELECT moved.* FROM moved, guessed WHERE guessed.held"
+        )
+    };
+}
+
+/// A settlement plan's spend rows as the columns [`completion_in_one_statement!`] binds
+/// (`$20` to `$35`), in key order.
+#[derive(Default)]
+struct SpendColumns {
+    scope_apps: Vec<String>,
+    scopes: Vec<String>,
+    scope_buckets: Vec<i64>,
+    scope_amounts: [Vec<i64>; 5],
+    apps: Vec<String>,
+    app_buckets: Vec<i64>,
+    stripes: Vec<i32>,
+    app_amounts: [Vec<i64>; 5],
+}
+
+impl SpendColumns {
+    fn of(plan: &SettlementPlan) -> StoreResult<SpendColumns> {
+        fn push(amounts: &mut [Vec<i64>; 5], d: &SpendDelta) {
+            let row = [
+                d.reserved_nano,
+                d.settled_nano,
+                d.reserved_tokens,
+                d.settled_tokens,
+                d.overrun_nano,
+            ];
+            for (column, value) in amounts.iter_mut().zip(row) {
+                column.push(value);
+            }
+        }
+        let mut c = SpendColumns::default();
+        for ((app, scope, bucket), d) in &plan.scope {
+            c.scope_apps.push(app.clone());
+            c.scopes.push(scope.clone());
+            c.scope_buckets.push(*bucket);
+            push(&mut c.scope_amounts, d);
+        }
+        for ((app, bucket, stripe), d) in &plan.app {
+            c.apps.push(app.clone());
+            c.app_buckets.push(*bucket);
+            // The stripe column is an `INT`.
+            c.stripes.push(
+                i32::try_from(*stripe)
+                    .map_err(|_| StoreError::Corrupt(format!("spend stripe {stripe}")))?,
+            );
+            push(&mut c.app_amounts, d);
+        }
+        Ok(c)
+    }
+}
+
 /// docs/locking.md, "Completions in one statement": a batch of tasks without an
 /// admission and outside runs, moved and settled in ONE statement (no transaction of its
 /// own: a round trip for `BEGIN`, one for the spend buckets and one for `COMMIT` fewer),
@@ -516,100 +617,47 @@ async fn complete_in_one_statement(
     if plan.charged.iter().any(|c| !written.contains(c)) {
         return Ok(None);
     }
-    let spends = !plan.scope.is_empty();
-    let refunds = !plan.refunds.is_empty();
-    if refunds && !spends {
-        return Ok(None);
-    }
-    // `$14` to `$16`: the spend buckets' checks; `$17` to `$19`: the token refunds.
-    let bound = match (spends, refunds) {
-        (_, true) => 19,
-        (true, false) => 16,
-        (false, false) => 13,
-    };
-    let mut s = Statement::following(bound, concat!(completion_ctes!(), ", "));
-    let mut checks = None;
-    if refunds {
-        // The scopes' token buckets after the task rows and before the spend buckets
-        // (the lock order, docs/locking.md).
-        s.push(concat!(
-            "refunded AS (",
-            refund_tokens_sql!("$17", "$18", "$19"),
-            " AND (SELECT COUNT(*) FROM done) >= 0 RETURNING 1), "
-        ));
-    }
-    if spends {
-        // The spend buckets, after the task rows and refunds (the lock order,
-        // docs/locking.md), and only when every item moved and no budget threshold has
-        // a listener.
-        let when = if refunds {
-            concat!(
-                "tollgate_guess_holds(NOT ",
-                budget_listened!("$15::TEXT[]", "$16"),
-                ", 'TGG01') AND tollgate_guess_holds((SELECT COUNT(*) FROM done) = $14 \
-                 AND (SELECT COUNT(*) FROM refunded) >= 0, 'TGG02')"
-            )
-        } else {
-            concat!(
-                "tollgate_guess_holds(NOT ",
-                budget_listened!("$15::TEXT[]", "$16"),
-                ", 'TGG01') AND tollgate_guess_holds((SELECT COUNT(*) FROM done) = $14, 'TGG02')"
-            )
-        };
-        if !push_spend_ctes(&mut s, &plan, when)? {
-            return Ok(None);
-        }
-        checks = Some(apps_announcing(guessed, &plan.charged)?);
-        s.push(", ");
-    }
-    s.push(concat!(
-        "moved AS (",
-        completed_rows!(),
-        ") SELECT moved.* FROM moved JOIN item ON item.id = moved.id \
-         WHERE tollgate_guess_holds(NOT moved.listened, 'TGG01') \
-         AND tollgate_guess_holds(NOT moved.admitted \
-         AND (moved.reservation IS NULL) = (item.guess_reservation IS NULL) \
-         AND (moved.reservation IS NULL OR (moved.attempts = 1 \
-           AND moved.attempts_nano = item.charged_nano \
-           AND moved.attempts_tokens = item.charged_tokens \
-           AND moved.reservation::JSONB = item.guess_reservation::JSONB)), 'TGG02')"
-    ));
-    let mut first = sqlx::postgres::PgArguments::default();
-    let fail = |e: sqlx::error::BoxDynError| StoreError::Database(e.to_string());
-    first.add(&batch.ids).map_err(fail)?;
-    first.add(&batch.workers).map_err(fail)?;
-    first.add(&batch.outputs).map_err(fail)?;
-    first.add(&batch.usages).map_err(fail)?;
-    first.add(store.fixed_now()).map_err(fail)?;
-    first.add(&batch.attempt_usages).map_err(fail)?;
-    first.add(&batch.charged_nano).map_err(fail)?;
-    first.add(&batch.charged_tokens).map_err(fail)?;
-    first
-        .add(AttemptOutcome::Succeeded.as_str())
-        .map_err(fail)?;
-    first.add(&batch.claims).map_err(fail)?;
-    first.add(&batch.guess_nano).map_err(fail)?;
-    first.add(&batch.guess_tokens).map_err(fail)?;
-    first.add(&batch.guess_reservations).map_err(fail)?;
-    if let Some(apps) = &checks {
-        first.add(batch.ids.len() as i64).map_err(fail)?;
-        first.add(apps).map_err(fail)?;
-        first.add(budget_listener_pattern()).map_err(fail)?;
-    }
-    if refunds {
-        let apps: Vec<&str> = plan.refunds.keys().map(|(a, _)| a.as_str()).collect();
-        let scopes: Vec<&str> = plan.refunds.keys().map(|(_, s)| s.as_str()).collect();
-        let tokens: Vec<i64> = plan
-            .refunds
-            .values()
-            .map(|t| i64::try_from(*t).unwrap_or(i64::MAX))
-            .collect();
-        first.add(apps).map_err(fail)?;
-        first.add(scopes).map_err(fail)?;
-        first.add(tokens).map_err(fail)?;
-    }
-    let (text, args) = s.into_parts_after(first)?;
-    let moved = sqlx::query_as_with::<_, CompletedRow, _>(sqlx::AssertSqlSafe(text), args)
+    let announcing = apps_announcing(guessed, &plan.charged)?;
+    let (refund_apps, refund_scopes): (Vec<&str>, Vec<&str>) = plan
+        .refunds
+        .keys()
+        .map(|(a, s)| (a.as_str(), s.as_str()))
+        .unzip();
+    let refund_tokens: Vec<i64> = plan
+        .refunds
+        .values()
+        .map(|t| i64::try_from(*t).unwrap_or(i64::MAX))
+        .collect();
+    let spend = SpendColumns::of(&plan)?;
+    let [s1, s2, s3, s4, s5] = &spend.scope_amounts;
+    let [a1, a2, a3, a4, a5] = &spend.app_amounts;
+    let moved = batch
+        .bind(
+            sqlx::query_as::<_, CompletedRow>(completion_in_one_statement!()),
+            store.fixed_now(),
+        )
+        .bind(batch.ids.len() as i64)
+        .bind(&announcing)
+        .bind(budget_listener_pattern())
+        .bind(&refund_apps)
+        .bind(&refund_scopes)
+        .bind(&refund_tokens)
+        .bind(&spend.scope_apps)
+        .bind(&spend.scopes)
+        .bind(&spend.scope_buckets)
+        .bind(s1)
+        .bind(s2)
+        .bind(s3)
+        .bind(s4)
+        .bind(s5)
+        .bind(&spend.apps)
+        .bind(&spend.app_buckets)
+        .bind(&spend.stripes)
+        .bind(a1)
+        .bind(a2)
+        .bind(a3)
+        .bind(a4)
+        .bind(a5)
         .fetch_all(&store.pool)
         .await;
     match moved {

@@ -18,15 +18,32 @@ use tollgate_core::cost::{
 };
 use tollgate_core::{CostLimits, CostRejection, Reservation, Timestamp, Usage};
 
+/// `INSERT INTO scope_spend (…) ` with its columns, for `concat!`: the key, then the
+/// delta's five amounts.
+macro_rules! scope_spend_into {
+    () => {
+        "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, settled_nano, \
+         reserved_tokens, settled_tokens, overrun_nano) "
+    };
+}
+pub(crate) use scope_spend_into;
+
 /// docs/conformance.md#cost-settlement settlement: deltas added to scopes' hourly spend
-/// buckets, one row per (app, scope, bucket) given, then [`SPEND_ROWS_CONFLICT`] for
+/// buckets, one row per (app, scope, bucket) given, then [`spend_rows_conflict!`] for
 /// `scope_spend`. One text for both backends.
-const SCOPE_SPEND_INTO: &str = "INSERT INTO scope_spend (app, scope, bucket, reserved_nano, \
-     settled_nano, reserved_tokens, settled_tokens, overrun_nano) VALUES ";
+const SCOPE_SPEND_INTO: &str = concat!(scope_spend_into!(), "VALUES ");
+
+/// `INSERT INTO app_spend (…) ` with its columns, for `concat!`.
+macro_rules! app_spend_into {
+    () => {
+        "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, settled_nano, \
+         reserved_tokens, settled_tokens, overrun_nano) "
+    };
+}
+pub(crate) use app_spend_into;
 
 /// The same deltas added to apps' hourly spend buckets, one row per (app, bucket, stripe).
-const APP_SPEND_INTO: &str = "INSERT INTO app_spend (app, bucket, stripe, reserved_nano, \
-     settled_nano, reserved_tokens, settled_tokens, overrun_nano) VALUES ";
+const APP_SPEND_INTO: &str = concat!(app_spend_into!(), "VALUES ");
 
 /// What a spend bucket row that exists already gets: the delta added (`$table`'s key
 /// columns as the conflict target).
@@ -50,6 +67,7 @@ macro_rules! spend_rows_conflict {
         )
     };
 }
+pub(crate) use spend_rows_conflict;
 
 /// Rows of one spend upsert statement at most (8 arguments each: within both backends'
 /// limits on arguments).
@@ -87,50 +105,24 @@ pub(crate) fn app_spend_rows<'a>(
 /// in key order (the lock order). `None` when a side is empty or longer than one
 /// statement's rows: then those two kinds of statements, as on SQLite.
 pub(crate) fn spend_rows_one_statement(plan: &SettlementPlan) -> StoreResult<Option<Statement>> {
-    let mut s = Statement::new("WITH ");
-    if !push_spend_ctes(&mut s, plan, "TRUE")? {
-        return Ok(None);
-    }
-    s.push(" SELECT COUNT(*) FROM app_spent");
-    Ok(Some(s))
-}
-
-/// The two upserts of [`spend_rows_one_statement`] as the CTEs `scope_spent` and
-/// `app_spent`, appended to a `WITH` list under way (`s` ends where a CTE may begin).
-/// The scope rows are written only where `when` holds, an SQL condition on each of them
-/// (`TRUE`: always); the app rows after every scope row (they read `scope_spent`'s
-/// count first). `false`, and nothing appended, when a side is empty or longer than one
-/// statement's rows.
-pub(crate) fn push_spend_ctes(
-    s: &mut Statement,
-    plan: &SettlementPlan,
-    when: &str,
-) -> StoreResult<bool> {
     let (scopes, apps) = (plan.scope.len(), plan.app.len());
     if scopes == 0 || apps == 0 || scopes.max(apps) > SPEND_ROWS_PER_STATEMENT {
-        return Ok(false);
+        return Ok(None);
     }
-    s.push("scope_spent AS (");
-    s.push(SCOPE_SPEND_INTO.trim_end_matches("VALUES "));
-    s.push("SELECT v.* FROM (VALUES ");
-    push_spend_values(s, &scope_keyed(&plan.scope));
-    s.push(
-        ") AS v (app, scope, bucket, reserved_nano, settled_nano, reserved_tokens, \
-         settled_tokens, overrun_nano) WHERE ",
-    );
-    s.push(when);
+    let mut s = Statement::new("WITH s AS (");
+    s.push(SCOPE_SPEND_INTO);
+    push_spend_values(&mut s, &scope_keyed(&plan.scope));
     s.push(spend_rows_conflict!("scope_spend", "app, scope, bucket"));
-    s.push(" RETURNING 1), app_spent AS (");
+    s.push(" RETURNING 1) ");
     s.push(APP_SPEND_INTO.trim_end_matches("VALUES "));
     s.push("SELECT v.* FROM (VALUES ");
-    push_spend_values(s, &app_keyed(&plan.app)?);
+    push_spend_values(&mut s, &app_keyed(&plan.app)?);
     s.push(
         ") AS v (app, bucket, stripe, reserved_nano, settled_nano, reserved_tokens, \
-         settled_tokens, overrun_nano) WHERE (SELECT COUNT(*) FROM scope_spent) >= 0",
+         settled_tokens, overrun_nano) WHERE (SELECT COUNT(*) FROM s) >= 0",
     );
     s.push(spend_rows_conflict!("app_spend", "app, bucket, stripe"));
-    s.push(" RETURNING 1)");
-    Ok(true)
+    Ok(Some(s))
 }
 
 /// Scope bucket rows as [`spend_rows`] takes them: the key's arguments and the delta.

@@ -238,8 +238,8 @@ impl Binder {
         }
         let text = self.statement.text(&self.names)?;
         Ok(Statement {
+            text: text.into(),
             args: self.args,
-            ..Statement::new(text)
         })
     }
 }

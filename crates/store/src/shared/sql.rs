@@ -79,8 +79,6 @@ impl From<i32> for Arg {
 pub(crate) struct Statement {
     pub(crate) text: Cow<'static, str>,
     pub(crate) args: Vec<Arg>,
-    /// Placeholders bound before [`Self::args`] by its caller (see [`Self::following`]).
-    pub(crate) bound_before: usize,
 }
 
 impl Statement {
@@ -89,18 +87,6 @@ impl Statement {
         Statement {
             text: text.into(),
             args: Vec::new(),
-            bound_before: 0,
-        }
-    }
-
-    /// A statement whose first `n` placeholders (`$1` to `$n`) its caller binds itself,
-    /// before [`Self::args`] (values this type cannot hold, such as PostgreSQL arrays):
-    /// [`Self::placeholder`] numbers from `$n+1`.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn following(n: usize, text: impl Into<Cow<'static, str>>) -> Statement {
-        Statement {
-            bound_before: n,
-            ..Statement::new(text)
         }
     }
 
@@ -114,7 +100,7 @@ impl Statement {
     /// piece by piece.
     pub(crate) fn placeholder(&mut self, arg: Arg) -> String {
         self.args.push(arg);
-        format!("${}", self.bound_before + self.args.len())
+        format!("${}", self.args.len())
     }
 
     /// Appends text.
@@ -131,24 +117,7 @@ impl Statement {
         i32: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
         bool: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
     {
-        debug_assert_eq!(
-            self.bound_before, 0,
-            "a statement made with Statement::following"
-        );
-        self.into_parts_after(A::default())
-    }
-
-    /// [`Self::into_parts`] of a statement made with [`Self::following`]: `a` holds the
-    /// caller's arguments (`$1` to `$n`); the statement's own follow them.
-    pub(crate) fn into_parts_after<A>(self, mut a: A) -> StoreResult<(Cow<'static, str>, A)>
-    where
-        A: sqlx::Arguments,
-        Option<String>: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
-        Option<i64>: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
-        i32: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
-        bool: for<'t> sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>,
-    {
-        debug_assert_eq!(a.len(), self.bound_before, "the caller's arguments");
+        let mut a = A::default();
         a.reserve(self.args.len(), 0);
         for arg in self.args {
             match arg {
