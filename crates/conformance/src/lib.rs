@@ -143,7 +143,7 @@ macro_rules! conformance_suite {
             tries::a_worker_that_lost_its_lease_cannot_fail_the_task,
             tries::a_stale_claim_of_the_same_worker_completes_nothing,
             tries::a_batch_of_completions_charges_each_task_its_attempts,
-            tries::a_batch_of_unsourced_completions_charges_each_task_its_attempts,
+            tries::lone_unsourced_completions_charge_each_task_its_attempts,
             lease::a_stale_lease_keeps_nothing_alive,
             lease::a_stale_lease_fails_nothing,
             lease::a_stale_lease_completes_nothing,

@@ -1042,10 +1042,10 @@ async fn a_sweep_vacuums_hot_tables_whose_dead_rows_passed_the_bound() {
     );
 }
 
-/// docs/locking.md, "Completions in one statement": a batch of metered tasks without a
-/// source, each at its only attempt, is moved and settled in one statement (its spend
-/// and its token refunds exact); once an endpoint of the app listens for their events, a batch is recorded in
-/// its transaction, which writes the events.
+/// docs/locking.md, "Completions in one statement": a lone completion of a metered task
+/// without a source, at its only attempt, is moved and settled in one statement (its spend
+/// and its token refunds exact); once an endpoint of the app listens for its event, a completion is recorded in
+/// its transaction, which writes the event; a batch of several takes the transaction.
 #[tokio::test]
 async fn metered_completions_are_written_in_one_statement_unless_someone_listens() {
     let Some(url) =
@@ -1057,7 +1057,9 @@ async fn metered_completions_are_written_in_one_statement_unless_someone_listens
     let clock = ManualClock::new(START);
     let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
     let w = WorkerId::new("w").unwrap();
-    let batch = |keys: &'static [&'static str]| {
+    // `together`: the completions in one batch; otherwise each a batch of its own, as
+    // at low load.
+    let batch = |keys: &'static [&'static str], together: bool| {
         let store = store.clone();
         let w = w.clone();
         async move {
@@ -1084,12 +1086,25 @@ async fn metered_completions_are_written_in_one_statement_unless_someone_listens
                     attempt: None,
                 });
             }
-            let answers = store.complete_tasks(items).await.unwrap();
-            assert!(answers.iter().all(|a| a.as_ref().unwrap().applied));
+            let batches = if together {
+                vec![items]
+            } else {
+                items.into_iter().map(|i| vec![i]).collect()
+            };
+            for items in batches {
+                let answers = store.complete_tasks(items).await.unwrap();
+                assert!(answers.iter().all(|a| a.as_ref().unwrap().applied));
+            }
         }
     };
-    batch(&["a", "b", "c"]).await;
+    batch(&["a", "b", "c"], false).await;
     assert_eq!(store.completed_in_one_statement(), 3);
+    batch(&["x", "y"], true).await;
+    assert_eq!(
+        store.completed_in_one_statement(),
+        3,
+        "a batch of several: its transaction"
+    );
     let (reserved, settled): (i64, i64) = sqlx::query_as(
         "SELECT CAST(SUM(reserved_nano) AS BIGINT), CAST(SUM(settled_nano) AS BIGINT) \
          FROM scope_spend",
@@ -1132,7 +1147,7 @@ async fn metered_completions_are_written_in_one_statement_unless_someone_listens
         })
         .await
         .unwrap();
-    batch(&["d"]).await;
+    batch(&["d"], false).await;
     assert_eq!(
         store.completed_in_one_statement(),
         3,

@@ -359,8 +359,10 @@ pub(super) async fn complete_tasks(
     };
     let mut done: Vec<CompletedRow> = Vec::new();
     let mut woken_runs = Vec::new();
+    // A lone completion, at low load, in one statement when its guess holds; a batch of
+    // several in its transaction (docs/locking.md, "Completions in one statement").
     let in_one = match guessed {
-        Some(guessed) if !batch.ids.is_empty() && !any_run => {
+        Some(guessed) if batch.ids.len() == 1 && !any_run => {
             complete_in_one_statement(store, &batch, &guessed).await?
         }
         _ => None,
@@ -602,7 +604,8 @@ impl SpendColumns {
 /// reservation and attempt sum as guessed, no endpoint listening for the tasks' events
 /// or for a budget threshold the settlement may cross; otherwise it fails whole and
 /// writes nothing. `None`: not tried, or the guess did not hold; the caller records the
-/// batch in its transaction.
+/// batch in its transaction. Its caller asks for lone completions only (docs/locking.md
+/// says why).
 async fn complete_in_one_statement(
     store: &PostgresStore,
     batch: &Batch,
