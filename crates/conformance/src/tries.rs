@@ -33,6 +33,19 @@ fn ended(outcome: AttemptOutcome, usage: Option<tollgate_core::Usage>) -> Attemp
     }
 }
 
+/// A worker's completion of its claimed copy: 40 input and 10 output tokens, 40 × 1,000
+/// + 10 × 2,000 = 60,000 n$ at the reservation's prices.
+fn completion(copy: tollgate_core::Task) -> tollgate_store::Completion {
+    tollgate_store::Completion {
+        id: copy.id,
+        lease: copy.lease().expect("a claimed copy"),
+        output: spam(),
+        usage: tokens(40, 10),
+        claimed: Some(std::sync::Arc::new(copy)),
+        attempt: None,
+    }
+}
+
 async fn spend(s: &dyn Store, scope_name: &str) -> SpendWindow {
     s.spend(&app("acme"), Some(&scope(scope_name)))
         .await
@@ -561,15 +574,6 @@ pub async fn a_batch_of_completions_charges_each_task_its_attempts(b: &dyn Backe
     let unavailable = ended(AttemptOutcome::Unavailable, None);
     assert!(s.end_attempt(two.id, 1, &unavailable).await.expect("end"));
     assert_eq!(begin(&*s, two.id, &lease(&w, 1)).await, Some(2));
-    let completion = |copy: tollgate_core::Task| tollgate_store::Completion {
-        id: copy.id,
-        lease: copy.lease().expect("a claimed copy"),
-        output: spam(),
-        // 40 × 1,000 + 10 × 2,000 = 60,000 n$ at the reservation's prices.
-        usage: tokens(40, 10),
-        claimed: Some(std::sync::Arc::new(copy)),
-        attempt: None,
-    };
     let answers = s
         .complete_tasks(vec![completion(again), completion(one), completion(two)])
         .await
@@ -614,15 +618,6 @@ pub async fn lone_unsourced_completions_charge_each_task_its_attempts(b: &dyn Ba
             super::unsourced::unsourced_task("acme", scope_name, key, budget, reserve(100, 50)),
             3,
         )
-    };
-    let completion = |copy: tollgate_core::Task| tollgate_store::Completion {
-        id: copy.id,
-        lease: copy.lease().expect("a claimed copy"),
-        output: spam(),
-        // 40 × 1,000 + 10 × 2,000 = 60,000 n$ at the reservation's prices.
-        usage: tokens(40, 10),
-        claimed: Some(std::sync::Arc::new(copy)),
-        attempt: None,
     };
     // Each completion a batch of its own; whether it applied.
     let alone = |copy: tollgate_core::Task| {
