@@ -9,10 +9,9 @@ use super::terminal::refund_tokens_sql;
 use super::{PostgresStore, now_sql};
 use crate::shared::admission::SpendReads;
 use crate::shared::attempts::{Ending, claim_attempt};
-use crate::shared::cost::decode_reservation;
 use crate::shared::cost::{
-    SettleRow, SettlementPlan, SpendDelta, app_spend_into, encode_reservation, plan_settlement,
-    scope_spend_into, spend_rows_conflict,
+    SettleRow, SettlementPlan, SpendDelta, app_spend_into, decode_reservation, encode_reservation,
+    plan_settlement, scope_spend_into, spend_rows_conflict,
 };
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, status_is_queued, worker_store_for,
@@ -22,8 +21,9 @@ use crate::shared::rows::{
     tasks,
 };
 use crate::shared::terminal::{Returned, TerminalMove, Wake, after_terminal_with};
-use crate::shared::webhooks::task_event_listened;
-use crate::shared::webhooks::{apps_announcing, budget_listened, budget_listener_pattern};
+use crate::shared::webhooks::{
+    apps_announcing, budget_listened, budget_listener_pattern, task_event_listened,
+};
 use crate::{ClaimOrder, Completion, StoreError, StoreResult, Transition};
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet};
