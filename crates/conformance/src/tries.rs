@@ -545,6 +545,38 @@ pub async fn a_stale_claim_of_the_same_worker_completes_nothing(b: &dyn Backend)
     );
 }
 
+/// Creates `new` and claims it twice, requeued by the sweep in between: its first
+/// attempt is charged its reservation. Returns the second claim's copy.
+async fn requeued_once(
+    b: &dyn Backend,
+    s: &dyn Store,
+    w: &tollgate_core::WorkerId,
+    new: NewTask,
+) -> tollgate_core::Task {
+    let t = create_new(s, new).await;
+    claim(s, t.id, w).await;
+    b.clock().advance(secs(31));
+    assert_eq!(sweep_all(s, &sweep_config()).await.requeued.len(), 1);
+    let again = claim(s, t.id, w).await;
+    assert_eq!(again.attempt, 2);
+    again
+}
+
+/// Creates `new` and claims it; its first attempt gives up without usage (charged its
+/// reservation) and a second begins in the same claim. Returns the claim's copy.
+async fn two_attempts_in_one_claim(
+    s: &dyn Store,
+    w: &tollgate_core::WorkerId,
+    new: NewTask,
+) -> tollgate_core::Task {
+    let t = create_new(s, new).await;
+    let two = claim(s, t.id, w).await;
+    let unavailable = ended(AttemptOutcome::Unavailable, None);
+    assert!(s.end_attempt(two.id, 1, &unavailable).await.expect("end"));
+    assert_eq!(begin(s, two.id, &lease(w, 1)).await, Some(2));
+    two
+}
+
 /// docs/routes.md, "Attempts", through a batch of completions (as workers complete): each
 /// task is charged the sum of its attempts, whether it made one, two within its claim,
 /// or one per claim after a requeue, as a single completion charges it. Its scope's spend
@@ -559,21 +591,10 @@ pub async fn a_batch_of_completions_charges_each_task_its_attempts(b: &dyn Backe
         t.scope.as_mut().expect("scoped").reservation = reserve(100, 50);
         t
     };
-    // Requeued once: its first attempt is charged its reservation (200,000 n$).
-    let again = create_new(&*s, task("requeued", "again")).await;
-    claim(&*s, again.id, &w).await;
-    b.clock().advance(secs(31));
-    assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
-    let again = claim(&*s, again.id, &w).await;
-    assert_eq!(again.attempt, 2);
+    let again = requeued_once(b, &*s, &w, task("requeued", "again")).await;
     let one = create_new(&*s, task("one", "one")).await;
     let one = claim(&*s, one.id, &w).await;
-    // Two attempts in one claim: the first gives up without usage (its reservation).
-    let two = create_new(&*s, task("two", "two")).await;
-    let two = claim(&*s, two.id, &w).await;
-    let unavailable = ended(AttemptOutcome::Unavailable, None);
-    assert!(s.end_attempt(two.id, 1, &unavailable).await.expect("end"));
-    assert_eq!(begin(&*s, two.id, &lease(&w, 1)).await, Some(2));
+    let two = two_attempts_in_one_claim(&*s, &w, task("two", "two")).await;
     let answers = s
         .complete_tasks(vec![completion(again), completion(one), completion(two)])
         .await
@@ -673,19 +694,8 @@ pub async fn lone_unsourced_completions_charge_each_task_its_attempts(b: &dyn Ba
         (0, 240_000 + 200_000),
         "the app's window is the scopes' sum"
     );
-    // Requeued once (its first attempt charged its reservation, 200,000 n$), and two
-    // attempts in one claim (the first given up without usage).
-    let again = create_new(&*s, task("requeued", "again")).await;
-    claim(&*s, again.id, &w).await;
-    b.clock().advance(secs(31));
-    assert_eq!(sweep_all(&*s, &sweep_config()).await.requeued.len(), 1);
-    let again = claim(&*s, again.id, &w).await;
-    assert_eq!(again.attempt, 2);
-    let two = create_new(&*s, task("two", "two")).await;
-    let two = claim(&*s, two.id, &w).await;
-    let unavailable = ended(AttemptOutcome::Unavailable, None);
-    assert!(s.end_attempt(two.id, 1, &unavailable).await.expect("end"));
-    assert_eq!(begin(&*s, two.id, &lease(&w, 1)).await, Some(2));
+    let again = requeued_once(b, &*s, &w, task("requeued", "again")).await;
+    let two = two_attempts_in_one_claim(&*s, &w, task("two", "two")).await;
     assert!(alone(again).await);
     assert!(alone(two).await);
     for (scope_name, reserved, charged) in [

@@ -283,10 +283,12 @@ pub(super) async fn complete_tasks(
     let mut claims: Vec<i64> = vec![];
     let mut seen = HashSet::new();
     let mut any_run = false;
-    // The settlement each moved task would have if its attempt ending now is its only
-    // one, and the reservation that guess starts from (docs/locking.md, "Completions in
-    // one statement"); `None` once an item is admitted, which the guess does not cover.
-    let mut guessed: Option<Vec<SettleRow>> = Some(vec![]);
+    // A lone completion (at low load) is written in one statement when its guess holds;
+    // a batch of several in its transaction (docs/locking.md, "Completions in one
+    // statement"). The guess: the settlement the task would have if its attempt ending
+    // now is its only one; `None` for a batch, or once the item is admitted, which the
+    // guess does not cover.
+    let mut guessed: Option<Vec<SettleRow>> = (items.len() == 1).then(Vec::new);
     let mut guess_reservations: Vec<Option<String>> = vec![];
     for (i, item) in items.iter().enumerate() {
         let Some(task) = claimed_copy(item).or_else(|| read.get(&item.id)) else {
@@ -359,10 +361,8 @@ pub(super) async fn complete_tasks(
     };
     let mut done: Vec<CompletedRow> = Vec::new();
     let mut woken_runs = Vec::new();
-    // A lone completion, at low load, in one statement when its guess holds; a batch of
-    // several in its transaction (docs/locking.md, "Completions in one statement").
     let in_one = match guessed {
-        Some(guessed) if batch.ids.len() == 1 && !any_run => {
+        Some(guessed) if !batch.ids.is_empty() && !any_run => {
             complete_in_one_statement(store, &batch, &guessed).await?
         }
         _ => None,
