@@ -8,32 +8,28 @@ use super::admission::lock_scope;
 use super::terminal::refund_tokens_sql;
 use super::{PostgresStore, now_sql};
 use crate::shared::admission::SpendReads;
-use crate::shared::attempts::{Ending, claim_attempt};
+use crate::shared::attempts::claim_attempt;
+use crate::shared::completion::{self, Batch, Moved, Prepared};
 use crate::shared::cost::{
-    SettleRow, SettlementPlan, SpendDelta, app_spend_into, decode_reservation, encode_reservation,
-    plan_settlement, scope_spend_into, spend_rows_conflict,
+    SettleRow, SettlementPlan, SpendDelta, app_spend_into, decode_reservation, plan_settlement,
+    scope_spend_into, spend_rows_conflict,
 };
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, status_is_queued, worker_store_for,
 };
-use crate::shared::rows::{
-    CompletedRow, FinishedRow, TaskRow, encode_completion, task_columns, task_columns_qualified,
-    tasks,
-};
-use crate::shared::terminal::{Returned, TerminalMove, Wake, after_terminal_with};
+use crate::shared::rows::{CompletedRow, TaskRow, task_columns, task_columns_qualified, tasks};
 use crate::shared::webhooks::{
     apps_announcing, budget_listened, budget_listener_pattern, task_event_listened,
 };
 use crate::{ClaimOrder, Completion, StoreError, StoreResult, Transition};
 use async_trait::async_trait;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tollgate_core::attempt::settle_charged;
-use tollgate_core::{AppId, AttemptOutcome, ScopeId, Task, TaskId, Timestamp, WorkerId};
+use tollgate_core::{AppId, AttemptOutcome, ScopeId, Task, TaskId, WorkerId};
 
-/// A completion batch's statement up to its last CTE, `$1` to `$13` ([`Batch::bind`]).
+/// A completion batch's statement up to its last CTE, `$1` to `$13` ([`bind_batch`]).
 ///
 /// "now" is read inside the statement (no round trip of its own) and returned with
 /// every row it moved, as the row is now (no read afterwards). The rows are found by id
@@ -263,104 +259,18 @@ pub(super) async fn complete_tasks(
     if items.is_empty() {
         return Ok(Vec::new());
     }
-    // The request never changes, so its contract is checked before the write: against
-    // the worker's claimed copy when it has one, else against the row read first.
-    let unknown: Vec<String> = items
-        .iter()
-        .filter(|item| claimed_copy(item).is_none())
-        .map(|item| item.id.to_string())
-        .collect();
-    let read = tasks_by_id(&store.pool, &unknown).await?;
-    let mut answers: Vec<Option<StoreResult<Transition>>> = items.iter().map(|_| None).collect();
-    let (mut ids, mut workers, mut outputs, mut usages) = (vec![], vec![], vec![], vec![]);
-    // Each item's attempt ends with it (`END_ATTEMPT`'s columns, for a batch).
-    let (mut attempt_usages, mut charged_nano, mut charged_tokens) = (vec![], vec![], vec![]);
-    // What each reserved task is charged if the completion's attempt is its only one
-    // (the common case), written by the same statement; the settlement checks it
-    // against the attempts the statement returns ([`Returned`]).
-    let (mut guess_nano, mut guess_tokens): (Vec<Option<i64>>, Vec<Option<i64>>) = (vec![], vec![]);
-    // The claim each item completes under (its lease's).
-    let mut claims: Vec<i64> = vec![];
-    let mut seen = HashSet::new();
-    let mut any_run = false;
-    // A lone completion (at low load) is written in one statement when its guess holds;
-    // a batch of several in its transaction (docs/locking.md, "Completions in one
-    // statement"). The guess: the settlement the task would have if its attempt ending
-    // now is its only one; `None` for a batch, or once the item is admitted, which the
-    // guess does not cover.
-    let mut guessed: Option<Vec<SettleRow>> = (items.len() == 1).then(Vec::new);
-    let mut guess_reservations: Vec<Option<String>> = vec![];
-    for (i, item) in items.iter().enumerate() {
-        let Some(task) = claimed_copy(item).or_else(|| read.get(&item.id)) else {
-            answers[i] = Some(Ok(Transition::default()));
-            continue;
-        };
-        if !seen.insert(item.id) {
-            // The same task twice: only its first completion can apply.
-            answers[i] = Some(Ok(Transition::default()));
-            continue;
-        }
-        let encoded = encode_completion(task, &item.output, &item.usage).and_then(|encoded| {
-            let ending = Ending::of_completion(task, &item.usage, item.attempt.as_ref())?;
-            Ok((encoded, ending))
-        });
-        match encoded {
-            Ok(((output, usage), ending)) => {
-                any_run |= task.run_id().is_some();
-                ids.push(item.id.to_string());
-                workers.push(item.lease.worker.as_str().to_string());
-                outputs.push(output);
-                usages.push(usage);
-                attempt_usages.push(ending.usage);
-                charged_nano.push(ending.charged.nano_usd);
-                charged_tokens.push(i64::try_from(ending.charged.tokens).unwrap_or(i64::MAX));
-                claims.push(i64::from(item.lease.claim));
-                let guess = task.reservation.map(|r| settle_charged(&r, ending.charged));
-                guess_nano.push(guess.map(|c| c.nano_usd));
-                guess_tokens.push(guess.map(|c| i64::try_from(c.tokens).unwrap_or(i64::MAX)));
-                let reservation = task
-                    .reservation
-                    .as_ref()
-                    .map(encode_reservation)
-                    .transpose()?;
-                if task.source.is_some() {
-                    guessed = None;
-                }
-                if let (Some(rows), Some(r)) = (guessed.as_mut(), &reservation) {
-                    rows.push(SettleRow {
-                        id: item.id.to_string(),
-                        app: task.app.as_str().to_string(),
-                        scope: task.scope.as_str().to_string(),
-                        created_at: task.created_at.0,
-                        claimed_at: task.claimed_at.map(|t| t.0),
-                        reservation: r.clone(),
-                        usage: None,
-                        attempts: 1,
-                        attempts_nano: ending.charged.nano_usd,
-                        attempts_tokens: *charged_tokens.last().unwrap_or(&0),
-                    });
-                }
-                guess_reservations.push(reservation);
-            }
-            Err(e) if e.is_per_item() => answers[i] = Some(Err(e)),
-            Err(e) => return Err(e),
-        }
-    }
-    let batch = Batch {
-        ids,
-        workers,
-        outputs,
-        usages,
-        attempt_usages,
-        charged_nano,
-        charged_tokens,
-        claims,
-        guess_nano,
-        guess_tokens,
-        guess_reservations,
-    };
+    let read = tasks_by_id(&store.pool, &completion::unknown(&items)).await?;
+    let Prepared {
+        batch,
+        answers,
+        any_run,
+        guessed,
+    } = Prepared::of(&items, &read)?;
     let mut done: Vec<CompletedRow> = Vec::new();
     let mut woken_runs = Vec::new();
+    // A lone completion (at low load) is written in one statement when its guess holds;
+    // a batch of several in its transaction (docs/locking.md, "Completions in one
+    // statement").
     let in_one = match guessed {
         Some(guessed) if !batch.ids.is_empty() && !any_run => {
             complete_in_one_statement(store, &batch, &guessed).await?
@@ -382,121 +292,48 @@ pub(super) async fn complete_tasks(
             .execute(&mut *tx)
             .await?;
         }
-        done = batch
-            .bind(
-                sqlx::query_as(concat!(completion_ctes!(), " ", completed_rows!())),
-                store.fixed_now(),
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-        // Only run-owned tasks can have waiting runs: skip the wake statement otherwise.
-        let now = done.first().map_or(Timestamp(0), |d| Timestamp(d.now));
-        let finished: Vec<FinishedRow> = done.iter().map(CompletedRow::finished).collect();
-        let plan = if any_run {
-            TerminalMove::SUCCEEDED
-        } else {
-            TerminalMove {
-                wake: Wake::No,
-                ..TerminalMove::SUCCEEDED
-            }
-        };
-        let returned = Returned {
-            rows: done.iter().filter_map(CompletedRow::settle_row).collect(),
-            written: batch.written(),
-            listened: Some(done.iter().any(|d| d.listened)),
-        };
-        woken_runs = after_terminal_with(&mut tx, &finished, plan, now, returned).await?;
+        done = bind_batch(
+            &batch,
+            sqlx::query_as(concat!(completion_ctes!(), " ", completed_rows!())),
+            store.fixed_now(),
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        woken_runs = completion::settle_moved(&mut tx, &done, &batch, any_run).await?;
         tx.commit().await?;
     }
-    let mut after: HashMap<TaskId, Task> = tasks(done.into_iter().map(|d| d.task).collect())?
-        .into_iter()
-        .map(|t| (t.id, t))
-        .collect();
-    let applied: HashSet<TaskId> = after.keys().copied().collect();
-    // A refused item is answered with its task as it is now: read only those.
-    let refused: Vec<String> = items
-        .iter()
-        .zip(&answers)
-        .filter(|(item, answer)| !applied.contains(&item.id) && !matches!(answer, Some(Err(_))))
-        .map(|(item, _)| item.id.to_string())
-        .collect();
-    after.extend(tasks_by_id(&store.pool, &refused).await?);
-    let mut answered = HashSet::new();
-    Ok(items
-        .iter()
-        .zip(answers)
-        .map(|(item, answer)| match answer {
-            Some(Err(e)) => Err(e),
-            _ if applied.contains(&item.id) && answered.insert(item.id) => Ok(Transition {
-                applied: true,
-                task: after.get(&item.id).cloned(),
-                woken_runs: std::mem::take(&mut woken_runs),
-            }),
-            _ => Ok(Transition {
-                applied: false,
-                task: after.get(&item.id).cloned(),
-                woken_runs: Vec::new(),
-            }),
-        })
-        .collect())
+    let moved = Moved::of(done)?;
+    let read = tasks_by_id(&store.pool, &moved.refused(&items, &answers)).await?;
+    Ok(moved.answers(&items, answers, read, woken_runs))
 }
 
-/// The columns of a completion batch's items, bound as arrays (`$1` to `$13` of
-/// [`completion_ctes!`]).
-struct Batch {
-    ids: Vec<String>,
-    workers: Vec<String>,
-    outputs: Vec<String>,
-    usages: Vec<String>,
-    attempt_usages: Vec<Option<String>>,
-    charged_nano: Vec<i64>,
-    charged_tokens: Vec<i64>,
-    claims: Vec<i64>,
-    guess_nano: Vec<Option<i64>>,
-    guess_tokens: Vec<Option<i64>>,
-    guess_reservations: Vec<Option<String>>,
-}
-
-impl Batch {
-    /// `$1` to `$13` of [`completion_ctes!`] bound on `q` (`fixed_now`: the test clock).
-    fn bind<'q, O>(
-        &'q self,
-        q: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
-        fixed_now: Option<i64>,
-    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
-        q.bind(&self.ids)
-            .bind(&self.workers)
-            .bind(&self.outputs)
-            .bind(&self.usages)
-            .bind(fixed_now)
-            .bind(&self.attempt_usages)
-            .bind(&self.charged_nano)
-            .bind(&self.charged_tokens)
-            .bind(AttemptOutcome::Succeeded.as_str())
-            .bind(&self.claims)
-            .bind(&self.guess_nano)
-            .bind(&self.guess_tokens)
-            .bind(&self.guess_reservations)
-    }
-
-    /// The charges the statement writes: each reserved task's guess.
-    fn written(&self) -> HashSet<(String, i64, i64)> {
-        self.ids
-            .iter()
-            .zip(self.guess_nano.iter().zip(&self.guess_tokens))
-            .filter_map(|(id, guess)| match guess {
-                (Some(n), Some(t)) => Some((id.clone(), *n, *t)),
-                _ => None,
-            })
-            .collect()
-    }
+/// `$1` to `$13` of [`completion_ctes!`]: a batch's columns bound as arrays on `q`
+/// (`fixed_now`: the test clock).
+fn bind_batch<'q, O>(
+    batch: &'q Batch,
+    q: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    fixed_now: Option<i64>,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+    q.bind(&batch.ids)
+        .bind(&batch.workers)
+        .bind(&batch.outputs)
+        .bind(&batch.usages)
+        .bind(fixed_now)
+        .bind(&batch.attempt_usages)
+        .bind(&batch.charged_nano)
+        .bind(&batch.charged_tokens)
+        .bind(AttemptOutcome::Succeeded.as_str())
+        .bind(&batch.claims)
+        .bind(&batch.guess_nano)
+        .bind(&batch.guess_tokens)
+        .bind(&batch.guess_reservations)
 }
 
 /// How long completions take their transaction after a batch found a listener.
 const GUESS_PAUSE: Duration = Duration::from_secs(10);
 
 /// docs/locking.md, "Completions in one statement": a batch's statement when its
-/// settlement is planned before it (`$1` to `$13`: [`Batch::bind`]; `$14` to `$16`: the
+/// settlement is planned before it (`$1` to `$13`: [`bind_batch`]; `$14` to `$16`: the
 /// checks; `$17` to `$19`: the token refunds; `$20` to `$27` and `$28` to `$35`: the scope
 /// and app spend rows, as arrays in key order). One text whatever the batch, so each
 /// connection prepares it once.
@@ -634,35 +471,35 @@ async fn complete_in_one_statement(
     let spend = SpendColumns::of(&plan)?;
     let [s1, s2, s3, s4, s5] = &spend.scope_amounts;
     let [a1, a2, a3, a4, a5] = &spend.app_amounts;
-    let moved = batch
-        .bind(
-            sqlx::query_as::<_, CompletedRow>(completion_in_one_statement!()),
-            store.fixed_now(),
-        )
-        .bind(batch.ids.len() as i64)
-        .bind(&announcing)
-        .bind(budget_listener_pattern())
-        .bind(&refund_apps)
-        .bind(&refund_scopes)
-        .bind(&refund_tokens)
-        .bind(&spend.scope_apps)
-        .bind(&spend.scopes)
-        .bind(&spend.scope_buckets)
-        .bind(s1)
-        .bind(s2)
-        .bind(s3)
-        .bind(s4)
-        .bind(s5)
-        .bind(&spend.apps)
-        .bind(&spend.app_buckets)
-        .bind(&spend.stripes)
-        .bind(a1)
-        .bind(a2)
-        .bind(a3)
-        .bind(a4)
-        .bind(a5)
-        .fetch_all(&store.pool)
-        .await;
+    let moved = bind_batch(
+        batch,
+        sqlx::query_as::<_, CompletedRow>(completion_in_one_statement!()),
+        store.fixed_now(),
+    )
+    .bind(batch.ids.len() as i64)
+    .bind(&announcing)
+    .bind(budget_listener_pattern())
+    .bind(&refund_apps)
+    .bind(&refund_scopes)
+    .bind(&refund_tokens)
+    .bind(&spend.scope_apps)
+    .bind(&spend.scopes)
+    .bind(&spend.scope_buckets)
+    .bind(s1)
+    .bind(s2)
+    .bind(s3)
+    .bind(s4)
+    .bind(s5)
+    .bind(&spend.apps)
+    .bind(&spend.app_buckets)
+    .bind(&spend.stripes)
+    .bind(a1)
+    .bind(a2)
+    .bind(a3)
+    .bind(a4)
+    .bind(a5)
+    .fetch_all(&store.pool)
+    .await;
     match moved {
         Ok(rows) => {
             store
@@ -705,11 +542,6 @@ impl Guesses {
     fn missed_now(&self) {
         *self.missed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
-}
-
-/// The worker's claimed copy of an item's task, when it has one of that task.
-fn claimed_copy(item: &Completion) -> Option<&Task> {
-    item.claimed.as_deref().filter(|t| t.id == item.id)
 }
 
 /// The tasks of these ids that exist, by id (no statement for none).

@@ -4,9 +4,10 @@
 use super::Tx;
 use crate::StoreResult;
 use crate::shared::attempts::{attempt_charges, open_attempt_outcome};
-use crate::shared::cost::SettleRow;
+use crate::shared::cost::{SettleRow, SettlementPlan, spend_rows_one_statement};
 use crate::shared::rows::run_id;
-use crate::shared::terminal::TerminalStatements;
+use crate::shared::sql::Exec;
+use crate::shared::terminal::{TerminalStatements, spend_rows_each};
 use async_trait::async_trait;
 use tollgate_core::{RunId, Timestamp};
 
@@ -45,40 +46,57 @@ impl TerminalStatements for Tx {
     const GIVE_BACK_APP: &'static str = "INSERT INTO app_slots (app, stripe, active, share) \
          VALUES ($2, 0, -$1, 0) \
          ON CONFLICT (app, stripe) DO UPDATE SET active = app_slots.active - $1";
-    const SPEND_IN_ONE_STATEMENT: bool = true;
     const LOCK_RUN_OF: Option<&'static str> = Some(
         "SELECT 1 FROM runs WHERE id = (SELECT run_id FROM tasks WHERE id = $1) FOR NO KEY UPDATE",
     );
 
-    /// One statement for every scope of the settlement ([`refund_tokens_sql!`]).
-    async fn refund_tokens(&mut self, refunds: &[(&str, &str, i64)]) -> StoreResult<()> {
-        let apps: Vec<&str> = refunds.iter().map(|r| r.0).collect();
-        let scopes: Vec<&str> = refunds.iter().map(|r| r.1).collect();
-        let tokens: Vec<i64> = refunds.iter().map(|r| r.2).collect();
-        sqlx::query(refund_tokens_sql!("$1", "$2", "$3"))
-            .bind(&apps)
-            .bind(&scopes)
-            .bind(&tokens)
-            .execute(&mut **self)
-            .await?;
-        Ok(())
+    /// Scope and app rows in one statement when they fit ([`spend_rows_one_statement`]: a
+    /// data-modifying CTE).
+    async fn apply_spend(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
+        match spend_rows_one_statement(plan)? {
+            Some(s) => {
+                self.run(s).await?;
+                Ok(())
+            }
+            None => spend_rows_each(self, plan).await,
+        }
     }
 
-    /// One statement for every task of the settlement.
-    async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()> {
-        let ids: Vec<&str> = charged.iter().map(|c| c.0.as_str()).collect();
-        let nanos: Vec<i64> = charged.iter().map(|c| c.1).collect();
-        let toks: Vec<i64> = charged.iter().map(|c| c.2).collect();
-        sqlx::query(
-            "UPDATE tasks SET charged_nano = c.nano, charged_tokens = c.tokens \
-             FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS c(id, nano, tokens) \
-             WHERE tasks.id = c.id",
-        )
-        .bind(&ids)
-        .bind(&nanos)
-        .bind(&toks)
-        .execute(&mut **self)
-        .await?;
+    /// The token refunds in one statement for every scope ([`refund_tokens_sql!`]), the
+    /// spend rows ([`Self::apply_spend`]), the charges in one statement for every task.
+    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
+        if !plan.refunds.is_empty() {
+            let apps: Vec<&str> = plan.refunds.keys().map(|(a, _)| a.as_str()).collect();
+            let scopes: Vec<&str> = plan.refunds.keys().map(|(_, s)| s.as_str()).collect();
+            let tokens: Vec<i64> = plan
+                .refunds
+                .values()
+                .map(|t| i64::try_from(*t).unwrap_or(i64::MAX))
+                .collect();
+            sqlx::query(refund_tokens_sql!("$1", "$2", "$3"))
+                .bind(&apps)
+                .bind(&scopes)
+                .bind(&tokens)
+                .execute(&mut **self)
+                .await?;
+        }
+        self.apply_spend(plan).await?;
+        if !plan.charged.is_empty() {
+            let charged = &plan.charged;
+            let ids: Vec<&str> = charged.iter().map(|c| c.0.as_str()).collect();
+            let nanos: Vec<i64> = charged.iter().map(|c| c.1).collect();
+            let toks: Vec<i64> = charged.iter().map(|c| c.2).collect();
+            sqlx::query(
+                "UPDATE tasks SET charged_nano = c.nano, charged_tokens = c.tokens \
+                 FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS c(id, nano, tokens) \
+                 WHERE tasks.id = c.id",
+            )
+            .bind(&ids)
+            .bind(&nanos)
+            .bind(&toks)
+            .execute(&mut **self)
+            .await?;
+        }
         Ok(())
     }
 

@@ -98,6 +98,36 @@ pub(crate) fn app_spend_rows<'a>(
     ))
 }
 
+/// docs/conformance.md#cost-settlement on SQLite, which runs several statements in one
+/// query (it has no data-modifying CTE): a plan's spend rows appended to `s` as
+/// statements of that query — scope rows, then app rows, each side in key order and
+/// [`SPEND_ROWS_PER_STATEMENT`] rows a statement, as [`scope_spend_rows`] and
+/// [`app_spend_rows`] write them — their placeholders numbered on from `s`'s. Each
+/// statement is followed by `;`.
+pub(crate) fn push_spend_statements(s: &mut Statement, plan: &SettlementPlan) -> StoreResult<()> {
+    let sides = [
+        (
+            SCOPE_SPEND_INTO,
+            spend_rows_conflict!("scope_spend", "app, scope, bucket"),
+            scope_keyed(&plan.scope),
+        ),
+        (
+            APP_SPEND_INTO,
+            spend_rows_conflict!("app_spend", "app, bucket, stripe"),
+            app_keyed(&plan.app)?,
+        ),
+    ];
+    for (into, conflict, rows) in sides {
+        for chunk in rows.chunks(SPEND_ROWS_PER_STATEMENT) {
+            s.push(into);
+            push_spend_values(s, chunk);
+            s.push(conflict);
+            s.push("; ");
+        }
+    }
+    Ok(())
+}
+
 /// docs/conformance.md#cost-settlement on PostgreSQL: a plan's scope rows and app rows
 /// added in ONE statement, a round trip less than [`scope_spend_rows`] then
 /// [`app_spend_rows`]. The scope upsert is a CTE; the app upsert reads the CTE's row count

@@ -251,22 +251,6 @@ impl Worker {
         finish(tx, id, done, TerminalMove::SUCCEEDED, now).await
     }
 
-    /// [`WorkerStore::complete_tasks`](crate::WorkerStore::complete_tasks) as one
-    /// [`complete`](Self::complete) per item (a backend without a batched completion).
-    pub(crate) async fn complete_each<B: WorkerStatements>(
-        store: &B,
-        items: Vec<Completion>,
-    ) -> StoreResult<Vec<StoreResult<Transition>>> {
-        let mut out = Vec::with_capacity(items.len());
-        for item in items {
-            match Worker::complete(store, item).await {
-                Err(e) if !e.is_per_item() => return Err(e),
-                result => out.push(result),
-            }
-        }
-        Ok(out)
-    }
-
     pub(crate) async fn fail_task<B: WorkerStatements>(
         store: &B,
         id: TaskId,
@@ -382,17 +366,10 @@ impl Worker {
 
 /// [`WorkerStore`](crate::WorkerStore) for a backend that implements
 /// [`WorkerStatements`] (written once; the store's wrappers forward the trait by a
-/// blanket impl, so each backend states its own). `complete_tasks = path` names a
-/// backend's batched completion; without it one completion per item serves
-/// ([`Worker::complete_each`]).
+/// blanket impl, so each backend states its own). `complete_tasks = path` names the
+/// backend's batched completion (`shared::completion` holds what both share).
 macro_rules! worker_store_for {
-    (@complete_tasks $self:ident, $items:ident) => {
-        $crate::shared::lifecycle::Worker::complete_each($self, $items).await
-    };
-    (@complete_tasks $self:ident, $items:ident, $batch:path) => {
-        $batch($self, $items).await
-    };
-    ($store:ty $(, complete_tasks = $batch:path)?) => {
+    ($store:ty, complete_tasks = $batch:path) => {
         #[async_trait::async_trait]
         impl $crate::WorkerStore for $store {
             async fn claim_task(
@@ -441,8 +418,7 @@ macro_rules! worker_store_for {
                 &self,
                 items: Vec<$crate::Completion>,
             ) -> $crate::StoreResult<Vec<$crate::StoreResult<$crate::Transition>>> {
-                $crate::shared::lifecycle::worker_store_for!(@complete_tasks self, items
-                    $(, $batch)?)
+                $batch(self, items).await
             }
 
             async fn fail_task(
@@ -463,8 +439,7 @@ macro_rules! worker_store_for {
                 lease: &tollgate_core::Lease,
                 attempt: &tollgate_core::Reservation,
             ) -> $crate::StoreResult<Option<tollgate_core::Reservation>> {
-                $crate::shared::lifecycle::Worker::reserve_attempt(self, id, lease, attempt)
-                    .await
+                $crate::shared::lifecycle::Worker::reserve_attempt(self, id, lease, attempt).await
             }
 
             async fn mark_canceled(

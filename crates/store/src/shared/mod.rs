@@ -10,6 +10,7 @@
 
 pub(crate) mod admission;
 pub(crate) mod attempts;
+pub(crate) mod completion;
 pub(crate) mod cost;
 pub(crate) mod dispatch;
 pub(crate) mod embeddings;

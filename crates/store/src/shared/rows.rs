@@ -358,7 +358,6 @@ pub(crate) struct FinishedRow {
 /// counts them once the completion's attempt has ended (none read for a task without a
 /// reservation): the row as it is now, what [`FinishedRow`] holds, what its settlement
 /// reads ([`CompletedRow::settle_row`]) and whether its event has a listener.
-#[cfg(feature = "postgres")]
 #[derive(sqlx::FromRow)]
 pub(crate) struct CompletedRow {
     #[sqlx(flatten)]
@@ -373,7 +372,6 @@ pub(crate) struct CompletedRow {
     pub(crate) listened: bool,
 }
 
-#[cfg(feature = "postgres")]
 impl CompletedRow {
     /// What capacity accounting and wakes need of it.
     pub(crate) fn finished(&self) -> FinishedRow {

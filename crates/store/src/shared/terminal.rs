@@ -10,10 +10,7 @@
 //! that can cost money) are read, core's `settle` says what each cost,
 //! and the backend writes the plan.
 
-use super::cost::{
-    SettleRow, SettlementPlan, app_spend_rows, plan_settlement, scope_spend_rows,
-    spend_rows_one_statement,
-};
+use super::cost::{SettleRow, SettlementPlan, app_spend_rows, plan_settlement, scope_spend_rows};
 use super::rows::FinishedRow;
 use super::sql::{Exec, Statement, TxExec};
 use super::tasks::fetch_task;
@@ -124,11 +121,6 @@ pub(crate) trait TerminalStatements: Exec {
     /// Gives `$1` admitted tasks of app `$2` back on its `app_slots` count (PostgreSQL
     /// counts on stripes, migration 0026; SQLite on one row).
     const GIVE_BACK_APP: &'static str;
-    /// Whether [`Self::apply_spend`] writes scope and app buckets in one statement
-    /// ([`spend_rows_one_statement`]: a data-modifying CTE, which PostgreSQL has and
-    /// SQLite has not).
-    const SPEND_IN_ONE_STATEMENT: bool;
-
     /// Takes [`Self::LOCK_RUN_OF`] for the task, where the backend has one.
     async fn lock_run_of(&mut self, id: TaskId) -> StoreResult<()> {
         if let Some(lock) = Self::LOCK_RUN_OF {
@@ -171,53 +163,19 @@ pub(crate) trait TerminalStatements: Exec {
         Ok(())
     }
 
-    /// docs/conformance.md#cost-settlement: writes a settlement — token refunds, spend buckets (scope, then app, in
-    /// key order: the lock order), and each task's charge (which marks it settled).
-    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
-        if !plan.refunds.is_empty() {
-            let refunds: Vec<(&str, &str, i64)> = plan
-                .refunds
-                .iter()
-                .map(|((app, scope), refund)| {
-                    let refund = i64::try_from(*refund).unwrap_or(i64::MAX);
-                    (app.as_str(), scope.as_str(), refund)
-                })
-                .collect();
-            self.refund_tokens(&refunds).await?;
-        }
-        self.apply_spend(plan).await?;
-        if plan.charged.is_empty() {
-            return Ok(());
-        }
-        self.charge(&plan.charged).await
-    }
+    /// docs/conformance.md#cost-settlement: writes a settlement — token refunds (scope
+    /// rows in (app, scope) order, the lock order of scope rows, docs/locking.md), never
+    /// above a bucket's capacity nor below what it holds; spend buckets (scope, then app,
+    /// in key order: [`Self::apply_spend`]); and each task's charge (which marks it
+    /// settled).
+    async fn apply_settlement(&mut self, plan: &SettlementPlan) -> StoreResult<()>;
 
     /// docs/conformance.md#money-and-tokens: adds the plan's spend deltas to their buckets,
     /// scope buckets then app buckets, each in key order (the lock order,
-    /// docs/locking.md); its refunds and charges are not written.
-    async fn apply_spend(&mut self, plan: &SettlementPlan) -> StoreResult<()> {
-        if Self::SPEND_IN_ONE_STATEMENT
-            && let Some(s) = spend_rows_one_statement(plan)?
-        {
-            self.run(s).await?;
-            return Ok(());
-        }
-        for s in scope_spend_rows(&plan.scope)
-            .into_iter()
-            .chain(app_spend_rows(&plan.app)?)
-        {
-            self.run(s).await?;
-        }
-        Ok(())
-    }
+    /// docs/locking.md); its refunds and charges are not written. Each backend writes
+    /// them in as few round trips as its dialect allows ([`spend_rows_each`] otherwise).
+    async fn apply_spend(&mut self, plan: &SettlementPlan) -> StoreResult<()>;
 
-    /// docs/conformance.md#cost-reservation: gives unused reserved tokens back to scopes'
-    /// token buckets, never above a bucket's capacity nor below what it holds: `(app,
-    /// scope, tokens)`, in (app, scope) order, the rows locked in that order (the lock
-    /// order of scope rows, docs/locking.md).
-    async fn refund_tokens(&mut self, refunds: &[(&str, &str, i64)]) -> StoreResult<()>;
-    /// docs/conformance.md#cost-settlement: each task's charge, (id, nano-dollars, tokens), which marks it settled.
-    async fn charge(&mut self, charged: &[(String, i64, i64)]) -> StoreResult<()>;
     /// docs/conformance.md#cost-settlement: the reservations and usage of the tasks not yet settled.
     async fn unsettled(&mut self, ids: &[String]) -> StoreResult<Vec<SettleRow>>;
     /// Ends the tasks' open attempts (docs/routes.md, "Attempts"): each charged its
@@ -232,6 +190,21 @@ pub(crate) trait TerminalStatements: Exec {
         now: Timestamp,
         skip_locked: bool,
     ) -> StoreResult<Vec<RunId>>;
+}
+
+/// [`TerminalStatements::apply_spend`] one statement per side (and per
+/// [`scope_spend_rows`]' chunk): scope rows, then app rows.
+pub(crate) async fn spend_rows_each<S: Exec + ?Sized>(
+    tx: &mut S,
+    plan: &SettlementPlan,
+) -> StoreResult<()> {
+    for s in scope_spend_rows(&plan.scope)
+        .into_iter()
+        .chain(app_spend_rows(&plan.app)?)
+    {
+        tx.run(s).await?;
+    }
+    Ok(())
 }
 
 /// What a move's own statement already returned, so [`after_terminal_with`] need not

@@ -1,19 +1,23 @@
 //! docs/conformance.md#heartbeat on SQLite, the worker's side ([`WorkerStore`](crate::WorkerStore)):
 //! complete, fail, acknowledge cancellation and the rest are written once in
 //! `shared::lifecycle`; here are the statements that differ (the claims and the
-//! heartbeat, each in a write transaction, ids as a JSON list). The write lock serializes
-//! a reservation with every admission, so it takes no lock of its own.
+//! heartbeat, each in a write transaction, ids as a JSON list) and the batched completion,
+//! one transaction for a batch. The write lock serializes a reservation with every
+//! admission, so it takes no lock of its own.
 
 use super::{SqliteStore, id_list};
-use crate::shared::attempts::{claim_attempt, open_claimed_attempts};
+use crate::shared::attempts::{attempt_charges, claim_attempt, open_claimed_attempts};
+use crate::shared::completion::{self, Batch, Moved, Prepared};
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, worker_store_for,
 };
-use crate::shared::rows::{TaskRow, task_columns};
-use crate::{ClaimOrder, StoreResult};
+use crate::shared::rows::{CompletedRow, TaskRow, task_columns, tasks};
+use crate::shared::webhooks::task_event_listened;
+use crate::{ClaimOrder, Completion, StoreResult, Transition};
 use async_trait::async_trait;
 use sqlx::SqliteConnection;
-use tollgate_core::{TaskId, WorkerId};
+use std::collections::HashMap;
+use tollgate_core::{AttemptOutcome, Task, TaskId, WorkerId};
 
 #[async_trait]
 impl WorkerStatements for SqliteStore {
@@ -118,33 +122,168 @@ impl WorkerStatements for SqliteStore {
     }
 }
 
-worker_store_for!(SqliteStore);
+worker_store_for!(SqliteStore, complete_tasks = complete_tasks);
 
-/// Opens the first attempt of a task created claimed (`NewTask::claim_by`), in its
-/// creating transaction, as a claim's are opened.
-pub(super) async fn open_claimed_task(conn: &mut SqliteConnection, id: TaskId) -> StoreResult<()> {
-    open_claimed_ids(conn, &[id.to_string().as_str()]).await
+/// A completion batch's items read from `$1` (a JSON list of objects, [`items_json`]),
+/// as the table `i`.
+macro_rules! completion_items {
+    () => {
+        "(SELECT value ->> 'id' AS i_id, value ->> 'worker' AS i_worker, \
+         value ->> 'output' AS i_output, value ->> 'usage' AS i_usage, \
+         value ->> 'attempt_usage' AS i_attempt_usage, value ->> 'charged_nano' AS i_nano, \
+         value ->> 'charged_tokens' AS i_tokens, value ->> 'claim' AS i_claim, \
+         value ->> 'guess_nano' AS i_guess_nano, value ->> 'guess_tokens' AS i_guess_tokens \
+         FROM json_each($1)) AS i"
+    };
 }
+
+/// SQL condition: item `i`'s task runs under the item's lease with no cancellation
+/// requested (`COMPLETE`'s condition, `tasks` unaliased).
+macro_rules! item_completes {
+    () => {
+        concat!(
+            "tasks.id = i.i_id AND tasks.status = 'running' AND tasks.worker = i.i_worker \
+             AND tasks.attempt = i.i_claim AND NOT ",
+            cancel_wanted!()
+        )
+    };
+}
+
+/// A completion batch in one query (one hop to the connection's thread), `$1` the items
+/// ([`items_json`]), `$2` now, `$3` the attempts' outcome: first the attempts of the
+/// tasks that complete end (the items' usage and charge; the same condition as the move,
+/// under the same write lock), then the tasks move to `succeeded`, each reserved one
+/// charged its guess ([`Batch::guess_nano`]), returning each row as it is now with
+/// [`CompletedRow`]'s facts: its attempts as the settlement counts them and whether its
+/// event has a listener.
+const COMPLETE_BATCH: &str = concat!(
+    "UPDATE task_attempts SET ended_at = $2, outcome = $3, usage = i.i_attempt_usage, \
+     charged_nano = i.i_nano, charged_tokens = i.i_tokens, error_code = NULL, \
+     error_message = NULL FROM ",
+    completion_items!(),
+    " WHERE task_attempts.task_id = i.i_id AND task_attempts.ended_at IS NULL \
+     AND EXISTS (SELECT 1 FROM tasks WHERE ",
+    item_completes!(),
+    "); UPDATE tasks SET status = 'succeeded', output = i.i_output, usage = i.i_usage, \
+     completed_at = $2, \
+     charged_nano = CASE WHEN tasks.reservation IS NULL THEN NULL ELSE i.i_guess_nano END, \
+     charged_tokens = CASE WHEN tasks.reservation IS NULL THEN NULL ELSE i.i_guess_tokens END \
+     FROM ",
+    completion_items!(),
+    " WHERE ",
+    item_completes!(),
+    " RETURNING ",
+    task_columns!(),
+    ", admitted, $2 AS now, ",
+    attempt_charges!(),
+    ", ",
+    task_event_listened!("tasks"),
+    " AS listened"
+);
+
+/// A batch's items as the JSON list [`completion_items!`] reads.
+fn items_json(batch: &Batch) -> String {
+    let items: Vec<serde_json::Value> = (0..batch.ids.len())
+        .map(|n| {
+            serde_json::json!({
+                "id": batch.ids[n],
+                "worker": batch.workers[n],
+                "output": batch.outputs[n],
+                "usage": batch.usages[n],
+                "attempt_usage": batch.attempt_usages[n],
+                "charged_nano": batch.charged_nano[n],
+                "charged_tokens": batch.charged_tokens[n],
+                "claim": batch.claims[n],
+                "guess_nano": batch.guess_nano[n],
+                "guess_tokens": batch.guess_tokens[n],
+            })
+        })
+        .collect();
+    serde_json::Value::Array(items).to_string()
+}
+
+/// Several completions in ONE write transaction (see `WorkerStore::complete_tasks`):
+/// each item is checked as [`complete_task`](crate::WorkerStore::complete_task) checks
+/// it, then one query ends the attempts and moves every applicable task to `succeeded`
+/// ([`COMPLETE_BATCH`]), and the terminal move follows in the same transaction: one
+/// commit for the batch, where each completion took its own.
+async fn complete_tasks(
+    store: &SqliteStore,
+    items: Vec<Completion>,
+) -> StoreResult<Vec<StoreResult<Transition>>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let read = tasks_by_id(store, &completion::unknown(&items)).await?;
+    let Prepared {
+        batch,
+        answers,
+        any_run,
+        ..
+    } = Prepared::of(&items, &read)?;
+    let mut done: Vec<CompletedRow> = Vec::new();
+    let mut woken_runs = Vec::new();
+    if !batch.ids.is_empty() {
+        let mut tx = store.begin().await?;
+        done = sqlx::query_as(COMPLETE_BATCH)
+            .bind(items_json(&batch))
+            .bind(store.now().0)
+            .bind(AttemptOutcome::Succeeded.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        woken_runs = completion::settle_moved(&mut tx, &done, &batch, any_run).await?;
+        tx.commit().await?;
+    }
+    let moved = Moved::of(done)?;
+    let read = tasks_by_id(store, &moved.refused(&items, &answers)).await?;
+    Ok(moved.answers(&items, answers, read, woken_runs))
+}
+
+/// The tasks of these ids that exist, by id (no statement for none), from the read pool.
+async fn tasks_by_id(store: &SqliteStore, ids: &[String]) -> StoreResult<HashMap<TaskId, Task>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM tasks WHERE id IN (SELECT value FROM json_each(?))"
+    ))
+    .bind(id_list(ids))
+    .fetch_all(&store.reader)
+    .await?;
+    Ok(tasks(rows)?.into_iter().map(|t| (t.id, t)).collect())
+}
+
+/// [`open_claimed_attempts!`] from `tasks` (JSON read with `json_extract`); the caller
+/// appends which tasks. For `concat!`.
+macro_rules! open_claimed {
+    () => {
+        open_claimed_attempts!(
+            "tasks",
+            "json_extract(model_ref, '$.provider')",
+            "json_extract(model_ref, '$.model')",
+            "json_extract(reservation, '$.nano_usd')",
+            "json_extract(reservation, '$.tokens')"
+        )
+    };
+}
+
+/// [`open_claimed!`]: the insert of a task created claimed appends its condition
+/// (`sql/create_task.sql`).
+pub(super) const OPEN_CLAIMED: &str = open_claimed!();
 
 /// Opens the attempts of the tasks just claimed, in the claim's transaction.
 async fn open_claimed(tx: &mut SqliteConnection, rows: &[TaskRow]) -> StoreResult<()> {
-    let ids: Vec<&str> = rows.iter().map(TaskRow::id).collect();
-    open_claimed_ids(tx, &ids).await
-}
-
-/// [`open_claimed_attempts!`] for tasks by id (JSON read with `json_extract`).
-async fn open_claimed_ids(tx: &mut SqliteConnection, ids: &[&str]) -> StoreResult<()> {
-    if ids.is_empty() {
+    if rows.is_empty() {
         return Ok(());
     }
-    sqlx::query(open_claimed_attempts!(
-        "tasks WHERE id IN (SELECT value FROM json_each(?))",
-        "json_extract(model_ref, '$.provider')",
-        "json_extract(model_ref, '$.model')",
-        "json_extract(reservation, '$.nano_usd')",
-        "json_extract(reservation, '$.tokens')"
+    let ids: Vec<&str> = rows.iter().map(TaskRow::id).collect();
+    sqlx::query(concat!(
+        open_claimed!(),
+        " WHERE id IN (SELECT value FROM json_each(?))"
     ))
-    .bind(id_list(ids))
+    .bind(id_list(&ids))
     .execute(&mut *tx)
     .await?;
     Ok(())

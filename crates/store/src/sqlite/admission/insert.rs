@@ -7,6 +7,7 @@ use crate::shared::dispatch::QUEUE_JOIN;
 use crate::shared::named::NamedStatement;
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::sql::Exec;
+use crate::sqlite::lifecycle::OPEN_CLAIMED;
 use crate::{StoreError, StoreResult};
 use sqlx::SqliteConnection;
 use tollgate_core::cost::spend_bucket;
@@ -28,6 +29,7 @@ static CREATE_TASK: NamedStatement = NamedStatement::new(
         ("spend_upserts", SPEND_UPSERTS),
         ("spend_when", ":saved_nano > 0"),
         ("queue_join", QUEUE_JOIN),
+        ("open_claimed", OPEN_CLAIMED),
     ]],
 );
 
@@ -36,8 +38,9 @@ static CREATE_TASK: NamedStatement = NamedStatement::new(
 const ADMISSION_NAMES: &[&str] = &["source", "logical_key"];
 
 /// Inserts the task and, in the same query (one hop to the connection's thread), what
-/// follows it: a cache hit's saving in the spend buckets (docs/conformance.md#cost-cache-hits), or a queued task's
-/// queue join (docs/conformance.md#fair-share) and `admission` record (source and logical key).
+/// follows it: a cache hit's saving in the spend buckets (docs/conformance.md#cost-cache-hits), a task created
+/// claimed its first attempt, or a queued task's queue join (docs/conformance.md#fair-share) and `admission`
+/// record (source and logical key).
 pub(super) async fn insert_task(
     conn: &mut SqliteConnection,
     i: &InsertRow<'_>,

@@ -18,7 +18,6 @@ mod snapshot;
 use super::SqliteStore;
 use crate::shared::admission::{InsertRow, model_columns};
 use crate::shared::cost::encode_reservation;
-use crate::shared::dispatch::claimed_at_creation;
 use crate::shared::group::{Grouping, Groups, Together};
 use crate::shared::rows::{CacheHitRow, TaskRow, task_columns};
 use crate::{Created, StoreError, StoreResult};
@@ -45,7 +44,7 @@ impl Grouping for SqliteStore {
     async fn alone(&self, new: NewTask) -> StoreResult<Created> {
         let mut tx = self.begin().await?;
         let now = self.now();
-        match created_claimed(&mut tx, &new, now).await {
+        match create_in(&mut tx, &new, now).await {
             Ok(created) => {
                 tx.commit().await?;
                 Ok(self.claimed(&new, created))
@@ -84,7 +83,7 @@ async fn in_one_transaction(
     let mut out = Vec::with_capacity(news.len());
     for new in news {
         let mut item = sqlx::Connection::begin(&mut *tx).await?;
-        match created_claimed(&mut item, new, now).await {
+        match create_in(&mut item, new, now).await {
             Ok(created) => {
                 item.commit().await?;
                 out.push(Ok(created));
@@ -106,21 +105,6 @@ async fn in_one_transaction(
         .zip(news)
         .map(|(result, new)| result.map(|c| store.claimed(new, c)))
         .collect())
-}
-
-/// [`create_in`]; a task created claimed (`NewTask::claim_by`: its insert wrote it
-/// running, docs/engine.md, "Door calls claimed at creation") then has its first attempt
-/// opened in the same transaction, as a claim's would be.
-async fn created_claimed(
-    conn: &mut SqliteConnection,
-    new: &NewTask,
-    now: Timestamp,
-) -> StoreResult<Created> {
-    let created = create_in(conn, new, now).await?;
-    if created.created && claimed_at_creation(new, &created.task) {
-        super::lifecycle::open_claimed_task(conn, created.task.id).await?;
-    }
-    Ok(created)
 }
 
 impl SqliteStore {

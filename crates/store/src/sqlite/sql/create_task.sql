@@ -6,6 +6,9 @@
 {task_insert};
 -- docs/conformance.md#cost-cache-hits: a cache hit's saving (:saved_nano) in the spend buckets of now.
 {spend_upserts};
+-- docs/engine.md, "Door calls claimed at creation": a task created claimed (its insert
+-- wrote it running) has its first attempt opened, as a claim's are.
+{open_claimed} WHERE id = :id AND :status = 'running';
 -- docs/conformance.md#fair-share: a queued task's queue joins.
 WITH join_params AS (
   SELECT :app AS app, :scope AS scope, :weight AS weight, :credit AS credit,
