@@ -57,6 +57,21 @@ impl Inner {
         pool.direct_slot()
     }
 
+    /// A door call's task is about to be created claimed by this process: the provider of
+    /// its model's deployment gets ready for the call beside the creation (an unpaced HTTP
+    /// provider begins its pause read, docs/engine.md, "Provider pace"). A route of
+    /// several deployments reads its cooldowns first and picks one then: nothing ahead.
+    pub(crate) fn prepare_call(&self, model: &tollgate_core::ModelId) {
+        let Ok(model) = self.models.resolve(Some(model)) else {
+            return;
+        };
+        if let [deployment] = model.route.deployments.as_slice()
+            && let Some(provider) = self.providers.get(&deployment.provider)
+        {
+            provider.prepare();
+        }
+    }
+
     /// docs/conformance.md#create-validate for a request: valid for its kind, within the request size limit,
     /// and able to produce an output within the output limit. The one check every
     /// submission (and every pipeline step written in full) goes through.

@@ -71,6 +71,9 @@ impl Tollgate {
                         None
                     };
                     prepared.claim_by = direct.as_ref().map(|slot| slot.worker().clone());
+                    if direct.is_some() {
+                        self.inner.prepare_call(&prepared.model);
+                    }
                     let scoped = prepared.scope.is_some();
                     let admission = traces.child(&span, "admission");
                     let created = self.inner.store.create_task(prepared).await;

@@ -150,6 +150,14 @@ impl HttpClient {
         self.pace.as_ref().is_some_and(ProviderPace::is_paced)
     }
 
+    /// A call is about to start: an unpaced provider begins reading its pause
+    /// ([`ProviderPace::prefetch`]).
+    pub fn prefetch_pause(&self) {
+        if let Some(pace) = &self.pace {
+            pace.prefetch();
+        }
+    }
+
     /// Settles a call's pace ticket with the usage its answer reported.
     pub async fn settle(
         &self,

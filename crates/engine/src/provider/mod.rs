@@ -173,6 +173,12 @@ pub trait Provider: Send + Sync + fmt::Debug + 'static {
         self.complete(call).await
     }
 
+    /// A call is about to be made (a door call's task is being created, claimed by this
+    /// process, docs/engine.md, "Door calls claimed at creation"): the provider may get
+    /// ready for it meanwhile. Never waits. HTTP providers begin reading their pause
+    /// ([`pace::ProviderPace::prefetch`]); the default does nothing.
+    fn prepare(&self) {}
+
     /// Embeds texts (the `embed` kind). A provider without an embeddings API (Anthropic)
     /// keeps this default, which fails the call for good.
     async fn embed(&self, call: EmbedCall<'_>) -> Result<EmbedAnswer, ProviderError> {

@@ -2,7 +2,9 @@
 //! (and of its models), enforced across every replica through the store's shared
 //! schedules ([`tollgate_store::PaceStore`]), and the pause a 429 with `Retry-After`
 //! sets for every replica — on every HTTP provider (`openai`, `anthropic`, `azure`), paced or not, at most
-//! `max_pause`. An unpaced provider's call only reads the pause before it sends.
+//! `max_pause`. An unpaced provider's call only reads the pause before it sends: a read
+//! begun at most [`PAUSE_READ_FRESH`] before serves every call that starts meanwhile, and
+//! a door call's task reads it while it is being created ([`ProviderPace::prefetch`]).
 //!
 //! Before each HTTP request (first attempt and every retry) a call takes its start on
 //! the provider's schedule and on its model's, if that has its own pace, and waits for
@@ -30,6 +32,66 @@ pub const DEFAULT_PACE_OUTPUT_TOKENS: u32 = 4096;
 
 /// How long a call waits before trying again when the store cannot be reached.
 const STORE_RETRY: Duration = Duration::from_millis(500);
+
+/// How long a read of an unpaced provider's pause serves the calls that start after it
+/// began (docs/engine.md, "Provider pace"): a pause another replica records holds here
+/// for every call that starts at most this long after it was recorded, besides the calls
+/// already on the wire. This replica's own 429s hold at once.
+pub const PAUSE_READ_FRESH: Duration = Duration::from_millis(10);
+
+/// A read of the provider's pause: when it began, and what it found once it has (the
+/// pause left at that moment; `Err`: the store could not say).
+#[derive(Clone)]
+struct PauseRead {
+    began: Instant,
+    left: Arc<tokio::sync::OnceCell<Result<Duration, String>>>,
+}
+
+impl PauseRead {
+    fn begun() -> PauseRead {
+        PauseRead {
+            began: Instant::now(),
+            left: Arc::new(tokio::sync::OnceCell::new()),
+        }
+    }
+}
+
+/// The provider's latest read of its pause, shared by the calls of this process.
+#[derive(Default)]
+struct PauseReads {
+    latest: std::sync::Mutex<Option<PauseRead>>,
+}
+
+impl PauseReads {
+    /// The latest read if it began at most [`PAUSE_READ_FRESH`] ago and did not fail,
+    /// else a new one, begun now, which the caller makes (`true`).
+    fn fresh(&self) -> (PauseRead, bool) {
+        let mut latest = self
+            .latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(read) = latest.as_ref()
+            && read.began.elapsed() <= PAUSE_READ_FRESH
+            && !matches!(read.left.get(), Some(Err(_)))
+        {
+            return (read.clone(), false);
+        }
+        let read = PauseRead::begun();
+        *latest = Some(read.clone());
+        (read, true)
+    }
+
+    /// This process met a 429: its pause holds here from now on, whatever a read begun
+    /// before says.
+    fn paused(&self, pause: Duration) {
+        let read = PauseRead::begun();
+        let _ = read.left.set(Ok(pause));
+        *self
+            .latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(read);
+    }
+}
 
 /// Calls and tokens per window of one schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,6 +137,8 @@ pub struct ProviderPace {
     models: HashMap<String, Limits>,
     /// The longest pause a 429 sets (`max_pause`).
     max_pause: Duration,
+    /// The latest read of the provider's pause (unpaced calls).
+    reads: Arc<PauseReads>,
 }
 
 impl std::fmt::Debug for ProviderPace {
@@ -125,6 +189,7 @@ impl ProviderPace {
             limits: Limits::from(provider.pace()),
             models,
             max_pause: provider.max_pause,
+            reads: Arc::default(),
         }
     }
 
@@ -229,14 +294,22 @@ impl ProviderPace {
 
     /// Waits, without taking a start on any schedule, until no 429's pause of the
     /// provider is in force on any replica: one read per HTTP request of an unpaced
-    /// provider. Never fails: while the store cannot be reached, it waits and asks again
-    /// (at most `max_pause` in all for unreadable pauses, then it sends).
+    /// provider, shared by the calls that start within [`PAUSE_READ_FRESH`] of its start
+    /// (and begun by [`Self::prefetch`] while a door call's task is created). Never
+    /// fails: while the store cannot be reached, it waits and asks again (at most
+    /// `max_pause` in all for unreadable pauses, then it sends).
     async fn wait_pause(&self) {
-        let keys = [self.provider.clone()];
         let started = Instant::now();
         let mut waited = false;
         loop {
-            match self.store.pace_pause_left(&keys).await {
+            let (read, _) = self.reads.fresh();
+            let left = read
+                .left
+                .get_or_init(|| self.read_pause())
+                .await
+                .clone()
+                .map(|left| left.saturating_sub(read.began.elapsed()));
+            match left {
                 Ok(left) if left.is_zero() => break,
                 Ok(left) => {
                     waited = true;
@@ -261,16 +334,83 @@ impl ProviderPace {
         }
     }
 
+    /// The provider's pause left, read from the store.
+    async fn read_pause(&self) -> Result<Duration, String> {
+        self.store
+            .pace_pause_left(std::slice::from_ref(&self.provider))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// A call of an unpaced provider is about to start (a door call's task is being
+    /// created, claimed by this process): its pause read begins now, beside the creation,
+    /// unless a fresh one is under way. Never waits. A paced provider takes its turn on
+    /// its schedules instead, which reads nothing ahead.
+    pub fn prefetch(&self) {
+        if self.is_paced() {
+            return;
+        }
+        let (read, new) = self.reads.fresh();
+        if !new {
+            return;
+        }
+        let pace = self.clone();
+        tokio::spawn(async move {
+            read.left.get_or_init(|| pace.read_pause()).await;
+        });
+    }
+
     /// A 429 with `Retry-After` (or a backoff when it names none): no replica calls the
     /// provider again before the pause has passed. The pause is cut to `max_pause`
     /// (docs/engine.md, "Provider pace") and returned. When the store cannot record it,
     /// this call at least waits it out here.
     pub async fn pause(&self, pause: Duration) -> Duration {
         let pause = pause.min(self.max_pause);
+        self.reads.paused(pause);
         if let Err(e) = self.store.pause_pace(&self.provider, pause).await {
             tracing::warn!(provider = %self.provider, error = %e, "cannot record a provider pause; waiting here");
             tokio::time::sleep(pause).await;
         }
         pause
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reads of one provider's pause: a read serves the calls that start within
+    /// [`PAUSE_READ_FRESH`] of its start, then a new one is made; a failed read serves
+    /// no one; this process's own 429 holds at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_read_serves_the_calls_that_start_while_it_is_fresh() {
+        let reads = PauseReads::default();
+        let (first, new) = reads.fresh();
+        assert!(new, "the first call reads");
+        first
+            .left
+            .get_or_init(|| async { Ok(Duration::ZERO) })
+            .await;
+        tokio::time::advance(PAUSE_READ_FRESH / 2).await;
+        let (again, new) = reads.fresh();
+        assert!(!new, "a call within the fresh time shares the read");
+        assert_eq!(again.left.get(), Some(&Ok(Duration::ZERO)));
+        tokio::time::advance(PAUSE_READ_FRESH).await;
+        let (later, new) = reads.fresh();
+        assert!(
+            new && later.left.get().is_none(),
+            "a stale read is read again"
+        );
+        later
+            .left
+            .get_or_init(|| async { Err("unreachable".to_string()) })
+            .await;
+        let (retry, new) = reads.fresh();
+        assert!(new, "a failed read serves no one");
+        reads.paused(Duration::from_secs(2));
+        let (paused, new) = reads.fresh();
+        assert!(!new, "this process's own pause is the latest read");
+        assert_eq!(paused.left.get(), Some(&Ok(Duration::from_secs(2))));
+        assert!(retry.left.get().is_none(), "the replaced read is untouched");
     }
 }

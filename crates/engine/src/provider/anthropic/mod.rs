@@ -185,6 +185,10 @@ impl Provider for AnthropicProvider {
         self.message(call, None).await
     }
 
+    fn prepare(&self) {
+        self.http.prefetch_pause();
+    }
+
     async fn complete_streaming(
         &self,
         call: ProviderCall<'_>,

@@ -251,6 +251,10 @@ impl Provider for OpenAiProvider {
         self.chat(call, None).await
     }
 
+    fn prepare(&self) {
+        self.http.prefetch_pause();
+    }
+
     async fn complete_streaming(
         &self,
         call: ProviderCall<'_>,
