@@ -235,6 +235,48 @@ async fn emptied_queues_are_inactive_after_the_claim(h: &dyn Harness, ttl: Durat
     assert!(h.stranded().await.is_empty());
 }
 
+/// (d) A replayed creation joins no queue: after a scope's only task was claimed and its
+/// queue deactivated, creating that task again (its effect key taken) answers the task
+/// and leaves the queue inactive, alone and in a batch with a new task of another scope.
+async fn a_replay_joins_no_queue(h: &dyn Harness, ttl: Duration) {
+    let s = h.open(ttl).await;
+    let w = worker("w");
+    let first = create(&*s, "r", &format!("r-{ttl:?}")).await;
+    assert_eq!(s.claim_next(&w, 10).await.expect("claim").len(), 1);
+    assert!(s.claim_next(&w, 10).await.expect("claim").is_empty());
+    // The next creation waits for a deactivation batch in flight (PostgreSQL's view).
+    create(&*s, "other", &format!("o-{ttl:?}")).await;
+    assert_eq!(s.claim_next(&w, 10).await.expect("claim").len(), 1);
+    assert!(s.claim_next(&w, 10).await.expect("claim").is_empty());
+    create(&*s, "other2", &format!("o2-{ttl:?}")).await;
+    assert!(
+        !h.queues().await[&queue("r")],
+        "the emptied queue is inactive"
+    );
+    let replay = s
+        .create_task(new_app_task("acme", "r", &format!("r-{ttl:?}")))
+        .await
+        .expect("replay");
+    assert!(
+        !replay.created && replay.task.id == first,
+        "a replay answers the task"
+    );
+    let batch = s
+        .create_tasks(vec![
+            new_app_task("acme", "r", &format!("r-{ttl:?}")),
+            new_app_task("acme", "fresh", &format!("f-{ttl:?}")),
+        ])
+        .await
+        .expect("create_tasks");
+    assert!(
+        matches!(&batch[0], Ok(c) if !c.created && c.task.id == first),
+        "a replay in a batch answers the task: {batch:?}"
+    );
+    let queues = h.queues().await;
+    assert!(!queues[&queue("r")], "a replay joins no queue");
+    assert!(queues[&queue("fresh")], "a new task's queue joins");
+}
+
 /// (b) Six store instances create into and claim from the same three scopes at once
 /// (single and batch creations, claims of 3): no observation ever finds an inactive queue
 /// holding a queued task, and claiming until nothing is queued claims every task exactly
@@ -446,6 +488,22 @@ async fn postgres_a_creation_racing_the_deactivation_strands_nothing() {
             return;
         };
         a_creation_racing_the_deactivation_strands_nothing(&h, ttl).await;
+        h.drop_schema().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_a_replay_joins_no_queue() {
+    a_replay_joins_no_queue(&Sqlite::new().await, DEFAULT_VIEW).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_replay_joins_no_queue() {
+    for ttl in [DEFAULT_VIEW, NO_VIEW] {
+        let Some(h) = Postgres::new("postgres_a_replay_joins_no_queue").await else {
+            return;
+        };
+        a_replay_joins_no_queue(&h, ttl).await;
         h.drop_schema().await;
     }
 }

@@ -185,12 +185,6 @@ impl TaskRow {
         }
     }
 
-    /// The task's id, as stored.
-    #[cfg(feature = "sqlite")]
-    pub(crate) fn id(&self) -> &str {
-        &self.id
-    }
-
     /// The task's app, as stored.
     pub(crate) fn app(&self) -> &str {
         &self.app

@@ -5,6 +5,7 @@
 //! empty) in one more statement at the end of the claim's transaction, all together.
 
 use super::Tx;
+use super::lifecycle::opened_now;
 use crate::StoreResult;
 use crate::shared::attempts::claim_attempt;
 use crate::shared::dispatch::{EmptyQueues, FairClaim, QueueRow, QueueTake, QueueView};
@@ -104,7 +105,8 @@ async fn claim_planned(
             "UPDATE tasks SET status = 'running', worker = ?, attempt = ",
             claim_attempt!(),
             ", claimed_at = ?, heartbeat_at = ? WHERE id IN ({}) RETURNING ",
-            task_columns!()
+            task_columns!(),
+            opened_now!()
         ),
         picks
     );
@@ -119,7 +121,11 @@ async fn claim_planned(
             .bind(&take.queue.scope)
             .bind(i64::from(take.take));
     }
-    Ok(query.fetch_all(&mut **tx).await?)
+    Ok(query
+        .bind(now.0)
+        .bind(worker.as_str())
+        .fetch_all(&mut **tx)
+        .await?)
 }
 
 /// Writes the pass moves this instance's claims owe ([`QueueView`]), inside the claim's

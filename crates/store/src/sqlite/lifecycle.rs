@@ -6,7 +6,7 @@
 //! admission, so it takes no lock of its own.
 
 use super::{SqliteStore, id_list};
-use crate::shared::attempts::{attempt_charges, claim_attempt, open_claimed_attempts};
+use crate::shared::attempts::{attempt_charges, claim_attempt};
 use crate::shared::completion::{self, Batch, Moved, Prepared};
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, worker_store_for,
@@ -15,9 +15,41 @@ use crate::shared::rows::{CompletedRow, TaskRow, task_columns, tasks};
 use crate::shared::webhooks::task_event_listened;
 use crate::{ClaimOrder, Completion, StoreResult, Transition};
 use async_trait::async_trait;
-use sqlx::SqliteConnection;
 use std::collections::HashMap;
 use tollgate_core::{AttemptOutcome, Task, TaskId, WorkerId};
+
+/// [`open_claimed_attempts!`] from `tasks` (JSON read with `json_extract`); the caller
+/// appends which tasks. For `concat!`.
+macro_rules! open_claimed {
+    () => {
+        $crate::shared::attempts::open_claimed_attempts!(
+            "tasks",
+            "json_extract(model_ref, '$.provider')",
+            "json_extract(model_ref, '$.model')",
+            "json_extract(reservation, '$.nano_usd')",
+            "json_extract(reservation, '$.tokens')"
+        )
+    };
+}
+
+/// The second statement of a claim's query (appended to its `UPDATE … RETURNING`, one
+/// hop to the connection's thread for both): the attempts of the tasks this claim just
+/// claimed are opened ([`open_claimed!`]) — running under the claiming worker (the
+/// second `?`) since the claim's "now" (the first), and without the attempt their claim
+/// numbered (a task claimed earlier in the same transaction, or created claimed, has
+/// its attempt already). Its two arguments follow the claim's own. For `concat!`.
+macro_rules! opened_now {
+    () => {
+        concat!(
+            "; ",
+            $crate::sqlite::lifecycle::open_claimed!(),
+            " WHERE status = 'running' AND claimed_at = ? AND worker = ? \
+             AND NOT EXISTS (SELECT 1 FROM task_attempts a \
+               WHERE a.task_id = tasks.id AND a.n = tasks.attempt)"
+        )
+    };
+}
+pub(super) use {open_claimed, opened_now};
 
 #[async_trait]
 impl WorkerStatements for SqliteStore {
@@ -26,26 +58,28 @@ impl WorkerStatements for SqliteStore {
     async fn claim_one(&self, id: TaskId, worker: &WorkerId) -> StoreResult<Option<TaskRow>> {
         let mut tx = self.begin().await?;
         let now = self.now();
-        let row = sqlx::query_as(concat!(
+        let row: Vec<TaskRow> = sqlx::query_as(concat!(
             "UPDATE tasks SET status = 'running', worker = ?, attempt = ",
             claim_attempt!(),
             ", claimed_at = ?, heartbeat_at = ? \
              WHERE id = ? AND status = 'queued' AND cancel_requested = 0 AND ",
             run_not_canceled!(),
             " RETURNING ",
-            task_columns!()
+            task_columns!(),
+            opened_now!()
         ))
         .bind(worker.as_str())
         .bind(now.0)
         .bind(now.0)
         .bind(id.to_string())
-        .fetch_optional(&mut *tx)
+        .bind(now.0)
+        .bind(worker.as_str())
+        // Every row (at most one): fetching one would stop the query before its second
+        // statement.
+        .fetch_all(&mut *tx)
         .await?;
-        if let Some(row) = &row {
-            open_claimed(&mut tx, std::slice::from_ref(row)).await?;
-        }
         tx.commit().await?;
-        Ok(row)
+        Ok(row.into_iter().next())
     }
 
     async fn claim_rows(&self, worker: &WorkerId, limit: u32) -> StoreResult<Vec<TaskRow>> {
@@ -64,17 +98,19 @@ impl WorkerStatements for SqliteStore {
                      AND cancel_requested = 0 AND ",
                     run_not_canceled!(),
                     " ORDER BY created_at, id LIMIT ?) RETURNING ",
-                    task_columns!()
+                    task_columns!(),
+                    opened_now!()
                 ))
                 .bind(worker.as_str())
                 .bind(now.0)
                 .bind(now.0)
                 .bind(i64::from(limit))
+                .bind(now.0)
+                .bind(worker.as_str())
                 .fetch_all(&mut *tx)
                 .await?
             }
         };
-        open_claimed(&mut tx, &rows).await?;
         tx.commit().await?;
         Ok(rows)
     }
@@ -255,36 +291,6 @@ async fn tasks_by_id(store: &SqliteStore, ids: &[String]) -> StoreResult<HashMap
     Ok(tasks(rows)?.into_iter().map(|t| (t.id, t)).collect())
 }
 
-/// [`open_claimed_attempts!`] from `tasks` (JSON read with `json_extract`); the caller
-/// appends which tasks. For `concat!`.
-macro_rules! open_claimed {
-    () => {
-        open_claimed_attempts!(
-            "tasks",
-            "json_extract(model_ref, '$.provider')",
-            "json_extract(model_ref, '$.model')",
-            "json_extract(reservation, '$.nano_usd')",
-            "json_extract(reservation, '$.tokens')"
-        )
-    };
-}
-
 /// [`open_claimed!`]: the insert of a task created claimed appends its condition
 /// (`sql/create_task.sql`).
 pub(super) const OPEN_CLAIMED: &str = open_claimed!();
-
-/// Opens the attempts of the tasks just claimed, in the claim's transaction.
-async fn open_claimed(tx: &mut SqliteConnection, rows: &[TaskRow]) -> StoreResult<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<&str> = rows.iter().map(TaskRow::id).collect();
-    sqlx::query(concat!(
-        open_claimed!(),
-        " WHERE id IN (SELECT value FROM json_each(?))"
-    ))
-    .bind(id_list(&ids))
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
-}

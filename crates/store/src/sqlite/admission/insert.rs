@@ -1,6 +1,7 @@
 //! Step 6 on SQLite: the task row and what follows it, in one query
 //! (`sql/create_task.sql`).
 
+use crate::StoreResult;
 use crate::shared::admission::{InsertRow, TASK_INSERT, bind_join};
 use crate::shared::cost::{SpendDelta, bind_spend};
 use crate::shared::dispatch::QUEUE_JOIN;
@@ -8,7 +9,6 @@ use crate::shared::named::NamedStatement;
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::sql::Exec;
 use crate::sqlite::lifecycle::OPEN_CLAIMED;
-use crate::{StoreError, StoreResult};
 use sqlx::SqliteConnection;
 use tollgate_core::cost::spend_bucket;
 use tollgate_core::{SourceId, Task};
@@ -40,12 +40,12 @@ const ADMISSION_NAMES: &[&str] = &["source", "logical_key"];
 /// Inserts the task and, in the same query (one hop to the connection's thread), what
 /// follows it: a cache hit's saving in the spend buckets (docs/conformance.md#cost-cache-hits), a task created
 /// claimed its first attempt, or a queued task's queue join (docs/conformance.md#fair-share) and `admission`
-/// record (source and logical key).
+/// record (source and logical key). `None`: the effect key was taken, nothing written.
 pub(super) async fn insert_task(
     conn: &mut SqliteConnection,
     i: &InsertRow<'_>,
     admission: Option<(&SourceId, String)>,
-) -> StoreResult<Task> {
+) -> StoreResult<Option<Task>> {
     let mut b = CREATE_TASK.binder();
     i.bind(&mut b, false);
     let saved = SpendDelta {
@@ -60,11 +60,7 @@ pub(super) async fn insert_task(
     });
     // The insert's row comes first; the statements after it return none.
     let rows: Vec<TaskRow> = conn.all(b.statement()?).await?;
-    let row = rows
-        .into_iter()
-        .next()
-        .ok_or_else(|| StoreError::Database("the task insert returned no row".into()))?;
-    row.into_task()
+    rows.into_iter().next().map(TaskRow::into_task).transpose()
 }
 
 #[cfg(test)]

@@ -149,6 +149,12 @@ async fn create_in(
                 .hit();
             (Some(run_id.to_string()), run.scope, run.subject, key, hit)
         }
+        // An unscoped task with nothing to check (no source, no reservation) decides
+        // nothing before its insert: a taken key inserts nothing there (`ON CONFLICT`),
+        // and only then is the task of the key read (a hop fewer for every new one).
+        Owner::Application { scope, subject, .. } if new.scope.is_none() && new.cost.is_none() => {
+            (None, scope.clone(), subject.clone(), None, None)
+        }
         Owner::Application { scope, subject, .. } => {
             let key = scoped_cache_key(new, &config_hash, subject.as_ref());
             let probed = probe(conn, &app, new, scope, key.as_deref()).await?;
@@ -211,7 +217,16 @@ async fn create_in(
 
     // Step 6: insert, with what follows it in the same query: a hit's saving, or a
     // queued task's queue activation and admission record.
-    let task = insert_task(conn, &insert, admission).await?;
+    let Some(task) = insert_task(conn, &insert, admission).await? else {
+        // The key was taken: only an unchecked creation gets here (the others read it
+        // first, under the same write lock).
+        return match by_effect_key(conn, &app, new.effect_key.as_str()).await? {
+            Some(task) => Ok(Created::existing(task)),
+            None => Err(StoreError::Database(
+                "the task insert returned no row".into(),
+            )),
+        };
+    };
     if insert.cached_from.is_some() {
         // docs/webhooks.md, "The outbox": a cache hit is created succeeded.
         crate::shared::webhooks::record_task_events(conn, &[id.to_string()], now).await?;
