@@ -9,7 +9,7 @@ use super::terminal::refund_tokens_sql;
 use super::{PostgresStore, now_sql};
 use crate::shared::admission::SpendReads;
 use crate::shared::attempts::claim_attempt;
-use crate::shared::completion::{self, Batch, Moved, Prepared};
+use crate::shared::completion::{self, Batch, BatchCompletion, Prepared};
 use crate::shared::cost::{
     SettleRow, SettlementPlan, SpendDelta, app_spend_into, decode_reservation, plan_settlement,
     scope_spend_into, spend_rows_conflict,
@@ -21,13 +21,13 @@ use crate::shared::rows::{CompletedRow, TaskRow, task_columns, task_columns_qual
 use crate::shared::webhooks::{
     apps_announcing, budget_listened, budget_listener_pattern, task_event_listened,
 };
-use crate::{ClaimOrder, Completion, StoreError, StoreResult, Transition};
+use crate::{ClaimOrder, StoreError, StoreResult};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tollgate_core::{AppId, AttemptOutcome, ScopeId, Task, TaskId, WorkerId};
+use tollgate_core::{AppId, AttemptOutcome, RunId, ScopeId, Task, TaskId, WorkerId};
 
 /// A completion batch's statement up to its last CTE, `$1` to `$13` ([`bind_batch`]).
 ///
@@ -244,45 +244,34 @@ impl WorkerStatements for PostgresStore {
     }
 }
 
-worker_store_for!(PostgresStore, complete_tasks = complete_tasks);
+worker_store_for!(PostgresStore);
 
-/// Several completions in ONE transaction (see `WorkerStore::complete_tasks`): each item is
-/// checked as [`complete_task`](crate::WorkerStore::complete_task) checks it, then one statement moves every applicable task
-/// to `succeeded` (for unscoped application tasks that statement is the whole
-/// transaction). Lock order as on the single paths: the runs of the tasks first, then
+/// Several completions in ONE transaction ([`completion::complete_batch`], which checks
+/// each item as [`complete_task`](crate::WorkerStore::complete_task) checks it): one
+/// statement moves every applicable task to `succeeded` (for a lone completion outside a
+/// run, that statement may be the whole write: [`complete_in_one_statement`]). Lock order as on the single paths: the runs of the tasks first, then
 /// the task rows in id order. Runs woken by the batch are reported on its first applied
 /// transition (wakes are notification hints; the database holds the truth).
-pub(super) async fn complete_tasks(
-    store: &PostgresStore,
-    items: Vec<Completion>,
-) -> StoreResult<Vec<StoreResult<Transition>>> {
-    if items.is_empty() {
-        return Ok(Vec::new());
+#[async_trait]
+impl BatchCompletion for PostgresStore {
+    async fn tasks_by_id(&self, ids: &[String]) -> StoreResult<HashMap<TaskId, Task>> {
+        tasks_by_id(&self.pool, ids).await
     }
-    let read = tasks_by_id(&store.pool, &completion::unknown(&items)).await?;
-    let Prepared {
-        batch,
-        answers,
-        any_run,
-        guessed,
-    } = Prepared::of(&items, &read)?;
-    let mut done: Vec<CompletedRow> = Vec::new();
-    let mut woken_runs = Vec::new();
-    // A lone completion (at low load) is written in one statement when its guess holds;
-    // a batch of several in its transaction (docs/locking.md, "Completions in one
-    // statement").
-    let in_one = match guessed {
-        Some(guessed) if !batch.ids.is_empty() && !any_run => {
-            complete_in_one_statement(store, &batch, &guessed).await?
+
+    async fn write(&self, prepared: &Prepared) -> StoreResult<(Vec<CompletedRow>, Vec<RunId>)> {
+        let (batch, any_run) = (&prepared.batch, prepared.any_run);
+        // A lone completion (at low load) is written in one statement when its guess
+        // holds; a batch of several in its transaction (docs/locking.md, "Completions in
+        // one statement").
+        if let Some(guessed) = prepared.guessed.as_deref()
+            && !any_run
+            && let Some(rows) = complete_in_one_statement(self, batch, guessed).await?
+        {
+            return Ok((rows, Vec::new()));
         }
-        _ => None,
-    };
-    if let Some(rows) = in_one {
-        done = rows;
-    } else if !batch.ids.is_empty() {
         // Every completion may write webhook events with it (docs/webhooks.md, "The
         // outbox"), so the UPDATE runs in a transaction with the terminal-move plan.
-        let mut tx = store.begin().await?;
+        let mut tx = self.begin().await?;
         if any_run {
             sqlx::query(
                 "SELECT 1 FROM runs WHERE id IN (SELECT run_id FROM tasks WHERE id = ANY($1)) \
@@ -292,19 +281,17 @@ pub(super) async fn complete_tasks(
             .execute(&mut *tx)
             .await?;
         }
-        done = bind_batch(
-            &batch,
+        let done: Vec<CompletedRow> = bind_batch(
+            batch,
             sqlx::query_as(concat!(completion_ctes!(), " ", completed_rows!())),
-            store.fixed_now(),
+            self.fixed_now(),
         )
         .fetch_all(&mut *tx)
         .await?;
-        woken_runs = completion::settle_moved(&mut tx, &done, &batch, any_run).await?;
+        let woken_runs = completion::settle_moved(&mut tx, &done, batch, any_run).await?;
         tx.commit().await?;
+        Ok((done, woken_runs))
     }
-    let moved = Moved::of(done)?;
-    let read = tasks_by_id(&store.pool, &moved.refused(&items, &answers)).await?;
-    Ok(moved.answers(&items, answers, read, woken_runs))
 }
 
 /// `$1` to `$13` of [`completion_ctes!`]: a batch's columns bound as arrays on `q`

@@ -1,10 +1,11 @@
 //! docs/conformance.md#lifecycle complete, for a batch
 //! ([`WorkerStore::complete_tasks`](crate::WorkerStore::complete_tasks)): what both
-//! backends' batched completions share, written once — the items checked and laid out as
-//! columns before the write ([`Prepared::of`]), the terminal move of the rows the write
-//! moved ([`settle_moved`]) and each item's answer after it ([`Moved`]). Each backend
-//! writes the batch with its own statement: PostgreSQL binds the columns as arrays,
-//! SQLite as one JSON list.
+//! backends' batched completions share, written once ([`complete_batch`]) — the items
+//! checked and laid out as columns before the write ([`Prepared::of`]), the terminal move
+//! of the rows the write moved ([`settle_moved`]) and each item's answer after it
+//! ([`Moved`]). Each backend writes the batch with its own statement
+//! ([`BatchCompletion::write`]): PostgreSQL binds the columns as arrays, SQLite as one
+//! JSON list.
 
 use super::attempts::Ending;
 use super::cost::{SettleRow, encode_reservation};
@@ -15,13 +16,49 @@ use std::collections::{HashMap, HashSet};
 use tollgate_core::attempt::settle_charged;
 use tollgate_core::{RunId, Task, TaskId, Timestamp};
 
+/// What a backend supplies to [`complete_batch`].
+#[async_trait::async_trait]
+pub(crate) trait BatchCompletion: Sync {
+    /// The tasks of these ids that exist, by id (no statement for none), read outside
+    /// the write.
+    async fn tasks_by_id(&self, ids: &[String]) -> StoreResult<HashMap<TaskId, Task>>;
+    /// Writes a prepared batch (at least one item) with its terminal move: the rows it
+    /// moved, as they are now, and the runs it woke.
+    async fn write(&self, prepared: &Prepared) -> StoreResult<(Vec<CompletedRow>, Vec<RunId>)>;
+}
+
+/// [`WorkerStore::complete_tasks`](crate::WorkerStore::complete_tasks): each item checked
+/// before the write ([`Prepared::of`], against the worker's copy or the row read first),
+/// the ones that may apply written together ([`BatchCompletion::write`]), then each item
+/// answered, a refused one with its task as it is now (only those are read).
+pub(crate) async fn complete_batch<B: BatchCompletion>(
+    store: &B,
+    items: Vec<Completion>,
+) -> StoreResult<Vec<StoreResult<Transition>>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let read = store.tasks_by_id(&unknown(&items)).await?;
+    let prepared = Prepared::of(&items, &read)?;
+    let (done, woken_runs) = if prepared.batch.ids.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        store.write(&prepared).await?
+    };
+    let moved = Moved::of(done)?;
+    let read = store
+        .tasks_by_id(&moved.refused(&items, &prepared.answers))
+        .await?;
+    Ok(moved.answers(&items, prepared.answers, read, woken_runs))
+}
+
 /// The worker's claimed copy of an item's task, when it has one of that task.
-pub(crate) fn claimed_copy(item: &Completion) -> Option<&Task> {
+fn claimed_copy(item: &Completion) -> Option<&Task> {
     item.claimed.as_deref().filter(|t| t.id == item.id)
 }
 
 /// The ids of the items without a claimed copy: their rows are read before the write.
-pub(crate) fn unknown(items: &[Completion]) -> Vec<String> {
+fn unknown(items: &[Completion]) -> Vec<String> {
     items
         .iter()
         .filter(|item| claimed_copy(item).is_none())
@@ -85,7 +122,7 @@ impl Prepared {
     /// it — the request never changes, so its contract is checked before the write:
     /// against the worker's claimed copy when it has one, else against `read` — and lays
     /// out the ones that may apply.
-    pub(crate) fn of(items: &[Completion], read: &HashMap<TaskId, Task>) -> StoreResult<Prepared> {
+    fn of(items: &[Completion], read: &HashMap<TaskId, Task>) -> StoreResult<Prepared> {
         let mut answers: Vec<Option<StoreResult<Transition>>> =
             items.iter().map(|_| None).collect();
         let mut batch = Batch::default();
@@ -191,14 +228,14 @@ pub(crate) async fn settle_moved<S: TerminalStatements + ?Sized>(
 }
 
 /// The tasks a batch moved, as they are now.
-pub(crate) struct Moved {
+struct Moved {
     after: HashMap<TaskId, Task>,
     applied: HashSet<TaskId>,
 }
 
 impl Moved {
     /// The rows the batch's statement moved.
-    pub(crate) fn of(done: Vec<CompletedRow>) -> StoreResult<Moved> {
+    fn of(done: Vec<CompletedRow>) -> StoreResult<Moved> {
         let after: HashMap<TaskId, Task> = tasks(done.into_iter().map(|d| d.task).collect())?
             .into_iter()
             .map(|t| (t.id, t))
@@ -209,7 +246,7 @@ impl Moved {
 
     /// The ids of the items refused by the write (not moved, not answered before it): a
     /// refused item is answered with its task as it is now, so only these are read.
-    pub(crate) fn refused(
+    fn refused(
         &self,
         items: &[Completion],
         answers: &[Option<StoreResult<Transition>>],
@@ -227,7 +264,7 @@ impl Moved {
     /// Each item's answer, with `read` the refused items' tasks. Runs woken by the batch
     /// are reported on its first applied transition (wakes are notification hints; the
     /// database holds the truth).
-    pub(crate) fn answers(
+    fn answers(
         mut self,
         items: &[Completion],
         answers: Vec<Option<StoreResult<Transition>>>,

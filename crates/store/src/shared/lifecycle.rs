@@ -366,10 +366,11 @@ impl Worker {
 
 /// [`WorkerStore`](crate::WorkerStore) for a backend that implements
 /// [`WorkerStatements`] (written once; the store's wrappers forward the trait by a
-/// blanket impl, so each backend states its own). `complete_tasks = path` names the
-/// backend's batched completion (`shared::completion` holds what both share).
+/// blanket impl, so each backend states its own); its batched completion is
+/// [`complete_batch`](crate::shared::completion::complete_batch) with the backend's
+/// [`BatchCompletion`](crate::shared::completion::BatchCompletion).
 macro_rules! worker_store_for {
-    ($store:ty, complete_tasks = $batch:path) => {
+    ($store:ty) => {
         #[async_trait::async_trait]
         impl $crate::WorkerStore for $store {
             async fn claim_task(
@@ -418,7 +419,7 @@ macro_rules! worker_store_for {
                 &self,
                 items: Vec<$crate::Completion>,
             ) -> $crate::StoreResult<Vec<$crate::StoreResult<$crate::Transition>>> {
-                $batch(self, items).await
+                $crate::shared::completion::complete_batch(self, items).await
             }
 
             async fn fail_task(

@@ -7,16 +7,16 @@
 
 use super::{SqliteStore, id_list};
 use crate::shared::attempts::{attempt_charges, claim_attempt};
-use crate::shared::completion::{self, Batch, Moved, Prepared};
+use crate::shared::completion::{self, Batch, BatchCompletion, Prepared};
 use crate::shared::lifecycle::{
     WorkerStatements, cancel_wanted, run_not_canceled, worker_store_for,
 };
 use crate::shared::rows::{CompletedRow, TaskRow, task_columns, tasks};
 use crate::shared::webhooks::task_event_listened;
-use crate::{ClaimOrder, Completion, StoreResult, Transition};
+use crate::{ClaimOrder, StoreResult};
 use async_trait::async_trait;
 use std::collections::HashMap;
-use tollgate_core::{AttemptOutcome, Task, TaskId, WorkerId};
+use tollgate_core::{AttemptOutcome, RunId, Task, TaskId, WorkerId};
 
 /// [`open_claimed_attempts!`] from `tasks` (JSON read with `json_extract`); the caller
 /// appends which tasks. For `concat!`.
@@ -158,7 +158,7 @@ impl WorkerStatements for SqliteStore {
     }
 }
 
-worker_store_for!(SqliteStore, complete_tasks = complete_tasks);
+worker_store_for!(SqliteStore);
 
 /// A completion batch's items read from `$1` (a JSON list of objects, [`items_json`]),
 /// as the table `i`.
@@ -238,57 +238,42 @@ fn items_json(batch: &Batch) -> String {
     serde_json::Value::Array(items).to_string()
 }
 
-/// Several completions in ONE write transaction (see `WorkerStore::complete_tasks`):
-/// each item is checked as [`complete_task`](crate::WorkerStore::complete_task) checks
-/// it, then one query ends the attempts and moves every applicable task to `succeeded`
+/// Several completions in ONE write transaction ([`completion::complete_batch`], which
+/// checks each item as [`complete_task`](crate::WorkerStore::complete_task) checks it):
+/// one query ends the attempts and moves every applicable task to `succeeded`
 /// ([`COMPLETE_BATCH`]), and the terminal move follows in the same transaction: one
-/// commit for the batch, where each completion took its own.
-async fn complete_tasks(
-    store: &SqliteStore,
-    items: Vec<Completion>,
-) -> StoreResult<Vec<StoreResult<Transition>>> {
-    if items.is_empty() {
-        return Ok(Vec::new());
+/// commit for the batch, where each completion took its own. Reads outside the write go
+/// to the read pool.
+#[async_trait]
+impl BatchCompletion for SqliteStore {
+    async fn tasks_by_id(&self, ids: &[String]) -> StoreResult<HashMap<TaskId, Task>> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows: Vec<TaskRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks WHERE id IN (SELECT value FROM json_each(?))"
+        ))
+        .bind(id_list(ids))
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(tasks(rows)?.into_iter().map(|t| (t.id, t)).collect())
     }
-    let read = tasks_by_id(store, &completion::unknown(&items)).await?;
-    let Prepared {
-        batch,
-        answers,
-        any_run,
-        ..
-    } = Prepared::of(&items, &read)?;
-    let mut done: Vec<CompletedRow> = Vec::new();
-    let mut woken_runs = Vec::new();
-    if !batch.ids.is_empty() {
-        let mut tx = store.begin().await?;
-        done = sqlx::query_as(COMPLETE_BATCH)
-            .bind(items_json(&batch))
-            .bind(store.now().0)
+
+    async fn write(&self, prepared: &Prepared) -> StoreResult<(Vec<CompletedRow>, Vec<RunId>)> {
+        let mut tx = self.begin().await?;
+        let done: Vec<CompletedRow> = sqlx::query_as(COMPLETE_BATCH)
+            .bind(items_json(&prepared.batch))
+            .bind(self.now().0)
             .bind(AttemptOutcome::Succeeded.as_str())
             .fetch_all(&mut *tx)
             .await?;
-        woken_runs = completion::settle_moved(&mut tx, &done, &batch, any_run).await?;
+        let woken_runs =
+            completion::settle_moved(&mut tx, &done, &prepared.batch, prepared.any_run).await?;
         tx.commit().await?;
+        Ok((done, woken_runs))
     }
-    let moved = Moved::of(done)?;
-    let read = tasks_by_id(store, &moved.refused(&items, &answers)).await?;
-    Ok(moved.answers(&items, answers, read, woken_runs))
-}
-
-/// The tasks of these ids that exist, by id (no statement for none), from the read pool.
-async fn tasks_by_id(store: &SqliteStore, ids: &[String]) -> StoreResult<HashMap<TaskId, Task>> {
-    if ids.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let rows: Vec<TaskRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        task_columns!(),
-        " FROM tasks WHERE id IN (SELECT value FROM json_each(?))"
-    ))
-    .bind(id_list(ids))
-    .fetch_all(&store.reader)
-    .await?;
-    Ok(tasks(rows)?.into_iter().map(|t| (t.id, t)).collect())
 }
 
 /// [`open_claimed!`]: the insert of a task created claimed appends its condition
