@@ -40,11 +40,11 @@ const STORE_RETRY: Duration = Duration::from_millis(500);
 pub const PAUSE_READ_FRESH: Duration = Duration::from_millis(10);
 
 /// A read of the provider's pause: when it began, and what it found once it has (the
-/// pause left at that moment; `Err`: the store could not say).
+/// pause left when the answer came, and when that was; `Err`: the store could not say).
 #[derive(Clone)]
 struct PauseRead {
     began: Instant,
-    left: Arc<tokio::sync::OnceCell<Result<Duration, String>>>,
+    left: Arc<tokio::sync::OnceCell<Result<(Duration, Instant), String>>>,
 }
 
 impl PauseRead {
@@ -85,7 +85,7 @@ impl PauseReads {
     /// before says.
     fn paused(&self, pause: Duration) {
         let read = PauseRead::begun();
-        let _ = read.left.set(Ok(pause));
+        let _ = read.left.set(Ok((pause, read.began)));
         *self
             .latest
             .lock()
@@ -308,7 +308,7 @@ impl ProviderPace {
                 .get_or_init(|| self.read_pause())
                 .await
                 .clone()
-                .map(|left| left.saturating_sub(read.began.elapsed()));
+                .map(|(left, at)| left.saturating_sub(at.elapsed()));
             match left {
                 Ok(left) if left.is_zero() => break,
                 Ok(left) => {
@@ -335,10 +335,11 @@ impl ProviderPace {
     }
 
     /// The provider's pause left, read from the store.
-    async fn read_pause(&self) -> Result<Duration, String> {
+    async fn read_pause(&self) -> Result<(Duration, Instant), String> {
         self.store
             .pace_pause_left(std::slice::from_ref(&self.provider))
             .await
+            .map(|left| (left, Instant::now()))
             .map_err(|e| e.to_string())
     }
 
@@ -387,14 +388,15 @@ mod tests {
         let reads = PauseReads::default();
         let (first, new) = reads.fresh();
         assert!(new, "the first call reads");
+        let at = Instant::now();
         first
             .left
-            .get_or_init(|| async { Ok(Duration::ZERO) })
+            .get_or_init(|| async { Ok((Duration::ZERO, at)) })
             .await;
         tokio::time::advance(PAUSE_READ_FRESH / 2).await;
         let (again, new) = reads.fresh();
         assert!(!new, "a call within the fresh time shares the read");
-        assert_eq!(again.left.get(), Some(&Ok(Duration::ZERO)));
+        assert_eq!(again.left.get(), Some(&Ok((Duration::ZERO, at))));
         tokio::time::advance(PAUSE_READ_FRESH).await;
         let (later, new) = reads.fresh();
         assert!(
@@ -410,7 +412,11 @@ mod tests {
         reads.paused(Duration::from_secs(2));
         let (paused, new) = reads.fresh();
         assert!(!new, "this process's own pause is the latest read");
-        assert_eq!(paused.left.get(), Some(&Ok(Duration::from_secs(2))));
+        assert!(
+            matches!(paused.left.get(), Some(Ok((p, _))) if *p == Duration::from_secs(2)),
+            "{:?}",
+            paused.left.get()
+        );
         assert!(retry.left.get().is_none(), "the replaced read is untouched");
     }
 }

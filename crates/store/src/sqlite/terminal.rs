@@ -18,7 +18,6 @@ impl TerminalStatements for Tx {
     // The write lock (`BEGIN IMMEDIATE`) already holds every row.
     const LOCK_RUN_OF: Option<&'static str> = None;
 
-    /// One statement a scope (the write lock holds every row).
     /// docs/conformance.md#cost-settlement in ONE query (one hop to the connection's
     /// thread, where each refund, spend side and charge took its own): the token refunds,
     /// the spend rows ([`push_spend_statements`]) and the charges, as statements of it in
