@@ -10,7 +10,7 @@
 //! | trait | concern | where it is written |
 //! | --- | --- | --- |
 //! | [`TaskStore`] | the application's side of tasks: create (admission), read, cancel, release, list, owner deletion | `shared/tasks.rs`; each backend's `tasks.rs` (creation in `admission`, owner deletion, its statements) |
-//! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | `shared/lifecycle.rs`; each backend's `lifecycle.rs` (its claims, its heartbeat statement, a reservation's locks; PostgreSQL's batched completion) |
+//! | [`WorkerStore`] | the worker's side: claim, heartbeat, complete, fail, cancellation | `shared/lifecycle.rs`, `shared/completion.rs` (a batch of completions); each backend's `lifecycle.rs` (its claims, its heartbeat statement, a reservation's locks, its batch's write) |
 //! | [`AttemptStore`] | a task's attempts: begin, end, list (docs/routes.md, "Attempts") | `shared/attempts.rs` |
 //! | [`EmbeddingStore`] | the embeddings item cache: look up, store (docs/api.md, "Embeddings") | `shared/embeddings.rs` |
 //! | [`StreamLogStore`] | the stream log: running tasks' live output for readers on any replica (docs/api.md, "Streaming a task") | `shared/stream_log.rs` |
