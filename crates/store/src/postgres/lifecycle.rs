@@ -15,7 +15,8 @@ use crate::shared::cost::{
     scope_spend_into, spend_rows_conflict,
 };
 use crate::shared::lifecycle::{
-    WorkerStatements, cancel_wanted, run_not_canceled, status_is_queued, worker_store_for,
+    WorkerStatements, cancel_wanted, completes_under, run_not_canceled, status_is_queued,
+    worker_store_for,
 };
 use crate::shared::rows::{CompletedRow, TaskRow, task_columns, task_columns_qualified, tasks};
 use crate::shared::webhooks::{
@@ -60,10 +61,8 @@ macro_rules! completion_ctes {
                ELSE item.guess_nano END, \
              charged_tokens = CASE WHEN tasks.reservation IS NULL THEN NULL \
                ELSE item.guess_tokens END FROM item, clock \
-             WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) AND item.id = tasks.id \
-             AND tasks.status = 'running' AND tasks.worker = item.worker \
-             AND tasks.attempt = item.claim AND NOT ",
-            cancel_wanted!(),
+             WHERE tasks.id = ANY(ARRAY(SELECT id FROM picked)) AND item.id = tasks.id AND ",
+            completes_under!("item.worker", "item.claim"),
             " RETURNING ",
             task_columns_qualified!(),
             ", tasks.admitted, clock.now AS now, ",

@@ -73,14 +73,31 @@ macro_rules! returning_finished {
 }
 pub(crate) use returning_finished;
 
+/// SQL condition: the task (`tasks` unaliased) runs under the lease of `$worker` and
+/// `$claim` (a claim the task was requeued from since, and claimed again — by the same
+/// worker, too — holds nothing) and no cancellation was requested: what a completion
+/// needs, single or batched. For `concat!`.
+macro_rules! completes_under {
+    ($worker:literal, $claim:literal) => {
+        concat!(
+            "tasks.status = 'running' AND tasks.worker = ",
+            $worker,
+            " AND tasks.attempt = ",
+            $claim,
+            " AND NOT ",
+            $crate::shared::lifecycle::cancel_wanted!()
+        )
+    };
+}
+pub(crate) use completes_under;
+
 /// docs/conformance.md#lifecycle complete: `running → succeeded` under the worker's
-/// lease (`$5` worker, `$6` claim: a claim the task was requeued from since, and claimed
-/// again — by the same worker, too — completes nothing), unless cancellation was
-/// requested (`$1` output, `$2` usage, `$3` now, `$4` task).
+/// lease (`$5` worker, `$6` claim, [`completes_under!`]) (`$1` output, `$2` usage, `$3`
+/// now, `$4` task).
 const COMPLETE: &str = concat!(
     "UPDATE tasks SET status = 'succeeded', output = $1, usage = $2, completed_at = $3 \
-     WHERE id = $4 AND status = 'running' AND worker = $5 AND attempt = $6 AND NOT ",
-    cancel_wanted!(),
+     WHERE id = $4 AND ",
+    completes_under!("$5", "$6"),
     returning_finished!()
 );
 

@@ -9,7 +9,7 @@ use super::{SqliteStore, id_list};
 use crate::shared::attempts::{attempt_charges, claim_attempt};
 use crate::shared::completion::{self, Batch, BatchCompletion, Prepared};
 use crate::shared::lifecycle::{
-    WorkerStatements, cancel_wanted, run_not_canceled, worker_store_for,
+    WorkerStatements, cancel_wanted, completes_under, run_not_canceled, worker_store_for,
 };
 use crate::shared::rows::{CompletedRow, TaskRow, task_columns, tasks};
 use crate::shared::webhooks::task_event_listened;
@@ -174,13 +174,12 @@ macro_rules! completion_items {
 }
 
 /// SQL condition: item `i`'s task runs under the item's lease with no cancellation
-/// requested (`COMPLETE`'s condition, `tasks` unaliased).
+/// requested ([`completes_under!`], `tasks` unaliased).
 macro_rules! item_completes {
     () => {
         concat!(
-            "tasks.id = i.i_id AND tasks.status = 'running' AND tasks.worker = i.i_worker \
-             AND tasks.attempt = i.i_claim AND NOT ",
-            cancel_wanted!()
+            "tasks.id = i.i_id AND ",
+            completes_under!("i.i_worker", "i.i_claim")
         )
     };
 }
