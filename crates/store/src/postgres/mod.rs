@@ -157,6 +157,9 @@ pub struct PostgresStore {
     /// Completions in one statement (docs/locking.md, "Completions in one statement"):
     /// how many, and when a guess last failed to hold.
     guesses: Arc<lifecycle::Guesses>,
+    /// Creations in one statement (docs/locking.md, "A creation in one statement"): how
+    /// many were made so, and how many found their facts changed.
+    one_statement: Arc<admission::OneStatement>,
 }
 
 type Tx = Transaction<'static, Postgres>;
@@ -246,6 +249,7 @@ impl PostgresStore {
             stats: Arc::default(),
             groups: Arc::default(),
             guesses: Arc::default(),
+            one_statement: Arc::default(),
         })
     }
 
@@ -271,6 +275,14 @@ impl PostgresStore {
     /// (docs/locking.md, "Completions in one statement"; for diagnostics and tests).
     pub fn completed_in_one_statement(&self) -> u64 {
         self.guesses.held.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many creations this instance made in one statement, and how many of those it
+    /// tried found the facts they were decided on changed and took the transaction
+    /// instead (docs/locking.md, "A creation in one statement"; for diagnostics and
+    /// tests).
+    pub fn created_in_one_statement(&self) -> (u64, u64) {
+        self.one_statement.counts()
     }
 
     async fn begin(&self) -> StoreResult<Tx> {

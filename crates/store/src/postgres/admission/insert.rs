@@ -5,15 +5,16 @@ use super::super::{PostgresStore, Tx};
 use super::SlotPath;
 use super::slots::{app_slot_stripe, slot_stripe, take_share_rebalancing, take_slot_rebalancing};
 pub(super) use crate::shared::admission::InsertRow;
-use crate::shared::admission::{ScopeUpdate, TASK_INSERT, bind_join, bind_token};
+use crate::shared::admission::{ScopeUpdate, TASK_INSERT, UnsourcedFacts, bind_join, bind_token};
 use crate::shared::cost::{SpendDelta, bind_spend};
 use crate::shared::dispatch::QUEUE_JOIN;
-use crate::shared::named::{NamedStatement, Parts};
+use crate::shared::named::{Binder, NamedStatement, Parts};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::sql::Exec;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreError, StoreResult};
-use tollgate_core::cost::spend_bucket;
+use sqlx::postgres::PgArguments;
+use tollgate_core::cost::{SPEND_BUCKET_MS, SPEND_WINDOW_MS, spend_bucket, window_first_bucket};
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
     TaskId, Timestamp, Weight, join_credit, stride,
@@ -85,17 +86,34 @@ static ADMIT_TASK: NamedStatement = NamedStatement::new(
     ],
 );
 
+/// The spend parts of a task without a source's reservation.
+const RESERVE_SPEND: Parts = &[
+    ("spend_add", SPEND_ADD),
+    ("after", "t, (SELECT COUNT(*) FROM st) AS after_st"),
+];
+
 /// A task without a source: its task row, its queue and its reservation.
 static RESERVE_UNSOURCED: NamedStatement = NamedStatement::new(
     "reserve_unsourced",
     include_str!("../sql/reserve_unsourced.sql"),
+    &[&[("guard", "")], BOUND_ROW, QUEUE, RESERVE_SPEND],
+);
+
+/// The same, in one statement of its own behind the guard of the facts decided on
+/// (docs/locking.md, "A creation in one statement"): the creation time is the guard's.
+static RESERVE_GUARDED: NamedStatement = NamedStatement::new(
+    "reserve_guarded",
+    include_str!("../sql/reserve_unsourced.sql"),
     &[
-        BOUND_ROW,
-        QUEUE,
         &[
-            ("spend_add", SPEND_ADD),
-            ("after", "t, (SELECT COUNT(*) FROM st) AS after_st"),
+            ("guard", include_str!("../sql/cost_facts_guard.sql")),
+            ("task_insert", TASK_INSERT),
+            ("created_at", "(SELECT now FROM guard)"),
+            ("dispatch_key", ":dispatch_key"),
+            ("task_columns", task_columns!()),
         ],
+        QUEUE,
+        RESERVE_SPEND,
     ],
 );
 
@@ -133,6 +151,17 @@ const SLOT_NAMES: &[&str] = &[
 /// The names [`insert_reserved_and_commit`] binds besides the row, the join, the token
 /// and the spend groups ([`RESERVE_UNSOURCED`]).
 const UNSOURCED_NAMES: &[&str] = &["bucket_units", "bucket_at"];
+/// The names [`guarded_reserve`] binds of the guard ([`RESERVE_GUARDED`]).
+const GUARD_NAMES: &[&str] = &[
+    "fixed_now",
+    "lock_key",
+    "spend_window_ms",
+    "bucket_ms",
+    "first_bucket",
+    "seen_token_units",
+    "seen_token_at",
+    "seen_window_nano",
+];
 /// The names `record_saved` binds besides the spend group ([`RECORD_SAVED`]).
 const SAVED_NAMES: &[&str] = &["app", "scope"];
 /// The names [`insert_app_task`] binds besides the row and the join ([`INSERT_APP_TASK`]).
@@ -279,18 +308,77 @@ pub(super) async fn insert_reserved(
     token: Option<(BucketState, i64)>,
     reserve: SpendDelta,
 ) -> StoreResult<Option<Task>> {
-    let tasks = BucketState::full(budget.burst.get(), row.now);
     let mut b = RESERVE_UNSOURCED.binder();
-    row.bind(&mut b, false);
-    bind_join(&mut b, row.new.dispatch.weight);
+    bind_reserved(&mut b, row, budget, token, reserve);
+    let inserted: Option<TaskRow> = tx.optional(b.statement()?).await?;
+    inserted.map(TaskRow::into_task).transpose()
+}
+
+/// Binds a task without a source's row, queue join and reservation
+/// (`sql/reserve_unsourced.sql`).
+fn bind_reserved(
+    b: &mut Binder,
+    row: &InsertRow<'_>,
+    budget: &Budget,
+    token: Option<(BucketState, i64)>,
+    reserve: SpendDelta,
+) {
+    let tasks = BucketState::full(budget.burst.get(), row.now);
+    row.bind(b, false);
+    bind_join(b, row.new.dispatch.weight);
     b.group(UNSOURCED_NAMES, |b| {
         b.bind("bucket_units", tasks.units)
             .bind("bucket_at", tasks.at.0);
     });
-    bind_token(&mut b, token);
-    bind_spend(&mut b, row.scope.as_str(), spend_bucket(row.now), reserve);
-    let inserted: Option<TaskRow> = tx.optional(b.statement()?).await?;
-    inserted.map(TaskRow::into_task).transpose()
+    bind_token(b, token);
+    bind_spend(b, row.scope.as_str(), spend_bucket(row.now), reserve);
+}
+
+/// `tollgate_cost_facts_hold`'s SQLSTATE (migration 0030): the facts changed.
+const FACTS_CHANGED: &str = "TGG03";
+
+/// docs/locking.md, "A creation in one statement": [`insert_reserved`]'s writes as one
+/// statement of their own (no transaction around it) behind the guard that takes the
+/// scope's lock (`lock`) and checks that the facts are still `facts`, the ones `token`
+/// and `reserve` were decided on. `None`: the facts changed (or the key was taken
+/// meanwhile), and nothing was written.
+pub(super) async fn guarded_reserve(
+    store: &PostgresStore,
+    conn: &mut sqlx::PgConnection,
+    row: &InsertRow<'_>,
+    (lock, facts): (i64, &UnsourcedFacts),
+    budget: &Budget,
+    token: Option<(BucketState, i64)>,
+    reserve: SpendDelta,
+) -> StoreResult<Option<Created>> {
+    let mut b = RESERVE_GUARDED.binder();
+    b.group(GUARD_NAMES, |b| {
+        b.bind("fixed_now", store.fixed_now())
+            .bind("lock_key", lock)
+            .bind("spend_window_ms", SPEND_WINDOW_MS)
+            .bind("bucket_ms", SPEND_BUCKET_MS)
+            .bind("first_bucket", window_first_bucket(row.now))
+            .bind("seen_token_units", facts.token_units)
+            .bind("seen_token_at", facts.token_at)
+            .bind("seen_window_nano", facts.scope_window_nano);
+    });
+    bind_reserved(&mut b, row, budget, token, reserve);
+    let (text, args) = b.statement()?.into_parts::<PgArguments>()?;
+    let inserted = sqlx::query_as_with::<_, TaskRow, _>(sqlx::AssertSqlSafe(text), args)
+        .fetch_optional(&mut *conn)
+        .await;
+    match inserted {
+        Ok(Some(task)) => {
+            let task = task.into_task()?;
+            store.queue_view.owe_creation_claim(row.new, &task);
+            Ok(Some(Created::inserted(task)))
+        }
+        // The key was taken by a creation that did not take the scope's lock (an
+        // unlimited one's), committed after the guard looked.
+        Ok(None) => Ok(None),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(FACTS_CHANGED) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Commits a creation's transaction. A task created claimed (`NewTask::claim_by`: its
@@ -587,6 +675,18 @@ mod tests {
         check_binds(
             &RESERVE_UNSOURCED,
             &[
+                ROW_NAMES,
+                NOW_NAMES,
+                JOIN_NAMES,
+                UNSOURCED_NAMES,
+                TOKEN_NAMES,
+                SPEND_NAMES,
+            ],
+        );
+        check_binds(
+            &RESERVE_GUARDED,
+            &[
+                GUARD_NAMES,
                 ROW_NAMES,
                 NOW_NAMES,
                 JOIN_NAMES,

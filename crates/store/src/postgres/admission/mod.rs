@@ -16,10 +16,12 @@
 
 mod group;
 mod insert;
+mod optimistic;
 mod probe;
 mod slots;
 mod snapshot;
 
+pub(super) use optimistic::OneStatement;
 pub(super) use probe::{lock_scope, scope_lock_key};
 
 use super::{PostgresStore, Tx};
@@ -57,6 +59,12 @@ async fn create_alone(store: &PostgresStore, new: NewTask) -> StoreResult<Create
         } = &new.owner
     {
         return create_app_task(store, &new, app, scope, subject.as_ref()).await;
+    }
+    // docs/locking.md, "A creation in one statement": a lone creation of a task without
+    // a source under a USD or token limit, when its decision holds; otherwise the
+    // transaction below.
+    if let Some(created) = optimistic::create(store, &new).await? {
+        return Ok(created);
     }
     match attempt_create(store, &new, SlotPath::Fast).await? {
         Some(created) => Ok(created),
@@ -523,7 +531,11 @@ async fn create_unscoped_in(tx: &mut Tx, new: &NewTask, now: Timestamp) -> Store
     }
 }
 
-async fn by_effect_key(tx: &mut Tx, app: &AppId, key: &str) -> StoreResult<Option<Task>> {
+async fn by_effect_key(
+    conn: &mut sqlx::PgConnection,
+    app: &AppId,
+    key: &str,
+) -> StoreResult<Option<Task>> {
     let row: Option<TaskRow> = sqlx::query_as(concat!(
         "SELECT ",
         task_columns!(),
@@ -531,7 +543,7 @@ async fn by_effect_key(tx: &mut Tx, app: &AppId, key: &str) -> StoreResult<Optio
     ))
     .bind(app.as_str())
     .bind(key)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *conn)
     .await?;
     row.map(TaskRow::into_task).transpose()
 }

@@ -124,7 +124,7 @@ pub(super) struct ReadsLock {
 /// admission and reservation committed before.
 pub(super) async fn reads(
     store: &PostgresStore,
-    tx: &mut Tx,
+    conn: &mut sqlx::PgConnection,
     asked: &Asked<'_>,
     lock: &ReadsLock,
 ) -> StoreResult<Reads> {
@@ -155,7 +155,7 @@ pub(super) async fn reads(
     .bind(ADMISSION_WINDOW.as_millis() as i64)
     .bind(SPEND_WINDOW_MS)
     .bind(SPEND_BUCKET_MS)
-    .fetch_one(&mut **tx)
+    .fetch_one(&mut *conn)
     .await?;
     let probe = Probe::from_row(&row)?;
     if !probe.facts_read {

@@ -7,7 +7,10 @@
 -- when the effect key was taken (no row in t), and the rows lock in the lock order: task,
 -- scope row, scope bucket, app bucket. One statement, so the scope's lock is held for one
 -- round trip less than a separate insert and reservation took.
-WITH t AS ({task_insert}),
+-- {guard}: nothing, or (a creation in one statement, docs/locking.md) the guard CTE
+-- `guard` that takes the scope's lock and checks the facts decided on, read by the
+-- task's {created_at} so it runs before any write.
+WITH {guard}t AS ({task_insert}),
 {task_queue_join},
 st AS (
   INSERT INTO scope_state (app, scope, bucket_units, bucket_at,

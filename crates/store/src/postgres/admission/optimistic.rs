@@ -1,0 +1,119 @@
+//! A lone creation in one statement (docs/locking.md, "A creation in one statement"): an
+//! application's task without a source under a USD or token limit (an OpenAI door call
+//! under a metered policy) that no other creation of its scope on this instance is in
+//! flight with ([`super::group`]'s leader), created without a transaction of its own.
+//!
+//! Its scope's cost facts are read without the scope's lock (one autocommit round trip,
+//! the reads of the locked path), core decides on them, and the task and its reservation
+//! are written by the locked path's statement with a guard before it
+//! (`tollgate_cost_facts_hold`, migration 0030): the scope's lock taken inside the
+//! statement, the facts read again after it was granted, the statement failed (nothing
+//! written) unless they are the ones decided on. Two round trips instead of four
+//! (`BEGIN`, the reads, the insert, `COMMIT`), and the scope's lock held only for the
+//! statement's own work. Whenever this path cannot decide — the facts changed, core
+//! refused (a refusal is judged under the lock, with its retry time), the app has a
+//! spend limit (checked under the app's lock) — the creation runs the locked path.
+
+use super::super::PostgresStore;
+use super::encode_reservation;
+use super::insert::{InsertRow, guarded_reserve};
+use super::probe::{Asked, Facts, ReadsLock, reads, scope_lock_key};
+use crate::shared::admission::{UnsourcedFacts, model_columns, stored_reservation};
+use crate::shared::cost::SpendDelta;
+use crate::shared::tasks::Tasks;
+use crate::{Created, StoreResult};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tollgate_core::{NewTask, Owner, TaskId, Timestamp};
+
+/// Creates `new` in one statement, or `None` when this path does not decide it (nothing
+/// written; the caller runs the locked path).
+pub(super) async fn create(store: &PostgresStore, new: &NewTask) -> StoreResult<Option<Created>> {
+    let (
+        Owner::Application {
+            app,
+            scope,
+            subject,
+        },
+        None,
+        Some(cost),
+    ) = (&new.owner, &new.scope, &new.cost)
+    else {
+        return Ok(None);
+    };
+    if !cost.limited() || cost.budget.cost.app_nano_per_24_hours.is_some() {
+        return Ok(None);
+    }
+    let (config_hash, model_ref) = model_columns(new)?;
+    let mut conn = store.pool.acquire().await?;
+    let asked = Asked {
+        app,
+        new,
+        scope,
+        cache_key: None,
+        probe_cache: false,
+        facts: Facts::Cost,
+    };
+    let unlocked = ReadsLock {
+        lock: None,
+        replay_first: false,
+    };
+    let read = reads(store, &mut conn, &asked, &unlocked).await?;
+    if read.probe.taken {
+        // A replay; its task gone meanwhile (owner deletion): the locked path.
+        return Ok(Tasks::get_task_by_effect_key(store, app, &new.effect_key)
+            .await?
+            .map(Created::existing));
+    }
+    let now = Timestamp(read.probe.now);
+    let facts: UnsourcedFacts = read.facts()?;
+    let (budget, reservation) = (&cost.budget, &cost.reservation);
+    let Ok(token) = facts.decide(budget, reservation, now) else {
+        return Ok(None);
+    };
+    let owner = (None, scope.clone(), subject.clone());
+    let mut row = InsertRow::new(
+        TaskId::generate(),
+        new,
+        owner,
+        (config_hash.0, model_ref),
+        now,
+    );
+    let stored = stored_reservation(reservation, budget, token.is_some());
+    row.reservation = Some(encode_reservation(&stored)?);
+    let reserve = SpendDelta::reserve(&stored);
+    let lock = scope_lock_key(app, scope);
+    let made = guarded_reserve(
+        store,
+        &mut conn,
+        &row,
+        (lock, &facts),
+        budget,
+        token,
+        reserve,
+    )
+    .await?;
+    store.one_statement.count(made.is_some());
+    Ok(made)
+}
+
+/// What [`create`] did on an instance (for diagnostics and tests).
+#[derive(Debug, Default)]
+pub(in crate::postgres) struct OneStatement {
+    made: AtomicU64,
+    changed: AtomicU64,
+}
+
+impl OneStatement {
+    fn count(&self, made: bool) {
+        let counter = if made { &self.made } else { &self.changed };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Creations made in one statement, and those that found their facts changed.
+    pub(in crate::postgres) fn counts(&self) -> (u64, u64) {
+        (
+            self.made.load(Ordering::Relaxed),
+            self.changed.load(Ordering::Relaxed),
+        )
+    }
+}
