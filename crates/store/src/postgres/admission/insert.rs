@@ -13,7 +13,6 @@ use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::sql::Exec;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreError, StoreResult};
-use sqlx::postgres::PgArguments;
 use tollgate_core::cost::{SPEND_BUCKET_MS, SPEND_WINDOW_MS, spend_bucket, window_first_bucket};
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
@@ -26,6 +25,7 @@ const SPEND_ADD: &str = include_str!("../sql/spend_add.sql");
 /// The parts of a task row whose creation time and dispatch key are bound.
 const BOUND_ROW: Parts = &[
     ("task_insert", TASK_INSERT),
+    ("insert_if", "true"),
     ("created_at", ":now"),
     ("dispatch_key", ":dispatch_key"),
     ("task_columns", task_columns!()),
@@ -67,6 +67,7 @@ static INSERT_APP_TASK: NamedStatement = NamedStatement::new(
     &[
         &[
             ("task_insert", TASK_INSERT),
+            ("insert_if", "true"),
             ("created_at", "(SELECT now FROM clock)"),
             ("dispatch_key", "(SELECT now FROM clock) + :dispatch_key"),
             ("task_columns", task_columns!()),
@@ -100,7 +101,8 @@ static RESERVE_UNSOURCED: NamedStatement = NamedStatement::new(
 );
 
 /// The same, in one statement of its own behind the guard of the facts decided on
-/// (docs/locking.md, "A creation in one statement"): the creation time is the guard's.
+/// (docs/locking.md, "A creation in one statement"): the task is inserted only when the
+/// guard finds the facts held.
 static RESERVE_GUARDED: NamedStatement = NamedStatement::new(
     "reserve_guarded",
     include_str!("../sql/reserve_unsourced.sql"),
@@ -108,7 +110,8 @@ static RESERVE_GUARDED: NamedStatement = NamedStatement::new(
         &[
             ("guard", include_str!("../sql/cost_facts_guard.sql")),
             ("task_insert", TASK_INSERT),
-            ("created_at", "(SELECT now FROM guard)"),
+            ("insert_if", "(SELECT held FROM guard)"),
+            ("created_at", ":now"),
             ("dispatch_key", ":dispatch_key"),
             ("task_columns", task_columns!()),
         ],
@@ -334,14 +337,11 @@ fn bind_reserved(
     bind_spend(b, row.scope.as_str(), spend_bucket(row.now), reserve);
 }
 
-/// `tollgate_cost_facts_hold`'s SQLSTATE (migration 0030): the facts changed.
-const FACTS_CHANGED: &str = "TGG03";
-
 /// docs/locking.md, "A creation in one statement": [`insert_reserved`]'s writes as one
 /// statement of their own (no transaction around it) behind the guard that takes the
 /// scope's lock (`lock`) and checks that the facts are still `facts`, the ones `token`
-/// and `reserve` were decided on. `None`: the facts changed (or the key was taken
-/// meanwhile), and nothing was written.
+/// and `reserve` were decided on. `None`: the facts changed or the key was taken
+/// meanwhile, and nothing was written.
 pub(super) async fn guarded_reserve(
     store: &PostgresStore,
     conn: &mut sqlx::PgConnection,
@@ -363,22 +363,13 @@ pub(super) async fn guarded_reserve(
             .bind("seen_window_nano", facts.scope_window_nano);
     });
     bind_reserved(&mut b, row, budget, token, reserve);
-    let (text, args) = b.statement()?.into_parts::<PgArguments>()?;
-    let inserted = sqlx::query_as_with::<_, TaskRow, _>(sqlx::AssertSqlSafe(text), args)
-        .fetch_optional(&mut *conn)
-        .await;
-    match inserted {
-        Ok(Some(task)) => {
-            let task = task.into_task()?;
-            store.queue_view.owe_creation_claim(row.new, &task);
-            Ok(Some(Created::inserted(task)))
-        }
-        // The key was taken by a creation that did not take the scope's lock (an
-        // unlimited one's), committed after the guard looked.
-        Ok(None) => Ok(None),
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(FACTS_CHANGED) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    let inserted: Option<TaskRow> = conn.optional(b.statement()?).await?;
+    let Some(task) = inserted else {
+        return Ok(None);
+    };
+    let task = task.into_task()?;
+    store.queue_view.owe_creation_claim(row.new, &task);
+    Ok(Some(Created::inserted(task)))
 }
 
 /// Commits a creation's transaction. A task created claimed (`NewTask::claim_by`: its

@@ -23,6 +23,7 @@ static CREATE_TASK: NamedStatement = NamedStatement::new(
     include_str!("../sql/create_task.sql"),
     &[&[
         ("task_insert", TASK_INSERT),
+        ("insert_if", "true"),
         ("created_at", ":now"),
         ("dispatch_key", ":dispatch_key"),
         ("task_columns", task_columns!()),
