@@ -13,7 +13,7 @@ use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::sql::Exec;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreError, StoreResult};
-use tollgate_core::cost::{SPEND_BUCKET_MS, SPEND_WINDOW_MS, spend_bucket, window_first_bucket};
+use tollgate_core::cost::{spend_bucket, window_first_bucket};
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
     TaskId, Timestamp, Weight, join_credit, stride,
@@ -31,6 +31,15 @@ const BOUND_ROW: Parts = &[
     ("task_columns", task_columns!()),
 ];
 
+/// A task created claimed opens its first attempt, as a claim's would.
+const TASK_OPENED: &str = crate::shared::attempts::open_claimed_attempts!(
+    "t WHERE t.status = 'running'",
+    "(t.model_ref::json ->> 'provider')",
+    "(t.model_ref::json ->> 'model')",
+    "(t.reservation::json ->> 'nano_usd')",
+    "(t.reservation::json ->> 'tokens')"
+);
+
 /// The parts of a queue's join after the task insert `t`.
 const QUEUE: Parts = &[
     (
@@ -38,16 +47,7 @@ const QUEUE: Parts = &[
         include_str!("../sql/task_queue_join.sql"),
     ),
     ("queue_join", QUEUE_JOIN),
-    (
-        "task_opened",
-        crate::shared::attempts::open_claimed_attempts!(
-            "t WHERE t.status = 'running'",
-            "(t.model_ref::json ->> 'provider')",
-            "(t.model_ref::json ->> 'model')",
-            "(t.reservation::json ->> 'nano_usd')",
-            "(t.reservation::json ->> 'tokens')"
-        ),
-    ),
+    ("task_opened", TASK_OPENED),
 ];
 
 /// The task insert alone (a batch's run task: its queues join at the batch's end).
@@ -100,24 +100,36 @@ static RESERVE_UNSOURCED: NamedStatement = NamedStatement::new(
     &[&[("guard", "")], BOUND_ROW, QUEUE, RESERVE_SPEND],
 );
 
-/// The same, in one statement of its own behind the guard of the facts decided on
-/// (docs/locking.md, "A creation in one statement"): the task is inserted only when the
-/// guard finds the facts held.
+/// The task row behind the guard of the facts decided on (docs/locking.md, "A creation
+/// in one statement"): inserted only when the guard finds the facts held.
+const GUARDED_ROW: Parts = &[
+    ("guard", include_str!("../sql/cost_facts_guard.sql")),
+    ("task_insert", TASK_INSERT),
+    ("insert_if", "(SELECT held FROM guard)"),
+    ("created_at", ":now"),
+    ("dispatch_key", ":dispatch_key"),
+    ("task_columns", task_columns!()),
+];
+
+/// A task created claimed joins no queue: its first attempt opens (the statement then
+/// carries no queue join's parts, which its executor would set up for nothing).
+const OPENED: Parts = &[
+    ("task_queue_join", "opened AS ({task_opened} RETURNING 1)"),
+    ("task_opened", TASK_OPENED),
+];
+
+/// [`RESERVE_UNSOURCED`] in one statement of its own behind the guard.
 static RESERVE_GUARDED: NamedStatement = NamedStatement::new(
     "reserve_guarded",
     include_str!("../sql/reserve_unsourced.sql"),
-    &[
-        &[
-            ("guard", include_str!("../sql/cost_facts_guard.sql")),
-            ("task_insert", TASK_INSERT),
-            ("insert_if", "(SELECT held FROM guard)"),
-            ("created_at", ":now"),
-            ("dispatch_key", ":dispatch_key"),
-            ("task_columns", task_columns!()),
-        ],
-        QUEUE,
-        RESERVE_SPEND,
-    ],
+    &[GUARDED_ROW, QUEUE, RESERVE_SPEND],
+);
+
+/// The same for a task created claimed.
+static RESERVE_GUARDED_CLAIMED: NamedStatement = NamedStatement::new(
+    "reserve_guarded_claimed",
+    include_str!("../sql/reserve_unsourced.sql"),
+    &[GUARDED_ROW, OPENED, RESERVE_SPEND],
 );
 
 /// A cache hit's saving.
@@ -156,10 +168,7 @@ const SLOT_NAMES: &[&str] = &[
 const UNSOURCED_NAMES: &[&str] = &["bucket_units", "bucket_at"];
 /// The names [`guarded_reserve`] binds of the guard ([`RESERVE_GUARDED`]).
 const GUARD_NAMES: &[&str] = &[
-    "fixed_now",
     "lock_key",
-    "spend_window_ms",
-    "bucket_ms",
     "first_bucket",
     "seen_token_units",
     "seen_token_at",
@@ -312,23 +321,26 @@ pub(super) async fn insert_reserved(
     reserve: SpendDelta,
 ) -> StoreResult<Option<Task>> {
     let mut b = RESERVE_UNSOURCED.binder();
-    bind_reserved(&mut b, row, budget, token, reserve);
+    bind_reserved(&mut b, row, true, budget, token, reserve);
     let inserted: Option<TaskRow> = tx.optional(b.statement()?).await?;
     inserted.map(TaskRow::into_task).transpose()
 }
 
-/// Binds a task without a source's row, queue join and reservation
-/// (`sql/reserve_unsourced.sql`).
+/// Binds a task without a source's row, queue join (`join`: the statement has one) and
+/// reservation (`sql/reserve_unsourced.sql`).
 fn bind_reserved(
     b: &mut Binder,
     row: &InsertRow<'_>,
+    join: bool,
     budget: &Budget,
     token: Option<(BucketState, i64)>,
     reserve: SpendDelta,
 ) {
     let tasks = BucketState::full(budget.burst.get(), row.now);
     row.bind(b, false);
-    bind_join(b, row.new.dispatch.weight);
+    if join {
+        bind_join(b, row.new.dispatch.weight);
+    }
     b.group(UNSOURCED_NAMES, |b| {
         b.bind("bucket_units", tasks.units)
             .bind("bucket_at", tasks.at.0);
@@ -351,18 +363,20 @@ pub(super) async fn guarded_reserve(
     token: Option<(BucketState, i64)>,
     reserve: SpendDelta,
 ) -> StoreResult<Option<Created>> {
-    let mut b = RESERVE_GUARDED.binder();
+    let claimed = row.new.claim_by.is_some();
+    let mut b = if claimed {
+        RESERVE_GUARDED_CLAIMED.binder()
+    } else {
+        RESERVE_GUARDED.binder()
+    };
     b.group(GUARD_NAMES, |b| {
-        b.bind("fixed_now", store.fixed_now())
-            .bind("lock_key", lock)
-            .bind("spend_window_ms", SPEND_WINDOW_MS)
-            .bind("bucket_ms", SPEND_BUCKET_MS)
+        b.bind("lock_key", lock)
             .bind("first_bucket", window_first_bucket(row.now))
             .bind("seen_token_units", facts.token_units)
             .bind("seen_token_at", facts.token_at)
             .bind("seen_window_nano", facts.scope_window_nano);
     });
-    bind_reserved(&mut b, row, budget, token, reserve);
+    bind_reserved(&mut b, row, !claimed, budget, token, reserve);
     let inserted: Option<TaskRow> = conn.optional(b.statement()?).await?;
     let Some(task) = inserted else {
         return Ok(None);
@@ -681,6 +695,17 @@ mod tests {
                 ROW_NAMES,
                 NOW_NAMES,
                 JOIN_NAMES,
+                UNSOURCED_NAMES,
+                TOKEN_NAMES,
+                SPEND_NAMES,
+            ],
+        );
+        check_binds(
+            &RESERVE_GUARDED_CLAIMED,
+            &[
+                GUARD_NAMES,
+                ROW_NAMES,
+                NOW_NAMES,
                 UNSOURCED_NAMES,
                 TOKEN_NAMES,
                 SPEND_NAMES,

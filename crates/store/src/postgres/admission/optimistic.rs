@@ -3,8 +3,8 @@
 //! under a metered policy) that no other creation of its scope on this instance is in
 //! flight with ([`super::group`]'s leader), created without a transaction of its own.
 //!
-//! Its scope's cost facts are read without the scope's lock (one autocommit round trip,
-//! the reads of the locked path), core decides on them, and the task and its reservation
+//! Its scope's cost facts are read without the scope's lock (one plain autocommit
+//! statement, [`super::probe::cost_reads`]), core decides on them, and the task and its reservation
 //! are written by the locked path's statement with a guard before it
 //! (`tollgate_cost_facts_hold`, migration 0030): the scope's lock taken inside the
 //! statement, the facts read again after it was granted, the statement failed (nothing
@@ -17,8 +17,8 @@
 use super::super::PostgresStore;
 use super::encode_reservation;
 use super::insert::{InsertRow, guarded_reserve};
-use super::probe::{Asked, Facts, ReadsLock, reads, scope_lock_key};
-use crate::shared::admission::{UnsourcedFacts, model_columns, stored_reservation};
+use super::probe::{cost_reads, scope_lock_key};
+use crate::shared::admission::{model_columns, stored_reservation};
 use crate::shared::cost::SpendDelta;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreResult};
@@ -45,27 +45,15 @@ pub(super) async fn create(store: &PostgresStore, new: &NewTask) -> StoreResult<
     }
     let (config_hash, model_ref) = model_columns(new)?;
     let mut conn = store.pool.acquire().await?;
-    let asked = Asked {
-        app,
-        new,
-        scope,
-        cache_key: None,
-        probe_cache: false,
-        facts: Facts::Cost,
-    };
-    let unlocked = ReadsLock {
-        lock: None,
-        replay_first: false,
-    };
-    let read = reads(store, &mut conn, &asked, &unlocked).await?;
-    if read.probe.taken {
+    let read = cost_reads(store, &mut conn, app, new, scope).await?;
+    if read.taken {
         // A replay; its task gone meanwhile (owner deletion): the locked path.
         return Ok(Tasks::get_task_by_effect_key(store, app, &new.effect_key)
             .await?
             .map(Created::existing));
     }
-    let now = Timestamp(read.probe.now);
-    let facts: UnsourcedFacts = read.facts()?;
+    let now = Timestamp(read.now);
+    let facts = read.facts;
     let (budget, reservation) = (&cost.budget, &cost.reservation);
     let Ok(token) = facts.decide(budget, reservation, now) else {
         return Ok(None);

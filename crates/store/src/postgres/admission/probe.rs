@@ -2,9 +2,10 @@
 //! scope's advisory lock, whether its effect key is taken, the newest cache hit and the
 //! admission facts.
 
-use super::super::{PostgresStore, Tx};
+use super::super::{PostgresStore, Tx, now_sql};
 #[cfg(doc)]
-use crate::shared::admission::{AdmissionFacts, UnsourcedFacts};
+use crate::shared::admission::AdmissionFacts;
+use crate::shared::admission::UnsourcedFacts;
 use crate::shared::rows::stored_subject;
 use crate::{StoreError, StoreResult};
 use sqlx::FromRow;
@@ -161,18 +162,65 @@ pub(super) async fn reads(
     if !probe.facts_read {
         return Ok(Reads { probe, facts: None });
     }
-    // The window's first bucket is core's rule; the function's reading of it must agree.
-    let first = window_first_bucket(Timestamp(probe.now));
-    if probe.first_bucket != Some(first) {
-        return Err(StoreError::Corrupt(format!(
-            "creation reads summed spend from bucket {:?}, core's window starts at {first}",
-            probe.first_bucket
-        )));
-    }
+    check_first_bucket(probe.now, probe.first_bucket)?;
     Ok(Reads {
         probe,
         facts: Some(row),
     })
+}
+
+/// What a creation in one statement reads, without the scope's lock
+/// ([`super::optimistic`]): whether its effect key is taken, "now", the window's first
+/// spend bucket, and the scope's cost facts.
+#[derive(sqlx::FromRow)]
+pub(super) struct CostReads {
+    pub(super) taken: bool,
+    pub(super) now: i64,
+    first_bucket: i64,
+    #[sqlx(flatten)]
+    pub(super) facts: UnsourcedFacts,
+}
+
+/// The [`CostReads`] in one plain statement (the functions it calls, migration 0030, are
+/// inlined by the planner: no procedural call, unlike [`reads`]).
+pub(super) async fn cost_reads(
+    store: &PostgresStore,
+    conn: &mut sqlx::PgConnection,
+    app: &AppId,
+    new: &NewTask,
+    scope: &ScopeId,
+) -> StoreResult<CostReads> {
+    let read: CostReads = sqlx::query_as(concat!(
+        "SELECT c.taken, c.now, b.first_bucket, f.token_units, f.token_at, \
+         f.scope_window_nano \
+         FROM (SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2) \
+               AS taken, ",
+        now_sql!("4"),
+        " AS now) AS c \
+         CROSS JOIN LATERAL (SELECT tollgate_first_bucket(c.now, $5, $6) AS first_bucket) AS b \
+         CROSS JOIN LATERAL tollgate_cost_facts($1, $3, b.first_bucket) AS f"
+    ))
+    .bind(app.as_str())
+    .bind(new.effect_key.as_str())
+    .bind(scope.as_str())
+    .bind(store.fixed_now())
+    .bind(SPEND_WINDOW_MS)
+    .bind(SPEND_BUCKET_MS)
+    .fetch_one(&mut *conn)
+    .await?;
+    check_first_bucket(read.now, Some(read.first_bucket))?;
+    Ok(read)
+}
+
+/// The window's first bucket is core's rule; the database's reading of it must agree.
+fn check_first_bucket(now: i64, read: Option<i64>) -> StoreResult<()> {
+    let first = window_first_bucket(Timestamp(now));
+    if read != Some(first) {
+        return Err(StoreError::Corrupt(format!(
+            "creation reads summed spend from bucket {read:?}, core's window starts at {first}"
+        )));
+    }
+    Ok(())
 }
 
 /// docs/conformance.md#create-owner-check for a run's task: the run exists in the app and is not canceled; its

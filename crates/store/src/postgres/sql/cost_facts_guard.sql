@@ -5,8 +5,7 @@
 -- the ones decided on (:seen_token_units, :seen_token_at, :seen_window_nano, summed from
 -- :first_bucket); when not, nothing is written.
 guard AS MATERIALIZED (
-  SELECT tollgate_cost_facts_hold(:app, :effect_key, :scope, :fixed_now::BIGINT,
-                                  :lock_key, :spend_window_ms, :bucket_ms, :first_bucket,
+  SELECT tollgate_cost_facts_hold(:app, :effect_key, :scope, :lock_key, :first_bucket,
                                   :seen_token_units::BIGINT, :seen_token_at::BIGINT,
                                   :seen_window_nano) AS held
 ),
