@@ -161,6 +161,7 @@ macro_rules! conformance_suite {
             unsourced::racing_unsourced_tasks_of_one_scope_respect_the_token_bucket_exactly,
             lifecycle::claim_moves_queued_to_running_once,
             lifecycle::a_task_created_claimed_is_running_and_never_claimable,
+            lifecycle::a_silent_task_created_claimed_is_requeued_and_claimable,
             lifecycle::claim_refuses_canceled_and_finished_tasks,
             lifecycle::claim_refuses_tasks_of_a_canceled_run,
             lifecycle::claim_next_claims_oldest_claimable_first,

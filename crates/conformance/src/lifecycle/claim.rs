@@ -267,3 +267,32 @@ pub async fn a_task_created_claimed_is_running_and_never_claimable(b: &dyn Backe
     assert_eq!(hit.task.status, TaskStatus::Succeeded);
     assert_eq!(hit.task.worker, None);
 }
+
+/// docs/conformance.md#lifecycle, recovery: a task created claimed whose worker went
+/// silent is put back in the queue by the sweep like any claimed task, and claimed by
+/// the next `claim_next` — also in a scope where no task was ever queued (tasks created
+/// claimed join no queue, so the requeue makes the scope's queue).
+pub async fn a_silent_task_created_claimed_is_requeued_and_claimable(b: &dyn Backend) {
+    let s = b.open().await;
+    let (w1, w2) = (worker("w1"), worker("w2"));
+    let mut new = new_app_task("acme", "never-queued", "silent");
+    new.claim_by = Some(w1.clone());
+    new.max_attempts = tollgate_core::MaxAttempts::new(2).expect("1..=20");
+    let t = s.create_task(new).await.expect("create").task;
+    assert_eq!(t.status, TaskStatus::Running, "created claimed");
+    b.clock().advance(secs(31));
+    assert_eq!(
+        sweep_all(&*s, &sweep_config()).await.requeued,
+        vec![(app("acme"), t.id)],
+        "the silent claim goes back to the queue"
+    );
+    let claimed = s.claim_next(&w2, 10).await.expect("claim_next");
+    assert_eq!(
+        claimed
+            .iter()
+            .map(|c| (c.id, c.attempt))
+            .collect::<Vec<_>>(),
+        vec![(t.id, 2)],
+        "the requeued task is claimable: its scope's queue is active"
+    );
+}

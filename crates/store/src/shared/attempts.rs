@@ -9,12 +9,15 @@
 //! task is running under the worker's lease (its worker and claim) and none is open, in one transaction that writes the
 //! task row first (the row lock on PostgreSQL; SQLite's writer covers all).
 
+use crate::shared::dispatch::QUEUE_JOIN;
 use crate::shared::lifecycle::cancel_wanted;
 use crate::shared::rows::task_id;
 use crate::shared::sql::{Backend, Exec, Statement, TxExec};
 use crate::{AttemptEnd, StoreError, StoreResult};
 use tollgate_core::attempt::{Attempt, AttemptOutcome, Charged, attempt_charge};
-use tollgate_core::{AppId, ErrorCode, Lease, TaskError, TaskId, Timestamp, Usage};
+use tollgate_core::{
+    AppId, ErrorCode, Lease, TaskError, TaskId, Timestamp, Usage, Weight, join_credit, stride,
+};
 
 /// The settlement's view of a task's attempts, as columns of a `tasks` select: how many
 /// it made, and the sum of what they are charged (an open one at its reservation).
@@ -498,17 +501,38 @@ async fn back_in_queue<E: Exec + ?Sized>(
         let joined_at = "CASE WHEN active THEN pass \
              WHEN (SELECT MIN(q.pass) FROM dispatch_queues q WHERE q.active) > pass \
              THEN (SELECT MIN(q.pass) FROM dispatch_queues q WHERE q.active) ELSE pass END";
-        tx.run(
-            Statement::new(format!(
-                "UPDATE dispatch_queues SET pass = {joined_at}, \
-                 base = CASE WHEN active THEN base ELSE {joined_at} END, \
-                 joined = CASE WHEN active THEN joined ELSE NULL END, active = TRUE \
-                 WHERE app = $1 AND scope = $2"
-            ))
-            .bind(app)
-            .bind(scope),
-        )
-        .await?;
+        let updated = tx
+            .run(
+                Statement::new(format!(
+                    "UPDATE dispatch_queues SET pass = {joined_at}, \
+                     base = CASE WHEN active THEN base ELSE {joined_at} END, \
+                     joined = CASE WHEN active THEN joined ELSE NULL END, active = TRUE \
+                     WHERE app = $1 AND scope = $2"
+                ))
+                .bind(app)
+                .bind(scope),
+            )
+            .await?;
+        if updated == 0 {
+            // No queue yet: its tasks were all created claimed (docs/engine.md, "Tasks
+            // claimed at creation"), which join none. It joins now as a creation's
+            // would, at the default weight (the task's policy is the engine's; the
+            // scope's next creation that joins sets it).
+            let weight = Weight::default();
+            tx.run(
+                Statement::new(format!(
+                    "WITH join_params AS (SELECT CAST($1 AS TEXT) AS app, \
+                     CAST($2 AS TEXT) AS scope, CAST($3 AS BIGINT) AS weight, \
+                     CAST($4 AS BIGINT) AS credit, CAST($5 AS BIGINT) AS stride) {QUEUE_JOIN}"
+                ))
+                .bind(app)
+                .bind(scope)
+                .bind(i64::from(weight))
+                .bind(join_credit(weight))
+                .bind(stride(weight)),
+            )
+            .await?;
+        }
     }
     Ok(requeued)
 }
