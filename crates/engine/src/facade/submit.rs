@@ -61,15 +61,11 @@ impl Tollgate {
                     // second write on the call's path, none holding the row while a
                     // worker claims it).
                     prepared.released = space == Some(EngineKeySpace::OpenAiDoor);
-                    // docs/engine.md, "Door calls claimed at creation": with a free slot
-                    // and nothing else claimable here, the door's task is created claimed
-                    // by this process's worker and starts at once, without a claim of its
-                    // own (a commit and the dispatcher's hand-over saved).
-                    let direct = if prepared.released {
-                        self.inner.direct_slot()
-                    } else {
-                        None
-                    };
+                    // docs/engine.md, "Tasks claimed at creation": with a free slot and
+                    // nothing else claimable here, the task is created claimed by this
+                    // process's worker and starts at once, without a claim of its own (a
+                    // commit and the dispatcher's hand-over saved).
+                    let direct = self.inner.direct_slot();
                     prepared.claim_by = direct.as_ref().map(|slot| slot.worker().clone());
                     if direct.is_some() {
                         self.inner.prepare_call(&prepared.model);

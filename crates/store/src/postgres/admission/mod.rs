@@ -51,7 +51,6 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
 async fn create_alone(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
     if new.scope.is_none()
         && new.cost.is_none()
-        && new.claim_by.is_none()
         && let Owner::Application {
             app,
             scope,
@@ -91,7 +90,12 @@ async fn create_app_task(
     let model = (item.config_hash, item.model_ref);
     let row = InsertRow::new(item.id, new, owner, model, Timestamp(0));
     match insert::insert_app_task(store, &row, scope_lock_key(app, scope)).await? {
-        Some(task) => Ok(Created::inserted(task)),
+        Some(task) => {
+            // Created claimed (docs/engine.md, "Tasks claimed at creation"): its claim's
+            // move is owed, as a fair claim's.
+            store.queue_view.owe_creation_claim(new, &task);
+            Ok(Created::inserted(task))
+        }
         None => insert::lost_race(store, app, new).await,
     }
 }
