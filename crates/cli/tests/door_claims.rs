@@ -204,7 +204,7 @@ async fn door_calls_start_on_their_hint_alone(backend: &str) {
     assert_eq!(provider_calls.load(Ordering::SeqCst), CALLS);
 
     // One call at a time on an idle pool: the calls' tasks were created claimed by this
-    // replica's worker (docs/engine.md, "Door calls claimed at creation"), not claimed
+    // replica's worker (docs/engine.md, "Tasks claimed at creation"), not claimed
     // from the queue.
     let at_creation = server
         .metric("tollgate_claims_total{via=\"creation\"}")
@@ -277,7 +277,7 @@ async fn held_answer(
     axum::Json(whole_answer()).into_response()
 }
 
-/// docs/engine.md, "Door calls claimed at creation": only with an execution slot free.
+/// docs/engine.md, "Tasks claimed at creation": only with an execution slot free.
 /// With one slot, held by a first call's execution, a second call's task is queued (its
 /// provider call does not begin while the first holds the slot) and is claimed from the
 /// queue once the slot is free: at most the first was claimed at its creation.

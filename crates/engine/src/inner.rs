@@ -46,7 +46,7 @@ impl std::fmt::Debug for Inner {
 
 impl Inner {
     /// A free execution slot of this process's running worker pool for a door call's
-    /// task, created already claimed (docs/engine.md, "Door calls claimed at creation");
+    /// task, created already claimed (docs/engine.md, "Tasks claimed at creation");
     /// `None` when no pool runs here or it should not take one now.
     pub(crate) fn direct_slot(&self) -> Option<crate::worker::DirectSlot> {
         let pool = self

@@ -174,7 +174,7 @@ pub trait Provider: Send + Sync + fmt::Debug + 'static {
     }
 
     /// A call is about to be made (a door call's task is being created, claimed by this
-    /// process, docs/engine.md, "Door calls claimed at creation"): the provider may get
+    /// process, docs/engine.md, "Tasks claimed at creation"): the provider may get
     /// ready for it meanwhile. Never waits. HTTP providers begin reading their pause
     /// ([`pace::ProviderPace::prefetch`]); the default does nothing.
     fn prepare(&self) {}

@@ -181,7 +181,7 @@ impl WorkerPool {
     }
 
     /// An execution slot for a task created already claimed by this pool's worker
-    /// (docs/engine.md, "Door calls claimed at creation"): only while the dispatcher is
+    /// (docs/engine.md, "Tasks claimed at creation"): only while the dispatcher is
     /// idle (its last claim found nothing more, no hint since), so such a task passes no
     /// queued task of the fair order, and only with a slot free and the held executions
     /// under the dispatcher's own cap. `None`: the call's task goes through the queue.

@@ -116,7 +116,7 @@ pub(crate) struct WorkerPool {
     /// Grouped embeddings calls of this process's `embed` executions.
     embeds: Arc<crate::provider::embed_batch::EmbedBatcher>,
     /// The dispatcher's last claim found nothing more to claim, and no hint came since
-    /// (docs/engine.md, "Door calls claimed at creation").
+    /// (docs/engine.md, "Tasks claimed at creation").
     idle: std::sync::atomic::AtomicBool,
 }
 

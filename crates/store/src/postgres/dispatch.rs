@@ -198,7 +198,7 @@ pub(super) async fn pay_pass_debt(store: &PostgresStore) -> StoreResult<()> {
 
 /// The statement of [`pay_pass_debt`]: writes `debt` (rows it can lock) and returns the
 /// moves it wrote, and those of queues that have no row (a scope whose tasks were all
-/// created claimed, docs/engine.md, "Door calls claimed at creation": a queue that does
+/// created claimed, docs/engine.md, "Tasks claimed at creation": a queue that does
 /// not exist has no pass to move, and joins at the passes as they are when it first
 /// activates); the caller marks them paid once they are committed. Otherwise such a
 /// move would stay owed for ever, and every payment would carry it again.

@@ -352,12 +352,26 @@ impl<'a> InsertRow<'a> {
         }
     }
 
+    /// Records the reservation this row's task stores ([`stored_reservation`]: with the
+    /// limits it is checked under, and whether it took from the token bucket) and returns
+    /// what it adds to the spend windows.
+    pub(crate) fn reserve(
+        &mut self,
+        reservation: &Reservation,
+        budget: &Budget,
+        from_token_bucket: bool,
+    ) -> StoreResult<SpendDelta> {
+        let stored = stored_reservation(reservation, budget, from_token_bucket);
+        self.reservation = Some(crate::shared::cost::encode_reservation(&stored)?);
+        Ok(SpendDelta::reserve(&stored))
+    }
+
     /// Binds the task row's values, both backends; `clock`: the statement reads the
     /// creation time itself (no `:now`), and `:dispatch_key` is the key's offset from it.
     pub(crate) fn bind(&self, b: &mut Binder, clock: bool) {
         let new = self.new;
         let cached = self.cached_from.is_some();
-        // docs/engine.md, "Door calls claimed at creation": a cache hit is never claimed.
+        // docs/engine.md, "Tasks claimed at creation": a cache hit is never claimed.
         let claimed = new
             .claim_by
             .as_ref()

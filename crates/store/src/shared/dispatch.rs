@@ -450,7 +450,7 @@ impl QueueView {
 }
 
 /// Whether `task`, which a creation of `new` inserted, was created claimed
-/// (`NewTask::claim_by`, docs/engine.md, "Door calls claimed at creation"): its insert
+/// (`NewTask::claim_by`, docs/engine.md, "Tasks claimed at creation"): its insert
 /// wrote it running. A cache hit asked claimed is inserted succeeded instead.
 pub(crate) fn claimed_at_creation(new: &NewTask, task: &Task) -> bool {
     new.claim_by.is_some() && task.status == TaskStatus::Running

@@ -9,12 +9,11 @@
 //! after another, each for its reads, its insert and its commit.
 
 use super::super::PostgresStore;
+use super::create_alone;
 use super::insert::{InsertRow, insert_reserved};
 use super::probe::{Asked, Facts, ReadsLock, reads, scope_lock_key};
 use super::snapshot::check_unsourced;
-use super::{create_alone, encode_reservation};
-use crate::shared::admission::{Refusal, UnsourcedFacts, model_columns, stored_reservation};
-use crate::shared::cost::SpendDelta;
+use crate::shared::admission::{Refusal, UnsourcedFacts, model_columns};
 use crate::shared::group::{GroupKey, Grouping, Groups, Together};
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreError, StoreResult};
@@ -122,9 +121,7 @@ async fn create_together(store: &PostgresStore, news: &[&NewTask]) -> StoreResul
             (config_hash.0, model_ref),
             now,
         );
-        let stored = stored_reservation(reservation, budget, token.is_some());
-        row.reservation = Some(encode_reservation(&stored)?);
-        let reserve = SpendDelta::reserve(&stored);
+        let reserve = row.reserve(reservation, budget, token.is_some())?;
         let Some(task) = insert_reserved(&mut tx, &row, budget, token, reserve).await? else {
             tx.rollback().await?;
             return Ok(Together::Taken(n));

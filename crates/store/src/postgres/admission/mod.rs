@@ -12,7 +12,8 @@
 //! [`probe`] reads what a creation decides on (owner, scope lock, idempotency, cache);
 //! [`snapshot`] reads the admission facts and asks core; [`insert`] writes the task and
 //! the admission in one statement; [`slots`] holds the striped global cap; [`group`]
-//! creates one scope's concurrent tasks without a source in one transaction.
+//! creates one scope's concurrent tasks without a source in one transaction;
+//! [`optimistic`] creates a lone one in one statement of its own when its decision holds.
 
 mod group;
 mod insert;
@@ -225,9 +226,7 @@ async fn attempt_create(
         } else {
             None
         };
-        let stored = stored_reservation(reservation, budget, token.is_some());
-        row.reservation = Some(encode_reservation(&stored)?);
-        let reserve = SpendDelta::reserve(&stored);
+        let reserve = row.reserve(reservation, budget, token.is_some())?;
         return insert_reserved_and_commit(store, tx, &row, &app, budget, token, reserve).await;
     };
     let key = key.unwrap_or_default();
@@ -261,14 +260,13 @@ async fn attempt_create(
     };
     row.admitted = true;
     let from_token_bucket = update.token_bucket.is_some();
-    let reservation = stored_reservation(&scoped.reservation, &scoped.budget, from_token_bucket);
-    row.reservation = Some(encode_reservation(&reservation)?);
+    let reserve = row.reserve(&scoped.reservation, &scoped.budget, from_token_bucket)?;
     let record = AdmissionRecord {
         source: &scoped.source_id,
         logical_key: &logical_key,
         budget: &scoped.budget,
         update,
-        reserve: SpendDelta::reserve(&reservation),
+        reserve,
     };
     insert_and_commit(store, tx, &row, &app, Some(record), path).await
 }

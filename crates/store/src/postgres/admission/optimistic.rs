@@ -4,22 +4,20 @@
 //! flight with ([`super::group`]'s leader), created without a transaction of its own.
 //!
 //! Its scope's cost facts are read without the scope's lock (one plain autocommit
-//! statement, [`super::probe::cost_reads`]), core decides on them, and the task and its reservation
-//! are written by the locked path's statement with a guard before it
+//! statement, [`super::probe::cost_reads`]), core decides on them, and the task and its
+//! reservation are written by the locked path's statement behind a guard
 //! (`tollgate_cost_facts_hold`, migration 0030): the scope's lock taken inside the
-//! statement, the facts read again after it was granted, the statement failed (nothing
-//! written) unless they are the ones decided on. Two round trips instead of four
+//! statement, the facts read again after it was granted, nothing written unless they
+//! are the ones decided on. Two round trips instead of four
 //! (`BEGIN`, the reads, the insert, `COMMIT`), and the scope's lock held only for the
 //! statement's own work. Whenever this path cannot decide — the facts changed, core
 //! refused (a refusal is judged under the lock, with its retry time), the app has a
 //! spend limit (checked under the app's lock) — the creation runs the locked path.
 
 use super::super::PostgresStore;
-use super::encode_reservation;
 use super::insert::{InsertRow, guarded_reserve};
 use super::probe::{cost_reads, scope_lock_key};
-use crate::shared::admission::{model_columns, stored_reservation};
-use crate::shared::cost::SpendDelta;
+use crate::shared::admission::model_columns;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreResult};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,9 +64,7 @@ pub(super) async fn create(store: &PostgresStore, new: &NewTask) -> StoreResult<
         (config_hash.0, model_ref),
         now,
     );
-    let stored = stored_reservation(reservation, budget, token.is_some());
-    row.reservation = Some(encode_reservation(&stored)?);
-    let reserve = SpendDelta::reserve(&stored);
+    let reserve = row.reserve(reservation, budget, token.is_some())?;
     let lock = scope_lock_key(app, scope);
     let made = guarded_reserve(
         store,

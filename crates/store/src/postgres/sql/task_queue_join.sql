@@ -1,7 +1,7 @@
 -- After the task insert `t` of the statement around it. docs/conformance.md#fair-share: a
 -- queued task's (app, scope) queue joins (shared/sql/queue_join.sql), its weight
 -- :weight, joining credit :credit and stride :stride. A task created claimed
--- (docs/engine.md, "Door calls claimed at creation") joins no queue: its first attempt
+-- (docs/engine.md, "Tasks claimed at creation") joins no queue: its first attempt
 -- opens, as a claim's would ({task_opened}).
 join_params AS (
   SELECT t.app, t.scope, :weight::BIGINT AS weight, :credit::BIGINT AS credit,

@@ -9,7 +9,7 @@
 -- docs/conformance.md#cost-cache-hits: a cache hit's saving (:saved_nano) in the spend buckets of now
 -- (a hit was looked up: its key was free).
 {spend_upserts};
--- docs/engine.md, "Door calls claimed at creation": a task created claimed (its insert
+-- docs/engine.md, "Tasks claimed at creation": a task created claimed (its insert
 -- wrote it running) has its first attempt opened, as a claim's are.
 {open_claimed} WHERE id = :id AND :status = 'running';
 -- docs/conformance.md#fair-share: a queued task's queue joins.
