@@ -10,14 +10,14 @@
 
 use super::super::PostgresStore;
 use super::create_alone;
-use super::insert::{InsertRow, insert_reserved};
+use super::insert::{insert_reserved, unsourced_row};
 use super::probe::{Asked, Facts, ReadsLock, reads, scope_lock_key};
 use super::snapshot::check_unsourced;
 use crate::shared::admission::{Refusal, UnsourcedFacts, model_columns};
 use crate::shared::group::{GroupKey, Grouping, Groups, Together};
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreError, StoreResult};
-use tollgate_core::{NewTask, Owner, Task, TaskCost, TaskId, Timestamp};
+use tollgate_core::{NewTask, Owner, Task, TaskCost, Timestamp};
 
 /// The group of a creation that may be made together with others of its scope: an
 /// application's task without a source under a USD or token limit (its whole decision is
@@ -113,15 +113,14 @@ async fn create_together(store: &PostgresStore, news: &[&NewTask]) -> StoreResul
                     continue;
                 }
             };
-        let owner = (None, scope.clone(), subject.clone());
-        let mut row = InsertRow::new(
-            TaskId::generate(),
+        let (row, reserve) = unsourced_row(
             new,
-            owner,
+            (scope, subject.as_ref()),
             (config_hash.0, model_ref),
             now,
-        );
-        let reserve = row.reserve(reservation, budget, token.is_some())?;
+            cost,
+            token.is_some(),
+        )?;
         let Some(task) = insert_reserved(&mut tx, &row, budget, token, reserve).await? else {
             tx.rollback().await?;
             return Ok(Together::Taken(n));

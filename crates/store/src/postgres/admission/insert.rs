@@ -16,7 +16,7 @@ use crate::{Created, StoreError, StoreResult};
 use tollgate_core::cost::{spend_bucket, window_first_bucket};
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
-    TaskId, Timestamp, Weight, join_credit, stride,
+    TaskCost, TaskId, Timestamp, Weight, join_credit, stride,
 };
 
 /// The spend upserts (`sql/spend_add.sql`), CTEs of the statements that reserve or save.
@@ -324,6 +324,24 @@ pub(super) async fn insert_reserved(
     bind_reserved(&mut b, row, true, budget, token, reserve);
     let inserted: Option<TaskRow> = tx.optional(b.statement()?).await?;
     inserted.map(TaskRow::into_task).transpose()
+}
+
+/// The row of an application's task without a source (`new`, of `scope` and `subject`,
+/// its model columns `model`) decided at `now` under `cost`, its reservation recorded
+/// (`from_token_bucket`: the decision took the scope's token bucket), and what that
+/// reservation adds to the spend windows.
+pub(super) fn unsourced_row<'a>(
+    new: &'a NewTask,
+    (scope, subject): (&ScopeId, Option<&Subject>),
+    model: (String, String),
+    now: Timestamp,
+    cost: &TaskCost,
+    from_token_bucket: bool,
+) -> StoreResult<(InsertRow<'a>, SpendDelta)> {
+    let owner = (None, scope.clone(), subject.cloned());
+    let mut row = InsertRow::new(TaskId::generate(), new, owner, model, now);
+    let reserve = row.reserve(&cost.reservation, &cost.budget, from_token_bucket)?;
+    Ok((row, reserve))
 }
 
 /// Binds a task without a source's row, queue join (`join`: the statement has one) and

@@ -15,13 +15,13 @@
 //! spend limit (checked under the app's lock) — the creation runs the locked path.
 
 use super::super::PostgresStore;
-use super::insert::{InsertRow, guarded_reserve};
+use super::insert::{guarded_reserve, unsourced_row};
 use super::probe::{cost_reads, scope_lock_key};
 use crate::shared::admission::model_columns;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreResult};
 use std::sync::atomic::{AtomicU64, Ordering};
-use tollgate_core::{NewTask, Owner, TaskId, Timestamp};
+use tollgate_core::{NewTask, Owner, Timestamp};
 
 /// Creates `new` in one statement, or `None` when this path does not decide it (nothing
 /// written; the caller runs the locked path).
@@ -56,15 +56,14 @@ pub(super) async fn create(store: &PostgresStore, new: &NewTask) -> StoreResult<
     let Ok(token) = facts.decide(budget, reservation, now) else {
         return Ok(None);
     };
-    let owner = (None, scope.clone(), subject.clone());
-    let mut row = InsertRow::new(
-        TaskId::generate(),
+    let (row, reserve) = unsourced_row(
         new,
-        owner,
+        (scope, subject.as_ref()),
         (config_hash.0, model_ref),
         now,
-    );
-    let reserve = row.reserve(reservation, budget, token.is_some())?;
+        cost,
+        token.is_some(),
+    )?;
     let lock = scope_lock_key(app, scope);
     let made = guarded_reserve(
         store,
