@@ -8,9 +8,10 @@
 //! Also: a door task is released by the write that creates it (a sourced call leaves no
 //! unreleased source behind, where a `POST /v1/tasks` task of the same scope does), and
 //! a replay of a key answers the same task without a second provider call. With the
-//! pool idle, the calls' tasks are created claimed (they need no hint at all); the
-//! `POST /v1/tasks` task still starts on its hint alone. Without a free slot a call's
-//! task is queued instead, and claimed from the queue once a slot frees.
+//! pool idle, the calls' tasks are created claimed (they need no hint at all), as are
+//! `POST /v1/tasks?wait=` tasks; a `POST /v1/tasks` task nobody waits for is created
+//! queued. Without a free slot a call's task is queued instead, and claimed from the
+//! queue once a slot frees.
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -249,6 +250,62 @@ async fn door_calls_start_on_their_hint_alone(backend: &str) {
         unreleased["sources"],
         json!([{"scope": "s1", "source": "doc-api"}]),
         "{unreleased}"
+    );
+
+    // POST /v1/tasks: a task its caller waits for is created claimed on the idle pool too;
+    // one it does not wait for is created queued, as docs/conformance.md#creating-a-task
+    // inserts it, and answered so.
+    const WAITED: usize = 6;
+    let before = server
+        .metric("tollgate_claims_total{via=\"creation\"}")
+        .await;
+    for i in 0..WAITED {
+        let answer: Value = server
+            .http
+            .post(format!("{}/v1/tasks?wait=20s", server.base))
+            .bearer_auth(ACME)
+            .json(
+                &json!({"kind": "generate_text", "scope": "s2", "step": "api",
+                          "effect_key": format!("{run}-waited-{i}"),
+                          "request": {"prompt": "Say hello"}}),
+            )
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["status"], "succeeded", "{answer}");
+    }
+    let waited = server
+        .metric("tollgate_claims_total{via=\"creation\"}")
+        .await
+        - before;
+    assert!(
+        waited >= (WAITED / 2) as f64,
+        "{waited} of {WAITED} waited tasks claimed at creation"
+    );
+    let created = server
+        .http
+        .post(format!("{}/v1/tasks", server.base))
+        .bearer_auth(ACME)
+        .json(
+            &json!({"kind": "generate_text", "scope": "s2", "step": "api",
+                      "effect_key": format!("{run}-unwaited"),
+                      "request": {"prompt": "Say hello"}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    assert_eq!(created["status"], "queued", "{created}");
+    assert_eq!(
+        server
+            .metric("tollgate_claims_total{via=\"creation\"}")
+            .await,
+        before + waited,
+        "a task nobody waits for is never created claimed"
     );
 }
 

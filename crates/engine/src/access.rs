@@ -6,7 +6,7 @@
 //! here once, not in each handler.
 
 use crate::error::EngineError;
-use crate::facade::{Submission, SubmissionOwner, Submitted, TaskWaiter, Tollgate};
+use crate::facade::{Start, Submission, SubmissionOwner, Submitted, TaskWaiter, Tollgate};
 use crate::pipelines::{PipelineProgress, PipelineStart, StartedRun};
 use std::time::Duration;
 use tollgate_core::{
@@ -111,10 +111,30 @@ impl CallerView {
     /// [`Tollgate::submit`] in the caller's app; a replayed effect key of a task the
     /// caller cannot see is [`EngineError::EffectKeyTaken`], and one of a visible task
     /// that differs from this submission is [`EngineError::TaskConflict`] naming the field.
-    pub async fn submit(&self, mut submission: Submission) -> Result<Submitted, EngineError> {
+    pub async fn submit(&self, submission: Submission) -> Result<Submitted, EngineError> {
+        self.submit_starting(submission, Start::Queued).await
+    }
+
+    /// [`CallerView::submit`] of a task the caller waits for (`POST /v1/tasks?wait=`):
+    /// when this process's dispatcher is idle and a slot is free, the task is created
+    /// claimed and starts at once (docs/engine.md, "Tasks claimed at creation"); its
+    /// answer is then `running`, which a caller that waits does not see unless its wait
+    /// ends first.
+    pub async fn submit_awaited(&self, submission: Submission) -> Result<Submitted, EngineError> {
+        self.submit_starting(submission, Start::AtOnce).await
+    }
+
+    async fn submit_starting(
+        &self,
+        mut submission: Submission,
+        start: Start,
+    ) -> Result<Submitted, EngineError> {
         submission.app = self.app.clone();
         self.check_owner(&submission).await?;
-        let submitted = self.tollgate.submit_keyed(submission.clone(), None).await?;
+        let submitted = self
+            .tollgate
+            .submit_keyed(submission.clone(), None, start)
+            .await?;
         self.replay(&submission, submitted)
     }
 
@@ -130,7 +150,11 @@ impl CallerView {
         self.check_owner(&submission).await?;
         let submitted = self
             .tollgate
-            .submit_keyed(submission.clone(), Some(EngineKeySpace::OpenAiDoor))
+            .submit_keyed(
+                submission.clone(),
+                Some(EngineKeySpace::OpenAiDoor),
+                Start::AtOnce,
+            )
             .await?;
         self.replay(&submission, submitted)
     }

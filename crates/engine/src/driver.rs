@@ -349,7 +349,11 @@ impl Driver {
         // docs/telemetry.md: the step is the parent of its task's trace.
         let span = self.inner.traces.pipeline_step(run, &step.key, attempt);
         match span
-            .in_scope(tollgate.submit_keyed(submission, Some(EngineKeySpace::PipelineStep)))
+            .in_scope(tollgate.submit_keyed(
+                submission,
+                Some(EngineKeySpace::PipelineStep),
+                crate::facade::Start::Queued,
+            ))
             .await
         {
             Ok(submitted) => {

@@ -150,9 +150,8 @@ async fn submissions_admissions_cache_providers_and_outcomes_are_measured() {
         "tollgate_task_outcomes_total{code=none,outcome=succeeded}",
         "tollgate_task_outcomes_total{code=provider_error,outcome=failed}",
         "tollgate_task_execution_seconds{kind=classify}",
-        // docs/engine.md, "Tasks claimed at creation": one at a time on an idle pool, each
-        // task is created claimed.
-        "tollgate_claims_total{via=creation}",
+        // docs/conformance.md#fair-share: with fairness on, a hint only wakes the dispatcher's fair claim.
+        "tollgate_claims_total{via=poll}",
         // docs/api.md, "Metrics": no tenant-chosen label value by default.
         "tollgate_scope_claims_total{}",
         "tollgate_queue_wait_seconds{}",

@@ -14,6 +14,7 @@ mod submit;
 mod tasks;
 
 pub use submission::{SourceSpec, Submission, SubmissionOwner, Submitted};
+pub(crate) use submit::Start;
 pub use tasks::TaskWaiter;
 
 use crate::config::EngineConfig;

@@ -23,7 +23,9 @@ impl Tollgate {
     /// submission, and is [`EngineError::TaskConflict`] naming the first field that
     /// differs otherwise (the HTTP API's 409), nothing written.
     pub async fn submit(&self, submission: Submission) -> Result<Submitted, EngineError> {
-        let submitted = self.submit_keyed(submission.clone(), None).await?;
+        let submitted = self
+            .submit_keyed(submission.clone(), None, Start::Queued)
+            .await?;
         self.replayed(&submission, submitted)
     }
 
@@ -32,10 +34,13 @@ impl Tollgate {
     /// pipeline driver, whose keys it derives), of a task whose key the engine made in
     /// `space` (a pipeline step, a door call) when given: the key must lie in that
     /// namespace, and only there.
+    /// `start`: whether the task may be created claimed by this process (docs/engine.md,
+    /// "Tasks claimed at creation").
     pub(crate) async fn submit_keyed(
         &self,
         submission: Submission,
         space: Option<EngineKeySpace>,
+        start: Start,
     ) -> Result<Submitted, EngineError> {
         let kind = submission.kind;
         let traces = &self.inner.traces;
@@ -61,11 +66,14 @@ impl Tollgate {
                     // second write on the call's path, none holding the row while a
                     // worker claims it).
                     prepared.released = space == Some(EngineKeySpace::OpenAiDoor);
-                    // docs/engine.md, "Tasks claimed at creation": with a free slot and
-                    // nothing else claimable here, the task is created claimed by this
-                    // process's worker and starts at once, without a claim of its own (a
-                    // commit and the dispatcher's hand-over saved).
-                    let direct = self.inner.direct_slot();
+                    // docs/engine.md, "Tasks claimed at creation": a task its caller
+                    // waits for, with a free slot and nothing else claimable here, is
+                    // created claimed by this process's worker and starts at once, without
+                    // a claim of its own (a commit and the dispatcher's hand-over saved).
+                    let direct = match start {
+                        Start::AtOnce => self.inner.direct_slot(),
+                        Start::Queued => None,
+                    };
                     prepared.claim_by = direct.as_ref().map(|slot| slot.worker().clone());
                     if direct.is_some() {
                         self.inner.prepare_call(&prepared.model);
@@ -309,7 +317,7 @@ impl Tollgate {
             results[i] = Some(answer);
         }
         for (i, s) in repeated {
-            results[i] = Some(self.submit_keyed(s, None).await);
+            results[i] = Some(self.submit_keyed(s, None, Start::Queued).await);
         }
         Ok(results
             .into_iter()
@@ -400,4 +408,15 @@ fn count_submit(kind: TaskKind, result: &Result<Submitted, EngineError>) {
         Err(_) => "invalid",
     };
     metrics::counter!(m::SUBMITS_TOTAL, "kind" => kind.as_str(), "outcome" => outcome).increment(1);
+}
+
+/// How a submitted task may start (docs/engine.md, "Tasks claimed at creation").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// Created `queued`, as docs/conformance.md#creating-a-task inserts it; the dispatcher
+    /// claims it.
+    Queued,
+    /// Its caller waits for its end (a door call, `POST /v1/tasks?wait=`): created claimed
+    /// by this process's worker when its dispatcher is idle and a slot is free, else queued.
+    AtOnce,
 }

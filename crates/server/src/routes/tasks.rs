@@ -258,7 +258,12 @@ pub(crate) async fn submit(
     // Hears the task's end from before it exists: nothing to read again to wait on it.
     // Its waiter slot is taken first: a call refused for want of one submits nothing.
     let waiter = wait.map(|_| view.waiter_with_slot()).transpose()?;
-    let submitted = view.submit(sub).await?;
+    // docs/engine.md, "Tasks claimed at creation": a task its caller waits for may start
+    // at once; one it does not is answered `queued`.
+    let submitted = match waiter {
+        Some(_) => view.submit_awaited(sub).await?,
+        None => view.submit(sub).await?,
+    };
     let status = submit_status(&submitted);
     let task = waited_task(&view, waiter, submitted.task, wait).await?;
     Ok((status, Json(TaskView::of(&task, submitted.created))).into_response())
