@@ -180,6 +180,21 @@ async fn door_call(
     }
 }
 
+/// `POST /v1/tasks{query}` of a `generate_text` task of scope `s2` with effect key `key`.
+async fn post_task(server: &common::Server, query: &str, key: &str) -> reqwest::Response {
+    server
+        .http
+        .post(format!("{}/v1/tasks{query}", server.base))
+        .bearer_auth(ACME)
+        .json(
+            &json!({"kind": "generate_text", "scope": "s2", "step": "api",
+                      "effect_key": key, "request": {"prompt": "Say hello"}}),
+        )
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn door_calls_start_on_their_hint_alone(backend: &str) {
     let (fake, provider_calls) = start_fake().await;
     let Some(server) = common::start(backend, "door_claims", |db| config_text(db, &fake)) else {
@@ -260,18 +275,8 @@ async fn door_calls_start_on_their_hint_alone(backend: &str) {
         .metric("tollgate_claims_total{via=\"creation\"}")
         .await;
     for i in 0..WAITED {
-        let answer: Value = server
-            .http
-            .post(format!("{}/v1/tasks?wait=20s", server.base))
-            .bearer_auth(ACME)
-            .json(
-                &json!({"kind": "generate_text", "scope": "s2", "step": "api",
-                          "effect_key": format!("{run}-waited-{i}"),
-                          "request": {"prompt": "Say hello"}}),
-            )
-            .send()
+        let answer: Value = post_task(&server, "?wait=20s", &format!("{run}-waited-{i}"))
             .await
-            .unwrap()
             .json()
             .await
             .unwrap();
@@ -285,18 +290,7 @@ async fn door_calls_start_on_their_hint_alone(backend: &str) {
         waited >= (WAITED / 2) as f64,
         "{waited} of {WAITED} waited tasks claimed at creation"
     );
-    let created = server
-        .http
-        .post(format!("{}/v1/tasks", server.base))
-        .bearer_auth(ACME)
-        .json(
-            &json!({"kind": "generate_text", "scope": "s2", "step": "api",
-                      "effect_key": format!("{run}-unwaited"),
-                      "request": {"prompt": "Say hello"}}),
-        )
-        .send()
-        .await
-        .unwrap();
+    let created = post_task(&server, "", &format!("{run}-unwaited")).await;
     assert_eq!(created.status(), 201);
     let created: Value = created.json().await.unwrap();
     assert_eq!(created["status"], "queued", "{created}");
