@@ -270,9 +270,7 @@ impl SpendDelta {
 }
 
 /// Binds what `sql/spend_add.sql` (PostgreSQL) and `sql/spend_upserts.sql` (SQLite) add
-/// to a scope's spend bucket and the app's: `:bucket`, the app's `:stripe` (of `scope`)
-/// and the delta's `:reserved_nano`, `:reserved_tokens` and `:saved_nano` (the statement
-/// binds `:app` and `:scope` itself).
+/// to a scope's spend bucket and the app's: `:bucket`, then [`bind_spend_delta`]'s names.
 pub(crate) fn bind_spend(
     b: &mut crate::shared::named::Binder,
     scope: &str,
@@ -280,11 +278,8 @@ pub(crate) fn bind_spend(
     d: SpendDelta,
 ) {
     b.group(SPEND_NAMES, |b| {
-        b.bind("bucket", bucket)
-            .bind("stripe", app_spend_stripe(scope) as i32)
-            .bind("reserved_nano", d.reserved_nano)
-            .bind("reserved_tokens", d.reserved_tokens)
-            .bind("saved_nano", d.saved_nano);
+        b.bind("bucket", bucket);
+        bind_spend_delta(b, scope, d);
     });
 }
 
@@ -296,6 +291,23 @@ pub(crate) const SPEND_NAMES: &[&str] = &[
     "reserved_tokens",
     "saved_nano",
 ];
+
+/// Binds [`bind_spend`]'s names but the bucket, for a statement that takes its bucket
+/// from its own clock: the app's `:stripe` (of `scope`) and the delta's
+/// `:reserved_nano`, `:reserved_tokens` and `:saved_nano` (the statement binds `:app` and
+/// `:scope` itself).
+pub(crate) fn bind_spend_delta(b: &mut crate::shared::named::Binder, scope: &str, d: SpendDelta) {
+    b.group(SPEND_DELTA_NAMES, |b| {
+        b.bind("stripe", app_spend_stripe(scope) as i32)
+            .bind("reserved_nano", d.reserved_nano)
+            .bind("reserved_tokens", d.reserved_tokens)
+            .bind("saved_nano", d.saved_nano);
+    });
+}
+
+/// The names [`bind_spend_delta`] binds.
+pub(crate) const SPEND_DELTA_NAMES: &[&str] =
+    &["stripe", "reserved_nano", "reserved_tokens", "saved_nano"];
 
 fn tokens(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)

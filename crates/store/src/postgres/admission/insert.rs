@@ -6,14 +6,14 @@ use super::SlotPath;
 use super::slots::{app_slot_stripe, slot_stripe, take_share_rebalancing, take_slot_rebalancing};
 pub(super) use crate::shared::admission::InsertRow;
 use crate::shared::admission::{ScopeUpdate, TASK_INSERT, UnsourcedFacts, bind_join, bind_token};
-use crate::shared::cost::{SpendDelta, bind_spend};
+use crate::shared::cost::{SpendDelta, bind_spend, bind_spend_delta};
 use crate::shared::dispatch::QUEUE_JOIN;
 use crate::shared::named::{Binder, NamedStatement, Parts};
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::sql::Exec;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreError, StoreResult};
-use tollgate_core::cost::{spend_bucket, window_first_bucket};
+use tollgate_core::cost::{SPEND_BUCKET_MS, spend_bucket, window_first_bucket};
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
     TaskCost, TaskId, Timestamp, Weight, join_credit, stride,
@@ -60,21 +60,42 @@ static INSERT_TASK: NamedStatement = NamedStatement::new(
     &[BOUND_ROW, QUEUE],
 );
 
+/// The lock and the clock of an application task's creation in one statement
+/// (`sql/app_clock.sql`), and its task row with that clock's creation time.
+const CLOCK_ROW: Parts = &[
+    ("app_clock", include_str!("../sql/app_clock.sql")),
+    ("task_insert", TASK_INSERT),
+    ("insert_if", "true"),
+    ("created_at", "(SELECT now FROM clock)"),
+    ("dispatch_key", "(SELECT now FROM clock) + :dispatch_key"),
+    ("task_columns", task_columns!()),
+];
+
 /// An unscoped application task in one statement, with the database's clock.
 static INSERT_APP_TASK: NamedStatement = NamedStatement::new(
     "insert_app_task",
     include_str!("../sql/insert_app_task.sql"),
+    &[CLOCK_ROW, QUEUE],
+);
+
+/// The same with its reservation recorded (a cost under no limit) in the spend bucket of
+/// the statement's clock.
+static RESERVE_APP_TASK: NamedStatement = NamedStatement::new(
+    "reserve_app_task",
+    include_str!("../sql/reserve_app_task.sql"),
     &[
-        &[
-            ("task_insert", TASK_INSERT),
-            ("insert_if", "true"),
-            ("created_at", "(SELECT now FROM clock)"),
-            ("dispatch_key", "(SELECT now FROM clock) + :dispatch_key"),
-            ("task_columns", task_columns!()),
-        ],
+        CLOCK_ROW,
         QUEUE,
+        &[
+            ("spend_add", SPEND_ADD),
+            ("after", "t"),
+            ("bucket", "(SELECT bucket FROM spend_at)"),
+        ],
     ],
 );
+
+/// The spend bucket bound (`:bucket`, of the statement's bound "now").
+const BOUND_BUCKET: (&str, &str) = ("bucket", ":bucket");
 
 /// An admitted task: the task, its queue, the admission's writes and (fast path) its slot.
 static ADMIT_TASK: NamedStatement = NamedStatement::new(
@@ -83,7 +104,7 @@ static ADMIT_TASK: NamedStatement = NamedStatement::new(
     &[
         BOUND_ROW,
         QUEUE,
-        &[("spend_add", SPEND_ADD), ("after", "st")],
+        &[("spend_add", SPEND_ADD), ("after", "st"), BOUND_BUCKET],
     ],
 );
 
@@ -91,6 +112,7 @@ static ADMIT_TASK: NamedStatement = NamedStatement::new(
 const RESERVE_SPEND: Parts = &[
     ("spend_add", SPEND_ADD),
     ("after", "t, (SELECT COUNT(*) FROM st) AS after_st"),
+    BOUND_BUCKET,
 ];
 
 /// A task without a source: its task row, its queue and its reservation.
@@ -136,7 +158,11 @@ static RESERVE_GUARDED_CLAIMED: NamedStatement = NamedStatement::new(
 static RECORD_SAVED: NamedStatement = NamedStatement::new(
     "record_saved",
     include_str!("../sql/record_saved.sql"),
-    &[&[("spend_add", SPEND_ADD), ("after", "(SELECT 1) AS one")]],
+    &[&[
+        ("spend_add", SPEND_ADD),
+        ("after", "(SELECT 1) AS one"),
+        BOUND_BUCKET,
+    ]],
 );
 
 /// One queue of a batch joins.
@@ -178,6 +204,8 @@ const GUARD_NAMES: &[&str] = &[
 const SAVED_NAMES: &[&str] = &["app", "scope"];
 /// The names [`insert_app_task`] binds besides the row and the join ([`INSERT_APP_TASK`]).
 const APP_TASK_NAMES: &[&str] = &["lock_key", "fixed_now"];
+/// The name [`insert_app_task`] binds of a reservation's bucket ([`RESERVE_APP_TASK`]).
+const SPEND_AT_NAMES: &[&str] = &["bucket_ms"];
 /// The names [`activate_queues`] binds ([`ACTIVATE_QUEUE`]).
 const ACTIVATE_NAMES: &[&str] = &["app", "scope", "weight", "credit", "stride"];
 
@@ -483,21 +511,35 @@ pub(super) async fn insert_task(
 /// (app, scope) (`lock`), the database's "now" (the fixed clock when set), the insert (a
 /// taken effect key inserts nothing) and the queue's join. The row's `now` is
 /// [`Timestamp`]`(0)`, so its dispatch key is the key's offset from the creation time
-/// (`dispatch_key(t) = t + dispatch_key(0)`), added to the statement's "now". `None`:
-/// the key was taken.
+/// (`dispatch_key(t) = t + dispatch_key(0)`), added to the statement's "now". With
+/// `reserve` (docs/budgets.md, "Tasks without a source": a cost under no limit, the row's
+/// reservation set), that is added to the spend buckets of the statement's "now" too
+/// (`sql/reserve_app_task.sql`). `None`: the key was taken, and nothing was written.
 pub(super) async fn insert_app_task(
     store: &PostgresStore,
     i: &InsertRow<'_>,
     lock: i64,
+    reserve: Option<SpendDelta>,
 ) -> StoreResult<Option<Task>> {
     debug_assert_eq!(i.now, Timestamp(0), "the statement reads now itself");
-    let mut b = INSERT_APP_TASK.binder();
+    let mut b = match reserve {
+        Some(_) => RESERVE_APP_TASK.binder(),
+        None => INSERT_APP_TASK.binder(),
+    };
     b.group(APP_TASK_NAMES, |b| {
         b.bind("lock_key", lock)
             .bind("fixed_now", store.fixed_now());
     });
+    if reserve.is_some() {
+        b.group(SPEND_AT_NAMES, |b| {
+            b.bind("bucket_ms", SPEND_BUCKET_MS);
+        });
+    }
     i.bind(&mut b, true);
     bind_join(&mut b, i.new.dispatch.weight);
+    if let Some(reserve) = reserve {
+        bind_spend_delta(&mut b, i.scope.as_str(), reserve);
+    }
     let row: Option<TaskRow> = store.pool.clone().optional(b.statement()?).await?;
     row.map(TaskRow::into_task).transpose()
 }
@@ -674,7 +716,7 @@ pub(super) async fn insert_app_tasks(
 mod tests {
     use super::*;
     use crate::shared::admission::{JOIN_NAMES, NOW_NAMES, ROW_NAMES, TOKEN_NAMES};
-    use crate::shared::cost::SPEND_NAMES;
+    use crate::shared::cost::{SPEND_DELTA_NAMES, SPEND_NAMES};
     use crate::shared::named::check_binds;
 
     /// Every statement of this module, with the groups its binder binds, in order.
@@ -683,6 +725,16 @@ mod tests {
         check_binds(&TASK_ROW, &[ROW_NAMES, NOW_NAMES]);
         check_binds(&INSERT_TASK, &[ROW_NAMES, NOW_NAMES, JOIN_NAMES]);
         check_binds(&INSERT_APP_TASK, &[APP_TASK_NAMES, ROW_NAMES, JOIN_NAMES]);
+        check_binds(
+            &RESERVE_APP_TASK,
+            &[
+                APP_TASK_NAMES,
+                SPEND_AT_NAMES,
+                ROW_NAMES,
+                JOIN_NAMES,
+                SPEND_DELTA_NAMES,
+            ],
+        );
         check_binds(
             &ADMIT_TASK,
             &[

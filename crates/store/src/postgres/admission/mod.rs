@@ -50,8 +50,9 @@ pub(super) async fn create_task(store: &PostgresStore, new: NewTask) -> StoreRes
 /// One creation in transactions of its own (a group's creations run here when they
 /// cannot be made together: [`group`]).
 async fn create_alone(store: &PostgresStore, new: NewTask) -> StoreResult<Created> {
+    // docs/budgets.md, "Tasks without a source": a cost under no limit is only recorded.
     if new.scope.is_none()
-        && new.cost.is_none()
+        && !new.cost.as_ref().is_some_and(TaskCost::limited)
         && let Owner::Application {
             app,
             scope,
@@ -76,9 +77,10 @@ async fn create_alone(store: &PostgresStore, new: NewTask) -> StoreResult<Create
     }
 }
 
-/// An unscoped application task: no cache, no admission, no run to check, so one
-/// statement ([`insert::insert_app_task`]); a taken effect key is then read as the
-/// idempotent answer (a replay costs that read too).
+/// An unscoped application task: no cache, no admission, no run to check, no limit to
+/// check its cost against (a cost is only recorded), so one statement
+/// ([`insert::insert_app_task`]); a taken effect key is then read as the idempotent
+/// answer (a replay costs that read too).
 async fn create_app_task(
     store: &PostgresStore,
     new: &NewTask,
@@ -89,8 +91,12 @@ async fn create_app_task(
     let item = app_insert(new, scope, subject)?;
     let owner = (None, scope.clone(), subject.cloned());
     let model = (item.config_hash, item.model_ref);
-    let row = InsertRow::new(item.id, new, owner, model, Timestamp(0));
-    match insert::insert_app_task(store, &row, scope_lock_key(app, scope)).await? {
+    let mut row = InsertRow::new(item.id, new, owner, model, Timestamp(0));
+    let reserve = item.reservation.map(|(stored, delta)| {
+        row.reservation = Some(stored);
+        delta
+    });
+    match insert::insert_app_task(store, &row, scope_lock_key(app, scope), reserve).await? {
         Some(task) => {
             // Created claimed (docs/engine.md, "Tasks claimed at creation"): its claim's
             // move is owed, as a fair claim's.
