@@ -385,6 +385,95 @@ async fn a_lone_metered_call_is_created_in_one_statement_unless_its_facts_change
     assert_eq!(tasks, 1, "the failed statement wrote nothing");
 }
 
+/// docs/locking.md, "Connections for lone statements": a lone creation runs on a
+/// connection kept beside the pool and leaves it for the next; one abandoned while its
+/// statement waits (its caller went away) closes its connection instead, so no later
+/// statement reads that statement's answer; at most the cap are kept, and none after the
+/// store closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lone_statements_keep_their_connections_and_close_an_abandoned_one() {
+    let Some(url) =
+        database_url("lone_statements_keep_their_connections_and_close_an_abandoned_one")
+    else {
+        return;
+    };
+    let schema = Schema::new(&url, "kept_conns");
+    let clock = ManualClock::new(START);
+    // 16 connections in the pool: two kept beside it.
+    let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
+    for key in ["a", "b", "c"] {
+        let made = store
+            .create_task(app_task("kept", "s", key, None))
+            .await
+            .unwrap();
+        assert!(made.created);
+        assert_eq!(made.task.effect_key.as_str(), key);
+    }
+    assert_eq!(
+        store.kept_connections(),
+        1,
+        "one after another, one connection"
+    );
+
+    // The scope's lock held: the next creation's statement waits for it, and is
+    // abandoned.
+    let lock: i64 = sqlx::query_scalar(SCOPE_LOCK_KEY_SQL)
+        .bind("kept")
+        .bind("s")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let mut holder = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(lock)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        store.create_task(app_task("kept", "s", "abandoned", None)),
+    )
+    .await;
+    assert!(
+        abandoned.is_err(),
+        "the creation waits for the scope's lock"
+    );
+    assert_eq!(
+        store.kept_connections(),
+        0,
+        "the abandoned connection is closed"
+    );
+    holder.commit().await.unwrap();
+    let next = store
+        .create_task(app_task("kept", "s", "d", None))
+        .await
+        .unwrap();
+    assert!(next.created);
+    assert_eq!(next.task.effect_key.as_str(), "d", "its own answer");
+    assert_eq!(store.kept_connections(), 1);
+
+    // Many at once (each its own scope: no group forms): at most the cap kept.
+    let racing: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let new = app_task("kept", &format!("r{i}"), &format!("r{i}"), None);
+                store.create_task(new).await
+            })
+        })
+        .collect();
+    for made in futures::future::join_all(racing).await {
+        assert!(made.unwrap().unwrap().created);
+    }
+    assert!(
+        store.kept_connections() <= 2,
+        "{}",
+        store.kept_connections()
+    );
+    store.close().await;
+    assert_eq!(store.kept_connections(), 0);
+}
+
 /// docs/locking.md, "Creations made together": when the creation that leads a group goes
 /// away (its caller dropped it while it waited), the creations waiting for it are still
 /// made. The lead's own creation is made at most once: its statement, already sent, may

@@ -457,6 +457,7 @@ async fn complete_in_one_statement(
     let spend = SpendColumns::of(&plan)?;
     let [s1, s2, s3, s4, s5] = &spend.scope_amounts;
     let [a1, a2, a3, a4, a5] = &spend.app_amounts;
+    let mut lone = store.hot.lone().await?;
     let moved = bind_batch(
         batch,
         sqlx::query_as::<_, CompletedRow>(completion_in_one_statement!()),
@@ -484,8 +485,9 @@ async fn complete_in_one_statement(
     .bind(a3)
     .bind(a4)
     .bind(a5)
-    .fetch_all(&store.pool)
+    .fetch_all(lone.conn())
     .await;
+    lone.done_sqlx(&moved);
     match moved {
         Ok(rows) => {
             store

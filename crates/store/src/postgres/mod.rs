@@ -39,6 +39,7 @@
 mod admission;
 mod deactivate;
 mod dispatch;
+mod hot;
 mod lifecycle;
 mod maintenance;
 pub mod notify;
@@ -160,9 +161,18 @@ pub struct PostgresStore {
     /// Creations in one statement (docs/locking.md, "A creation in one statement"): how
     /// many were made so, and how many found their facts changed.
     one_statement: Arc<admission::OneStatement>,
+    /// Connections for lone statements, kept beside the pool (docs/locking.md,
+    /// "Connections for lone statements").
+    hot: Arc<hot::HotConnections>,
 }
 
 type Tx = Transaction<'static, Postgres>;
+
+/// Connections kept beside a pool of `max_connections` for lone statements (docs/locking.md,
+/// "Connections for lone statements"): one per eight of the pool's, one to four.
+fn hot_connections(max_connections: u32) -> usize {
+    (max_connections / 8).clamp(1, 4) as usize
+}
 
 impl PostgresStore {
     /// The same store (same pool) claiming in another order (docs/conformance.md#fair-share; benchmarks
@@ -238,6 +248,7 @@ impl PostgresStore {
         )
         .await?;
         MIGRATOR.run(&pool).await?;
+        let hot = hot::HotConnections::new(pool.clone(), hot_connections(options.max_connections));
         Ok(PostgresStore {
             pool,
             clock: options.clock,
@@ -250,6 +261,7 @@ impl PostgresStore {
             groups: Arc::default(),
             guesses: Arc::default(),
             one_statement: Arc::default(),
+            hot: Arc::new(hot),
         })
     }
 
@@ -311,8 +323,15 @@ impl PostgresStore {
         }
     }
 
-    /// Closes the pool.
+    /// How many connections this instance keeps beside its pool for lone statements
+    /// (docs/locking.md, "Connections for lone statements"; for diagnostics and tests).
+    pub fn kept_connections(&self) -> usize {
+        self.hot.live()
+    }
+
+    /// Closes the pool and the connections kept beside it.
     pub async fn close(&self) {
+        self.hot.close().await;
         self.pool.close().await;
     }
 }

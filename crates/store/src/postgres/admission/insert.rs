@@ -540,8 +540,11 @@ pub(super) async fn insert_app_task(
     if let Some(reserve) = reserve {
         bind_spend_delta(&mut b, i.scope.as_str(), reserve);
     }
-    let row: Option<TaskRow> = store.pool.clone().optional(b.statement()?).await?;
-    row.map(TaskRow::into_task).transpose()
+    let statement = b.statement()?;
+    let mut lone = store.hot.lone().await?;
+    let row: StoreResult<Option<TaskRow>> = lone.conn().optional(statement).await;
+    lone.done(&row);
+    row?.map(TaskRow::into_task).transpose()
 }
 
 /// docs/conformance.md#fair-share for a batch of creations: activates the dispatch queues of its queued tasks

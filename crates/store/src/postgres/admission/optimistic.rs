@@ -21,7 +21,7 @@ use crate::shared::admission::model_columns;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreResult};
 use std::sync::atomic::{AtomicU64, Ordering};
-use tollgate_core::{NewTask, Owner, Timestamp};
+use tollgate_core::{AppId, NewTask, Owner, ScopeId, Subject, TaskCost, Timestamp};
 
 /// Creates `new` in one statement, or `None` when this path does not decide it (nothing
 /// written; the caller runs the locked path).
@@ -41,9 +41,24 @@ pub(super) async fn create(store: &PostgresStore, new: &NewTask) -> StoreResult<
     if !cost.limited() || cost.budget.cost.app_nano_per_24_hours.is_some() {
         return Ok(None);
     }
+    let mut lone = store.hot.lone().await?;
+    let owner = (app, scope, subject.as_ref());
+    let created = decide_and_write(store, lone.conn(), new, owner, cost).await;
+    lone.done(&created);
+    created
+}
+
+/// [`create`]'s two statements on `conn`, for `new` of `owner` (app, scope, subject)
+/// under `cost`.
+async fn decide_and_write(
+    store: &PostgresStore,
+    conn: &mut sqlx::PgConnection,
+    new: &NewTask,
+    (app, scope, subject): (&AppId, &ScopeId, Option<&Subject>),
+    cost: &TaskCost,
+) -> StoreResult<Option<Created>> {
     let (config_hash, model_ref) = model_columns(new)?;
-    let mut conn = store.pool.acquire().await?;
-    let read = cost_reads(store, &mut conn, app, new, scope).await?;
+    let read = cost_reads(store, conn, app, new, scope).await?;
     if read.taken {
         // A replay; its task gone meanwhile (owner deletion): the locked path.
         return Ok(Tasks::get_task_by_effect_key(store, app, &new.effect_key)
@@ -58,23 +73,14 @@ pub(super) async fn create(store: &PostgresStore, new: &NewTask) -> StoreResult<
     };
     let (row, reserve) = unsourced_row(
         new,
-        (scope, subject.as_ref()),
+        (scope, subject),
         (config_hash.0, model_ref),
         now,
         cost,
         token.is_some(),
     )?;
     let lock = scope_lock_key(app, scope);
-    let made = guarded_reserve(
-        store,
-        &mut conn,
-        &row,
-        (lock, &facts),
-        budget,
-        token,
-        reserve,
-    )
-    .await?;
+    let made = guarded_reserve(store, conn, &row, (lock, &facts), budget, token, reserve).await?;
     store.one_statement.count(made.is_some());
     Ok(made)
 }
