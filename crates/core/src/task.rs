@@ -216,6 +216,13 @@ impl ValidatedRequest {
 
     /// Rebuilds from the stored canonical text (no size limit: it was checked on the way in).
     pub fn from_stored(stored: &Value) -> Result<Self, InvalidInput> {
+        Self::from_parsed(Self::typed_from_stored(stored)?)
+    }
+
+    /// The typed request of a stored canonical text, without the canonical text and hash
+    /// [`ValidatedRequest::from_stored`] computes again (what executing a task and
+    /// checking its output need).
+    pub fn typed_from_stored(stored: &Value) -> Result<TaskRequest, InvalidInput> {
         let kind = stored
             .get("kind")
             .and_then(Value::as_str)
@@ -225,7 +232,7 @@ impl ValidatedRequest {
         if let Some(map) = fields.as_object_mut() {
             map.remove("kind");
         }
-        Self::from_parsed(TaskRequest::parse(kind, &fields)?)
+        TaskRequest::parse(kind, &fields)
     }
 
     fn from_parsed(request: TaskRequest) -> Result<Self, InvalidInput> {
@@ -529,6 +536,12 @@ impl Task {
     /// The typed request, parsed again from its stored form.
     pub fn parsed_request(&self) -> Result<ValidatedRequest, InvalidInput> {
         ValidatedRequest::from_stored(&self.request)
+    }
+
+    /// The typed request alone, parsed again from its stored form
+    /// ([`ValidatedRequest::typed_from_stored`]).
+    pub fn typed_request(&self) -> Result<TaskRequest, InvalidInput> {
+        ValidatedRequest::typed_from_stored(&self.request)
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tollgate_core::{
     Deployment, ErrorCode, OutputTooLarge, OutputViolation, Prices, Reservation, Route, Task,
-    TaskRequest, Usage, ValidatedRequest, check_output_size, validate_output,
+    TaskRequest, Usage, check_output_size, validate_output,
 };
 use tollgate_store::StoreError;
 
@@ -60,7 +60,7 @@ impl WorkerPool {
     pub(super) async fn attempt(
         &self,
         task: &Task,
-        request: &ValidatedRequest,
+        request: &TaskRequest,
         route: &Route,
         index: usize,
         reservation: &mut Option<Reservation>,
@@ -78,7 +78,7 @@ impl WorkerPool {
                 format!("provider `{provider_name}` is not configured in this process"),
             )
         })?;
-        let schema = request.request().output_schema();
+        let schema = request.output_schema();
         let max_retries = self.inner.config.workers.max_output_retries;
         let max_output_bytes = self.inner.config.max_output_bytes;
         let counter = TokenCounter::for_model_ref(&self.inner.config, &model);
@@ -87,7 +87,7 @@ impl WorkerPool {
         for reask in 0..=max_retries {
             let call = ProviderCall {
                 model: &model,
-                request: request.request(),
+                request,
                 output_schema: &schema,
                 previous_error: previous.as_deref(),
                 max_output_bytes,
@@ -207,7 +207,7 @@ impl WorkerPool {
             add_usage(&mut spent.usage, used, provider_name);
             if let Some(output) = output {
                 let check = self.inner.traces.child(trace, "validate");
-                let checked = check_output(request.request(), output, max_output_bytes).await?;
+                let checked = check_output(request, output, max_output_bytes).await?;
                 check.set(crate::telemetry::attr::OUTPUT_VALID, checked.is_ok());
                 match checked {
                     Ok(valid) => {

@@ -174,7 +174,7 @@ impl WorkerPool {
         trace: &crate::TraceSpan,
         sink: &crate::StreamSink,
     ) -> Result<Produced, Failure> {
-        let request = task.parsed_request().map_err(|e| {
+        let request = task.typed_request().map_err(|e| {
             Failure::new(
                 ErrorCode::InvalidRequest,
                 format!("the stored request cannot be read: {e}"),

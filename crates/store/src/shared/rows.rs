@@ -549,8 +549,8 @@ pub(crate) fn encode_completion(
     output: &serde_json::Value,
     usage: &Usage,
 ) -> Result<(String, String), StoreError> {
-    let request = task.parsed_request()?;
-    let output = validate_output(request.request(), output)?;
+    let request = task.typed_request()?;
+    let output = validate_output(&request, output)?;
     let output = serde_json::to_string(&output)
         .map_err(|e| StoreError::Database(format!("cannot encode output: {e}")))?;
     let usage = serde_json::to_string(usage)
