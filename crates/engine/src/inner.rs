@@ -92,11 +92,15 @@ impl Inner {
         }
         let app = transition.task.as_ref().map(|t| t.app.clone());
         if let Some(task) = &transition.task {
+            let task = Arc::new(task.clone());
+            // This process's waiters on the task hear its end at once, not through the
+            // watches' loop (one hand-over fewer, docs/api.md, "Waiting").
+            self.watches.ended(&task);
             self.notifier.publish(Event::TaskFinished {
                 app: Some(task.app.clone()),
                 id: task.id,
                 status: Some(task.status),
-                task: Some(FinishedTask(Arc::new(task.clone()))),
+                task: Some(FinishedTask(task)),
             });
         }
         for run in &transition.woken_runs {

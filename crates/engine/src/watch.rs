@@ -3,9 +3,10 @@
 //! Every call waiting for a task (`?wait=`, the OpenAI-compatible door, [`Tollgate::wait`])
 //! holds a slot of its app: at most `[notifications] waiters_per_app` at once, so one
 //! tenant's long-polls cannot take the process from the others. Waiters of one task share
-//! one watch: one background loop per engine hears every task's end (this process's ends
-//! carry the task, so nobody reads it again) and is the only one that looks at the
-//! database, once per watched task per `notifications.poll_interval` whatever the number
+//! one watch: an end in this process is handed to the task's watch by the code that
+//! recorded it ([`Watches::ended`], with the task, so nobody reads it again); one
+//! background loop per engine hears every other end (another replica's, a sweep's) and
+//! is the only one that looks at the database, once per watched task per `notifications.poll_interval` whatever the number
 //! of its waiters. So a lost notification costs latency, never correctness, and waiting
 //! costs no read per waiter.
 //!
@@ -206,6 +207,10 @@ impl Watches {
             if *watched_id != id || app.as_ref().is_some_and(|a| a != watched_app) {
                 continue;
             }
+            if matches!(*entry.seen.borrow(), Seen::Done(_)) {
+                // Seen already ([`Watches::ended`]).
+                continue;
+            }
             match &task {
                 Some(FinishedTask(t)) if t.app == *watched_app && t.status.is_terminal() => {
                     entry.seen.send_replace(Seen::Done(t.clone()));
@@ -213,6 +218,19 @@ impl Watches {
                 }
                 _ => entry.next_read = now,
             }
+        }
+    }
+
+    /// This process ended `task`: its waiters get it now. The loop hears the same end
+    /// from the notifier later and finds it seen.
+    pub(crate) fn ended(&self, task: &Arc<Task>) {
+        if !task.status.is_terminal() {
+            return;
+        }
+        let mut state = self.lock();
+        if let Some(entry) = state.tasks.get_mut(&(task.app.clone(), task.id)) {
+            entry.seen.send_replace(Seen::Done(task.clone()));
+            entry.next_read = far_future(Instant::now());
         }
     }
 
