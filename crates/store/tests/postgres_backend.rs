@@ -276,6 +276,27 @@ async fn racing_calls_of_one_scope_are_created_together() {
 const SCOPE_LOCK_KEY_SQL: &str = "SELECT ('x' || substr(encode(sha256(convert_to(\
      'tollgate-scope' || chr(31) || $1 || chr(31) || $2, 'UTF8')), 'hex'), 1, 16))::bit(64)::bigint";
 
+/// A transaction holding the (app, scope)'s advisory lock exclusively until it ends.
+async fn hold_scope_lock(
+    store: &PostgresStore,
+    app: &str,
+    scope: &str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let key: i64 = sqlx::query_scalar(SCOPE_LOCK_KEY_SQL)
+        .bind(app)
+        .bind(scope)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let mut holder = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(key)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder
+}
+
 /// docs/locking.md, "A creation in one statement": a lone door-like call (no source, a
 /// USD limit, created claimed) is created in one statement, its reservation recorded
 /// once; a replay answers its task. When the scope's facts change between the call's
@@ -323,18 +344,7 @@ async fn a_lone_metered_call_is_created_in_one_statement_unless_its_facts_change
 
     // Hold the scope's lock; the next call reads its facts (100,000 n$ spent: it fits),
     // then its statement waits for the lock.
-    let key: i64 = sqlx::query_scalar(SCOPE_LOCK_KEY_SQL)
-        .bind("lone")
-        .bind("door")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    let mut holder = store.pool().begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(key)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let mut holder = hold_scope_lock(&store, "lone", "door").await;
     let racing = {
         let (store, new) = (store.clone(), call("b"));
         tokio::spawn(async move { store.create_task(new).await })
@@ -387,9 +397,9 @@ async fn a_lone_metered_call_is_created_in_one_statement_unless_its_facts_change
 
 /// docs/locking.md, "Connections for lone statements": a lone creation runs on a
 /// connection kept beside the pool and leaves it for the next; one abandoned while its
-/// statement waits (its caller went away) closes its connection instead, so no later
-/// statement reads that statement's answer; at most the cap are kept, and none after the
-/// store closes.
+/// statement waits (its caller went away) closes its connection instead (it may still
+/// owe that statement's answer), and a later creation gets its own answer; at most the
+/// cap are kept, and none after the store closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lone_statements_keep_their_connections_and_close_an_abandoned_one() {
     let Some(url) =
@@ -417,18 +427,7 @@ async fn lone_statements_keep_their_connections_and_close_an_abandoned_one() {
 
     // The scope's lock held: the next creation's statement waits for it, and is
     // abandoned.
-    let lock: i64 = sqlx::query_scalar(SCOPE_LOCK_KEY_SQL)
-        .bind("kept")
-        .bind("s")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    let mut holder = store.pool().begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(lock)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = hold_scope_lock(&store, "kept", "s").await;
     let abandoned = tokio::time::timeout(
         Duration::from_millis(300),
         store.create_task(app_task("kept", "s", "abandoned", None)),
