@@ -6,8 +6,8 @@
 //! one watch: an end in this process is handed to the task's watch by the code that
 //! recorded it ([`Watches::ended`], with the task, so nobody reads it again); one
 //! background loop per engine hears every other end (another replica's, a sweep's) and
-//! is the only one that looks at the database, once per watched task per `notifications.poll_interval` whatever the number
-//! of its waiters. So a lost notification costs latency, never correctness, and waiting
+//! is the only one that looks at the database, once per watched task per
+//! `notifications.poll_interval` whatever the number of its waiters. So a lost notification costs latency, never correctness, and waiting
 //! costs no read per waiter.
 //!
 //! [`Tollgate::wait`]: crate::Tollgate::wait
@@ -208,7 +208,7 @@ impl Watches {
                 continue;
             }
             if matches!(*entry.seen.borrow(), Seen::Done(_)) {
-                // Seen already ([`Watches::ended`]).
+                // Seen already (`Watches::ended`).
                 continue;
             }
             match &task {
