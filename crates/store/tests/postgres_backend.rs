@@ -398,8 +398,9 @@ async fn a_lone_metered_call_is_created_in_one_statement_unless_its_facts_change
 /// docs/locking.md, "Connections for lone statements": a lone creation runs on a
 /// connection kept beside the pool and leaves it for the next; one abandoned while its
 /// statement waits (its caller went away) closes its connection instead (it may still
-/// owe that statement's answer), and a later creation gets its own answer; at most the
-/// cap are kept, and none after the store closes.
+/// owe that statement's answer), and a later creation gets its own answer; one the server
+/// closed while it was idle is found closed before use; at most the cap are kept, and
+/// none after the store closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lone_statements_keep_their_connections_and_close_an_abandoned_one() {
     let Some(url) =
@@ -410,7 +411,9 @@ async fn lone_statements_keep_their_connections_and_close_an_abandoned_one() {
     let schema = Schema::new(&url, "kept_conns");
     let clock = ManualClock::new(START);
     // 16 connections in the pool: two kept beside it.
-    let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
+    let mut options = schema.options(&clock);
+    options.application_name = "tollgate-kept-conns-test".to_string();
+    let store = PostgresStore::open(options).await.unwrap();
     for key in ["a", "b", "c"] {
         let made = store
             .create_task(app_task("kept", "s", key, None))
@@ -424,6 +427,24 @@ async fn lone_statements_keep_their_connections_and_close_an_abandoned_one() {
         1,
         "one after another, one connection"
     );
+
+    // The server ends the idle kept connection (as an idle timeout or a restart would);
+    // the next creation, a while later, pings it first, finds it gone and takes another.
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'tollgate-kept-conns-test' AND state = 'idle'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert!(!ended.is_empty());
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let after = store
+        .create_task(app_task("kept", "s", "after-idle", None))
+        .await
+        .expect("a closed kept connection is not used");
+    assert!(after.created);
+    assert_eq!(store.kept_connections(), 1);
 
     // The scope's lock held: the next creation's statement waits for it, and is
     // abandoned.

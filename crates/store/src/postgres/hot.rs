@@ -10,8 +10,8 @@
 //! statement that ran to its end (its answer read, an error answered by the server
 //! included) leaves its connection ready for the next, so nothing needs checking. One
 //! that did not (its caller went away mid-statement, or the connection failed) is closed,
-//! not kept. When every kept connection is in use, the statement takes one from the pool
-//! as before.
+//! not kept. One idle for a while is pinged before its next use, as the pool's are. When
+//! every kept connection is in use, the statement takes one from the pool as before.
 //!
 //! At most [`HotConnections::cap`] connections are kept, in addition to the pool's
 //! `max_connections` (docs/operations: README "PostgreSQL").
@@ -20,19 +20,23 @@ use crate::{StoreError, StoreResult};
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 /// The kept connections of one store.
 #[derive(Debug)]
 pub(super) struct HotConnections {
     pool: PgPool,
     cap: usize,
+    /// A kept connection idle this long is pinged before use, as the pool's are (the
+    /// server or the network may have closed it meanwhile).
+    ping_after: Duration,
     state: Mutex<State>,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    /// Kept connections not in use.
-    idle: Vec<PgConnection>,
+    /// Kept connections not in use, each with when it was last given back.
+    idle: Vec<(PgConnection, Instant)>,
     /// Kept connections, idle or in use.
     live: usize,
     /// Whether the store closed: nothing is kept any more.
@@ -52,11 +56,13 @@ pub(super) struct Kept<'a> {
 }
 
 impl HotConnections {
-    /// Keeps up to `cap` connections of `pool` (0: none, every statement uses the pool).
-    pub(super) fn new(pool: PgPool, cap: usize) -> HotConnections {
+    /// Keeps up to `cap` connections of `pool` (0: none, every statement uses the pool),
+    /// pinging one idle for `ping_after` or longer before its next use.
+    pub(super) fn new(pool: PgPool, cap: usize, ping_after: Duration) -> HotConnections {
         HotConnections {
             pool,
             cap,
+            ping_after,
             state: Mutex::default(),
         }
     }
@@ -69,14 +75,25 @@ impl HotConnections {
     /// A connection for one statement: an idle kept one, a new kept one while fewer than
     /// the cap live, else the pool's.
     pub(super) async fn lone(&self) -> StoreResult<Lone<'_>> {
+        while let Some((conn, since)) = self.pop_idle() {
+            let mut kept = Kept {
+                conn: Some(conn),
+                hot: self,
+            };
+            if since.elapsed() < self.ping_after {
+                return Ok(Lone::Kept(kept));
+            }
+            let pinged = match kept.conn.as_mut() {
+                Some(conn) => sqlx::Connection::ping(conn).await.is_ok(),
+                None => false,
+            };
+            if pinged {
+                return Ok(Lone::Kept(kept));
+            }
+            // Dropped: closed, and no longer counted.
+        }
         let take_new = {
             let mut state = self.lock();
-            if let Some(conn) = state.idle.pop() {
-                return Ok(Lone::Kept(Kept {
-                    conn: Some(conn),
-                    hot: self,
-                }));
-            }
             let grow = !state.closed && state.live < self.cap;
             if grow {
                 state.live += 1;
@@ -101,6 +118,11 @@ impl HotConnections {
         }))
     }
 
+    /// The kept connection given back last, if one is idle.
+    fn pop_idle(&self) -> Option<(PgConnection, Instant)> {
+        self.lock().idle.pop()
+    }
+
     /// Closes the kept connections; none is kept from now on.
     pub(super) async fn close(&self) {
         let idle = {
@@ -109,7 +131,7 @@ impl HotConnections {
             state.live -= state.idle.len();
             std::mem::take(&mut state.idle)
         };
-        for conn in idle {
+        for (conn, _) in idle {
             // Closing is a courtesy to the server; a failure changes nothing here.
             let _ = sqlx::Connection::close(conn).await;
         }
@@ -162,7 +184,7 @@ impl Lone<'_> {
             state.live -= 1;
             return;
         }
-        state.idle.push(conn);
+        state.idle.push((conn, Instant::now()));
     }
 }
 

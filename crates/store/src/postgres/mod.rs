@@ -248,7 +248,11 @@ impl PostgresStore {
         )
         .await?;
         MIGRATOR.run(&pool).await?;
-        let hot = hot::HotConnections::new(pool.clone(), hot_connections(options.max_connections));
+        let hot = hot::HotConnections::new(
+            pool.clone(),
+            hot_connections(options.max_connections),
+            PING_IDLE_AFTER,
+        );
         Ok(PostgresStore {
             pool,
             clock: options.clock,
