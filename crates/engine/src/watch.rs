@@ -7,8 +7,8 @@
 //! recorded it ([`Watches::ended`], with the task, so nobody reads it again); one
 //! background loop per engine hears every other end (another replica's, a sweep's) and
 //! is the only one that looks at the database, once per watched task per
-//! `notifications.poll_interval` whatever the number of its waiters. So a lost notification costs latency, never correctness, and waiting
-//! costs no read per waiter.
+//! `notifications.poll_interval` whatever the number of its waiters. So a lost
+//! notification costs latency, never correctness, and waiting costs no read per waiter.
 //!
 //! [`Tollgate::wait`]: crate::Tollgate::wait
 
@@ -73,6 +73,14 @@ struct Entry {
     waiters: usize,
     /// When the loop reads the task next (unless an end is heard first).
     next_read: Instant,
+}
+
+impl Entry {
+    /// The task ended as `task` (terminal): its waiters get it, and it is not read again.
+    fn end(&mut self, task: &Arc<Task>, now: Instant) {
+        self.seen.send_replace(Seen::Done(task.clone()));
+        self.next_read = far_future(now);
+    }
 }
 
 impl Watches {
@@ -213,8 +221,7 @@ impl Watches {
             }
             match &task {
                 Some(FinishedTask(t)) if t.app == *watched_app && t.status.is_terminal() => {
-                    entry.seen.send_replace(Seen::Done(t.clone()));
-                    entry.next_read = far_future(now);
+                    entry.end(t, now);
                 }
                 _ => entry.next_read = now,
             }
@@ -229,8 +236,7 @@ impl Watches {
         }
         let mut state = self.lock();
         if let Some(entry) = state.tasks.get_mut(&(task.app.clone(), task.id)) {
-            entry.seen.send_replace(Seen::Done(task.clone()));
-            entry.next_read = far_future(Instant::now());
+            entry.end(task, Instant::now());
         }
     }
 

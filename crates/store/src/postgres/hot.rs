@@ -76,19 +76,14 @@ impl HotConnections {
     /// the cap live, else the pool's.
     pub(super) async fn lone(&self) -> StoreResult<Lone<'_>> {
         while let Some((conn, since)) = self.pop_idle() {
-            let mut kept = Kept {
+            let mut lone = Lone::Kept(Kept {
                 conn: Some(conn),
                 hot: self,
-            };
-            if since.elapsed() < self.ping_after {
-                return Ok(Lone::Kept(kept));
-            }
-            let pinged = match kept.conn.as_mut() {
-                Some(conn) => sqlx::Connection::ping(conn).await.is_ok(),
-                None => false,
-            };
-            if pinged {
-                return Ok(Lone::Kept(kept));
+            });
+            if since.elapsed() < self.ping_after
+                || sqlx::Connection::ping(lone.conn()).await.is_ok()
+            {
+                return Ok(lone);
             }
             // Dropped: closed, and no longer counted.
         }

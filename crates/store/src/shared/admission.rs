@@ -141,6 +141,20 @@ pub(crate) fn stored_reservation(
     }
 }
 
+/// A reservation as a task stores it ([`stored_reservation`], encoded) and what it adds
+/// to the spend windows.
+pub(crate) fn reserved(
+    reservation: &Reservation,
+    budget: &Budget,
+    from_token_bucket: bool,
+) -> StoreResult<(String, SpendDelta)> {
+    let stored = stored_reservation(reservation, budget, from_token_bucket);
+    Ok((
+        crate::shared::cost::encode_reservation(&stored)?,
+        SpendDelta::reserve(&stored),
+    ))
+}
+
 /// A task's model columns: its model configuration's hash (a configuration that cannot
 /// be hashed is the creation's own refusal) and its model reference as stored (JSON).
 pub(crate) fn model_columns(new: &NewTask) -> StoreResult<(tollgate_core::ConfigHash, String)> {
@@ -361,9 +375,9 @@ impl<'a> InsertRow<'a> {
         budget: &Budget,
         from_token_bucket: bool,
     ) -> StoreResult<SpendDelta> {
-        let stored = stored_reservation(reservation, budget, from_token_bucket);
-        self.reservation = Some(crate::shared::cost::encode_reservation(&stored)?);
-        Ok(SpendDelta::reserve(&stored))
+        let (stored, delta) = reserved(reservation, budget, from_token_bucket)?;
+        self.reservation = Some(stored);
+        Ok(delta)
     }
 
     /// Binds the task row's values, both backends; `clock`: the statement reads the

@@ -26,8 +26,8 @@ pub(super) use optimistic::OneStatement;
 pub(super) use probe::{lock_scope, scope_lock_key};
 
 use super::{PostgresStore, Tx};
-use crate::shared::admission::{Refusal, model_columns, stored_reservation};
-use crate::shared::cost::{SettlementPlan, SpendDelta, encode_reservation};
+use crate::shared::admission::{Refusal, model_columns, reserved};
+use crate::shared::cost::SettlementPlan;
 use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::terminal::TerminalStatements;
 use crate::{Created, StoreError, StoreResult};
@@ -475,13 +475,11 @@ fn app_insert<'a>(
     let (config_hash, model_ref) = model_columns(new)?;
     // docs/budgets.md, "Tasks without a source": a cost under no limit is recorded as
     // the single path records it (no token bucket taken).
-    let reservation = match &new.cost {
-        Some(cost) => {
-            let stored = stored_reservation(&cost.reservation, &cost.budget, false);
-            Some((encode_reservation(&stored)?, SpendDelta::reserve(&stored)))
-        }
-        None => None,
-    };
+    let reservation = new
+        .cost
+        .as_ref()
+        .map(|cost| reserved(&cost.reservation, &cost.budget, false))
+        .transpose()?;
     Ok(insert::AppInsert {
         id: TaskId::generate(),
         new,
