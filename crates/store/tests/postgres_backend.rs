@@ -395,6 +395,178 @@ async fn a_lone_metered_call_is_created_in_one_statement_unless_its_facts_change
     assert_eq!(tasks, 1, "the failed statement wrote nothing");
 }
 
+/// docs/locking.md, "A creation in one statement": a lone scoped creation is made in one
+/// statement after one plain read — its admission (once its slot stripe has an
+/// allowance: the first admission under a cap finds none, and the transaction
+/// rebalances), and its cache hit with its saving; a replay answers its task. When the
+/// scope's facts change between the read and the statement (here: another replica's
+/// admission counted while the statement waited for the scope's lock), the statement
+/// writes nothing and the transaction decides again on the new facts: the scope's limit
+/// holds exactly. A hit whose app has an endpoint listening for `task.succeeded` is made
+/// by the transaction, which writes the outbox's event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lone_scoped_creation_is_made_in_one_statement_unless_its_facts_change() {
+    let Some(url) =
+        database_url("a_lone_scoped_creation_is_made_in_one_statement_unless_its_facts_change")
+    else {
+        return;
+    };
+    let schema = Schema::new(&url, "lone_scoped");
+    let clock = ManualClock::new(START);
+    let store = PostgresStore::open(schema.options(&clock)).await.unwrap();
+    let budget = Budget {
+        scope_concurrent: std::num::NonZeroU32::new(3).unwrap(),
+        ..Budget::unlimited()
+    };
+    let task = |key: &str, source: &str| {
+        let mut new = app_task("lone", "s", key, Some(source));
+        new.scope.as_mut().unwrap().budget = budget;
+        new
+    };
+    let count = |sql: &'static str| {
+        let store = store.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(store.pool())
+                .await
+                .unwrap()
+        }
+    };
+    // The first admission under this cap: no stripe has an allowance for it yet.
+    let first = store.create_task(task("a", "doc-1")).await.unwrap();
+    assert!(first.created);
+    assert_eq!(store.created_in_one_statement(), (0, 1));
+    let second = store.create_task(task("b", "doc-2")).await.unwrap();
+    assert!(second.created);
+    assert_eq!(store.created_in_one_statement(), (1, 1));
+    let replay = store.create_task(task("b", "doc-2")).await.unwrap();
+    assert_eq!((replay.created, replay.task.id), (false, second.task.id));
+    assert_eq!(store.created_in_one_statement(), (1, 1));
+    let (active, sources): (i64, i64) =
+        sqlx::query_as("SELECT active, sources_in_window FROM scope_state")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!((active, sources), (2, 2), "both admissions counted once");
+    assert_eq!(count("SELECT COUNT(*) FROM admissions").await, 2);
+
+    // Hold the scope's lock; the next creation reads its facts (2 active of 3: it fits),
+    // then its statement waits for the lock.
+    let mut holder = hold_scope_lock(&store, "lone", "s").await;
+    let racing = {
+        let (store, new) = (store.clone(), task("c", "doc-3"));
+        tokio::spawn(async move { store.create_task(new).await })
+    };
+    let waited = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waited)
+        .await
+        .expect("the creation's statement waits for the scope's lock");
+    // Meanwhile another admission is counted in the scope (as another replica's would
+    // be): the creation no longer fits.
+    sqlx::query("UPDATE scope_state SET active = active + 1")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder.commit().await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(30), racing)
+        .await
+        .expect("the creation is answered")
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            Err(StoreError::Admission(
+                tollgate_core::AdmissionRejection::ScopeCapacity { .. }
+            ))
+        ),
+        "decided again on the new facts: {answer:?}"
+    );
+    assert_eq!(store.created_in_one_statement(), (1, 2));
+    assert_eq!(
+        count("SELECT COUNT(*) FROM tasks").await,
+        2,
+        "nothing written"
+    );
+    assert_eq!(count("SELECT COUNT(*) FROM admissions").await, 2);
+
+    // "b" succeeds; the same step under a new effect key is its cache hit, in one
+    // statement, its saving recorded.
+    let w = WorkerId::new("w").unwrap();
+    let claimed = store.claim_next(&w, 4).await.unwrap();
+    let b = claimed
+        .iter()
+        .find(|t| t.id == second.task.id)
+        .expect("b is claimed")
+        .clone();
+    let usage = tollgate_core::Usage {
+        input_tokens: 10,
+        output_tokens: 1,
+        ..tollgate_core::Usage::default()
+    };
+    let answers = store
+        .complete_tasks(vec![tollgate_store::Completion {
+            id: b.id,
+            lease: b.lease().unwrap(),
+            output: json!({"label": "spam"}),
+            usage,
+            claimed: Some(Arc::new(b)),
+            attempt: None,
+        }])
+        .await
+        .unwrap();
+    assert!(answers[0].as_ref().unwrap().applied);
+    // What b cost (the dev model has no prices): what a hit on it saves.
+    sqlx::query("UPDATE tasks SET charged_nano = 700 WHERE effect_key = 'b'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let mut again = task("b2", "doc-2");
+    again.request = classify("b");
+    let hit = store.create_task(again).await.unwrap();
+    assert!(hit.created && hit.task.cached());
+    assert_eq!(hit.task.status, tollgate_core::TaskStatus::Succeeded);
+    assert_eq!(store.created_in_one_statement(), (2, 2));
+    let saved = count("SELECT CAST(COALESCE(SUM(saved_nano), 0) AS BIGINT) FROM scope_spend").await;
+    assert_eq!(saved, 700, "the hit saved what b was charged");
+    assert_eq!(count("SELECT COUNT(*) FROM webhook_events").await, 0);
+
+    // With an endpoint listening for task.succeeded, a hit is the transaction's (its
+    // event written).
+    store
+        .create_webhook_endpoint(tollgate_store::webhooks::NewWebhookEndpoint {
+            id: "whe_lone".into(),
+            app: AppId::new("lone").unwrap(),
+            url: "https://hooks.example.com/a".into(),
+            secret: "s".repeat(32),
+            events: vec![tollgate_core::webhook::WebhookEventType::TaskSucceeded],
+            budget_thresholds: vec![tollgate_core::webhook::budget::BudgetThreshold::DEFAULT],
+            enabled: true,
+            description: None,
+            from_config: false,
+        })
+        .await
+        .unwrap();
+    let mut listened = task("b3", "doc-2");
+    listened.request = classify("b");
+    let hit = store.create_task(listened).await.unwrap();
+    assert!(hit.created && hit.task.cached());
+    assert_eq!(store.created_in_one_statement(), (2, 3));
+    assert_eq!(count("SELECT COUNT(*) FROM webhook_events").await, 1);
+}
+
 /// docs/locking.md, "Connections for lone statements": a lone creation runs on a
 /// connection kept beside the pool and leaves it for the next; one abandoned while its
 /// statement waits (its caller went away) closes its connection instead (it may still

@@ -5,7 +5,9 @@ use super::super::{PostgresStore, Tx};
 use super::SlotPath;
 use super::slots::{app_slot_stripe, slot_stripe, take_share_rebalancing, take_slot_rebalancing};
 pub(super) use crate::shared::admission::InsertRow;
-use crate::shared::admission::{ScopeUpdate, TASK_INSERT, UnsourcedFacts, bind_join, bind_token};
+use crate::shared::admission::{
+    AdmissionFacts, ScopeUpdate, TASK_INSERT, UnsourcedFacts, bind_join, bind_token,
+};
 use crate::shared::cost::{SpendDelta, bind_spend, bind_spend_delta};
 use crate::shared::dispatch::QUEUE_JOIN;
 use crate::shared::named::{Binder, NamedStatement, Parts};
@@ -13,6 +15,7 @@ use crate::shared::rows::{TaskRow, task_columns};
 use crate::shared::sql::Exec;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreError, StoreResult};
+use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::cost::{SPEND_BUCKET_MS, spend_bucket, window_first_bucket};
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
@@ -97,14 +100,72 @@ static RESERVE_APP_TASK: NamedStatement = NamedStatement::new(
 /// The spend bucket bound (`:bucket`, of the statement's bound "now").
 const BOUND_BUCKET: (&str, &str) = ("bucket", ":bucket");
 
+/// An admission's spend parts (after the scope row `st`).
+const ADMISSION_SPEND: Parts = &[("spend_add", SPEND_ADD), ("after", "st"), BOUND_BUCKET];
+
 /// An admitted task: the task, its queue, the admission's writes and (fast path) its slot.
 static ADMIT_TASK: NamedStatement = NamedStatement::new(
     "admit_task",
     include_str!("../sql/admit_task.sql"),
     &[
+        &[("guard", ""), ("took", "(SELECT admitted FROM slot)")],
         BOUND_ROW,
         QUEUE,
-        &[("spend_add", SPEND_ADD), ("after", "st"), BOUND_BUCKET],
+        ADMISSION_SPEND,
+    ],
+);
+
+/// [`ADMIT_TASK`] in one statement of its own (docs/locking.md, "A creation in one
+/// statement"): behind the guard of the scope's admission facts, on the fast slot path
+/// only, failing (SQLSTATE [`NO_FAST_SLOT`]) when that found no slot.
+static ADMIT_GUARDED: NamedStatement = NamedStatement::new(
+    "admit_guarded",
+    include_str!("../sql/admit_task.sql"),
+    &[
+        &[
+            ("guard", include_str!("../sql/admission_facts_guard.sql")),
+            ("took", "tollgate_slot_taken((SELECT admitted FROM slot))"),
+        ],
+        GUARDED_ROW,
+        QUEUE,
+        ADMISSION_SPEND,
+    ],
+);
+
+/// The SQLSTATE of [`ADMIT_GUARDED`] when the fast path found no global slot
+/// (`tollgate_slot_taken`, migration 0031): nothing was written.
+const NO_FAST_SLOT: &str = "TG001";
+
+/// A cache hit's row in one statement of its own (`sql/cache_hit.sql`): after the
+/// scope's shared lock, and only when no endpoint of the app listens for
+/// `task.succeeded` (docs/webhooks.md, "The outbox": that event is the transaction
+/// path's to write).
+const HIT_ROW: Parts = &[
+    ("task_insert", TASK_INSERT),
+    (
+        "insert_if",
+        concat!(
+            "EXISTS (SELECT 1 FROM lock) AND NOT (SELECT ",
+            crate::shared::webhooks::task_event_listened!("ev"),
+            " FROM (SELECT CAST(:app AS TEXT) AS app, 'succeeded' AS status) AS ev)"
+        ),
+    ),
+    ("created_at", ":now"),
+    ("dispatch_key", ":dispatch_key"),
+    ("task_columns", task_columns!()),
+];
+
+/// A cache hit in one statement: its row and its saving (when it saved anything).
+static CACHE_HIT: NamedStatement = NamedStatement::new(
+    "cache_hit",
+    include_str!("../sql/cache_hit.sql"),
+    &[
+        HIT_ROW,
+        &[
+            ("spend_add", SPEND_ADD),
+            ("after", "t WHERE CAST(:saved_nano AS BIGINT) > 0"),
+            BOUND_BUCKET,
+        ],
     ],
 );
 
@@ -123,15 +184,18 @@ static RESERVE_UNSOURCED: NamedStatement = NamedStatement::new(
 );
 
 /// The task row behind the guard of the facts decided on (docs/locking.md, "A creation
-/// in one statement"): inserted only when the guard finds the facts held.
+/// in one statement"): inserted only when the guard (a part of its own) finds the facts
+/// held.
 const GUARDED_ROW: Parts = &[
-    ("guard", include_str!("../sql/cost_facts_guard.sql")),
     ("task_insert", TASK_INSERT),
     ("insert_if", "(SELECT held FROM guard)"),
     ("created_at", ":now"),
     ("dispatch_key", ":dispatch_key"),
     ("task_columns", task_columns!()),
 ];
+
+/// The guard of a task without a source's facts (`sql/cost_facts_guard.sql`).
+const COST_GUARD: Parts = &[("guard", include_str!("../sql/cost_facts_guard.sql"))];
 
 /// A task created claimed joins no queue: its first attempt opens (the statement then
 /// carries no queue join's parts, which its executor would set up for nothing).
@@ -144,14 +208,14 @@ const OPENED: Parts = &[
 static RESERVE_GUARDED: NamedStatement = NamedStatement::new(
     "reserve_guarded",
     include_str!("../sql/reserve_unsourced.sql"),
-    &[GUARDED_ROW, QUEUE, RESERVE_SPEND],
+    &[COST_GUARD, GUARDED_ROW, QUEUE, RESERVE_SPEND],
 );
 
 /// The same for a task created claimed.
 static RESERVE_GUARDED_CLAIMED: NamedStatement = NamedStatement::new(
     "reserve_guarded_claimed",
     include_str!("../sql/reserve_unsourced.sql"),
-    &[GUARDED_ROW, OPENED, RESERVE_SPEND],
+    &[COST_GUARD, GUARDED_ROW, OPENED, RESERVE_SPEND],
 );
 
 /// A cache hit's saving.
@@ -200,6 +264,24 @@ const GUARD_NAMES: &[&str] = &[
     "seen_token_at",
     "seen_window_nano",
 ];
+/// The names [`guarded_admit`] binds of the guard ([`ADMIT_GUARDED`]).
+const ADMISSION_GUARD_NAMES: &[&str] = &[
+    "lock_key",
+    "cutoff",
+    "first_bucket",
+    "seen_bucket_units",
+    "seen_bucket_at",
+    "seen_sources",
+    "seen_active",
+    "seen_token_units",
+    "seen_token_at",
+    "seen_seen",
+    "seen_steps",
+    "seen_counted",
+    "seen_window_nano",
+];
+/// The name [`hit_in_one_statement`] binds besides the row and the spend ([`CACHE_HIT`]).
+const HIT_NAMES: &[&str] = &["lock_key"];
 /// The names `record_saved` binds besides the spend group ([`RECORD_SAVED`]).
 const SAVED_NAMES: &[&str] = &["app", "scope"];
 /// The names [`insert_app_task`] binds besides the row and the join ([`INSERT_APP_TASK`]).
@@ -257,31 +339,7 @@ pub(super) async fn insert_and_commit(
     // The task, the admission's writes and (fast path) a slot of this stripe's
     // allowance, in one statement that locks one stripe row only.
     let mut b = ADMIT_TASK.binder();
-    row.bind(&mut b, false);
-    bind_join(&mut b, row.new.dispatch.weight);
-    bind_token(&mut b, record.update.token_bucket);
-    b.group(ADMISSION_NAMES, |b| {
-        b.bind("bucket_units", record.update.bucket.units)
-            .bind("bucket_at", record.update.bucket.at.0)
-            .bind("sources_delta", record.update.sources_delta)
-            .bind("source", record.source.as_str())
-            .bind("logical_key", record.logical_key);
-    });
-    bind_spend(
-        &mut b,
-        row.scope.as_str(),
-        spend_bucket(row.now),
-        record.reserve,
-    );
-    let share = record.budget.global_share;
-    b.group(SLOT_NAMES, |b| {
-        b.bind("fast", path == SlotPath::Fast)
-            .bind("share", share.map_or(0, |s| i64::from(s.share)))
-            .bind("no_share", share.is_none())
-            .bind("app_stripe", app_slot_stripe(row.id))
-            .bind("slot_stripe", stripe)
-            .bind("cap", cap);
-    });
+    bind_admission(&mut b, row, &record, path);
     let inserted: Option<AdmittedRow> = tx.optional(b.statement()?).await?;
     let Some(inserted) = inserted else {
         // Another replica inserted the same effect key first: keep nothing of ours.
@@ -313,6 +371,120 @@ pub(super) async fn insert_and_commit(
     }
     let task = commit_created(store, tx, row.new, task).await?;
     Ok(Some(Created::inserted(task)))
+}
+
+/// Binds an admitted task's row, its queue's join, the admission's writes and its slot
+/// ([`ADMIT_TASK`], [`ADMIT_GUARDED`] after its guard).
+fn bind_admission(
+    b: &mut Binder,
+    row: &InsertRow<'_>,
+    record: &AdmissionRecord<'_>,
+    path: SlotPath,
+) {
+    row.bind(b, false);
+    bind_join(b, row.new.dispatch.weight);
+    bind_token(b, record.update.token_bucket);
+    b.group(ADMISSION_NAMES, |b| {
+        b.bind("bucket_units", record.update.bucket.units)
+            .bind("bucket_at", record.update.bucket.at.0)
+            .bind("sources_delta", record.update.sources_delta)
+            .bind("source", record.source.as_str())
+            .bind("logical_key", record.logical_key);
+    });
+    bind_spend(b, row.scope.as_str(), spend_bucket(row.now), record.reserve);
+    let share = record.budget.global_share;
+    b.group(SLOT_NAMES, |b| {
+        b.bind("fast", path == SlotPath::Fast)
+            .bind("share", share.map_or(0, |s| i64::from(s.share)))
+            .bind("no_share", share.is_none())
+            .bind("app_stripe", app_slot_stripe(row.id))
+            .bind("slot_stripe", slot_stripe(row.id))
+            .bind("cap", i64::from(record.budget.global_concurrent.get()));
+    });
+}
+
+/// The scope's admission facts a scoped creation in one statement decided on, as its
+/// guard compares them (docs/locking.md, "A creation in one statement").
+pub(super) struct SeenAdmission<'a> {
+    /// The scope's advisory lock key.
+    pub(super) lock: i64,
+    pub(super) facts: &'a AdmissionFacts,
+}
+
+/// docs/locking.md, "A creation in one statement": [`insert_and_commit`]'s admission
+/// statement as one statement of its own (no transaction around it) behind the guard
+/// that takes the scope's lock and checks that the scope's facts are still `seen`'s, on
+/// the fast slot path. `None`: the facts changed, the key was taken meanwhile, or the
+/// fast path found no global slot; nothing was written.
+pub(super) async fn guarded_admit(
+    store: &PostgresStore,
+    conn: &mut sqlx::PgConnection,
+    row: &InsertRow<'_>,
+    seen: SeenAdmission<'_>,
+    record: &AdmissionRecord<'_>,
+) -> StoreResult<Option<Created>> {
+    let facts = seen.facts;
+    let mut b = ADMIT_GUARDED.binder();
+    b.group(ADMISSION_GUARD_NAMES, |b| {
+        b.bind("lock_key", seen.lock)
+            .bind("cutoff", row.now.0 - ADMISSION_WINDOW.as_millis() as i64)
+            .bind("first_bucket", window_first_bucket(row.now))
+            .bind("seen_bucket_units", facts.bucket_units)
+            .bind("seen_bucket_at", facts.bucket_at)
+            .bind("seen_sources", facts.sources_in_window)
+            .bind("seen_active", facts.active)
+            .bind("seen_token_units", facts.token_units)
+            .bind("seen_token_at", facts.token_at)
+            .bind("seen_seen", facts.seen)
+            .bind("seen_steps", facts.steps)
+            .bind("seen_counted", facts.counted)
+            .bind("seen_window_nano", facts.scope_window_nano);
+    });
+    bind_admission(&mut b, row, record, SlotPath::Fast);
+    let (text, args) = b.statement()?.into_parts::<sqlx::postgres::PgArguments>()?;
+    let inserted = sqlx::query_as_with::<_, AdmittedRow, _>(sqlx::AssertSqlSafe(text), args)
+        .fetch_optional(&mut *conn)
+        .await;
+    let inserted = match inserted {
+        Ok(inserted) => inserted,
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(NO_FAST_SLOT) => None,
+        Err(e) => return Err(e.into()),
+    };
+    let Some(inserted) = inserted else {
+        return Ok(None);
+    };
+    let task = inserted.task.into_task()?;
+    store.queue_view.owe_creation_claim(row.new, &task);
+    Ok(Some(Created::inserted(task)))
+}
+
+/// docs/locking.md, "A creation in one statement": a cache hit's row (`row`: its
+/// `cached_from`, output and saving set) and saving in one statement of its own
+/// ([`CACHE_HIT`]) under the scope's shared lock (`lock`). `None`: the key was taken
+/// meanwhile, or an endpoint of the app listens for `task.succeeded`; nothing was
+/// written.
+pub(super) async fn hit_in_one_statement(
+    conn: &mut sqlx::PgConnection,
+    row: &InsertRow<'_>,
+    lock: i64,
+) -> StoreResult<Option<Created>> {
+    let saved = SpendDelta {
+        saved_nano: row.saved_nano,
+        ..SpendDelta::default()
+    };
+    let mut b = CACHE_HIT.binder();
+    b.group(HIT_NAMES, |b| {
+        b.bind("lock_key", lock);
+    });
+    row.bind(&mut b, false);
+    bind_spend(&mut b, row.scope.as_str(), spend_bucket(row.now), saved);
+    let inserted: Option<TaskRow> = conn.optional(b.statement()?).await?;
+    let Some(task) = inserted else {
+        return Ok(None);
+    };
+    Ok(Some(
+        Created::inserted(task.into_task()?).saving(row.saved_nano),
+    ))
 }
 
 /// docs/budgets.md, "Tasks without a source": inserts a task without a source that can
@@ -784,6 +956,20 @@ mod tests {
                 SPEND_NAMES,
             ],
         );
+        check_binds(
+            &ADMIT_GUARDED,
+            &[
+                ADMISSION_GUARD_NAMES,
+                ROW_NAMES,
+                NOW_NAMES,
+                JOIN_NAMES,
+                TOKEN_NAMES,
+                ADMISSION_NAMES,
+                SPEND_NAMES,
+                SLOT_NAMES,
+            ],
+        );
+        check_binds(&CACHE_HIT, &[HIT_NAMES, ROW_NAMES, NOW_NAMES, SPEND_NAMES]);
         check_binds(&RECORD_SAVED, &[SAVED_NAMES, SPEND_NAMES]);
         check_binds(&ACTIVATE_QUEUE, &[ACTIVATE_NAMES]);
     }

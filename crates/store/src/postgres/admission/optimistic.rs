@@ -15,37 +15,126 @@
 //! spend limit (checked under the app's lock) — the creation runs the locked path.
 
 use super::super::PostgresStore;
-use super::insert::{guarded_reserve, unsourced_row};
-use super::probe::{cost_reads, scope_lock_key};
+use super::insert::{
+    AdmissionRecord, InsertRow, SeenAdmission, guarded_admit, guarded_reserve,
+    hit_in_one_statement, unsourced_row,
+};
+use super::probe::{cost_reads, scope_lock_key, scoped_reads};
 use crate::shared::admission::model_columns;
 use crate::shared::tasks::Tasks;
 use crate::{Created, StoreResult};
 use std::sync::atomic::{AtomicU64, Ordering};
-use tollgate_core::{AppId, NewTask, Owner, ScopeId, Subject, TaskCost, Timestamp};
+use tollgate_core::{
+    AppId, NewTask, Owner, ScopeId, Subject, TaskCost, TaskId, TaskScope, Timestamp, cache_key,
+};
 
 /// Creates `new` in one statement, or `None` when this path does not decide it (nothing
 /// written; the caller runs the locked path).
 pub(super) async fn create(store: &PostgresStore, new: &NewTask) -> StoreResult<Option<Created>> {
-    let (
-        Owner::Application {
-            app,
-            scope,
-            subject,
-        },
-        None,
-        Some(cost),
-    ) = (&new.owner, &new.scope, &new.cost)
+    let Owner::Application {
+        app,
+        scope,
+        subject,
+    } = &new.owner
     else {
         return Ok(None);
     };
-    if !cost.limited() || cost.budget.cost.app_nano_per_24_hours.is_some() {
+    let owner = (app, scope, subject.as_ref());
+    match (&new.scope, &new.cost) {
+        (Some(scoped), _)
+            if new.claim_by.is_none() && scoped.budget.cost.app_nano_per_24_hours.is_none() =>
+        {
+            let mut lone = store.hot.lone().await?;
+            let created = admit_and_write(store, lone.conn(), new, owner, scoped).await;
+            lone.done(&created);
+            created
+        }
+        (None, Some(cost))
+            if cost.limited() && cost.budget.cost.app_nano_per_24_hours.is_none() =>
+        {
+            let mut lone = store.hot.lone().await?;
+            let created = decide_and_write(store, lone.conn(), new, owner, cost).await;
+            lone.done(&created);
+            created
+        }
+        _ => Ok(None),
+    }
+}
+
+/// [`create`]'s two statements on `conn` for a scoped task `new` of `owner` (app, scope,
+/// subject): its reads, then its cache hit ([`hit_in_one_statement`]) or its admission
+/// ([`guarded_admit`]) when core admits it on the facts read and none of the scope's
+/// sightings expired (the locked path prunes those).
+async fn admit_and_write(
+    store: &PostgresStore,
+    conn: &mut sqlx::PgConnection,
+    new: &NewTask,
+    (app, scope, subject): (&AppId, &ScopeId, Option<&Subject>),
+    scoped: &TaskScope,
+) -> StoreResult<Option<Created>> {
+    let (config_hash, model_ref) = model_columns(new)?;
+    let id = TaskId::generate();
+    let key = cache_key(
+        &scoped.source_id,
+        &scoped.source_revision,
+        &new.request,
+        &config_hash,
+        subject,
+    );
+    // The logical step: the cache key, or for a recomputation the task's own id (and no
+    // hit is looked for).
+    let (logical_key, probe) = if scoped.recompute {
+        (id.to_string(), None)
+    } else {
+        (key.clone(), Some(key.as_str()))
+    };
+    let step = (&scoped.source_id, logical_key.as_str());
+    let read = scoped_reads(store, conn, (app, scope), new, step, probe).await?;
+    if read.read.taken {
+        // A replay; its task gone meanwhile (owner deletion): the locked path.
+        return Ok(Tasks::get_task_by_effect_key(store, app, &new.effect_key)
+            .await?
+            .map(Created::existing));
+    }
+    let now = Timestamp(read.read.now);
+    let owner = (None, scope.clone(), subject.cloned());
+    let mut row = InsertRow::new(id, new, owner, (config_hash.0, model_ref), now);
+    row.cache_key = Some(key);
+    let lock = scope_lock_key(app, scope);
+    if let (Some(from), Some(output)) = (&read.read.hit_id, &read.read.hit_output) {
+        row.cached_from = Some(from.clone());
+        row.cached_output = Some(output.clone());
+        row.saved_nano = read.read.hit_charged_nano.unwrap_or(0);
+        let made = hit_in_one_statement(conn, &row, lock).await?;
+        store.one_statement.count(made.is_some());
+        return Ok(made);
+    }
+    let Some(facts) = read.facts()? else {
+        return Ok(None);
+    };
+    if read.read.expired != Some(0) {
         return Ok(None);
     }
-    let mut lone = store.hot.lone().await?;
-    let owner = (app, scope, subject.as_ref());
-    let created = decide_and_write(store, lone.conn(), new, owner, cost).await;
-    lone.done(&created);
-    created
+    let Ok(update) = facts.decide(&scoped.budget, &scoped.reservation, now) else {
+        return Ok(None);
+    };
+    row.admitted = true;
+    let from_token_bucket = update.token_bucket.is_some();
+    let reserve = row.reserve(&scoped.reservation, &scoped.budget, from_token_bucket)?;
+    let record = AdmissionRecord {
+        source: &scoped.source_id,
+        logical_key: &logical_key,
+        budget: &scoped.budget,
+        update,
+        reserve,
+    };
+    let seen = SeenAdmission {
+        lock,
+        facts: &facts,
+    };
+    let made = guarded_admit(store, conn, &row, seen, &record).await?;
+    store.one_statement.count(made.is_some());
+    Ok(made)
 }
 
 /// [`create`]'s two statements on `conn`, for `new` of `owner` (app, scope, subject)

@@ -3,9 +3,7 @@
 //! admission facts.
 
 use super::super::{PostgresStore, Tx, now_sql};
-#[cfg(doc)]
-use crate::shared::admission::AdmissionFacts;
-use crate::shared::admission::UnsourcedFacts;
+use crate::shared::admission::{AdmissionFacts, UnsourcedFacts};
 use crate::shared::rows::stored_subject;
 use crate::{StoreError, StoreResult};
 use sqlx::FromRow;
@@ -210,6 +208,84 @@ pub(super) async fn cost_reads(
     .await?;
     check_first_bucket(read.now, Some(read.first_bucket))?;
     Ok(read)
+}
+
+/// What a scoped creation in one statement reads, without the scope's lock
+/// ([`super::optimistic`]): whether its effect key is taken, "now", the window's first
+/// spend bucket, the newest cache hit, and — when neither — the scope's admission facts
+/// ([`AdmissionFacts`], decoded from the same row by [`ScopedReads::facts`]) with the
+/// count of its expired sightings.
+#[derive(sqlx::FromRow)]
+pub(super) struct ScopedReads {
+    pub(super) taken: bool,
+    pub(super) now: i64,
+    first_bucket: i64,
+    pub(super) hit_id: Option<String>,
+    pub(super) hit_output: Option<String>,
+    pub(super) hit_charged_nano: Option<i64>,
+    /// The scope's sightings at or before the cutoff (`None`: no facts were read).
+    pub(super) expired: Option<i64>,
+}
+
+/// [`ScopedReads`] and the row its facts are decoded from.
+pub(super) struct ScopedRead {
+    pub(super) read: ScopedReads,
+    row: PgRow,
+}
+
+impl ScopedRead {
+    /// The admission facts read (nothing pruned: the caller goes on only when none
+    /// expired); `None` when the key was taken or a hit found.
+    pub(super) fn facts(&self) -> StoreResult<Option<AdmissionFacts>> {
+        if self.read.expired.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(AdmissionFacts::from_row(&self.row)?))
+    }
+}
+
+/// The [`ScopedReads`] in one plain statement (the SQL functions it calls, migrations
+/// 0030 and 0031, are the locked path's own reads: `tollgate_newest_success`,
+/// `tollgate_admission_facts`). `cache_key`: `None` for a recomputation (no hit).
+pub(super) async fn scoped_reads(
+    store: &PostgresStore,
+    conn: &mut sqlx::PgConnection,
+    (app, scope): (&AppId, &ScopeId),
+    new: &NewTask,
+    (source, logical_key): (&SourceId, &str),
+    cache_key: Option<&str>,
+) -> StoreResult<ScopedRead> {
+    let row: PgRow = sqlx::query(concat!(
+        "SELECT c.taken, c.now, b.first_bucket, h.id AS hit_id, h.output AS hit_output, \
+         h.charged_nano AS hit_charged_nano, 0::BIGINT AS pruned, f.expired, \
+         f.bucket_units, f.bucket_at, f.sources_in_window, f.active, f.token_units, \
+         f.token_at, f.seen, f.steps, f.counted, f.global_active, f.scope_window_nano, \
+         f.app_active, f.borrowed \
+         FROM (SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2) \
+               AS taken, ",
+        now_sql!("4"),
+        " AS now) AS c \
+         CROSS JOIN LATERAL (SELECT tollgate_first_bucket(c.now, $5, $6) AS first_bucket) AS b \
+         LEFT JOIN LATERAL (SELECT n.id, n.output, n.charged_nano \
+               FROM tollgate_newest_success($1, $3, $7) AS n WHERE $7 IS NOT NULL) AS h ON true \
+         LEFT JOIN LATERAL (SELECT * FROM tollgate_admission_facts($1, $3, $8, $9, \
+               c.now - $10, b.first_bucket) WHERE NOT c.taken AND h.id IS NULL) AS f ON true"
+    ))
+    .bind(app.as_str())
+    .bind(new.effect_key.as_str())
+    .bind(scope.as_str())
+    .bind(store.fixed_now())
+    .bind(SPEND_WINDOW_MS)
+    .bind(SPEND_BUCKET_MS)
+    .bind(cache_key)
+    .bind(source.as_str())
+    .bind(logical_key)
+    .bind(ADMISSION_WINDOW.as_millis() as i64)
+    .fetch_one(&mut *conn)
+    .await?;
+    let read = ScopedReads::from_row(&row)?;
+    check_first_bucket(read.now, Some(read.first_bucket))?;
+    Ok(ScopedRead { read, row })
 }
 
 /// The window's first bucket is core's rule; the database's reading of it must agree.

@@ -6,7 +6,11 @@
 -- slot stripe. (Without that chain a statement could take its slot stripe before its
 -- app bucket while another held the app bucket and waited for the stripe: a deadlock
 -- under load.)
-WITH t AS ({task_insert}),
+-- {guard}: nothing, or (a creation in one statement, docs/locking.md) the guard CTE
+-- `guard` that takes the scope's lock and checks the facts decided on, read by the
+-- task's {insert_if} so it runs before any write; {took} then fails the statement when
+-- the fast path found no slot (tollgate_slot_taken, migration 0031).
+WITH {guard}t AS ({task_insert}),
 -- The queue's row stays locked to the commit (ON CONFLICT locks it even when nothing
 -- changes), so a claim that finds the queue empty cannot deactivate it before this task
 -- is visible.
@@ -74,4 +78,4 @@ slot AS (
     AND EXISTS (SELECT 1 FROM own)
   RETURNING admitted
 )
-SELECT t.*, (SELECT admitted FROM slot) AS took FROM t
+SELECT t.*, {took} AS took FROM t
