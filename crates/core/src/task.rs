@@ -329,15 +329,22 @@ pub fn cache_key(
     config_hash: &ConfigHash,
     subject: Option<&Subject>,
 ) -> String {
-    let value = json!({
-        "source_id": source_id,
-        "source_revision": source_revision,
-        "request": request.value(),
-        "model_config_hash": config_hash,
-        "subject": subject,
-    });
-    // The request was canonicalized already, so hashing cannot fail here.
-    hash_value(&value).unwrap_or_else(|_| sha256_hex(request.canonical().as_bytes()))
+    // The SHA-256 of the canonical text of {"model_config_hash", "request", "source_id",
+    // "source_revision", "subject"}: RFC 8785 writes an object's members sorted by key
+    // (these keys are ASCII, in that order), each value in its own canonical text, so
+    // the request's canonical text (computed once, when it was validated) is spliced in
+    // rather than computed again. The small members are canonicalized as values of
+    // their own; none can fail (strings, and a subject of strings).
+    let small = |v: Value| canonical_json(&v).unwrap_or_default();
+    let text = format!(
+        "{{\"model_config_hash\":{},\"request\":{},\"source_id\":{},\"source_revision\":{},\"subject\":{}}}",
+        small(json!(config_hash)),
+        request.canonical(),
+        small(json!(source_id)),
+        small(json!(source_revision)),
+        small(json!(subject)),
+    );
+    sha256_hex(text.as_bytes())
 }
 
 /// A task's state (docs/conformance.md#lifecycle). Terminal states are final.

@@ -188,3 +188,12 @@ BEGIN
                                   first_bucket) AS f;
 END
 $$;
+
+-- The cache probe's index: tollgate_newest_success reads one entry, in its order
+-- (completed_at, then id), among the key's successes only. tasks_cache (migration 0001)
+-- held every task of a key, in completed_at order only, so the probe read and sorted
+-- every success of its key (each hit is one more) to take the newest. Tasks that are not
+-- succeeded are no longer in it.
+CREATE INDEX tasks_newest_success ON tasks (app, scope, cache_key, completed_at, id)
+    WHERE status = 'succeeded';
+DROP INDEX tasks_cache;

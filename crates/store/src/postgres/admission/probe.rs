@@ -246,7 +246,9 @@ impl ScopedRead {
 
 /// The [`ScopedReads`] in one plain statement (the SQL functions it calls, migrations
 /// 0030 and 0031, are the locked path's own reads: `tollgate_newest_success`,
-/// `tollgate_admission_facts`). `cache_key`: `None` for a recomputation (no hit).
+/// `tollgate_admission_facts`). `cache_key`: `None` for a recomputation (no hit). The
+/// facts' subquery is kept whole (`OFFSET 0`), so its condition gates it: a replay or a
+/// hit reads no facts.
 pub(super) async fn scoped_reads(
     store: &PostgresStore,
     conn: &mut sqlx::PgConnection,
@@ -269,7 +271,8 @@ pub(super) async fn scoped_reads(
          LEFT JOIN LATERAL (SELECT n.id, n.output, n.charged_nano \
                FROM tollgate_newest_success($1, $3, $7) AS n WHERE $7 IS NOT NULL) AS h ON true \
          LEFT JOIN LATERAL (SELECT * FROM tollgate_admission_facts($1, $3, $8, $9, \
-               c.now - $10, b.first_bucket) WHERE NOT c.taken AND h.id IS NULL) AS f ON true"
+               c.now - $10, b.first_bucket) WHERE NOT c.taken AND h.id IS NULL OFFSET 0) AS f \
+         ON true"
     ))
     .bind(app.as_str())
     .bind(new.effect_key.as_str())

@@ -11,7 +11,9 @@
 -- but no earlier than one stride after the furthest fresh queue of its app (active and
 -- not claimed from since it joined: pass = joined), so the queues an app opens together
 -- share one burst of credit. `base` is the floor it found, `joined` the pass it joined
--- at. Its reads are index lookups (migration 0011).
+-- at. Its reads are index lookups (migration 0011). The inner subquery is DISTINCT (on
+-- its one row: no change) so neither planner pulls it up into the expressions that use
+-- its floor, top and fresh several times: each is read once.
 INSERT INTO dispatch_queues (app, scope, weight, pass, base, joined, active)
 SELECT y.app, y.scope, y.weight, y.pass, y.base, y.pass, TRUE
 FROM (
@@ -22,7 +24,7 @@ FROM (
               ELSE x.floor - x.credit END AS pass,
          COALESCE(x.floor, x.top) AS base
   FROM (
-    SELECT p.app, p.scope, p.weight, p.credit, p.stride,
+    SELECT DISTINCT p.app, p.scope, p.weight, p.credit, p.stride,
            (SELECT MIN(m) FROM (
               SELECT MIN(base) AS m FROM dispatch_queues WHERE active AND pass < base
               UNION ALL
