@@ -1,7 +1,7 @@
 //! Tasks, owners, subjects, scopes and runs: the nouns of docs/conformance.md#concepts, docs/conformance.md#lifecycle, docs/conformance.md#workflow-runs.
 
 use crate::budget::Budget;
-use crate::canonical::{canonical_json, check_hashable, hash_value, sha256_hex};
+use crate::canonical::{canonical_json, check_hashable, sha256_hex};
 use crate::error::{ErrorCode, InvalidInput};
 use crate::ids::{
     AppId, EffectKey, ModelId, RunId, ScopeId, SourceId, SourceRevision, StepKey, TaskId, WorkerId,

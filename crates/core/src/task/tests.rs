@@ -1,4 +1,5 @@
 use super::*;
+use crate::canonical::hash_value;
 
 #[test]
 fn messages_are_cut_to_2000_characters() {
