@@ -193,7 +193,9 @@ $$;
 -- (completed_at, then id), among the key's successes only. tasks_cache (migration 0001)
 -- held every task of a key, in completed_at order only, so the probe read and sorted
 -- every success of its key (each hit is one more) to take the newest. Tasks that are not
--- succeeded are no longer in it.
+-- succeeded are no longer in it. Built in the migration's transaction: on a large
+-- `tasks` table the upgrade holds task writes for as long as the build takes (run
+-- `tollgate migrate` before the new replicas start).
 CREATE INDEX tasks_newest_success ON tasks (app, scope, cache_key, completed_at, id)
     WHERE status = 'succeeded';
 DROP INDEX tasks_cache;
