@@ -276,6 +276,28 @@ async fn racing_calls_of_one_scope_are_created_together() {
 const SCOPE_LOCK_KEY_SQL: &str = "SELECT ('x' || substr(encode(sha256(convert_to(\
      'tollgate-scope' || chr(31) || $1 || chr(31) || $2, 'UTF8')), 'hex'), 1, 16))::bit(64)::bigint";
 
+/// Waits (30 s at most, else fails with `what`) until a statement waits for an advisory
+/// lock.
+async fn advisory_lock_awaited(store: &PostgresStore, what: &str) {
+    let waited = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waited)
+        .await
+        .expect(what);
+}
+
 /// A transaction holding the (app, scope)'s advisory lock exclusively until it ends.
 async fn hold_scope_lock(
     store: &PostgresStore,
@@ -349,23 +371,7 @@ async fn a_lone_metered_call_is_created_in_one_statement_unless_its_facts_change
         let (store, new) = (store.clone(), call("b"));
         tokio::spawn(async move { store.create_task(new).await })
     };
-    let waited = async {
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-            )
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), waited)
-        .await
-        .expect("the call's statement waits for the scope's lock");
+    advisory_lock_awaited(&store, "the call's statement waits for the scope's lock").await;
     // Meanwhile 100,000 n$ more are reserved in the scope (as another replica's
     // creation would have): the call no longer fits.
     sqlx::query("UPDATE scope_spend SET reserved_nano = reserved_nano + 100000")
@@ -457,23 +463,11 @@ async fn a_lone_scoped_creation_is_made_in_one_statement_unless_its_facts_change
         let (store, new) = (store.clone(), task("c", "doc-3"));
         tokio::spawn(async move { store.create_task(new).await })
     };
-    let waited = async {
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-            )
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), waited)
-        .await
-        .expect("the creation's statement waits for the scope's lock");
+    advisory_lock_awaited(
+        &store,
+        "the creation's statement waits for the scope's lock",
+    )
+    .await;
     // Meanwhile another admission is counted in the scope (as another replica's would
     // be): the creation no longer fits.
     sqlx::query("UPDATE scope_state SET active = active + 1")
@@ -565,6 +559,50 @@ async fn a_lone_scoped_creation_is_made_in_one_statement_unless_its_facts_change
     assert!(hit.created && hit.task.cached());
     assert_eq!(store.created_in_one_statement(), (2, 3));
     assert_eq!(count("SELECT COUNT(*) FROM webhook_events").await, 1);
+}
+
+/// A creation in one statement that finds its key taken reads the task on the
+/// connection it holds: replays racing on a pool of two connections are all answered
+/// (a second connection taken from the pool while holding one would wait for ever once
+/// every connection is held so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replays_racing_on_a_small_pool_are_answered() {
+    let Some(url) = database_url("replays_racing_on_a_small_pool_are_answered") else {
+        return;
+    };
+    let schema = Schema::new(&url, "small_pool");
+    let clock = ManualClock::new(START);
+    let mut options = schema.options(&clock);
+    options.max_connections = 2;
+    options.acquire_timeout = Duration::from_secs(3);
+    let store = PostgresStore::open(options).await.unwrap();
+    let scoped = || app_task("small", "s", "a", Some("doc-1"));
+    let metered_call = || {
+        let mut new = app_task("small", "door", "m", None);
+        new.cost = Some(metered(
+            std::num::NonZeroU64::new(1_000_000_000),
+            None,
+            (100, 10),
+        ));
+        new
+    };
+    let first = store.create_task(scoped()).await.unwrap();
+    let call = store.create_task(metered_call()).await.unwrap();
+    let mut racing = Vec::new();
+    for n in 0..32 {
+        let store = store.clone();
+        let new = if n % 2 == 0 { scoped() } else { metered_call() };
+        racing.push(tokio::spawn(async move { store.create_task(new).await }));
+    }
+    for (n, answer) in racing.into_iter().enumerate() {
+        let answer = answer.await.unwrap().expect("a replay is answered");
+        let id = if n % 2 == 0 {
+            first.task.id
+        } else {
+            call.task.id
+        };
+        assert_eq!((answer.created, answer.task.id), (false, id));
+    }
 }
 
 /// docs/locking.md, "Connections for lone statements": a lone creation runs on a

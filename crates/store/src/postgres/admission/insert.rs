@@ -19,7 +19,7 @@ use tollgate_core::admission::ADMISSION_WINDOW;
 use tollgate_core::cost::{SPEND_BUCKET_MS, spend_bucket, window_first_bucket};
 use tollgate_core::{
     AdmissionRejection, AppId, BucketState, Budget, NewTask, ScopeId, SourceId, Subject, Task,
-    TaskCost, TaskId, Timestamp, Weight, join_credit, stride,
+    TaskCost, TaskId, TaskScope, Timestamp, Weight, join_credit, stride,
 };
 
 /// The spend upserts (`sql/spend_add.sql`), CTEs of the statements that reserve or save.
@@ -305,6 +305,29 @@ pub(super) struct AdmissionRecord<'a> {
     pub(super) budget: &'a Budget,
     pub(super) update: ScopeUpdate,
     pub(super) reserve: SpendDelta,
+}
+
+impl<'a> AdmissionRecord<'a> {
+    /// The admission `update` of the scoped task `row` (of `scoped`, its logical step
+    /// `logical_key`) decided on: the row marked admitted, its reservation recorded
+    /// (taken from the token bucket when the update holds one).
+    pub(super) fn admitted(
+        row: &mut InsertRow<'_>,
+        scoped: &'a TaskScope,
+        logical_key: &'a str,
+        update: ScopeUpdate,
+    ) -> StoreResult<AdmissionRecord<'a>> {
+        row.admitted = true;
+        let from_token_bucket = update.token_bucket.is_some();
+        let reserve = row.reserve(&scoped.reservation, &scoped.budget, from_token_bucket)?;
+        Ok(AdmissionRecord {
+            source: &scoped.source_id,
+            logical_key,
+            budget: &scoped.budget,
+            update,
+            reserve,
+        })
+    }
 }
 
 /// Step 6: insert the task; for an admitted task, then record the admission and take the

@@ -264,16 +264,7 @@ async fn attempt_create(
         Ok(update) => update,
         Err(rejection) => return refused(tx, &app, new, rejection).await,
     };
-    row.admitted = true;
-    let from_token_bucket = update.token_bucket.is_some();
-    let reserve = row.reserve(&scoped.reservation, &scoped.budget, from_token_bucket)?;
-    let record = AdmissionRecord {
-        source: &scoped.source_id,
-        logical_key: &logical_key,
-        budget: &scoped.budget,
-        update,
-        reserve,
-    };
+    let record = AdmissionRecord::admitted(&mut row, scoped, &logical_key, update)?;
     insert_and_commit(store, tx, &row, &app, Some(record), path).await
 }
 

@@ -15,13 +15,13 @@
 //! spend limit (checked under the app's lock) — the creation runs the locked path.
 
 use super::super::PostgresStore;
+use super::by_effect_key;
 use super::insert::{
     AdmissionRecord, InsertRow, SeenAdmission, guarded_admit, guarded_reserve,
     hit_in_one_statement, unsourced_row,
 };
 use super::probe::{cost_reads, scope_lock_key, scoped_reads};
 use crate::shared::admission::model_columns;
-use crate::shared::tasks::Tasks;
 use crate::{Created, StoreResult};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tollgate_core::{
@@ -92,7 +92,9 @@ async fn admit_and_write(
     let read = scoped_reads(store, conn, (app, scope), new, step, probe).await?;
     if read.read.taken {
         // A replay; its task gone meanwhile (owner deletion): the locked path.
-        return Ok(Tasks::get_task_by_effect_key(store, app, &new.effect_key)
+        // Read on this connection: taking a second one from the pool while holding
+        // this one can wait for ever when every connection is held so.
+        return Ok(by_effect_key(conn, app, new.effect_key.as_str())
             .await?
             .map(Created::existing));
     }
@@ -118,16 +120,7 @@ async fn admit_and_write(
     let Ok(update) = facts.decide(&scoped.budget, &scoped.reservation, now) else {
         return Ok(None);
     };
-    row.admitted = true;
-    let from_token_bucket = update.token_bucket.is_some();
-    let reserve = row.reserve(&scoped.reservation, &scoped.budget, from_token_bucket)?;
-    let record = AdmissionRecord {
-        source: &scoped.source_id,
-        logical_key: &logical_key,
-        budget: &scoped.budget,
-        update,
-        reserve,
-    };
+    let record = AdmissionRecord::admitted(&mut row, scoped, &logical_key, update)?;
     let seen = SeenAdmission {
         lock,
         facts: &facts,
@@ -150,7 +143,9 @@ async fn decide_and_write(
     let read = cost_reads(store, conn, app, new, scope).await?;
     if read.taken {
         // A replay; its task gone meanwhile (owner deletion): the locked path.
-        return Ok(Tasks::get_task_by_effect_key(store, app, &new.effect_key)
+        // Read on this connection: taking a second one from the pool while holding
+        // this one can wait for ever when every connection is held so.
+        return Ok(by_effect_key(conn, app, new.effect_key.as_str())
             .await?
             .map(Created::existing));
     }

@@ -167,6 +167,40 @@ pub(super) async fn reads(
     })
 }
 
+/// The `FROM` part both unlocked reads ([`cost_reads`], [`scoped_reads`]) start with:
+/// `c` — whether the effect key `$2` of app `$1` is taken, and "now" (the fixed clock
+/// `$4`, or the database's) — and `b`, the spend window's first bucket (`$5` the window,
+/// `$6` the bucket width); `$3` is the scope. [`bind_unlocked`] binds them.
+macro_rules! unlocked_clock {
+    () => {
+        concat!(
+            "FROM (SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2) \
+               AS taken, ",
+            now_sql!("4"),
+            " AS now) AS c \
+             CROSS JOIN LATERAL (SELECT tollgate_first_bucket(c.now, $5, $6) AS first_bucket) \
+               AS b "
+        )
+    };
+}
+
+/// Binds [`unlocked_clock!`]'s `$1` to `$6`.
+fn bind_unlocked<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    store: &PostgresStore,
+    app: &'q AppId,
+    new: &'q NewTask,
+    scope: &'q ScopeId,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(app.as_str())
+        .bind(new.effect_key.as_str())
+        .bind(scope.as_str())
+        .bind(store.fixed_now())
+        .bind(SPEND_WINDOW_MS)
+        .bind(SPEND_BUCKET_MS)
+}
+
 /// What a creation in one statement reads, without the scope's lock
 /// ([`super::optimistic`]): whether its effect key is taken, "now", the window's first
 /// spend bucket, and the scope's cost facts.
@@ -188,24 +222,16 @@ pub(super) async fn cost_reads(
     new: &NewTask,
     scope: &ScopeId,
 ) -> StoreResult<CostReads> {
-    let read: CostReads = sqlx::query_as(concat!(
+    let sql = concat!(
         "SELECT c.taken, c.now, b.first_bucket, f.token_units, f.token_at, \
-         f.scope_window_nano \
-         FROM (SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2) \
-               AS taken, ",
-        now_sql!("4"),
-        " AS now) AS c \
-         CROSS JOIN LATERAL (SELECT tollgate_first_bucket(c.now, $5, $6) AS first_bucket) AS b \
-         CROSS JOIN LATERAL tollgate_cost_facts($1, $3, b.first_bucket) AS f"
-    ))
-    .bind(app.as_str())
-    .bind(new.effect_key.as_str())
-    .bind(scope.as_str())
-    .bind(store.fixed_now())
-    .bind(SPEND_WINDOW_MS)
-    .bind(SPEND_BUCKET_MS)
-    .fetch_one(&mut *conn)
-    .await?;
+         f.scope_window_nano ",
+        unlocked_clock!(),
+        "CROSS JOIN LATERAL tollgate_cost_facts($1, $3, b.first_bucket) AS f"
+    );
+    let row = bind_unlocked(sqlx::query(sql), store, app, new, scope)
+        .fetch_one(&mut *conn)
+        .await?;
+    let read = CostReads::from_row(&row)?;
     check_first_bucket(read.now, Some(read.first_bucket))?;
     Ok(read)
 }
@@ -257,35 +283,26 @@ pub(super) async fn scoped_reads(
     (source, logical_key): (&SourceId, &str),
     cache_key: Option<&str>,
 ) -> StoreResult<ScopedRead> {
-    let row: PgRow = sqlx::query(concat!(
+    let sql = concat!(
         "SELECT c.taken, c.now, b.first_bucket, h.id AS hit_id, h.output AS hit_output, \
          h.charged_nano AS hit_charged_nano, 0::BIGINT AS pruned, f.expired, \
          f.bucket_units, f.bucket_at, f.sources_in_window, f.active, f.token_units, \
          f.token_at, f.seen, f.steps, f.counted, f.global_active, f.scope_window_nano, \
-         f.app_active, f.borrowed \
-         FROM (SELECT EXISTS (SELECT 1 FROM tasks WHERE app = $1 AND effect_key = $2) \
-               AS taken, ",
-        now_sql!("4"),
-        " AS now) AS c \
-         CROSS JOIN LATERAL (SELECT tollgate_first_bucket(c.now, $5, $6) AS first_bucket) AS b \
-         LEFT JOIN LATERAL (SELECT n.id, n.output, n.charged_nano \
+         f.app_active, f.borrowed ",
+        unlocked_clock!(),
+        "LEFT JOIN LATERAL (SELECT n.id, n.output, n.charged_nano \
                FROM tollgate_newest_success($1, $3, $7) AS n WHERE $7 IS NOT NULL) AS h ON true \
          LEFT JOIN LATERAL (SELECT * FROM tollgate_admission_facts($1, $3, $8, $9, \
                c.now - $10, b.first_bucket) WHERE NOT c.taken AND h.id IS NULL OFFSET 0) AS f \
          ON true"
-    ))
-    .bind(app.as_str())
-    .bind(new.effect_key.as_str())
-    .bind(scope.as_str())
-    .bind(store.fixed_now())
-    .bind(SPEND_WINDOW_MS)
-    .bind(SPEND_BUCKET_MS)
-    .bind(cache_key)
-    .bind(source.as_str())
-    .bind(logical_key)
-    .bind(ADMISSION_WINDOW.as_millis() as i64)
-    .fetch_one(&mut *conn)
-    .await?;
+    );
+    let row = bind_unlocked(sqlx::query(sql), store, app, new, scope)
+        .bind(cache_key)
+        .bind(source.as_str())
+        .bind(logical_key)
+        .bind(ADMISSION_WINDOW.as_millis() as i64)
+        .fetch_one(&mut *conn)
+        .await?;
     let read = ScopedReads::from_row(&row)?;
     check_first_bucket(read.now, Some(read.first_bucket))?;
     Ok(ScopedRead { read, row })
