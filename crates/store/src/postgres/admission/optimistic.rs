@@ -13,6 +13,13 @@
 //! statement's own work. Whenever this path cannot decide — the facts changed, core
 //! refused (a refusal is judged under the lock, with its retry time), the app has a
 //! spend limit (checked under the app's lock) — the creation runs the locked path.
+//!
+//! A lone scoped creation of an application (docs/locking.md, "A scoped creation in one
+//! statement", migration 0031) takes the same shape: one plain read
+//! ([`super::probe::scoped_reads`]: the key, the newest cache hit, the scope's admission
+//! facts), then its cache hit in one statement of its own, or its admission by the
+//! locked path's statement behind `tollgate_admission_facts_hold`, on the fast slot
+//! path only.
 
 use super::super::PostgresStore;
 use super::by_effect_key;
