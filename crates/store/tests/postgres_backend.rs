@@ -276,9 +276,20 @@ async fn racing_calls_of_one_scope_are_created_together() {
 const SCOPE_LOCK_KEY_SQL: &str = "SELECT ('x' || substr(encode(sha256(convert_to(\
      'tollgate-scope' || chr(31) || $1 || chr(31) || $2, 'UTF8')), 'hex'), 1, 16))::bit(64)::bigint";
 
-/// Waits (30 s at most, else fails with `what`) until a statement waits for an advisory
-/// lock.
-async fn advisory_lock_awaited(store: &PostgresStore, what: &str) {
+/// Creates `new` across a change of its scope's facts: holds the (app, scope)'s lock,
+/// and once the creation's statement waits for it, runs `change` in the holder's
+/// transaction (as another replica's write would be) and commits; the creation's answer.
+async fn created_across_a_change(
+    store: &PostgresStore,
+    (app, scope): (&str, &str),
+    new: NewTask,
+    change: &'static str,
+) -> Result<tollgate_store::Created, StoreError> {
+    let mut holder = hold_scope_lock(store, app, scope).await;
+    let racing = {
+        let store = store.clone();
+        tokio::spawn(async move { store.create_task(new).await })
+    };
     let waited = async {
         loop {
             let waiting: i64 = sqlx::query_scalar(
@@ -295,7 +306,13 @@ async fn advisory_lock_awaited(store: &PostgresStore, what: &str) {
     };
     tokio::time::timeout(Duration::from_secs(30), waited)
         .await
-        .expect(what);
+        .expect("the creation's statement waits for the scope's lock");
+    sqlx::query(change).execute(&mut *holder).await.unwrap();
+    holder.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), racing)
+        .await
+        .expect("the creation is answered")
+        .unwrap()
 }
 
 /// A transaction holding the (app, scope)'s advisory lock exclusively until it ends.
@@ -365,24 +382,15 @@ async fn a_lone_metered_call_is_created_in_one_statement_unless_its_facts_change
     assert_eq!(reserved(store.clone()).await, 100_000);
 
     // Hold the scope's lock; the next call reads its facts (100,000 n$ spent: it fits),
-    // then its statement waits for the lock.
-    let mut holder = hold_scope_lock(&store, "lone", "door").await;
-    let racing = {
-        let (store, new) = (store.clone(), call("b"));
-        tokio::spawn(async move { store.create_task(new).await })
-    };
-    advisory_lock_awaited(&store, "the call's statement waits for the scope's lock").await;
-    // Meanwhile 100,000 n$ more are reserved in the scope (as another replica's
-    // creation would have): the call no longer fits.
-    sqlx::query("UPDATE scope_spend SET reserved_nano = reserved_nano + 100000")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    holder.commit().await.unwrap();
-    let answer = tokio::time::timeout(Duration::from_secs(30), racing)
-        .await
-        .expect("the call is answered")
-        .unwrap();
+    // then its statement waits for the lock. Meanwhile 100,000 n$ more are reserved in
+    // the scope (as another replica's creation would have): the call no longer fits.
+    let answer = created_across_a_change(
+        &store,
+        ("lone", "door"),
+        call("b"),
+        "UPDATE scope_spend SET reserved_nano = reserved_nano + 100000",
+    )
+    .await;
     assert!(
         matches!(
             answer,
@@ -457,28 +465,15 @@ async fn a_lone_scoped_creation_is_made_in_one_statement_unless_its_facts_change
     assert_eq!(count("SELECT COUNT(*) FROM admissions").await, 2);
 
     // Hold the scope's lock; the next creation reads its facts (2 active of 3: it fits),
-    // then its statement waits for the lock.
-    let mut holder = hold_scope_lock(&store, "lone", "s").await;
-    let racing = {
-        let (store, new) = (store.clone(), task("c", "doc-3"));
-        tokio::spawn(async move { store.create_task(new).await })
-    };
-    advisory_lock_awaited(
+    // then its statement waits for the lock. Meanwhile another admission is counted in
+    // the scope (as another replica's would be): the creation no longer fits.
+    let answer = created_across_a_change(
         &store,
-        "the creation's statement waits for the scope's lock",
+        ("lone", "s"),
+        task("c", "doc-3"),
+        "UPDATE scope_state SET active = active + 1",
     )
     .await;
-    // Meanwhile another admission is counted in the scope (as another replica's would
-    // be): the creation no longer fits.
-    sqlx::query("UPDATE scope_state SET active = active + 1")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    holder.commit().await.unwrap();
-    let answer = tokio::time::timeout(Duration::from_secs(30), racing)
-        .await
-        .expect("the creation is answered")
-        .unwrap();
     assert!(
         matches!(
             answer,

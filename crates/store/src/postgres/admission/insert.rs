@@ -450,7 +450,7 @@ pub(super) async fn guarded_admit(
     let mut b = ADMIT_GUARDED.binder();
     b.group(ADMISSION_GUARD_NAMES, |b| {
         b.bind("lock_key", seen.lock)
-            .bind("cutoff", row.now.0 - ADMISSION_WINDOW.as_millis() as i64)
+            .bind("cutoff", row.now.minus(ADMISSION_WINDOW).0)
             .bind("first_bucket", window_first_bucket(row.now))
             .bind("seen_bucket_units", facts.bucket_units)
             .bind("seen_bucket_at", facts.bucket_at)

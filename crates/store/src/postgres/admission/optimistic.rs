@@ -47,25 +47,34 @@ pub(super) async fn create(store: &PostgresStore, new: &NewTask) -> StoreResult<
         return Ok(None);
     };
     let owner = (app, scope, subject.as_ref());
-    match (&new.scope, &new.cost) {
+    let kind = match (&new.scope, &new.cost) {
         (Some(scoped), _)
             if new.claim_by.is_none() && scoped.budget.cost.app_nano_per_24_hours.is_none() =>
         {
-            let mut lone = store.hot.lone().await?;
-            let created = admit_and_write(store, lone.conn(), new, owner, scoped).await;
-            lone.done(&created);
-            created
+            Kind::Scoped(scoped)
         }
         (None, Some(cost))
             if cost.limited() && cost.budget.cost.app_nano_per_24_hours.is_none() =>
         {
-            let mut lone = store.hot.lone().await?;
-            let created = decide_and_write(store, lone.conn(), new, owner, cost).await;
-            lone.done(&created);
-            created
+            Kind::Metered(cost)
         }
-        _ => Ok(None),
-    }
+        _ => return Ok(None),
+    };
+    let mut lone = store.hot.lone().await?;
+    let created = match kind {
+        Kind::Scoped(scoped) => admit_and_write(store, lone.conn(), new, owner, scoped).await,
+        Kind::Metered(cost) => decide_and_write(store, lone.conn(), new, owner, cost).await,
+    };
+    lone.done(&created);
+    created
+}
+
+/// The creations [`create`] makes in one statement.
+enum Kind<'a> {
+    /// An application's scoped task: its admission or its cache hit.
+    Scoped(&'a TaskScope),
+    /// An application's task without a source under a USD or token limit.
+    Metered(&'a TaskCost),
 }
 
 /// [`create`]'s two statements on `conn` for a scoped task `new` of `owner` (app, scope,
