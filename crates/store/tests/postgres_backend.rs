@@ -315,6 +315,24 @@ async fn created_across_a_change(
         .unwrap()
 }
 
+/// Adds an enabled webhook endpoint `id` of `app` listening for `task.succeeded`.
+async fn listen_for_task_succeeded(store: &PostgresStore, id: &str, app: &str) {
+    store
+        .create_webhook_endpoint(tollgate_store::webhooks::NewWebhookEndpoint {
+            id: id.into(),
+            app: AppId::new(app).unwrap(),
+            url: "https://hooks.example.com/a".into(),
+            secret: "s".repeat(32),
+            events: vec![tollgate_core::webhook::WebhookEventType::TaskSucceeded],
+            budget_thresholds: vec![tollgate_core::webhook::budget::BudgetThreshold::DEFAULT],
+            enabled: true,
+            description: None,
+            from_config: false,
+        })
+        .await
+        .unwrap();
+}
+
 /// A transaction holding the (app, scope)'s advisory lock exclusively until it ends.
 async fn hold_scope_lock(
     store: &PostgresStore,
@@ -534,20 +552,7 @@ async fn a_lone_scoped_creation_is_made_in_one_statement_unless_its_facts_change
 
     // With an endpoint listening for task.succeeded, a hit is the transaction's (its
     // event written).
-    store
-        .create_webhook_endpoint(tollgate_store::webhooks::NewWebhookEndpoint {
-            id: "whe_lone".into(),
-            app: AppId::new("lone").unwrap(),
-            url: "https://hooks.example.com/a".into(),
-            secret: "s".repeat(32),
-            events: vec![tollgate_core::webhook::WebhookEventType::TaskSucceeded],
-            budget_thresholds: vec![tollgate_core::webhook::budget::BudgetThreshold::DEFAULT],
-            enabled: true,
-            description: None,
-            from_config: false,
-        })
-        .await
-        .unwrap();
+    listen_for_task_succeeded(&store, "whe_lone", "lone").await;
     let mut listened = task("b3", "doc-2");
     listened.request = classify("b");
     let hit = store.create_task(listened).await.unwrap();
@@ -1566,20 +1571,7 @@ async fn metered_completions_are_written_in_one_statement_unless_someone_listens
         "each task's unused tokens went back to the bucket"
     );
 
-    store
-        .create_webhook_endpoint(tollgate_store::webhooks::NewWebhookEndpoint {
-            id: "whe_a".into(),
-            app: AppId::new("one_statement").unwrap(),
-            url: "https://hooks.example.com/a".into(),
-            secret: "s".repeat(32),
-            events: vec![tollgate_core::webhook::WebhookEventType::TaskSucceeded],
-            budget_thresholds: vec![tollgate_core::webhook::budget::BudgetThreshold::DEFAULT],
-            enabled: true,
-            description: None,
-            from_config: false,
-        })
-        .await
-        .unwrap();
+    listen_for_task_succeeded(&store, "whe_a", "one_statement").await;
     batch(&["d"], false).await;
     assert_eq!(
         store.completed_in_one_statement(),
